@@ -1,0 +1,51 @@
+"""CSV logging: one ``metrics.csv`` with a row per log point and a column per metric."""
+
+from __future__ import annotations
+
+import csv
+import os
+from typing import Mapping
+
+from flaxlight.loggers.base import Logger
+
+__all__ = ["CSVLogger"]
+
+
+class CSVLogger(Logger):
+    """Writes ``<log_dir>/metrics.csv``; columns are ``step`` then metrics in order of appearance.
+
+    When a new metric appears the file is rewritten with the wider header, so it always parses
+    with a plain CSV reader (empty cells where a metric was not logged).
+
+    Example:
+        >>> logger = CSVLogger("/tmp/run")                 # doctest: +SKIP
+        >>> logger.log_metrics({"train/loss": 0.5}, step=10)  # doctest: +SKIP
+    """
+
+    def __init__(self, log_dir: str | os.PathLike, filename: str = "metrics.csv"):
+        self.path = os.path.join(os.fspath(log_dir), filename)
+        self.columns: list[str] = ["step"]
+        self.rows: list[dict] = []
+        self._written_rows = 0
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
+        row = {"step": int(step)}
+        row.update(metrics)
+        new = [key for key in row if key not in self.columns]
+        if new:
+            self.columns.extend(new)
+            self._written_rows = 0  # header changed: rewrite the whole file at the next flush
+        self.rows.append(row)
+        self.flush()
+
+    def flush(self) -> None:
+        if self._written_rows == len(self.rows):
+            return
+        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        mode = "a" if self._written_rows else "w"
+        with open(self.path, mode, newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=self.columns, restval="")
+            if mode == "w":
+                writer.writeheader()
+            writer.writerows(self.rows[self._written_rows :])
+        self._written_rows = len(self.rows)

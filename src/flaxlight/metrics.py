@@ -1,0 +1,88 @@
+"""On-device metric accumulation: per-example weighted means, read on the host only when asked.
+
+The accumulator is a small pytree ``{"sums": {name: f32}, "count": f32}`` that flows through the
+jitted step. Each step adds ``value * batch_size`` to the sums, so a smaller last batch counts for
+exactly its share. Nothing here touches the host until :func:`read_means`.
+
+Example:
+    >>> import jax.numpy as jnp
+    >>> acc = init_accumulator({"loss": jnp.float32(0)})
+    >>> acc = accumulate(acc, {"loss": jnp.float32(2.0)}, 3)
+    >>> acc = accumulate(acc, {"loss": jnp.float32(4.0)}, 1)
+    >>> read_means(acc, prefix="train/")
+    {'train/loss': 2.5}
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+__all__ = ["init_accumulator", "accumulate", "read_means", "batch_size", "HostSnapshot"]
+
+
+def init_accumulator(metrics_like: Mapping[str, Any]) -> dict:
+    """Zeroed sums for the metric names in ``metrics_like`` (values or ShapeDtypeStructs)."""
+    for name, value in metrics_like.items():
+        shape = getattr(value, "shape", ())
+        if tuple(shape) != ():
+            raise ValueError(
+                f"Metric {name!r} has shape {tuple(shape)}; step metrics must be scalars. "
+                f"Reduce it in the step, e.g. `{name}.mean()`."
+            )
+    return {
+        "sums": {name: jnp.zeros((), jnp.float32) for name in metrics_like},
+        "count": jnp.zeros((), jnp.float32),
+    }
+
+
+def accumulate(acc: dict, metrics: Mapping[str, Any], weight) -> dict:
+    """Pure: add ``metrics`` (batch means) weighted by ``weight`` examples."""
+    weight = jnp.asarray(weight, jnp.float32)
+    sums = {name: acc["sums"][name] + jnp.asarray(metrics[name], jnp.float32) * weight for name in acc["sums"]}
+    return {"sums": sums, "count": acc["count"] + weight}
+
+
+def read_means(acc: dict, prefix: str = "") -> dict[str, float]:
+    """Host sync: the weighted means as Python floats, keys prefixed (``"train/"``)."""
+    host = jax.device_get(acc)
+    count = float(host["count"])
+    if count == 0:
+        return {}
+    return {prefix + name: float(total) / count for name, total in host["sums"].items()}
+
+
+def batch_size(batch) -> int:
+    """Number of examples in a batch: the leading dimension of its first array leaf.
+
+    Inside ``jit`` this is a static Python int, so weighting costs nothing at run time.
+    """
+    leaves = jax.tree.leaves(batch)
+    if not leaves or not hasattr(leaves[0], "shape") or len(leaves[0].shape) == 0:
+        raise ValueError(
+            "Cannot tell the batch size: a batch must be a pytree (array, tuple, list or dict) of "
+            f"arrays with a leading batch dimension; got {type(batch).__name__}."
+        )
+    return int(leaves[0].shape[0])
+
+
+class HostSnapshot:
+    """A copy of an accumulator on its way to the host, started without waiting.
+
+    Take one at a log point; by the next log point the values are on the host and reading them
+    costs no device sync on the training thread.
+    """
+
+    def __init__(self, acc: dict):
+        self._acc = acc
+        for leaf in jax.tree.leaves(acc):
+            copy = getattr(leaf, "copy_to_host_async", None)
+            if copy is not None:
+                copy()
+
+    def sums_and_count(self) -> tuple[dict[str, float], float]:
+        host = jax.device_get(self._acc)
+        return {k: float(np.asarray(v)) for k, v in host["sums"].items()}, float(host["count"])

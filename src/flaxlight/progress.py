@@ -1,0 +1,33 @@
+"""Progress display: tqdm bars on a terminal, one plain line per epoch under CI.
+
+Everything shown here is already on the host; nothing in this module reads device values.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Iterable, Mapping
+
+__all__ = ["is_ci", "progress", "format_metrics"]
+
+
+def is_ci() -> bool:
+    """True when ``CI`` is set to a true value: bars turn into plain per-epoch lines."""
+    return os.environ.get("CI", "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+def progress(iterable: Iterable, enabled: bool, **tqdm_kwargs):
+    """Wrap ``iterable`` in a tqdm bar when ``enabled`` and not under CI; else return it as is."""
+    if not enabled or is_ci():
+        return iterable
+    from tqdm.auto import tqdm
+
+    tqdm_kwargs.setdefault("dynamic_ncols", True)
+    tqdm_kwargs.setdefault("file", sys.stderr)
+    return tqdm(iterable, **tqdm_kwargs)
+
+
+def format_metrics(metrics: Mapping[str, float], skip: tuple[str, ...] = ("epoch_time",)) -> str:
+    """``"train/loss=0.123 val/acc=0.95"`` with 4 significant digits."""
+    return " ".join(f"{key}={value:.4g}" for key, value in metrics.items() if key not in skip)

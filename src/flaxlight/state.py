@@ -1,0 +1,110 @@
+"""The train state: Flax's `TrainState` plus batch statistics, RNG, epoch and metrics."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax.training import train_state
+
+__all__ = ["TrainState"]
+
+
+class TrainState(train_state.TrainState):
+    """An immutable pytree holding everything a training run needs to continue.
+
+    Extends :class:`flax.training.train_state.TrainState` with
+
+    - ``batch_stats``: mutable model collections (BatchNorm running statistics), or None;
+    - ``rng``: the PRNG key the train step splits a fresh dropout key from, every step;
+    - ``epoch``: completed training epochs (an int32 array, so it can live inside ``jit``);
+    - ``metrics``: free for on-device values that should flow through the step, or None.
+
+    ``step`` and ``epoch`` are int32 arrays from the start, so the first jitted update does not
+    recompile when a Python ``0`` turns into an array.
+
+    Example:
+        >>> import jax, jax.numpy as jnp, optax
+        >>> state = TrainState.create(apply_fn=lambda v, x: x @ v["params"]["w"],
+        ...                           params={"w": jnp.ones((2, 1))}, tx=optax.sgd(0.1),
+        ...                           rng=jax.random.PRNGKey(0))
+        >>> state = state.apply_gradients(grads={"w": jnp.ones((2, 1))}, value=jnp.float32(1.0))
+        >>> int(state.step)
+        1
+    """
+
+    batch_stats: Any = None
+    rng: Any = None
+    epoch: Any = None
+    metrics: Any = None
+
+    @classmethod
+    def create(cls, *, apply_fn, params, tx, **kwargs) -> "TrainState":
+        """Build a state; ``tx`` may be None for inference-only states (no optimizer state)."""
+        opt_state = tx.init(params) if tx is not None else None
+        kwargs.setdefault("epoch", jnp.zeros((), jnp.int32))
+        step = kwargs.pop("step", 0)
+        return cls(
+            step=jnp.asarray(step, jnp.int32),
+            apply_fn=apply_fn,
+            params=params,
+            tx=tx,
+            opt_state=opt_state,
+            **kwargs,
+        )
+
+    def apply_gradients(self, *, grads, value=None, **replace) -> "TrainState":
+        """One optimizer update; ``value`` (the loss) reaches optimizers that take extra args.
+
+        Optax's extra-args convention is used: ``tx.update(grads, opt_state, params, value=loss)``
+        for any :class:`optax.GradientTransformationExtraArgs` (every ``optax.chain``, learned
+        optimizers, ``optax.contrib.reduce_on_plateau``, ``optax.polyak_sgd``); plain
+        transformations are called without it. Other keyword arguments replace fields of the
+        state (``batch_stats=...``, ``rng=...``) in the same update.
+        """
+        if self.tx is None:
+            raise ValueError(
+                "This TrainState has no optimizer (tx=None), e.g. because it was loaded for "
+                "inference. Call `trainer.init_optimizer(num_epochs, steps_per_epoch)` first."
+            )
+        if value is not None and isinstance(self.tx, optax.GradientTransformationExtraArgs):
+            updates, new_opt_state = self.tx.update(grads, self.opt_state, self.params, value=value)
+        else:
+            updates, new_opt_state = self.tx.update(grads, self.opt_state, self.params)
+        new_params = optax.apply_updates(self.params, updates)
+        return self.replace(step=self.step + 1, params=new_params, opt_state=new_opt_state, **replace)
+
+    def variables(self, params=None) -> dict:
+        """The Flax variables dict for ``apply_fn``: params plus batch stats when there are any."""
+        variables = {"params": self.params if params is None else params}
+        if self.batch_stats is not None:
+            variables["batch_stats"] = self.batch_stats
+        return variables
+
+    def apply_model(self, params, *inputs, train: bool, rng=None, **kwargs):
+        """Run the model; returns ``(outputs, updates)`` with ``updates`` the changed collections.
+
+        In training mode BatchNorm statistics are mutable and returned in ``updates``
+        (``{"batch_stats": ...}``); ``rng`` becomes the ``dropout`` stream. In eval mode
+        ``updates`` is an empty dict.
+
+        Example:
+            >>> logits, updates = state.apply_model(params, x, train=True, rng=rng)  # doctest: +SKIP
+        """
+        rngs = {"dropout": rng} if rng is not None else None
+        if train and self.batch_stats is not None:
+            return self.apply_fn(
+                self.variables(params), *inputs, train=True, rngs=rngs, mutable=["batch_stats"], **kwargs
+            )
+        outputs = self.apply_fn(self.variables(params), *inputs, train=train, rngs=rngs, **kwargs)
+        return outputs, {}
+
+
+def next_rng(state: TrainState):
+    """Split ``state.rng`` into (key to keep in the state, key to use in this step)."""
+    if state.rng is None:
+        raise ValueError("TrainState.rng is None; create the state with rng=jax.random.PRNGKey(seed).")
+    new_rng, step_rng = jax.random.split(state.rng)
+    return new_rng, step_rng
