@@ -1,0 +1,230 @@
+"""Per-step overhead of flaxlight's ``TrainerModule.train_epoch`` against a hand-written loop.
+
+Both sides train the same MLP (relu, cross-entropy, the same initial parameters) with the same
+optax transformation (``flaxlight.make_optimizer``) on scikit-learn's digits tiled to ~16k
+examples, and both consume the same ``flaxlight.ArrayLoader`` of numpy batches.
+
+- hand:  ``state, acc = step(state, acc, batch)`` with ``jax.jit(step, donate_argnums=0)``; ``acc``
+  sums ``loss * batch_size`` and the example count on the device and is read once per epoch.
+- flaxlight: a ``TrainerModule`` subclass that only writes ``loss_fn``; ``init_optimizer`` once,
+  then ``trainer.train_epoch(loader)`` (its default CSV/TensorBoard loggers included).
+- flaxlight+bar: the same trainer with ``enable_progress_bar=True`` (tqdm to stderr; unset CI).
+
+Epochs are interleaved (hand, flaxlight, flaxlight+bar, then the reverse order, ...), and each
+round gives a ratio ``flaxlight steps/s / hand steps/s``; the median over rounds is reported.
+Target: median ratio >= 0.97 for every workload. This is not a test: timings are noisy, and only
+ratios of interleaved runs mean anything.
+
+Run:
+    python benchmarks/overhead.py              # full run (7 rounds, ~1 s per measurement)
+    python benchmarks/overhead.py --quick      # smoke run (a few seconds per workload)
+    python benchmarks/overhead.py --rounds 11 --seconds 2 --workloads tiny-128
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from typing import Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax.training import train_state
+
+import flaxlight
+
+# name: (hidden dims, batch size)
+WORKLOADS = {
+    "mlp-256-128": ((256, 256), 128),
+    "mlp-256-1024": ((256, 256), 1024),
+    "tiny-128": ((32, 32), 128),
+}
+OPTIMIZER_HPARAMS = {"optimizer": "adam", "lr": 1e-3, "gradient_clip": None}
+TILES = 9  # 1797 digits * 9 = 16173 examples
+
+
+class MLP(nn.Module):
+    hidden_dims: Sequence[int]
+    num_classes: int = 10
+
+    @nn.compact
+    def __call__(self, x, train: bool = False):
+        for dim in self.hidden_dims:
+            x = nn.relu(nn.Dense(dim)(x))
+        return nn.Dense(self.num_classes)(x)
+
+
+def cross_entropy(logits, labels):
+    return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
+
+
+class Classifier(flaxlight.TrainerModule):
+    def loss_fn(self, params, batch, *, train, rng, state):
+        x, y = batch
+        logits, updates = state.apply_model(params, x, train=train, rng=rng)
+        return cross_entropy(logits, y), ({}, updates)
+
+
+def load_data():
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    x = (digits.data / 16.0).astype(np.float32)
+    y = digits.target.astype(np.int32)
+    return np.tile(x, (TILES, 1)), np.tile(y, TILES)
+
+
+# ---------------------------------------------------------------------------- the hand loop
+def make_hand_step(apply_fn):
+    def step(state, acc, batch):
+        x, y = batch
+
+        def loss_of(params):
+            return cross_entropy(apply_fn({"params": params}, x), y)
+
+        loss, grads = jax.value_and_grad(loss_of)(state.params)
+        state = state.apply_gradients(grads=grads)
+        n = x.shape[0]
+        return state, {"loss": acc["loss"] + loss * n, "count": acc["count"] + n}
+
+    return jax.jit(step, donate_argnums=0)
+
+
+def hand_epoch(step, state, loader):
+    acc = {"loss": jnp.zeros((), jnp.float32), "count": jnp.zeros((), jnp.float32)}
+    for batch in loader:
+        state, acc = step(state, acc, batch)
+    host = jax.device_get(acc)
+    return state, float(host["loss"]) / float(host["count"])
+
+
+# ---------------------------------------------------------------------------- one workload
+def run_workload(name, hidden_dims, batch_size, data, args, log_root):
+    x, y = data
+    loader = flaxlight.ArrayLoader(x, y, batch_size=batch_size, shuffle=True, seed=0, drop_last=True)
+    steps_per_epoch = len(loader)
+    trainer = Classifier(
+        model_class=MLP,
+        model_hparams={"hidden_dims": list(hidden_dims)},
+        optimizer_hparams=OPTIMIZER_HPARAMS,
+        exmp_input=x[:1],
+        seed=42,
+        logger_params={"log_dir": os.path.join(log_root, name)},
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    # The run's length only shapes the (cosine) schedule; both sides get the same one.
+    total_epochs = 1000
+    trainer.init_optimizer(total_epochs, steps_per_epoch)
+    tx = flaxlight.make_optimizer(OPTIMIZER_HPARAMS, total_steps=total_epochs * steps_per_epoch)
+    params = jax.tree.map(jnp.copy, trainer.state.params)  # same initial parameters
+    hand_state = train_state.TrainState.create(apply_fn=trainer.model.apply, params=params, tx=tx)
+    hand_step = make_hand_step(trainer.model.apply)
+    epoch_counter = [0]
+
+    def time_hand(epochs):
+        nonlocal hand_state
+        start = time.perf_counter()
+        for _ in range(epochs):
+            epoch_counter[0] += 1
+            loader.set_epoch(epoch_counter[0])
+            hand_state, _ = hand_epoch(hand_step, hand_state, loader)
+        return epochs * steps_per_epoch / (time.perf_counter() - start)
+
+    def time_flaxlight(epochs, bar=False):
+        trainer.enable_progress_bar = bar
+        try:
+            start = time.perf_counter()
+            for _ in range(epochs):
+                epoch_counter[0] += 1
+                loader.set_epoch(epoch_counter[0])
+                trainer.train_epoch(loader)
+            return epochs * steps_per_epoch / (time.perf_counter() - start)
+        finally:
+            trainer.enable_progress_bar = False
+
+    # Warm up (compile) both, then size one measurement to ~args.seconds of the hand loop.
+    for _ in range(args.warmup):
+        time_hand(1)
+        time_flaxlight(1)
+        if args.bar:
+            time_flaxlight(1, bar=True)
+    epochs = args.epochs or max(1, round(args.seconds * time_hand(1) / steps_per_epoch))
+
+    variants = ["hand", "flaxlight"] + (["flaxlight+bar"] if args.bar else [])
+    timers = {
+        "hand": lambda: time_hand(epochs),
+        "flaxlight": lambda: time_flaxlight(epochs),
+        "flaxlight+bar": lambda: time_flaxlight(epochs, bar=True),
+    }
+    rates = {v: [] for v in variants}
+    for r in range(args.rounds):
+        for v in variants if r % 2 == 0 else variants[::-1]:
+            rates[v].append(timers[v]())
+    ratios = {v: [f / h for f, h in zip(rates[v], rates["hand"])] for v in variants[1:]}
+    return {
+        "workload": name,
+        "steps_per_epoch": steps_per_epoch,
+        "epochs": epochs,
+        "rates": {v: statistics.median(rs) for v, rs in rates.items()},
+        "ratios": {v: statistics.median(rs) for v, rs in ratios.items()},
+        "ratio_range": {v: (min(rs), max(rs)) for v, rs in ratios.items()},
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> list[dict]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=7, help="interleaved rounds per workload (default 7)")
+    parser.add_argument("--seconds", type=float, default=1.0,
+                        help="target length of one measurement, in seconds of the hand loop (default 1.0)")
+    parser.add_argument("--epochs", type=int, default=0, help="epochs per measurement (overrides --seconds)")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed warm-up epochs per variant (default 2)")
+    parser.add_argument("--workloads", nargs="+", choices=list(WORKLOADS), default=list(WORKLOADS))
+    parser.add_argument("--no-bar", dest="bar", action="store_false",
+                        help="skip the flaxlight variant with the progress bar on")
+    parser.add_argument("--quick", action="store_true", help="smoke run: 3 rounds of ~0.15 s, 1 warm-up epoch")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.rounds, args.seconds, args.warmup = 3, 0.15, 1
+    os.environ.pop("CI", None)  # bars stay tqdm bars (on stderr), as users see them
+
+    data = load_data()
+    print(f"jax {jax.__version__} on {jax.devices()[0].platform}, {len(data[0])} examples, "
+          f"{args.rounds} rounds, adam, gradient_clip=None", flush=True)
+    results = []
+    with tempfile.TemporaryDirectory(prefix="flaxlight-overhead-") as log_root:
+        for name in args.workloads:
+            hidden_dims, batch_size = WORKLOADS[name]
+            results.append(run_workload(name, hidden_dims, batch_size, data, args, log_root))
+            res = results[-1]
+            print(f"  {name}: {res['epochs']} epochs x {res['steps_per_epoch']} steps per measurement", flush=True)
+
+    variants = [v for v in ("flaxlight", "flaxlight+bar") if v in results[0]["ratios"]]
+    header = f"{'workload':<22}{'hand steps/s':>14}" + "".join(f"{v + ' steps/s':>24}{'ratio':>8}" for v in variants)
+    print("\n" + header + "\n" + "-" * len(header))
+    for res in results:
+        hidden_dims, batch_size = WORKLOADS[res["workload"]]
+        label = f"64-{'-'.join(map(str, hidden_dims))}-10 b{batch_size}"
+        line = f"{label:<22}{res['rates']['hand']:>14.0f}"
+        for v in variants:
+            line += f"{res['rates'][v]:>24.0f}{res['ratios'][v]:>8.3f}"
+        print(line)
+    print("\nratio = median over rounds of (flaxlight steps/s / hand steps/s); per-round range:")
+    for res in results:
+        print(f"  {res['workload']:<14}" + "  ".join(
+            f"{v} [{lo:.3f}, {hi:.3f}]" for v, (lo, hi) in res["ratio_range"].items()))
+    worst = min(r for res in results for r in res["ratios"].values())
+    print(f"\nworst median ratio {worst:.3f} (target >= 0.97): {'OK' if worst >= 0.97 else 'BELOW TARGET'}")
+    return results
+
+
+if __name__ == "__main__":
+    main()
+    sys.stdout.flush()

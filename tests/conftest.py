@@ -1,0 +1,77 @@
+"""Small models, data and trainers shared by the tests (each test builds its own objects)."""
+
+from __future__ import annotations
+
+import os
+from typing import Sequence
+
+os.environ.setdefault("CI", "true")  # plain progress output in test logs
+
+import flax.linen as nn
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import flaxlight
+
+
+class TinyMLP(nn.Module):
+    """Dense layers with optional BatchNorm and dropout; `train` switches both."""
+
+    hidden_dims: Sequence[int] = (16,)
+    output_dim: int = 1
+    batch_norm: bool = False
+    dropout_prob: float = 0.0
+
+    @nn.compact
+    def __call__(self, x, train: bool = False):
+        x = x.reshape(x.shape[0], -1)
+        for dim in self.hidden_dims:
+            x = nn.Dense(dim)(x)
+            if self.batch_norm:
+                x = nn.BatchNorm(use_running_average=not train)(x)
+            x = nn.relu(x)
+            if self.dropout_prob:
+                x = nn.Dropout(self.dropout_prob, deterministic=not train)(x)
+        return nn.Dense(self.output_dim)(x)
+
+
+class RegressTrainer(flaxlight.TrainerModule):
+    """Mean squared error; BatchNorm updates are returned when the model has them."""
+
+    def loss_fn(self, params, batch, *, train, rng, state):
+        x, y = batch
+        pred, updates = state.apply_model(params, x, train=train, rng=rng)
+        return jnp.mean((pred - y) ** 2), ({}, updates)
+
+
+class ClassifyTrainer(flaxlight.TrainerModule):
+    def loss_fn(self, params, batch, *, train, rng, state):
+        x, y = batch
+        logits, updates = state.apply_model(params, x, train=train, rng=rng)
+        loss = optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+        return loss, ({"acc": (logits.argmax(-1) == y).mean()}, updates)
+
+
+def linear_data(num: int, seed: int = 0, dim: int = 4):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(num, dim)).astype(np.float32)
+    w = np.arange(1, dim + 1, dtype=np.float32).reshape(dim, 1) / dim
+    return x, (x @ w).astype(np.float32)
+
+
+def quiet(tmp_path, **kwargs):
+    """Trainer keyword arguments for tests: no bars, no model table, files under tmp_path."""
+    kwargs.setdefault("logger_params", {"log_dir": str(tmp_path / "run")})
+    kwargs.setdefault("enable_progress_bar", False)
+    kwargs.setdefault("enable_model_summary", False)
+    return kwargs
+
+
+@pytest.fixture
+def regression_loaders():
+    train = flaxlight.ArrayLoader(*linear_data(256, 0), batch_size=32, shuffle=True, seed=0)
+    val = flaxlight.ArrayLoader(*linear_data(64, 1), batch_size=32)
+    test = flaxlight.ArrayLoader(*linear_data(70, 2), batch_size=32)
+    return train, val, test

@@ -1,0 +1,78 @@
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from conftest import TinyMLP
+
+from flaxlight import TrainState, TrainStep, make_eval_step, make_train_step
+
+
+def _mse(params, batch, *, train, rng, state):
+    x, y = batch
+    pred, updates = state.apply_model(params, x, train=train, rng=rng)
+    return jnp.mean((pred - y) ** 2), ({"mae": jnp.mean(jnp.abs(pred - y))}, updates)
+
+
+def _state(model, x, lr=0.1):
+    variables = model.init({"params": jax.random.PRNGKey(0), "dropout": jax.random.PRNGKey(1)}, x, train=True)
+    return TrainState.create(apply_fn=model.apply, params=variables["params"], tx=optax.sgd(lr),
+                             batch_stats=variables.get("batch_stats"), rng=jax.random.PRNGKey(2))
+
+
+def _batch(n=8):
+    x = np.random.default_rng(0).normal(size=(n, 3)).astype(np.float32)
+    return x, x.sum(1, keepdims=True)
+
+
+def test_backward_is_one_value_and_grad_of_the_loss():
+    x, y = _batch()
+    state = _state(TinyMLP(), x)
+    step = TrainStep(_mse, state=state)
+    _, rng = jax.random.split(state.rng)
+    (loss, aux), grads = step.backward((x, y))
+    expected_loss, expected_grads = jax.value_and_grad(
+        lambda p: _mse(p, (x, y), train=True, rng=rng, state=state)[0])(state.params)
+    assert float(loss) == pytest.approx(float(expected_loss))
+    assert "mae" in aux[0]
+    jax.tree.map(np.testing.assert_allclose, grads, expected_grads)
+
+
+def test_stateful_train_step_lowers_the_loss_and_counts_steps():
+    x, y = _batch()
+    step = TrainStep(_mse, state=_state(TinyMLP(), x, lr=0.05))
+    first = float(step.train_step((x, y))["loss"])
+    for _ in range(30):
+        last = float(step.train_step((x, y))["loss"])
+    assert last < first / 2
+    assert int(step.state.step) == 31
+
+
+def test_function_form_threads_batch_stats_and_splits_the_rng():
+    x, y = _batch()
+    state = _state(TinyMLP(batch_norm=True, dropout_prob=0.5), x)
+    train_step = jax.jit(make_train_step(_mse))
+    eval_step = jax.jit(make_eval_step(_mse))
+    new_state, metrics = train_step(state, (x, y))
+    assert set(metrics) == {"loss", "mae"}
+    mean_before = state.batch_stats["BatchNorm_0"]["mean"]
+    assert not np.allclose(new_state.batch_stats["BatchNorm_0"]["mean"], mean_before)  # updated in training
+    assert not np.array_equal(new_state.rng, state.rng)  # a fresh dropout key every step
+    # eval mode is deterministic and leaves the statistics alone
+    np.testing.assert_array_equal(eval_step(new_state, (x, y))["loss"], eval_step(new_state, (x, y))["loss"])
+
+
+def test_subclass_overrides_loss_fn_and_bad_aux_is_explained():
+    class Step(TrainStep):
+        def loss_fn(self, params, batch, *, train, rng, state):
+            return _mse(params, batch, train=train, rng=rng, state=state)[0], {}
+
+    x, y = _batch()
+    state, metrics = Step().step(_state(TinyMLP(), x), (x, y))
+    assert set(metrics) == {"loss"}
+
+    bad = TrainStep(lambda params, batch, **kw: (jnp.float32(0.0) + 0 * jax.tree.leaves(params)[0].sum(), 3))
+    with pytest.raises(TypeError, match=r"\(loss, metrics\)"):
+        bad.step(_state(TinyMLP(), x), (x, y))
+    with pytest.raises(TypeError, match="loss function"):
+        TrainStep()

@@ -1,0 +1,169 @@
+import csv
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import yaml
+from conftest import ClassifyTrainer, RegressTrainer, TinyMLP, linear_data, quiet
+
+import flaxlight
+from flaxlight import ArrayLoader, TrainerModule, make_eval_step, make_train_step
+
+
+def _regressor(tmp_path, **kwargs):
+    x0 = np.zeros((1, 4), np.float32)
+    kwargs.setdefault("model_hparams", {"hidden_dims": [16], "output_dim": 1})
+    kwargs.setdefault("optimizer_hparams", {"optimizer": "adam", "lr": 3e-2})
+    return RegressTrainer(model_class=TinyMLP, exmp_input=x0, **quiet(tmp_path, **kwargs))
+
+
+def test_train_model_learns_and_writes_the_run_directory(tmp_path, regression_loaders):
+    train, val, test = regression_loaders
+    trainer = _regressor(tmp_path, check_val_every_n_epoch=2)
+    metrics = trainer.train_model(train, val, test_loader=test, num_epochs=6)
+    assert metrics["test/loss"] < 0.05 and metrics["val/loss"] < 0.05
+    assert {"train/loss", "val/loss", "test/loss", "epoch_time"} <= set(metrics)
+
+    run = tmp_path / "run"
+    hparams = yaml.safe_load((run / "hparams.yaml").read_text())
+    assert hparams["model_class"].endswith("TinyMLP") and hparams["model_hparams"]["hidden_dims"] == [16]
+    assert sorted(os.listdir(run / "metrics")) == [
+        "best_eval.json", "eval_epoch_002.json", "eval_epoch_004.json", "eval_epoch_006.json", "test.json"]
+    assert json.loads((run / "metrics" / "test.json").read_text())["test/loss"] == pytest.approx(metrics["test/loss"])
+    rows = list(csv.DictReader(open(run / "metrics.csv")))
+    epoch_rows = [r for r in rows if r["train/loss"]]
+    assert [int(r["step"]) for r in epoch_rows] == [8, 16, 24, 32, 40, 48]  # 8 steps per epoch
+    assert [r["epoch"] for r in epoch_rows] == ["1", "2", "3", "4", "5", "6"]
+    assert len([r for r in rows if r["val/loss"]]) == 3
+    assert len(os.listdir(run / "checkpoints")) == 1
+
+
+def test_tensorboard_event_files_hold_the_scalars(tmp_path, regression_loaders):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    train, val, _ = regression_loaders
+    trainer = _regressor(tmp_path, logger_params={"log_dir": str(tmp_path / "run"), "logger_type": ["csv", "tensorboard"]})
+    trainer.train_model(train, val, num_epochs=2)
+    events = EventAccumulator(str(tmp_path / "run"))
+    events.Reload()
+    assert [e.step for e in events.Scalars("train/loss")] == [8, 16]
+    assert [e.step for e in events.Scalars("val/loss")] == [8, 16]
+
+
+def test_running_train_metrics_are_logged_at_log_points(tmp_path, regression_loaders):
+    train, val, _ = regression_loaders
+    trainer = _regressor(tmp_path, log_every_n_steps=4)
+    trainer.train_model(train, val, num_epochs=2)
+    rows = list(csv.DictReader(open(tmp_path / "run" / "metrics.csv")))
+    assert [int(r["step"]) for r in rows if r["train/loss_step"]] == [4, 8, 12, 16]
+
+
+def test_default_log_dir_is_versioned_per_model(tmp_path):
+    x0 = np.zeros((1, 4), np.float32)
+    kwargs = dict(model_class=TinyMLP, model_hparams={}, optimizer_hparams={}, exmp_input=x0,
+                  enable_progress_bar=False, enable_model_summary=False,
+                  logger_params={"base_log_dir": str(tmp_path)})
+    first, second = RegressTrainer(**kwargs), RegressTrainer(**kwargs)
+    assert first.log_dir == str(tmp_path / "TinyMLP" / "version_0")
+    assert second.log_dir == str(tmp_path / "TinyMLP" / "version_1")
+
+
+def test_best_model_is_restored_for_testing(tmp_path, regression_loaders):
+    train, val, test = regression_loaders
+
+    class WorseOverTime(RegressTrainer):  # claims epoch 1 was the best: the test must use epoch 1's weights
+        def is_new_model_better(self, new, old):
+            return old is None
+
+    trainer = _regressor(tmp_path, model_hparams={"hidden_dims": [16], "output_dim": 1})
+    trainer.__class__ = WorseOverTime
+    trainer.create_jitted_functions()
+    metrics = trainer.train_model(train, val, test_loader=test, num_epochs=3)
+    assert int(trainer.state.step) == 8  # the state after testing is the best (first) epoch's
+    assert metrics["train/loss"] == pytest.approx(
+        json.loads(open(tmp_path / "run" / "metrics" / "best_eval.json").read()).get("train/loss", metrics["train/loss"]))
+
+
+def test_monitor_and_mode_choose_the_best_model(tmp_path):
+    trainer = _regressor(tmp_path, monitor="val/mae", mode="min")
+    assert trainer.is_new_model_better({"val/mae": 1.0}, {"val/mae": 2.0})
+    assert not trainer.is_new_model_better({"val/mae": 3.0}, {"val/mae": 2.0})
+    seed_default = _regressor(tmp_path)
+    assert seed_default.is_new_model_better({"val/acc": 0.9, "val/loss": 9.0}, {"val/acc": 0.8, "val/loss": 1.0})
+    with pytest.raises(KeyError, match="monitor="):
+        seed_default.is_new_model_better({"val/mae": 1.0}, {"val/mae": 2.0})
+
+
+def test_seed_methods_work_on_their_own(tmp_path, regression_loaders):
+    train, val, _ = regression_loaders
+    trainer = _regressor(tmp_path)
+    trainer.init_optimizer(num_epochs=2, num_steps_per_epoch=len(train))
+    first = trainer.train_epoch(train)["train/loss"]
+    second = trainer.train_epoch(train)["train/loss"]
+    assert second < first
+    assert set(trainer.eval_model(val, log_prefix="val/")) == {"val/loss"}
+    state, metrics = trainer.train_step(trainer.state, next(iter(train)))
+    assert float(metrics["loss"]) > 0 and int(state.step) == 2 * len(train) + 1
+
+
+def test_create_functions_gives_full_control(tmp_path, regression_loaders):
+    train, val, _ = regression_loaders
+
+    def loss(params, batch, *, train, rng, state):
+        x, y = batch
+        pred, _ = state.apply_model(params, x, train=train, rng=rng)
+        return jnp.mean(jnp.abs(pred - y)), {}
+
+    class L1Trainer(TrainerModule):
+        def create_functions(self):
+            return make_train_step(loss), make_eval_step(loss)
+
+    trainer = L1Trainer(model_class=TinyMLP, model_hparams={}, optimizer_hparams={"lr": 3e-2},
+                        exmp_input=np.zeros((1, 4), np.float32), **quiet(tmp_path))
+    assert trainer.train_model(train, val, num_epochs=5)["val/loss"] < 0.3
+
+
+def test_batch_norm_dropout_classifier_and_bind_model(tmp_path):
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(300, 6)).astype(np.float32)
+    y = (x[:, 0] + x[:, 1] > 0).astype(np.int32)
+    train = ArrayLoader(x[:200], y[:200], batch_size=32, shuffle=True)
+    val = ArrayLoader(x[200:], y[200:], batch_size=50)
+    trainer = ClassifyTrainer(model_class=TinyMLP,
+                              model_hparams={"hidden_dims": [32], "output_dim": 2, "batch_norm": True, "dropout_prob": 0.1},
+                              optimizer_hparams={"optimizer": "adamw", "lr": 1e-2}, exmp_input=x[:1],
+                              **quiet(tmp_path, monitor="val/acc", mode="max"))
+    metrics = trainer.train_model(train, val, num_epochs=8)
+    assert metrics["val/acc"] > 0.9
+    model = trainer.bind_model()
+    logits = model(x[200:], train=False)
+    assert float((np.asarray(logits).argmax(-1) == y[200:]).mean()) == pytest.approx(metrics["val/acc"], abs=1e-6)
+
+
+def test_debug_mode_runs_unjitted(tmp_path, regression_loaders):
+    train, val, _ = regression_loaders
+    trainer = _regressor(tmp_path, debug=True)
+    assert not hasattr(trainer.train_step, "lower")  # a plain Python function: prints and breakpoints work
+    trainer.init_optimizer(1, len(train))
+    assert trainer.train_epoch(train)["train/loss"] > 0
+
+
+def test_no_implicit_device_to_host_transfer_in_the_training_loop(tmp_path):
+    train = ArrayLoader(*linear_data(2000, 0), batch_size=8)  # 250 steps
+    trainer = _regressor(tmp_path, log_every_n_steps=50)
+    trainer.init_optimizer(1, len(train))
+    trainer.train_epoch(train)  # compile outside the guard
+    with jax.transfer_guard_device_to_host("disallow"):
+        metrics = trainer.train_epoch(train)
+    assert metrics["train/loss"] >= 0
+
+
+def test_plain_line_per_epoch_under_ci(tmp_path, regression_loaders, capsys, monkeypatch):
+    monkeypatch.setenv("CI", "true")
+    train, val, _ = regression_loaders
+    _regressor(tmp_path, enable_progress_bar=True).train_model(train, val, num_epochs=2)
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("Epoch ")]
+    assert len(lines) == 2 and "train/loss=" in lines[0] and "val/loss=" in lines[1]
