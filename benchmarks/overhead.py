@@ -10,13 +10,14 @@ examples, and both consume the same ``flaxlight.ArrayLoader`` of numpy batches.
   then ``trainer.train_epoch(loader)`` (its default CSV/TensorBoard loggers included).
 - flaxlight+bar: the same trainer with ``enable_progress_bar=True`` (tqdm to stderr; unset CI).
 
-Epochs are interleaved (hand, flaxlight, flaxlight+bar, then the reverse order, ...), and each
-round gives a ratio ``flaxlight steps/s / hand steps/s``; the median over rounds is reported.
+Epochs are interleaved (hand, flaxlight, flaxlight+bar, then the reverse order, ...); a round is
+~``--seconds`` of epochs per variant and gives a ratio ``flaxlight steps/s / hand steps/s``; the
+median over rounds is reported.
 Target: median ratio >= 0.97 for every workload. This is not a test: timings are noisy, and only
 ratios of interleaved runs mean anything.
 
 Run:
-    python benchmarks/overhead.py              # full run (7 rounds, ~1 s per measurement)
+    python benchmarks/overhead.py              # full run (7 rounds of ~1 s per variant)
     python benchmarks/overhead.py --quick      # smoke run (a few seconds per workload)
     python benchmarks/overhead.py --rounds 11 --seconds 2 --workloads tiny-128
 """
@@ -123,51 +124,51 @@ def run_workload(name, hidden_dims, batch_size, data, args, log_root):
     # The run's length only shapes the (cosine) schedule; both sides get the same one.
     total_epochs = 1000
     trainer.init_optimizer(total_epochs, steps_per_epoch)
-    tx = flaxlight.make_optimizer(OPTIMIZER_HPARAMS, total_steps=total_epochs * steps_per_epoch)
-    params = jax.tree.map(jnp.copy, trainer.state.params)  # same initial parameters
+    # The same optax transformation (flaxlight.make_optimizer's, as the trainer built it) and the
+    # same initial parameters.
+    tx = trainer.state.tx
+    params = jax.tree.map(jnp.copy, trainer.state.params)
     hand_state = train_state.TrainState.create(apply_fn=trainer.model.apply, params=params, tx=tx)
     hand_step = make_hand_step(trainer.model.apply)
     epoch_counter = [0]
 
-    def time_hand(epochs):
+    def hand():
         nonlocal hand_state
+        epoch_counter[0] += 1
+        loader.set_epoch(epoch_counter[0])
         start = time.perf_counter()
-        for _ in range(epochs):
-            epoch_counter[0] += 1
-            loader.set_epoch(epoch_counter[0])
-            hand_state, _ = hand_epoch(hand_step, hand_state, loader)
-        return epochs * steps_per_epoch / (time.perf_counter() - start)
+        hand_state, _ = hand_epoch(hand_step, hand_state, loader)
+        return time.perf_counter() - start
 
-    def time_flaxlight(epochs, bar=False):
+    def flaxlight_(bar=False):
+        epoch_counter[0] += 1
+        loader.set_epoch(epoch_counter[0])
         trainer.enable_progress_bar = bar
         try:
             start = time.perf_counter()
-            for _ in range(epochs):
-                epoch_counter[0] += 1
-                loader.set_epoch(epoch_counter[0])
-                trainer.train_epoch(loader)
-            return epochs * steps_per_epoch / (time.perf_counter() - start)
+            trainer.train_epoch(loader)
+            return time.perf_counter() - start
         finally:
             trainer.enable_progress_bar = False
 
-    # Warm up (compile) both, then size one measurement to ~args.seconds of the hand loop.
-    for _ in range(args.warmup):
-        time_hand(1)
-        time_flaxlight(1)
-        if args.bar:
-            time_flaxlight(1, bar=True)
-    epochs = args.epochs or max(1, round(args.seconds * time_hand(1) / steps_per_epoch))
-
+    timers = {"hand": hand, "flaxlight": flaxlight_, "flaxlight+bar": lambda: flaxlight_(bar=True)}
     variants = ["hand", "flaxlight"] + (["flaxlight+bar"] if args.bar else [])
-    timers = {
-        "hand": lambda: time_hand(epochs),
-        "flaxlight": lambda: time_flaxlight(epochs),
-        "flaxlight+bar": lambda: time_flaxlight(epochs, bar=True),
-    }
+    # Warm up (compile) every variant, then size a round to ~args.seconds of the hand loop per variant.
+    for _ in range(args.warmup):
+        for v in variants:
+            timers[v]()
+    epochs = args.epochs or max(1, round(args.seconds / min(hand() for _ in range(3))))
+
+    # A round: `epochs` epochs of every variant, interleaved epoch by epoch (the order alternates),
+    # so slow drifts of the machine hit all variants alike.
     rates = {v: [] for v in variants}
-    for r in range(args.rounds):
-        for v in variants if r % 2 == 0 else variants[::-1]:
-            rates[v].append(timers[v]())
+    for _ in range(args.rounds):
+        seconds = dict.fromkeys(variants, 0.0)
+        for e in range(epochs):
+            for v in variants if e % 2 == 0 else variants[::-1]:
+                seconds[v] += timers[v]()
+        for v in variants:
+            rates[v].append(epochs * steps_per_epoch / seconds[v])
     ratios = {v: [f / h for f, h in zip(rates[v], rates["hand"])] for v in variants[1:]}
     return {
         "workload": name,
@@ -183,8 +184,8 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=7, help="interleaved rounds per workload (default 7)")
     parser.add_argument("--seconds", type=float, default=1.0,
-                        help="target length of one measurement, in seconds of the hand loop (default 1.0)")
-    parser.add_argument("--epochs", type=int, default=0, help="epochs per measurement (overrides --seconds)")
+                        help="target length of a round per variant, in seconds of the hand loop (default 1.0)")
+    parser.add_argument("--epochs", type=int, default=0, help="epochs per round per variant (overrides --seconds)")
     parser.add_argument("--warmup", type=int, default=2, help="untimed warm-up epochs per variant (default 2)")
     parser.add_argument("--workloads", nargs="+", choices=list(WORKLOADS), default=list(WORKLOADS))
     parser.add_argument("--no-bar", dest="bar", action="store_false",
@@ -204,7 +205,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
             hidden_dims, batch_size = WORKLOADS[name]
             results.append(run_workload(name, hidden_dims, batch_size, data, args, log_root))
             res = results[-1]
-            print(f"  {name}: {res['epochs']} epochs x {res['steps_per_epoch']} steps per measurement", flush=True)
+            print(f"  {name}: rounds of {res['epochs']} epochs x {res['steps_per_epoch']} steps per variant", flush=True)
 
     variants = [v for v in ("flaxlight", "flaxlight+bar") if v in results[0]["ratios"]]
     header = f"{'workload':<22}{'hand steps/s':>14}" + "".join(f"{v + ' steps/s':>24}{'ratio':>8}" for v in variants)

@@ -7,10 +7,21 @@ Example:
     ...         ...
 """
 
-from flaxlight import loggers
+from flaxlight import callbacks, loggers
+from flaxlight.callbacks import Callback, ModelCheckpoint
 from flaxlight.checkpoint import Checkpointer
 from flaxlight.data import ArrayLoader
-from flaxlight.optim import make_optimizer
+from flaxlight.optim import (
+    OptimizerConfig,
+    OptimizerPlan,
+    current_learning_rate,
+    ema_params,
+    make_l2_regularizer,
+    make_optimizer,
+    make_optimizer_plan,
+    make_schedule,
+    make_weight_decay_mask,
+)
 from flaxlight.state import TrainState
 from flaxlight.step import TrainStep, make_eval_step, make_train_step
 from flaxlight.trainer import TrainerModule, TrainerOptions
@@ -19,14 +30,25 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ArrayLoader",
+    "Callback",
     "Checkpointer",
+    "ModelCheckpoint",
+    "OptimizerConfig",
+    "OptimizerPlan",
     "TrainState",
     "TrainStep",
     "TrainerModule",
     "TrainerOptions",
+    "current_learning_rate",
+    "ema_params",
+    "callbacks",
     "loggers",
     "make_eval_step",
+    "make_l2_regularizer",
     "make_optimizer",
+    "make_optimizer_plan",
+    "make_schedule",
     "make_train_step",
+    "make_weight_decay_mask",
     "__version__",
 ]

@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import logging
 import os
+import warnings
 from typing import Any
 
 import jax
+import numpy as np
 
 __all__ = ["Checkpointer"]
 
@@ -36,6 +38,16 @@ def _abstract(tree):
     return jax.tree.map(ocp.utils.to_shape_dtype_struct, tree)
 
 
+def _flat_shapes(tree) -> dict[str, tuple]:
+    """``{"Dense_0/kernel": (4, 8), ...}`` for a tree of arrays or orbax array metadata."""
+    flat = {}
+    for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+        name = "/".join(str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path)
+        shape = getattr(leaf, "shape", None)
+        flat[name] = tuple(shape) if shape is not None else tuple(np.shape(leaf))
+    return flat
+
+
 def _model_state(state) -> dict:
     return {name: getattr(state, name) for name in _MODEL_STATE_FIELDS if getattr(state, name) is not None}
 
@@ -49,17 +61,29 @@ class Checkpointer:
 
     def __init__(self, directory: str | os.PathLike, max_to_keep: int | None = 1, async_save: bool = True,
                  read_only: bool = False):
-        ocp = _ocp()
         self.directory = os.path.abspath(os.fspath(directory))
-        options = ocp.CheckpointManagerOptions(
-            max_to_keep=max_to_keep,
-            enable_async_checkpointing=async_save,
-            create=not read_only,
-            read_only=read_only,
-        )
-        self._manager = ocp.CheckpointManager(self.directory, options=options)
+        self.max_to_keep, self.async_save, self.read_only = max_to_keep, async_save, read_only
+        self._manager_instance = None
+
+    @property
+    def _manager(self):
+        """The orbax manager, created on first use (so a run that never saves writes nothing)."""
+        if self._manager_instance is None:
+            ocp = _ocp()
+            options = ocp.CheckpointManagerOptions(
+                max_to_keep=self.max_to_keep,
+                enable_async_checkpointing=self.async_save,
+                create=not self.read_only,
+                read_only=self.read_only,
+            )
+            handlers = {name: ocp.StandardCheckpointHandler() for name in ("params", "model_state", "opt_state")}
+            handlers["meta"] = ocp.JsonCheckpointHandler()
+            self._manager_instance = ocp.CheckpointManager(self.directory, options=options, item_handlers=handlers)
+        return self._manager_instance
 
     def all_steps(self) -> list[int]:
+        if self._manager_instance is None and not os.path.isdir(self.directory):
+            return []
         return list(self._manager.all_steps())
 
     def latest_step(self) -> int | None:
@@ -92,6 +116,9 @@ class Checkpointer:
         """
         ocp = _ocp()
         step = self._resolve(step)
+        mismatch = self.describe_mismatch(target, step)
+        if mismatch:
+            raise ValueError(mismatch)
         target_model_state = _model_state(target)
         items = {
             "params": ocp.args.StandardRestore(_abstract(target.params)),
@@ -113,6 +140,67 @@ class Checkpointer:
             replace["opt_state"] = restored["opt_state"]
         return target.replace(**replace)
 
+    def delete(self, step: int) -> None:
+        """Remove checkpoint ``step`` from disk."""
+        self._manager.delete(int(step))
+
+    def restore_latest_valid(self, target, with_opt_state: bool = True, before: int | None = None):
+        """Restore the newest checkpoint that reads back; returns ``(state, meta, step)``.
+
+        A damaged or partial newest checkpoint (truncated or missing files) is skipped with a
+        warning and the one before it is tried. A checkpoint of a *different model* is not
+        skipped: that is a user error and raises with the mismatching paths.
+        """
+        steps = sorted((s for s in self.all_steps() if before is None or s < before), reverse=True)
+        if not steps:
+            raise FileNotFoundError(f"No checkpoint found in {self.directory}.")
+        for i, step in enumerate(steps):
+            mismatch = self.describe_mismatch(target, step)
+            if mismatch:
+                raise ValueError(mismatch)
+            try:
+                meta = self.read_meta(step)
+                state = self.restore(target, step=step, with_opt_state=with_opt_state)
+                return state, meta, step
+            except Exception as exc:  # noqa: BLE001 - any read failure means "damaged": try the previous one
+                remaining = steps[i + 1 :]
+                if not remaining:
+                    raise ValueError(f"No readable checkpoint in {self.directory}; the last error: {exc}") from exc
+                warnings.warn(
+                    f"Checkpoint {step} in {self.directory} is damaged or partial ({type(exc).__name__}: "
+                    f"{str(exc)[:200]}); falling back to checkpoint {remaining[0]}.",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+        raise AssertionError("unreachable")
+
+    def describe_mismatch(self, target, step: int, limit: int = 5) -> str | None:
+        """A readable list of parameter paths whose saved shape differs from ``target``'s, or None."""
+        try:
+            saved = self._manager.item_metadata(step)["params"]
+        except Exception:  # noqa: BLE001 - unreadable metadata is reported by the restore itself
+            return None
+        saved_shapes = _flat_shapes(getattr(saved, "tree", saved))
+        if not saved_shapes:
+            return None
+        wanted = _flat_shapes(target.params)
+        problems = []
+        for path in sorted(set(saved_shapes) | set(wanted)):
+            got, want = saved_shapes.get(path), wanted.get(path)
+            if got != want:
+                problems.append(
+                    f"  params/{path}: checkpoint {'missing' if got is None else got}, "
+                    f"model {'missing' if want is None else want}"
+                )
+        if not problems:
+            return None
+        more = f"\n  ... and {len(problems) - limit} more" if len(problems) > limit else ""
+        return (
+            f"Checkpoint {step} in {self.directory} was saved from a different model; first mismatching "
+            f"parameters:\n" + "\n".join(problems[:limit]) + more +
+            "\nBuild the trainer with the model hyperparameters of that run (see its hparams.yaml)."
+        )
+
     def _resolve(self, step: int | None) -> int:
         steps = self.all_steps()
         if not steps:
@@ -124,9 +212,11 @@ class Checkpointer:
         return int(step)
 
     def wait(self) -> None:
-        """Block until pending asynchronous saves are on disk."""
-        self._manager.wait_until_finished()
+        """Block until pending asynchronous saves are on disk (raises if one of them failed)."""
+        if self._manager_instance is not None:
+            self._manager_instance.wait_until_finished()
 
     def close(self) -> None:
-        self._manager.wait_until_finished()
-        self._manager.close()
+        if self._manager_instance is not None:
+            self._manager_instance.wait_until_finished()
+            self._manager_instance.close()

@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["init_accumulator", "accumulate", "read_means", "batch_size", "HostSnapshot"]
+__all__ = ["init_accumulator", "accumulate", "all_finite", "read_means", "batch_size", "HostSnapshot"]
 
 
 def init_accumulator(metrics_like: Mapping[str, Any]) -> dict:
@@ -36,14 +36,22 @@ def init_accumulator(metrics_like: Mapping[str, Any]) -> dict:
     return {
         "sums": {name: jnp.zeros((), jnp.float32) for name in metrics_like},
         "count": jnp.zeros((), jnp.float32),
+        "nonfinite": jnp.zeros((), jnp.int32),
     }
 
 
+def all_finite(metrics: Mapping[str, Any]):
+    """Pure: True when every metric of the step (the loss included) is finite."""
+    values = [jnp.all(jnp.isfinite(jnp.asarray(v, jnp.float32))) for v in metrics.values()]
+    return jnp.all(jnp.stack(values)) if values else jnp.bool_(True)
+
+
 def accumulate(acc: dict, metrics: Mapping[str, Any], weight) -> dict:
-    """Pure: add ``metrics`` (batch means) weighted by ``weight`` examples."""
+    """Pure: add ``metrics`` (batch means) weighted by ``weight`` examples; count non-finite steps."""
     weight = jnp.asarray(weight, jnp.float32)
     sums = {name: acc["sums"][name] + jnp.asarray(metrics[name], jnp.float32) * weight for name in acc["sums"]}
-    return {"sums": sums, "count": acc["count"] + weight}
+    nonfinite = acc["nonfinite"] + jnp.logical_not(all_finite(metrics)).astype(jnp.int32)
+    return {"sums": sums, "count": acc["count"] + weight, "nonfinite": nonfinite}
 
 
 def read_means(acc: dict, prefix: str = "") -> dict[str, float]:
@@ -83,6 +91,8 @@ class HostSnapshot:
             if copy is not None:
                 copy()
 
-    def sums_and_count(self) -> tuple[dict[str, float], float]:
+    def sums_and_count(self) -> tuple[dict[str, float], float, int]:
+        """``(sums, examples, non-finite steps)`` on the host."""
         host = jax.device_get(self._acc)
-        return {k: float(np.asarray(v)) for k, v in host["sums"].items()}, float(host["count"])
+        sums = {k: float(np.asarray(v)) for k, v in host["sums"].items()}
+        return sums, float(host["count"]), int(host.get("nonfinite", 0))

@@ -1,38 +1,118 @@
-"""The optimizer interface: ``optimizer_hparams`` -> one optax transformation.
+"""The optimizer interface: ``optimizer_hparams`` -> one optax transformation (+ what the step needs).
 
-Keys (the seed's names): ``optimizer`` (any optax optimizer by name, default ``"adamw"``),
-``lr`` (peak learning rate, default 1e-3), ``warmup`` (steps of linear warmup, default 0; the
-schedule then decays by cosine to 1% of ``lr`` over the whole run), ``gradient_clip`` (global
-norm, default 1.0; ``None`` turns clipping off), ``weight_decay``; every other key is passed to
-the optax optimizer (``b1``, ``momentum``, ...). A ready ``optax.GradientTransformation`` may be
-given instead of a dict and is used unchanged.
+``optimizer_hparams`` is one of
+
+- a dict (the seed's way) or an :class:`OptimizerConfig` (typed; the same keys, defaults declared
+  once on its fields). Keys: ``optimizer`` (any optax optimizer by name, default ``"adamw"``),
+  ``lr``, ``schedule`` + ``warmup_steps`` (the seed's ``warmup`` is accepted as an alias),
+  ``gradient_clip`` (global norm, default 1.0) / ``gradient_clip_value``, ``weight_decay`` +
+  ``weight_decay_mode`` (``"decoupled"`` or ``"l2"``) + ``weight_decay_exclude`` /
+  ``weight_decay_mask``, ``reduce_on_plateau``, ``accumulate_grad_batches``, ``ema_decay``,
+  ``precision``; every other key is passed to the optax optimizer (``b1``, ``momentum``, ...)
+  and must be one it takes;
+- a ready :class:`optax.GradientTransformation`: used unchanged;
+- an :data:`OptimizerFactory`, ``total_steps -> GradientTransformation``: the interface of
+  learned optimizers such as VeLO, which need the run's length at construction; the result is
+  used unchanged and receives the loss every step as ``value=``.
+
+Weight decay is applied exactly once: ``"decoupled"`` puts it in the optax chain (the optimizer's
+own decay where optax has one, e.g. ``adamw``; otherwise ``-lr * weight_decay * param`` after the
+optimizer's update), ``"l2"`` leaves it out of the chain and the train step adds
+``0.5 * weight_decay * sum(param ** 2)`` to the loss (:func:`make_l2_regularizer`).
 
 Example:
     >>> tx = make_optimizer({"optimizer": "adam", "lr": 1e-3, "warmup": 10}, total_steps=100)
+    >>> plan = make_optimizer_plan(OptimizerConfig(optimizer="sgd", lr=0.1, weight_decay=1e-4,
+    ...                                            weight_decay_mode="l2"), total_steps=100)
+    >>> plan.regularizer is not None
+    True
 """
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import inspect
-from typing import Any, Mapping
+import logging
+from collections.abc import Mapping
+from typing import Any, Callable, NamedTuple, Optional, Union
 
+import jax
+import jax.numpy as jnp
+import numpy as np
 import optax
 
-__all__ = ["make_optimizer", "OPTIMIZER_NAMES"]
+__all__ = [
+    "OPTIMIZER_NAMES",
+    "PRECISIONS",
+    "SCHEDULES",
+    "WEIGHT_DECAY_MODES",
+    "OptimizerConfig",
+    "OptimizerFactory",
+    "OptimizerPlan",
+    "as_optimizer_config",
+    "current_learning_rate",
+    "decoupled_weight_decay",
+    "ema_params",
+    "make_l2_regularizer",
+    "make_optimizer",
+    "make_optimizer_plan",
+    "make_schedule",
+    "make_weight_decay_mask",
+    "record_learning_rate",
+    "track_params_ema",
+]
+
+logger = logging.getLogger("flaxlight")
 
 OPTIMIZER_NAMES = tuple(
     name
     for name in (
         "adabelief", "adadelta", "adafactor", "adagrad", "adam", "adamax", "adamaxw", "adamw",
-        "adan", "amsgrad", "fromage", "lamb", "lars", "lion", "nadam", "nadamw", "noisy_sgd",
-        "novograd", "optimistic_gradient_descent", "polyak_sgd", "radam", "rmsprop", "rprop",
-        "sgd", "sm3", "yogi",
+        "adan", "amsgrad", "fromage", "lamb", "lars", "lbfgs", "lion", "nadam", "nadamw",
+        "noisy_sgd", "novograd", "optimistic_adam", "optimistic_gradient_descent", "polyak_sgd",
+        "radam", "rmsprop", "rprop", "sgd", "sign_sgd", "signum", "sm3", "yogi",
     )
     if hasattr(optax, name)
 )
+SCHEDULES = ("constant", "warmup_cosine", "linear", "exponential", "piecewise", "one_cycle")
+WEIGHT_DECAY_MODES = ("decoupled", "l2")
+PRECISIONS = ("fp32", "bf16")
+DEFAULT_WEIGHT_DECAY_EXCLUDE = ("bias", "scale")
 
-_RATE_ARG = "learning_rate"
+#: A learned-optimizer factory (VeLO's shape): ``factory(total_steps) -> GradientTransformation``.
+#: Its ``update`` receives the loss every step as ``value=`` (plus ``grad=`` and ``value_fn=``).
+OptimizerFactory = Callable[[int], optax.GradientTransformation]
+
+# Optimizers whose step size is a fixed number (optax does not take a schedule there).
+_FIXED_RATE = {"polyak_sgd": "max_learning_rate", "rprop": "learning_rate", "sm3": "learning_rate",
+               "optimistic_adam": "learning_rate"}
+# Keys of the optax factories that flaxlight sets itself, and the flaxlight key to use instead.
+_RESERVED = {"learning_rate": "lr", "max_learning_rate": "lr", "weight_decay": "weight_decay",
+             "weight_decay_rate": "weight_decay", "mask": "weight_decay_mask",
+             "weight_decay_mask": "weight_decay_mask"}
+# Common spellings from other trainers -> our key.
+_HINTS = {"learning_rate": "lr", "warmup_epochs": "warmup_steps", "grad_clip": "gradient_clip",
+          "gradient_clip_val": "gradient_clip", "clip_grad_norm": "gradient_clip",
+          "accumulate_grad_steps": "accumulate_grad_batches", "ema": "ema_decay", "wd": "weight_decay"}
+_ALIASES = {"warmup": "warmup_steps"}  # the seed's key
+
+_logged: set[str] = set()
+
+
+def _log_once(level: int, message: str) -> None:
+    """Log ``message`` on the ``flaxlight`` logger the first time it comes up in this process."""
+    if message not in _logged:
+        _logged.add(message)
+        logger.log(level, message)
+
+
+def _suggest(key: str, candidates) -> str:
+    if key in _HINTS:
+        return f" Did you mean {_HINTS[key]!r}?"
+    same = [c for c in candidates if str(c).lower() == str(key).lower()]
+    close = same or difflib.get_close_matches(str(key), list(candidates), n=1, cutoff=0.6)
+    return f" Did you mean {close[0]!r}?" if close else ""
 
 
 def _optimizer_factory(name: str):
@@ -46,49 +126,612 @@ def _optimizer_factory(name: str):
     return getattr(optax, name.lower())
 
 
-def make_schedule(lr: float, warmup: int, total_steps: int) -> optax.Schedule:
-    """The seed's schedule: linear warmup from 0, then cosine decay to ``0.01 * lr``."""
-    decay_steps = max(int(total_steps), int(warmup) + 1)
-    return optax.warmup_cosine_decay_schedule(
-        init_value=0.0 if warmup > 0 else lr,
-        peak_value=lr,
-        warmup_steps=int(warmup),
-        decay_steps=decay_steps,
-        end_value=0.01 * lr,
+def _factory_parameters(name: str) -> dict[str, inspect.Parameter]:
+    return dict(inspect.signature(_optimizer_factory(name)).parameters)
+
+
+def _native_decay(name: str) -> tuple[str, str] | None:
+    """``(weight-decay argument, mask argument)`` when optax's optimizer applies decay itself."""
+    params = _factory_parameters(name)
+    decay = next((k for k in ("weight_decay", "weight_decay_rate") if k in params), None)
+    mask = next((k for k in ("mask", "weight_decay_mask") if k in params), None)
+    return (decay, mask) if decay and mask else None
+
+
+def _positive_int(value, key: str, minimum: int) -> int:
+    is_int = isinstance(value, (int, np.integer)) or (isinstance(value, float) and value.is_integer())
+    if isinstance(value, bool) or not is_int:
+        raise ValueError(f"optimizer_hparams[{key!r}] must be an integer >= {minimum}, got {value!r}.")
+    if int(value) < minimum:
+        raise ValueError(f"optimizer_hparams[{key!r}] must be >= {minimum}, got {value!r}.")
+    return int(value)
+
+
+def _optional_positive(value, key: str, *, allow_zero: bool = False, none_means: str = "off") -> float | None:
+    if value is None:
+        return None
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"optimizer_hparams[{key!r}] must be a number or None, got {value!r}.") from None
+    if not value >= 0 or (value == 0 and not allow_zero):  # also catches NaN
+        bound = ">= 0" if allow_zero else "> 0"
+        raise ValueError(f"optimizer_hparams[{key!r}] must be {bound} (None: {none_means}), got {value!r}.")
+    return value
+
+
+@dataclasses.dataclass
+class OptimizerConfig(Mapping):
+    """Typed optimizer settings; a dict with the same keys works everywhere this does.
+
+    It is also a read-only mapping of its dict form (``dict(config)``), so it is saved to
+    ``hparams.yaml`` as plain data and loads back as a dict. ``OptimizerConfig.from_dict(d)``
+    turns a dict into a config (aliases resolved, pass-through keys checked).
+
+    Attributes:
+        optimizer: optax optimizer name (see ``OPTIMIZER_NAMES``).
+        lr: peak learning rate; None lets optimizers that choose their own step (``lbfgs``'s line
+            search, ``adafactor``) do so.
+        schedule: one of ``SCHEDULES`` or an optax schedule ``step -> lr``. ``warmup_cosine`` (the
+            seed's): linear warmup from 0, then cosine to ``end_lr_factor * lr`` at the end of the
+            run; ``constant``; ``linear`` and ``exponential`` decay to ``end_lr_factor * lr``;
+            ``piecewise`` scales ``lr`` at ``boundaries_and_scales`` (steps counted after warmup);
+            ``one_cycle``: optax's cosine one-cycle, rising for ``warmup_steps`` (or 30% of the run).
+        warmup_steps: optimizer updates of linear warmup from 0 (the seed's key ``warmup``).
+        end_lr_factor: final learning rate as a fraction of ``lr`` (warmup_cosine, linear, exponential).
+        boundaries_and_scales: ``{step: scale}`` for ``schedule="piecewise"``.
+        gradient_clip: clip gradients by global norm (None: off).
+        gradient_clip_value: clip each gradient entry to ``[-v, v]`` (None: off); applied first.
+        weight_decay: decay strength; None: the optax optimizer's own default (0.0001 for
+            ``adamw``, logged), 0 for optimizers without one.
+        weight_decay_mode: ``"decoupled"`` (in the optimizer, AdamW-style) or ``"l2"`` (in the loss).
+        weight_decay_exclude: parameter names that are never decayed (biases, norm scales).
+        weight_decay_mask: instead of ``weight_decay_exclude``: ``params -> pytree of bools`` (True:
+            decay) or such a pytree.
+        reduce_on_plateau: keyword arguments of ``optax.contrib.reduce_on_plateau`` (which watches
+            the loss), or None.
+        accumulate_grad_batches: average the gradients of N batches per update (``optax.MultiSteps``).
+        ema_decay: keep an exponential moving average of the parameters (evaluation uses it).
+        precision: ``"fp32"`` or ``"bf16"`` (bf16 compute, fp32 master weights and optimizer state).
+        optimizer_kwargs: further keyword arguments of the optax optimizer (``b1``, ``momentum``...).
+    """
+
+    optimizer: str = "adamw"
+    lr: Optional[float] = 1e-3
+    schedule: Union[str, Callable[[Any], Any]] = "warmup_cosine"
+    warmup_steps: int = 0
+    end_lr_factor: float = 0.01
+    boundaries_and_scales: Optional[Mapping[int, float]] = None
+    gradient_clip: Optional[float] = 1.0
+    gradient_clip_value: Optional[float] = None
+    weight_decay: Optional[float] = None
+    weight_decay_mode: str = "decoupled"
+    weight_decay_exclude: tuple = DEFAULT_WEIGHT_DECAY_EXCLUDE
+    weight_decay_mask: Any = None
+    reduce_on_plateau: Optional[Mapping[str, Any]] = None
+    accumulate_grad_batches: int = 1
+    ema_decay: Optional[float] = None
+    precision: str = "fp32"
+    optimizer_kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self):
+        _optimizer_factory(self.optimizer)  # unknown name: the list and a suggestion
+        self.optimizer = self.optimizer.lower()
+        if self.lr is not None:
+            self.lr = _optional_positive(self.lr, "lr", none_means="the optimizer picks its step, e.g. lbfgs")
+        elif _factory_parameters(self.optimizer)[_rate_argument(self.optimizer)].default is inspect.Parameter.empty:
+            raise ValueError(f"optimizer_hparams['lr'] is None, but optax.{self.optimizer} needs a learning rate.")
+        if not callable(self.schedule) and self.schedule not in SCHEDULES:
+            raise ValueError(
+                f"Unknown schedule {self.schedule!r} in optimizer_hparams['schedule'].{_suggest(self.schedule, SCHEDULES)} "
+                f"Valid: {', '.join(SCHEDULES)}, or an optax schedule (a function step -> lr)."
+            )
+        self.warmup_steps = _positive_int(self.warmup_steps, "warmup_steps", 0)
+        self.end_lr_factor = float(self.end_lr_factor)
+        if not 0 <= self.end_lr_factor <= 1 or (self.schedule == "exponential" and self.end_lr_factor == 0):
+            raise ValueError(f"optimizer_hparams['end_lr_factor'] must be in [0, 1] (> 0 for exponential), "
+                             f"got {self.end_lr_factor!r}.")
+        if self.schedule == "piecewise":
+            if not isinstance(self.boundaries_and_scales, Mapping) or not self.boundaries_and_scales:
+                raise ValueError("schedule='piecewise' needs optimizer_hparams['boundaries_and_scales'], e.g. "
+                                 "{1000: 0.1, 2000: 0.1} (multiply lr by 0.1 at step 1000 and again at 2000).")
+            self.boundaries_and_scales = {int(k): float(v) for k, v in self.boundaries_and_scales.items()}
+        if self.optimizer in _FIXED_RATE and (self.schedule != "constant" or self.warmup_steps):
+            raise ValueError(
+                f"optax.{self.optimizer} takes a fixed step size ({_FIXED_RATE[self.optimizer]}), not a schedule: "
+                f"set schedule='constant' and warmup_steps=0 in optimizer_hparams."
+            )
+        if self.lr is None and (self.schedule != "constant" or self.warmup_steps):
+            raise ValueError("optimizer_hparams['lr'] is None (the optimizer picks its step), so a schedule cannot "
+                             "scale it: set schedule='constant' and warmup_steps=0, or give lr.")
+        self.gradient_clip = _optional_positive(self.gradient_clip, "gradient_clip")
+        self.gradient_clip_value = _optional_positive(self.gradient_clip_value, "gradient_clip_value")
+        self.weight_decay = _optional_positive(self.weight_decay, "weight_decay", allow_zero=True,
+                                               none_means="the optax optimizer's default")
+        if self.weight_decay_mode not in WEIGHT_DECAY_MODES:
+            raise ValueError(
+                f"Unknown weight_decay_mode {self.weight_decay_mode!r} in optimizer_hparams."
+                f"{_suggest(self.weight_decay_mode, WEIGHT_DECAY_MODES)} Valid: {', '.join(WEIGHT_DECAY_MODES)} "
+                f"('decoupled': AdamW-style, in the optimizer; 'l2': 0.5 * weight_decay * |param|^2 in the loss)."
+            )
+        if isinstance(self.weight_decay_exclude, str):
+            self.weight_decay_exclude = (self.weight_decay_exclude,)
+        self.weight_decay_exclude = tuple(str(name) for name in self.weight_decay_exclude)
+        if self.reduce_on_plateau is not None:
+            if not isinstance(self.reduce_on_plateau, Mapping):
+                raise ValueError("optimizer_hparams['reduce_on_plateau'] must be a dict of "
+                                 "optax.contrib.reduce_on_plateau arguments (e.g. {'patience': 5, 'factor': 0.5}).")
+            accepted = inspect.signature(optax.contrib.reduce_on_plateau).parameters
+            for key in self.reduce_on_plateau:
+                if key not in accepted:
+                    raise ValueError(f"optimizer_hparams['reduce_on_plateau'] has key {key!r}, which "
+                                     f"optax.contrib.reduce_on_plateau does not take.{_suggest(key, accepted)} "
+                                     f"Valid: {', '.join(accepted)}.")
+            self.reduce_on_plateau = dict(self.reduce_on_plateau)
+        self.accumulate_grad_batches = _positive_int(self.accumulate_grad_batches, "accumulate_grad_batches", 1)
+        if self.ema_decay is not None:
+            self.ema_decay = float(self.ema_decay)
+            if not 0 < self.ema_decay < 1:
+                raise ValueError(f"optimizer_hparams['ema_decay'] must be in (0, 1) (e.g. 0.999) or None, "
+                                 f"got {self.ema_decay!r}.")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"Unknown precision {self.precision!r} in optimizer_hparams."
+                             f"{_suggest(self.precision, PRECISIONS)} Valid: {', '.join(PRECISIONS)}.")
+        self.optimizer_kwargs = dict(self.optimizer_kwargs or {})
+        accepted = _factory_parameters(self.optimizer)
+        for key in self.optimizer_kwargs:
+            if key in _RESERVED:
+                raise ValueError(f"optimizer_hparams key {key!r} is set by flaxlight: use {_RESERVED[key]!r} instead.")
+            if key not in accepted:
+                raise ValueError(self._unknown_key_message(key))
+
+    # --- dict form ------------------------------------------------------------------------------
+    @classmethod
+    def from_dict(cls, hparams: Mapping[str, Any]) -> "OptimizerConfig":
+        """A config from the dict form: aliases (``warmup``) resolved, other keys passed to optax."""
+        hparams = dict(hparams or {})
+        for alias, key in _ALIASES.items():
+            if alias in hparams:
+                if key in hparams:
+                    raise ValueError(f"optimizer_hparams has both {alias!r} and {key!r}: they are the same setting; "
+                                     f"keep {key!r}.")
+                hparams[key] = hparams.pop(alias)
+        fields = {f.name for f in dataclasses.fields(cls)} - {"optimizer_kwargs"}
+        kwargs = {k: hparams.pop(k) for k in list(hparams) if k in fields}
+        extra = dict(hparams.pop("optimizer_kwargs", None) or {})
+        extra.update(hparams)
+        return cls(**kwargs, optimizer_kwargs=extra)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The dict form (optimizer keyword arguments flattened in), ``from_dict``'s inverse."""
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "optimizer_kwargs"}
+        out["weight_decay_exclude"] = list(self.weight_decay_exclude)
+        out.update(self.optimizer_kwargs)
+        return out
+
+    def __getitem__(self, key):
+        return self.to_dict()[key]
+
+    def __iter__(self):
+        return iter(self.to_dict())
+
+    def __len__(self):
+        return len(self.to_dict())
+
+    def _unknown_key_message(self, key: str) -> str:
+        ours = sorted({f.name for f in dataclasses.fields(self)} - {"optimizer_kwargs"} | set(_ALIASES))
+        theirs = sorted(k for k in _factory_parameters(self.optimizer) if k not in _RESERVED)
+        return (
+            f"Unknown key {key!r} in optimizer_hparams for optimizer {self.optimizer!r}."
+            f"{_suggest(key, ours + theirs)} flaxlight keys: {', '.join(ours)}; "
+            f"optax.{self.optimizer} also takes: {', '.join(theirs) or '(nothing else)'}."
+        )
+
+    # --- what the pieces resolve to -------------------------------------------------------------
+    def resolved_weight_decay(self) -> float:
+        """The decay strength actually used (None resolves to the optax optimizer's own default)."""
+        if self.weight_decay is not None:
+            return self.weight_decay
+        native = _native_decay(self.optimizer)
+        if self.weight_decay_mode == "decoupled" and native:
+            default = _factory_parameters(self.optimizer)[native[0]].default
+            if isinstance(default, (int, float)) and default > 0:
+                return float(default)
+        return 0.0
+
+    def decay_mask(self) -> Any:
+        """The weight-decay mask: ``weight_decay_mask`` if given, else by name (``weight_decay_exclude``)."""
+        if self.weight_decay_mask is not None:
+            return self.weight_decay_mask
+        return make_weight_decay_mask(self.weight_decay_exclude)
+
+    def l2_regularizer(self) -> Callable[[Any], jax.Array] | None:
+        """``params -> penalty`` for ``weight_decay_mode="l2"`` (None when there is nothing to add)."""
+        if self.weight_decay_mode != "l2" or not self.weight_decay:
+            return None
+        return make_l2_regularizer(self.weight_decay, self.decay_mask())
+
+
+def _rate_argument(name: str) -> str:
+    return _FIXED_RATE.get(name, "learning_rate")
+
+
+def as_optimizer_config(optimizer_hparams) -> OptimizerConfig | None:
+    """Validate ``optimizer_hparams``: a config for dicts and configs, None for a ready
+    transformation or an :data:`OptimizerFactory` (those are used unchanged)."""
+    if isinstance(optimizer_hparams, OptimizerConfig):
+        return optimizer_hparams
+    if isinstance(optimizer_hparams, optax.GradientTransformation):
+        return None
+    if optimizer_hparams is None or isinstance(optimizer_hparams, Mapping):
+        return OptimizerConfig.from_dict(optimizer_hparams or {})
+    if callable(optimizer_hparams):
+        return None
+    raise TypeError(
+        f"optimizer_hparams must be a dict, a flaxlight.OptimizerConfig, an optax.GradientTransformation or a "
+        f"function total_steps -> GradientTransformation; got {type(optimizer_hparams).__name__}."
     )
 
 
-def make_optimizer(optimizer_hparams: Mapping[str, Any] | optax.GradientTransformation, total_steps: int):
-    """Build the optax transformation for ``total_steps`` optimizer updates.
+# --- schedules ----------------------------------------------------------------------------------
+def make_schedule(lr: float, warmup: int, total_steps: int, schedule: str = "warmup_cosine", *,
+                  end_lr_factor: float = 0.01, boundaries_and_scales: Mapping[int, float] | None = None
+                  ) -> optax.Schedule:
+    """The learning rate per optimizer update for a run of ``total_steps`` updates.
+
+    ``warmup_cosine`` (the seed's default): linear warmup from 0 over ``warmup`` steps, then
+    cosine decay to ``end_lr_factor * lr`` at ``total_steps``. The other schedules (see
+    :class:`OptimizerConfig`) get the same linear warmup prepended.
+
+    Example:
+        >>> float(make_schedule(1.0, 10, 100)(10))
+        1.0
+    """
+    lr, warmup, total_steps = float(lr), int(warmup), int(total_steps)
+    end = end_lr_factor * lr
+    if schedule == "warmup_cosine" and warmup == 0:
+        return optax.cosine_decay_schedule(lr, decay_steps=max(total_steps, 1), alpha=end_lr_factor)
+    if schedule == "warmup_cosine":
+        return optax.warmup_cosine_decay_schedule(
+            init_value=0.0 if warmup > 0 else lr, peak_value=lr, warmup_steps=warmup,
+            decay_steps=max(total_steps, warmup + 1), end_value=end,
+        )
+    if schedule == "one_cycle":
+        pct_start = warmup / total_steps if warmup else 0.3
+        return optax.cosine_onecycle_schedule(transition_steps=max(total_steps, 1), peak_value=lr,
+                                              pct_start=min(pct_start, 1.0))
+    decay_steps = max(total_steps - warmup, 1)
+    if schedule == "constant":
+        main = optax.constant_schedule(lr)
+    elif schedule == "linear":
+        main = optax.linear_schedule(lr, end, decay_steps)
+    elif schedule == "exponential":
+        main = optax.exponential_decay(lr, transition_steps=decay_steps, decay_rate=end_lr_factor)
+    elif schedule == "piecewise":
+        main = optax.piecewise_constant_schedule(lr, dict(boundaries_and_scales or {}))
+    else:
+        raise ValueError(f"Unknown schedule {schedule!r}; valid: {', '.join(SCHEDULES)}.")
+    if warmup == 0:
+        return main
+    return optax.join_schedules([optax.linear_schedule(0.0, lr, warmup), main], [warmup])
+
+
+# --- masks and the L2 term ----------------------------------------------------------------------
+def _leaf_name(path) -> str:
+    """The parameter's own name: the last path entry that is not a Variable's ``value`` wrapper."""
+    for entry in reversed(path):
+        name = getattr(entry, "key", getattr(entry, "name", getattr(entry, "idx", None)))
+        if name not in ("value", "raw_value"):
+            return str(name)
+    return ""
+
+
+def make_weight_decay_mask(exclude=DEFAULT_WEIGHT_DECAY_EXCLUDE) -> Callable[[Any], Any]:
+    """``params -> pytree of bools``: True (decay) unless the parameter's name is in ``exclude``.
+
+    The default excludes ``bias`` (Dense, Conv, and norm layers' shift) and ``scale`` (BatchNorm,
+    LayerNorm, GroupNorm, RMSNorm), as is standard for AdamW.
+
+    Example:
+        >>> make_weight_decay_mask()({"Dense_0": {"kernel": 1.0, "bias": 0.0}})
+        {'Dense_0': {'bias': False, 'kernel': True}}
+    """
+    excluded = frozenset(exclude)
+
+    def mask(params):
+        return jax.tree_util.tree_map_with_path(lambda path, _: _leaf_name(path) not in excluded, params)
+
+    return mask
+
+
+def _mask_tree(mask, params):
+    if mask is None:
+        return jax.tree.map(lambda _: True, params)
+    return mask(params) if callable(mask) else mask
+
+
+def make_l2_regularizer(weight_decay: float, mask=None) -> Callable[[Any], jax.Array]:
+    """``params -> 0.5 * weight_decay * sum of squares`` of the masked parameters (fp32).
+
+    Its gradient is ``weight_decay * param``: with plain SGD this equals decoupled decay.
+
+    Example:
+        >>> float(make_l2_regularizer(0.1)({"kernel": jnp.ones(3), "bias": jnp.ones(2)}))
+        0.25
+    """
+    weight_decay = float(weight_decay)
+
+    def regularizer(params):
+        masks = jax.tree.leaves(_mask_tree(mask, params))
+        leaves = jax.tree.leaves(params)
+        total = jnp.zeros((), jnp.float32)
+        for keep, leaf in zip(masks, leaves, strict=True):
+            square = jnp.sum(jnp.square(jnp.asarray(leaf, jnp.float32)))
+            if isinstance(keep, (bool, np.bool_)):
+                total = total + square if keep else total
+            else:  # a traced mask value
+                total = total + jnp.asarray(keep, jnp.float32) * square
+        return 0.5 * weight_decay * total
+
+    return regularizer
+
+
+# --- small transformations ----------------------------------------------------------------------
+_NO_PARAMS = "{} needs the parameters: call tx.update(updates, opt_state, params)."
+
+
+class DecoupledWeightDecayState(NamedTuple):
+    count: jax.Array
+
+
+def decoupled_weight_decay(weight_decay: float, learning_rate, mask=None) -> optax.GradientTransformation:
+    """Add ``-learning_rate(count) * weight_decay * param`` to the updates (put it after an optimizer).
+
+    After ``optax.adam`` this is exactly ``optax.adamw``; after ``optax.sgd`` without momentum it
+    equals ``optax.chain(optax.add_decayed_weights(wd), optax.sgd(lr))``; with momentum it is
+    SGDW (the decay does not go through the momentum).
+    """
+
+    def init_fn(params):
+        del params
+        return DecoupledWeightDecayState(count=jnp.zeros([], jnp.int32))
+
+    def update_fn(updates, state, params=None):
+        if params is None:
+            raise ValueError(_NO_PARAMS.format("decoupled_weight_decay"))
+        rate = learning_rate(state.count) if callable(learning_rate) else learning_rate
+        step = rate * weight_decay
+        updates = jax.tree.map(lambda u, p: (u - step * p).astype(u.dtype), updates, params)
+        return updates, DecoupledWeightDecayState(count=optax.safe_increment(state.count))
+
+    tx = optax.GradientTransformation(init_fn, update_fn)
+    return optax.masked(tx, mask) if mask is not None else tx
+
+
+class LearningRateState(NamedTuple):
+    """``learning_rate``: the rate of the next update (read it with :func:`current_learning_rate`)."""
+
+    count: jax.Array
+    learning_rate: jax.Array
+
+
+def record_learning_rate(schedule) -> optax.GradientTransformation:
+    """Keep ``schedule(count)`` of the next update in the optimizer state; updates pass unchanged."""
+
+    def rate(count):
+        return jnp.asarray(schedule(count) if callable(schedule) else schedule, jnp.float32)
+
+    def init_fn(params):
+        del params
+        count = jnp.zeros([], jnp.int32)
+        return LearningRateState(count=count, learning_rate=rate(count))
+
+    def update_fn(updates, state, params=None):
+        del params
+        count = optax.safe_increment(state.count)
+        return updates, LearningRateState(count=count, learning_rate=rate(count))
+
+    return optax.GradientTransformation(init_fn, update_fn)
+
+
+class ParamsEmaState(NamedTuple):
+    ema: Any
+
+
+def track_params_ema(decay: float) -> optax.GradientTransformation:
+    """Keep ``ema = decay * ema + (1 - decay) * new_params`` in the optimizer state (put it last).
+
+    Read it with :func:`ema_params`; the updates pass unchanged.
+    """
+
+    def init_fn(params):
+        return ParamsEmaState(ema=jax.tree.map(jnp.asarray, params))
+
+    def update_fn(updates, state, params=None):
+        if params is None:
+            raise ValueError(_NO_PARAMS.format("track_params_ema"))
+        new_params = optax.apply_updates(params, updates)
+        ema = jax.tree.map(lambda e, p: (decay * e + (1 - decay) * p).astype(e.dtype), state.ema, new_params)
+        return updates, ParamsEmaState(ema=ema)
+
+    return optax.GradientTransformation(init_fn, update_fn)
+
+
+def _find(tree, cls) -> list:
+    """Every ``cls`` instance inside an optimizer state (namedtuples, tuples, lists, dicts)."""
+    if isinstance(tree, cls):
+        return [tree]
+    if isinstance(tree, (tuple, list)):
+        return [found for item in tree for found in _find(item, cls)]
+    if isinstance(tree, Mapping):
+        return [found for item in tree.values() for found in _find(item, cls)]
+    return []
+
+
+_INJECT_STATES = tuple(getattr(optax, name) for name in ("InjectHyperparamsState", "InjectStatefulHyperparamsState")
+                       if hasattr(optax, name))
+
+
+def _opt_state(state_or_opt_state):
+    return getattr(state_or_opt_state, "opt_state", state_or_opt_state)
+
+
+def ema_params(state_or_opt_state) -> Any | None:
+    """The EMA of the parameters (``ema_decay``) from a TrainState or optimizer state, or None."""
+    found = _find(_opt_state(state_or_opt_state), ParamsEmaState)
+    return found[0].ema if found else None
+
+
+def current_learning_rate(state_or_opt_state) -> jax.Array | None:
+    """The learning rate of the next update, read from the optimizer state (works inside ``jit``).
+
+    The schedule's value (flaxlight-built optimizers, or ``optax.inject_hyperparams``' state) times
+    the scale of any ``optax.contrib.reduce_on_plateau``; None when the state holds no rate.
+
+    Example (log it from a loss function):
+        >>> metrics = {"lr": current_learning_rate(state)}     # doctest: +SKIP
+    """
+    opt_state = _opt_state(state_or_opt_state)
+    recorded = _find(opt_state, LearningRateState)
+    if recorded:
+        rate = recorded[0].learning_rate
+    else:
+        injected = [s.hyperparams["learning_rate"] for s in _find(opt_state, _INJECT_STATES)
+                    if "learning_rate" in s.hyperparams]
+        if not injected:
+            return None
+        rate = jnp.asarray(injected[0], jnp.float32)
+    for plateau in _find(opt_state, optax.contrib.ReduceLROnPlateauState):
+        rate = rate * plateau.scale
+    return rate
+
+
+# --- building -----------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class OptimizerPlan:
+    """What :func:`make_optimizer_plan` built.
+
+    Attributes:
+        tx: the optax transformation (its ``update`` takes ``value=`` etc. when it is a
+            ``GradientTransformationExtraArgs``).
+        config: the validated :class:`OptimizerConfig`, or None for a ready transformation/factory.
+        schedule: learning rate per optimizer update, or None.
+        regularizer: ``params -> penalty`` the train step must add to the loss (``"l2"`` mode), or None.
+        total_steps: train steps (batches) of the run; ``num_updates`` optimizer updates.
+        weight_decay: the decay strength in effect (0 when none).
+    """
+
+    tx: optax.GradientTransformation
+    config: OptimizerConfig | None
+    schedule: Callable[[Any], Any] | None
+    regularizer: Callable[[Any], jax.Array] | None
+    total_steps: int
+    num_updates: int
+    weight_decay: float
+
+
+def make_optimizer_plan(optimizer_hparams, total_steps: int) -> OptimizerPlan:
+    """Build the optimizer for a run of ``total_steps`` train steps and say what the step must add.
+
+    Example:
+        >>> plan = make_optimizer_plan({"optimizer": "adamw", "lr": 1e-3, "weight_decay": 0.01}, 1000)
+        >>> plan.regularizer is None      # decoupled: the decay is inside plan.tx
+        True
+    """
+    total_steps = _positive_int(total_steps, "total_steps", 1)
+    config = as_optimizer_config(optimizer_hparams)
+    if config is None:
+        if isinstance(optimizer_hparams, optax.GradientTransformation):
+            tx = optimizer_hparams
+        else:  # an OptimizerFactory, e.g. a learned optimizer: it needs the run's length
+            tx = optimizer_hparams(total_steps)
+            if not isinstance(tx, optax.GradientTransformation):
+                raise TypeError(f"The optimizer factory {optimizer_hparams!r} must return an "
+                                f"optax.GradientTransformation for total_steps={total_steps}; got {type(tx).__name__}.")
+        return OptimizerPlan(tx=tx, config=None, schedule=None, regularizer=None, total_steps=total_steps,
+                             num_updates=total_steps, weight_decay=0.0)
+
+    name = config.optimizer
+    num_updates = max(total_steps // config.accumulate_grad_batches, 1)
+    if config.warmup_steps > num_updates:
+        raise ValueError(
+            f"optimizer_hparams['warmup_steps']={config.warmup_steps} is longer than the run: {num_updates} optimizer "
+            f"updates ({total_steps} train steps / accumulate_grad_batches={config.accumulate_grad_batches}). "
+            f"Lower warmup_steps or train longer."
+        )
+    if config.lr is None:
+        schedule = None
+    elif callable(config.schedule):
+        schedule = config.schedule
+    elif name in _FIXED_RATE:
+        schedule = optax.constant_schedule(config.lr)
+    else:
+        schedule = make_schedule(config.lr, config.warmup_steps, num_updates, config.schedule,
+                                 end_lr_factor=config.end_lr_factor,
+                                 boundaries_and_scales=config.boundaries_and_scales)
+
+    kwargs = dict(config.optimizer_kwargs)
+    if config.lr is not None:
+        kwargs[_rate_argument(name)] = config.lr if name in _FIXED_RATE else schedule
+    weight_decay = config.resolved_weight_decay()
+    mask = config.decay_mask()
+    native = _native_decay(name)
+    params = _factory_parameters(name)
+    decay_arg = next((k for k in ("weight_decay", "weight_decay_rate") if k in params), None)
+    tail = None
+    if config.weight_decay is None and weight_decay > 0:
+        _log_once(logging.WARNING,
+                  f"optimizer {name!r} with no weight_decay given: using optax.{name}'s default weight_decay="
+                  f"{weight_decay:g} (decoupled, parameters named {list(config.weight_decay_exclude)} excluded). "
+                  f"Set weight_decay explicitly (0 turns it off) to silence this.")
+    if config.weight_decay_mode == "decoupled" and weight_decay > 0:
+        if native:
+            kwargs[native[0]] = weight_decay
+            kwargs[native[1]] = mask
+        else:
+            if decay_arg:  # optax decays but cannot mask (novograd): do it here instead
+                kwargs[decay_arg] = 0.0
+            tail = decoupled_weight_decay(weight_decay, schedule if schedule is not None else 1.0, mask)
+            like = "AdamW (optax.adamw)" if name == "adam" else f"{name} with decoupled weight decay"
+            _log_once(logging.INFO,
+                      f"optimizer {name!r} + weight_decay={weight_decay:g} (decoupled) behaves like {like}: "
+                      f"-lr * weight_decay * param is added after optax.{name}'s update.")
+    elif decay_arg:  # l2 mode or no decay: the optimizer's own decay must stay off (never twice)
+        kwargs[decay_arg] = None if decay_arg == "weight_decay_rate" else 0.0
+
+    chain = []
+    if config.gradient_clip_value is not None:
+        chain.append(optax.clip(config.gradient_clip_value))
+    if config.gradient_clip is not None:
+        chain.append(optax.clip_by_global_norm(config.gradient_clip))
+    chain.append(_optimizer_factory(name)(**kwargs))
+    if tail is not None:
+        chain.append(tail)
+    if config.reduce_on_plateau is not None:
+        chain.append(optax.contrib.reduce_on_plateau(**config.reduce_on_plateau))
+    if schedule is not None:
+        chain.append(record_learning_rate(schedule))
+    if config.ema_decay is not None:
+        chain.append(track_params_ema(config.ema_decay))
+    tx = optax.chain(*chain)
+    if config.accumulate_grad_batches > 1:
+        multi = optax.MultiSteps(tx, every_k_schedule=config.accumulate_grad_batches)
+        tx = optax.GradientTransformationExtraArgs(multi.init, multi.update)
+    return OptimizerPlan(
+        tx=tx, config=config, schedule=schedule,
+        regularizer=config.l2_regularizer() if weight_decay > 0 else None,
+        total_steps=total_steps, num_updates=num_updates,
+        weight_decay=weight_decay,
+    )
+
+
+def make_optimizer(optimizer_hparams, total_steps: int) -> optax.GradientTransformation:
+    """Build the optax transformation for a run of ``total_steps`` train steps.
+
+    With ``weight_decay_mode="l2"`` the transformation holds no decay: the train step adds the
+    penalty (use :func:`make_optimizer_plan` to get it, or let ``TrainerModule`` wire it).
 
     Example:
         >>> tx = make_optimizer({"optimizer": "sgd", "lr": 0.1, "momentum": 0.9}, total_steps=1000)
     """
-    if isinstance(optimizer_hparams, optax.GradientTransformation):
-        return optimizer_hparams
-    hparams = dict(optimizer_hparams or {})
-    name = hparams.pop("optimizer", "adamw")
-    factory = _optimizer_factory(name)
-    lr = float(hparams.pop("lr", 1e-3))
-    warmup = int(hparams.pop("warmup", 0))
-    clip = hparams.pop("gradient_clip", 1.0)
-    weight_decay = hparams.pop("weight_decay", None)
-
-    accepted = inspect.signature(factory).parameters
-    if weight_decay is not None and "weight_decay" in accepted:
-        hparams["weight_decay"] = weight_decay
-        weight_decay = None
-    unknown = [key for key in hparams if key not in accepted]
-    if unknown:
-        valid = sorted(k for k in accepted if k != _RATE_ARG)
-        raise ValueError(
-            f"optimizer_hparams has key(s) {unknown} that optax.{name} does not take. "
-            f"Keys for {name}: {valid}; flaxlight keys: optimizer, lr, warmup, gradient_clip, weight_decay."
-        )
-    chain = []
-    if clip is not None:
-        chain.append(optax.clip_by_global_norm(float(clip)))
-    if weight_decay:
-        chain.append(optax.add_decayed_weights(float(weight_decay)))
-    chain.append(factory(make_schedule(lr, warmup, total_steps), **hparams))
-    return optax.chain(*chain)
+    return make_optimizer_plan(optimizer_hparams, total_steps).tx

@@ -8,6 +8,14 @@ A *loss function* has the signature::
 ``metrics`` is a dict of scalars (the loss is added as ``"loss"`` unless given), ``updates`` a dict
 of changed model collections (``{"batch_stats": ...}``, as returned by
 :meth:`TrainState.apply_model`), which the step writes back into the state.
+
+The optimizer minimises ``loss + regularizer(params)`` (the regulariser is the L2 weight-decay term
+in ``weight_decay_mode="l2"``, else absent). The metric ``"loss"`` is the loss function's value
+*without* the penalty, so train and validation losses compare; the penalty is reported as
+``"penalty"``. Optimizers that take extra arguments (``optax.GradientTransformationExtraArgs``:
+every ``optax.chain``, ``reduce_on_plateau``, ``polyak_sgd``, ``lbfgs``, learned optimizers) get
+``value=`` the minimised objective, ``grad=`` its gradient and ``value_fn=`` ``params -> objective``
+on the same batch (what L-BFGS' line search needs).
 """
 
 from __future__ import annotations
@@ -15,10 +23,13 @@ from __future__ import annotations
 from typing import Any, Callable, Mapping
 
 import jax
+import jax.numpy as jnp
+import optax
 
+from flaxlight.optim import PRECISIONS, ema_params
 from flaxlight.state import TrainState, next_rng
 
-__all__ = ["TrainStep", "make_train_step", "make_eval_step"]
+__all__ = ["TrainStep", "apply_update", "make_train_step", "make_eval_step"]
 
 LossFn = Callable[..., Any]
 
@@ -48,6 +59,47 @@ def _with_loss(metrics: dict, loss) -> dict:
     return out
 
 
+def _cast_floating(tree, dtype):
+    """Floating-point arrays of ``tree`` cast to ``dtype``; integers and the rest unchanged."""
+
+    def cast(x):
+        if hasattr(x, "dtype") and jnp.issubdtype(x.dtype, jnp.floating):
+            return jnp.asarray(x).astype(dtype)
+        return x
+
+    return jax.tree.map(cast, tree)
+
+
+def _cast_like(new, old):
+    """Changed model collections back to the dtypes the state holds (no recompiles, no drift)."""
+    if old is None:
+        return new
+    return jax.tree.map(lambda n, o: jnp.asarray(n).astype(o.dtype), new, old)
+
+
+def apply_update(state: TrainState, grads, *, value, value_fn=None, **replace) -> TrainState:
+    """One optimizer update, handing the loss to optimizers that take extra arguments.
+
+    ``tx.update(grads, opt_state, params, value=value, grad=grads, value_fn=value_fn)`` for an
+    ``optax.GradientTransformationExtraArgs`` (a transformation that accepts only ``value`` gets
+    only that); plain transformations get no extras. ``replace`` sets other state fields.
+    """
+    tx = state.tx
+    if not isinstance(tx, optax.GradientTransformationExtraArgs):
+        return state.apply_gradients(grads=grads, **replace)
+    extra = {"value": value, "grad": grads}
+    if value_fn is not None:
+        extra["value_fn"] = value_fn
+    try:
+        updates, opt_state = tx.update(grads, state.opt_state, state.params, **extra)
+    except TypeError as exc:  # an update(..., *, value) without **extra_args
+        if "unexpected keyword argument" not in str(exc):
+            raise
+        updates, opt_state = tx.update(grads, state.opt_state, state.params, value=value)
+    params = optax.apply_updates(state.params, updates)
+    return state.replace(step=state.step + 1, params=params, opt_state=opt_state, **replace)
+
+
 class TrainStep:
     """A training step built from a loss function; jitted once on first use.
 
@@ -65,6 +117,12 @@ class TrainStep:
 
     Subclasses may override :meth:`loss_fn` instead of passing one.
 
+    Options: ``regularizer`` (``params -> scalar`` added to the minimised loss, e.g.
+    :func:`flaxlight.optim.make_l2_regularizer`; reported as the metric ``"penalty"``, not in
+    ``"loss"``), ``precision`` (``"bf16"``: the loss function sees bf16 parameters and floating
+    inputs, gradients and the optimizer stay fp32), ``eval_with_ema`` (evaluate with the
+    parameters' moving average when the optimizer keeps one, ``ema_decay``).
+
     Example:
         >>> def loss_fn(params, batch, *, train, rng, state):
         ...     x, y = batch
@@ -73,7 +131,16 @@ class TrainStep:
         >>> step = TrainStep(loss_fn)               # doctest: +SKIP
     """
 
-    def __init__(self, loss_fn: LossFn | None = None, state: TrainState | None = None, *, jit: bool = True):
+    def __init__(self, loss_fn: LossFn | None = None, state: TrainState | None = None, *, jit: bool = True,
+                 regularizer: Callable[[Any], Any] | None = None, precision: str = "fp32",
+                 eval_with_ema: bool = True):
+        if precision not in PRECISIONS:
+            raise ValueError(f"TrainStep precision must be one of {PRECISIONS}, got {precision!r}.")
+        if regularizer is not None and not callable(regularizer):
+            raise TypeError(f"TrainStep regularizer must be a function params -> scalar, got {type(regularizer).__name__}.")
+        self.regularizer = regularizer
+        self.precision = precision
+        self.eval_with_ema = eval_with_ema
         if loss_fn is not None:
             self.loss_fn = loss_fn  # type: ignore[method-assign]
         elif type(self).loss_fn is TrainStep.loss_fn:
@@ -87,29 +154,70 @@ class TrainStep:
         raise NotImplementedError
 
     # --- pure functions -------------------------------------------------------------------------
-    def compute_gradients(self, state: TrainState, batch, rng):
-        """``((loss, aux), grads)`` for one batch, via a single ``jax.value_and_grad``."""
+    def _compute_dtype(self):
+        return jnp.bfloat16 if self.precision == "bf16" else None
+
+    def objective(self, state: TrainState, batch, rng, *, train: bool = True):
+        """``params -> (loss + penalty, (loss, penalty, aux))``: what the optimizer minimises."""
+        dtype = self._compute_dtype()
+        if dtype is not None:
+            batch = _cast_floating(batch, dtype)
 
         def objective(params):
-            return self.loss_fn(params, batch, train=True, rng=rng, state=state)
+            compute_params = params if dtype is None else _cast_floating(params, dtype)
+            loss, aux = self.loss_fn(compute_params, batch, train=train, rng=rng, state=state)
+            if dtype is not None:
+                loss = jnp.asarray(loss, jnp.float32)
+            if self.regularizer is None:
+                return loss, (loss, None, aux)
+            penalty = self.regularizer(params)
+            return loss + penalty, (loss, penalty, aux)
 
-        return jax.value_and_grad(objective, has_aux=True)(state.params)
+        return objective
+
+    def compute_gradients(self, state: TrainState, batch, rng):
+        """``((loss, aux), grads)`` for one batch, via a single ``jax.value_and_grad``.
+
+        ``grads`` is the gradient of ``loss + penalty`` when there is a regulariser; ``loss`` is
+        the loss function's own value.
+        """
+        (_, (loss, _, aux)), grads = jax.value_and_grad(self.objective(state, batch, rng), has_aux=True)(state.params)
+        return (loss, aux), grads
 
     def step(self, state: TrainState, batch) -> tuple[TrainState, dict]:
         """Pure ``(state, batch) -> (state, metrics)``: split the RNG, backward, update."""
         new_rng, step_rng = next_rng(state)
-        (loss, aux), grads = self.compute_gradients(state, batch, step_rng)
+        objective = self.objective(state, batch, step_rng)
+        (total, (loss, penalty, aux)), grads = jax.value_and_grad(objective, has_aux=True)(state.params)
         metrics, updates = _split_aux(aux, "loss_fn")
-        state = state.apply_gradients(grads=grads, value=loss, rng=new_rng, **updates)
-        return state, _with_loss(metrics, loss)
+        if "batch_stats" in updates:
+            updates["batch_stats"] = _cast_like(updates["batch_stats"], state.batch_stats)
+        state = apply_update(state, grads, value=total, value_fn=lambda p: objective(p)[0], rng=new_rng, **updates)
+        metrics = _with_loss(metrics, loss)
+        if penalty is not None:
+            metrics.setdefault("penalty", penalty)
+        return state, metrics
 
     __call__ = step
 
     def eval_step(self, state: TrainState, batch) -> dict:
-        """Pure ``(state, batch) -> metrics`` in eval mode (no dropout, running statistics)."""
+        """Pure ``(state, batch) -> metrics`` in eval mode (no dropout, running statistics).
+
+        Uses the parameters' moving average when the optimizer keeps one and ``eval_with_ema``;
+        ``"loss"`` never includes the regulariser.
+        """
         rng = jax.random.PRNGKey(_EVAL_RNG_SEED)
-        loss, aux = self.loss_fn(state.params, batch, train=False, rng=rng, state=state)
+        params = state.params
+        if self.eval_with_ema and state.opt_state is not None:
+            averaged = ema_params(state.opt_state)
+            params = params if averaged is None else averaged
+        dtype = self._compute_dtype()
+        if dtype is not None:
+            params, batch = _cast_floating(params, dtype), _cast_floating(batch, dtype)
+        loss, aux = self.loss_fn(params, batch, train=False, rng=rng, state=state)
         metrics, _ = _split_aux(aux, "loss_fn")
+        if dtype is not None:
+            loss = jnp.asarray(loss, jnp.float32)
         return _with_loss(metrics, loss)
 
     # --- the seed's stateful interface ----------------------------------------------------------
@@ -134,16 +242,18 @@ class TrainStep:
         return metrics
 
 
-def make_train_step(loss_fn: LossFn) -> Callable[[TrainState, Any], tuple[TrainState, dict]]:
+def make_train_step(loss_fn: LossFn, **options: Any) -> Callable[[TrainState, Any], tuple[TrainState, dict]]:
     """Pure ``(state, batch) -> (state, metrics)`` from a loss function (not yet jitted).
+
+    ``options`` are :class:`TrainStep`'s (``regularizer``, ``precision``, ``eval_with_ema``).
 
     Example:
         >>> train_step = jax.jit(make_train_step(loss_fn), donate_argnums=0)  # doctest: +SKIP
     """
-    return TrainStep(loss_fn).step
+    return TrainStep(loss_fn, **options).step
 
 
-def make_eval_step(loss_fn: LossFn) -> Callable[[TrainState, Any], dict]:
+def make_eval_step(loss_fn: LossFn, **options: Any) -> Callable[[TrainState, Any], dict]:
     """Pure ``(state, batch) -> metrics`` from a loss function, in eval mode (not yet jitted)."""
-    return TrainStep(loss_fn).eval_step
+    return TrainStep(loss_fn, **options).eval_step
 

@@ -7,12 +7,19 @@ the train and eval steps) or :meth:`TrainerModule.create_functions` (full contro
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import importlib
 import inspect
+import itertools
 import json
+import logging
 import os
+import signal
 import sys
+import tempfile
+import threading
 import time
+import warnings
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import jax
@@ -20,20 +27,23 @@ import jax.numpy as jnp
 import numpy as np
 import yaml
 
+from flaxlight.callbacks import Callback, ModelCheckpoint, NaNGuard, ProgressBar, Timer
 from flaxlight.checkpoint import Checkpointer
 from flaxlight.data import check_batch, check_input_shapes
 from flaxlight.loggers import CSVLogger, Logger, LoggerCollection, TensorBoardLogger, tensorboard_available
-from flaxlight.metrics import HostSnapshot, accumulate, batch_size, init_accumulator, read_means
-from flaxlight.optim import make_optimizer
-from flaxlight.progress import format_metrics, is_ci, progress
+from flaxlight.metrics import HostSnapshot, accumulate, all_finite, batch_size, init_accumulator, read_means
+from flaxlight.optim import as_optimizer_config, logger as optim_logger, make_optimizer_plan
+from flaxlight.progress import progress
 from flaxlight.state import TrainState
 from flaxlight.step import TrainStep
 
 __all__ = ["TrainerModule", "TrainerOptions"]
 
+_log = logging.getLogger("flaxlight")
+
 HPARAMS_FILE = "hparams.yaml"
 CHECKPOINT_DIR = "checkpoints"
-LOGGER_TYPES = ("csv", "tensorboard")
+LOGGER_TYPES = ("csv", "tensorboard", "wandb", "mlflow")
 # The seed's priority for choosing the best model: (metric, higher is better).
 DEFAULT_MONITORS = (("val/val_metric", False), ("val/acc", True), ("val/loss", False))
 
@@ -49,14 +59,42 @@ class TrainerOptions:
         log_every_n_steps: how often running train metrics are logged (values are copied off the
             device asynchronously and logged one log point later, so the loop never waits).
         enable_model_summary: print the model table (``print_tabulate``) at construction.
+        enable_checkpointing: add a default :class:`ModelCheckpoint` (``monitor``/``mode`` as
+            above, best and last kept) unless one is among the callbacks.
+        max_steps: stop after this many optimizer steps (the schedule is fitted to it).
+        max_time: stop after this much training time (seconds, ``timedelta`` or
+            ``"DD:HH:MM:SS"``), via a :class:`Timer` callback.
+        val_check_interval: also validate every N steps, not only at epoch ends.
+        limit_train_batches / limit_val_batches: batches per epoch / per validation (an int)
+            or a fraction of the loader (a float in (0, 1]).
+        fast_dev_run: one train batch and one validation batch, one epoch, nothing written:
+            a smoke test of the whole loop.
     """
 
     monitor: str | None = None
     mode: str = "min"
     log_every_n_steps: int = 50
     enable_model_summary: bool = True
+    enable_checkpointing: bool = True
+    max_steps: int | None = None
+    max_time: Any = None
+    val_check_interval: int | None = None
+    limit_train_batches: int | float | None = None
+    limit_val_batches: int | float | None = None
+    fast_dev_run: bool = False
 
     def __post_init__(self):
+        for name in ("max_steps", "val_check_interval"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"{name} must be a positive int (or None), got {value!r}.")
+        for name in ("limit_train_batches", "limit_val_batches"):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0 or (
+                    isinstance(value, float) and value > 1):
+                raise ValueError(f"{name} must be a number of batches (int >= 1) or a fraction in (0, 1]; got {value!r}.")
         if self.mode not in ("min", "max"):
             raise ValueError(f"mode must be 'min' or 'max', got {self.mode!r}.")
         if not isinstance(self.log_every_n_steps, int) or self.log_every_n_steps < 1:
@@ -148,6 +186,14 @@ class TrainerModule:
         check_val_every_n_epoch: int = 1,
         **kwargs: Any,
     ):
+        callbacks = list(kwargs.pop("callbacks", None) or [])
+        for callback in callbacks:
+            if not isinstance(callback, Callback):
+                raise TypeError(f"callbacks must be flaxlight.Callback instances; got {type(callback).__name__}.")
+        self._user_loggers = list(kwargs.pop("loggers", None) or [])
+        for user_logger in self._user_loggers:
+            if not isinstance(user_logger, Logger):
+                raise TypeError(f"loggers must be flaxlight.loggers.Logger instances; got {type(user_logger).__name__}.")
         option_names = {f.name for f in dataclasses.fields(TrainerOptions)}
         self.options = TrainerOptions(**{k: kwargs[k] for k in option_names if k in kwargs})
         if not isinstance(check_val_every_n_epoch, int) or check_val_every_n_epoch < 1:
@@ -174,12 +220,51 @@ class TrainerModule:
         self.global_step = 0
         self._hparams_written = False
         self._acc_templates: dict = {}
+        self._interrupt_signal: int | None = None
+        self._next_event_step = 0
+        self._best_eval_metrics: dict | None = None
+        self._loop = _LoopState(running_log=_RunningLog(self, prefix="train/", suffix="_step"))
+        self.should_stop = False
+        self.stop_reason: str | None = None
+        self.callback_metrics: dict[str, float] = {}
+        self.nonfinite_steps = 0
+        self.nonfinite_checked_step = 0
+        self.compile_time: float | None = None
+        self.batch_size: int | None = None
+        self.num_epochs: int | None = None
+        self.steps_per_epoch: int | None = None
+        self.optimizer_plan = None
+        self.callbacks: list[Callback] = self._default_callbacks(callbacks)
+        checkpointers = [cb for cb in self.callbacks if isinstance(cb, ModelCheckpoint)]
+        self._checkpoint_callback: ModelCheckpoint | None = checkpointers[0] if checkpointers else None
+        self._val_loader = None
+        self._nonfinite_before_epoch = 0
+        self._skip_nonfinite = any(isinstance(cb, NaNGuard) and cb.skips_updates for cb in self.callbacks)
         self.model = self.model_class(**self.model_hparams)
         if self.options.enable_model_summary:
             self.print_tabulate(exmp_input)
-        self.init_logger(logger_params)
+        if self.options.fast_dev_run:  # a smoke test writes nothing: no log dir, loggers or checkpoints
+            self.log_dir = None
+            self.logger = LoggerCollection([])
+            self.checkpointer = Checkpointer(os.path.join(tempfile.gettempdir(), "flaxlight-fast-dev-run-unused"))
+        else:
+            self.init_logger(logger_params)
         self.create_jitted_functions()
         self.init_model(exmp_input)
+
+    def _default_callbacks(self, callbacks: list[Callback]) -> list[Callback]:
+        """The user's callbacks, in their order, plus the defaults the settings ask for."""
+        options = self.options
+        kinds = {type(cb) for cb in callbacks}
+        if options.fast_dev_run:
+            callbacks = [cb for cb in callbacks if not isinstance(cb, ModelCheckpoint)]
+        elif ModelCheckpoint not in kinds and options.enable_checkpointing:
+            callbacks.append(ModelCheckpoint(monitor=options.monitor, mode=options.mode))
+        if options.max_time is not None and Timer not in kinds:
+            callbacks.append(Timer(options.max_time))
+        if self.enable_progress_bar and ProgressBar not in kinds:
+            callbacks.append(ProgressBar())
+        return callbacks
 
     # ------------------------------------------------------------------ model and optimizer
     def init_model(self, exmp_input: Any) -> None:
@@ -196,9 +281,16 @@ class TrainerModule:
         )
 
     def run_model_init(self, exmp_input: Sequence[Any], init_rng) -> dict:
-        """``model.init`` in training mode, with ``params`` and ``dropout`` RNG streams."""
-        params_rng, dropout_rng = jax.random.split(init_rng)
-        return self.model.init({"params": params_rng, "dropout": dropout_rng}, *exmp_input, train=True)
+        """``model.init`` in training mode, with ``params`` and ``dropout`` RNG streams.
+
+        Jitted (one compilation instead of one per operation) unless ``debug=True``.
+        """
+
+        def init(rng, *inputs):
+            params_rng, dropout_rng = jax.random.split(rng)
+            return self.model.init({"params": params_rng, "dropout": dropout_rng}, *inputs, train=True)
+
+        return init(init_rng, *exmp_input) if self.debug else jax.jit(init)(init_rng, *exmp_input)
 
     def print_tabulate(self, exmp_input: Any) -> None:
         """Print the model's layers, shapes and parameter counts (``flax.linen`` tabulate)."""
@@ -207,8 +299,20 @@ class TrainerModule:
                                  console_kwargs={"width": 120, "force_terminal": sys.stdout.isatty()}))
 
     def init_optimizer(self, num_epochs: int, num_steps_per_epoch: int) -> None:
-        """Build the optimizer for ``num_epochs * num_steps_per_epoch`` updates; keep params."""
-        tx = make_optimizer(self.optimizer_hparams, total_steps=num_epochs * num_steps_per_epoch)
+        """Build the optimizer for ``num_epochs * num_steps_per_epoch`` train steps; keep params.
+
+        The run's length reaches schedules and optimizer factories (learned optimizers such as
+        VeLO); ``self.optimizer_plan`` keeps what was built (schedule, weight decay in effect).
+        """
+        plan = make_optimizer_plan(self.optimizer_hparams, total_steps=num_epochs * num_steps_per_epoch)
+        if plan.regularizer is not None and not getattr(self, "_l2_in_step", False):
+            optim_logger.warning(
+                "weight_decay_mode='l2' adds its penalty inside the train step, but %s.create_functions() builds its "
+                "own step: pass `regularizer=flaxlight.optim.as_optimizer_config(self.optimizer_hparams).l2_regularizer()` "
+                "to your TrainStep (or add the penalty to your loss), or use weight_decay_mode='decoupled'.",
+                type(self).__name__)
+        self.optimizer_plan = plan
+        tx = plan.tx
         self.state = TrainState.create(
             apply_fn=self.state.apply_fn,
             params=self.state.params,
@@ -236,7 +340,13 @@ class TrainerModule:
         ``(state, batch) -> metrics``. The default builds both from :meth:`loss_fn`."""
         if type(self).loss_fn is TrainerModule.loss_fn:
             self.loss_fn(None, None, train=True, rng=None, state=None)  # raises the explanation
-        step = TrainStep(self.loss_fn)
+        # Runs before init_optimizer: the step's part of the optimizer settings (the L2 term of
+        # weight_decay_mode="l2", precision) comes from the validated hparams, known already.
+        config = as_optimizer_config(self.optimizer_hparams)
+        regularizer = config.l2_regularizer() if config is not None else None
+        precision = config.precision if config is not None else "fp32"
+        step = TrainStep(self.loss_fn, regularizer=regularizer, precision=precision)
+        self._l2_in_step = regularizer is not None
         return step.step, step.eval_step
 
     def create_jitted_functions(self) -> None:
@@ -251,9 +361,15 @@ class TrainerModule:
             )
         train_step, eval_step = functions
 
+        skip_nonfinite = self._skip_nonfinite
+
         def train_and_accumulate(state, acc, batch):
-            state, metrics = train_step(state, batch)
-            return state, accumulate(acc, metrics, batch_size(batch))
+            new_state, metrics = train_step(state, batch)
+            if skip_nonfinite:  # NaNGuard(action="skip"): keep params and optimizer state of bad steps
+                ok = all_finite(metrics)
+                kept = state.replace(step=new_state.step, rng=new_state.rng)
+                new_state = jax.tree.map(lambda new, old: jnp.where(ok, new, old), new_state, kept)
+            return new_state, accumulate(acc, metrics, batch_size(batch))
 
         def eval_and_accumulate(state, acc, batch):
             return accumulate(acc, eval_step(state, batch), batch_size(batch))
@@ -294,92 +410,220 @@ class TrainerModule:
         test_loader: Iterable | None = None,
         num_epochs: int = 500,
         steps_per_epoch: int | None = None,
+        resume: bool = False,
+        resume_from: str | os.PathLike | None = None,
     ) -> dict[str, float]:
         """Train ``num_epochs``, validate every ``check_val_every_n_epoch``, keep the best model.
 
         Returns the best validation metrics merged with that epoch's train metrics and, when a
         ``test_loader`` is given, the best model's ``test/...`` metrics.
+
+        ``resume=True`` continues from the newest readable checkpoint in this run's log dir (a
+        fresh start when there is none); ``resume_from`` names a run dir, its ``checkpoints``
+        dir or one ``checkpoints/<step>`` dir. A resumed run ends exactly as an uninterrupted one
+        when the data order is a pure function of the epoch (see :class:`ArrayLoader`; a loader
+        of your own needs a ``set_epoch(epoch)`` method or an order that never changes).
+        SIGTERM/SIGINT make the loop finish the current step, save a checkpoint and exit.
         """
+        options = self.options
+        if options.fast_dev_run:
+            num_epochs = 1
         if not isinstance(num_epochs, int) or num_epochs < 1:
             raise ValueError(f"num_epochs must be a positive int, got {num_epochs!r}.")
-        if val_loader is not None and self.check_val_every_n_epoch > num_epochs:
+        if val_loader is not None and self.check_val_every_n_epoch > num_epochs and not options.fast_dev_run:
             raise ValueError(
                 f"check_val_every_n_epoch={self.check_val_every_n_epoch} > num_epochs={num_epochs}: no validation "
                 f"would run, so there would be no best model to test. Lower check_val_every_n_epoch or train longer."
             )
         if steps_per_epoch is None:
             steps_per_epoch = _loader_length(train_loader, "train_loader")
-        self.init_optimizer(num_epochs, steps_per_epoch)
+        if steps_per_epoch < 1:
+            raise ValueError("train_loader yielded no batches (its len() is 0): check the dataset size, "
+                             "batch_size and drop_last.")
+        steps_per_epoch = self._limit(steps_per_epoch, 1 if options.fast_dev_run else options.limit_train_batches,
+                                      "limit_train_batches")
+        self.num_epochs, self.steps_per_epoch = num_epochs, steps_per_epoch
+        total_steps = num_epochs * steps_per_epoch
+        if options.max_steps is not None:
+            total_steps = min(total_steps, options.max_steps)
+        if total_steps < num_epochs * steps_per_epoch:  # max_steps ends the run first: fit the schedule to it
+            self.init_optimizer(1, total_steps)
+        else:
+            self.init_optimizer(num_epochs, steps_per_epoch)
+        self._loop = _LoopState(running_log=_RunningLog(self, prefix="train/", suffix="_step"))
+        self._best_eval_metrics = None
+        self.should_stop, self.stop_reason = False, None
+        if resume or resume_from is not None:
+            self._resume(resume_from, train_loader)
         self.global_step = int(self.state.step)
+        self._val_loader = val_loader
         self._write_hparams()
-        self.on_training_start()
-        best_eval_metrics: dict | None = None
+        loop = self._loop
         try:
-            epochs = progress(range(1, num_epochs + 1), self.enable_progress_bar, desc="Epochs")
-            for epoch_idx in epochs:
-                _set_loader_epoch(train_loader, epoch_idx)
-                train_metrics = self.train_epoch(train_loader)
-                self.state = self.state.replace(epoch=jnp.asarray(epoch_idx, jnp.int32))
-                self.logger.log_metrics({**train_metrics, "epoch": epoch_idx}, step=self.global_step)
-                self.on_training_epoch_end(epoch_idx)
-                shown = dict(train_metrics)
-                if val_loader is not None and epoch_idx % self.check_val_every_n_epoch == 0:
-                    eval_metrics = self.eval_model(val_loader, log_prefix="val/")
-                    self.on_validation_epoch_end(epoch_idx, eval_metrics, val_loader)
-                    self.logger.log_metrics({**eval_metrics, "epoch": epoch_idx}, step=self.global_step)
-                    self.save_metrics(f"eval_epoch_{epoch_idx:03d}", eval_metrics)
-                    shown.update(eval_metrics)
-                    if self.is_new_model_better(eval_metrics, best_eval_metrics):
-                        best_eval_metrics = dict(eval_metrics)
-                        best_eval_metrics.update(train_metrics)
-                        self.save_model(step=self.global_step)
-                        self.save_metrics("best_eval", eval_metrics)
-                self._show_epoch(epochs, epoch_idx, num_epochs, shown)
-            if best_eval_metrics is None:  # no validation loader: the last model is the one kept
-                best_eval_metrics = dict(train_metrics)
-                self.save_model(step=self.global_step)
-            if test_loader is not None:
-                self.load_model()
-                test_metrics = self.eval_model(test_loader, log_prefix="test/")
-                self.logger.log_metrics(test_metrics, step=self.global_step)
-                self.save_metrics("test", test_metrics)
-                best_eval_metrics.update(test_metrics)
-            self.on_training_end()
-        except BaseException:
-            self.checkpointer.wait()
-            self.logger.finalize("failed")
+            with _SignalGuard(self):
+                self.on_training_start()
+                self._call_callbacks("on_fit_start")
+                for epoch_idx in range(loop.epoch, num_epochs + 1):
+                    if self.should_stop or self._reached_max_steps():
+                        break
+                    self._run_epoch(epoch_idx, train_loader, val_loader)
+                if self.stop_reason:
+                    print(self.stop_reason, file=sys.stderr, flush=True)
+                best_eval_metrics = dict(self._best_eval_metrics or loop.train_metrics)
+                if test_loader is not None:
+                    best_eval_metrics.update(self._test(test_loader))
+                self.on_training_end()
+                self._call_callbacks("on_fit_end")
+        except _Interrupted as interrupt:
+            self._save_on_interrupt(interrupt)
+        except BaseException as exc:
+            self._call_callbacks("on_exception", exc)
+            self._finish_files("failed")
             raise
-        self.checkpointer.wait()
-        self.logger.finalize("success")
+        self._finish_files("success")
         return best_eval_metrics
+
+    def _run_epoch(self, epoch_idx: int, train_loader, val_loader) -> None:
+        """Train one epoch (or its rest, after a resume), validate when due, run the epoch hooks."""
+        loop = self._loop
+        loop.epoch = epoch_idx
+        if loop.phase != "val":  # "val": resumed after this epoch's training, before its validation
+            _set_loader_epoch(train_loader, epoch_idx)
+            self._call_callbacks("on_train_epoch_start", epoch_idx)
+            loop.train_metrics = self.train_epoch(train_loader)
+            self.state = self.state.replace(epoch=jnp.asarray(epoch_idx, jnp.int32))
+            self._log({**loop.train_metrics, "epoch": epoch_idx})
+            self.on_training_epoch_end(epoch_idx)
+            self._call_callbacks("on_train_epoch_end", epoch_idx, loop.train_metrics)
+        if val_loader is not None and (epoch_idx % self.check_val_every_n_epoch == 0 or self.options.fast_dev_run):
+            self._validate(val_loader)
+        loop.phase = "epoch_end"
+        self._call_callbacks("on_epoch_end", epoch_idx)
+
+    def _validate(self, val_loader) -> dict[str, float]:
+        """Evaluate on the validation set, record the best model and tell hooks and callbacks."""
+        loop = self._loop
+        limit = 1 if self.options.fast_dev_run else self.options.limit_val_batches
+        if limit is not None:
+            val_loader = itertools.islice(val_loader, self._limit(_safe_len(val_loader), limit, "limit_val_batches"))
+        eval_metrics = self.eval_model(val_loader, log_prefix="val/")
+        self.on_validation_epoch_end(loop.epoch, eval_metrics, val_loader)
+        self._log({**eval_metrics, "epoch": loop.epoch})
+        self.save_metrics(f"eval_epoch_{loop.epoch:03d}" if loop.phase != "train" else f"eval_step_{self.global_step}",
+                          eval_metrics)
+        if self.is_new_model_better(eval_metrics, self._best_eval_metrics):
+            self._best_eval_metrics = {**eval_metrics, **loop.train_metrics}
+            self.save_metrics("best_eval", eval_metrics)
+        self._call_callbacks("on_validation_end", loop.epoch, eval_metrics)
+        return eval_metrics
+
+    def _test(self, test_loader) -> dict[str, float]:
+        """Restore the best checkpoint (when there is one) and evaluate it on ``test_loader``."""
+        if self.checkpointer.all_steps():
+            self.load_model()
+        test_metrics = self.eval_model(test_loader, log_prefix="test/")
+        self._log(test_metrics)
+        self.save_metrics("test", test_metrics)
+        self._call_callbacks("on_test_end", test_metrics)
+        return test_metrics
 
     def train_epoch(self, train_loader: Iterable) -> dict[str, float]:
         """One pass over ``train_loader``; returns ``train/...`` means and ``epoch_time``.
 
         Metrics are summed on the device; the only reads are asynchronous copies at log points
-        and one read at the end of the epoch.
+        and one read at the end of the epoch. After a resume mid-epoch, the batches already
+        trained on are skipped and the epoch's sums continue from the checkpoint. The epoch ends
+        early at ``limit_train_batches``, ``max_steps`` or when a callback calls :meth:`stop`.
         """
         start = time.time()
-        acc = None
-        log_every = self.options.log_every_n_steps
-        log_points = _RunningLog(self.logger, prefix="train/", suffix="_step")
-        bar = progress(train_loader, self.enable_progress_bar, desc="Training", leave=False)
-        for batch in bar:
+        loop = self._loop
+        if loop.phase != "train":  # a fresh epoch (not the rest of one interrupted mid-way)
+            loop.phase, loop.batch_index, loop.acc = "train", 0, None
+            loop.running_log.reset()
+            self._nonfinite_before_epoch = self.nonfinite_steps
+        batch_index, acc = loop.batch_index, loop.acc
+        limit = self.steps_per_epoch if self.steps_per_epoch is not None else _safe_len(train_loader)
+        batches = itertools.islice(iter(train_loader), batch_index, limit)
+        self._schedule_events()
+        for batch in batches:
             if acc is None:
                 self._check_first_batch(batch, "train_loader")
                 acc = self._zero_accumulator("train", batch)
-            self.state, acc = self._train_and_accumulate(self.state, acc, batch)
+                self.batch_size = batch_size(batch)
+            if self.compile_time is None:  # the first step of this trainer: timed to completion, once
+                first = time.perf_counter()
+                self.state, acc = jax.block_until_ready(self._train_and_accumulate(self.state, acc, batch))
+                self.compile_time = time.perf_counter() - first
+            else:
+                self.state, acc = self._train_and_accumulate(self.state, acc, batch)
             self.global_step += 1
-            if self.global_step % log_every == 0:
-                shown = log_points.mark(self.global_step, acc)
-                if shown and hasattr(bar, "set_postfix"):
-                    bar.set_postfix({k.split("/", 1)[-1]: f"{v:.4g}" for k, v in shown.items()}, refresh=False)
+            batch_index += 1
+            if self.global_step >= self._next_event_step:
+                loop.batch_index, loop.acc = batch_index, acc
+                if self._step_events():
+                    break
         if acc is None:
             raise ValueError("train_loader yielded no batches: check the dataset size, batch_size and drop_last.")
-        log_points.finish()
+        loop.batch_index, loop.acc = batch_index, acc
+        loop.running_log.flush()
+        loop.phase = "val"
         metrics = read_means(acc, prefix="train/")
+        self._note_nonfinite(self.global_step, int(jax.device_get(acc["nonfinite"])))
         metrics["epoch_time"] = time.time() - start
         return metrics
+
+    def _schedule_events(self) -> None:
+        """The next step at which the loop must look up: a log point, a callback's ``on_step``,
+        a validation (``val_check_interval``) or ``max_steps``; decided here, in one place."""
+        step = self.global_step
+        intervals = [self.options.log_every_n_steps] + [cb.every_n_steps for cb in self.callbacks if cb.every_n_steps]
+        if self.options.val_check_interval:
+            intervals.append(self.options.val_check_interval)
+        next_step = min((step // n + 1) * n for n in intervals)
+        if self.options.max_steps is not None:
+            next_step = min(next_step, max(self.options.max_steps, step + 1))
+        self._next_event_step = 0 if self._interrupt_signal is not None else next_step
+
+    def _step_events(self) -> bool:
+        """Log points, ``on_step`` callbacks, step validations and interrupts, off the fast path.
+
+        Returns True when the epoch must end now (``max_steps`` reached or :meth:`stop` called).
+        """
+        step, loop = self.global_step, self._loop
+        if self._interrupt_signal is not None:
+            raise _Interrupted(self._interrupt_signal)
+        if step % self.options.log_every_n_steps == 0:
+            loop.running_log.mark(step, loop.acc)
+        interval = self.options.val_check_interval
+        if interval and step % interval == 0 and self._val_loader is not None and loop.batch_index < self.steps_per_epoch:
+            self._validate(self._val_loader)
+        for callback in self.callbacks:
+            if callback.every_n_steps and step % callback.every_n_steps == 0:
+                callback.on_step(self, step)
+        if self._interrupt_signal is not None:  # arrived while the callbacks ran
+            raise _Interrupted(self._interrupt_signal)
+        self._schedule_events()
+        return self.should_stop or self._reached_max_steps()
+
+    def _reached_max_steps(self) -> bool:
+        if self.options.max_steps is not None and self.global_step >= self.options.max_steps:
+            self.stop_reason = self.stop_reason or f"max_steps={self.options.max_steps} reached."
+            return True
+        return False
+
+    def _limit(self, available: int | None, limit, name: str) -> int | None:
+        """Batches to use given ``limit_*_batches`` (an int, or a fraction of ``available``)."""
+        if limit is None:
+            return available
+        if isinstance(limit, float):
+            if available is None:
+                raise TypeError(f"{name}={limit} is a fraction, but the loader has no len(); give a number of batches.")
+            return max(1, int(available * limit))
+        if available is not None and limit > available:
+            warnings.warn(f"{name}={limit} is more than the loader's {available} batches; using {available}.",
+                          RuntimeWarning, stacklevel=3)
+            return available
+        return limit
 
     def eval_model(self, data_loader: Iterable, log_prefix: str = "") -> dict[str, float]:
         """Evaluate on ``data_loader``; per-example weighted means keyed ``log_prefix + name``."""
@@ -389,9 +633,58 @@ class TrainerModule:
                 self._check_first_batch(batch, "the evaluation loader")
                 acc = self._zero_accumulator("eval", batch)
             acc = self._eval_and_accumulate(self.state, acc, batch)
+            if self._interrupt_signal is not None:
+                raise _Interrupted(self._interrupt_signal)
         if acc is None:
             raise ValueError(f"The evaluation loader ({log_prefix or 'eval'}) yielded no batches.")
         return read_means(acc, prefix=log_prefix)
+
+    # ------------------------------------------------------------------ what callbacks use
+    def stop(self, reason: str) -> None:
+        """Ask the loop to stop after the current step's work (and the epoch's end routine)."""
+        if not self.should_stop:
+            self.should_stop, self.stop_reason = True, reason
+
+    @property
+    def current_epoch(self) -> int:
+        """The epoch being trained (1-based; the next one between epochs)."""
+        return self._loop.epoch
+
+    @property
+    def batch_in_epoch(self) -> int:
+        """Batches of the current epoch already trained on."""
+        return self._loop.batch_index if self._loop.phase == "train" else 0
+
+    def learning_rate(self, step: int | None = None) -> float | None:
+        """The learning rate at ``step`` (default: now) from the schedule, computed on the host."""
+        schedule = getattr(self.optimizer_plan, "schedule", None)
+        if schedule is None:
+            return None
+        return float(schedule(self.global_step if step is None else step))
+
+    def monitored_value(self, name: str, owner: str = "monitor") -> float:
+        """The latest logged value of ``name``; a clear error naming the logged keys if absent."""
+        if name not in self.callback_metrics:
+            close = difflib.get_close_matches(name, list(self.callback_metrics), n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            raise KeyError(f"{owner} monitors {name!r}, which was never logged.{hint} "
+                           f"Logged metrics: {sorted(self.callback_metrics)}.")
+        return self.callback_metrics[name]
+
+    def _note_nonfinite(self, step: int, count: int) -> None:
+        """Host copy of the non-finite step count of this epoch, as of ``step``."""
+        self.nonfinite_checked_step = step
+        self.nonfinite_steps = max(self.nonfinite_steps, self._nonfinite_before_epoch + count)
+
+    def _log(self, metrics: Mapping[str, float], step: int | None = None) -> None:
+        step = self.global_step if step is None else step
+        self.callback_metrics.update(metrics)
+        self.logger.log_metrics(metrics, step=step)
+        self._call_callbacks("on_log", step, metrics)
+
+    def _call_callbacks(self, hook: str, *args) -> None:
+        for callback in self.callbacks:
+            getattr(callback, hook)(self, *args)
 
     def is_new_model_better(self, new_metrics: Mapping[str, float], old_metrics: Mapping[str, float] | None) -> bool:
         """True when ``new_metrics`` beat ``old_metrics`` on ``monitor`` (or the seed's priority)."""
@@ -431,8 +724,12 @@ class TrainerModule:
         """Pick the log dir (``base_log_dir/<Model>/version_N`` unless ``log_dir``) and loggers.
 
         ``logger_params`` keys: ``log_dir``, ``base_log_dir`` (default ``"checkpoints"``),
-        ``logger_type`` (``"csv"``, ``"tensorboard"`` or a list; default CSV plus TensorBoard
-        when tensorboardX is installed), ``loggers`` (extra :class:`Logger` objects).
+        ``logger_type`` (``"csv"``, ``"tensorboard"``, ``"wandb"``, ``"mlflow"``, any case, or a
+        list; default CSV plus TensorBoard when tensorboardX is installed, or CSV alone when
+        ``loggers=[...]`` is given), ``project_name`` (W&B project / MLflow experiment),
+        ``run_name`` (default: the log dir's name), ``loggers`` (extra :class:`Logger` objects).
+        A :class:`CSVLogger` (``metrics.csv``) is always kept; the trainer's ``loggers=[...]``
+        are added after the ones ``logger_type`` picks. See docs/logging.md.
         """
         params = dict(logger_params or {})
         log_dir = params.get("log_dir")
@@ -441,25 +738,44 @@ class TrainerModule:
             log_dir = _next_version_dir(base)
         self.log_dir = os.path.abspath(os.fspath(log_dir))
         os.makedirs(os.path.join(self.log_dir, "metrics"), exist_ok=True)
+        extra: list[Logger] = []
+        for user_logger in list(params.get("loggers") or []) + list(getattr(self, "_user_loggers", [])):
+            if isinstance(user_logger, str):  # a logger's repr saved in hparams.yaml: not rebuilt on load
+                continue
+            if not isinstance(user_logger, Logger):
+                raise TypeError(f"loggers must be flaxlight.loggers.Logger instances; got {type(user_logger).__name__}.")
+            extra.append(user_logger)
         types = params.get("logger_type")
         if types is None:
-            types = ["csv", "tensorboard"] if tensorboard_available() else ["csv"]
+            types = ["csv", "tensorboard"] if tensorboard_available() and not extra else ["csv"]
         types = [types] if isinstance(types, str) else list(types)
+        kinds = ["csv"] + [str(kind).lower().replace("&", "") for kind in types]  # metrics.csv is always written
+        from flaxlight.loggers.base import run_display_name
+
+        project = params.get("project_name") or "flaxlight"
+        run_name = params.get("run_name") or run_display_name(self.log_dir)
         loggers: list[Logger] = []
-        for kind in types:
-            kind = str(kind).lower()
+        for kind in dict.fromkeys(kinds):
             if kind == "csv":
                 loggers.append(CSVLogger(self.log_dir))
             elif kind == "tensorboard":
                 loggers.append(TensorBoardLogger(self.log_dir))
+            elif kind == "wandb":
+                from flaxlight.loggers.wandb import WandbLogger
+
+                loggers.append(WandbLogger(project=project, name=run_name, save_dir=self.log_dir))
+            elif kind == "mlflow":
+                from flaxlight.loggers.mlflow import MLflowLogger
+
+                loggers.append(MLflowLogger(experiment_name=project, run_name=run_name, save_dir=self.log_dir))
             else:
-                raise ValueError(f"Unknown logger_type {kind!r} in logger_params; valid: {', '.join(LOGGER_TYPES)}.")
-        loggers.extend(params.get("loggers", []))
-        self.logger = LoggerCollection(loggers)
-        self.checkpointer = Checkpointer(os.path.join(self.log_dir, CHECKPOINT_DIR), max_to_keep=1)
+                raise ValueError(f"Unknown logger_type {kind!r} in logger_params; valid: {', '.join(LOGGER_TYPES)} "
+                                 f"(any case), or a list of them.")
+        self.logger = LoggerCollection(loggers + extra)
+        self.checkpointer = Checkpointer(os.path.join(self.log_dir, CHECKPOINT_DIR), max_to_keep=None)
 
     def _write_hparams(self) -> None:
-        if self._hparams_written:
+        if self._hparams_written or self.options.fast_dev_run:
             return
         hparams = _to_yaml_safe(self.config)
         with open(os.path.join(self.log_dir, HPARAMS_FILE), "w") as f:
@@ -468,20 +784,22 @@ class TrainerModule:
         self._hparams_written = True
 
     def save_metrics(self, filename: str, metrics: Mapping[str, float]) -> None:
-        """Write ``metrics`` to ``<log_dir>/metrics/<filename>.json``."""
+        """Write ``metrics`` to ``<log_dir>/metrics/<filename>.json`` (nothing in ``fast_dev_run``)."""
+        if self.options.fast_dev_run:
+            return
         with open(os.path.join(self.log_dir, "metrics", f"{filename}.json"), "w") as f:
             json.dump(dict(metrics), f, indent=4)
 
-    def save_model(self, step: int | None = None) -> None:
-        """Checkpoint the whole train state (orbax, asynchronous) as the run's kept model."""
-        self._write_hparams()
-        step = self.global_step if step is None else int(step)
-        self.checkpointer.save(step, self.state, meta={"step": step, "log_dir": self.log_dir})
+    def log_image(self, tag: str, image: Any, step: int | None = None) -> None:
+        """Send one image to every logger that shows images (TensorBoard, W&B, MLflow; CSV skips it).
 
-    def load_model(self, step: int | None = None) -> None:
-        """Restore the kept checkpoint (the best model) into ``self.state``."""
-        self.checkpointer.wait()
-        self.state = self.checkpointer.restore(self.state, step=step)
+        ``image`` is ``(H, W)`` or ``(H, W, C)`` (C = 1, 3 or 4), uint8 in [0, 255] or float in
+        [0, 1], numpy or JAX; ``step`` defaults to the current ``global_step``. Call it from a hook,
+        e.g. ``on_validation_epoch_end``, to log reconstructions (nothing in ``fast_dev_run``).
+        """
+        if self.options.fast_dev_run:
+            return
+        self.logger.log_image(tag, image, self.global_step if step is None else int(step))
 
     def bind_model(self):
         """The model bound to the trained variables, for interactive use: ``model(x, train=False)``."""
@@ -491,19 +809,132 @@ class TrainerModule:
         """``iterator`` with a progress bar when enabled (the seed's helper)."""
         return progress(iterator, self.enable_progress_bar, **kwargs)
 
-    def _show_epoch(self, bar, epoch_idx: int, num_epochs: int, metrics: Mapping[str, float]) -> None:
-        if not self.enable_progress_bar:
+    # ------------------------------------------------------------------ checkpoints and resume
+    def save_checkpoint(self, step: int | None = None, metrics: Mapping[str, float] | None = None) -> None:
+        """Checkpoint everything needed to continue: state, loop position, callbacks, log history.
+
+        Called by :class:`ModelCheckpoint`; the arrays are copied off the device before this
+        returns and written in the background (orbax, atomic).
+        """
+        step = self.global_step if step is None else int(step)
+        loop = self._loop
+        if not self._skip_nonfinite and self._nonfinite_now() > 0:
+            warnings.warn(f"Not saving checkpoint {step}: the loss was NaN/Inf in {self._nonfinite_now()} step(s), "
+                          f"so the model is damaged; the earlier checkpoints are kept.", RuntimeWarning, stacklevel=2)
             return
-        if is_ci():
-            print(f"Epoch {epoch_idx}/{num_epochs} ({metrics.get('epoch_time', 0):.2f}s): {format_metrics(metrics)}",
-                  flush=True)
-        elif hasattr(bar, "set_postfix_str"):
-            bar.set_postfix_str(format_metrics(metrics), refresh=True)
+        self._write_hparams()
+        loop.running_log.flush()  # the log history up to `step` is complete and on disk before it is saved
+        self.logger.flush()
+        meta = {
+            "step": step,
+            "epoch": loop.epoch,
+            "phase": loop.phase,
+            "batch_index": loop.batch_index,
+            "train_metrics": loop.train_metrics,
+            "train_sums": _host_accumulator(loop.acc),
+            "running_log": loop.running_log.state_dict(),
+            "best_eval_metrics": self._best_eval_metrics,
+            "best_step": self._best_checkpoint_step(),
+            "metrics": dict(metrics) if metrics is not None else None,
+            "num_epochs": getattr(self, "num_epochs", None),
+            "steps_per_epoch": getattr(self, "steps_per_epoch", None),
+            "callbacks": {name: cb.state_dict() for name, cb in _named(self.callbacks)},
+        }
+        if step in self.checkpointer.all_steps():  # e.g. a step checkpoint, now also the epoch's best
+            self.checkpointer.wait()
+            self.checkpointer.delete(step)
+        self.checkpointer.save(step, self.state, meta=meta)
+
+    def _nonfinite_now(self) -> int:
+        """Non-finite steps so far, read from the device now (only called when saving)."""
+        loop = self._loop
+        current = int(jax.device_get(loop.acc["nonfinite"])) if loop.acc is not None and loop.phase == "train" else 0
+        return max(self.nonfinite_steps, self._nonfinite_before_epoch + current)
+
+    def save_model(self, step: int | None = None) -> None:
+        """Checkpoint the current state now (the seed's name for :meth:`save_checkpoint`)."""
+        self.save_checkpoint(step)
+
+    def load_model(self, step: int | None = None) -> None:
+        """Restore a checkpoint into ``self.state``: ``step``, else the best, else the newest."""
+        self.checkpointer.wait()
+        if step is None:
+            step = self._best_checkpoint_step()
+        self.state = self.checkpointer.restore(self.state, step=step)
+
+    def _best_checkpoint_step(self) -> int | None:
+        best = self._checkpoint_callback.best_step if self._checkpoint_callback is not None else None
+        return best if best is not None and best in self.checkpointer.all_steps() else None
+
+    def _resume(self, resume_from, train_loader) -> None:
+        """Restore state, loop position, callbacks and logs from the newest readable checkpoint."""
+        checkpointer = self.checkpointer if resume_from is None else _checkpointer_for(resume_from)
+        wanted_step = _step_in_path(resume_from) if resume_from is not None else None
+        if not checkpointer.all_steps():
+            if resume_from is not None:
+                raise FileNotFoundError(f"resume_from={os.fspath(resume_from)!r}: no checkpoint there.")
+            _log.info("resume=True: no checkpoint in %s yet, starting from scratch.", checkpointer.directory)
+            return
+        if wanted_step is not None:
+            self.state = checkpointer.restore(self.state, step=wanted_step)
+            meta, step = checkpointer.read_meta(wanted_step), wanted_step
+        else:
+            self.state, meta, step = checkpointer.restore_latest_valid(self.state)
+            if checkpointer is self.checkpointer:
+                for newer in [s for s in checkpointer.all_steps() if s > step]:
+                    checkpointer.delete(newer)  # unreadable: it would block re-saving that step
+        loop = self._loop
+        loop.epoch, loop.phase, loop.batch_index = meta["epoch"], meta["phase"], meta["batch_index"]
+        loop.train_metrics = meta.get("train_metrics") or {}
+        loop.running_log.load_state_dict(meta.get("running_log") or {})
+        if meta.get("train_sums") is not None:
+            sums = meta["train_sums"]
+            loop.acc = {"sums": {k: jnp.asarray(v, jnp.float32) for k, v in sums["sums"].items()},
+                        "count": jnp.asarray(sums["count"], jnp.float32),
+                        "nonfinite": jnp.asarray(sums.get("nonfinite", 0), jnp.int32)}
+        if loop.phase == "epoch_end":
+            loop.epoch += 1
+        self._best_eval_metrics = meta.get("best_eval_metrics")
+        saved = meta.get("callbacks") or {}
+        for name, callback in _named(self.callbacks):
+            if name in saved:
+                callback.load_state_dict(saved[name])
+        self.logger.resume_from_step(step)
+        if not callable(getattr(train_loader, "set_epoch", None)):
+            warnings.warn(
+                "Resuming with a train_loader that has no set_epoch(epoch) method: the run continues exactly "
+                "only if the loader's order does not depend on how often it was iterated before.",
+                RuntimeWarning, stacklevel=3,
+            )
+        print(f"Resumed from checkpoint {step} in {checkpointer.directory} (epoch {loop.epoch}, "
+              f"batch {loop.batch_index}).", file=sys.stderr, flush=True)
+
+    def _save_on_interrupt(self, interrupt: "_Interrupted") -> None:
+        name = signal.Signals(interrupt.signum).name
+        self.save_checkpoint(self.global_step)
+        self.checkpointer.wait()
+        self._call_callbacks("on_exception", interrupt)
+        self._finish_files("interrupted")
+        print(
+            f"\n{name} received: stopped after step {self.global_step} (epoch {self._loop.epoch}) and saved a "
+            f"checkpoint in {self.checkpointer.directory}.\nTo resume, build the same trainer with "
+            f"logger_params={{'log_dir': {self.log_dir!r}}} and call train_model(..., resume=True).",
+            file=sys.stderr, flush=True,
+        )
+        raise SystemExit(128 + interrupt.signum)
+
+    def _finish_files(self, status: str) -> None:
+        self.checkpointer.wait()
+        self.logger.finalize(status)
 
     @classmethod
-    def load_from_checkpoint(cls, checkpoint: str | os.PathLike, exmp_input: Any, **overrides: Any) -> "TrainerModule":
-        """Rebuild a trainer from a run's log dir (``hparams.yaml`` + best checkpoint).
+    def load_from_checkpoint(cls, checkpoint: str | os.PathLike, exmp_input: Any, which: str = "best",
+                             with_optimizer: bool = False, **overrides: Any) -> "TrainerModule":
+        """Rebuild a trainer from a run's log dir (``hparams.yaml`` + a checkpoint).
 
+        ``which`` is ``"best"`` (the best model kept by ModelCheckpoint; the newest when no
+        validation ran) or ``"last"``. ``with_optimizer=True`` also restores the optimizer state,
+        to fine-tune or keep training; otherwise the state is for inference (``opt_state`` None).
         Works for subclasses that take ``model_class``/``model_hparams`` and for the seed's
         pattern of a constructor taking the model hyperparameters by name. ``overrides`` replace
         saved settings (e.g. ``enable_progress_bar=False``).
@@ -511,6 +942,8 @@ class TrainerModule:
         Example:
             >>> trainer = MyTrainer.load_from_checkpoint("checkpoints/MLP/version_0", exmp_input=x[:1])  # doctest: +SKIP
         """
+        if which not in ("best", "last"):
+            raise ValueError(f"which must be 'best' or 'last', got {which!r}.")
         log_dir = os.path.abspath(os.fspath(checkpoint))
         hparams_path = os.path.join(log_dir, HPARAMS_FILE)
         if not os.path.isfile(hparams_path):
@@ -539,7 +972,12 @@ class TrainerModule:
         hparams.update(overrides)
         trainer = cls(exmp_input=exmp_input, **hparams)
         trainer._hparams_written = True  # the file on disk describes this run already
-        trainer.load_model()
+        steps = trainer.checkpointer.all_steps()
+        meta = trainer.checkpointer.read_meta(max(steps))
+        step = meta.get("best_step") if which == "best" and meta.get("best_step") in steps else max(steps)
+        if with_optimizer:
+            trainer.init_optimizer(meta.get("num_epochs") or 1, meta.get("steps_per_epoch") or 1)
+        trainer.state = trainer.checkpointer.restore(trainer.state, step=step, with_opt_state=with_optimizer)
         trainer.global_step = int(trainer.state.step)
         return trainer
 
@@ -557,13 +995,118 @@ def _set_loader_epoch(loader, epoch: int) -> None:
         set_epoch(epoch)
 
 
+def _safe_len(loader) -> int | None:
+    try:
+        return len(loader)
+    except TypeError:
+        return None
+
+
+def _named(callbacks: Sequence[Callback]) -> list[tuple[str, Callback]]:
+    """Stable names for callback states in checkpoints: class name, numbered when repeated."""
+    counts: dict[str, int] = {}
+    named = []
+    for callback in callbacks:
+        base = type(callback).__name__
+        counts[base] = counts.get(base, 0) + 1
+        named.append((base if counts[base] == 1 else f"{base}_{counts[base]}", callback))
+    return named
+
+
+def _host_accumulator(acc) -> dict | None:
+    """The epoch's metric sums as JSON floats (exact: float32 -> float64 -> float32 round-trips)."""
+    if acc is None:
+        return None
+    host = jax.device_get(acc)
+    return {"sums": {k: float(v) for k, v in host["sums"].items()}, "count": float(host["count"]),
+            "nonfinite": int(host["nonfinite"])}
+
+
+def _checkpointer_for(path) -> Checkpointer:
+    """A read-only view of the checkpoints named by a run dir, a checkpoints dir or a step dir."""
+    path = os.path.abspath(os.fspath(path))
+    if os.path.isfile(os.path.join(path, HPARAMS_FILE)):
+        path = os.path.join(path, CHECKPOINT_DIR)
+    elif _step_in_path(path) is not None:
+        path = os.path.dirname(path)
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"No checkpoint directory at {path}.")
+    return Checkpointer(path, read_only=True)
+
+
+def _step_in_path(path) -> int | None:
+    """``.../checkpoints/120`` -> 120 (a step dir written by orbax), else None."""
+    path = os.path.abspath(os.fspath(path))
+    name = os.path.basename(path)
+    if name.isdigit() and os.path.isfile(os.path.join(path, "_CHECKPOINT_METADATA")):
+        return int(name)
+    return None
+
+
+@dataclasses.dataclass
+class _LoopState:
+    """Where the loop is: what a checkpoint must hold to continue exactly from here."""
+
+    running_log: "_RunningLog"
+    epoch: int = 1
+    phase: str = "epoch_end"  # "train" (mid-epoch), "val" (training done), "epoch_end"
+    batch_index: int = 0
+    acc: Any = None
+    train_metrics: dict = dataclasses.field(default_factory=dict)
+
+
+class _Interrupted(Exception):
+    """Raised inside the loop after a SIGTERM/SIGINT, once the current step has finished."""
+
+    def __init__(self, signum: int):
+        super().__init__(f"interrupted by signal {signum}")
+        self.signum = signum
+
+
+class _SignalGuard:
+    """While training: SIGTERM/SIGINT set a flag the loop checks after each step.
+
+    A second SIGINT falls through to Python's default (KeyboardInterrupt) for an impatient user.
+    Only the main thread can install handlers; elsewhere the guard does nothing.
+    """
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+    def __init__(self, trainer: "TrainerModule"):
+        self.trainer = trainer
+        self.previous: dict = {}
+
+    def _handle(self, signum, frame) -> None:
+        self.trainer._interrupt_signal = signum
+        self.trainer._next_event_step = 0
+        signal.signal(signum, self.previous.get(signum, signal.SIG_DFL))
+
+    def __enter__(self):
+        self.trainer._interrupt_signal = None
+        if threading.current_thread() is threading.main_thread():
+            for signum in self.SIGNALS:
+                self.previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for signum, handler in self.previous.items():
+            signal.signal(signum, handler)
+        self.trainer._interrupt_signal = None
+        return None
+
+
 class _RunningLog:
     """Interval means of the train metrics at log points, read one log point late (no waiting)."""
 
-    def __init__(self, logger: Logger, prefix: str, suffix: str):
-        self.logger = logger
+    def __init__(self, trainer: "TrainerModule", prefix: str, suffix: str):
+        self.trainer = trainer
         self.prefix, self.suffix = prefix, suffix
         self.pending: tuple[int, HostSnapshot] | None = None
+        self.reset()
+
+    def reset(self) -> None:
+        """A new epoch: the sums start from zero again."""
+        self.pending = None
         self.last_sums: dict[str, float] = {}
         self.last_count = 0.0
 
@@ -572,14 +1115,24 @@ class _RunningLog:
         previous, self.pending = self.pending, (step, HostSnapshot(acc))
         return self._emit(previous) if previous else {}
 
-    def finish(self) -> None:
+    def flush(self) -> None:
+        """Log the pending log point now (waits for its copy)."""
         if self.pending:
-            self._emit(self.pending)
-            self.pending = None
+            pending, self.pending = self.pending, None
+            self._emit(pending)
+
+    def state_dict(self) -> dict:
+        return {"last_sums": self.last_sums, "last_count": self.last_count}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.pending = None
+        self.last_sums = dict(state.get("last_sums", {}))
+        self.last_count = float(state.get("last_count", 0.0))
 
     def _emit(self, pending: tuple[int, HostSnapshot]) -> dict[str, float]:
         step, snapshot = pending
-        sums, count = snapshot.sums_and_count()
+        sums, count, nonfinite = snapshot.sums_and_count()
+        self.trainer._note_nonfinite(step, nonfinite)
         examples = count - self.last_count
         if examples <= 0:
             return {}
@@ -588,5 +1141,5 @@ class _RunningLog:
             for name, total in sums.items()
         }
         self.last_sums, self.last_count = sums, count
-        self.logger.log_metrics(means, step=step)
+        self.trainer._log(means, step=step)
         return means

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+import os
+import re
+from typing import Any, Mapping, Sequence
 
-__all__ = ["Logger", "LoggerCollection"]
+import numpy as np
+
+__all__ = ["Logger", "LoggerCollection", "as_image", "flatten_params", "run_display_name"]
 
 
 class Logger:
@@ -23,6 +27,16 @@ class Logger:
 
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
         """Record scalars at ``step``."""
+
+    def log_image(self, tag: str, image: Any, step: int) -> None:
+        """Record one image at ``step`` (``HWC`` or ``HW``; uint8 in [0, 255] or float in [0, 1]).
+
+        The default does nothing: loggers that cannot show images (CSV) ignore them.
+        """
+
+    def resume_from_step(self, step: int) -> None:
+        """Continue a resumed run whose checkpoint was taken at ``step``: records logged after
+        ``step`` by the interrupted run are dropped, so the history has no duplicates."""
 
     def flush(self) -> None:
         """Make everything logged so far readable by other processes."""
@@ -49,6 +63,14 @@ class LoggerCollection(Logger):
         for logger in self.loggers:
             logger.log_metrics(metrics, step)
 
+    def log_image(self, tag: str, image: Any, step: int) -> None:
+        for logger in self.loggers:
+            logger.log_image(tag, image, step)
+
+    def resume_from_step(self, step: int) -> None:
+        for logger in self.loggers:
+            logger.resume_from_step(step)
+
     def flush(self) -> None:
         for logger in self.loggers:
             logger.flush()
@@ -56,3 +78,64 @@ class LoggerCollection(Logger):
     def finalize(self, status: str) -> None:
         for logger in self.loggers:
             logger.finalize(status)
+
+
+def as_image(image: Any) -> np.ndarray:
+    """``image`` as a uint8 numpy array of shape ``(H, W)`` or ``(H, W, 3|4)``.
+
+    Accepts numpy or JAX arrays shaped ``(H, W)`` or ``(H, W, C)`` with C in 1, 3, 4. Floats are
+    read as [0, 1] (clipped) and scaled to [0, 255]; a single channel is squeezed to ``(H, W)``.
+
+    Example:
+        >>> as_image(np.ones((2, 3, 1), np.float32)).shape
+        (2, 3)
+    """
+    array = np.asarray(image)
+    if array.ndim == 3 and array.shape[-1] == 1:
+        array = array[..., 0]
+    if array.ndim not in (2, 3) or (array.ndim == 3 and array.shape[-1] not in (3, 4)):
+        raise ValueError(
+            f"log_image expects one image shaped (H, W) or (H, W, C) with C in 1, 3, 4 (channels last); "
+            f"got shape {tuple(np.shape(image))}. For a CHW array pass image.transpose(1, 2, 0); "
+            f"for a batch, log one image at a time or tile them into one."
+        )
+    if array.dtype == np.uint8:
+        return array
+    if array.dtype == np.bool_:
+        return array.astype(np.uint8) * 255
+    if np.issubdtype(array.dtype, np.floating):
+        return np.round(np.clip(np.nan_to_num(array), 0.0, 1.0) * 255).astype(np.uint8)
+    if np.issubdtype(array.dtype, np.integer):
+        return np.clip(array, 0, 255).astype(np.uint8)
+    raise ValueError(f"log_image expects a numeric image, got dtype {array.dtype}.")
+
+
+def flatten_params(params: Mapping, prefix: str = "", sep: str = ".") -> dict[str, Any]:
+    """Nested mappings flattened to dotted keys: ``{"opt": {"lr": 1}}`` -> ``{"opt.lr": 1}``.
+
+    Example:
+        >>> flatten_params({"opt": {"lr": 0.1}, "seed": 0})
+        {'opt.lr': 0.1, 'seed': 0}
+    """
+    flat: dict[str, Any] = {}
+    for key, value in params.items():
+        name = f"{prefix}{sep}{key}" if prefix else str(key)
+        if isinstance(value, Mapping) and value:
+            flat.update(flatten_params(value, name, sep))
+        else:
+            flat[name] = value
+    return flat
+
+
+def run_display_name(log_dir: str | os.PathLike) -> str:
+    """A short name for a run directory: its folder name, or ``parent/version_N`` for versioned runs.
+
+    Example:
+        >>> run_display_name("checkpoints/MLP/version_3")
+        'MLP/version_3'
+    """
+    path = os.path.normpath(os.path.abspath(os.fspath(log_dir)))
+    name = os.path.basename(path)
+    if re.fullmatch(r"version_\d+", name):
+        name = f"{os.path.basename(os.path.dirname(path))}/{name}"
+    return name

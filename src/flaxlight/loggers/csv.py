@@ -28,6 +28,22 @@ class CSVLogger(Logger):
         self.rows: list[dict] = []
         self._written_rows = 0
 
+    def resume_from_step(self, step: int) -> None:
+        """Reload ``metrics.csv`` and keep the rows up to ``step``; later rows are dropped."""
+        if not os.path.isfile(self.path):
+            return
+        with open(self.path, newline="") as f:
+            reader = csv.DictReader(f)
+            columns = list(reader.fieldnames or ["step"])
+            rows = [
+                {k: _parse(v) for k, v in row.items() if v != ""}
+                for row in reader
+                if row.get("step") and int(row["step"]) <= step
+            ]
+        self.columns, self.rows = columns, rows
+        self._written_rows = 0
+        self.flush(force=True)
+
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
         row = {"step": int(step)}
         row.update(metrics)
@@ -38,8 +54,8 @@ class CSVLogger(Logger):
         self.rows.append(row)
         self.flush()
 
-    def flush(self) -> None:
-        if self._written_rows == len(self.rows):
+    def flush(self, force: bool = False) -> None:
+        if self._written_rows == len(self.rows) and not force:
             return
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
         mode = "a" if self._written_rows else "w"
@@ -49,3 +65,10 @@ class CSVLogger(Logger):
                 writer.writeheader()
             writer.writerows(self.rows[self._written_rows :])
         self._written_rows = len(self.rows)
+
+
+def _parse(text: str):
+    try:
+        return int(text)
+    except ValueError:
+        return float(text)

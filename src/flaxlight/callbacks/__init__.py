@@ -1,0 +1,21 @@
+"""Callbacks: the :class:`Callback` interface and the built-in callbacks."""
+
+from flaxlight.callbacks.base import Callback
+from flaxlight.callbacks.early_stopping import EarlyStopping
+from flaxlight.callbacks.lr_monitor import LearningRateMonitor
+from flaxlight.callbacks.model_checkpoint import ModelCheckpoint
+from flaxlight.callbacks.nan_guard import NaNGuard
+from flaxlight.callbacks.progress_bar import ProgressBar
+from flaxlight.callbacks.throughput import ThroughputMonitor
+from flaxlight.callbacks.timer import Timer
+
+__all__ = [
+    "Callback",
+    "EarlyStopping",
+    "LearningRateMonitor",
+    "ModelCheckpoint",
+    "NaNGuard",
+    "ProgressBar",
+    "ThroughputMonitor",
+    "Timer",
+]

@@ -1,0 +1,43 @@
+"""``NaNGuard``: stop (or skip the updates) when the loss stops being finite."""
+
+from __future__ import annotations
+
+from flaxlight.callbacks.base import Callback
+
+__all__ = ["NaNGuard"]
+
+
+class NaNGuard(Callback):
+    """React to non-finite losses, counted on the device inside the step.
+
+    ``action="stop"`` (default): at the next log point (or epoch end) training stops with the
+    step range, and no checkpoint is written from the bad state. ``action="skip"``: updates with
+    a non-finite loss are not applied (params and optimizer state stay as they were; the step
+    counter and RNG advance), and the number skipped is logged as ``train/nonfinite_steps``.
+
+    Example:
+        >>> guard = NaNGuard(action="skip")
+    """
+
+    def __init__(self, action: str = "stop"):
+        if action not in ("stop", "skip"):
+            raise ValueError(f"NaNGuard action must be 'stop' or 'skip', got {action!r}.")
+        self.action = action
+
+    @property
+    def skips_updates(self) -> bool:
+        return self.action == "skip"
+
+    def on_log(self, trainer, step: int, metrics) -> None:
+        self._check(trainer)
+
+    def on_train_epoch_end(self, trainer, epoch: int, metrics) -> None:
+        self._check(trainer)
+
+    def _check(self, trainer) -> None:
+        if self.action == "stop" and trainer.nonfinite_steps > 0:
+            trainer.stop(
+                f"NaNGuard: the loss was NaN/Inf in {trainer.nonfinite_steps} step(s) up to step "
+                f"{trainer.nonfinite_checked_step}; no checkpoint was written from those steps. Lower the "
+                f"learning rate, clip gradients, or use NaNGuard(action='skip')."
+            )

@@ -1,0 +1,101 @@
+"""``ProgressBar``: tqdm bars on a terminal, one plain line per epoch under ``CI=true``."""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Mapping
+
+from flaxlight.callbacks.base import Callback
+from flaxlight.progress import format_metrics, is_ci
+
+__all__ = ["ProgressBar"]
+
+
+class ProgressBar(Callback):
+    """Epoch and step bars showing loss, learning rate and samples/s.
+
+    Everything shown is already on the host (values from the last log point), so the bars never
+    wait for the device. The step bar moves every ``refresh_every_n_steps`` steps. With the
+    environment variable ``CI`` set, it prints one line per epoch instead. Added by default when
+    ``enable_progress_bar=True``.
+
+    Example:
+        >>> trainer = MyTrainer(..., callbacks=[ProgressBar(refresh_every_n_steps=50)])  # doctest: +SKIP
+    """
+
+    def __init__(self, refresh_every_n_steps: int = 10):
+        if not isinstance(refresh_every_n_steps, int) or refresh_every_n_steps < 1:
+            raise ValueError(f"refresh_every_n_steps must be a positive int, got {refresh_every_n_steps!r}.")
+        self.every_n_steps = refresh_every_n_steps
+        self._epoch_bar = self._step_bar = None
+        self._shown: dict[str, str] = {}
+        self._epoch_metrics: dict[str, float] = {}
+        self._last_step = 0
+        self._rate_mark: tuple[int, float] | None = None
+
+    def _tqdm(self, **kwargs):
+        from tqdm.auto import tqdm
+
+        return tqdm(dynamic_ncols=True, file=sys.stderr, **kwargs)
+
+    def on_fit_start(self, trainer) -> None:
+        if not is_ci():
+            self._epoch_bar = self._tqdm(total=trainer.num_epochs, initial=trainer.current_epoch - 1, desc="Epochs")
+
+    def on_train_epoch_start(self, trainer, epoch: int) -> None:
+        self._epoch_metrics = {}
+        self._last_step = trainer.global_step
+        self._rate_mark = (trainer.global_step, time.perf_counter())
+        if not is_ci():
+            self._step_bar = self._tqdm(total=trainer.steps_per_epoch, initial=trainer.batch_in_epoch,
+                                        desc=f"Epoch {epoch}", leave=False)
+
+    def on_step(self, trainer, step: int) -> None:
+        if self._step_bar is not None:
+            self._step_bar.update(step - self._last_step)
+            self._step_bar.set_postfix(self._shown, refresh=False)
+        self._last_step = step
+
+    def on_log(self, trainer, step: int, metrics: Mapping[str, float]) -> None:
+        loss = metrics.get("train/loss_step")
+        if loss is None:
+            return
+        self._shown["loss"] = f"{loss:.4g}"
+        lr = trainer.learning_rate()
+        if lr is not None:
+            self._shown["lr"] = f"{lr:.3g}"
+        now = time.perf_counter()
+        if self._rate_mark is not None and trainer.batch_size and now > self._rate_mark[1]:
+            rate = (step - self._rate_mark[0]) * trainer.batch_size / (now - self._rate_mark[1])
+            self._shown["samples/s"] = f"{rate:.4g}"
+        self._rate_mark = (step, now)
+
+    def on_train_epoch_end(self, trainer, epoch: int, metrics: Mapping[str, float]) -> None:
+        self._epoch_metrics.update(metrics)
+        self._close_step_bar()
+
+    def on_validation_end(self, trainer, epoch: int, metrics: Mapping[str, float]) -> None:
+        self._epoch_metrics.update(metrics)
+
+    def on_epoch_end(self, trainer, epoch: int) -> None:
+        summary = format_metrics(self._epoch_metrics)
+        if is_ci():
+            seconds = self._epoch_metrics.get("epoch_time", 0.0)
+            print(f"Epoch {epoch}/{trainer.num_epochs} ({seconds:.2f}s): {summary}", flush=True)
+        elif self._epoch_bar is not None:
+            self._epoch_bar.update(1)
+            self._epoch_bar.set_postfix_str(summary, refresh=True)
+
+    def _close_step_bar(self) -> None:
+        if self._step_bar is not None:
+            self._step_bar.close()
+            self._step_bar = None
+
+    def on_fit_end(self, trainer) -> None:
+        self._close_step_bar()
+        if self._epoch_bar is not None:
+            self._epoch_bar.close()
+            self._epoch_bar = None
+
+    on_exception = lambda self, trainer, exc: self.on_fit_end(trainer)  # noqa: E731

@@ -1,0 +1,201 @@
+"""MLflow tracking through the ``mlflow`` client (the ``mlflow`` extra: ``mlflow-skinny``).
+
+``mlflow`` is imported when an :class:`MLflowLogger` is built, never by ``import flaxlight``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import time
+from pathlib import Path
+from typing import Any, Mapping
+
+from flaxlight.loggers.base import Logger, as_image, flatten_params
+
+__all__ = ["MLflowLogger"]
+
+_log = logging.getLogger("flaxlight")
+
+RUN_FILE = "mlflow_run.json"
+STATUS = {"success": "FINISHED", "failed": "FAILED", "interrupted": "KILLED"}
+_BAD_KEY_CHARS = re.compile(r"[^\w\-. /:]")
+
+
+def _import_mlflow():
+    try:
+        import mlflow  # noqa: F401
+        from mlflow.tracking import MlflowClient
+    except ImportError as exc:
+        raise ImportError(
+            "MLflowLogger needs the mlflow package, which is not installed: pip install 'flaxlight[mlflow]' "
+            "(it installs mlflow-skinny; the full mlflow package works too)."
+        ) from exc
+    return MlflowClient
+
+
+def _key(name: str) -> str:
+    """MLflow accepts letters, digits, ``_ - . / : `` and spaces in keys; anything else becomes ``_``."""
+    return _BAD_KEY_CHARS.sub("_", str(name))
+
+
+class MLflowLogger(Logger):
+    """Logs parameters, metrics (with their step) and images to an MLflow run.
+
+    By default the tracking store is a local folder, ``<save_dir>/mlruns`` (MLflow's file store;
+    this logger sets ``MLFLOW_ALLOW_FILE_STORE=true`` for it, which MLflow 3 asks for): browse it
+    with ``mlflow ui --backend-store-uri <save_dir>/mlruns``. Give ``tracking_uri`` (or set
+    ``MLFLOW_TRACKING_URI``) to log elsewhere: ``"sqlite:///runs/mlflow.db"`` (needs the full
+    ``mlflow`` package; artifacts then go to ``mlartifacts/`` beside the database) or a server's
+    ``http://...`` address. The run starts at the first record; its id is kept in
+    ``<save_dir>/mlflow_run.json``.
+
+    Hyperparameters become MLflow params with dotted keys (``optimizer_hparams.lr``). MLflow
+    params cannot change once set: a value that differs from the one already stored (after a
+    resume) is kept as it was, with a warning.
+
+    Resume: :meth:`resume_from_step` reopens the run from ``mlflow_run.json`` (status back to
+    RUNNING) and the resumed loop logs from ``step + 1`` on. MLflow cannot delete single metric
+    points, so points the interrupted run logged after the checkpoint stay in the history.
+
+    Args:
+        experiment_name: MLflow experiment, created when missing (default ``"flaxlight"``).
+        run_name: the run's name (default: MLflow picks one).
+        tracking_uri: where runs are stored (default ``MLFLOW_TRACKING_URI`` or
+            ``file:<save_dir>/mlruns``).
+        save_dir: folder for the default file store and ``mlflow_run.json``.
+        tags: run tags.
+        run_id: an existing run to continue.
+        artifact_location: artifact root for a newly created experiment.
+
+    Example:
+        >>> logger = MLflowLogger(experiment_name="digits", run_name="mlp", save_dir="runs/mlp")  # doctest: +SKIP
+        >>> trainer = MyTrainer(..., loggers=[logger])                                             # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        experiment_name: str | None = None,
+        run_name: str | None = None,
+        tracking_uri: str | None = None,
+        save_dir: str | os.PathLike = ".",
+        *,
+        tags: Mapping[str, Any] | None = None,
+        run_id: str | None = None,
+        artifact_location: str | None = None,
+    ):
+        _import_mlflow()  # fail now, with the extra to install, rather than at the first log point
+        self.experiment_name = experiment_name or "flaxlight"
+        self.run_name = run_name
+        self.save_dir = os.path.abspath(os.fspath(save_dir))
+        self.tracking_uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or \
+            Path(self.save_dir, "mlruns").as_uri()
+        self.tags = {str(k): str(v) for k, v in (tags or {}).items()}
+        self.artifact_location = artifact_location
+        if self.artifact_location is None and self.tracking_uri.startswith("sqlite:///"):
+            db_path = self.tracking_uri[len("sqlite:///"):]
+            self.artifact_location = Path(os.path.abspath(os.path.dirname(db_path) or "."), "mlartifacts").as_uri()
+        if self.tracking_uri.startswith("file:") or "://" not in self.tracking_uri:
+            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+        self._client = None
+        self._run_id = run_id
+        self._experiment_id: str | None = None
+        self._active = False
+
+    # ------------------------------------------------------------------ the run
+    @property
+    def client(self):
+        """The ``mlflow.tracking.MlflowClient`` for ``tracking_uri``."""
+        if self._client is None:
+            self._client = _import_mlflow()(tracking_uri=self.tracking_uri)
+        return self._client
+
+    @property
+    def run_id(self) -> str:
+        """The MLflow run id (the run is created or reopened on first use)."""
+        self._ensure_run()
+        return self._run_id
+
+    @property
+    def experiment_id(self) -> str:
+        self._ensure_run()
+        return self._experiment_id
+
+    def _ensure_run(self) -> None:
+        if self._active:
+            return
+        client = self.client
+        if self._run_id is not None:
+            run = client.get_run(self._run_id)
+            self._experiment_id = run.info.experiment_id
+            client.update_run(self._run_id, status="RUNNING")
+        else:
+            experiment = client.get_experiment_by_name(self.experiment_name)
+            if experiment is None:
+                self._experiment_id = client.create_experiment(self.experiment_name,
+                                                               artifact_location=self.artifact_location)
+            else:
+                self._experiment_id = experiment.experiment_id
+            run = client.create_run(self._experiment_id, run_name=self.run_name, tags=self.tags or None)
+            self._run_id = run.info.run_id
+            os.makedirs(self.save_dir, exist_ok=True)
+            with open(os.path.join(self.save_dir, RUN_FILE), "w") as f:
+                json.dump({"run_id": self._run_id, "experiment_id": self._experiment_id,
+                           "tracking_uri": self.tracking_uri}, f)
+        self._active = True
+
+    # ------------------------------------------------------------------ Logger
+    def log_hyperparams(self, params: Mapping) -> None:
+        from mlflow.entities import Param
+
+        try:
+            from mlflow.utils.validation import MAX_PARAM_VAL_LENGTH
+        except ImportError:  # pragma: no cover - older layouts
+            MAX_PARAM_VAL_LENGTH = 500
+        self._ensure_run()
+        stored = self.client.get_run(self._run_id).data.params
+        new, changed = [], []
+        for key, value in flatten_params(params).items():
+            key, value = _key(key), str(value)[:MAX_PARAM_VAL_LENGTH]
+            if key not in stored:
+                new.append(Param(key, value))
+            elif stored[key] != value:
+                changed.append(key)
+        if changed:
+            _log.warning("MLflow params cannot change; kept the stored values of %s.", ", ".join(changed))
+        for start in range(0, len(new), 100):  # MLflow's limit per batch
+            self.client.log_batch(self._run_id, params=new[start:start + 100])
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
+        from mlflow.entities import Metric
+
+        self._ensure_run()
+        timestamp = int(time.time() * 1000)
+        records = [Metric(_key(key), float(value), timestamp, int(step)) for key, value in metrics.items()]
+        for start in range(0, len(records), 1000):
+            self.client.log_batch(self._run_id, metrics=records[start:start + 1000])
+
+    def log_image(self, tag: str, image: Any, step: int) -> None:
+        """An image series under ``tag`` in the run's artifacts (``images/``), shown in MLflow's UI."""
+        self._ensure_run()
+        self.client.log_image(self._run_id, as_image(image), key=_key(tag), step=int(step))
+
+    def resume_from_step(self, step: int) -> None:
+        """Reopen the run saved in ``<save_dir>/mlflow_run.json`` (metric points after ``step`` stay)."""
+        if self._run_id is not None:
+            return
+        path = os.path.join(self.save_dir, RUN_FILE)
+        if not os.path.isfile(path):
+            return
+        with open(path) as f:
+            saved = json.load(f)
+        if saved.get("tracking_uri") == self.tracking_uri:
+            self._run_id = saved.get("run_id")
+
+    def finalize(self, status: str) -> None:
+        """Set the run's status: FINISHED (``"success"``), FAILED (``"failed"``), KILLED (``"interrupted"``)."""
+        if self._active:
+            self.client.set_terminated(self._run_id, status=STATUS.get(status, "FINISHED"))
+            self._active = False

@@ -1,0 +1,110 @@
+"""Damaged, foreign and unwritable checkpoints; loading for inference and fine-tuning."""
+
+import os
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+from conftest import RegressTrainer, TinyMLP, quiet
+
+from flaxlight import ModelCheckpoint
+
+X0 = np.zeros((1, 4), np.float32)
+
+
+def _trainer(tmp_path, hidden=(8,), **kwargs):
+    kwargs.setdefault("callbacks", [ModelCheckpoint(monitor="val/loss", save_top_k=2)])
+    return RegressTrainer(model_class=TinyMLP, model_hparams={"hidden_dims": list(hidden), "batch_norm": True},
+                          optimizer_hparams={"optimizer": "adam", "lr": 1e-2}, exmp_input=X0,
+                          **quiet(tmp_path, **kwargs))
+
+
+def _steps(run_dir):
+    return sorted(int(s) for s in os.listdir(Path(run_dir) / "checkpoints") if s.isdigit())
+
+
+def test_damaged_latest_checkpoint_falls_back_to_the_previous_one(tmp_path, regression_loaders):
+    train, val, _ = regression_loaders
+    _trainer(tmp_path).train_model(train, val, num_epochs=3)
+    steps = _steps(tmp_path / "run")
+    assert len(steps) >= 2
+    latest = tmp_path / "run" / "checkpoints" / str(steps[-1])
+    for path in (latest / "params").rglob("*"):
+        if path.is_file() and path.stat().st_size > 0:
+            path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])  # truncate every params file
+
+    trainer = _trainer(tmp_path)
+    with pytest.warns(RuntimeWarning, match=f"Checkpoint {steps[-1]} .* damaged .* falling back to checkpoint {steps[-2]}"):
+        trainer.train_model(train, val, num_epochs=4, resume=True)
+    assert int(trainer.state.step) == 4 * len(train)
+
+
+def test_checkpoint_of_a_different_model_lists_the_mismatching_paths(tmp_path, regression_loaders):
+    train, val, _ = regression_loaders
+    _trainer(tmp_path, hidden=(8,)).train_model(train, val, num_epochs=1)
+    with pytest.raises(ValueError, match=r"different model(.|\n)*Dense_0/kernel: checkpoint \(4, 8\), model \(4, 16\)"):
+        _trainer(tmp_path, hidden=(16,)).train_model(train, val, num_epochs=2, resume=True)
+
+
+FULL_DISK_SCRIPT = """
+import resource, signal, sys
+sys.path.insert(0, {tests!r})
+import numpy as np
+import flaxlight
+from conftest import RegressTrainer, TinyMLP, linear_data
+
+class DiskFills(flaxlight.Callback):
+    every_n_steps = 8
+    def on_step(self, trainer, step):
+        if step == 8:  # checkpoint 8 (from ModelCheckpoint, listed first) is written; now the disk is full
+            trainer.checkpointer.wait()
+            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+            resource.setrlimit(resource.RLIMIT_FSIZE, (2048, 2048))
+
+x, y = linear_data(256, 0)
+trainer = RegressTrainer(model_class=TinyMLP, model_hparams={{"hidden_dims": [256]}}, optimizer_hparams={{}},
+                         exmp_input=x[:1], logger_params={{"log_dir": {log_dir!r}, "logger_type": "csv"}},
+                         enable_progress_bar=False, enable_model_summary=False, log_every_n_steps=1000,
+                         callbacks=[flaxlight.ModelCheckpoint(every_n_steps=4), DiskFills()])
+trainer.train_model(flaxlight.ArrayLoader(x, y, batch_size=32), None, num_epochs=3)
+"""
+
+
+def test_a_full_disk_fails_loudly_and_keeps_the_previous_checkpoint(tmp_path):
+    import subprocess
+    import sys
+
+    script = FULL_DISK_SCRIPT.format(tests=str(Path(__file__).parent), log_dir=str(tmp_path / "run"))
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                            env=dict(os.environ, CI="true"))
+    assert result.returncode != 0
+    assert "Error" in result.stderr  # the write error surfaces, with its traceback
+    assert 8 in _steps(tmp_path / "run")
+    restored = RegressTrainer(model_class=TinyMLP, model_hparams={"hidden_dims": [256]}, optimizer_hparams={},
+                              exmp_input=X0, **quiet(tmp_path / "check"))
+    from flaxlight import Checkpointer
+
+    state = Checkpointer(tmp_path / "run" / "checkpoints", read_only=True).restore(restored.state, step=8)
+    assert int(state.step) == 8
+
+
+def test_load_for_inference_or_fine_tuning_best_or_last(tmp_path, regression_loaders):
+    train, val, _ = regression_loaders
+    trainer = _trainer(tmp_path, callbacks=[ModelCheckpoint(monitor="val/loss", save_top_k=1)])
+    trainer.train_model(train, val, num_epochs=3)
+    x = next(iter(val))[0]
+    last_predictions = np.asarray(trainer.bind_model()(x, train=False))
+
+    last = RegressTrainer.load_from_checkpoint(trainer.log_dir, exmp_input=X0, which="last")
+    np.testing.assert_array_equal(np.asarray(last.bind_model()(x, train=False)), last_predictions)
+    assert last.state.opt_state is None
+
+    tuned = RegressTrainer.load_from_checkpoint(trainer.log_dir, exmp_input=X0, which="last", with_optimizer=True)
+    jax.tree.map(np.testing.assert_array_equal, tuned.state.opt_state, trainer.state.opt_state)
+    tuned.init_optimizer  # the optimizer exists: training continues from the saved moments
+    assert tuned.train_epoch(train)["train/loss"] > 0
+
+    best = RegressTrainer.load_from_checkpoint(trainer.log_dir, exmp_input=X0)
+    best_step = trainer._checkpoint_callback.best_step
+    assert int(best.state.step) == best_step
