@@ -1,0 +1,286 @@
+"""Callbacks and loop controls, checked by what a user sees: hooks, files, messages."""
+
+import csv
+import os
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import RegressTrainer, TinyMLP, linear_data, quiet
+
+import flaxlight
+from flaxlight import ArrayLoader
+from flaxlight.callbacks import (Callback, EarlyStopping, LearningRateMonitor, ModelCheckpoint, NaNGuard,
+                                 ThroughputMonitor, Timer)
+
+X0 = np.zeros((1, 4), np.float32)
+
+
+def _trainer(tmp_path, trainer_class=RegressTrainer, **kwargs):
+    kwargs.setdefault("optimizer_hparams", {"optimizer": "adam", "lr": 1e-2})
+    return trainer_class(model_class=TinyMLP, model_hparams={"hidden_dims": [8]}, exmp_input=X0,
+                         **quiet(tmp_path, **kwargs))
+
+
+def _rows(tmp_path):
+    with open(tmp_path / "run" / "metrics.csv") as f:
+        return list(csv.DictReader(f))
+
+
+class Recorder(Callback):
+    every_n_steps = 4
+
+    def __init__(self):
+        self.calls = []
+
+    def on_fit_start(self, trainer):
+        self.calls.append("fit_start")
+
+    def on_train_epoch_start(self, trainer, epoch):
+        self.calls.append(f"train_epoch_start {epoch}")
+
+    def on_step(self, trainer, step):
+        self.calls.append(f"step {step}")
+
+    def on_log(self, trainer, step, metrics):
+        self.calls.append(f"log {step} {','.join(sorted(k for k in metrics if k != 'epoch'))}")
+
+    def on_train_epoch_end(self, trainer, epoch, metrics):
+        self.calls.append(f"train_epoch_end {epoch}")
+
+    def on_validation_end(self, trainer, epoch, metrics):
+        self.calls.append(f"validation_end {epoch}")
+
+    def on_epoch_end(self, trainer, epoch):
+        self.calls.append(f"epoch_end {epoch}")
+
+    def on_test_end(self, trainer, metrics):
+        self.calls.append("test_end")
+
+    def on_fit_end(self, trainer):
+        self.calls.append("fit_end")
+
+
+class SeedHooks(RegressTrainer):
+    def on_training_start(self):
+        self.recorder.calls.append("seed on_training_start")
+
+    def on_training_epoch_end(self, epoch_idx):
+        self.recorder.calls.append(f"seed on_training_epoch_end {epoch_idx}")
+
+    def on_validation_epoch_end(self, epoch_idx, eval_metrics, val_loader):
+        self.recorder.calls.append(f"seed on_validation_epoch_end {epoch_idx}")
+
+    def on_training_end(self):
+        self.recorder.calls.append("seed on_training_end")
+
+
+GOLDEN = """\
+seed on_training_start
+fit_start
+train_epoch_start 1
+step 4
+log 4 train/loss_step
+step 8
+log 8 train/loss_step
+log 8 epoch_time,train/loss
+seed on_training_epoch_end 1
+train_epoch_end 1
+epoch_end 1
+train_epoch_start 2
+step 12
+log 12 train/loss_step
+step 16
+log 16 train/loss_step
+log 16 epoch_time,train/loss
+seed on_training_epoch_end 2
+train_epoch_end 2
+seed on_validation_epoch_end 2
+log 16 val/loss
+validation_end 2
+epoch_end 2
+train_epoch_start 3
+step 20
+log 20 train/loss_step
+step 24
+log 24 train/loss_step
+log 24 epoch_time,train/loss
+seed on_training_epoch_end 3
+train_epoch_end 3
+epoch_end 3
+train_epoch_start 4
+step 28
+log 28 train/loss_step
+step 32
+log 32 train/loss_step
+log 32 epoch_time,train/loss
+seed on_training_epoch_end 4
+train_epoch_end 4
+seed on_validation_epoch_end 4
+log 32 val/loss
+validation_end 4
+epoch_end 4
+log 32 test/loss
+test_end
+seed on_training_end
+fit_end"""
+
+
+def test_golden_hook_order(tmp_path, regression_loaders):
+    """Train 4 epochs of 8 steps, validate every 2 epochs, test: the full sequence of hook calls."""
+    train, val, test = regression_loaders
+    recorder = Recorder()
+    trainer = _trainer(tmp_path, SeedHooks, callbacks=[recorder], check_val_every_n_epoch=2, log_every_n_steps=4,
+                       enable_checkpointing=False)
+    trainer.recorder = recorder
+    trainer.train_model(train, val, test_loader=test, num_epochs=4)
+    assert "\n".join(recorder.calls) == GOLDEN
+
+
+def test_callbacks_run_in_the_order_given(tmp_path, regression_loaders):
+    order = []
+
+    class Named(Callback):
+        def __init__(self, name):
+            self.name = name
+
+        def on_epoch_end(self, trainer, epoch):
+            order.append(self.name)
+
+    train, val, _ = regression_loaders
+    _trainer(tmp_path, callbacks=[Named("b"), Named("a"), Named("c")]).train_model(train, val, num_epochs=1)
+    assert order == ["b", "a", "c"]
+
+
+def test_early_stopping_stops_and_says_why(tmp_path, regression_loaders, capsys):
+    train, val, _ = regression_loaders
+    stopper = EarlyStopping(monitor="val/loss", patience=1, min_delta=10.0)  # no improvement is ever big enough
+    trainer = _trainer(tmp_path, callbacks=[stopper])
+    trainer.train_model(train, val, num_epochs=10)
+    assert trainer.current_epoch == 3  # best at 1, two epochs without improvement > patience 1
+    assert "EarlyStopping: val/loss did not improve" in capsys.readouterr().err
+    assert stopper.state_dict()["wait"] == 2
+
+
+def test_learning_rate_monitor_logs_the_schedule(tmp_path, regression_loaders):
+    train, val, _ = regression_loaders
+    trainer = _trainer(tmp_path, callbacks=[LearningRateMonitor()], log_every_n_steps=4,
+                       optimizer_hparams={"optimizer": "adam", "lr": 1e-2, "warmup": 8})
+    trainer.train_model(train, val, num_epochs=2)
+    lrs = {int(r["step"]): float(r["train/lr"]) for r in _rows(tmp_path) if r.get("train/lr")}
+    assert sorted(lrs) == [4, 8, 12, 16]
+    assert lrs[4] == pytest.approx(0.5e-2)  # halfway through the linear warmup
+    assert lrs[8] == pytest.approx(1e-2)
+    assert lrs[16] < lrs[12] < lrs[8]  # cosine decay after the warmup
+
+
+class NaNAfterStep(RegressTrainer):
+    """The loss becomes NaN from optimizer step ``nan_from`` on."""
+
+    nan_from = 10
+
+    def loss_fn(self, params, batch, *, train, rng, state):
+        loss, aux = super().loss_fn(params, batch, train=train, rng=rng, state=state)
+        return jnp.where(state.step >= self.nan_from, jnp.nan, loss), aux
+
+
+def test_nan_guard_stops_and_keeps_the_good_checkpoints(tmp_path, regression_loaders, capsys):
+    train, val, _ = regression_loaders
+    trainer = _trainer(tmp_path, NaNAfterStep, log_every_n_steps=2,
+                       callbacks=[NaNGuard(), ModelCheckpoint(every_n_steps=4)])
+    with pytest.warns(RuntimeWarning, match="Not saving checkpoint"):
+        trainer.train_model(train, val, num_epochs=5)
+    assert "NaNGuard: the loss was NaN/Inf" in capsys.readouterr().err
+    steps = sorted(int(s) for s in os.listdir(tmp_path / "run" / "checkpoints"))
+    assert max(steps) <= 10 and trainer.current_epoch == 2
+
+
+def test_nan_guard_skip_leaves_params_untouched_by_bad_steps(tmp_path, regression_loaders):
+    train, val, _ = regression_loaders
+    import jax
+
+    class NaNFromSecondEpoch(NaNAfterStep):
+        nan_from = 8
+
+    trainer = _trainer(tmp_path, NaNFromSecondEpoch, callbacks=[NaNGuard(action="skip")])
+    trainer.train_model(train, val, num_epochs=1)
+    params_after_epoch_1 = jax.device_get(trainer.state.params)
+    trainer.train_model(train, None, num_epochs=1)  # every step of this run is non-finite
+    jax.tree.map(np.testing.assert_array_equal, jax.device_get(trainer.state.params), params_after_epoch_1)
+    assert int(trainer.state.step) == 16 and trainer.nonfinite_steps == 8  # skipped, but counted
+
+
+def test_max_time_stops_training(tmp_path, regression_loaders, capsys):
+    train, val, _ = regression_loaders
+    trainer = _trainer(tmp_path, max_time=0.2)
+    trainer.train_model(train, val, num_epochs=1000)
+    assert trainer.current_epoch < 1000
+    assert "Timer: the time budget" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="max_time"):
+        Timer("soon")
+
+
+def test_throughput_monitor_logs_rates_and_compile_time(tmp_path, regression_loaders):
+    train, val, _ = regression_loaders
+    trainer = _trainer(tmp_path, callbacks=[ThroughputMonitor()], log_every_n_steps=4)
+    trainer.train_model(train, val, num_epochs=2)
+    rows = _rows(tmp_path)
+    rates = [float(r["perf/samples_per_sec"]) for r in rows if r.get("perf/samples_per_sec")]
+    assert len(rates) >= 3 and all(rate > 0 for rate in rates)
+    compile_rows = [r for r in rows if r.get("perf/compile_time_s")]
+    assert len(compile_rows) == 1 and float(compile_rows[0]["perf/compile_time_s"]) > 0
+
+
+def test_progress_bar_shows_loss_on_a_terminal(tmp_path, regression_loaders, capsys, monkeypatch):
+    monkeypatch.delenv("CI", raising=False)
+    train, val, _ = regression_loaders
+    _trainer(tmp_path, enable_progress_bar=True, log_every_n_steps=2).train_model(train, val, num_epochs=2)
+    err = capsys.readouterr().err
+    assert "Epochs" in err and "loss=" in err and "val/loss=" in err
+
+
+def test_max_steps_stops_mid_epoch(tmp_path, regression_loaders):
+    train, val, _ = regression_loaders
+    trainer = _trainer(tmp_path, max_steps=13)
+    trainer.train_model(train, val, num_epochs=10)
+    assert int(trainer.state.step) == 13 and trainer.current_epoch == 2
+    with pytest.raises(ValueError, match="max_steps must be a positive int"):
+        _trainer(tmp_path, max_steps=0)
+
+
+def test_val_check_interval_validates_within_epochs(tmp_path, regression_loaders):
+    train, val, _ = regression_loaders
+    _trainer(tmp_path, val_check_interval=3).train_model(train, val, num_epochs=2)
+    val_steps = [int(r["step"]) for r in _rows(tmp_path) if r.get("val/loss")]
+    assert val_steps == [3, 6, 8, 9, 12, 15, 16]
+
+
+def test_limit_batches(tmp_path, regression_loaders):
+    train, val, _ = regression_loaders
+    trainer = _trainer(tmp_path, limit_train_batches=0.5, limit_val_batches=1)
+    trainer.train_model(train, val, num_epochs=2)
+    assert int(trainer.state.step) == 8  # 4 of 8 batches per epoch
+    with pytest.warns(RuntimeWarning, match="limit_train_batches=100 is more than the loader's 8 batches"):
+        _trainer(tmp_path, limit_train_batches=100).train_model(train, val, num_epochs=1)
+
+
+def test_fast_dev_run_touches_one_batch_and_writes_nothing(tmp_path, regression_loaders):
+    train, val, test = regression_loaders
+    trainer = RegressTrainer(model_class=TinyMLP, model_hparams={}, optimizer_hparams={}, exmp_input=X0,
+                             logger_params={"base_log_dir": str(tmp_path)}, enable_progress_bar=False,
+                             enable_model_summary=False, fast_dev_run=True)
+    metrics = trainer.train_model(train, val, test_loader=test, num_epochs=50)
+    assert int(trainer.state.step) == 1 and "val/loss" in metrics and "test/loss" in metrics
+    assert os.listdir(tmp_path) == []
+
+
+def test_bad_callback_settings_are_explained(tmp_path, regression_loaders):
+    with pytest.raises(TypeError, match="Callback instances; got str"):
+        _trainer(tmp_path, callbacks=["early_stopping"])
+    with pytest.raises(ValueError, match="mode must be 'min' or 'max'"):
+        EarlyStopping(mode="lowest")
+    with pytest.raises(ValueError, match="patience must be an int >= 0"):
+        EarlyStopping(patience=-1)
+    train, val, _ = regression_loaders
+    with pytest.raises(KeyError, match=r"'val/acc', which was never logged.*Logged metrics: .*'val/loss'"):
+        _trainer(tmp_path, callbacks=[EarlyStopping(monitor="val/acc")]).train_model(train, val, num_epochs=2)
