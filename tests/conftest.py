@@ -8,6 +8,7 @@ from typing import Sequence
 os.environ.setdefault("CI", "true")  # plain progress output in test logs
 
 import flax.linen as nn
+from flax import nnx
 import jax.numpy as jnp
 import numpy as np
 import optax
@@ -35,6 +36,30 @@ class TinyMLP(nn.Module):
             if self.dropout_prob:
                 x = nn.Dropout(self.dropout_prob, deterministic=not train)(x)
         return nn.Dense(self.output_dim)(x)
+
+
+class TinyNNX(nnx.Module):
+    """An NNX MLP: Linear+ReLU layers with optional BatchNorm and dropout (switched by train()/eval())."""
+
+    def __init__(self, din: int = 4, hidden_dims: Sequence[int] = (16,), output_dim: int = 1,
+                 batch_norm: bool = False, dropout_prob: float = 0.0, *, rngs: nnx.Rngs):
+        self.layers = nnx.List()
+        for dim in hidden_dims:
+            self.layers.append(nnx.Linear(din, dim, rngs=rngs))
+            if batch_norm:
+                self.layers.append(nnx.BatchNorm(dim, rngs=rngs))
+            if dropout_prob:
+                self.layers.append(nnx.Dropout(dropout_prob, rngs=rngs))
+            din = dim
+        self.head = nnx.Linear(din, output_dim, rngs=rngs)
+
+    def __call__(self, x):
+        x = x.reshape(x.shape[0], -1)
+        for layer in self.layers:
+            x = layer(x)
+            if isinstance(layer, nnx.Linear):
+                x = nnx.relu(x)
+        return self.head(x)
 
 
 class RegressTrainer(flaxlight.TrainerModule):

@@ -31,6 +31,7 @@ from flaxlight.callbacks import Callback, ModelCheckpoint, NaNGuard, ProgressBar
 from flaxlight.checkpoint import Checkpointer
 from flaxlight.data import check_batch, check_input_shapes
 from flaxlight.loggers import CSVLogger, Logger, LoggerCollection, TensorBoardLogger, tensorboard_available
+from flaxlight.models import make_adapter
 from flaxlight.metrics import HostSnapshot, accumulate, all_finite, batch_size, init_accumulator, read_means
 from flaxlight.optim import as_optimizer_config, logger as optim_logger, make_optimizer_plan
 from flaxlight.progress import progress
@@ -240,7 +241,8 @@ class TrainerModule:
         self._val_loader = None
         self._nonfinite_before_epoch = 0
         self._skip_nonfinite = any(isinstance(cb, NaNGuard) and cb.skips_updates for cb in self.callbacks)
-        self.model = self.model_class(**self.model_hparams)
+        self.model_adapter = make_adapter(self.model_class, self.model_hparams, seed=seed)
+        self.model = self.model_adapter.module  # the Linen module, or the live NNX module
         if self.options.enable_model_summary:
             self.print_tabulate(exmp_input)
         if self.options.fast_dev_run:  # a smoke test writes nothing: no log dir, loggers or checkpoints
@@ -273,7 +275,7 @@ class TrainerModule:
         model_rng, init_rng = jax.random.split(model_rng)
         variables = self.run_model_init(_as_input_list(exmp_input), init_rng)
         self.state = TrainState.create(
-            apply_fn=self.model.apply,
+            apply_fn=self.model_adapter.apply,
             params=variables["params"],
             batch_stats=variables.get("batch_stats"),
             rng=model_rng,
@@ -281,22 +283,20 @@ class TrainerModule:
         )
 
     def run_model_init(self, exmp_input: Sequence[Any], init_rng) -> dict:
-        """``model.init`` in training mode, with ``params`` and ``dropout`` RNG streams.
+        """Initial variables (``params``, maybe ``batch_stats``) in training mode.
 
-        Jitted (one compilation instead of one per operation) unless ``debug=True``.
+        Linen: ``model.init`` with ``params`` and ``dropout`` RNG streams, jitted (one
+        compilation instead of one per operation) unless ``debug=True``. NNX: the state the
+        module was constructed with (seeded by ``seed``).
         """
-
-        def init(rng, *inputs):
-            params_rng, dropout_rng = jax.random.split(rng)
-            return self.model.init({"params": params_rng, "dropout": dropout_rng}, *inputs, train=True)
-
-        return init(init_rng, *exmp_input) if self.debug else jax.jit(init)(init_rng, *exmp_input)
+        init = self.model_adapter.init
+        if self.debug or self.model_adapter.kind == "nnx":
+            return init(init_rng, exmp_input)
+        return jax.jit(init)(init_rng, exmp_input)
 
     def print_tabulate(self, exmp_input: Any) -> None:
-        """Print the model's layers, shapes and parameter counts (``flax.linen`` tabulate)."""
-        rngs = {"params": jax.random.PRNGKey(0), "dropout": jax.random.PRNGKey(1)}
-        print(self.model.tabulate(rngs, *_as_input_list(exmp_input), train=True,
-                                 console_kwargs={"width": 120, "force_terminal": sys.stdout.isatty()}))
+        """Print the model's layers, shapes and parameter counts."""
+        print(self.model_adapter.tabulate(_as_input_list(exmp_input)))
 
     def init_optimizer(self, num_epochs: int, num_steps_per_epoch: int) -> None:
         """Build the optimizer for ``num_epochs * num_steps_per_epoch`` train steps; keep params.
@@ -749,7 +749,9 @@ class TrainerModule:
         if types is None:
             types = ["csv", "tensorboard"] if tensorboard_available() and not extra else ["csv"]
         types = [types] if isinstance(types, str) else list(types)
-        kinds = ["csv"] + [str(kind).lower().replace("&", "") for kind in types]  # metrics.csv is always written
+        kinds = ["csv"]  # metrics.csv is always written
+        for kind in types:
+            kinds.append("wandb" if str(kind).lower() == "w&b" else str(kind).lower())
         from flaxlight.loggers.base import run_display_name
 
         project = params.get("project_name") or "flaxlight"
@@ -802,8 +804,11 @@ class TrainerModule:
         self.logger.log_image(tag, image, self.global_step if step is None else int(step))
 
     def bind_model(self):
-        """The model bound to the trained variables, for interactive use: ``model(x, train=False)``."""
-        return self.model.bind(self.state.variables())
+        """The model with the trained variables, for interactive use: ``model(x, train=False)``.
+
+        Linen: the module bound to the variables. NNX: a live module carrying them (eval mode).
+        """
+        return self.model_adapter.bind(self.state.variables())
 
     def tracker(self, iterator: Iterable, **kwargs):
         """``iterator`` with a progress bar when enabled (the seed's helper)."""

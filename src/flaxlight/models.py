@@ -1,0 +1,177 @@
+"""Model adapters: Linen and NNX models behind one interface, so steps stay pure functions.
+
+Both kinds end up as plain pytrees in the :class:`TrainState` (``params``, ``batch_stats``) and an
+``apply_fn(variables, *inputs, train=..., rngs=..., mutable=...)`` with Linen's calling
+convention, so a loss function is written once for both (``state.apply_model(...)``).
+
+For NNX the module is split once at set-up (``nnx.split``) into its graph definition and state;
+``apply_fn`` merges them back *inside* the jitted step, which costs nothing at run time
+(unlike ``nnx.jit`` in graph mode). ``bind`` merges the trained state into a live module.
+
+Example:
+    >>> adapter = make_adapter(MyNNXModel, {"din": 4}, seed=0)        # doctest: +SKIP
+    >>> variables = adapter.init(jax.random.PRNGKey(0), [x])          # doctest: +SKIP
+    >>> model = adapter.bind(variables)                               # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import sys
+from typing import Any, Mapping, Sequence
+
+import flax.linen as nn
+import jax
+from flax import nnx
+
+__all__ = ["LinenAdapter", "NNXAdapter", "make_adapter", "is_nnx_model"]
+
+
+def is_nnx_model(model_class) -> bool:
+    return isinstance(model_class, type) and issubclass(model_class, nnx.Module)
+
+
+def _call_parameters(fn) -> set[str]:
+    try:
+        return set(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        return set()
+
+
+def _check_hparams(model_class, model_hparams: Mapping[str, Any], accepted: Sequence[str], extra_ok: bool) -> None:
+    unknown = [key for key in model_hparams if key not in accepted]
+    if unknown and not extra_ok:
+        raise TypeError(
+            f"model_hparams key(s) {unknown} are not accepted by {model_class.__name__}; "
+            f"it accepts: {sorted(accepted)}."
+        )
+
+
+def make_adapter(model_class, model_hparams: Mapping[str, Any], seed: int = 0):
+    """The adapter for a ``flax.linen.Module`` or ``flax.nnx.Module`` class (else a clear error)."""
+    if isinstance(model_class, type) and issubclass(model_class, nn.Module):
+        fields = [f.name for f in dataclasses.fields(model_class) if f.name not in ("parent", "name")]
+        _check_hparams(model_class, model_hparams, fields, extra_ok=False)
+        return LinenAdapter(model_class(**model_hparams))
+    if is_nnx_model(model_class):
+        params = inspect.signature(model_class.__init__).parameters
+        extra_ok = any(p.kind is p.VAR_KEYWORD for p in params.values())
+        _check_hparams(model_class, model_hparams, [n for n in params if n not in ("self", "rngs")], extra_ok)
+        return NNXAdapter(model_class, dict(model_hparams), seed)
+    raise TypeError(
+        f"model_class must be a flax.linen.Module or flax.nnx.Module subclass; got "
+        f"{getattr(model_class, '__name__', model_class)!r} ({type(model_class).__name__})."
+    )
+
+
+class LinenAdapter:
+    """A ``flax.linen`` module: ``init``/``apply`` as Flax defines them, ``train`` passed when taken."""
+
+    kind = "linen"
+
+    def __init__(self, module: nn.Module):
+        self.module = module
+        self.takes_train = "train" in _call_parameters(type(module).__call__)
+
+    def _train_kwargs(self, train: bool) -> dict:
+        return {"train": train} if self.takes_train else {}
+
+    def init(self, rng, inputs: Sequence[Any]) -> dict:
+        params_rng, dropout_rng = jax.random.split(rng)
+        try:
+            return self.module.init({"params": params_rng, "dropout": dropout_rng}, *inputs, **self._train_kwargs(True))
+        except Exception as exc:  # name the usual cause of a dropout error in a model without `train`
+            if not self.takes_train and "deterministic" in str(exc):
+                raise TypeError(
+                    f"{type(self.module).__name__} uses Dropout but its __call__ takes no `train` argument; add "
+                    f"`train: bool = False` and use nn.Dropout(rate, deterministic=not train)."
+                ) from exc
+            raise
+
+    def apply(self, variables, *inputs, train: bool = False, **kwargs):
+        return self.module.apply(variables, *inputs, **self._train_kwargs(train), **kwargs)
+
+    def tabulate(self, inputs: Sequence[Any]) -> str:
+        rngs = {"params": jax.random.PRNGKey(0), "dropout": jax.random.PRNGKey(1)}
+        return self.module.tabulate(rngs, *inputs, **self._train_kwargs(True),
+                                    console_kwargs={"width": 120, "force_terminal": sys.stdout.isatty()})
+
+    def bind(self, variables):
+        """The module bound to ``variables``: call it like a function, ``model(x, train=False)``."""
+        return self.module.bind(variables)
+
+
+class NNXAdapter:
+    """A ``flax.nnx`` module split once into graph definition + pure state.
+
+    ``train``: passed to ``__call__`` when it takes ``train`` (or ``deterministic=not train``);
+    otherwise the module is switched with ``model.train()`` / ``model.eval()``, which sets
+    Dropout's ``deterministic`` and BatchNorm's ``use_running_average``. Dropout keys come from
+    the trainer's RNG each step (``nnx.reseed``), so the step stays a pure function.
+    """
+
+    kind = "nnx"
+
+    def __init__(self, model_class, model_hparams: dict, seed: int):
+        self.model_class, self.model_hparams = model_class, model_hparams
+        self.module = model_class(**model_hparams, rngs=nnx.Rngs(seed))
+        self.graphdef, params, batch_stats, self.rest = nnx.split(self.module, nnx.Param, nnx.BatchStat, ...)
+        self.params_template, self.batch_stats_template = params, batch_stats
+        self.has_batch_stats = bool(jax.tree.leaves(batch_stats))
+        self.rng_streams = sorted({v.tag for v in jax.tree.leaves(self.rest, is_leaf=lambda v: isinstance(v, nnx.RngKey))
+                                   if isinstance(v, nnx.RngKey)})
+        call = _call_parameters(model_class.__call__)
+        self.mode_argument = "train" if "train" in call else "deterministic" if "deterministic" in call else None
+
+    def init(self, rng, inputs: Sequence[Any]) -> dict:
+        """The module's initial state as pure dicts (NNX initialises at construction)."""
+        variables = {"params": nnx.to_pure_dict(self.params_template)}
+        if self.has_batch_stats:
+            variables["batch_stats"] = nnx.to_pure_dict(self.batch_stats_template)
+        return variables
+
+    def merge(self, variables: Mapping[str, Any]):
+        """A live module carrying ``variables`` (works inside ``jit`` too)."""
+        params = jax.tree.map(lambda x: x, self.params_template)
+        nnx.replace_by_pure_dict(params, variables["params"])
+        batch_stats = jax.tree.map(lambda x: x, self.batch_stats_template)
+        if self.has_batch_stats and variables.get("batch_stats") is not None:
+            nnx.replace_by_pure_dict(batch_stats, variables["batch_stats"])
+        rest = jax.tree.map(lambda x: x, self.rest)  # fresh Variables: reseeding them inside jit is allowed
+        return nnx.merge(self.graphdef, params, batch_stats, rest)
+
+    def _call(self, model, inputs, train: bool, kwargs):
+        if self.mode_argument == "train":
+            return model(*inputs, train=train, **kwargs)
+        if self.mode_argument == "deterministic":
+            return model(*inputs, deterministic=not train, **kwargs)
+        model.train() if train else model.eval()
+        return model(*inputs, **kwargs)
+
+    def apply(self, variables, *inputs, train: bool = False, rngs=None, mutable=False, **kwargs):
+        """Linen-style apply: returns outputs, or ``(outputs, {"batch_stats": ...})`` if mutable."""
+        model = self.merge(variables)
+        if rngs is not None and rngs.get("dropout") is not None and self.rng_streams:
+            keys = jax.random.split(rngs["dropout"], len(self.rng_streams))
+            nnx.reseed(model, **dict(zip(self.rng_streams, keys)))
+        outputs = self._call(model, inputs, train, kwargs)
+        if not mutable:
+            return outputs
+        updates = {}
+        if self.has_batch_stats:
+            updates["batch_stats"] = nnx.to_pure_dict(nnx.state(model, nnx.BatchStat))
+        return outputs, updates
+
+    def tabulate(self, inputs: Sequence[Any]) -> str:
+        model = self.merge(self.init(None, inputs))
+        try:
+            return nnx.tabulate(model, *inputs, console_kwargs={"width": 120, "force_terminal": sys.stdout.isatty()})
+        except Exception as exc:  # noqa: BLE001 - a summary must never stop training
+            return f"{self.model_class.__name__} (NNX): no table ({type(exc).__name__}: {exc})"
+
+    def bind(self, variables):
+        """A live NNX module carrying the trained weights, in eval mode."""
+        model = self.merge(variables)
+        model.eval()
+        return model

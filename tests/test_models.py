@@ -1,0 +1,119 @@
+"""Linen and NNX models through the same trainer: train, validate, checkpoint, resume, load, bind."""
+
+import flax.linen as nn
+import jax
+import numpy as np
+import pytest
+from conftest import ClassifyTrainer, TinyMLP, TinyNNX, quiet
+from flax import nnx
+
+import flaxlight
+from flaxlight import ArrayLoader
+
+
+def _data(seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(320, 6)).astype(np.float32)
+    y = (x[:, 0] + x[:, 1] > 0).astype(np.int32)
+    return (ArrayLoader(x[:256], y[:256], batch_size=32, shuffle=True, seed=1),
+            ArrayLoader(x[256:], y[256:], batch_size=32), x)
+
+
+MODELS = {
+    "linen": (TinyMLP, {"hidden_dims": [32], "output_dim": 2, "batch_norm": True, "dropout_prob": 0.1}),
+    "nnx": (TinyNNX, {"din": 6, "hidden_dims": [32], "output_dim": 2, "batch_norm": True, "dropout_prob": 0.1}),
+}
+
+
+def _trainer(kind, tmp_path, **kwargs):
+    model_class, hparams = MODELS[kind]
+    return ClassifyTrainer(model_class=model_class, model_hparams=hparams,
+                           optimizer_hparams={"optimizer": "adam", "lr": 1e-2}, exmp_input=np.zeros((1, 6), np.float32),
+                           **quiet(tmp_path, monitor="val/acc", mode="max", **kwargs))
+
+
+@pytest.mark.parametrize("kind", ["linen", "nnx"])
+def test_train_validate_checkpoint_load_and_bind(kind, tmp_path):
+    train, val, x = _data()
+    trainer = _trainer(kind, tmp_path)
+    metrics = trainer.train_model(train, val, num_epochs=6)
+    assert metrics["val/acc"] > 0.9
+
+    loaded = ClassifyTrainer.load_from_checkpoint(trainer.log_dir, exmp_input=x[:1], which="last")
+    assert loaded.eval_model(val, log_prefix="val/") == pytest.approx(trainer.eval_model(val, log_prefix="val/"))
+    model = loaded.bind_model()
+    if kind == "nnx":
+        assert isinstance(model, nnx.Module)
+        predictions = model(x[256:])
+    else:
+        predictions = model(x[256:], train=False)
+    before = trainer.bind_model()
+    expected = before(x[256:]) if kind == "nnx" else before(x[256:], train=False)
+    np.testing.assert_allclose(np.asarray(predictions), np.asarray(expected), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("kind", ["linen", "nnx"])
+def test_dropout_and_batch_norm_follow_train_and_eval(kind, tmp_path):
+    train, _, x = _data()
+    trainer = _trainer(kind, tmp_path)
+    state = trainer.state
+    batch = x[:32]
+    eval_a, _ = state.apply_model(state.params, batch, train=False)
+    eval_b, _ = state.apply_model(state.params, batch, train=False)
+    np.testing.assert_array_equal(eval_a, eval_b)  # eval: deterministic
+    train_a, updates = state.apply_model(state.params, batch, train=True, rng=jax.random.PRNGKey(1))
+    train_b, _ = state.apply_model(state.params, batch, train=True, rng=jax.random.PRNGKey(2))
+    assert not np.allclose(train_a, train_b)  # a different dropout mask per key
+    old_stats, new_stats = jax.tree.leaves(state.batch_stats), jax.tree.leaves(updates["batch_stats"])
+    assert any(not np.allclose(a, b) for a, b in zip(old_stats, new_stats))  # running stats move in training
+    assert eval_model_changes_nothing(state, batch)
+
+
+def eval_model_changes_nothing(state, batch):
+    _, updates = state.apply_model(state.params, batch, train=False)
+    return updates == {}
+
+
+@pytest.mark.parametrize("kind", ["linen", "nnx"])
+def test_crash_and_resume_is_bitwise_equal(kind, tmp_path):
+    class Crash(flaxlight.Callback):
+        every_n_steps = 13
+
+        def on_step(self, trainer, step):
+            raise RuntimeError("crash")
+
+    def run(log_dir, callbacks=(), resume=False):
+        train, val, _ = _data()
+        trainer = _trainer(kind, log_dir, callbacks=[flaxlight.ModelCheckpoint(every_n_steps=5), *callbacks])
+        trainer.train_model(train, val, num_epochs=3, resume=resume)
+        return jax.device_get((trainer.state.params, trainer.state.batch_stats))
+
+    reference = run(tmp_path / "ref")
+    with pytest.raises(RuntimeError, match="crash"):
+        run(tmp_path / "crashed", callbacks=[Crash()])
+    jax.tree.map(np.testing.assert_array_equal, run(tmp_path / "crashed", resume=True), reference)
+
+
+def test_models_that_are_neither_linen_nor_nnx_are_refused(tmp_path):
+    with pytest.raises(TypeError, match="flax.linen.Module or flax.nnx.Module.*'dict'"):
+        ClassifyTrainer(model_class=dict, model_hparams={}, optimizer_hparams={}, exmp_input=np.zeros((1, 6)),
+                        **quiet(tmp_path))
+
+
+@pytest.mark.parametrize("kind", ["linen", "nnx"])
+def test_unknown_model_hparam_is_named_with_the_accepted_ones(kind, tmp_path):
+    model_class, hparams = MODELS[kind]
+    with pytest.raises(TypeError, match=r"\['hidden_dim'\] are not accepted by .*accepts: .*'hidden_dims'"):
+        ClassifyTrainer(model_class=model_class, model_hparams={**hparams, "hidden_dim": 3}, optimizer_hparams={},
+                        exmp_input=np.zeros((1, 6), np.float32), **quiet(tmp_path))
+
+
+def test_linen_dropout_without_a_train_switch_is_explained(tmp_path):
+    class NoSwitch(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            return nn.Dropout(0.5)(nn.Dense(2)(x))
+
+    with pytest.raises(TypeError, match="no `train` argument"):
+        ClassifyTrainer(model_class=NoSwitch, model_hparams={}, optimizer_hparams={},
+                        exmp_input=np.zeros((1, 6), np.float32), **quiet(tmp_path))
