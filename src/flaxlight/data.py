@@ -6,12 +6,15 @@ pytree of arrays that share a leading batch dimension.
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Sequence
+import itertools
+import queue
+import threading
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import jax
 import numpy as np
 
-__all__ = ["ArrayLoader", "check_batch"]
+__all__ = ["ArrayLoader", "Prefetcher", "check_batch", "group_batches"]
 
 
 def _leading_dim(tree) -> int:
@@ -120,3 +123,101 @@ def check_input_shapes(batch, exmp_input: Sequence[Any]) -> None:
                 f"Pass an exmp_input taken from your loader, e.g. next(iter(train_loader))[0]. "
                 f"Batch: {_describe(batch)}"
             )
+
+
+def _same_shapes(a, b) -> bool:
+    return [np.shape(x) for x in jax.tree.leaves(a)] == [np.shape(x) for x in jax.tree.leaves(b)]
+
+
+def group_batches(batches: Iterable, steps: int, start: int = 0) -> Iterator[tuple[int, Any]]:
+    """Yield ``(1, batch)`` or, for ``steps > 1``, ``(steps, block)`` with ``steps`` batches
+    stacked along a new leading axis (one host array per leaf, so one transfer per block).
+
+    Blocks end at multiples of ``steps`` counted from step ``start`` (the global step before
+    the first batch): the batches before the first such boundary, those that cannot fill a
+    block of equal shapes (the end of an epoch, a smaller last batch) come out one by one. So
+    any interval that is a multiple of ``steps`` falls on a block end.
+
+    Example:
+        >>> [n for n, _ in group_batches([np.zeros((2, 3))] * 6, steps=2, start=1)]
+        [1, 2, 2, 1]
+    """
+    batches = iter(batches)
+    if steps == 1:
+        for batch in batches:
+            yield 1, batch
+        return
+    for batch in itertools.islice(batches, (-start) % steps):
+        yield 1, batch
+    block: list = []
+    for batch in batches:
+        if block and not _same_shapes(batch, block[0]):
+            yield from ((1, b) for b in block)
+            block = []
+        block.append(batch)
+        if len(block) == steps:
+            yield steps, jax.tree.map(lambda *leaves: np.stack(leaves), *block)
+            block = []
+    yield from ((1, b) for b in block)
+
+
+class Prefetcher:
+    """Run an iterator in a background thread, ``size`` items ahead, putting them on the device.
+
+    Host work (loading, indexing, stacking blocks) and the host-to-device copy overlap with the
+    training step running on the device. Exceptions of the source are re-raised in the consumer.
+    Call :meth:`close` (or exhaust it) to stop the thread.
+
+    ``transform`` is applied to each item in the thread (default: ``jax.device_put``).
+
+    Example:
+        >>> for batch in Prefetcher(loader, size=2):   # doctest: +SKIP
+        ...     ...
+    """
+
+    _DONE = object()
+
+    def __init__(self, items: Iterable, size: int = 2, transform: Callable[[Any], Any] | None = jax.device_put):
+        self._queue: queue.Queue = queue.Queue(maxsize=size)
+        self._stop = threading.Event()
+        self._transform = transform
+        self._thread = threading.Thread(target=self._run, args=(iter(items),), daemon=True, name="flaxlight-prefetch")
+        self._thread.start()
+
+    def _run(self, items: Iterator) -> None:
+        try:
+            for item in items:
+                if self._transform is not None:
+                    item = self._transform(item)
+                while not self._stop.is_set():
+                    try:
+                        self._queue.put(item, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if self._stop.is_set():
+                    return
+            self._put_final(self._DONE)
+        except BaseException as exc:  # noqa: BLE001 - handed to the consumer thread
+            self._put_final(exc)
+
+    def _put_final(self, item) -> None:
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=0.1)
+                return
+            except queue.Full:
+                continue
+
+    def __iter__(self) -> Iterator[Any]:
+        while True:
+            item = self._queue.get()
+            if item is self._DONE:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)

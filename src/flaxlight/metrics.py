@@ -85,7 +85,9 @@ class HostSnapshot:
     """
 
     def __init__(self, acc: dict):
-        self._acc = acc
+        # The training step donates (reuses) the sums' buffers: snapshot a device-side copy.
+        self._acc = jax.tree.map(lambda x: jnp.array(x, copy=True), acc)
+        acc = self._acc
         for leaf in jax.tree.leaves(acc):
             copy = getattr(leaf, "copy_to_host_async", None)
             if copy is not None:

@@ -29,7 +29,7 @@ import yaml
 
 from flaxlight.callbacks import Callback, ModelCheckpoint, NaNGuard, ProgressBar, Timer
 from flaxlight.checkpoint import Checkpointer
-from flaxlight.data import check_batch, check_input_shapes
+from flaxlight.data import Prefetcher, check_batch, check_input_shapes, group_batches
 from flaxlight.loggers import CSVLogger, Logger, LoggerCollection, TensorBoardLogger, tensorboard_available
 from flaxlight.models import make_adapter
 from flaxlight.metrics import HostSnapshot, accumulate, all_finite, batch_size, init_accumulator, read_means
@@ -70,6 +70,11 @@ class TrainerOptions:
             or a fraction of the loader (a float in (0, 1]).
         fast_dev_run: one train batch and one validation batch, one epoch, nothing written:
             a smoke test of the whole loop.
+        steps_per_execution: train steps fused into one dispatch (``lax.scan`` over a stacked
+            block of batches); same results as single steps. Log points and ``on_step``
+            callbacks fire at block ends (intervals that are multiples of it stay exact).
+        prefetch: batches (or blocks) loaded, stacked and put on the device ahead of use by a
+            background thread; 0 loads them in the training thread.
     """
 
     monitor: str | None = None
@@ -83,8 +88,15 @@ class TrainerOptions:
     limit_train_batches: int | float | None = None
     limit_val_batches: int | float | None = None
     fast_dev_run: bool = False
+    steps_per_execution: int = 1
+    prefetch: int = 2
 
     def __post_init__(self):
+        if isinstance(self.steps_per_execution, bool) or not isinstance(self.steps_per_execution, int) \
+                or self.steps_per_execution < 1:
+            raise ValueError(f"steps_per_execution must be a positive int, got {self.steps_per_execution!r}.")
+        if isinstance(self.prefetch, bool) or not isinstance(self.prefetch, int) or self.prefetch < 0:
+            raise ValueError(f"prefetch must be an int >= 0 (0: no background loading), got {self.prefetch!r}.")
         for name in ("max_steps", "val_check_interval"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
@@ -374,20 +386,28 @@ class TrainerModule:
         def eval_and_accumulate(state, acc, batch):
             return accumulate(acc, eval_step(state, batch), batch_size(batch))
 
+        def train_block(state, acc, block):  # steps_per_execution steps in one dispatch
+            def body(carry, batch):
+                return train_and_accumulate(*carry, batch), None
+
+            return jax.lax.scan(body, (state, acc), block)[0]
+
         self._step_shapes = {"train": train_step, "eval": eval_step}
         if self.debug:
             print("debug=True: the train and eval steps run un-jitted (prints and breakpoints work).")
             self.train_step, self.eval_step = train_step, eval_step
             self._train_and_accumulate, self._eval_and_accumulate = train_and_accumulate, eval_and_accumulate
+            self._train_block = train_block
         else:
             self.train_step = jax.jit(train_step, donate_argnums=0)
             self.eval_step = jax.jit(eval_step)
-            self._train_and_accumulate = jax.jit(train_and_accumulate, donate_argnums=0)
-            self._eval_and_accumulate = jax.jit(eval_and_accumulate)
+            self._train_and_accumulate = jax.jit(train_and_accumulate, donate_argnums=(0, 1))
+            self._train_block = jax.jit(train_block, donate_argnums=(0, 1))
+            self._eval_and_accumulate = jax.jit(eval_and_accumulate, donate_argnums=1)
 
     def _zero_accumulator(self, kind: str, batch) -> dict:
         """Zeroed metric sums for this step kind and batch structure (shapes traced once)."""
-        key = (kind, jax.tree.structure(batch), tuple((np.shape(x), np.result_type(x)) for x in jax.tree.leaves(batch)))
+        key = (kind, jax.tree.structure(batch), tuple((np.shape(x), np.result_type(x.dtype)) for x in jax.tree.leaves(batch)))
         if key not in self._acc_templates:
             if kind == "train":
                 _, metrics = jax.eval_shape(self._step_shapes["train"], self.state, batch)
@@ -396,7 +416,7 @@ class TrainerModule:
             if not isinstance(metrics, Mapping):
                 raise TypeError(f"The {kind} step must return metrics as a dict; got {type(metrics).__name__}.")
             self._acc_templates[key] = init_accumulator(metrics)
-        return self._acc_templates[key]
+        return jax.tree.map(jnp.zeros_like, self._acc_templates[key])  # fresh buffers: sums are donated
 
     def _check_first_batch(self, batch, loader_name: str) -> None:
         check_batch(batch, where=f"first batch of {loader_name}")
@@ -544,24 +564,30 @@ class TrainerModule:
         batch_index, acc = loop.batch_index, loop.acc
         limit = self.steps_per_epoch if self.steps_per_epoch is not None else _safe_len(train_loader)
         batches = itertools.islice(iter(train_loader), batch_index, limit)
+        items = group_batches(batches, self.options.steps_per_execution, start=self.global_step)
+        if self.options.prefetch:
+            items = Prefetcher(items, size=self.options.prefetch, transform=_payload_to_device)
         self._schedule_events()
-        for batch in batches:
-            if acc is None:
-                self._check_first_batch(batch, "train_loader")
-                acc = self._zero_accumulator("train", batch)
-                self.batch_size = batch_size(batch)
-            if self.compile_time is None:  # the first step of this trainer: timed to completion, once
-                first = time.perf_counter()
-                self.state, acc = jax.block_until_ready(self._train_and_accumulate(self.state, acc, batch))
-                self.compile_time = time.perf_counter() - first
-            else:
-                self.state, acc = self._train_and_accumulate(self.state, acc, batch)
-            self.global_step += 1
-            batch_index += 1
-            if self.global_step >= self._next_event_step:
-                loop.batch_index, loop.acc = batch_index, acc
-                if self._step_events():
-                    break
+        try:
+            for steps, item in items:  # `steps` batches: 1, or a stacked block of steps_per_execution
+                if acc is None:
+                    acc = self._start_epoch_sums(item if steps == 1 else jax.tree.map(lambda x: x[0], item))
+                run = self._train_and_accumulate if steps == 1 else self._train_block
+                if self.compile_time is None:  # the first step of this trainer: timed to completion, once
+                    first = time.perf_counter()
+                    self.state, acc = jax.block_until_ready(run(self.state, acc, item))
+                    self.compile_time = time.perf_counter() - first
+                else:
+                    self.state, acc = run(self.state, acc, item)
+                self.global_step += steps
+                batch_index += steps
+                if self.global_step >= self._next_event_step:
+                    loop.batch_index, loop.acc = batch_index, acc
+                    if self._step_events(steps):
+                        break
+        finally:
+            if isinstance(items, Prefetcher):
+                items.close()
         if acc is None:
             raise ValueError("train_loader yielded no batches: check the dataset size, batch_size and drop_last.")
         loop.batch_index, loop.acc = batch_index, acc
@@ -571,6 +597,12 @@ class TrainerModule:
         self._note_nonfinite(self.global_step, int(jax.device_get(acc["nonfinite"])))
         metrics["epoch_time"] = time.time() - start
         return metrics
+
+    def _start_epoch_sums(self, batch) -> dict:
+        """Check the epoch's first batch and return zeroed metric sums for its structure."""
+        self._check_first_batch(batch, "train_loader")
+        self.batch_size = batch_size(batch)
+        return self._zero_accumulator("train", batch)
 
     def _schedule_events(self) -> None:
         """The next step at which the loop must look up: a log point, a callback's ``on_step``,
@@ -584,21 +616,28 @@ class TrainerModule:
             next_step = min(next_step, max(self.options.max_steps, step + 1))
         self._next_event_step = 0 if self._interrupt_signal is not None else next_step
 
-    def _step_events(self) -> bool:
+    def _step_events(self, steps: int = 1) -> bool:
         """Log points, ``on_step`` callbacks, step validations and interrupts, off the fast path.
 
-        Returns True when the epoch must end now (``max_steps`` reached or :meth:`stop` called).
+        ``steps`` optimizer steps ran since the last call (a fused block): an interval whose
+        multiple was passed inside the block fires now, at the block's end. Returns True when
+        the epoch must end now (``max_steps`` reached or :meth:`stop` called).
         """
         step, loop = self.global_step, self._loop
+        previous = step - steps
+
+        def due(every: int | None) -> bool:
+            return bool(every) and step // every > previous // every
+
         if self._interrupt_signal is not None:
             raise _Interrupted(self._interrupt_signal)
-        if step % self.options.log_every_n_steps == 0:
+        if due(self.options.log_every_n_steps):
             loop.running_log.mark(step, loop.acc)
-        interval = self.options.val_check_interval
-        if interval and step % interval == 0 and self._val_loader is not None and loop.batch_index < self.steps_per_epoch:
+        if due(self.options.val_check_interval) and self._val_loader is not None \
+                and loop.batch_index < self.steps_per_epoch:
             self._validate(self._val_loader)
         for callback in self.callbacks:
-            if callback.every_n_steps and step % callback.every_n_steps == 0:
+            if due(callback.every_n_steps):
                 callback.on_step(self, step)
         if self._interrupt_signal is not None:  # arrived while the callbacks ran
             raise _Interrupted(self._interrupt_signal)
@@ -998,6 +1037,16 @@ def _set_loader_epoch(loader, epoch: int) -> None:
     set_epoch = getattr(loader, "set_epoch", None)
     if callable(set_epoch):
         set_epoch(epoch)
+
+
+def _payload_to_device(item: tuple[int, Any]) -> tuple[int, Any]:
+    """``(steps, batch)`` with the batch on the device; a batch JAX cannot take is passed on as it
+    is, so the training thread reports it with a readable message."""
+    steps, payload = item
+    try:
+        return steps, jax.device_put(payload)
+    except (TypeError, ValueError):
+        return steps, payload
 
 
 def _safe_len(loader) -> int | None:

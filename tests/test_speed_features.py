@@ -1,0 +1,70 @@
+"""Fused steps, prefetching and compile-once behaviour: same results, no extra work."""
+
+import csv
+
+import jax
+import numpy as np
+import pytest
+from conftest import RegressTrainer, TinyMLP, linear_data, quiet
+
+from flaxlight import ArrayLoader
+from flaxlight.data import Prefetcher, group_batches
+
+X0 = np.zeros((1, 4), np.float32)
+
+
+def _run(tmp_path, name, num_epochs=3, **kwargs):
+    train = ArrayLoader(*linear_data(300, 0), batch_size=32, shuffle=True, seed=0)  # 10 batches, the last of 12
+    trainer = RegressTrainer(model_class=TinyMLP, model_hparams={"hidden_dims": [16]},
+                             optimizer_hparams={"optimizer": "adam", "lr": 1e-2}, exmp_input=X0,
+                             **quiet(tmp_path, logger_params={"log_dir": str(tmp_path / name)}, **kwargs))
+    trainer.train_model(train, None, num_epochs=num_epochs)
+    with open(tmp_path / name / "metrics.csv") as f:
+        rows = [{k: v for k, v in row.items() if k != "epoch_time"} for row in csv.DictReader(f)]
+    return jax.device_get(trainer.state.params), rows, trainer
+
+
+def test_fused_steps_give_the_same_params_and_logs_as_single_steps(tmp_path):
+    single, single_rows, _ = _run(tmp_path, "single", log_every_n_steps=4, prefetch=0)
+    fused, fused_rows, trainer = _run(tmp_path, "fused", log_every_n_steps=4, steps_per_execution=4)
+    jax.tree.map(np.testing.assert_array_equal, fused, single)  # bitwise, the epoch tails included
+    assert fused_rows == single_rows
+    assert int(trainer.state.step) == 30
+
+
+def test_no_implicit_transfer_with_fused_steps_and_prefetch(tmp_path):
+    train = ArrayLoader(*linear_data(4000, 0), batch_size=8)  # 500 steps
+    trainer = RegressTrainer(model_class=TinyMLP, model_hparams={}, optimizer_hparams={}, exmp_input=X0,
+                             **quiet(tmp_path, steps_per_execution=8, prefetch=2, log_every_n_steps=64))
+    trainer.init_optimizer(2, len(train))
+    trainer.train_epoch(train)  # compile outside the guard
+    with jax.transfer_guard_device_to_host("disallow"):
+        assert trainer.train_epoch(train)["train/loss"] >= 0
+
+
+def test_a_smaller_last_batch_compiles_once(tmp_path):
+    _, _, trainer = _run(tmp_path, "run", num_epochs=4, prefetch=0)
+    assert trainer._train_and_accumulate._cache_size() == 2  # the full batch and the last batch of 12
+
+
+def test_group_batches_and_prefetcher():
+    batches = [np.full((2, 3), i) for i in range(5)] + [np.zeros((1, 3))]
+    groups = list(group_batches(batches, 2))
+    assert [n for n, _ in groups] == [2, 2, 1, 1]
+    assert [n for n, _ in group_batches(batches, 2, start=3)] == [1, 2, 2, 1]
+    assert groups[0][1].shape == (2, 2, 3) and groups[1][1][1, 0, 0] == 3
+
+    def broken():
+        yield np.zeros(2)
+        raise OSError("disk went away")
+
+    prefetched = Prefetcher(broken(), size=1)
+    with pytest.raises(OSError, match="disk went away"):
+        list(prefetched)
+    prefetched.close()
+
+
+def test_bad_steps_per_execution(tmp_path):
+    with pytest.raises(ValueError, match="steps_per_execution must be a positive int"):
+        RegressTrainer(model_class=TinyMLP, model_hparams={}, optimizer_hparams={}, exmp_input=X0,
+                       **quiet(tmp_path, steps_per_execution=0))
