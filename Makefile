@@ -17,7 +17,7 @@ demo: $(PY)
 	$(PIP) install -q -e '.[examples,tensorboard]'
 	$(PY) examples/digits_mlp.py --log-dir runs/digits_mlp
 
-# Install the dev extras and run the whole test suite.
+# Install the dev extras and run the whole test suite (two workers; a test file stays on one).
 test: $(PY)
 	$(PIP) install -q -e '.[dev]'
-	$(PY) -m pytest tests
+	$(PY) -m pytest -n 2 --dist loadfile tests

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from typing import Sequence
 
 os.environ.setdefault("CI", "true")  # plain progress output in test logs
+# One persistent compilation cache for the test session's trainers (not the user's ~/.cache).
+os.environ.setdefault("FLAXLIGHT_CACHE_DIR", os.path.join(tempfile.gettempdir(), "flaxlight-tests-jax-cache"))
 
 import flax.linen as nn
 from flax import nnx

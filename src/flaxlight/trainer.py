@@ -75,6 +75,10 @@ class TrainerOptions:
             callbacks fire at block ends (intervals that are multiples of it stay exact).
         prefetch: batches (or blocks) loaded, stacked and put on the device ahead of use by a
             background thread; 0 loads them in the training thread.
+        compilation_cache: JAX's persistent compilation cache, so a second start-up skips
+            compiling: True uses ``$FLAXLIGHT_CACHE_DIR`` or ``~/.cache/flaxlight/jax``, a string
+            names the folder, False leaves JAX's settings alone. A cache folder the user already
+            configured in JAX is kept.
     """
 
     monitor: str | None = None
@@ -90,6 +94,7 @@ class TrainerOptions:
     fast_dev_run: bool = False
     steps_per_execution: int = 1
     prefetch: int = 2
+    compilation_cache: bool | str = True
 
     def __post_init__(self):
         if isinstance(self.steps_per_execution, bool) or not isinstance(self.steps_per_execution, int) \
@@ -253,6 +258,7 @@ class TrainerModule:
         self._val_loader = None
         self._nonfinite_before_epoch = 0
         self._skip_nonfinite = any(isinstance(cb, NaNGuard) and cb.skips_updates for cb in self.callbacks)
+        enable_compilation_cache(self.options.compilation_cache)
         self.model_adapter = make_adapter(self.model_class, self.model_hparams, seed=seed)
         self.model = self.model_adapter.module  # the Linen module, or the live NNX module
         if self.options.enable_model_summary:
@@ -1037,6 +1043,18 @@ def _set_loader_epoch(loader, epoch: int) -> None:
     set_epoch = getattr(loader, "set_epoch", None)
     if callable(set_epoch):
         set_epoch(epoch)
+
+
+def enable_compilation_cache(setting: bool | str) -> str | None:
+    """Turn on JAX's persistent compilation cache (see ``TrainerOptions.compilation_cache``)."""
+    if setting is False or jax.config.jax_compilation_cache_dir:
+        return jax.config.jax_compilation_cache_dir
+    folder = setting if isinstance(setting, str) else os.environ.get(
+        "FLAXLIGHT_CACHE_DIR", os.path.join(os.path.expanduser("~"), ".cache", "flaxlight", "jax"))
+    jax.config.update("jax_compilation_cache_dir", folder)
+    if jax.config.jax_persistent_cache_min_compile_time_secs == 1.0:  # JAX's default skips small programs
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.1)
+    return folder
 
 
 def _payload_to_device(item: tuple[int, Any]) -> tuple[int, Any]:
