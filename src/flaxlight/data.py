@@ -29,6 +29,10 @@ class ArrayLoader:
     :meth:`set_epoch` before each epoch, so a run that is stopped and resumed sees exactly the
     same batches. ``len()`` is the number of batches per epoch.
 
+    With several processes, ``shard_index=jax.process_index(), num_shards=jax.process_count()``
+    makes each process yield its contiguous part of every global batch of ``batch_size``
+    examples (the global order is the same as with one process).
+
     Example:
         >>> import numpy as np
         >>> loader = ArrayLoader(np.arange(10), np.arange(10), batch_size=4, shuffle=True, seed=1)
@@ -38,7 +42,8 @@ class ArrayLoader:
         2
     """
 
-    def __init__(self, *arrays: Any, batch_size: int, shuffle: bool = False, seed: int = 0, drop_last: bool = False):
+    def __init__(self, *arrays: Any, batch_size: int, shuffle: bool = False, seed: int = 0, drop_last: bool = False,
+                 shard_index: int = 0, num_shards: int = 1):
         if not arrays:
             raise ValueError("ArrayLoader needs at least one array, e.g. ArrayLoader(x, y, batch_size=64).")
         if not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
@@ -55,6 +60,10 @@ class ArrayLoader:
         self.seed = int(seed)
         self.drop_last = drop_last
         self.epoch = 0
+        if not 0 <= shard_index < num_shards or self.batch_size % num_shards:
+            raise ValueError(f"shard_index={shard_index}, num_shards={num_shards}: need 0 <= shard_index < num_shards "
+                             f"and a batch_size ({self.batch_size}) divisible by num_shards.")
+        self.shard_index, self.num_shards = shard_index, num_shards
 
     def set_epoch(self, epoch: int) -> None:
         """Select the order of ``epoch`` (called by the trainer before each epoch)."""
@@ -76,6 +85,9 @@ class ArrayLoader:
         indices = self.order()
         for start in range(0, len(self) * self.batch_size, self.batch_size):
             idx = indices[start : start + self.batch_size]
+            if self.num_shards > 1:
+                per = len(idx) // self.num_shards
+                idx = idx[self.shard_index * per : (self.shard_index + 1) * per]
             yield jax.tree.map(lambda a: np.asarray(a)[idx], self.data)
 
 

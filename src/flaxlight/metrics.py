@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["init_accumulator", "accumulate", "all_finite", "read_means", "batch_size", "HostSnapshot"]
+__all__ = ["init_accumulator", "accumulate", "all_finite", "read_means", "to_host", "batch_size", "HostSnapshot"]
 
 
 def init_accumulator(metrics_like: Mapping[str, Any]) -> dict:
@@ -54,9 +54,19 @@ def accumulate(acc: dict, metrics: Mapping[str, Any], weight) -> dict:
     return {"sums": sums, "count": acc["count"] + weight, "nonfinite": nonfinite}
 
 
+def to_host(tree):
+    """``jax.device_get`` that also reads replicated arrays spread over several processes."""
+    def get(x):
+        if isinstance(x, jax.Array) and not x.is_fully_addressable:
+            return np.asarray(x.addressable_data(0))
+        return x
+
+    return jax.device_get(jax.tree.map(get, tree))
+
+
 def read_means(acc: dict, prefix: str = "") -> dict[str, float]:
     """Host sync: the weighted means as Python floats, keys prefixed (``"train/"``)."""
-    host = jax.device_get(acc)
+    host = to_host(acc)
     count = float(host["count"])
     if count == 0:
         return {}
@@ -95,6 +105,6 @@ class HostSnapshot:
 
     def sums_and_count(self) -> tuple[dict[str, float], float, int]:
         """``(sums, examples, non-finite steps)`` on the host."""
-        host = jax.device_get(self._acc)
+        host = to_host(self._acc)
         sums = {k: float(np.asarray(v)) for k, v in host["sums"].items()}
         return sums, float(host["count"]), int(host.get("nonfinite", 0))

@@ -6,6 +6,7 @@ the train and eval steps) or :meth:`TrainerModule.create_functions` (full contro
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import difflib
 import importlib
@@ -26,13 +27,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import yaml
+from jax.sharding import NamedSharding, PartitionSpec
 
+from flaxlight import distributed as dist
 from flaxlight.callbacks import Callback, ModelCheckpoint, NaNGuard, ProgressBar, Timer
 from flaxlight.checkpoint import Checkpointer
 from flaxlight.data import Prefetcher, check_batch, check_input_shapes, group_batches
 from flaxlight.loggers import CSVLogger, Logger, LoggerCollection, TensorBoardLogger, tensorboard_available
 from flaxlight.models import make_adapter
-from flaxlight.metrics import HostSnapshot, accumulate, all_finite, batch_size, init_accumulator, read_means
+from flaxlight.metrics import HostSnapshot, accumulate, all_finite, batch_size, init_accumulator, read_means, to_host
 from flaxlight.optim import as_optimizer_config, logger as optim_logger, make_optimizer_plan
 from flaxlight.progress import progress
 from flaxlight.state import TrainState
@@ -79,6 +82,9 @@ class TrainerOptions:
             compiling: True uses ``$FLAXLIGHT_CACHE_DIR`` or ``~/.cache/flaxlight/jax``, a string
             names the folder, False leaves JAX's settings alone. A cache folder the user already
             configured in JAX is kept.
+        distributed: ``"data_parallel"``, ``"fsdp"`` or ``"auto"`` trains on all devices (all
+            processes) over a ``jax.sharding.Mesh``; ``mesh=`` gives one explicitly. See
+            :mod:`flaxlight.distributed`.
     """
 
     monitor: str | None = None
@@ -95,11 +101,14 @@ class TrainerOptions:
     steps_per_execution: int = 1
     prefetch: int = 2
     compilation_cache: bool | str = True
+    distributed: str | None = None
 
     def __post_init__(self):
         if isinstance(self.steps_per_execution, bool) or not isinstance(self.steps_per_execution, int) \
                 or self.steps_per_execution < 1:
             raise ValueError(f"steps_per_execution must be a positive int, got {self.steps_per_execution!r}.")
+        if self.distributed is not None and self.distributed not in dist.MODES:
+            raise ValueError(f"distributed must be one of {dist.MODES} or None; got {self.distributed!r}.")
         if isinstance(self.prefetch, bool) or not isinstance(self.prefetch, int) or self.prefetch < 0:
             raise ValueError(f"prefetch must be an int >= 0 (0: no background loading), got {self.prefetch!r}.")
         for name in ("max_steps", "val_check_interval"):
@@ -204,6 +213,7 @@ class TrainerModule:
         check_val_every_n_epoch: int = 1,
         **kwargs: Any,
     ):
+        mesh = kwargs.pop("mesh", None)
         callbacks = list(kwargs.pop("callbacks", None) or [])
         for callback in callbacks:
             if not isinstance(callback, Callback):
@@ -259,16 +269,25 @@ class TrainerModule:
         self._nonfinite_before_epoch = 0
         self._skip_nonfinite = any(isinstance(cb, NaNGuard) and cb.skips_updates for cb in self.callbacks)
         enable_compilation_cache(self.options.compilation_cache)
+        if mesh is None and self.options.distributed is not None:
+            mesh = dist.make_mesh()
+        self.mesh = mesh
+        self.distributed_mode: str | None = None
         self.model_adapter = make_adapter(self.model_class, self.model_hparams, seed=seed)
         self.model = self.model_adapter.module  # the Linen module, or the live NNX module
         if self.options.enable_model_summary:
             self.print_tabulate(exmp_input)
+        if jax.process_count() > 1 and not (logger_params or {}).get("log_dir") and not self.options.fast_dev_run:
+            raise ValueError("Training with several processes needs logger_params={'log_dir': ...}: one folder that "
+                             "every process can reach, for the checkpoints.")
         if self.options.fast_dev_run:  # a smoke test writes nothing: no log dir, loggers or checkpoints
             self.log_dir = None
             self.logger = LoggerCollection([])
             self.checkpointer = Checkpointer(os.path.join(tempfile.gettempdir(), "flaxlight-fast-dev-run-unused"))
         else:
             self.init_logger(logger_params)
+            if not dist.is_main_process():  # only process 0 logs; all take part in checkpoints
+                self.logger = LoggerCollection([])
         self.create_jitted_functions()
         self.init_model(exmp_input)
 
@@ -282,7 +301,7 @@ class TrainerModule:
             callbacks.append(ModelCheckpoint(monitor=options.monitor, mode=options.mode))
         if options.max_time is not None and Timer not in kinds:
             callbacks.append(Timer(options.max_time))
-        if self.enable_progress_bar and ProgressBar not in kinds:
+        if self.enable_progress_bar and ProgressBar not in kinds and dist.is_main_process():
             callbacks.append(ProgressBar())
         return callbacks
 
@@ -399,6 +418,7 @@ class TrainerModule:
             return jax.lax.scan(body, (state, acc), block)[0]
 
         self._step_shapes = {"train": train_step, "eval": eval_step}
+        self._loop_functions = (train_and_accumulate, train_block, eval_and_accumulate)
         if self.debug:
             print("debug=True: the train and eval steps run un-jitted (prints and breakpoints work).")
             self.train_step, self.eval_step = train_step, eval_step
@@ -407,9 +427,61 @@ class TrainerModule:
         else:
             self.train_step = jax.jit(train_step, donate_argnums=0)
             self.eval_step = jax.jit(eval_step)
+            self._jit_loop_functions()
+
+    def _jit_loop_functions(self, state_shardings=None) -> None:
+        """Jit the loop's fused functions; on a mesh with explicit in/out shardings."""
+        train_and_accumulate, train_block, eval_and_accumulate = self._loop_functions
+        if state_shardings is None:
             self._train_and_accumulate = jax.jit(train_and_accumulate, donate_argnums=(0, 1))
             self._train_block = jax.jit(train_block, donate_argnums=(0, 1))
             self._eval_and_accumulate = jax.jit(eval_and_accumulate, donate_argnums=1)
+            return
+        rep, batch, block = (dist.replicated(self.mesh), dist.batch_sharding(self.mesh),
+                             NamedSharding(self.mesh, PartitionSpec(None, dist.DATA_AXIS)))
+        bounded = self._in_flight_bound()
+
+        def jit_train(fn, data_sharding):
+            def with_token(state, acc, data):  # the token (a copy of the step) is never donated
+                state, acc = fn(state, acc, data)
+                return state, acc, state.step + 0
+
+            return bounded(jax.jit(with_token, in_shardings=(state_shardings, rep, data_sharding),
+                                   out_shardings=(state_shardings, rep, rep), donate_argnums=(0, 1)))
+
+        self._train_and_accumulate = jit_train(train_and_accumulate, batch)
+        self._train_block = jit_train(train_block, block)
+        self._eval_and_accumulate = jax.jit(eval_and_accumulate, in_shardings=(state_shardings, rep, batch),
+                                            out_shardings=rep, donate_argnums=1)
+
+    def _in_flight_bound(self):
+        """On several CPU devices, wait for the step from 8 steps back before dispatching more:
+        XLA's CPU collectives deadlock with too many steps in flight. Elsewhere: no wrapper."""
+        in_flight: collections.deque = collections.deque()
+        bound = 8 if self.mesh.devices.size > 1 and jax.devices()[0].platform == "cpu" else None
+
+        def wrap(fn):
+            def bounded(state, acc, batch):
+                state, acc, token = fn(state, acc, batch)
+                if bound is not None:
+                    in_flight.append(token)
+                    if len(in_flight) > bound:
+                        in_flight.popleft().block_until_ready()
+                return state, acc
+
+            return bounded
+
+        return wrap
+
+    def _place_state(self) -> None:
+        """On a mesh: shard (or replicate) the state's arrays and re-jit the loop to match."""
+        if self.mesh is None:
+            return
+        self.distributed_mode = dist.resolve_mode(self.options.distributed or "data_parallel", self.state.params)
+        shardings = dist.state_shardings(self.state, self.mesh, self.distributed_mode)
+        self.state = dist.place(self.state, shardings)
+        if not self.debug:
+            self._jit_loop_functions(shardings)
 
     def _zero_accumulator(self, kind: str, batch) -> dict:
         """Zeroed metric sums for this step kind and batch structure (shapes traced once)."""
@@ -476,12 +548,13 @@ class TrainerModule:
             self.init_optimizer(1, total_steps)
         else:
             self.init_optimizer(num_epochs, steps_per_epoch)
+        self._place_state()
         self._loop = _LoopState(running_log=_RunningLog(self, prefix="train/", suffix="_step"))
         self._best_eval_metrics = None
         self.should_stop, self.stop_reason = False, None
         if resume or resume_from is not None:
             self._resume(resume_from, train_loader)
-        self.global_step = int(self.state.step)
+        self.global_step = int(to_host(self.state.step))
         self._val_loader = val_loader
         self._write_hparams()
         loop = self._loop
@@ -517,7 +590,9 @@ class TrainerModule:
             _set_loader_epoch(train_loader, epoch_idx)
             self._call_callbacks("on_train_epoch_start", epoch_idx)
             loop.train_metrics = self.train_epoch(train_loader)
-            self.state = self.state.replace(epoch=jnp.asarray(epoch_idx, jnp.int32))
+            epoch = np.asarray(epoch_idx, np.int32)
+            self.state = self.state.replace(epoch=jax.device_put(epoch, dist.replicated(self.mesh))
+                                            if self.mesh is not None else jnp.asarray(epoch))
             self._log({**loop.train_metrics, "epoch": epoch_idx})
             self.on_training_epoch_end(epoch_idx)
             self._call_callbacks("on_train_epoch_end", epoch_idx, loop.train_metrics)
@@ -572,7 +647,9 @@ class TrainerModule:
         batches = itertools.islice(iter(train_loader), batch_index, limit)
         items = group_batches(batches, self.options.steps_per_execution, start=self.global_step)
         if self.options.prefetch:
-            items = Prefetcher(items, size=self.options.prefetch, transform=_payload_to_device)
+            items = Prefetcher(items, size=self.options.prefetch, transform=self._payload_to_device)
+        elif self.mesh is not None:
+            items = map(self._payload_to_device, items)
         self._schedule_events()
         try:
             for steps, item in items:  # `steps` batches: 1, or a stacked block of steps_per_execution
@@ -600,14 +677,30 @@ class TrainerModule:
         loop.running_log.flush()
         loop.phase = "val"
         metrics = read_means(acc, prefix="train/")
-        self._note_nonfinite(self.global_step, int(jax.device_get(acc["nonfinite"])))
+        self._note_nonfinite(self.global_step, int(to_host(acc["nonfinite"])))
         metrics["epoch_time"] = time.time() - start
         return metrics
+
+    def _payload_to_device(self, item: tuple[int, Any]) -> tuple[int, Any]:
+        """``(steps, batch or block)`` with the data on the device(s), split over the mesh if any.
+
+        A batch JAX cannot take is passed on as it is, so that the training thread reports it
+        with a readable message.
+        """
+        steps, payload = item
+        try:
+            if self.mesh is None:
+                return steps, jax.device_put(payload)
+            return steps, dist.to_global_batch(payload, self.mesh, block=steps > 1)
+        except (TypeError, ValueError):
+            return steps, payload
 
     def _start_epoch_sums(self, batch) -> dict:
         """Check the epoch's first batch and return zeroed metric sums for its structure."""
         self._check_first_batch(batch, "train_loader")
         self.batch_size = batch_size(batch)
+        if self.mesh is not None:
+            dist.check_batch_divisible(self.batch_size, self.mesh)
         return self._zero_accumulator("train", batch)
 
     def _schedule_events(self) -> None:
@@ -677,6 +770,9 @@ class TrainerModule:
             if acc is None:
                 self._check_first_batch(batch, "the evaluation loader")
                 acc = self._zero_accumulator("eval", batch)
+            if self.mesh is not None:
+                batch = dist.to_global_batch(batch, self.mesh)
+                dist.check_batch_divisible(batch_size(batch), self.mesh)
             acc = self._eval_and_accumulate(self.state, acc, batch)
             if self._interrupt_signal is not None:
                 raise _Interrupted(self._interrupt_signal)
@@ -822,7 +918,7 @@ class TrainerModule:
         self.checkpointer = Checkpointer(os.path.join(self.log_dir, CHECKPOINT_DIR), max_to_keep=None)
 
     def _write_hparams(self) -> None:
-        if self._hparams_written or self.options.fast_dev_run:
+        if self._hparams_written or self.options.fast_dev_run or not dist.is_main_process():
             return
         hparams = _to_yaml_safe(self.config)
         with open(os.path.join(self.log_dir, HPARAMS_FILE), "w") as f:
@@ -832,7 +928,7 @@ class TrainerModule:
 
     def save_metrics(self, filename: str, metrics: Mapping[str, float]) -> None:
         """Write ``metrics`` to ``<log_dir>/metrics/<filename>.json`` (nothing in ``fast_dev_run``)."""
-        if self.options.fast_dev_run:
+        if self.options.fast_dev_run or not dist.is_main_process():
             return
         with open(os.path.join(self.log_dir, "metrics", f"{filename}.json"), "w") as f:
             json.dump(dict(metrics), f, indent=4)
@@ -898,7 +994,7 @@ class TrainerModule:
     def _nonfinite_now(self) -> int:
         """Non-finite steps so far, read from the device now (only called when saving)."""
         loop = self._loop
-        current = int(jax.device_get(loop.acc["nonfinite"])) if loop.acc is not None and loop.phase == "train" else 0
+        current = int(to_host(loop.acc["nonfinite"])) if loop.acc is not None and loop.phase == "train" else 0
         return max(self.nonfinite_steps, self._nonfinite_before_epoch + current)
 
     def save_model(self, step: int | None = None) -> None:
@@ -1027,8 +1123,9 @@ class TrainerModule:
         step = meta.get("best_step") if which == "best" and meta.get("best_step") in steps else max(steps)
         if with_optimizer:
             trainer.init_optimizer(meta.get("num_epochs") or 1, meta.get("steps_per_epoch") or 1)
+        trainer._place_state()
         trainer.state = trainer.checkpointer.restore(trainer.state, step=step, with_opt_state=with_optimizer)
-        trainer.global_step = int(trainer.state.step)
+        trainer.global_step = int(to_host(trainer.state.step))
         return trainer
 
 
@@ -1057,16 +1154,6 @@ def enable_compilation_cache(setting: bool | str) -> str | None:
     return folder
 
 
-def _payload_to_device(item: tuple[int, Any]) -> tuple[int, Any]:
-    """``(steps, batch)`` with the batch on the device; a batch JAX cannot take is passed on as it
-    is, so the training thread reports it with a readable message."""
-    steps, payload = item
-    try:
-        return steps, jax.device_put(payload)
-    except (TypeError, ValueError):
-        return steps, payload
-
-
 def _safe_len(loader) -> int | None:
     try:
         return len(loader)
@@ -1089,7 +1176,7 @@ def _host_accumulator(acc) -> dict | None:
     """The epoch's metric sums as JSON floats (exact: float32 -> float64 -> float32 round-trips)."""
     if acc is None:
         return None
-    host = jax.device_get(acc)
+    host = to_host(acc)
     return {"sums": {k: float(v) for k, v in host["sums"].items()}, "count": float(host["count"]),
             "nonfinite": int(host["nonfinite"])}
 

@@ -1,0 +1,89 @@
+"""Data-parallel and FSDP training on forced CPU devices, and two processes on localhost.
+
+Device counts are fixed when JAX starts, so each run is a subprocess (tests/distributed_script.py).
+"""
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+SCRIPT = Path(__file__).with_name("distributed_script.py")
+
+
+def _run(*args, timeout=240):
+    env = dict(os.environ, CI="true")
+    env.pop("XLA_FLAGS", None)
+    return subprocess.Popen([sys.executable, str(SCRIPT), *map(str, args)], env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def _finish(process, timeout=240):
+    out, err = process.communicate(timeout=timeout)
+    assert process.returncode == 0, err[-3000:]
+    return err
+
+
+def _params(path):
+    with np.load(path) as data:
+        return float(data["loss"]), str(data["sharding"]), [data[k] for k in sorted(data.files) if k.startswith("p")]
+
+
+@pytest.fixture(scope="module")
+def single_device(tmp_path_factory):
+    root = tmp_path_factory.mktemp("single")
+    _finish(_run("none", root / "out.npz", root / "run"))
+    return _params(root / "out.npz")
+
+
+def _assert_close(got, want):
+    assert got[0] == pytest.approx(want[0], rel=1e-5)
+    for a, b in zip(got[2], want[2], strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_fsdp_on_4_devices_matches_one_device_and_restores_on_1_and_2(single_device, tmp_path):
+    _finish(_run("fsdp", tmp_path / "fsdp.npz", tmp_path / "fsdp", "--devices", 4))
+    fsdp = _params(tmp_path / "fsdp.npz")
+    assert "'data': 4" in fsdp[1] and "P(None, 'data')" in fsdp[1]  # the big kernel is split
+    _assert_close(fsdp, single_device)
+
+    on_one = _run("none", tmp_path / "r1.npz", tmp_path / "r1", "--restore-from", tmp_path / "fsdp")
+    on_two = _run("data_parallel", tmp_path / "r2.npz", tmp_path / "r2", "--devices", 2,
+                  "--restore-from", tmp_path / "fsdp")
+    _finish(on_one), _finish(on_two)
+    for restored in (_params(tmp_path / "r1.npz"), _params(tmp_path / "r2.npz")):
+        assert restored[0] == pytest.approx(fsdp[0], rel=1e-6)
+        for a, b in zip(restored[2], fsdp[2], strict=True):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_two_processes_on_localhost_match_one_process(single_device, tmp_path):
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    workers = [_run("data_parallel", tmp_path / "mp.npz", tmp_path / "mp", "--num-processes", 2,
+                    "--process-id", i, "--port", port) for i in range(2)]
+    for worker in workers:
+        _finish(worker)
+    _assert_close(_params(tmp_path / "mp.npz"), single_device)
+    assert (tmp_path / "mp" / "metrics.csv").is_file()  # written by process 0 only
+
+
+def test_batch_that_does_not_split_over_the_devices(tmp_path):
+    process = _run("data_parallel", tmp_path / "x.npz", tmp_path / "x", "--devices", 4, "--batch-size", 30)
+    _, err = process.communicate(timeout=240)
+    assert process.returncode != 0
+    assert "A batch of 30 examples cannot be split over 4 devices" in err
+
+
+def test_unknown_distributed_mode(tmp_path):
+    from conftest import RegressTrainer, TinyMLP, quiet
+
+    with pytest.raises(ValueError, match="distributed must be one of"):
+        RegressTrainer(model_class=TinyMLP, model_hparams={}, optimizer_hparams={},
+                       exmp_input=np.zeros((1, 4), np.float32), **quiet(tmp_path, distributed="ddp"))
