@@ -101,6 +101,7 @@ class MLflowLogger(Logger):
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
         self._client = None
         self._run_id = run_id
+        self._resumed_from_file = False
         self._experiment_id: str | None = None
         self._active = False
 
@@ -113,20 +114,26 @@ class MLflowLogger(Logger):
         return self._client
 
     @property
-    def run_id(self) -> str:
-        """The MLflow run id (the run is created or reopened on first use)."""
-        self._ensure_run()
+    def run_id(self) -> str | None:
+        """The MLflow run id (None until the first record creates the run, unless given or resumed)."""
         return self._run_id
 
     @property
-    def experiment_id(self) -> str:
-        self._ensure_run()
+    def experiment_id(self) -> str | None:
+        """The MLflow experiment id (None until the first record)."""
         return self._experiment_id
 
     def _ensure_run(self) -> None:
         if self._active:
             return
         client = self.client
+        if self._run_id is not None and self._resumed_from_file:
+            try:
+                client.get_run(self._run_id)
+            except Exception:  # the store was moved or cleaned: start a new run rather than fail
+                _log.warning("MLflow run %s from %s is gone from %s; starting a new run.",
+                             self._run_id, RUN_FILE, self.tracking_uri)
+                self._run_id = None
         if self._run_id is not None:
             run = client.get_run(self._run_id)
             self._experiment_id = run.info.experiment_id
@@ -191,8 +198,8 @@ class MLflowLogger(Logger):
             return
         with open(path) as f:
             saved = json.load(f)
-        if saved.get("tracking_uri") == self.tracking_uri:
-            self._run_id = saved.get("run_id")
+        if saved.get("tracking_uri") == self.tracking_uri and saved.get("run_id"):
+            self._run_id, self._resumed_from_file = saved["run_id"], True
 
     def finalize(self, status: str) -> None:
         """Set the run's status: FINISHED (``"success"``), FAILED (``"failed"``), KILLED (``"interrupted"``)."""

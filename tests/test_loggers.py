@@ -1,0 +1,370 @@
+"""Loggers as a user sees them: files read back with each tool's own reader (TensorBoard's event
+reader, W&B's record format, the MLflow client), the trainer's ``logger_params`` and ``loggers=``,
+and the errors for missing extras."""
+
+import glob
+import io
+import json
+import os
+import struct
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+from conftest import RegressTrainer, TinyMLP, quiet
+
+from flaxlight.loggers import CSVLogger, Logger, LoggerCollection, TensorBoardLogger, as_image
+
+
+def _trainer(tmp_path, **kwargs):
+    kwargs.setdefault("model_hparams", {"hidden_dims": [16], "output_dim": 1})
+    kwargs.setdefault("optimizer_hparams", {"optimizer": "adam", "lr": 3e-2})
+    return RegressTrainer(model_class=TinyMLP, exmp_input=np.zeros((1, 4), np.float32), **quiet(tmp_path, **kwargs))
+
+
+class RecordingLogger(Logger):
+    def __init__(self):
+        self.calls = []
+
+    def log_hyperparams(self, params):
+        self.calls.append(("hparams", dict(params)))
+
+    def log_metrics(self, metrics, step):
+        self.calls.append(("metrics", step, dict(metrics)))
+
+    def log_image(self, tag, image, step):
+        self.calls.append(("image", tag, step, np.asarray(image).shape))
+
+    def finalize(self, status):
+        self.calls.append(("finalize", status))
+
+
+class ImageTrainer(RegressTrainer):
+    """Logs a small picture after each validation, as a reconstruction hook would."""
+
+    def on_validation_epoch_end(self, epoch_idx, eval_metrics, val_loader):
+        image = np.zeros((6, 10, 3), np.float32)
+        image[:, :5, 0] = 1.0  # left half red
+        self.log_image("val/picture", image)
+
+
+@pytest.fixture
+def wandb_offline(tmp_path, monkeypatch):
+    pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wandb_default"))
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb_config"))
+    monkeypatch.setenv("WANDB_CACHE_DIR", str(tmp_path / "wandb_cache"))
+    monkeypatch.setenv("WANDB_DATA_DIR", str(tmp_path / "wandb_data"))
+
+
+# ---------------------------------------------------------------------------- reading W&B runs back
+def _wandb_records(run_dir):
+    """The records of an offline run's ``run-<id>.wandb`` file, parsed with wandb's own protobuf.
+
+    The file is ``:W&B`` + a 3-byte version, then LevelDB-log framing: 32 KiB blocks of chunks
+    with a 7-byte header (crc32, little-endian length, type: 1 full, 2 first, 3 middle, 4 last).
+    """
+    from wandb.proto import wandb_internal_pb2
+
+    (path,) = glob.glob(os.path.join(run_dir, "run-*.wandb"))
+    data = open(path, "rb").read()
+    assert data[:4] == b":W&B"
+    pos, block, pending = 7, 32768, b""
+    while pos + 7 <= len(data):
+        left = block - pos % block
+        if left < 7:
+            pos += left
+            continue
+        _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        if kind == 0 and length == 0:  # zero padding to the end of the block
+            pos += left
+            continue
+        chunk = data[pos + 7:pos + 7 + length]
+        pos += 7 + length
+        pending = chunk if kind in (1, 2) else pending + chunk
+        if kind in (1, 4):
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(pending)
+            yield record
+            pending = b""
+
+
+def _read_wandb_run(run_dir, timeout=30.0):
+    """``{"run": RunRecord, "config": {...}, "history": [{key: value}], "exit_code": int}``.
+
+    W&B's service process writes the file in the background, a moment after ``finish()``
+    returns: read it again until its exit record is there.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        run = _parse_wandb_run(run_dir)
+        if run["exit_code"] is not None or time.monotonic() > deadline:
+            return run
+        time.sleep(0.05)
+
+
+def _parse_wandb_run(run_dir):
+    config, history, run, exit_code = {}, [], None, None
+    for record in _wandb_records(run_dir):
+        kind = record.WhichOneof("record_type")
+        if kind == "run":
+            run = record.run
+            config.update({item.key: json.loads(item.value_json) for item in record.run.config.update})
+        elif kind == "config":
+            config.update({item.key: json.loads(item.value_json) for item in record.config.update})
+        elif kind == "history":
+            history.append({"/".join(item.nested_key) or item.key: json.loads(item.value_json)
+                            for item in record.history.item})
+        elif kind == "exit":
+            exit_code = record.exit.exit_code
+    return {"run": run, "config": config, "history": history, "exit_code": exit_code}
+
+
+def _series(history, key):
+    """``[(trainer/global_step, value)]`` for ``key`` in a W&B history."""
+    return [(row["trainer/global_step"], row[key]) for row in history if key in row]
+
+
+def _offline_runs(save_dir):
+    return sorted(glob.glob(os.path.join(save_dir, "wandb", "offline-run-*")))
+
+
+# ---------------------------------------------------------------------------- interface and TensorBoard
+def test_as_image_normalises_and_explains_bad_shapes():
+    assert as_image(np.ones((2, 3), np.float32)).dtype == np.uint8
+    assert as_image(np.full((2, 3, 1), 0.5)).shape == (2, 3)
+    assert as_image(np.full((2, 3, 3), 2.0)).max() == 255  # floats are clipped to [0, 1]
+    with pytest.raises(ValueError, match=r"got shape \(3, 8, 8\).*transpose\(1, 2, 0\)"):
+        as_image(np.zeros((3, 8, 8)))
+
+
+def test_logger_collection_fans_out_images_and_the_base_ignores_them(tmp_path):
+    first, second = RecordingLogger(), RecordingLogger()
+    LoggerCollection([CSVLogger(tmp_path), first, second]).log_image("x", np.zeros((2, 2)), step=3)
+    assert first.calls == second.calls == [("image", "x", 3, (2, 2))]
+    Logger().log_image("x", np.zeros((2, 2)), step=3)  # the no-op default
+
+
+def test_tensorboard_logger_writes_scalars_images_and_hparams(tmp_path):
+    from PIL import Image
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    logger = TensorBoardLogger(tmp_path)
+    logger.log_hyperparams({"seed": 3, "optimizer_hparams": {"lr": 0.1}})
+    for step in (2, 4):
+        logger.log_metrics({"train/loss": 1.0 / step}, step=step)
+    picture = np.zeros((6, 10, 3), np.uint8)
+    picture[:, :5, 0] = 255
+    logger.log_image("val/picture", picture, step=4)
+    logger.log_image("val/gray", np.linspace(0, 1, 24, dtype=np.float32).reshape(4, 6), step=4)
+    logger.finalize("success")
+
+    events = EventAccumulator(str(tmp_path), size_guidance={"images": 0, "tensors": 0})
+    events.Reload()
+    assert [(e.step, e.value) for e in events.Scalars("train/loss")] == [(2, 0.5), (4, 0.25)]
+    (image,) = events.Images("val/picture")
+    assert (image.step, image.width, image.height) == (4, 10, 6)
+    pixels = np.asarray(Image.open(io.BytesIO(image.encoded_image_string)))
+    assert pixels[0, 0].tolist() == [255, 0, 0] and pixels[0, -1].tolist() == [0, 0, 0]
+    assert (events.Images("val/gray")[0].width, events.Images("val/gray")[0].height) == (6, 4)
+    (text,) = events.Tensors("hparams/text_summary")
+    assert b"lr: 0.1" in text.tensor_proto.string_val[0]
+
+
+# ---------------------------------------------------------------------------- W&B
+def test_wandb_logger_offline_run_holds_metrics_config_and_images(tmp_path, wandb_offline):
+    from flaxlight.loggers import WandbLogger
+
+    logger = WandbLogger(project="demo", name="first", save_dir=tmp_path / "run")
+    assert logger.run_id is None and not (tmp_path / "run" / "wandb").exists()  # nothing until a record
+    logger.log_hyperparams({"seed": 3, "optimizer_hparams": {"lr": 0.1}})
+    logger.log_metrics({"train/loss": 0.5, "val/loss": 0.6}, step=8)
+    logger.log_metrics({"train/loss_step": 0.7}, step=4)  # a late running value: kept, not dropped
+    logger.log_image("val/picture", np.zeros((6, 10, 3), np.uint8), step=8)
+    logger.finalize("success")
+
+    (run_dir,) = _offline_runs(tmp_path / "run")
+    run = _read_wandb_run(run_dir)
+    assert (run["run"].project, run["run"].display_name, run["run"].run_id) == ("demo", "first", logger.run_id)
+    assert run["config"]["seed"] == 3 and run["config"]["optimizer_hparams"] == {"lr": 0.1}
+    assert _series(run["history"], "train/loss") == [(8, 0.5)]
+    assert _series(run["history"], "val/loss") == [(8, 0.6)]
+    assert _series(run["history"], "train/loss_step") == [(4, 0.7)]
+    assert _series(run["history"], "val/picture/_type") == [(8, "image-file")]
+    assert glob.glob(os.path.join(run_dir, "files", "media", "images", "val", "picture_*.png"))
+    assert run["exit_code"] == 0
+    assert json.loads((tmp_path / "run" / "wandb_run.json").read_text())["id"] == logger.run_id
+
+
+def test_wandb_resume_continues_the_same_run_id(tmp_path, wandb_offline):
+    from flaxlight.loggers import WandbLogger
+
+    first = WandbLogger(save_dir=tmp_path)
+    for step in (1, 2, 3):
+        first.log_metrics({"train/loss": float(step)}, step=step)
+    first.finalize("interrupted")
+    second = WandbLogger(save_dir=tmp_path)  # a new process after the crash: checkpoint at step 2
+    second.resume_from_step(2)
+    second.log_metrics({"train/loss": 30.0}, step=3)
+    second.finalize("success")
+
+    runs = [_read_wandb_run(d) for d in _offline_runs(tmp_path)]
+    assert len(runs) == 2 and runs[0]["run"].run_id == runs[1]["run"].run_id == first.run_id
+    assert runs[0]["exit_code"] == 1 and runs[1]["exit_code"] == 0
+    assert _series(runs[1]["history"], "train/loss") == [(3, 30.0)]
+
+
+def test_seed_logger_params_wandb_picks_wandb_and_keeps_csv(tmp_path, regression_loaders, wandb_offline):
+    from flaxlight.loggers import WandbLogger
+
+    train, val, _ = regression_loaders
+    trainer = _trainer(tmp_path, logger_params={"log_dir": str(tmp_path / "run"), "logger_type": "WandB",
+                                                "project_name": "seed-project"})
+    assert [type(lg) for lg in trainer.logger.loggers] == [CSVLogger, WandbLogger]
+    trainer.train_model(train, val, num_epochs=2)
+
+    (run_dir,) = _offline_runs(tmp_path / "run")
+    run = _read_wandb_run(run_dir)
+    assert (run["run"].project, run["run"].display_name) == ("seed-project", "run")
+    assert run["config"]["model_hparams"]["hidden_dims"] == [16]
+    assert run["config"]["optimizer_hparams"]["lr"] == 0.03
+    assert [step for step, _ in _series(run["history"], "train/loss")] == [8, 16]
+    assert [step for step, _ in _series(run["history"], "val/loss")] == [8, 16]
+    assert run["exit_code"] == 0
+    assert (tmp_path / "run" / "metrics.csv").is_file()
+
+
+# ---------------------------------------------------------------------------- MLflow
+def _mlflow_client(save_dir):
+    from pathlib import Path
+
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(tracking_uri=Path(save_dir, "mlruns").as_uri())
+
+
+def test_mlflow_logger_run_reads_back_with_the_mlflow_client(tmp_path):
+    pytest.importorskip("mlflow")
+    from flaxlight.loggers import MLflowLogger
+
+    logger = MLflowLogger(experiment_name="demo", run_name="first", save_dir=tmp_path)
+    logger.log_hyperparams({"seed": 3, "optimizer_hparams": {"optimizer": "adam", "lr": 0.1}})
+    for step in (8, 16):
+        logger.log_metrics({"train/loss": 1.0 / step, "val/acc": step / 16}, step=step)
+    logger.log_image("val/picture", np.zeros((6, 10, 3), np.uint8), step=16)
+    logger.finalize("success")
+
+    client = _mlflow_client(tmp_path)
+    run = client.get_run(logger.run_id)
+    assert run.info.run_name == "first" and run.info.status == "FINISHED"
+    assert client.get_experiment(run.info.experiment_id).name == "demo"
+    assert run.data.params == {"seed": "3", "optimizer_hparams.optimizer": "adam", "optimizer_hparams.lr": "0.1"}
+    assert [(m.step, m.value) for m in client.get_metric_history(logger.run_id, "train/loss")] == [(8, 0.125), (16, 0.0625)]
+    assert [m.step for m in client.get_metric_history(logger.run_id, "val/acc")] == [8, 16]
+    images = [f.path for f in client.list_artifacts(logger.run_id, "images")]
+    assert any(p.endswith(".png") for p in images)
+
+
+def test_mlflow_resume_keeps_the_run_and_its_params(tmp_path, caplog):
+    pytest.importorskip("mlflow")
+    from flaxlight.loggers import MLflowLogger
+
+    first = MLflowLogger(save_dir=tmp_path)
+    first.log_hyperparams({"lr": 0.1})
+    for step in (1, 2, 3):
+        first.log_metrics({"train/loss": float(step)}, step=step)
+    first.finalize("interrupted")
+    client = _mlflow_client(tmp_path)
+    assert client.get_run(first.run_id).info.status == "KILLED"
+
+    second = MLflowLogger(save_dir=tmp_path)
+    second.resume_from_step(2)
+    second.log_hyperparams({"lr": 0.1})  # the same value again: fine
+    second.log_hyperparams({"lr": 0.2})  # params cannot change in MLflow: kept, with a warning
+    second.log_metrics({"train/loss": 30.0}, step=3)
+    second.finalize("success")
+    assert second.run_id == first.run_id
+    run = client.get_run(first.run_id)
+    assert run.info.status == "FINISHED" and run.data.params == {"lr": "0.1"}
+    assert [m.step for m in client.get_metric_history(first.run_id, "train/loss")] == [1, 2, 3, 3]
+    assert "cannot change" in caplog.text
+
+
+def test_mlflow_resume_of_a_vanished_run_starts_a_new_one(tmp_path, caplog):
+    pytest.importorskip("mlflow")
+    from flaxlight.loggers import MLflowLogger
+
+    logger = MLflowLogger(save_dir=tmp_path)
+    (tmp_path / "mlflow_run.json").write_text(json.dumps({"run_id": "0" * 32, "tracking_uri": logger.tracking_uri}))
+    logger.resume_from_step(5)
+    logger.log_metrics({"train/loss": 1.0}, step=6)
+    logger.finalize("success")
+    assert logger.run_id != "0" * 32 and "starting a new run" in caplog.text
+    assert [m.step for m in _mlflow_client(tmp_path).get_metric_history(logger.run_id, "train/loss")] == [6]
+
+
+def test_trainer_loggers_kwarg_adds_loggers_beside_csv(tmp_path, regression_loaders):
+    pytest.importorskip("mlflow")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from flaxlight.loggers import MLflowLogger
+
+    train, val, _ = regression_loaders
+    recorder = RecordingLogger()
+    mlflow_logger = MLflowLogger(experiment_name="exp", save_dir=tmp_path / "mlflow")
+    trainer = ImageTrainer(
+        model_class=TinyMLP, exmp_input=np.zeros((1, 4), np.float32), model_hparams={"hidden_dims": [16]},
+        optimizer_hparams={"optimizer": "adam", "lr": 3e-2}, loggers=[mlflow_logger, recorder],
+        **quiet(tmp_path, logger_params={"log_dir": str(tmp_path / "run"), "logger_type": "tensorboard"}),
+    )
+    assert [type(lg) for lg in trainer.logger.loggers] == [CSVLogger, TensorBoardLogger, MLflowLogger, RecordingLogger]
+    assert "loggers" not in trainer.config  # logger objects are not hyperparameters
+    trainer.train_model(train, val, num_epochs=2)
+
+    assert [c[0] for c in recorder.calls].count("hparams") == 1
+    assert recorder.calls[-1] == ("finalize", "success")
+    assert ("image", "val/picture", 16, (6, 10, 3)) in recorder.calls
+    assert (tmp_path / "run" / "metrics.csv").is_file()
+    client = _mlflow_client(tmp_path / "mlflow")
+    run = client.get_run(mlflow_logger.run_id)
+    assert run.info.status == "FINISHED" and run.data.params["model_hparams.hidden_dims"] == "[16]"
+    assert [m.step for m in client.get_metric_history(mlflow_logger.run_id, "train/loss")] == [8, 16]
+    events = EventAccumulator(str(tmp_path / "run"), size_guidance={"images": 0})
+    events.Reload()
+    assert [(i.step, i.width, i.height) for i in events.Images("val/picture")] == [(8, 10, 6), (16, 10, 6)]
+
+
+# ---------------------------------------------------------------------------- bad input
+def test_missing_packages_name_the_extra_to_install(tmp_path, monkeypatch):
+    from flaxlight.loggers.mlflow import MLflowLogger
+    from flaxlight.loggers.wandb import WandbLogger
+
+    monkeypatch.setitem(sys.modules, "wandb", None)
+    monkeypatch.setitem(sys.modules, "mlflow", None)
+    with pytest.raises(ImportError, match=r"pip install 'flaxlight\[wandb\]'"):
+        WandbLogger(save_dir=tmp_path)
+    with pytest.raises(ImportError, match=r"pip install 'flaxlight\[mlflow\]'"):
+        MLflowLogger(save_dir=tmp_path)
+    for kind, extra in (("wandb", "wandb"), ("MLflow", "mlflow")):
+        with pytest.raises(ImportError, match=rf"flaxlight\[{extra}\]"):
+            _trainer(tmp_path, logger_params={"log_dir": str(tmp_path / kind), "logger_type": kind})
+
+
+def test_bad_loggers_and_logger_types_are_rejected(tmp_path):
+    with pytest.raises(TypeError, match="Logger instances; got dict"):
+        _trainer(tmp_path, loggers=[{"type": "csv"}])
+    with pytest.raises(ValueError, match="Unknown logger_type 'neptune'.*csv, tensorboard, wandb, mlflow"):
+        _trainer(tmp_path, logger_params={"log_dir": str(tmp_path / "run"), "logger_type": ["csv", "Neptune"]})
+
+
+def test_importing_flaxlight_loggers_imports_neither_wandb_nor_mlflow():
+    code = ("import sys, flaxlight, flaxlight.loggers as L; "
+            "assert 'wandb' not in sys.modules and 'mlflow' not in sys.modules, 'imported'; "
+            "assert L.WandbLogger.__name__ == 'WandbLogger' and L.MLflowLogger.__name__ == 'MLflowLogger'")
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
