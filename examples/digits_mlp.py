@@ -4,6 +4,7 @@ An MLP with BatchNorm and dropout, trained with AdamW + weight decay; the best m
 validation set is restored and tested. Target: test accuracy >= 0.95.
 
 Run: python examples/digits_mlp.py [--epochs 40] [--log-dir DIR]
+The same run from a config: flaxlight fit --config examples/configs/digits_mlp.yaml
 """
 
 from __future__ import annotations
@@ -11,51 +12,14 @@ from __future__ import annotations
 import argparse
 from typing import Sequence
 
-import flax.linen as nn
-import jax.numpy as jnp
-import numpy as np
-import optax
-
 import flaxlight
-
-
-class MLPClassifier(nn.Module):
-    hidden_dims: Sequence[int]
-    num_classes: int
-    dropout_prob: float = 0.0
-
-    @nn.compact
-    def __call__(self, x, train: bool = False):
-        x = x.reshape(x.shape[0], -1)
-        for dim in self.hidden_dims:
-            x = nn.Dense(dim)(x)
-            x = nn.BatchNorm(use_running_average=not train)(x)
-            x = nn.swish(x)
-            x = nn.Dropout(self.dropout_prob, deterministic=not train)(x)
-        return nn.Dense(self.num_classes)(x)
-
-
-class MLPClassTrainer(flaxlight.TrainerModule):
-    """Cross-entropy and accuracy; BatchNorm statistics are returned as updates."""
-
-    def loss_fn(self, params, batch, *, train, rng, state):
-        images, labels = batch
-        logits, updates = state.apply_model(params, images, train=train, rng=rng)
-        loss = optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
-        acc = (logits.argmax(-1) == labels).mean()
-        return loss, ({"acc": acc}, updates)
+from flaxlight.zoo import ClassificationTrainer as MLPClassTrainer
+from flaxlight.zoo import MLPClassifier, digits_splits
 
 
 def load_splits(seed: int = 0):
     """Digits scaled to [0, 1], split 1197 / 300 / 300 (train / val / test) with a fixed seed."""
-    from sklearn.datasets import load_digits
-
-    digits = load_digits()
-    x = (digits.images / 16.0).astype(np.float32)
-    y = digits.target.astype(np.int32)
-    order = np.random.default_rng(seed).permutation(len(x))
-    x, y = x[order], y[order]
-    return (x[:1197], y[:1197]), (x[1197:1497], y[1197:1497]), (x[1497:], y[1497:])
+    return digits_splits(seed)
 
 
 def main(argv: Sequence[str] | None = None) -> dict:

@@ -2,6 +2,7 @@
 
 Run: python examples/sine_regression.py [--epochs 50] [--log-dir DIR]
 Prints the test MSE (the seed reports 5.88e-4; the target is <= 1e-3).
+The same run from a config: flaxlight fit --config examples/configs/sine_regression.yaml
 """
 
 from __future__ import annotations
@@ -9,40 +10,17 @@ from __future__ import annotations
 import argparse
 from typing import Sequence
 
-import flax.linen as nn
-import jax.numpy as jnp
-import numpy as np
-
 import flaxlight
+from flaxlight.zoo import MLPRegressor, RegressionTrainer, sine_data
 
 
-class MLPRegressor(nn.Module):
-    hidden_dims: Sequence[int]
-    output_dim: int
-
-    @nn.compact
-    def __call__(self, x, train: bool = False):
-        for dim in self.hidden_dims:
-            x = nn.silu(nn.Dense(dim)(x))
-        return nn.Dense(self.output_dim)(x)
-
-
-class MLPRegressTrainer(flaxlight.TrainerModule):
-    """The seed's pattern: the model's hyperparameters are constructor arguments."""
+class MLPRegressTrainer(RegressionTrainer):
+    """The seed's pattern: the model's hyperparameters are constructor arguments (the MSE loss
+    comes from flaxlight.zoo's RegressionTrainer)."""
 
     def __init__(self, hidden_dims: Sequence[int], output_dim: int, **kwargs):
         super().__init__(model_class=MLPRegressor,
                          model_hparams={"hidden_dims": hidden_dims, "output_dim": output_dim}, **kwargs)
-
-    def loss_fn(self, params, batch, *, train, rng, state):
-        x, y = batch
-        pred, _ = state.apply_model(params, x, train=train, rng=rng)
-        return jnp.mean((pred - y) ** 2), {}
-
-
-def make_data(num: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    x = np.random.default_rng(seed).uniform(-2, 2, size=(num, 1)).astype(np.float32)
-    return x, np.sin(3 * x)
 
 
 def main(argv: Sequence[str] | None = None) -> dict:
@@ -52,9 +30,9 @@ def main(argv: Sequence[str] | None = None) -> dict:
     parser.add_argument("--no-progress-bar", action="store_true")
     args = parser.parse_args(argv)
 
-    train = flaxlight.ArrayLoader(*make_data(1000, 0), batch_size=64, shuffle=True, seed=0)
-    val = flaxlight.ArrayLoader(*make_data(200, 1), batch_size=64)
-    test = flaxlight.ArrayLoader(*make_data(500, 2), batch_size=64)
+    train = flaxlight.ArrayLoader(*sine_data(1000, 0), batch_size=64, shuffle=True, seed=0)
+    val = flaxlight.ArrayLoader(*sine_data(200, 1), batch_size=64)
+    test = flaxlight.ArrayLoader(*sine_data(500, 2), batch_size=64)
     logger_params = {"log_dir": args.log_dir} if args.log_dir else {"base_log_dir": "checkpoints"}
     trainer = MLPRegressTrainer(
         hidden_dims=[128, 128], output_dim=1,

@@ -25,11 +25,15 @@ from flaxlight.optim import (
 from flaxlight.state import TrainState
 from flaxlight.step import TrainStep, make_eval_step, make_train_step
 from flaxlight.trainer import TrainerModule, TrainerOptions
+from flaxlight import registry
+from flaxlight.config import Config, ConfigError, load_config, save_config
 
 __version__ = "0.1.0"
 
 __all__ = [
     "ArrayLoader",
+    "Config",
+    "ConfigError",
     "Callback",
     "Checkpointer",
     "ModelCheckpoint",
@@ -41,6 +45,9 @@ __all__ = [
     "TrainerOptions",
     "current_learning_rate",
     "ema_params",
+    "load_config",
+    "registry",
+    "save_config",
     "callbacks",
     "loggers",
     "make_eval_step",

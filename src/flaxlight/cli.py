@@ -1,0 +1,326 @@
+"""The ``flaxlight`` command line: ``fit``, ``validate``, ``test``, ``predict``, ``tune``, ``plot``, ``list``.
+
+    flaxlight fit --config examples/configs/digits_mlp.yaml optimizer.lr=3e-4 trainer.max_epochs=20
+    flaxlight test --ckpt checkpoints/MLPClassifier/version_0
+    flaxlight fit --config cfg.yaml --print-config
+
+``python -m flaxlight`` is the same program. See docs/cli.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any, Callable, Sequence
+
+__all__ = ["main"]
+
+_EPILOG = """\
+overrides: any number of dotted KEY=VALUE pairs after the options; values are read as YAML, e.g.
+  optimizer.lr=3e-4 trainer.max_epochs=20 model.hparams.hidden_dims=[256,256] callbacks.0.args.patience=5
+"""
+
+
+def _add_config_arguments(parser: argparse.ArgumentParser, *, config_required: bool) -> None:
+    if config_required:
+        parser.add_argument("-c", "--config", required=True, metavar="PATH", help="the run's YAML config")
+    else:
+        parser.add_argument("-c", "--config", metavar="PATH",
+                            help="the run's YAML config (default: RUN_DIR/config.yaml, saved by fit)")
+    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
+                        help="dotted overrides, e.g. optimizer.lr=3e-4 trainer.max_epochs=20")
+    parser.add_argument("--print-config", action="store_true",
+                        help="print the resolved config (defaults filled in, overrides applied) and exit")
+
+
+def _add_checkpoint_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--ckpt", required=True, metavar="RUN_DIR",
+                        help="a run's log dir (with hparams.yaml and checkpoints/), as printed by fit")
+    parser.add_argument("--which", choices=("best", "last"), default="best",
+                        help="which checkpoint to load (default: %(default)s)")
+
+
+def _build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    from flaxlight import __version__
+
+    top = argparse.ArgumentParser(
+        prog="flaxlight",
+        description="Train, evaluate, tune and plot flaxlight runs from YAML configs.",
+        epilog="Run 'flaxlight COMMAND --help' for a command's options.\n\n" + _EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    top.add_argument("--version", action="version", version=f"flaxlight {__version__}")
+    sub = top.add_subparsers(dest="command", metavar="COMMAND")
+    parsers: dict[str, argparse.ArgumentParser] = {}
+
+    def add(name: str, help_text: str, description: str) -> argparse.ArgumentParser:
+        parser = sub.add_parser(name, help=help_text, description=description, epilog=_EPILOG,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+        parsers[name] = parser
+        return parser
+
+    fit = add("fit", "train (and test) the run a config describes",
+              "Build data, model, trainer, callbacks and loggers from the config; train; test the best model "
+              "when the data has a test split. The resolved config is saved as config.yaml in the run's log dir; "
+              "the metrics and the log dir are printed.")
+    _add_config_arguments(fit, config_required=True)
+    fit.add_argument("--log-dir", metavar="DIR", help="the run's log dir (same as trainer.logger_params.log_dir=DIR)")
+    fit.add_argument("--resume", metavar="RUN_DIR",
+                     help="continue the run in RUN_DIR from its newest checkpoint (its log dir becomes RUN_DIR)")
+
+    for name, split in (("validate", "validation"), ("test", "test")):
+        parser = add(name, f"evaluate a trained run on the {split} split",
+                     f"Load a run's checkpoint (load_from_checkpoint) and evaluate it on the {split} split of the "
+                     f"config's data; print the metrics.")
+        _add_config_arguments(parser, config_required=False)
+        _add_checkpoint_arguments(parser)
+
+    predict = add("predict", "write a trained run's predictions to an .npy file",
+                  "Load a run's checkpoint and write the model's outputs (eval mode) on a split of the config's data, "
+                  "in the loader's order, to an .npy file.")
+    _add_config_arguments(predict, config_required=False)
+    _add_checkpoint_arguments(predict)
+    predict.add_argument("--split", choices=("test", "val", "train"), default="test",
+                         help="which split to predict (default: %(default)s)")
+    predict.add_argument("-o", "--output", metavar="PATH",
+                         help="the .npy file (default: RUN_DIR/predictions.npy; predictions_<split>.npy for val/train)")
+
+    tune = add("tune", "search hyperparameters with Optuna (the config's tune: section)",
+               "Run an Optuna study over the config's tune: section (see docs/tuning.md); delegates to "
+               "flaxlight.tune.tune_from_config and prints the best trial.")
+    _add_config_arguments(tune, config_required=True)
+    tune.add_argument("--n-trials", type=int, metavar="N", help="trials to run (default: the tune: section's)")
+
+    plot = add("plot", "draw learning curves of runs, or an Optuna study's plots, as PNG",
+               "flaxlight plot RUN_DIR [RUN_DIR ...] [-o curves.png]: learning curves from the runs' metrics.csv, "
+               "several runs overlaid.\nflaxlight plot --study STORAGE_URL --study-name NAME -o DIR: optimisation "
+               "history, intermediate values, parameter importances and a contour plot of a study.")
+    plot.add_argument("run_dirs", nargs="*", metavar="RUN_DIR", help="runs' log dirs (with metrics.csv)")
+    plot.add_argument("-o", "--output", metavar="PATH",
+                      help="the PNG (default: learning_curves.png), or the folder for --study (default: study_plots)")
+    plot.add_argument("--metrics", nargs="+", metavar="NAME", help="panels to draw, e.g. loss acc (default: all)")
+    plot.add_argument("--study", metavar="STORAGE_URL", help="an Optuna storage, e.g. sqlite:///runs/study.db")
+    plot.add_argument("--study-name", metavar="NAME", help="the study in that storage")
+
+    add("list", "list the registered models, datasets, trainers, callbacks and loggers",
+        "List the short names the config's name: keys accept (an import path such as mypkg.models.ResNet "
+        "works too).").add_argument("kind", nargs="?", choices=("models", "datasets", "trainers", "callbacks",
+                                                               "loggers"), help="only this kind")
+    return top, parsers
+
+
+# ---------------------------------------------------------------------------------------- helpers
+def _format_metrics(metrics: dict[str, Any]) -> str:
+    lines = []
+    for key in sorted(metrics):
+        value = metrics[key]
+        lines.append(f"  {key}: {value:.6g}" if isinstance(value, (int, float)) else f"  {key}: {value}")
+    return "\n".join(lines)
+
+
+def _load(args: argparse.Namespace, default_config: str | None = None):
+    from flaxlight.config import ConfigError, load_config
+
+    path = args.config or default_config
+    if path is None:
+        raise ConfigError("No config given: pass --config PATH.")
+    if args.config is None and not os.path.isfile(path):
+        raise ConfigError(f"No {os.path.basename(path)} in {os.path.dirname(path) or '.'} (runs started by "
+                          f"`flaxlight fit` save one there); pass --config PATH.")
+    return load_config(path, args.overrides)
+
+
+def _print_config(cfg) -> int:
+    from flaxlight.config import dump_config
+
+    print(dump_config(cfg), end="")
+    return 0
+
+
+# ---------------------------------------------------------------------------------------- commands
+def _fit(args: argparse.Namespace) -> int:
+    from flaxlight.config import CONFIG_FILE, fit
+
+    cfg = _load(args)
+    if args.resume and args.log_dir and os.path.abspath(args.resume) != os.path.abspath(args.log_dir):
+        from flaxlight.config import ConfigError
+
+        raise ConfigError("--resume RUN_DIR continues the run in RUN_DIR; do not also give a different --log-dir.")
+    if args.log_dir or args.resume:
+        cfg.trainer.logger_params.log_dir = args.resume or args.log_dir
+    if args.print_config:
+        return _print_config(cfg)
+    result = fit(cfg, resume=bool(args.resume))
+    print("metrics:\n" + _format_metrics(result.metrics))
+    if result.log_dir:
+        print(f"config: {os.path.join(result.log_dir, CONFIG_FILE)}")
+        print(f"log dir: {result.log_dir}")
+    return 0
+
+
+def _evaluate(args: argparse.Namespace) -> int:
+    from flaxlight.config import CONFIG_FILE, ConfigError, build_data, example_input, load_trainer, resolve_config
+
+    cfg = _load(args, os.path.join(args.ckpt, CONFIG_FILE))
+    if args.print_config:
+        return _print_config(cfg)
+    resolved = resolve_config(cfg)
+    train, val, test = build_data(cfg, resolved)
+    split = args.split if args.command == "predict" else {"validate": "val", "test": "test"}[args.command]
+    loader = {"train": train, "val": val, "test": test}[split]
+    if loader is None:
+        raise ConfigError(f"data {cfg.data.name!r} has no {split} split (its factory returned None for it).")
+    trainer = load_trainer(cfg, args.ckpt, example_input(train), which=args.which, resolved=resolved)
+    if args.command == "predict":
+        return _write_predictions(trainer, loader, args, split)
+    metrics = trainer.eval_model(loader, log_prefix=f"{split}/")
+    print(f"{args.command} ({args.which} checkpoint of {trainer.log_dir}):\n" + _format_metrics(metrics))
+    return 0
+
+
+def _write_predictions(trainer, loader, args: argparse.Namespace, split: str) -> int:
+    import jax
+    import numpy as np
+
+    @jax.jit
+    def apply(state, inputs):
+        return state.apply_model(state.params, *inputs, train=False)[0]
+
+    outputs = []
+    for batch in loader:
+        inputs = (batch[0],) if isinstance(batch, (tuple, list)) else (batch,)
+        outputs.append(jax.device_get(apply(trainer.state, inputs)))
+    if not outputs:
+        raise ValueError(f"The {split} loader yielded no batches.")
+    if not all(isinstance(o, np.ndarray) for o in outputs):
+        raise TypeError(f"predict writes one array per example, but the model returns "
+                        f"{type(outputs[0]).__name__}; use the Python API (trainer.bind_model()) for other outputs.")
+    predictions = np.concatenate(outputs)
+    default_name = "predictions.npy" if split == "test" else f"predictions_{split}.npy"
+    path = args.output or os.path.join(args.ckpt, default_name)
+    if os.path.dirname(path):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+    np.save(path, predictions)
+    print(f"predictions ({split} split, shape {predictions.shape}, {predictions.dtype}): {path}")
+    return 0
+
+
+def _tune(args: argparse.Namespace) -> int:
+    from flaxlight.config import config_to_dict
+
+    cfg = _load(args)
+    if args.print_config:
+        return _print_config(cfg)
+    if args.n_trials is not None and args.n_trials < 1:
+        raise _usage_error(f"--n-trials must be >= 1, got {args.n_trials}.")
+    tune_from_config = _import_tune("tune_from_config")
+    study = tune_from_config(config_to_dict(cfg), n_trials=args.n_trials)
+    _print_study(study)
+    return 0
+
+
+def _print_study(study: Any) -> None:
+    try:
+        best = study.best_trial
+    except (ValueError, AttributeError):  # optuna: no trial completed
+        print(f"study {getattr(study, 'study_name', '')!r}: no trial completed.")
+        return
+    print(f"study {study.study_name!r}: best trial #{best.number}, value {best.value:.6g}")
+    for key, value in best.params.items():
+        print(f"  {key}: {value}")
+    log_dir = best.user_attrs.get("log_dir") if isinstance(getattr(best, "user_attrs", None), dict) else None
+    if log_dir:
+        print(f"log dir: {log_dir}")
+
+
+def _import_tune(name: str) -> Callable:
+    import importlib
+
+    try:
+        tune_module = importlib.import_module("flaxlight.tune")
+    except ImportError as exc:
+        raise _usage_error(f"flaxlight {'tune' if name == 'tune_from_config' else 'plot --study'} needs "
+                           f"flaxlight.tune and optuna (pip install optuna): {exc}") from None
+    function = getattr(tune_module, name, None)
+    if function is None:
+        raise _usage_error(f"flaxlight.tune has no {name}() in this version.")
+    return function
+
+
+def _plot(args: argparse.Namespace) -> int:
+    if args.study:
+        if args.run_dirs:
+            raise _usage_error("give either RUN_DIRs (learning curves) or --study (a study's plots), not both.")
+        plot_study = _import_tune("plot_study")
+        written = plot_study(args.study, args.study_name, args.output or "study_plots")
+        if isinstance(written, (list, tuple)):
+            for path in written:
+                print(path)
+        else:
+            print(written if written is not None else (args.output or "study_plots"))
+        return 0
+    if args.study_name:
+        raise _usage_error("--study-name needs --study STORAGE_URL.")
+    if not args.run_dirs:
+        raise _usage_error("give one or more RUN_DIRs, or --study STORAGE_URL --study-name NAME.")
+    try:
+        from flaxlight.plot import plot_runs
+
+        path = plot_runs(args.run_dirs, args.output or "learning_curves.png", args.metrics)
+    except (FileNotFoundError, ValueError, ImportError) as exc:
+        raise _usage_error(str(exc)) from None
+    print(path)
+    return 0
+
+
+def _list(args: argparse.Namespace) -> int:
+    from flaxlight.registry import REGISTRIES
+
+    for kind, reg in REGISTRIES.items():
+        if args.kind in (None, f"{kind}s"):
+            print(f"{kind}s: {', '.join(reg.names()) or '(none)'}")
+    return 0
+
+
+class _UsageError(Exception):
+    """Wrong arguments: the message is printed, the exit status is 2."""
+
+
+_usage_error = _UsageError
+
+
+_COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "fit": _fit, "validate": _evaluate, "test": _evaluate, "predict": _evaluate, "tune": _tune, "plot": _plot,
+    "list": _list,
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit status (0 ok, 2 a usage or config error)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    top, parsers = _build_parser()
+    if argv and argv[0] in parsers:
+        # Intermixed: overrides may come before, between or after the options.
+        args = parsers[argv[0]].parse_intermixed_args(argv[1:])
+        args.command = argv[0]
+    else:
+        args = top.parse_args(argv)
+        if args.command is None:
+            top.print_help(sys.stderr)
+            return 2
+    from flaxlight.config import ConfigError
+    from flaxlight.registry import RegistryError
+
+    try:
+        return _COMMANDS[args.command](args)
+    except (ConfigError, RegistryError, _UsageError) as exc:
+        print(f"flaxlight {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except FileNotFoundError as exc:  # e.g. --ckpt pointing at no run
+        print(f"flaxlight {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

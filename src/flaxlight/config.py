@@ -1,0 +1,964 @@
+"""Typed run configs: YAML in, checked dataclasses out, dotted overrides, and building a run from one.
+
+A config has the sections ``trainer``, ``model``, ``optimizer``, ``data``, ``callbacks``,
+``loggers`` (plus ``imports`` and the free-form ``tune``); every default is declared once, on the
+dataclass fields below. See docs/cli.md for a full config with comments.
+
+    >>> cfg = load_config({"trainer": {"name": "regression", "max_epochs": 3},
+    ...                    "model": {"name": "mlp_regressor", "hparams": {"hidden_dims": [32], "output_dim": 1}},
+    ...                    "data": {"name": "sine"}}, overrides=["optimizer.lr=3e-4"])
+    >>> cfg.optimizer.lr, cfg.trainer.max_epochs, cfg.data.batch_size
+    (0.0003, 3, 64)
+
+Strictness: an unknown key fails with its full path and the closest valid name; a value of the
+wrong type fails with the expected type; a missing required key is named; names that do not
+resolve (registered short names or import paths) say which part failed; free-form dicts
+(``model.hparams``, ``data.kwargs``, ``callbacks[i].args``, ``loggers[i].args``) are checked
+against the signature of what they configure. YAML is read with a safe loader only.
+"""
+
+from __future__ import annotations
+
+import collections.abc
+import dataclasses
+import difflib
+import inspect
+import os
+import re
+import types
+import typing
+from typing import Any, Callable, Iterable, Literal, Mapping, Sequence, Union
+
+import numpy as np
+import yaml
+
+from flaxlight import registry
+from flaxlight.optim import OptimizerConfig
+from flaxlight.trainer import TrainerModule, TrainerOptions
+
+__all__ = [
+    "CONFIG_FILE",
+    "CallbackConfig",
+    "Config",
+    "ConfigError",
+    "DataConfig",
+    "FitResult",
+    "LoggerConfig",
+    "LoggerParams",
+    "ModelConfig",
+    "OptimizerConfig",
+    "Resolved",
+    "TrainerConfig",
+    "apply_overrides",
+    "build_callbacks",
+    "build_data",
+    "build_loggers",
+    "build_run",
+    "build_trainer",
+    "config_to_dict",
+    "dump_config",
+    "example_input",
+    "fit",
+    "load_config",
+    "load_trainer",
+    "parse_override",
+    "resolve_config",
+    "save_config",
+]
+
+CONFIG_FILE = "config.yaml"
+
+
+class ConfigError(ValueError):
+    """A config that cannot be used; the message names the key's path and the fix."""
+
+
+# ---------------------------------------------------------------------------------------- YAML
+class _SafeLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, also reading ``1e-3`` as a float (YAML 1.1 would make it a string)."""
+
+
+_SafeLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+)$"""),
+    list("-+0123456789"),
+)
+
+
+class _Dumper(yaml.SafeDumper):
+    """PyYAML's safe dumper; short lists of scalars in flow style (``hidden_dims: [256, 256]``)."""
+
+
+def _represent_list(dumper: yaml.SafeDumper, data: list):
+    flow = all(isinstance(v, (str, int, float, bool)) or v is None for v in data) and len(data) <= 16
+    return dumper.represent_sequence("tag:yaml.org,2002:seq", data, flow_style=flow)
+
+
+_Dumper.add_representer(list, _represent_list)
+
+
+def _yaml_dump(data: Any) -> str:
+    return yaml.dump(data, Dumper=_Dumper, sort_keys=False, allow_unicode=True)
+
+
+def _yaml_load(text: str, where: str) -> Any:
+    try:
+        return yaml.load(text, Loader=_SafeLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{where} is not valid YAML: {exc}") from None
+
+
+# ---------------------------------------------------------------------------------------- schema
+@dataclasses.dataclass(kw_only=True)
+class LoggerParams:
+    """Where a run logs (the trainer's ``logger_params``; same keys).
+
+    Attributes:
+        log_dir: the run's folder; None: ``<base_log_dir>/<ModelClass>/version_N``, a new N each run.
+        base_log_dir: parent of the versioned folders.
+        logger_type: ``csv``, ``tensorboard``, ``wandb``, ``mlflow`` or a list; None: CSV plus
+            TensorBoard when tensorboardX is installed (CSV alone when ``loggers`` are given).
+        project_name: W&B project / MLflow experiment.
+        run_name: the run's display name (default: from the log dir).
+    """
+
+    log_dir: str | None = None
+    base_log_dir: str = "checkpoints"
+    logger_type: str | list[str] | None = None
+    project_name: str | None = None
+    run_name: str | None = None
+
+
+@dataclasses.dataclass(kw_only=True)
+class TrainerConfig(TrainerOptions):
+    """The trainer class and its settings: the constructor's arguments and every
+    :class:`~flaxlight.TrainerOptions` field (``monitor``, ``mode``, ``max_steps``, ...).
+
+    Attributes:
+        name: the trainer class (it defines the loss): a registered name (``regression``,
+            ``classification``) or an import path to a :class:`TrainerModule` subclass.
+        seed: model initialisation and dropout seed.
+        max_epochs: epochs to train (``train_model(num_epochs=...)``; ``num_epochs`` is accepted too).
+        enable_progress_bar, debug, check_val_every_n_epoch: as the constructor's arguments.
+        logger_params: see :class:`LoggerParams`.
+    """
+
+    name: str
+    seed: int = 42
+    max_epochs: int = 500
+    enable_progress_bar: bool = True
+    debug: bool = False
+    check_val_every_n_epoch: int = 1
+    logger_params: LoggerParams = dataclasses.field(default_factory=LoggerParams)
+
+    def __post_init__(self):
+        super().__post_init__()
+        for key in ("max_epochs", "check_val_every_n_epoch"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"{key} must be a positive int, got {getattr(self, key)!r}.")
+
+
+@dataclasses.dataclass(kw_only=True)
+class ModelConfig:
+    """The model: ``name`` is a registered name (``mlp_classifier``) or an import path
+    (``mypkg.models.ResNet``); ``hparams`` are its constructor arguments (checked against it).
+    ``name: null`` for a trainer that picks its model itself and takes the hparams by name
+    (the seed's ``MyTrainer(hidden_dims, output_dim, **kwargs)`` pattern)."""
+
+    name: str | None
+    hparams: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(kw_only=True)
+class DataConfig:
+    """The data: ``name`` is a dataset factory (registered name or import path) returning
+    ``(train_loader, val_loader, test_loader)``; it is called with ``batch_size``,
+    ``eval_batch_size`` (None: ``batch_size``), ``seed`` and ``kwargs``."""
+
+    name: str
+    batch_size: int = 64
+    eval_batch_size: int | None = None
+    seed: int = 0
+    kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(kw_only=True)
+class CallbackConfig:
+    """One callback: ``name`` (registered, e.g. ``early_stopping``, or an import path) and the
+    constructor's keyword ``args``. In YAML a bare name is short for ``{name: ...}``."""
+
+    name: str
+    args: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(kw_only=True)
+class LoggerConfig:
+    """One extra logger object: ``name`` (``tensorboard``, ``wandb``, ``mlflow``, ``csv`` or an import
+    path to a :class:`flaxlight.loggers.Logger`) and constructor ``args``. Its ``log_dir`` /
+    ``save_dir`` default to the run's log dir, its project / run name to ``logger_params``'."""
+
+    name: str
+    args: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(kw_only=True)
+class Config:
+    """A whole run. ``imports``: modules imported first (to register your components);
+    ``tune``: the search settings of ``flaxlight tune`` (free-form here, read by flaxlight.tune)."""
+
+    imports: list[str] = dataclasses.field(default_factory=list)
+    trainer: TrainerConfig
+    model: ModelConfig
+    optimizer: OptimizerConfig = dataclasses.field(default_factory=OptimizerConfig)
+    data: DataConfig
+    callbacks: list[CallbackConfig] = dataclasses.field(default_factory=list)
+    loggers: list[LoggerConfig] = dataclasses.field(default_factory=list)
+    tune: dict[str, Any] | None = None
+
+
+# Other spellings accepted on load (key -> field); the saved config uses the field's name.
+_ALIASES: dict[type, dict[str, str]] = {TrainerConfig: {"num_epochs": "max_epochs"}}
+_OPTIMIZER_ALIASES = {"warmup": "warmup_steps"}  # the seed's key, resolved by OptimizerConfig.from_dict
+# A bare string stands for {"name": ...} in these list items.
+_NAME_SHORTHAND = (CallbackConfig, LoggerConfig)
+
+
+# ---------------------------------------------------------------------------------------- checking
+def _join(path: str, key: Any) -> str:
+    if isinstance(key, int):
+        return f"{path}[{key}]"
+    return f"{path}.{key}" if path else str(key)
+
+
+def _got(value: Any) -> str:
+    text = repr(value)
+    if len(text) > 60:
+        text = text[:57] + "..."
+    return f"{type(value).__name__} {text}"
+
+
+def _type_name(tp: Any) -> str:
+    if tp is Any:
+        return "any value"
+    if tp is type(None):
+        return "null"
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in args)
+    if origin is Literal:
+        return "one of " + ", ".join(map(repr, args))
+    if origin in (list, tuple, collections.abc.Sequence):
+        inner = [a for a in args if a is not Ellipsis]
+        return f"a list of {_type_name(inner[0])}" if inner and inner[0] is not Any else "a list"
+    if origin in (dict, collections.abc.Mapping) or tp in (dict, collections.abc.Mapping):
+        return "a mapping"
+    if origin is collections.abc.Callable or tp is collections.abc.Callable:
+        return "a function"
+    if dataclasses.is_dataclass(tp):
+        return f"a mapping ({tp.__name__})"
+    return getattr(tp, "__name__", str(tp))
+
+
+def _type_error(path: str, tp: Any, value: Any) -> ConfigError:
+    return ConfigError(f"{path}: expected {_type_name(tp)}, got {_got(value)}.")
+
+
+def _convert(value: Any, tp: Any, path: str) -> Any:
+    """``value`` checked against the annotation ``tp`` (dataclasses built, lists of them too)."""
+    if tp is Any or tp is object:
+        return value
+    if dataclasses.is_dataclass(tp) and isinstance(tp, type):
+        if isinstance(value, str) and tp in _NAME_SHORTHAND:
+            value = {"name": value}
+        return _build(tp, value, path)
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (Union, types.UnionType):
+        if value is None:
+            if type(None) in args:
+                return None
+            raise _type_error(path, tp, value)
+        arms = [a for a in args if a is not type(None)]
+        for arm in arms:
+            try:
+                return _convert(value, arm, path)
+            except ConfigError as exc:
+                if len(arms) == 1 and not str(exc).startswith(f"{path}: expected"):
+                    raise  # Optional[X] failing deeper (inside a list or section): that message
+        raise _type_error(path, tp, value)
+    if tp is type(None):
+        if value is not None:
+            raise _type_error(path, tp, value)
+        return None
+    if origin is Literal:
+        if value not in args:
+            raise _type_error(path, tp, value)
+        return value
+    if tp is bool:
+        if not isinstance(value, (bool, np.bool_)):
+            raise _type_error(path, tp, value)
+        return bool(value)
+    if tp is int:
+        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+            raise _type_error(path, tp, value)
+        return int(value)
+    if tp is float:
+        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+            raise _type_error(path, tp, value)
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise _type_error(path, tp, value)
+        return value
+    if origin in (list, tuple, collections.abc.Sequence) or tp in (list, tuple):
+        if not isinstance(value, (list, tuple)):
+            raise _type_error(path, tp, value)
+        inner = [a for a in args if a is not Ellipsis]
+        item_tp = inner[0] if len(inner) == 1 or (origin is tuple and Ellipsis in args) else Any
+        items = [_convert(v, item_tp, _join(path, i)) for i, v in enumerate(value)]
+        return tuple(items) if (origin is tuple or tp is tuple) else items
+    if origin in (dict, collections.abc.Mapping) or tp in (dict, collections.abc.Mapping):
+        if not isinstance(value, Mapping):
+            raise _type_error(path, tp, value)
+        value_tp = args[1] if len(args) == 2 else Any
+        return {k: _convert(v, value_tp, _join(path, k)) for k, v in value.items()}
+    if origin is collections.abc.Callable or tp is collections.abc.Callable:
+        if not callable(value):
+            raise _type_error(path, tp, value)
+        return value
+    if isinstance(tp, type) and not isinstance(value, tp):
+        raise _type_error(path, tp, value)
+    return value
+
+
+_HINTS: dict[Any, dict[str, Any]] = {}
+
+
+def _hints(obj: Any) -> dict[str, Any]:
+    """Evaluated annotations of a class or function ({} where they cannot be evaluated)."""
+    if obj not in _HINTS:
+        try:
+            _HINTS[obj] = typing.get_type_hints(obj)
+        except Exception:  # noqa: BLE001 - exotic or forward-referenced annotations: no type checks
+            _HINTS[obj] = {}
+    return _HINTS[obj]
+
+
+def _suggest(key: str, valid: Iterable[str], path: str) -> str:
+    valid = list(valid)
+    same = [v for v in valid if v.lower() == str(key).lower()]
+    close = same or difflib.get_close_matches(str(key), valid, n=1, cutoff=0.6)
+    return f" Did you mean {_join(path, close[0])!r}?" if close else ""
+
+
+def _unknown_key(key: Any, valid: Sequence[str], path: str, what: str) -> ConfigError:
+    return ConfigError(
+        f"Unknown key {_join(path, key)!r}.{_suggest(str(key), valid, path)} "
+        f"Valid keys of {what}: {', '.join(valid)}."
+    )
+
+
+def _required(field: dataclasses.Field) -> bool:
+    return field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING
+
+
+def _ordered_fields(cls: type) -> dict[str, dataclasses.Field]:
+    """A config dataclass's fields; a subclass's own first (the trainer's, then TrainerOptions')."""
+    fields = dataclasses.fields(cls)
+    inherited = {f.name for base in cls.__mro__[1:] if dataclasses.is_dataclass(base) for f in dataclasses.fields(base)}
+    ordered = [f for f in fields if f.name not in inherited] + [f for f in fields if f.name in inherited]
+    return {f.name: f for f in ordered}
+
+
+def _build(cls: type, data: Any, path: str) -> Any:
+    """An instance of the config dataclass ``cls`` from ``data`` (a mapping), checked strictly."""
+    what = path or "the config"
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{what}: expected a mapping of keys to values ({cls.__name__}), got {_got(data)}.")
+    if cls is OptimizerConfig:
+        return _build_optimizer(data, path)
+    fields = {name: f for name, f in _ordered_fields(cls).items() if f.init}
+    data = dict(data)
+    for alias, key in _ALIASES.get(cls, {}).items():
+        if alias in data:
+            if key in data:
+                raise ConfigError(f"{_join(path, alias)!r} and {_join(path, key)!r} are the same setting; keep "
+                                  f"{_join(path, key)!r}.")
+            data[key] = data.pop(alias)
+    for key in data:
+        if key not in fields:
+            raise _unknown_key(key, list(fields), path, what)
+    missing = [name for name, f in fields.items() if _required(f) and name not in data]
+    if missing:
+        raise ConfigError(
+            f"Missing required key {_join(path, missing[0])!r}"
+            f"{' (also ' + ', '.join(repr(_join(path, m)) for m in missing[1:]) + ')' if missing[1:] else ''}: "
+            f"{_REQUIRED_HELP.get(_join(path, missing[0]), 'add it to the config')}."
+        )
+    hints = _hints(cls)
+    kwargs = {name: _convert(value, hints.get(name, Any), _join(path, name)) for name, value in data.items()}
+    try:
+        return cls(**kwargs)
+    except (ValueError, TypeError) as exc:
+        raise ConfigError(f"{what}: {exc}") from None
+
+
+_REQUIRED_HELP = {
+    "trainer": "the trainer section, at least `trainer: {name: ...}`",
+    "model": "the model section, at least `model: {name: ...}`",
+    "data": "the data section, at least `data: {name: ...}`",
+    "trainer.name": "the trainer class that defines the loss, e.g. `regression`, `classification` or "
+                    "`mypkg.trainers.MyTrainer`",
+    "model.name": "the model, e.g. `mlp_classifier` or `mypkg.models.ResNet` (null when the trainer picks it)",
+    "data.name": "the dataset factory, e.g. `digits`, `sine` or `mypkg.data.make_loaders`",
+}
+
+
+def _optimizer_parameters(name: Any) -> Mapping[str, inspect.Parameter] | None:
+    import optax
+
+    factory = getattr(optax, name.lower(), None) if isinstance(name, str) else None
+    if not callable(factory):
+        return None  # OptimizerConfig names the valid optimizers
+    return inspect.signature(factory).parameters
+
+
+def _build_optimizer(data: Mapping, path: str) -> OptimizerConfig:
+    """The optimizer section: ``OptimizerConfig`` keys, the seed's aliases, and the keyword
+    arguments of the chosen optax optimizer (``b1``, ``momentum``, ...) in one mapping."""
+    fields = {f.name: f for f in dataclasses.fields(OptimizerConfig) if f.init}
+    own = [name for name in fields if name != "optimizer_kwargs"]
+    hints = _hints(OptimizerConfig)
+    name = data.get("optimizer", fields["optimizer"].default)
+    optax_params = _optimizer_parameters(name)
+    converted: dict[str, Any] = {}
+    for key, value in data.items():
+        field_name = _OPTIMIZER_ALIASES.get(key, key)
+        if field_name in fields:
+            converted[key] = _convert(value, hints.get(field_name, Any), _join(path, key))
+        elif optax_params is None or key in optax_params:
+            converted[key] = value  # checked by OptimizerConfig against optax's signature
+        else:
+            theirs = [k for k in optax_params if k not in ("learning_rate", "weight_decay", "mask")]
+            raise ConfigError(
+                f"Unknown key {_join(path, key)!r}.{_suggest(str(key), own + list(_OPTIMIZER_ALIASES) + theirs, path)} "
+                f"Valid keys of {path or 'optimizer'}: {', '.join(own)}; optax.{name.lower()} also takes: "
+                f"{', '.join(theirs) or '(nothing else)'}."
+            )
+    try:
+        return OptimizerConfig.from_dict(converted)
+    except (ValueError, TypeError) as exc:
+        raise ConfigError(f"{path or 'optimizer'}: {exc}") from None
+
+
+# ---------------------------------------------------------------------------------------- overrides
+def parse_override(text: str) -> tuple[str, Any]:
+    """``"optimizer.lr=3e-4"`` -> ``("optimizer.lr", 0.0003)``; the value is read as YAML."""
+    if not isinstance(text, str) or "=" not in text:
+        raise ConfigError(f"Override {text!r} is not key=value (e.g. optimizer.lr=3e-4 or "
+                          f"model.hparams.hidden_dims=[256,256]).")
+    key, _, raw = text.partition("=")
+    key = key.strip()
+    if not key or any(not part for part in key.split(".")):
+        raise ConfigError(f"Override {text!r} has an empty key; write section.key=value.")
+    return key, _yaml_load(raw, f"The value of override {text!r}")
+
+
+def apply_overrides(data: Mapping[str, Any], overrides: Iterable[str]) -> dict[str, Any]:
+    """A copy of ``data`` with each ``dotted.key=value`` set (list items by index: ``callbacks.0.args.x=1``)."""
+    import copy
+
+    data = copy.deepcopy(dict(data or {}))
+    for text in overrides:
+        key, value = parse_override(text)
+        node: Any = data
+        parts = key.split(".")
+        for depth, part in enumerate(parts):
+            last = depth == len(parts) - 1
+            where = ".".join(parts[:depth]) or "the config"
+            if isinstance(node, list):
+                if not part.isdigit() or int(part) > len(node) or (int(part) == len(node) and not last):
+                    raise ConfigError(f"Override {text!r}: {where} is a list of {len(node)} items; "
+                                      f"{part!r} is not an index into it.")
+                index = int(part)
+                if last:
+                    node[index:index + 1] = [value]
+                else:
+                    node = node[index]
+            elif isinstance(node, dict):
+                if last:
+                    node[part] = value
+                else:
+                    if node.get(part) is None:
+                        node[part] = {}
+                    node = node[part]
+            else:
+                raise ConfigError(f"Override {text!r}: {where} is {_got(node)}, not a section with keys.")
+    return data
+
+
+# ---------------------------------------------------------------------------------------- load / save
+def load_config(source: str | os.PathLike | Mapping[str, Any] | Config | None, overrides: Iterable[str] = (),
+                *, check: bool = True) -> Config:
+    """Read a YAML file (or take a dict / Config), apply ``key=value`` overrides, check, return a Config.
+
+    ``check=True`` also resolves every name (importing ``imports`` first) and checks the
+    free-form dicts against their targets' signatures (see :func:`resolve_config`).
+    """
+    where = "the config"
+    if isinstance(source, Config):
+        data = config_to_dict(source)
+    elif isinstance(source, Mapping):
+        data = dict(source)
+    elif source is None:
+        data = {}
+    else:
+        path = os.fspath(source)
+        where = path
+        if not os.path.isfile(path):
+            raise ConfigError(f"Config file {path!r} does not exist.")
+        with open(path) as f:
+            data = _yaml_load(f.read(), path)
+        if data is None:
+            data = {}
+        if not isinstance(data, Mapping):
+            raise ConfigError(f"{path}: expected a mapping of sections (trainer:, model:, ...), got {_got(data)}.")
+    data = apply_overrides(data, overrides)
+    try:
+        cfg = _build(Config, data, "")
+        if check:
+            resolve_config(cfg)
+    except ConfigError as exc:
+        if where != "the config":
+            raise ConfigError(f"{where}: {exc}") from None
+        raise
+    return cfg
+
+
+def _plain(value: Any) -> Any:
+    """Plain YAML data: dataclasses and mappings to dicts, tuples to lists, numpy scalars to numbers."""
+    if isinstance(value, OptimizerConfig):
+        return _plain(value.to_dict())
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {name: _plain(getattr(value, name)) for name in _ordered_fields(type(value))}
+    if isinstance(value, Mapping):
+        return {str(k) if not isinstance(k, (int, float, bool)) else k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, np.generic):
+        return value.item()
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    if isinstance(value, type) or callable(value):
+        return f"{getattr(value, '__module__', '?')}.{getattr(value, '__qualname__', repr(value))}"
+    return repr(value)
+
+
+def config_to_dict(cfg: Config) -> dict[str, Any]:
+    """The config as plain data (every default filled in), ``load_config``'s input form."""
+    return _plain(cfg)
+
+
+def save_config(cfg: Config | Mapping[str, Any], path: str | os.PathLike) -> str:
+    """Write the config as YAML (safe dump) to ``path``; returns the path."""
+    data = config_to_dict(cfg) if isinstance(cfg, Config) else _plain(cfg)
+    path = os.fspath(path)
+    if os.path.dirname(path):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        f.write("# flaxlight run config, every default filled in. Re-run: flaxlight fit --config <this file>\n")
+        f.write(_yaml_dump(data))
+    return path
+
+
+def dump_config(cfg: Config) -> str:
+    """The config as a YAML string."""
+    return _yaml_dump(config_to_dict(cfg))
+
+
+# ---------------------------------------------------------------------------------------- resolving
+@dataclasses.dataclass
+class Resolved:
+    """What the config's names resolve to."""
+
+    trainer_class: type
+    model_class: type | None  # None: the trainer picks its model (the seed's pattern)
+    dataset: Callable
+    callbacks: list[type]
+    loggers: list[type]
+
+
+_TRAINER_OWN = {"model_class", "model_hparams", "optimizer_hparams", "exmp_input", "seed", "logger_params",
+                "enable_progress_bar", "debug", "check_val_every_n_epoch"}
+
+
+def _explicit_parameters(fn: Callable) -> dict[str, inspect.Parameter]:
+    params = inspect.signature(fn).parameters
+    return {n: p for n, p in params.items() if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL) and n != "self"}
+
+
+def _takes_model_class(trainer_class: type) -> bool:
+    return "model_class" in _explicit_parameters(trainer_class.__init__)
+
+
+def _is_checkable(tp: Any) -> bool:
+    """Annotations simple enough to check config values against (others are left to the target)."""
+    if tp in (int, float, bool, str, type(None)):
+        return True
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (Union, types.UnionType):
+        return all(_is_checkable(a) for a in args)
+    if origin in (list, tuple, collections.abc.Sequence):
+        inner = [a for a in args if a is not Ellipsis]
+        return len(inner) == 1 and _is_checkable(inner[0])
+    return False
+
+
+def _display(obj: Any) -> str:
+    return f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', getattr(obj, '__name__', repr(obj)))}"
+
+
+def _check_kwargs(target: Callable, kwargs: Mapping[str, Any], path: str, what: str, *,
+                  supplied: Iterable[str] = (), ignore: Iterable[str] = ()) -> None:
+    """``kwargs`` against ``target``'s signature: unknown names (with the accepted ones), missing
+    required ones (except ``supplied``, which flaxlight passes itself) and simple annotated types."""
+    try:
+        signature = inspect.signature(target)
+    except (TypeError, ValueError):
+        return
+    ignore = set(ignore) | {"self"}
+    params = {n: p for n, p in signature.parameters.items() if n not in ignore}
+    accepts_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
+    named = {n: p for n, p in params.items()
+             if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    for key in kwargs:
+        if key not in named and not accepts_any:
+            accepted = [n for n in named if n not in set(supplied)]
+            raise ConfigError(
+                f"Unknown key {_join(path, key)!r}: {what} does not take {key!r}."
+                f"{_suggest(str(key), accepted, path)} It takes: {', '.join(accepted) or '(no arguments)'}."
+            )
+    missing = [n for n, p in named.items()
+               if p.default is p.empty and n not in kwargs and n not in set(supplied)]
+    if missing:
+        raise ConfigError(f"Missing required key {_join(path, missing[0])!r}: {what} needs "
+                          f"{', '.join(map(repr, missing))}.")
+    hints = _hints(target.__init__ if isinstance(target, type) and not dataclasses.is_dataclass(target) else target)
+    for key, value in kwargs.items():
+        tp = hints.get(key)
+        if tp is not None and _is_checkable(tp):
+            _convert(value, tp, _join(path, key))
+
+
+def _resolve(kind: str, name: str, path: str) -> Any:
+    try:
+        return registry.resolve(kind, name)
+    except registry.RegistryError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+
+
+def _model_ignored_parameters(model_class: type) -> set[str]:
+    try:
+        import flax.linen as nn
+
+        if isinstance(model_class, type) and issubclass(model_class, nn.Module):
+            return {"parent", "name"}
+    except ImportError:  # pragma: no cover
+        pass
+    return set()
+
+
+def resolve_config(cfg: Config) -> Resolved:
+    """Import ``imports``, resolve every name and check the free-form dicts against their targets."""
+    import importlib
+
+    _ensure_cwd_on_path()
+    for i, module in enumerate(cfg.imports):
+        try:
+            importlib.import_module(module)
+        except Exception as exc:  # noqa: BLE001
+            raise ConfigError(f"imports[{i}]: importing {module!r} failed: {type(exc).__name__}: {exc}") from None
+
+    trainer_class = _resolve("trainer", cfg.trainer.name, "trainer.name")
+    if not (isinstance(trainer_class, type) and issubclass(trainer_class, TrainerModule)):
+        raise ConfigError(f"trainer.name: {cfg.trainer.name!r} is {_display(trainer_class)}, not a subclass of "
+                          f"flaxlight.TrainerModule.")
+    if _takes_model_class(trainer_class):
+        if cfg.model.name is None:
+            raise ConfigError(f"Missing required key 'model.name': {_REQUIRED_HELP['model.name']}.")
+        model_class = _resolve("model", cfg.model.name, "model.name")
+        if not isinstance(model_class, type):
+            raise ConfigError(f"model.name: {cfg.model.name!r} is {_display(model_class)}, not a model class.")
+        _check_kwargs(model_class, cfg.model.hparams, "model.hparams", f"model {_display(model_class)}",
+                      ignore=_model_ignored_parameters(model_class), supplied={"rngs"})
+    else:  # the seed's pattern: MyTrainer(hidden_dims, output_dim, **kwargs) picks its model
+        if cfg.model.name is not None:
+            raise ConfigError(f"model.name: trainer {_display(trainer_class)} picks its model itself (its constructor "
+                              f"takes the model's hyperparameters by name, not model_class); set model.name: null "
+                              f"and give its arguments in model.hparams.")
+        model_class = None
+        params = {n for n in _explicit_parameters(trainer_class.__init__) if n not in _TRAINER_OWN}
+        for key in cfg.model.hparams:
+            if key not in params:
+                raise ConfigError(f"Unknown key {_join('model.hparams', key)!r}: trainer {_display(trainer_class)} "
+                                  f"does not take {key!r}.{_suggest(key, sorted(params), 'model.hparams')} "
+                                  f"It takes: {', '.join(sorted(params))}.")
+
+    dataset = _resolve("dataset", cfg.data.name, "data.name")
+    if not callable(dataset):
+        raise ConfigError(f"data.name: {cfg.data.name!r} is {_display(dataset)}, not a dataset factory.")
+    _check_dataset(dataset, cfg.data)
+
+    callback_classes = []
+    for i, item in enumerate(cfg.callbacks):
+        path = f"callbacks[{i}]"
+        cls = _resolve("callback", item.name, f"{path}.name")
+        from flaxlight.callbacks import Callback
+
+        if not (isinstance(cls, type) and issubclass(cls, Callback)):
+            raise ConfigError(f"{path}.name: {item.name!r} is {_display(cls)}, not a flaxlight.Callback subclass.")
+        _check_kwargs(cls, item.args, f"{path}.args", f"callback {cls.__name__}")
+        callback_classes.append(cls)
+
+    logger_classes = []
+    for i, item in enumerate(cfg.loggers):
+        path = f"loggers[{i}]"
+        cls = _resolve("logger", item.name, f"{path}.name")
+        from flaxlight.loggers import Logger
+
+        if not (isinstance(cls, type) and issubclass(cls, Logger)):
+            raise ConfigError(f"{path}.name: {item.name!r} is {_display(cls)}, not a flaxlight.loggers.Logger subclass.")
+        _check_kwargs(cls, item.args, f"{path}.args", f"logger {cls.__name__}", supplied=_LOGGER_SUPPLIED)
+        logger_classes.append(cls)
+    return Resolved(trainer_class, model_class, dataset, callback_classes, logger_classes)
+
+
+_DATA_FIELDS = ("batch_size", "eval_batch_size", "seed")
+_LOGGER_DIR_ARGS = ("log_dir", "save_dir")
+_LOGGER_PROJECT_ARGS = ("project", "experiment_name")
+_LOGGER_RUN_ARGS = ("name", "run_name")
+_LOGGER_SUPPLIED = _LOGGER_DIR_ARGS + _LOGGER_PROJECT_ARGS + _LOGGER_RUN_ARGS
+
+
+def _dataset_arguments(dataset: Callable, data: DataConfig) -> dict[str, Any]:
+    """The keyword arguments for the factory: the typed fields it takes, then ``kwargs``."""
+    params = inspect.signature(dataset).parameters
+    accepts_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
+    defaults = {f.name: f.default for f in dataclasses.fields(DataConfig)}
+    arguments = {}
+    for name in _DATA_FIELDS:
+        value = getattr(data, name)
+        if name in params or accepts_any:
+            arguments[name] = value
+        elif value != defaults[name]:
+            raise ConfigError(f"data.{name}: dataset {_display(dataset)} does not take {name!r}, so it cannot be set.")
+    return arguments
+
+
+def _check_dataset(dataset: Callable, data: DataConfig) -> None:
+    for key in data.kwargs:
+        if key in _DATA_FIELDS or key == "name":
+            raise ConfigError(f"data.kwargs.{key}: set data.{key} instead (it is a field of the data section).")
+    supplied = _dataset_arguments(dataset, data)
+    _check_kwargs(dataset, data.kwargs, "data.kwargs", f"dataset {_display(dataset)}", supplied=supplied)
+
+
+def _ensure_cwd_on_path() -> None:
+    """User modules next to the config import as with ``python -m`` (the console script lacks cwd)."""
+    import sys
+
+    cwd = os.getcwd()
+    if "" not in sys.path and cwd not in sys.path:
+        sys.path.insert(0, cwd)
+
+
+# ---------------------------------------------------------------------------------------- building
+def build_data(cfg: Config, resolved: Resolved | None = None) -> tuple[Any, Any, Any]:
+    """``(train, val, test)`` loaders from the data section (val or test may be None)."""
+    resolved = resolved or resolve_config(cfg)
+    splits = resolved.dataset(**_dataset_arguments(resolved.dataset, cfg.data), **cfg.data.kwargs)
+    if not (isinstance(splits, (tuple, list)) and len(splits) == 3) or splits[0] is None:
+        got = f"a {type(splits).__name__} of length {len(splits)}" if isinstance(splits, (tuple, list)) \
+            else type(splits).__name__
+        raise TypeError(f"Dataset {_display(resolved.dataset)} (data.name={cfg.data.name!r}) must return "
+                        f"(train_loader, val_loader, test_loader) with val/test possibly None; got {got}.")
+    return tuple(splits)
+
+
+def example_input(loader: Iterable) -> Any:
+    """The model input for initialisation: the first element of the first batch (the seed's
+    ``(inputs, targets)`` convention; a batch that is not a tuple/list is the input), one example."""
+    import jax
+
+    try:
+        batch = next(iter(loader))
+    except StopIteration:
+        raise ValueError("The train loader yielded no batches: check the dataset size and batch_size.") from None
+    inputs = batch[0] if isinstance(batch, (tuple, list)) else batch
+    return jax.tree.map(lambda a: np.asarray(a)[:1], inputs)
+
+
+def build_callbacks(cfg: Config, resolved: Resolved | None = None) -> list:
+    """The callbacks, in the config's order."""
+    resolved = resolved or resolve_config(cfg)
+    callbacks = []
+    for i, (item, cls) in enumerate(zip(cfg.callbacks, resolved.callbacks)):
+        try:
+            callbacks.append(cls(**item.args))
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"callbacks[{i}] ({cls.__name__}): {exc}") from None
+    return callbacks
+
+
+def _fill_first(params: Mapping[str, inspect.Parameter], names: Sequence[str], args: dict, value: Any) -> None:
+    if value is None or any(n in args for n in names):
+        return
+    for name in names:
+        if name in params:
+            args[name] = value
+            return
+
+
+def build_loggers(cfg: Config, log_dir: str, resolved: Resolved | None = None) -> list:
+    """The extra logger objects, writing under ``log_dir`` unless their args say otherwise."""
+    from flaxlight.loggers.base import run_display_name
+
+    resolved = resolved or resolve_config(cfg)
+    params_cfg = cfg.trainer.logger_params
+    loggers = []
+    for i, (item, cls) in enumerate(zip(cfg.loggers, resolved.loggers)):
+        params = inspect.signature(cls).parameters
+        args = dict(item.args)
+        _fill_first(params, _LOGGER_DIR_ARGS, args, log_dir)
+        _fill_first(params, _LOGGER_PROJECT_ARGS, args, params_cfg.project_name)
+        _fill_first(params, _LOGGER_RUN_ARGS, args, params_cfg.run_name or run_display_name(log_dir))
+        try:
+            loggers.append(cls(**args))
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"loggers[{i}] ({cls.__name__}): {exc}") from None
+    return loggers
+
+
+def _next_version_dir(base: str) -> str:
+    os.makedirs(base, exist_ok=True)
+    versions = [int(n.split("_", 1)[1]) for n in os.listdir(base)
+                if n.startswith("version_") and n.split("_", 1)[1].isdigit()]
+    return os.path.join(base, f"version_{max(versions, default=-1) + 1}")
+
+
+def _logger_params(cfg: Config, resolved: Resolved) -> dict[str, Any]:
+    params = {k: v for k, v in config_to_dict(cfg)["trainer"]["logger_params"].items() if v is not None}
+    if cfg.loggers and "log_dir" not in params:  # the loggers need the run's folder before the trainer exists
+        owner = resolved.model_class or resolved.trainer_class
+        params["log_dir"] = _next_version_dir(os.path.join(params["base_log_dir"], owner.__name__))
+    return params
+
+
+def _is_default(field: dataclasses.Field, value: Any) -> bool:
+    if field.default is not dataclasses.MISSING:
+        default = field.default
+    elif field.default_factory is not dataclasses.MISSING:
+        default = field.default_factory()
+    else:
+        return False
+    return type(value) is type(default) and value == default
+
+
+def build_trainer(cfg: Config, exmp_input: Any, *, resolved: Resolved | None = None,
+                  callbacks: Sequence = (), loggers: Sequence = (), **overrides: Any) -> TrainerModule:
+    """The trainer the config describes (``callbacks``/``loggers`` are appended to the config's)."""
+    resolved = resolved or resolve_config(cfg)
+    trainer_cfg = cfg.trainer
+    logger_params = _logger_params(cfg, resolved)
+    # The options the config changes (the trainer's defaults are TrainerOptions' own, the same fields).
+    kwargs: dict[str, Any] = {f.name: getattr(trainer_cfg, f.name) for f in dataclasses.fields(TrainerOptions)
+                              if not _is_default(f, getattr(trainer_cfg, f.name))}
+    kwargs.update(
+        optimizer_hparams=cfg.optimizer,
+        exmp_input=exmp_input,
+        seed=trainer_cfg.seed,
+        logger_params=logger_params,
+        enable_progress_bar=trainer_cfg.enable_progress_bar,
+        debug=trainer_cfg.debug,
+        check_val_every_n_epoch=trainer_cfg.check_val_every_n_epoch,
+    )
+    all_callbacks = build_callbacks(cfg, resolved) + list(callbacks)
+    if all_callbacks:
+        kwargs["callbacks"] = all_callbacks
+    all_loggers = (build_loggers(cfg, logger_params["log_dir"], resolved) if cfg.loggers else []) + list(loggers)
+    if all_loggers:
+        kwargs["loggers"] = all_loggers
+    if resolved.model_class is not None:
+        kwargs.update(model_class=resolved.model_class, model_hparams=dict(cfg.model.hparams))
+    else:
+        kwargs.update(cfg.model.hparams)
+    kwargs.update(overrides)
+    return resolved.trainer_class(**kwargs)
+
+
+def load_trainer(cfg: Config, run_dir: str | os.PathLike, exmp_input: Any, *, which: str = "best",
+                 resolved: Resolved | None = None, **overrides: Any) -> TrainerModule:
+    """The trainer class of ``cfg`` loaded from a run's log dir (``load_from_checkpoint``)."""
+    resolved = resolved or resolve_config(cfg)
+    overrides.setdefault("enable_progress_bar", False)
+    return resolved.trainer_class.load_from_checkpoint(run_dir, exmp_input=exmp_input, which=which, **overrides)
+
+
+def build_run(config: str | os.PathLike | Mapping[str, Any] | Config, *, log_dir: str | os.PathLike | None = None,
+              callbacks: Sequence = (), loggers: Sequence = (), monitor: str | None = None,
+              mode: str | None = None) -> dict[str, Any]:
+    """Everything a run needs, built from a config: ``{"trainer", "train_loader", "val_loader",
+    "test_loader", "num_epochs", "config"}``; the resolved config is saved in the trainer's log dir.
+
+    ``log_dir`` replaces ``trainer.logger_params.log_dir``; ``callbacks``/``loggers`` (objects) are
+    added after the config's; ``monitor``/``mode`` apply unless the config's trainer sets a monitor
+    (what :func:`flaxlight.tune.tune_from_config` uses for each trial).
+    """
+    import copy
+
+    cfg = copy.deepcopy(config) if isinstance(config, Config) else load_config(config)
+    if log_dir is not None:
+        cfg.trainer.logger_params.log_dir = os.fspath(log_dir)
+    if monitor is not None and cfg.trainer.monitor is None:
+        cfg.trainer.monitor = monitor
+        cfg.trainer.mode = mode or cfg.trainer.mode
+        try:
+            TrainerOptions.__post_init__(cfg.trainer)
+        except ValueError as exc:
+            raise ConfigError(f"trainer: {exc}") from None
+    resolved = resolve_config(cfg)
+    train, val, test = build_data(cfg, resolved)
+    trainer = build_trainer(cfg, example_input(train), resolved=resolved, callbacks=callbacks, loggers=loggers)
+    if trainer.log_dir:
+        save_config(cfg, os.path.join(trainer.log_dir, CONFIG_FILE))
+    return {"trainer": trainer, "train_loader": train, "val_loader": val, "test_loader": test,
+            "num_epochs": cfg.trainer.max_epochs, "config": cfg}
+
+
+@dataclasses.dataclass
+class FitResult:
+    """What :func:`fit` returns: the trainer, its final metrics, the run's folder and its config."""
+
+    trainer: TrainerModule
+    metrics: dict[str, float]
+    log_dir: str | None
+    config: Config
+
+
+def fit(config: str | os.PathLike | Mapping[str, Any] | Config, overrides: Iterable[str] = (), *,
+        callbacks: Sequence = (), loggers: Sequence = (), resume: bool = False) -> FitResult:
+    """Train (and test, when the data has a test split) the run a config describes.
+
+    The resolved config is saved as ``config.yaml`` in the run's log dir before training starts.
+    ``callbacks``/``loggers`` are objects added after the config's (e.g. a pruning callback).
+    ``resume=True`` continues from the newest checkpoint in ``trainer.logger_params.log_dir``.
+
+    Example:
+        >>> result = fit("examples/configs/sine_regression.yaml", ["trainer.max_epochs=2"])  # doctest: +SKIP
+        >>> result.metrics["test/loss"], result.log_dir                                        # doctest: +SKIP
+    """
+    cfg = config if isinstance(config, Config) and not overrides else load_config(config, overrides)
+    run = build_run(cfg, callbacks=callbacks, loggers=loggers)
+    trainer = run["trainer"]
+    metrics = trainer.train_model(run["train_loader"], run["val_loader"], test_loader=run["test_loader"],
+                                  num_epochs=run["num_epochs"], resume=resume)
+    return FitResult(trainer=trainer, metrics=metrics, log_dir=trainer.log_dir, config=run["config"])

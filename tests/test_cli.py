@@ -1,0 +1,212 @@
+"""The `flaxlight` command line, run in-process (one subprocess test for `python -m flaxlight`)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from flaxlight import cli
+from flaxlight.config import load_config
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = ROOT / "examples" / "configs"
+QUIET = ["trainer.enable_progress_bar=false", "trainer.enable_model_summary=false"]
+
+
+def run(capsys, *argv) -> tuple[int, str, str]:
+    code = cli.main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture(scope="module")
+def sine_run(tmp_path_factory):
+    """One short run of the sine example through the CLI, shared by the read-only tests below
+    (batch sizes that divide the splits: one compiled shape per step, a faster test)."""
+    run_dir = tmp_path_factory.mktemp("cli") / "sine"
+    argv = ["fit", "--config", CONFIGS / "sine_regression.yaml", "trainer.max_epochs=2",
+            "trainer.check_val_every_n_epoch=1", "data.batch_size=50", "data.eval_batch_size=500", *QUIET,
+            "--log-dir", run_dir]
+    code = cli.main([str(a) for a in argv])
+    assert code == 0
+    return run_dir
+
+
+def test_python_m_flaxlight_help():
+    result = subprocess.run([sys.executable, "-m", "flaxlight", "--help"], capture_output=True, text=True,
+                            timeout=120, cwd=ROOT)
+    assert result.returncode == 0, result.stderr
+    for command in ("fit", "validate", "test", "predict", "tune", "plot"):
+        assert command in result.stdout
+
+
+@pytest.mark.parametrize("command, option", [("fit", "--print-config"), ("validate", "--ckpt"), ("test", "--which"),
+                                             ("predict", "--output"), ("tune", "--n-trials"), ("plot", "--study")])
+def test_each_subcommand_has_help(capsys, command, option):
+    with pytest.raises(SystemExit) as info:
+        cli.main([command, "--help"])
+    assert info.value.code == 0
+    assert option in capsys.readouterr().out
+
+
+def test_no_command_prints_help(capsys):
+    code, _, err = run(capsys)
+    assert code == 2 and "fit" in err
+
+
+def _import_example(name: str):
+    sys.path.insert(0, str(ROOT / "examples"))
+    try:
+        return __import__(name)
+    finally:
+        sys.path.remove(str(ROOT / "examples"))
+
+
+@pytest.mark.parametrize("example, epochs", [("sine_regression", 50), ("digits_mlp", 40)])
+def test_yaml_builds_what_the_script_builds(example, epochs, monkeypatch, tmp_path, capsys):
+    """Each example's YAML makes the same trainer settings, model, optimizer and data as its script
+    (train_model is stubbed out: this compares what is built, not a training run)."""
+    if example == "digits_mlp":
+        pytest.importorskip("sklearn")
+    import flaxlight
+
+    calls = []
+
+    def fake_train_model(self, train, val, test_loader=None, num_epochs=500, **kwargs):
+        calls.append((dict(self.config), train, val, test_loader, num_epochs))
+        return {"test/loss": 0.0, "val/loss": 0.0, "test/acc": 0.0, "val/acc": 0.0}
+
+    monkeypatch.setattr(flaxlight.TrainerModule, "train_model", fake_train_model)
+    monkeypatch.setattr(flaxlight.TrainerModule, "init_model", lambda self, exmp_input: None)
+    monkeypatch.setattr(flaxlight.TrainerModule, "print_tabulate", lambda self, exmp_input: None)
+    _import_example(example).main(["--log-dir", str(tmp_path / "script"), "--no-progress-bar"])
+    assert cli.main(["fit", "-c", str(CONFIGS / f"{example}.yaml"), "trainer.enable_progress_bar=false",
+                     "--log-dir", str(tmp_path / "cli")]) == 0
+    capsys.readouterr()
+    (script, *script_loaders, script_epochs), (ours, *our_loaders, our_epochs) = calls
+    assert script_epochs == our_epochs == epochs
+    for config in (script, ours):
+        config["optimizer_hparams"] = dict(flaxlight.OptimizerConfig.from_dict(config["optimizer_hparams"])
+                                           if not isinstance(config["optimizer_hparams"], flaxlight.OptimizerConfig)
+                                           else config["optimizer_hparams"])
+        config.pop("logger_params")
+        config.setdefault("enable_model_summary", True)
+    assert ours == script
+    for a, b in zip(script_loaders, our_loaders):
+        assert (a.batch_size, a.shuffle, a.seed, a.drop_last) == (b.batch_size, b.shuffle, b.seed, b.drop_last)
+        for x, y in zip(a.data, b.data):
+            np.testing.assert_array_equal(x, y)
+
+
+def test_fit_sine_writes_config_and_checkpoints(sine_run):
+    config = yaml.safe_load((sine_run / "config.yaml").read_text())
+    assert config["trainer"]["max_epochs"] == 2 and config["model"]["name"] == "mlp_regressor"
+    assert load_config(sine_run / "config.yaml").optimizer.lr == pytest.approx(4e-3)
+    assert (sine_run / "hparams.yaml").is_file() and (sine_run / "checkpoints").is_dir()
+
+
+def test_fit_prints_metrics_and_log_dir(tmp_path, capsys):
+    pytest.importorskip("sklearn")
+    run_dir = tmp_path / "digits"
+    code, out, _ = run(capsys, "fit", "-c", CONFIGS / "digits_mlp.yaml", "trainer.max_epochs=2", *QUIET,
+                       "data.batch_size=63", "data.eval_batch_size=300",  # 1197 and 300 examples: one shape each
+                       "callbacks=[{name: early_stopping, args: {monitor: val/acc, mode: max, patience: 3}}]",
+                       "loggers=[{name: csv, args: {filename: extra.csv}}]", "trainer.logger_params.log_dir=" +
+                       str(run_dir))
+    assert code == 0
+    assert "test/acc:" in out and "val/acc:" in out and f"log dir: {run_dir}" in out
+    assert (run_dir / "config.yaml").is_file() and (run_dir / "extra.csv").is_file()
+    saved = load_config(run_dir / "config.yaml")
+    assert saved.callbacks[0].name == "early_stopping" and saved.model.hparams["dropout_prob"] == 0.2
+
+
+def test_validate_and_predict(sine_run, tmp_path, capsys):
+    code, out, _ = run(capsys, "validate", "--ckpt", sine_run, "--config", sine_run / "config.yaml")
+    assert code == 0 and "val/loss:" in out
+    best_val = yaml.safe_load((sine_run / "metrics" / "best_eval.json").read_text())["val/loss"]
+    assert float(out.split("val/loss:")[1].split()[0]) == pytest.approx(best_val, rel=1e-5)
+    output = tmp_path / "preds.npy"
+    code, out, _ = run(capsys, "predict", "--ckpt", sine_run, "-o", output)  # the config saved in the run dir
+    assert code == 0 and str(output) in out
+    predictions = np.load(output)
+    assert predictions.shape == (500, 1) and np.isfinite(predictions).all()
+
+
+def test_print_config_applies_overrides_and_exits(tmp_path, capsys):
+    code, out, _ = run(capsys, "fit", "--config", CONFIGS / "digits_mlp.yaml", "--print-config", "optimizer.lr=3e-4",
+                       "model.hparams.hidden_dims=[32,32]", "--log-dir", tmp_path / "never")
+    assert code == 0
+    printed = yaml.safe_load(out)
+    assert printed["optimizer"]["lr"] == pytest.approx(3e-4)
+    assert printed["model"]["hparams"]["hidden_dims"] == [32, 32]
+    assert printed["trainer"]["logger_params"]["log_dir"] == str(tmp_path / "never")
+    assert not (tmp_path / "never").exists()
+
+
+def test_config_errors_exit_2_with_the_message(tmp_path, capsys):
+    code, _, err = run(capsys, "fit", "-c", CONFIGS / "sine_regression.yaml", "trainer.max_epoch=3")
+    assert code == 2 and "Did you mean 'trainer.max_epochs'?" in err
+    code, _, err = run(capsys, "test", "--ckpt", tmp_path)
+    assert code == 2 and "pass --config" in err
+    code, _, err = run(capsys, "test", "--ckpt", tmp_path, "-c", CONFIGS / "sine_regression.yaml")
+    assert code == 2 and "hparams.yaml" in err
+
+
+def test_tune_delegates_the_whole_config(monkeypatch, capsys):
+    calls = {}
+
+    def tune_from_config(config, n_trials=None):
+        calls.update(config=config, n_trials=n_trials)
+        trial = types.SimpleNamespace(number=3, value=0.5, params={"optimizer.lr": 0.01}, user_attrs={})
+        return types.SimpleNamespace(study_name="s", best_trial=trial)
+
+    monkeypatch.setitem(sys.modules, "flaxlight.tune", types.SimpleNamespace(tune_from_config=tune_from_config))
+    code, out, _ = run(capsys, "tune", "-c", CONFIGS / "digits_mlp.yaml", "--n-trials", "4",
+                       "tune={metric: val/acc, search_space: {optimizer.lr: {type: float, low: 1e-4, high: 1e-2}}}")
+    assert code == 0
+    assert calls["n_trials"] == 4
+    assert calls["config"]["tune"]["metric"] == "val/acc"
+    assert calls["config"]["model"]["name"] == "mlp_classifier" and calls["config"]["optimizer"]["lr"] == 2e-3
+    assert "best trial #3" in out and "optimizer.lr: 0.01" in out
+
+
+def test_plot_delegates(monkeypatch, tmp_path, capsys):
+    calls = {}
+
+    def plot_runs(run_dirs, out_path, metrics=None):
+        calls["runs"] = (list(run_dirs), out_path, metrics)
+        return out_path
+
+    def plot_study(storage, study_name, out_dir):
+        calls["study"] = (storage, study_name, out_dir)
+        return [f"{out_dir}/history.png"]
+
+    monkeypatch.setitem(sys.modules, "flaxlight.tune", types.SimpleNamespace(plot_study=plot_study))
+    import flaxlight.plot
+
+    monkeypatch.setattr(flaxlight.plot, "plot_runs", plot_runs)
+    code, out, _ = run(capsys, "plot", "runs/a", "runs/b", "-o", tmp_path / "c.png", "--metrics", "loss")
+    assert code == 0 and calls["runs"] == (["runs/a", "runs/b"], str(tmp_path / "c.png"), ["loss"])
+    code, out, _ = run(capsys, "plot", "--study", "sqlite:///s.db", "--study-name", "s", "-o", tmp_path / "plots")
+    assert code == 0 and calls["study"] == ("sqlite:///s.db", "s", str(tmp_path / "plots"))
+    assert "history.png" in out
+    assert run(capsys, "plot")[0] == 2
+    assert run(capsys, "plot", "runs/a", "--study", "sqlite:///s.db")[0] == 2
+
+
+def test_plot_real_learning_curves(sine_run, tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    code, out, _ = run(capsys, "plot", sine_run, "-o", tmp_path / "curves.png")
+    assert code == 0 and (tmp_path / "curves.png").stat().st_size > 0
+
+
+def test_list_registered_names(capsys):
+    code, out, _ = run(capsys, "list")
+    assert code == 0
+    assert "mlp_classifier" in out and "digits" in out and "classification" in out and "early_stopping" in out

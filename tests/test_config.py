@@ -1,0 +1,302 @@
+"""Typed configs: YAML load/save, dotted overrides, the registry, and every strictness case."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+import flaxlight
+from flaxlight import registry, zoo
+from flaxlight.config import (
+    CallbackConfig,
+    Config,
+    ConfigError,
+    apply_overrides,
+    build_callbacks,
+    config_to_dict,
+    load_config,
+    parse_override,
+    save_config,
+)
+from flaxlight.registry import Registry, RegistryError, import_object
+
+CONFIGS = Path(__file__).resolve().parents[1] / "examples" / "configs"
+
+
+def minimal(**sections) -> dict:
+    cfg = {
+        "trainer": {"name": "regression", "max_epochs": 2},
+        "model": {"name": "mlp_regressor", "hparams": {"hidden_dims": [8], "output_dim": 1}},
+        "data": {"name": "sine"},
+    }
+    cfg.update(sections)
+    return cfg
+
+
+def error_of(source, overrides=()) -> str:
+    with pytest.raises(ConfigError) as info:
+        load_config(source, overrides)
+    return str(info.value)
+
+
+# ------------------------------------------------------------------------------------ loading
+@pytest.mark.parametrize("name", ["sine_regression", "digits_mlp"])
+def test_example_configs_load(name):
+    cfg = load_config(CONFIGS / f"{name}.yaml")
+    assert isinstance(cfg, Config)
+    assert isinstance(cfg.optimizer, flaxlight.OptimizerConfig)
+    assert isinstance(cfg.optimizer.lr, float)
+
+
+def test_example_configs_match_the_scripts_hyperparameters():
+    digits = load_config(CONFIGS / "digits_mlp.yaml")
+    assert digits.model.hparams == {"hidden_dims": [256, 256], "num_classes": 10, "dropout_prob": 0.2}
+    assert dict(digits.optimizer) == dict(flaxlight.OptimizerConfig.from_dict(
+        {"optimizer": "adamw", "lr": 2e-3, "weight_decay": 1e-2, "warmup": 20}))
+    assert (digits.trainer.max_epochs, digits.trainer.monitor, digits.trainer.mode) == (40, "val/acc", "max")
+    assert (digits.data.batch_size, digits.data.eval_batch_size) == (64, 128)
+    sine = load_config(CONFIGS / "sine_regression.yaml")
+    assert sine.model.hparams == {"hidden_dims": [128, 128], "output_dim": 1}
+    assert dict(sine.optimizer) == dict(flaxlight.OptimizerConfig.from_dict(
+        {"optimizer": "adamw", "lr": 4e-3, "b2": 0.99}))
+    assert (sine.trainer.max_epochs, sine.trainer.check_val_every_n_epoch) == (50, 5)
+
+
+def test_defaults_are_declared_on_the_fields():
+    cfg = load_config(minimal())
+    assert cfg.trainer.seed == 42 and cfg.trainer.mode == "min" and cfg.trainer.log_every_n_steps == 50
+    assert cfg.data.batch_size == 64 and cfg.data.seed == 0 and cfg.data.kwargs == {}
+    assert cfg.optimizer.optimizer == "adamw" and cfg.callbacks == [] and cfg.tune is None
+    assert cfg.trainer.logger_params.base_log_dir == "checkpoints"
+
+
+def test_yaml_exponent_floats_and_safe_loader(tmp_path):
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(minimal()).replace("optimizer", "x") + "optimizer: {lr: 1e-3, b2: 9.9e-1}\n")
+    cfg = load_config(path)
+    assert cfg.optimizer.lr == pytest.approx(1e-3) and isinstance(cfg.optimizer.lr, float)
+    path.write_text("trainer: !!python/object/apply:os.system ['echo unsafe']\n")
+    assert "not valid YAML" in error_of(path)
+
+
+def test_missing_file_and_non_mapping(tmp_path):
+    assert "does not exist" in error_of(tmp_path / "nope.yaml")
+    path = tmp_path / "list.yaml"
+    path.write_text("- 1\n- 2\n")
+    assert "expected a mapping" in error_of(path)
+
+
+def test_save_and_load_round_trip(tmp_path):
+    cfg = load_config(CONFIGS / "digits_mlp.yaml", ["callbacks=[early_stopping]", "tune={metric: val/acc}"])
+    path = save_config(cfg, tmp_path / "config.yaml")
+    again = load_config(path)
+    assert config_to_dict(again) == config_to_dict(cfg)
+    assert again.callbacks == [CallbackConfig(name="early_stopping", args={})]
+    assert "hidden_dims: [256, 256]" in Path(path).read_text()
+
+
+def test_num_epochs_is_an_alias_of_max_epochs():
+    cfg = load_config(minimal(trainer={"name": "regression", "num_epochs": 7}))
+    assert cfg.trainer.max_epochs == 7
+    assert "same setting" in error_of(minimal(trainer={"name": "regression", "num_epochs": 7, "max_epochs": 3}))
+
+
+# ------------------------------------------------------------------------------------ overrides
+def test_dotted_overrides():
+    cfg = load_config(CONFIGS / "digits_mlp.yaml", [
+        "optimizer.lr=3e-4", "trainer.max_epochs=20", "model.hparams.hidden_dims=[256,256]",
+        "trainer.monitor=val/loss", "trainer.mode=min", "data.kwargs.num_val=200",
+        "callbacks=[{name: early_stopping, args: {patience: 2}}]", "callbacks.0.args.patience=5",
+        "trainer.logger_params.log_dir=/tmp/x",
+    ])
+    assert cfg.optimizer.lr == pytest.approx(3e-4)
+    assert cfg.trainer.max_epochs == 20 and cfg.trainer.monitor == "val/loss"
+    assert cfg.model.hparams["hidden_dims"] == [256, 256]
+    assert cfg.data.kwargs == {"num_val": 200}
+    assert cfg.callbacks[0].args == {"patience": 5}
+    assert cfg.trainer.logger_params.log_dir == "/tmp/x"
+
+
+def test_override_syntax_errors():
+    assert parse_override("a.b=[1, 2]") == ("a.b", [1, 2])
+    assert parse_override("a=") == ("a", None)
+    with pytest.raises(ConfigError, match="not key=value"):
+        parse_override("optimizer.lr")
+    with pytest.raises(ConfigError, match="empty key"):
+        parse_override("optimizer..lr=1")
+    with pytest.raises(ConfigError, match="not a section"):
+        apply_overrides({"trainer": {"name": "x"}}, ["trainer.name.sub=1"])
+    with pytest.raises(ConfigError, match="not an index"):
+        apply_overrides({"callbacks": []}, ["callbacks.3.name=timer"])
+
+
+# ------------------------------------------------------------------------------------ strictness
+def test_unknown_top_level_key_names_closest():
+    message = error_of(minimal(), ["traner.seed=1"])
+    assert "'traner'" in message and "Did you mean 'trainer'?" in message
+
+
+def test_unknown_nested_key_has_full_path_and_closest():
+    message = error_of(minimal(), ["trainer.max_epoch=3"])
+    assert "Unknown key 'trainer.max_epoch'" in message and "Did you mean 'trainer.max_epochs'?" in message
+    message = error_of(minimal(), ["trainer.logger_params.logdir=x"])
+    assert "'trainer.logger_params.logdir'" in message and "'trainer.logger_params.log_dir'" in message
+
+
+def test_unknown_optimizer_key():
+    message = error_of(minimal(), ["optimizer.lrr=0.1"])
+    assert "Unknown key 'optimizer.lrr'" in message and "Did you mean 'optimizer.lr'?" in message
+    assert "optax.adamw also takes" in message
+    assert error_of(minimal(), ["optimizer.optimizer=adamm"]).startswith("optimizer: Unknown optimizer 'adamm'")
+
+
+def test_unknown_model_hparam_lists_accepted_ones():
+    message = error_of(minimal(), ["model.hparams.hiden_dims=[4]"])
+    assert "Unknown key 'model.hparams.hiden_dims'" in message
+    assert "Did you mean 'model.hparams.hidden_dims'?" in message
+    assert "It takes: hidden_dims, output_dim" in message
+
+
+def test_unknown_data_kwarg_and_callback_arg():
+    message = error_of(minimal(), ["data.kwargs.num_trian=10"])
+    assert "'data.kwargs.num_trian'" in message and "'data.kwargs.num_train'" in message
+    message = error_of(minimal(callbacks=[{"name": "early_stopping", "args": {"patiense": 2}}]))
+    assert "'callbacks[0].args.patiense'" in message and "'callbacks[0].args.patience'" in message
+    assert "set data.batch_size instead" in error_of(minimal(), ["data.kwargs.batch_size=3"])
+
+
+@pytest.mark.parametrize("override, expected", [
+    ("trainer.max_epochs=ten", "trainer.max_epochs: expected int, got str 'ten'"),
+    ("trainer.enable_progress_bar=3", "trainer.enable_progress_bar: expected bool, got int 3"),
+    ("trainer.limit_train_batches=all", "trainer.limit_train_batches: expected int or float or null, got str"),
+    ("optimizer.lr=fast", "optimizer.lr: expected float or null, got str 'fast'"),
+    ("data.batch_size=[64]", "data.batch_size: expected int, got list [64]"),
+    ("callbacks=early_stopping", "callbacks: expected a list of a mapping (CallbackConfig), got str"),
+    ("model.hparams=[1]", "model.hparams: expected a mapping, got list"),
+    ("model.hparams.hidden_dims=abc", "model.hparams.hidden_dims: expected a list of int, got str 'abc'"),
+    ("model.hparams.hidden_dims=[8, x]", "model.hparams.hidden_dims[1]: expected int, got str 'x'"),
+    ("data.kwargs.num_train=1.5", "data.kwargs.num_train: expected int, got float 1.5"),
+])
+def test_wrong_type_names_expected_type(override, expected):
+    assert expected in error_of(minimal(), [override])
+
+
+def test_values_checked_by_the_dataclasses_themselves():
+    assert error_of(minimal(), ["trainer.mode=maximum"]).startswith("trainer: mode must be 'min' or 'max'")
+    assert "max_epochs must be a positive int" in error_of(minimal(), ["trainer.max_epochs=0"])
+
+
+@pytest.mark.parametrize("config, key", [
+    ({"model": {"name": "mlp_regressor"}, "data": {"name": "sine"}}, "'trainer'"),
+    (minimal(trainer={"max_epochs": 2}), "'trainer.name'"),
+    (minimal(model={"hparams": {}}), "'model.name'"),
+    (minimal(data={"batch_size": 3}), "'data.name'"),
+    (minimal(model={"name": "mlp_regressor", "hparams": {"hidden_dims": [4]}}), "'model.hparams.output_dim'"),
+    (minimal(callbacks=[{"args": {}}]), "'callbacks[0].name'"),
+])
+def test_missing_required_key_is_named(config, key):
+    assert f"Missing required key {key}" in error_of(config)
+
+
+def test_unregistered_name_suggests_closest():
+    message = error_of(minimal(), ["model.name=mlp_regresor"])
+    assert message.startswith("model.name: Unknown model 'mlp_regresor'. Did you mean 'mlp_regressor'?")
+    assert "mlp_classifier" in message and "import path" in message
+    assert "Did you mean 'classification'" in error_of(minimal(), ["trainer.name=clasification"])
+    assert "Did you mean 'early_stopping'" in error_of(minimal(callbacks=["early_stoping"]))
+
+
+def test_import_path_errors_say_which_part_failed(tmp_path, monkeypatch):
+    message = error_of(minimal(), ["model.name=nosuchpkg_xyz.models.ResNet"])
+    assert "model.name:" in message and "no module 'nosuchpkg_xyz' can be imported" in message
+    message = error_of(minimal(), ["model.name=flaxlight.zoo.models.ResNet"])
+    assert "module 'flaxlight.zoo.models' has no attribute 'ResNet'" in message
+    message = error_of(minimal(), ["model.name=flaxlight.zoo.models:MLPRegresor"])
+    assert "has no attribute 'MLPRegresor'. Did you mean flaxlight.zoo.models.MLPRegressor?" in message
+    (tmp_path / "broken_models_mod.py").write_text("import not_installed_dependency_xyz\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    message = error_of(minimal(), ["model.name=broken_models_mod.Net"])
+    assert "Importing module 'broken_models_mod'" in message and "not_installed_dependency_xyz" in message
+    assert "imports[0]: importing 'nosuchpkg_xyz'" in error_of(minimal(imports=["nosuchpkg_xyz"]))
+
+
+def test_names_must_point_at_the_right_kind():
+    assert "not a subclass of flaxlight.TrainerModule" in error_of(minimal(), ["trainer.name=flaxlight.data.ArrayLoader"])
+    assert "not a flaxlight.Callback subclass" in error_of(minimal(callbacks=["flaxlight.data.ArrayLoader"]))
+
+
+# ------------------------------------------------------------------------------------ user code
+class SeedPatternTrainer(zoo.RegressionTrainer):
+    """The seed's pattern: the trainer picks its model and takes its hyperparameters by name."""
+
+    def __init__(self, hidden_dims, output_dim, **kwargs):
+        super().__init__(model_class=zoo.MLPRegressor,
+                         model_hparams={"hidden_dims": hidden_dims, "output_dim": output_dim}, **kwargs)
+
+
+def test_import_paths_and_seed_pattern_trainer():
+    path = f"{__name__}.SeedPatternTrainer"
+    cfg = load_config(minimal(trainer={"name": path}, model={"name": None, "hparams": {"hidden_dims": [4],
+                                                                                     "output_dim": 1}}))
+    assert cfg.model.name is None
+    message = error_of(minimal(trainer={"name": path}, model={"name": None, "hparams": {"hidden": [4]}}))
+    assert "'model.hparams.hidden'" in message and "hidden_dims" in message
+    assert "picks its model itself" in error_of(minimal(trainer={"name": path}))
+
+
+def test_registry_register_resolve_and_collisions():
+    reg = Registry("widget")
+
+    @reg.register("big_widget")
+    class BigWidget:
+        pass
+
+    assert reg.get("BigWidget") is BigWidget and reg.get("big-widget") is BigWidget
+    assert reg.register("big_widget", BigWidget) is BigWidget  # same object again: fine
+    with pytest.raises(ValueError, match="already registered"):
+        reg.register("big_widget", type("Other", (), {}))
+    with pytest.raises(RegistryError, match="Did you mean 'big_widget'"):
+        reg.get("big_widgit")
+    reg.register("lazy", "flaxlight.data:ArrayLoader")
+    assert reg.get("lazy") is flaxlight.ArrayLoader
+    assert import_object("flaxlight.zoo.models.MLPClassifier") is zoo.MLPClassifier
+    assert registry.resolve("callback", "EarlyStopping") is flaxlight.callbacks.EarlyStopping
+    assert {"mlp_regressor", "mlp_classifier"} <= set(registry.MODELS.names())
+    assert {"sine", "digits"} <= set(registry.DATASETS.names())
+
+
+def test_user_registration_through_imports(tmp_path, monkeypatch):
+    (tmp_path / "my_components_mod.py").write_text(
+        "from flaxlight.registry import register_dataset\n"
+        "from flaxlight.zoo.datasets import sine\n"
+        "@register_dataset('tiny_sine')\n"
+        "def tiny_sine(*, batch_size, seed=0, size=32):\n"
+        "    return sine(batch_size=batch_size, seed=seed, num_train=size, num_val=size, num_test=size)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    cfg = load_config(minimal(imports=["my_components_mod"], data={"name": "tiny_sine", "kwargs": {"size": 16}}))
+    assert cfg.data.name == "tiny_sine"
+    # eval_batch_size is not an argument of this factory: setting it is an error, leaving it is fine
+    assert "does not take 'eval_batch_size'" in error_of(
+        minimal(imports=["my_components_mod"], data={"name": "tiny_sine", "eval_batch_size": 8}))
+    sys.modules.pop("my_components_mod", None)
+
+
+def test_build_callbacks_in_order():
+    cfg = load_config(minimal(callbacks=[{"name": "timer", "args": {"duration": 60}},
+                                         {"name": "early_stopping", "args": {"patience": 2}}]))
+    callbacks = build_callbacks(cfg)
+    assert [type(cb).__name__ for cb in callbacks] == ["Timer", "EarlyStopping"]
+    assert callbacks[1].patience == 2
+
+
+def test_the_full_config_in_docs_loads():
+    text = (Path(__file__).resolve().parents[1] / "docs" / "cli.md").read_text()
+    block = text.split("```yaml\n", 1)[1].split("```", 1)[0]
+    cfg = load_config(yaml.safe_load(block))
+    assert cfg.trainer.monitor == "val/acc" and cfg.optimizer.warmup_steps == 20
+    assert [c.name for c in cfg.callbacks] == ["early_stopping", "learning_rate_monitor"]
+    assert [type(cb).__name__ for cb in build_callbacks(cfg)] == ["EarlyStopping", "LearningRateMonitor"]
+    assert [name for name in config_to_dict(cfg)] == [name for name in yaml.safe_load(block)]
