@@ -6,6 +6,7 @@ from flaxlight.callbacks.lr_monitor import LearningRateMonitor
 from flaxlight.callbacks.model_checkpoint import ModelCheckpoint
 from flaxlight.callbacks.nan_guard import NaNGuard
 from flaxlight.callbacks.progress_bar import ProgressBar
+from flaxlight.callbacks.pruning import PruningCallback
 from flaxlight.callbacks.throughput import ThroughputMonitor
 from flaxlight.callbacks.timer import Timer
 
@@ -16,6 +17,7 @@ __all__ = [
     "ModelCheckpoint",
     "NaNGuard",
     "ProgressBar",
+    "PruningCallback",
     "ThroughputMonitor",
     "Timer",
 ]

@@ -1,0 +1,92 @@
+"""``PruningCallback``: report a metric to an Optuna trial at every validation; stop bad trials.
+
+This module does not import Optuna: the trial is used through ``report``/``should_prune``/
+``number``, and :class:`optuna.TrialPruned` is imported only when :meth:`raise_if_pruned` raises it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping
+
+from flaxlight.callbacks.base import Callback
+
+__all__ = ["MetricNotLoggedError", "PruningCallback"]
+
+
+class MetricNotLoggedError(LookupError):
+    """The metric a study optimises is not among the metrics the trainer logs (a set-up error)."""
+
+
+class PruningCallback(Callback):
+    """Report ``monitor`` to an Optuna ``trial`` after each validation; stop the run when pruned.
+
+    At every validation the latest value of ``monitor`` goes to ``trial.report(value, step)``
+    (``step`` is the epoch, or the optimizer step when the trainer validates several times per
+    epoch with ``val_check_interval``). When the study's pruner says ``should_prune()``, the
+    callback asks the trainer to stop cleanly (``trainer.stop``: the epoch ends, its checkpoint
+    is written, loggers are closed) and remembers it; call :meth:`raise_if_pruned` after
+    ``train_model`` returns to mark the trial pruned. A NaN/Inf value is not reported: the run is
+    stopped and :attr:`nonfinite` says so (``flaxlight.tune`` records such a trial as failed).
+
+    A metric the trainer never logs raises :class:`MetricNotLoggedError` at the first validation,
+    listing the metrics that are logged.
+
+    Example:
+        >>> def objective(trial):                                                   # doctest: +SKIP
+        ...     pruning = PruningCallback(trial, monitor="val/acc")
+        ...     trainer = MyTrainer(..., callbacks=[pruning], monitor="val/acc", mode="max")
+        ...     metrics = trainer.train_model(train_loader, val_loader, num_epochs=20)
+        ...     pruning.raise_if_pruned()
+        ...     return metrics["val/acc"]
+    """
+
+    def __init__(self, trial: Any, monitor: str = "val/loss"):
+        if not isinstance(monitor, str) or not monitor:
+            raise ValueError(f"PruningCallback monitor must be a metric name such as 'val/acc', got {monitor!r}.")
+        for method in ("report", "should_prune"):
+            if not callable(getattr(trial, method, None)):
+                raise TypeError(f"PruningCallback needs an optuna trial (with report() and should_prune()); "
+                                f"got {type(trial).__name__}.")
+        self.trial, self.monitor = trial, monitor
+        self.pruned = False
+        self.pruned_epoch: int | None = None
+        self.nonfinite = False
+        self.reason: str | None = None
+        self.last_value: float | None = None
+
+    def _step(self, trainer, epoch: int) -> int:
+        options = getattr(trainer, "options", None)
+        return int(trainer.global_step) if getattr(options, "val_check_interval", None) else int(epoch)
+
+    def on_validation_end(self, trainer, epoch: int, metrics: Mapping[str, float]) -> None:
+        try:
+            value = float(trainer.monitored_value(self.monitor, owner="PruningCallback"))
+        except KeyError as exc:
+            raise MetricNotLoggedError(exc.args[0] if exc.args else str(exc)) from None
+        number = getattr(self.trial, "number", "?")
+        self.last_value = value
+        if not math.isfinite(value):
+            self.nonfinite = True
+            self.reason = f"PruningCallback: {self.monitor} is {value} at epoch {epoch}; trial {number} stopped."
+            trainer.stop(self.reason)
+            return
+        self.trial.report(value, self._step(trainer, epoch))
+        if self.trial.should_prune():
+            self.pruned, self.pruned_epoch = True, epoch
+            self.reason = f"PruningCallback: trial {number} pruned at epoch {epoch} ({self.monitor}={value:.6g})."
+            trainer.stop(self.reason)
+
+    def raise_if_pruned(self) -> None:
+        """Raise :class:`optuna.TrialPruned` when the pruner stopped this run (call after training)."""
+        if self.pruned:
+            import optuna
+
+            raise optuna.TrialPruned(self.reason)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"pruned": self.pruned, "pruned_epoch": self.pruned_epoch}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.pruned = bool(state.get("pruned", False))
+        self.pruned_epoch = state.get("pruned_epoch")

@@ -1,0 +1,1148 @@
+"""Hyperparameter search with Optuna: search spaces, one log dir per trial, pruning, plots.
+
+The ``tune`` extra installs what this needs (``pip install 'flaxlight[tune]'``: optuna and
+matplotlib for the plots). Everything a study knows lives in its storage (by default an SQLite
+file next to the trial dirs), so a study resumes after a crash, grows when run again, and is
+shared by every process pointed at the same storage.
+
+Example:
+    >>> from flaxlight.tune import Float, tune, load_best
+    >>> study = tune(                                                               # doctest: +SKIP
+    ...     MyTrainer,
+    ...     {"optimizer_hparams.lr": Float(1e-4, 1e-2, log=True),
+    ...      "model_hparams.dropout_prob": Float(0.0, 0.6)},
+    ...     hparams=dict(model_class=MLP, model_hparams={"hidden_dims": [64]},
+    ...                  optimizer_hparams={"optimizer": "adamw", "lr": 1e-3}, exmp_input=x[:1]),
+    ...     train_loader=train, val_loader=val, num_epochs=20,
+    ...     metric="val/acc", direction="maximize", n_trials=30, study_name="mlp")
+    >>> trainer = load_best(study, MyTrainer, exmp_input=x[:1])                      # doctest: +SKIP
+
+Layout on disk (``base_dir/study_name``)::
+
+    studies/mlp/study.db            the study (default storage)
+    studies/mlp/trial_0000/         trial 0's log dir: hparams.yaml, metrics.csv, checkpoints/
+    studies/mlp/trial_0001/         ...
+
+See docs/tuning.md.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import difflib
+import inspect
+import json
+import logging
+import math
+import os
+import socket
+import sys
+import time
+import warnings
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+from flaxlight.callbacks.pruning import MetricNotLoggedError, PruningCallback
+
+try:
+    import optuna
+except ImportError as _exc:  # pragma: no cover - exercised only without the extra
+    raise ImportError("flaxlight.tune needs optuna: pip install 'flaxlight[tune]' (or pip install optuna).") from _exc
+
+__all__ = [
+    "Categorical",
+    "Float",
+    "Int",
+    "MetricNotLoggedError",
+    "PruningCallback",
+    "SearchSpace",
+    "StorageError",
+    "TuneError",
+    "infer_direction",
+    "load_best",
+    "load_study",
+    "make_pruner",
+    "make_sampler",
+    "make_storage",
+    "param_importances",
+    "parse_tune_config",
+    "plot_study",
+    "tune",
+    "tune_from_config",
+]
+
+_log = logging.getLogger("flaxlight.tune")
+
+STORAGE_FILE = "study.db"
+TRIAL_DIR = "trial_{number:04d}"
+DEFAULT_BASE_DIR = "studies"
+DEFAULT_STUDY_NAME = "study"
+SQLITE_TIMEOUT_S = 60  # seconds a worker waits for another one's write lock on the SQLite file
+HEARTBEAT_INTERVAL_S = 60  # a trial whose process died is marked failed after GRACE_PERIOD_S
+GRACE_PERIOD_S = 180
+
+
+class TuneError(RuntimeError):
+    """The study cannot go on (e.g. too many trials in a row failed)."""
+
+
+class StorageError(ConnectionError):
+    """The study storage cannot be opened (bad URL, unreachable server, missing driver)."""
+
+
+# --------------------------------------------------------------------------- search spaces
+@dataclasses.dataclass(frozen=True)
+class Float:
+    """A float in ``[low, high]``; ``log=True`` samples log-uniformly; ``step`` discretises.
+
+    YAML: ``{type: float, low: 1.0e-4, high: 1.0e-2, log: true}``.
+    """
+
+    low: float
+    high: float
+    log: bool = False
+    step: float | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Int:
+    """An int in ``[low, high]`` (both included); ``log=True`` samples log-uniformly.
+
+    YAML: ``{type: int, low: 1, high: 4}`` (``step: 2``, ``log: true`` optional).
+    """
+
+    low: int
+    high: int
+    log: bool = False
+    step: int = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class Categorical:
+    """One of ``choices``. Choices that are not None/bool/int/float/str (lists such as
+    ``[64, 64]``, dicts) are stored in the study as their JSON text and decoded for the trainer.
+
+    YAML: ``{type: categorical, choices: [adam, adamw, sgd]}``.
+    """
+
+    choices: Sequence[Any]
+
+
+Param = Float | Int | Categorical
+_SPEC_KEYS = {"float": ("low", "high", "log", "step"), "int": ("low", "high", "log", "step"),
+              "categorical": ("choices",)}
+_TYPE_ALIASES = {"float": "float", "real": "float", "uniform": "float", "int": "int", "integer": "int",
+                 "categorical": "categorical", "choice": "categorical"}
+_PRIMITIVE = (type(None), bool, int, float, str)
+_EXAMPLE = ("{'optimizer_hparams.lr': {'type': 'float', 'low': 1e-4, 'high': 1e-2, 'log': True}} "
+            "or, in Python, {'optimizer_hparams.lr': Float(1e-4, 1e-2, log=True)}")
+
+
+def _number(key: str, name: str, value: Any, integer: bool = False) -> float | int:
+    """A YAML number (PyYAML reads ``1e-4`` without a dot as a string, so strings are parsed)."""
+    if isinstance(value, str):
+        try:
+            value = float(value) if not integer else int(float(value))
+        except ValueError:
+            raise ValueError(f"search_space[{key!r}]: {name} must be a number, got {value!r}.") from None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"search_space[{key!r}]: {name} must be a number, got {value!r}.")
+    if not math.isfinite(value):
+        raise ValueError(f"search_space[{key!r}]: {name} must be finite, got {value!r}.")
+    if integer:
+        if float(value) != int(value):
+            raise ValueError(f"search_space[{key!r}]: {name} of an int range must be a whole number, got {value!r}.")
+        return int(value)
+    return float(value)
+
+
+def _check_param(key: str, param: Param) -> Param:
+    """Validate one parameter (numbers normalised); errors name the key and the fix."""
+    if isinstance(param, Categorical):
+        choices = param.choices
+        if isinstance(choices, (str, bytes)) or not isinstance(choices, Sequence) or len(choices) == 0:
+            raise ValueError(f"search_space[{key!r}]: categorical choices must be a non-empty list, got {choices!r}.")
+        labels = [_choice_label(key, c) for c in choices]
+        duplicated = sorted({label for label in labels if labels.count(label) > 1})
+        if duplicated:
+            raise ValueError(f"search_space[{key!r}]: categorical choices repeat {duplicated}.")
+        return Categorical(tuple(choices))
+    integer = isinstance(param, Int)
+    low, high = _number(key, "low", param.low, integer), _number(key, "high", param.high, integer)
+    if not isinstance(param.log, bool):
+        raise ValueError(f"search_space[{key!r}]: log must be true or false, got {param.log!r}.")
+    if low > high:
+        raise ValueError(f"search_space[{key!r}]: low={low!r} > high={high!r}; give the range as low <= high.")
+    if param.log and low <= 0:
+        raise ValueError(f"search_space[{key!r}]: a log-scale range needs low > 0, got low={low!r} "
+                         f"(use log: false for a range that includes 0, or start at a small positive value).")
+    step = param.step
+    if step is not None:
+        step = _number(key, "step", step, integer)
+        if step <= 0:
+            raise ValueError(f"search_space[{key!r}]: step must be > 0, got {step!r}.")
+        if param.log and (not integer or step != 1):
+            raise ValueError(f"search_space[{key!r}]: log scale and step cannot be combined (optuna samples "
+                             f"log-uniformly only without a step).")
+    if integer:
+        return Int(low, high, param.log, 1 if step is None else step)
+    return Float(low, high, param.log, step)
+
+
+def _choice_label(key: str, choice: Any) -> Any:
+    """The value stored in the study for a categorical choice (JSON text for non-primitives)."""
+    if isinstance(choice, _PRIMITIVE):
+        return choice
+    try:
+        return json.dumps(_plain(choice), sort_keys=True)
+    except TypeError:
+        raise ValueError(f"search_space[{key!r}]: categorical choice {choice!r} is not plain data (numbers, "
+                         f"strings, lists, dicts); a study stores its choices as JSON.") from None
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _parse_spec(key: str, spec: Any) -> Param | None:
+    """A parameter from a Python object or a YAML dict; None when ``spec`` is a nested section."""
+    if isinstance(spec, (Float, Int, Categorical)):
+        return spec
+    distributions = optuna.distributions
+    if isinstance(spec, distributions.FloatDistribution):
+        return Float(spec.low, spec.high, spec.log, spec.step)
+    if isinstance(spec, distributions.IntDistribution):
+        return Int(spec.low, spec.high, spec.log, spec.step)
+    if isinstance(spec, distributions.CategoricalDistribution):
+        return Categorical(spec.choices)
+    if not isinstance(spec, Mapping):
+        raise ValueError(
+            f"search_space[{key!r}] = {spec!r} is not a parameter: give a range or choices, e.g. {_EXAMPLE}. "
+            f"(A fixed value belongs in the trainer's hparams, not in the search space.)")
+    if "type" not in spec:
+        spec_like = {"low", "high", "log", "step", "choices"} & set(spec)
+        if spec_like:
+            raise ValueError(f"search_space[{key!r}] has {sorted(spec_like)} but no 'type': add "
+                             f"type: float, int or categorical.")
+        return None  # a nested section: {optimizer_hparams: {lr: {...}}}
+    kind = _TYPE_ALIASES.get(str(spec["type"]).lower())
+    if kind is None:
+        close = difflib.get_close_matches(str(spec["type"]).lower(), list(_TYPE_ALIASES), n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise ValueError(f"search_space[{key!r}]: unknown type {spec['type']!r}.{hint} Valid: float, int, categorical.")
+    allowed = _SPEC_KEYS[kind]
+    unknown = sorted(set(spec) - set(allowed) - {"type"})
+    if unknown:
+        close = difflib.get_close_matches(unknown[0], allowed, n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise ValueError(f"search_space[{key!r}]: unknown key {unknown[0]!r} for type {kind}.{hint} "
+                         f"Valid keys: type, {', '.join(allowed)}.")
+    if kind == "categorical":
+        if "choices" not in spec:
+            raise ValueError(f"search_space[{key!r}]: type categorical needs 'choices: [...]'.")
+        return Categorical(spec["choices"])
+    missing = [name for name in ("low", "high") if name not in spec]
+    if missing:
+        raise ValueError(f"search_space[{key!r}]: type {kind} needs {' and '.join(missing)}.")
+    cls = Float if kind == "float" else Int
+    return cls(spec["low"], spec["high"], spec.get("log", False),
+               spec.get("step", None if kind == "float" else 1))
+
+
+class SearchSpace(Mapping):
+    """Parameters to tune, keyed by dotted paths into the trainer's hparams.
+
+    Built from a dict whose values are :class:`Float`, :class:`Int`, :class:`Categorical`,
+    optuna distributions, or YAML-style dicts (``{type: float, low: ..., high: ..., log: true}``,
+    ``{type: int, ...}``, ``{type: categorical, choices: [...]}``). Nested dicts are flattened
+    (``{optimizer_hparams: {lr: {...}}}`` is ``optimizer_hparams.lr``). Validated on
+    construction: every mistake raises a ``ValueError`` naming the key.
+
+    Example:
+        >>> space = SearchSpace({"optimizer_hparams.lr": {"type": "float", "low": 1e-4, "high": 1e-2, "log": True},
+        ...                      "model_hparams.dropout_prob": Float(0.0, 0.6)})
+        >>> sorted(space)
+        ['model_hparams.dropout_prob', 'optimizer_hparams.lr']
+    """
+
+    def __init__(self, space: Mapping[str, Any] | "SearchSpace"):
+        if isinstance(space, SearchSpace):
+            self._params: dict[str, Param] = dict(space._params)
+            return
+        if not isinstance(space, Mapping):
+            raise ValueError(f"search_space must be a dict of dotted key -> range or choices, got "
+                             f"{type(space).__name__}; e.g. {_EXAMPLE}.")
+        self._params = {}
+        self._flatten(space, prefix="")
+        if not self._params:
+            raise ValueError(f"search_space is empty: give at least one parameter to tune, e.g. {_EXAMPLE}.")
+
+    def _flatten(self, space: Mapping, prefix: str) -> None:
+        for raw_key, spec in space.items():
+            if not isinstance(raw_key, str) or not raw_key or any(not part for part in raw_key.split(".")):
+                raise ValueError(f"search_space key {prefix}{raw_key!r} must be a dotted name such as "
+                                 f"'optimizer_hparams.lr' (no empty parts).")
+            key = prefix + raw_key
+            param = _parse_spec(key, spec)
+            if param is None:
+                if not spec:
+                    raise ValueError(f"search_space[{key!r}] is an empty section.")
+                self._flatten(spec, prefix=key + ".")
+                continue
+            if key in self._params:
+                raise ValueError(f"search_space names {key!r} twice.")
+            self._params[key] = _check_param(key, param)
+
+    def __getitem__(self, key: str) -> Param:
+        return self._params[key]
+
+    def __iter__(self):
+        return iter(self._params)
+
+    def __len__(self) -> int:
+        return len(self._params)
+
+    def __repr__(self) -> str:
+        return f"SearchSpace({self._params!r})"
+
+    def suggest(self, trial) -> dict[str, Any]:
+        """Sample every parameter from ``trial``: ``{dotted key: value}`` (categorical JSON decoded)."""
+        values = {}
+        for key, param in self._params.items():
+            if isinstance(param, Float):
+                values[key] = trial.suggest_float(key, param.low, param.high, log=param.log, step=param.step)
+            elif isinstance(param, Int):
+                values[key] = trial.suggest_int(key, param.low, param.high, log=param.log, step=param.step)
+            else:
+                labels = [_choice_label(key, c) for c in param.choices]
+                label = trial.suggest_categorical(key, labels)
+                values[key] = param.choices[labels.index(label)]
+        return values
+
+    def decode(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        """Trial params as stored in the study -> values for the trainer (categorical JSON decoded)."""
+        values = dict(params)
+        for key, param in self._params.items():
+            if isinstance(param, Categorical) and key in values:
+                labels = [_choice_label(key, c) for c in param.choices]
+                if values[key] in labels:
+                    values[key] = param.choices[labels.index(values[key])]
+        return values
+
+    def to_config(self) -> dict[str, dict]:
+        """The YAML form (plain dicts), e.g. to save beside the study."""
+        out = {}
+        for key, param in self._params.items():
+            if isinstance(param, Categorical):
+                out[key] = {"type": "categorical", "choices": _plain(list(param.choices))}
+            else:
+                spec = {"type": "float" if isinstance(param, Float) else "int", "low": param.low, "high": param.high}
+                if param.log:
+                    spec["log"] = True
+                if param.step not in (None, 1) or (isinstance(param, Float) and param.step is not None):
+                    spec["step"] = param.step
+                out[key] = spec
+        return out
+
+
+# --------------------------------------------------------------------------- dotted overrides
+def _with_overrides(base: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """``base`` with each dotted key set; dicts and lists on the way are copied, leaves (arrays) are
+    not. A list is indexed by a number (``callbacks.0.args.patience``)."""
+    result = dict(base)
+    for key, value in overrides.items():
+        parts = key.split(".")
+        node: Any = result
+        for depth, part in enumerate(parts):
+            last = depth == len(parts) - 1
+            if isinstance(node, list):
+                if not part.isdigit() or int(part) >= len(node):
+                    raise ValueError(f"search_space key {key!r}: {'.'.join(parts[:depth])!r} is a list of "
+                                     f"{len(node)} items; {part!r} is not an index into it.")
+                part = int(part)
+            if last:
+                node[part] = value
+                break
+            child = node[part] if isinstance(node, list) else node.get(part)
+            if child is None:
+                child = {}
+            elif isinstance(child, Mapping):
+                child = dict(child)
+            elif isinstance(child, (list, tuple)):
+                child = list(child)
+            elif dataclasses.is_dataclass(child) and not isinstance(child, type):
+                child = dataclasses.asdict(child)
+            else:
+                raise ValueError(f"search_space key {key!r}: {'.'.join(parts[:depth + 1])!r} is "
+                                 f"{type(child).__name__} ({child!r}), not a dict, so {parts[depth + 1]!r} "
+                                 f"cannot be set inside it.")
+            node[part] = child
+            node = child
+    return result
+
+
+def _explicit_parameters(fn) -> tuple[set[str], bool]:
+    """Names ``fn`` takes by name, and whether it also takes ``**kwargs``."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return set(), True
+    names = {p.name for p in params if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)} - {"self"}
+    return names, any(p.kind == p.VAR_KEYWORD for p in params)
+
+
+def _trainer_keywords(trainer_class) -> set[str]:
+    """Keyword arguments a trainer class accepts: its own, TrainerModule's and TrainerOptions'."""
+    from flaxlight.trainer import TrainerModule, TrainerOptions
+
+    names, _ = _explicit_parameters(trainer_class.__init__)
+    base, _ = _explicit_parameters(TrainerModule.__init__)
+    return names | base | {f.name for f in dataclasses.fields(TrainerOptions)} | {"callbacks", "loggers"}
+
+
+def _model_fields(model_class) -> set[str] | None:
+    """Hyperparameters a model class takes (Linen dataclass fields or ``__init__`` args); None: any."""
+    if isinstance(model_class, type) and dataclasses.is_dataclass(model_class):
+        return {f.name for f in dataclasses.fields(model_class) if f.init} - {"parent", "name"}
+    if isinstance(model_class, type):
+        names, var_kw = _explicit_parameters(model_class.__init__)
+        return None if var_kw else names - {"rngs"}
+    return None
+
+
+def _check_keys(trainer_class, hparams: Mapping[str, Any], space: SearchSpace, data_key: str | None) -> None:
+    """Fail before the first trial when a dotted key cannot reach the trainer (typos)."""
+    accepted = _trainer_keywords(trainer_class) | set(hparams) | ({data_key} if data_key else set())
+    model_fields = _model_fields(hparams.get("model_class"))
+    for key in space:
+        top, _, rest = key.partition(".")
+        if top not in accepted:
+            close = difflib.get_close_matches(top, sorted(accepted), n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            raise ValueError(f"search_space key {key!r}: {trainer_class.__name__} takes no argument {top!r}.{hint} "
+                             f"Keys start with a constructor argument such as 'optimizer_hparams' or "
+                             f"'model_hparams'" + (f", or {data_key!r} for the loaders." if data_key else "."))
+        if top == "model_hparams" and rest and model_fields is not None:
+            field = rest.split(".")[0]
+            if field not in model_fields:
+                close = difflib.get_close_matches(field, sorted(model_fields), n=1)
+                hint = f" Did you mean {close[0]!r}?" if close else ""
+                raise ValueError(f"search_space key {key!r}: {hparams['model_class'].__name__} has no "
+                                 f"hyperparameter {field!r}.{hint} It takes: {sorted(model_fields)}.")
+
+
+# --------------------------------------------------------------------------- samplers, pruners, storage
+_SAMPLERS = {
+    "tpe": "TPESampler", "random": "RandomSampler", "cmaes": "CmaEsSampler", "qmc": "QMCSampler",
+    "gp": "GPSampler", "nsgaii": "NSGAIISampler", "bruteforce": "BruteForceSampler",
+}
+_PRUNERS = {
+    "median": "MedianPruner", "percentile": "PercentilePruner", "hyperband": "HyperbandPruner",
+    "successive_halving": "SuccessiveHalvingPruner", "threshold": "ThresholdPruner",
+    "patient": "PatientPruner", "wilcoxon": "WilcoxonPruner", "none": "NopPruner", "nop": "NopPruner",
+}
+
+
+def _make_named(kind: str, table: Mapping[str, str], module, spec: Any, seed: int | None = None):
+    if spec is None:
+        spec = "tpe" if kind == "sampler" else "median"
+    base = optuna.samplers.BaseSampler if kind == "sampler" else optuna.pruners.BasePruner
+    if isinstance(spec, base):
+        return spec
+    if isinstance(spec, str):
+        name, kwargs = spec, {}
+    elif isinstance(spec, Mapping) and "name" in spec:
+        kwargs = dict(spec)
+        name = kwargs.pop("name")
+    else:
+        raise ValueError(f"{kind} must be a name ({', '.join(sorted(table))}), a dict {{name: ..., <arguments>}} "
+                         f"or an optuna {base.__name__}; got {spec!r}.")
+    key = str(name).lower().replace("-", "_").removesuffix("sampler").removesuffix("pruner").rstrip("_")
+    if key not in table:
+        close = difflib.get_close_matches(key, list(table), n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise ValueError(f"Unknown {kind} {name!r}.{hint} Valid: {', '.join(sorted(table))}.")
+    cls = getattr(module, table[key])
+    if kind == "sampler" and seed is not None and "seed" in inspect.signature(cls).parameters:
+        kwargs.setdefault("seed", seed)
+    if key == "patient" and isinstance(kwargs.get("wrapped_pruner"), (str, Mapping)):
+        kwargs["wrapped_pruner"] = make_pruner(kwargs["wrapped_pruner"])
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            return cls(**kwargs)
+    except TypeError as exc:
+        raise ValueError(f"{kind} {name!r}: {exc}") from None
+
+
+def make_sampler(spec: Any = None, seed: int | None = None) -> "optuna.samplers.BaseSampler":
+    """A sampler from a name (``"tpe"``, ``"random"``, ``"cmaes"``, ``"qmc"``, ``"gp"``, ...), a
+    dict ``{name: tpe, n_startup_trials: 5, ...}`` or an optuna sampler. Default: TPE."""
+    return _make_named("sampler", _SAMPLERS, optuna.samplers, spec, seed)
+
+
+def make_pruner(spec: Any = None) -> "optuna.pruners.BasePruner":
+    """A pruner from a name (``"median"``, ``"percentile"``, ``"hyperband"``, ``"successive_halving"``,
+    ``"threshold"``, ``"none"``, ...), a dict ``{name: median, n_startup_trials: 5, n_warmup_steps: 2}``
+    or an optuna pruner. Default: ``MedianPruner()``."""
+    return _make_named("pruner", _PRUNERS, optuna.pruners, spec)
+
+
+def _redact(url: str) -> str:
+    try:
+        import sqlalchemy
+
+        return sqlalchemy.engine.make_url(url).render_as_string(hide_password=True)
+    except Exception:  # noqa: BLE001 - best effort only, for error messages
+        return url
+
+
+def make_storage(storage: Any = None, default_path: str | os.PathLike | None = None):
+    """An optuna storage from a URL, a file path or a storage object.
+
+    - None: SQLite at ``default_path`` (its folder is created).
+    - ``"sqlite:///path.db"``, ``"postgresql://user:pw@host/db"``, ``"mysql+pymysql://..."``: an
+      ``RDBStorage`` (SQLite waits up to 60 s for another worker's lock). Heartbeats are on, so a
+      trial whose process died is marked failed when the study next runs (after 3 minutes).
+    - a path ending in ``.db``/``.sqlite``/``.sqlite3``: that SQLite file.
+    - a path ending in ``.log``/``.jsonl``: Optuna's ``JournalStorage`` on that file (works on
+      network file systems without a database server).
+    - an ``optuna.storages.BaseStorage``: used as is.
+
+    Raises :class:`StorageError` when the storage cannot be opened, with the cause and a fix.
+    """
+    if isinstance(storage, optuna.storages.BaseStorage):
+        return storage
+    if storage is None:
+        if default_path is None:
+            raise ValueError("make_storage needs a storage URL or a default_path for the SQLite file.")
+        os.makedirs(os.path.dirname(os.path.abspath(default_path)), exist_ok=True)
+        storage = default_path
+    text = os.fspath(storage)
+    if not isinstance(text, str) or not text:
+        raise ValueError(f"storage must be a URL or a file path, got {storage!r}.")
+    if "://" not in text:
+        path = os.path.abspath(text)
+        if path.endswith((".log", ".jsonl", ".journal")):
+            try:
+                backend = optuna.storages.journal.JournalFileBackend(path)
+                return optuna.storages.JournalStorage(backend)
+            except Exception as exc:  # noqa: BLE001 - reported with the path
+                raise StorageError(f"Cannot open the journal file {path!r} as study storage: "
+                                   f"{type(exc).__name__}: {exc}") from exc
+        if not path.endswith((".db", ".sqlite", ".sqlite3")):
+            raise ValueError(f"storage {text!r} is neither a database URL (sqlite:///study.db, "
+                             f"postgresql://user:password@host/db) nor a file ending in .db/.sqlite (SQLite) or "
+                             f".log/.jsonl (journal).")
+        text = f"sqlite:///{path}"
+    sqlite = text.startswith("sqlite")
+    engine_kwargs = {"connect_args": {"timeout": SQLITE_TIMEOUT_S}} if sqlite else {}
+    if sqlite:
+        _check_sqlite_folder(text)
+    last_exc: Exception | None = None
+    for attempt in range(6):
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # heartbeat_interval is "experimental"
+                return optuna.storages.RDBStorage(
+                    text, engine_kwargs=engine_kwargs, heartbeat_interval=HEARTBEAT_INTERVAL_S,
+                    grace_period=GRACE_PERIOD_S)
+        except Exception as exc:  # noqa: BLE001 - turned into one clear error below
+            last_exc = exc
+            # Workers creating the tables of a new SQLite file at the same moment collide
+            # (IntegrityError on alembic_version, "table already exists", "database is locked"): retry.
+            if not (sqlite and type(exc).__module__.startswith("sqlalchemy")):
+                break
+            time.sleep(0.2 * (attempt + 1))
+    shown = _redact(text)
+    hint = ""
+    if isinstance(last_exc, ImportError) or "Can't load plugin" in str(last_exc):
+        hint = (" The database driver is missing or the URL's scheme is wrong: e.g. pip install psycopg2-binary "
+                "for postgresql://, pymysql for mysql+pymysql://.")
+    elif text.startswith("sqlite"):
+        hint = " Check that the file's folder exists and is writable."
+    else:
+        hint = " Check the host, port, database name and credentials, and that the server is running."
+    raise StorageError(f"Cannot open the study storage {shown!r}: {type(last_exc).__name__}: "
+                       f"{str(last_exc).splitlines()[0] if str(last_exc) else ''}.{hint}") from last_exc
+
+
+def _check_sqlite_folder(url: str) -> None:
+    """Fail fast, and clearly, when an SQLite file's folder does not exist."""
+    try:
+        import sqlalchemy
+
+        database = sqlalchemy.engine.make_url(url).database
+    except Exception:  # noqa: BLE001 - sqlalchemy reports a malformed URL itself
+        return
+    if database and database != ":memory:" and not database.startswith("file:"):
+        folder = os.path.dirname(os.path.abspath(database))
+        if not os.path.isdir(folder):
+            raise StorageError(f"Cannot open the study storage {url!r}: the folder {folder!r} does not exist. "
+                               f"Create it, or leave storage=None to use an SQLite file in the study's run dir.")
+
+
+_MAXIMIZE_WORDS = ("acc", "accuracy", "f1", "auc", "auroc", "precision", "recall", "r2", "iou", "dice",
+                   "map", "bleu", "score", "top1", "top5")
+_MINIMIZE_WORDS = ("loss", "error", "err", "mse", "mae", "rmse", "nll", "perplexity", "ppl", "bpc", "val_metric")
+
+
+def infer_direction(metric: str) -> str:
+    """``"maximize"`` for accuracy-like names, ``"minimize"`` for loss-like ones; else a ValueError."""
+    name = metric.rsplit("/", 1)[-1].lower()
+    if name in _MINIMIZE_WORDS or name.endswith(("loss", "_error", "_mse", "_mae")):
+        return "minimize"
+    if name in _MAXIMIZE_WORDS or name.endswith(("acc", "accuracy", "_f1", "_auc")):
+        return "maximize"
+    raise ValueError(f"Cannot tell whether to maximize or minimize {metric!r}: pass direction='maximize' or "
+                     f"direction='minimize'.")
+
+
+def _check_direction(direction: str | None, metric: str) -> str:
+    if direction is None:
+        return infer_direction(metric)
+    value = str(direction).lower()
+    value = {"max": "maximize", "min": "minimize"}.get(value, value)
+    if value not in ("maximize", "minimize"):
+        raise ValueError(f"direction must be 'maximize' or 'minimize', got {direction!r}.")
+    return value
+
+
+def _open_study(storage, study_name: str, direction: str, metric: str, run_dir: str, sampler, pruner):
+    """Create the study or load it (resume / another worker); check it optimises the same thing."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            study = optuna.create_study(storage=storage, sampler=sampler, pruner=pruner, study_name=study_name,
+                                        direction=direction, load_if_exists=True)
+    except Exception as exc:  # noqa: BLE001 - the storage URL was accepted but using it failed
+        if isinstance(exc, (ValueError, TypeError)):
+            raise
+        raise StorageError(f"Cannot create or load study {study_name!r}: {type(exc).__name__}: {exc}") from exc
+    existing = study.direction.name.lower()
+    if existing != direction:
+        raise ValueError(f"Study {study_name!r} in this storage was created to {existing} its objective; this call "
+                         f"asks to {direction}. Use another study_name (or the same direction).")
+    attrs = study.user_attrs
+    if attrs.get("metric") not in (None, metric):
+        raise ValueError(f"Study {study_name!r} optimises {attrs['metric']!r}; this call asks for {metric!r}. "
+                         f"Use another study_name to optimise a different metric.")
+    for name, value in (("metric", metric), ("run_dir", run_dir)):
+        if name not in attrs:
+            study.set_user_attr(name, value)
+    return study
+
+
+def load_study(storage: Any = None, study_name: str | None = None, base_dir: str | os.PathLike = DEFAULT_BASE_DIR):
+    """Open an existing study: by ``storage`` (URL, ``.db`` file, or a study's run dir holding
+    ``study.db``) or, by default, ``base_dir/study_name/study.db``. ``study_name`` may be left
+    out when the storage holds exactly one study."""
+    if storage is None:
+        if study_name is None:
+            raise ValueError("load_study needs a storage or a study_name.")
+        storage = os.path.join(os.fspath(base_dir), study_name, STORAGE_FILE)
+    if isinstance(storage, (str, os.PathLike)) and os.path.isdir(storage):
+        storage = os.path.join(os.fspath(storage), STORAGE_FILE)
+    if isinstance(storage, (str, os.PathLike)) and "://" not in os.fspath(storage) and not os.path.exists(storage):
+        raise FileNotFoundError(f"No study storage at {os.fspath(storage)!r}.")
+    storage = make_storage(storage)
+    if study_name is None:
+        names = [s.study_name for s in optuna.get_all_study_summaries(storage, include_best_trial=False)]
+        if len(names) != 1:
+            raise ValueError(f"The storage holds {len(names)} studies {names}: pass study_name.")
+        study_name = names[0]
+    try:
+        return optuna.load_study(study_name=study_name, storage=storage)
+    except KeyError:
+        names = [s.study_name for s in optuna.get_all_study_summaries(storage, include_best_trial=False)]
+        raise KeyError(f"No study named {study_name!r} in this storage; it holds {names}.") from None
+
+
+# --------------------------------------------------------------------------- the objective
+class _TrialFailed(Exception):
+    """A trial's error, already recorded in its user attrs; optuna marks the trial failed."""
+
+
+class _Interrupted(KeyboardInterrupt):
+    """SIGTERM/SIGINT during a trial: optuna marks it failed, then ``tune`` exits as the trainer asked."""
+
+    def __init__(self, original: BaseException):
+        super().__init__(str(original))
+        self.original = original
+
+
+class _FailureLimit:
+    """Study callback: stop after ``limit`` trials in a row failed in this process."""
+
+    def __init__(self, limit: int | None):
+        self.limit, self.in_a_row, self.last_error, self.hit = limit, 0, None, False
+
+    def __call__(self, study, trial) -> None:
+        if trial.state == optuna.trial.TrialState.FAIL:
+            self.in_a_row += 1
+            self.last_error = trial.user_attrs.get("error", "see the log")
+            if self.limit is not None and self.in_a_row >= self.limit:
+                self.hit = True
+                study.stop()
+        elif trial.state in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED):
+            self.in_a_row = 0
+
+
+def _best_checkpoint(trainer) -> tuple[str | None, int | None]:
+    """The trial's best checkpoint dir and step (the newest when no validation ranked one)."""
+    from flaxlight.callbacks import ModelCheckpoint
+
+    checkpointer = getattr(trainer, "checkpointer", None)
+    if checkpointer is None or getattr(trainer, "log_dir", None) is None:
+        return None, None
+    checkpointer.wait()
+    steps = checkpointer.all_steps()
+    if not steps:
+        return None, None
+    best = next((cb.best_step for cb in trainer.callbacks if isinstance(cb, ModelCheckpoint)), None)
+    step = best if best in steps else max(steps)
+    return os.path.join(str(checkpointer.directory), str(step)), int(step)
+
+
+def _short_error(exc: BaseException) -> str:
+    text = f"{type(exc).__name__}: {exc}"
+    return text if len(text) <= 2000 else text[:2000] + " ..."
+
+
+def _jsonable_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
+    out = {}
+    for key, value in (metrics or {}).items():
+        try:
+            out[str(key)] = float(value)
+        except (TypeError, ValueError):
+            continue
+    return out
+
+
+class _Objective:
+    """Build a trial's trainer in its own log dir, train it, record the trial, return the metric.
+
+    ``build(values, log_dir, callbacks) -> (trainer, train_loader, val_loader, num_epochs)`` makes
+    the run from the trial's sampled ``{dotted key: value}``; the trainer must log to ``log_dir``
+    and run ``callbacks`` (the pruning callback is added when it does not).
+    """
+
+    def __init__(self, build: Callable[..., tuple], space: SearchSpace, metric: str, run_dir: str,
+                 catch: tuple[type[BaseException], ...]):
+        self.build, self.space, self.metric = build, space, metric
+        self.run_dir, self.catch = run_dir, catch
+
+    def __call__(self, trial) -> float:
+        log_dir = os.path.join(self.run_dir, TRIAL_DIR.format(number=trial.number))
+        trial.set_user_attr("log_dir", log_dir)
+        trial.set_user_attr("host", socket.gethostname())
+        pruning = PruningCallback(trial, monitor=self.metric)
+        trainer = None
+        try:
+            trainer, train_loader, val_loader, num_epochs = self.build(self.space.suggest(trial), log_dir, [pruning])
+            if not any(cb is pruning for cb in trainer.callbacks):
+                trainer.callbacks.insert(0, pruning)  # a factory that did not pass hparams["callbacks"] on
+            actual_dir = getattr(trainer, "log_dir", None)
+            if actual_dir and os.path.abspath(actual_dir) != os.path.abspath(log_dir):
+                trial.set_user_attr("log_dir", os.path.abspath(actual_dir))
+            metrics = trainer.train_model(train_loader, val_loader, num_epochs=num_epochs)
+            checkpoint, _ = _best_checkpoint(trainer)
+            trial.set_user_attr("best_checkpoint", checkpoint)
+            trial.set_user_attr("metrics", _jsonable_metrics(metrics))
+            trial.set_user_attr("epochs", int(trainer.current_epoch))
+            if trainer.stop_reason:
+                trial.set_user_attr("stop_reason", trainer.stop_reason)
+            pruning.raise_if_pruned()
+            if pruning.nonfinite:
+                raise FloatingPointError(pruning.reason)
+            value = metrics.get(self.metric) if isinstance(metrics, Mapping) else None
+            if value is None:
+                try:
+                    value = trainer.monitored_value(self.metric, owner="tune(metric=...)")
+                except KeyError as exc:
+                    raise MetricNotLoggedError(exc.args[0] if exc.args else str(exc)) from None
+            value = float(value)
+            if not math.isfinite(value):
+                raise FloatingPointError(f"The objective {self.metric} is {value}.")
+            return value
+        except optuna.TrialPruned:
+            raise
+        except MetricNotLoggedError as exc:
+            trial.set_user_attr("error", _short_error(exc))
+            raise MetricNotLoggedError(f"tune(metric={self.metric!r}): {exc}") from None
+        except (SystemExit, KeyboardInterrupt) as exc:
+            trial.set_user_attr("error", f"interrupted: {_short_error(exc)}")
+            raise _Interrupted(exc) from exc
+        except Exception as exc:  # noqa: BLE001 - recorded; the study goes on when `catch` allows it
+            trial.set_user_attr("error", _short_error(exc))
+            if isinstance(exc, self.catch):
+                raise _TrialFailed(_short_error(exc)) from exc
+            raise
+        finally:
+            if trainer is not None and hasattr(trainer, "state"):
+                trainer.state = None  # free the trial's arrays now (device memory), not at the next gc cycle
+            del trainer
+
+
+def tune(
+    trainer: type | Callable[[dict], Any],
+    search_space: Mapping[str, Any] | SearchSpace,
+    *,
+    hparams: Mapping[str, Any] | None = None,
+    train_loader: Iterable | None = None,
+    val_loader: Iterable | None = None,
+    loaders: Callable[[dict], tuple] | None = None,
+    num_epochs: int = 10,
+    metric: str = "val/loss",
+    direction: str | None = None,
+    n_trials: int | None = 20,
+    timeout: float | None = None,
+    storage: Any = None,
+    study_name: str = DEFAULT_STUDY_NAME,
+    base_dir: str | os.PathLike = DEFAULT_BASE_DIR,
+    sampler: Any = None,
+    pruner: Any = None,
+    seed: int | None = None,
+    catch: tuple[type[BaseException], ...] = (Exception,),
+    max_failed_in_a_row: int | None = 5,
+) -> "optuna.Study":
+    """Run ``n_trials`` trials of a study; returns the ``optuna.Study`` (stored, resumable).
+
+    Args:
+        trainer: a :class:`~flaxlight.TrainerModule` subclass, called as ``trainer(**hparams)``
+            for each trial, or a factory ``f(hparams: dict) -> trainer``. The dict it receives is
+            ``hparams`` with the trial's sampled values set at their dotted keys, plus
+            ``logger_params={"log_dir": <trial dir>, ...}``, ``callbacks=[..., PruningCallback]``
+            and ``monitor``/``mode`` (from ``metric``/``direction``) — pass those on to the
+            trainer (a factory that drops the callbacks still gets the pruning callback added).
+        search_space: ``{dotted key: Float(...) | Int(...) | Categorical(...) | YAML dict}``;
+            see :class:`SearchSpace`. Keys index into ``hparams``: ``optimizer_hparams.lr``,
+            ``model_hparams.dropout_prob``, ``seed``, ``data.batch_size`` (see ``loaders``).
+        hparams: the fixed keyword arguments of every trial's trainer (``model_class``,
+            ``model_hparams``, ``optimizer_hparams``, ``exmp_input``, trainer options...). Trial
+            trainers default to no progress bar and no model table.
+        train_loader, val_loader: the data of every trial; or
+        loaders: ``f(hparams) -> (train_loader, val_loader)`` per trial, for tuning data settings
+            (the key ``data`` of ``hparams`` is then given to it, not to a trainer class).
+        num_epochs: epochs per trial (pruning stops bad trials earlier).
+        metric: what to optimise, e.g. ``"val/acc"``; the trial's value is the best model's
+            (``train_model``'s return). A metric the trainer never logs stops the study in its
+            first trial with :class:`MetricNotLoggedError` listing the logged keys.
+        direction: ``"maximize"`` or ``"minimize"``; None infers it from the metric's name
+            (``acc`` -> maximize, ``loss`` -> minimize) or asks for it.
+        n_trials: trials this call runs (None: until ``timeout``); run ``tune`` again with the same
+            storage and study name to add more; run it in several processes to share the work.
+        timeout: stop starting new trials after this many seconds.
+        storage: None (SQLite ``base_dir/study_name/study.db``), a database URL, a ``.db`` or
+            ``.log`` file, or an optuna storage; see :func:`make_storage`.
+        study_name: the study's name in the storage (and its folder under ``base_dir``).
+        base_dir: trial log dirs go to ``base_dir/study_name/trial_NNNN/``.
+        sampler, pruner: optuna objects or specs for :func:`make_sampler` / :func:`make_pruner`
+            (defaults: TPE seeded with ``seed``, and ``MedianPruner()``).
+        seed: the default sampler's seed (give each parallel worker its own, or None).
+        catch: exception types that fail a trial (recorded in ``user_attrs["error"]``) without
+            stopping the study; others stop it after recording the trial as failed.
+        max_failed_in_a_row: stop with :class:`TuneError` after this many consecutive failed
+            trials in this process (a broken set-up, not an unlucky sample); None: never.
+
+    Each trial's ``user_attrs``: ``log_dir``, ``best_checkpoint``, ``metrics``
+    (the best validation metrics), ``epochs``, ``stop_reason``, ``host``, and ``error`` for a
+    failed trial. Pruned and failed trials keep their files.
+    """
+    space = search_space if isinstance(search_space, SearchSpace) else SearchSpace(search_space)
+    if not isinstance(metric, str) or not metric:
+        raise ValueError(f"metric must be a logged metric's name such as 'val/acc', got {metric!r}.")
+    direction = _check_direction(direction, metric)
+    if isinstance(num_epochs, bool) or not isinstance(num_epochs, int) or num_epochs < 1:
+        raise ValueError(f"num_epochs must be a positive int, got {num_epochs!r}.")
+    catch = tuple(catch)
+    if loaders is None:
+        if train_loader is None:
+            raise ValueError("tune needs the data: train_loader= (and val_loader=), or loaders=f(hparams) -> "
+                             "(train_loader, val_loader).")
+    elif train_loader is not None or val_loader is not None:
+        raise ValueError("Give either train_loader/val_loader or loaders=, not both.")
+
+    base = dict(hparams or {})
+    trial_defaults = {"enable_progress_bar": False, "enable_model_summary": False}
+    if metric.startswith("val/"):
+        trial_defaults.update(monitor=metric, mode="max" if direction == "maximize" else "min")
+    for key, value in trial_defaults.items():
+        base.setdefault(key, value)
+    if isinstance(trainer, type):
+        from flaxlight.trainer import TrainerModule
+
+        if not issubclass(trainer, TrainerModule):
+            raise TypeError(f"trainer must be a TrainerModule subclass or a factory f(hparams) -> trainer; "
+                            f"got the class {trainer.__name__}.")
+        _check_keys(trainer, base, space, data_key="data" if loaders is not None else None)
+        trainer_class = trainer
+
+        def make_trainer(trial_hparams: dict):
+            return trainer_class(**{k: v for k, v in trial_hparams.items() if k != "data"})
+    elif callable(trainer):
+        make_trainer = trainer
+    else:
+        raise TypeError(f"trainer must be a TrainerModule subclass or a factory f(hparams) -> trainer; "
+                        f"got {type(trainer).__name__}.")
+
+    def build(values: dict, log_dir: str, callbacks: list) -> tuple:
+        trial_hparams = _with_overrides(base, values)
+        trial_hparams["logger_params"] = {**dict(trial_hparams.get("logger_params") or {}), "log_dir": log_dir}
+        # Callbacks with state (EarlyStopping's best score) must not carry over from trial to trial.
+        trial_hparams["callbacks"] = [copy.deepcopy(cb) for cb in trial_hparams.get("callbacks") or []] + callbacks
+        trial_trainer = make_trainer(trial_hparams)
+        if loaders is None:
+            return trial_trainer, train_loader, val_loader, num_epochs
+        made = loaders(trial_hparams)
+        if not (isinstance(made, (tuple, list)) and len(made) == 2):
+            raise TypeError(f"loaders(hparams) must return (train_loader, val_loader); got {type(made).__name__}.")
+        return trial_trainer, made[0], made[1], num_epochs
+
+    return _run_study(build, space, metric=metric, direction=direction, n_trials=n_trials, timeout=timeout,
+                      storage=storage, study_name=study_name, base_dir=base_dir, sampler=sampler, pruner=pruner,
+                      seed=seed, catch=catch, max_failed_in_a_row=max_failed_in_a_row)
+
+
+def _run_study(build: Callable[..., tuple], space: SearchSpace, *, metric: str, direction: str,
+               n_trials: int | None, timeout: float | None, storage: Any, study_name: str,
+               base_dir: str | os.PathLike, sampler: Any, pruner: Any, seed: int | None,
+               catch: tuple, max_failed_in_a_row: int | None) -> "optuna.Study":
+    """Open (or create) the study, run the trials, report a stop for too many failures."""
+    if n_trials is not None and (isinstance(n_trials, bool) or not isinstance(n_trials, int) or n_trials < 0):
+        raise ValueError(f"n_trials must be an int >= 0 (or None with a timeout), got {n_trials!r}.")
+    if n_trials is None and timeout is None:
+        raise ValueError("n_trials=None runs until timeout: give a timeout (seconds) too.")
+    if not isinstance(study_name, str) or not study_name or os.sep in study_name:
+        raise ValueError(f"study_name must be a non-empty name without {os.sep!r}, got {study_name!r}.")
+    if max_failed_in_a_row is not None and (not isinstance(max_failed_in_a_row, int) or max_failed_in_a_row < 1):
+        raise ValueError(f"max_failed_in_a_row must be a positive int or None, got {max_failed_in_a_row!r}.")
+    sampler, pruner = make_sampler(sampler, seed), make_pruner(pruner)
+    run_dir = os.path.abspath(os.path.join(os.fspath(base_dir), study_name))
+    storage_obj = make_storage(storage, default_path=os.path.join(run_dir, STORAGE_FILE))
+    os.makedirs(run_dir, exist_ok=True)
+    study = _open_study(storage_obj, study_name, direction, metric, run_dir, sampler, pruner)
+    if n_trials == 0:
+        return study
+    objective = _Objective(build, space, metric, run_dir, catch)
+    limit = _FailureLimit(max_failed_in_a_row)
+    try:
+        study.optimize(objective, n_trials=n_trials, timeout=timeout, catch=(_TrialFailed,), callbacks=[limit])
+    except _Interrupted as interrupt:
+        raise interrupt.original from None
+    if limit.hit:
+        raise TuneError(f"Stopped study {study_name!r}: {limit.in_a_row} trials in a row failed (last error: "
+                        f"{limit.last_error}). Fix the set-up and run tune again: the study resumes "
+                        f"(max_failed_in_a_row=None never stops).")
+    return study
+
+
+def load_best(study: "optuna.Study", trainer_class: type, exmp_input: Any, which: str = "best", **overrides: Any):
+    """The best trial's model: ``trainer_class.load_from_checkpoint(best_trial.user_attrs["log_dir"], ...)``.
+
+    ``which="best"`` loads the trial's best checkpoint (the one its objective value came from).
+    """
+    try:
+        best = study.best_trial
+    except ValueError:
+        states = [t.state.name for t in study.trials]
+        raise ValueError(f"Study {study.study_name!r} has no completed trial yet (trial states: {states}).") from None
+    log_dir = best.user_attrs.get("log_dir")
+    if not log_dir:
+        raise ValueError(f"Trial {best.number} of study {study.study_name!r} has no 'log_dir' user attr: it was not "
+                         f"run by flaxlight.tune.")
+    overrides.setdefault("enable_progress_bar", False)
+    return trainer_class.load_from_checkpoint(log_dir, exmp_input, which=which, **overrides)
+
+
+def param_importances(study: "optuna.Study") -> dict[str, float]:
+    """``{param: importance}`` over the completed trials (optuna's default evaluator), most important first."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        return dict(optuna.importance.get_param_importances(study))
+
+
+# --------------------------------------------------------------------------- plots
+def plot_study(storage: Any, study_name: str | None = None, out_dir: str | os.PathLike | None = None) -> list[str]:
+    """Write PNGs of a study: optimisation history, intermediate values, parameter importances and
+    a contour of the two most important parameters; returns the paths written.
+
+    ``storage`` is an ``optuna.Study``, a storage URL, a ``.db`` file or a study's run dir;
+    ``out_dir`` defaults to ``<run dir>/plots``. A plot that needs more trials or parameters than
+    the study has (importances: two completed trials; contour: two parameters) is skipped with a
+    log message. Uses matplotlib's Agg backend unless pyplot was already imported.
+    """
+    study = storage if isinstance(storage, optuna.Study) else load_study(storage, study_name)
+    if out_dir is None:
+        out_dir = os.path.join(study.user_attrs.get("run_dir") or ".", "plots")
+    out_dir = os.fspath(out_dir)
+    os.makedirs(out_dir, exist_ok=True)
+    try:
+        import matplotlib
+
+        if "matplotlib.pyplot" not in sys.modules:
+            matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        from optuna.visualization import matplotlib as ovm
+    except ImportError as exc:
+        raise ImportError("plot_study needs matplotlib: pip install 'flaxlight[tune]'.") from exc
+
+    complete = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    importances: dict[str, float] = {}
+    if len(complete) >= 2:
+        try:
+            importances = param_importances(study)
+        except Exception as exc:  # noqa: BLE001 - the plot is skipped, the others are written
+            _log.info("plot_study: no parameter importances (%s).", exc)
+    plots: list[tuple[str, Callable[[], Any]]] = [
+        ("optimization_history", lambda: ovm.plot_optimization_history(study)),
+        ("intermediate_values", lambda: ovm.plot_intermediate_values(study)),
+    ]
+    if importances:
+        plots.append(("param_importances", lambda: ovm.plot_param_importances(study)))
+        top = list(importances)[:2]
+        if len(top) == 2:
+            plots.append(("contour", lambda: ovm.plot_contour(study, params=top)))
+        else:
+            _log.info("plot_study: the contour needs two parameters; the study has %s.", top)
+    else:
+        _log.info("plot_study: parameter importances and contour need >= 2 completed trials (%d).", len(complete))
+    written = []
+    for name, make in plots:
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # optuna's matplotlib plots are "experimental"
+                result = make()
+        except Exception as exc:  # noqa: BLE001 - skip this plot, keep the others
+            _log.warning("plot_study: skipped %s: %s", name, exc)
+            continue
+        axes = result.flat[0] if hasattr(result, "flat") else result
+        figure = axes.get_figure()
+        figure.set_size_inches(max(figure.get_size_inches()[0], 7), max(figure.get_size_inches()[1], 5))
+        figure.tight_layout()
+        path = os.path.join(out_dir, f"{name}.png")
+        figure.savefig(path, dpi=100)
+        plt.close(figure)
+        written.append(path)
+    return written
+
+
+# --------------------------------------------------------------------------- configs (the CLI)
+TUNE_CONFIG_KEYS = ("search_space", "metric", "direction", "n_trials", "timeout", "storage", "study_name",
+                    "base_dir", "sampler", "pruner", "seed", "max_failed_in_a_row")
+_SECTION_ALIASES = {"optimizer_hparams": "optimizer", "model_hparams": "model.hparams"}
+
+
+def _config_key(key: str) -> str:
+    """Trainer-argument spelling -> config spelling: ``optimizer_hparams.lr`` -> ``optimizer.lr``."""
+    top, dot, rest = key.partition(".")
+    if top in _SECTION_ALIASES:
+        return _SECTION_ALIASES[top] + dot + rest
+    return key
+
+
+def _flat_keys(space: Any, prefix: str = "") -> Any:
+    """Flatten nested sections of a YAML search space, so the aliases apply to whole dotted keys."""
+    if not isinstance(space, Mapping):
+        return space  # SearchSpace() reports the error
+    flat: dict[str, Any] = {}
+    for key, value in space.items():
+        if isinstance(value, Mapping) and value and "type" not in value and \
+                not ({"low", "high", "choices", "log", "step"} & set(value)):
+            flat.update(_flat_keys(value, prefix=f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def parse_tune_config(section: Mapping[str, Any]) -> dict[str, Any]:
+    """Check a config's ``tune:`` section; returns it with defaults and ``search_space`` a
+    :class:`SearchSpace` over config keys (``optimizer.lr``, ``model.hparams.dropout_prob``)."""
+    if not isinstance(section, Mapping):
+        raise ValueError(f"The config's 'tune' section must be a mapping, got {type(section).__name__}.")
+    unknown = sorted(set(section) - set(TUNE_CONFIG_KEYS))
+    if unknown:
+        close = difflib.get_close_matches(unknown[0], TUNE_CONFIG_KEYS, n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise ValueError(f"Unknown key tune.{unknown[0]}.{hint} Valid keys: {', '.join(TUNE_CONFIG_KEYS)}.")
+    if "search_space" not in section:
+        raise ValueError("The config's 'tune' section needs a search_space, e.g. search_space: {optimizer.lr: "
+                         "{type: float, low: 1.0e-4, high: 1.0e-2, log: true}}.")
+    out = dict(section)
+    flat = _flat_keys(section["search_space"])
+    if isinstance(flat, Mapping):
+        flat = {_config_key(str(k)): v for k, v in flat.items()}
+    out["search_space"] = SearchSpace(flat)
+    out.setdefault("metric", "val/loss")
+    out.setdefault("n_trials", 20)
+    out["direction"] = _check_direction(out.get("direction"), out["metric"])
+    return out
+
+
+def _sample_values(space: SearchSpace) -> dict[str, Any]:
+    """One valid value per parameter (its low end / first choice), to check keys before trial 0."""
+    return {key: (param.choices[0] if isinstance(param, Categorical) else param.low) for key, param in space.items()}
+
+
+def tune_from_config(config: Mapping[str, Any], n_trials: int | None = None) -> "optuna.Study":
+    """Run the study a config describes: ``flaxlight tune --config cfg.yaml [--n-trials N]``.
+
+    ``config`` is a ``flaxlight fit`` config as a dict (sections ``trainer``, ``model``,
+    ``optimizer``, ``data``, ``callbacks``, ``loggers``) plus a ``tune:`` section::
+
+        tune:
+          search_space:                      # dotted config keys -> range or choices
+            optimizer.lr: {type: float, low: 1.0e-4, high: 1.0e-2, log: true}
+            model.hparams.dropout_prob: {type: float, low: 0.0, high: 0.6}
+            data.batch_size: {type: categorical, choices: [32, 64, 128]}
+          metric: val/acc                    # default val/loss
+          direction: maximize                # default: from the metric's name
+          n_trials: 20                       # --n-trials overrides it
+          study_name: digits_mlp             # default "study"
+          base_dir: studies                  # trial dirs: base_dir/study_name/trial_NNNN
+          storage: null                      # default: SQLite base_dir/study_name/study.db
+          sampler: tpe                       # or {name: tpe, n_startup_trials: 5}
+          pruner: median                     # or {name: median, n_warmup_steps: 2}, none
+          seed: null                         # the sampler's seed
+          timeout: null                      # seconds
+          max_failed_in_a_row: 5
+
+    ``optimizer_hparams.*`` and ``model_hparams.*`` are accepted for ``optimizer.*`` and
+    ``model.hparams.*``. Each trial trains ``trainer.max_epochs`` epochs (tunable too). Every key
+    is checked against the config's schema before the first trial. Each trial is built with
+    :func:`flaxlight.config.build_run` (its resolved config is saved in its log dir).
+    """
+    from flaxlight import config as config_module
+
+    if not isinstance(config, Mapping):
+        raise ValueError(f"config must be a mapping (a parsed YAML file), got {type(config).__name__}.")
+    if not config.get("tune"):
+        raise ValueError("The config has no 'tune' section; add one with a search_space, e.g. tune: {search_space: "
+                         "{optimizer.lr: {type: float, low: 1.0e-4, high: 1.0e-2, log: true}}, metric: val/acc}.")
+    settings = parse_tune_config(config["tune"])
+    base_config = {k: v for k, v in config.items() if k != "tune"}
+    space: SearchSpace = settings["search_space"]
+    try:  # unknown keys, wrong types: the config's own strict errors, before any trial runs
+        config_module.load_config(_with_overrides(base_config, _sample_values(space)))
+    except config_module.ConfigError as exc:
+        raise config_module.ConfigError(f"tune.search_space {sorted(space)}: {exc}") from None
+    metric, direction = settings["metric"], settings["direction"]
+    mode = "max" if direction == "maximize" else "min"
+
+    def build(values: dict, log_dir: str, callbacks: list) -> tuple:
+        run = config_module.build_run(_with_overrides(base_config, values), log_dir=log_dir, callbacks=callbacks,
+                                      monitor=metric if metric.startswith("val/") else None, mode=mode)
+        return run["trainer"], run["train_loader"], run["val_loader"], run["num_epochs"]
+
+    trials = settings["n_trials"] if n_trials is None else n_trials
+    return _run_study(
+        build, space, metric=metric, direction=direction, n_trials=trials, timeout=settings.get("timeout"),
+        storage=settings.get("storage"), study_name=settings.get("study_name") or DEFAULT_STUDY_NAME,
+        base_dir=settings.get("base_dir") or DEFAULT_BASE_DIR, sampler=settings.get("sampler"),
+        pruner=settings.get("pruner"), seed=settings.get("seed"),
+        catch=(Exception,), max_failed_in_a_row=settings.get("max_failed_in_a_row", 5),
+    )

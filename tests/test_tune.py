@@ -1,0 +1,445 @@
+"""flaxlight.tune: search spaces, trials in their own dirs, pruning, failures, storage, workers, plots.
+
+Trials are tiny (an 8-unit MLP on 128 synthetic examples, 1-2 epochs); the bookkeeping of failures
+uses a stand-in trainer that trains nothing.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+optuna = pytest.importorskip("optuna")
+
+import flaxlight  # noqa: E402
+from flaxlight.callbacks import PruningCallback  # noqa: E402
+from flaxlight.tune import (  # noqa: E402
+    Categorical,
+    Float,
+    Int,
+    MetricNotLoggedError,
+    SearchSpace,
+    StorageError,
+    TuneError,
+    infer_direction,
+    load_best,
+    load_study,
+    make_pruner,
+    make_sampler,
+    make_storage,
+    param_importances,
+    plot_study,
+    tune,
+    tune_from_config,
+)
+
+from conftest import ClassifyTrainer, TinyMLP  # noqa: E402
+
+TESTS = Path(__file__).resolve().parent
+State = optuna.trial.TrialState
+
+
+def classification_data(num: int = 128, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(num, 4)).astype(np.float32)
+    return x, (x[:, 0] + x[:, 1] > 0).astype(np.int32)
+
+
+@pytest.fixture
+def loaders():
+    x, y = classification_data()
+    train = flaxlight.ArrayLoader(x[:96], y[:96], batch_size=32, shuffle=True, seed=0)
+    val = flaxlight.ArrayLoader(x[96:], y[96:], batch_size=32)
+    return train, val
+
+
+def tiny_hparams(x0):
+    return dict(model_class=TinyMLP, model_hparams={"hidden_dims": (8,), "output_dim": 2},
+                optimizer_hparams={"optimizer": "sgd", "lr": 0.1}, exmp_input=x0)
+
+
+LR_SPACE = {"optimizer_hparams.lr": Float(1e-3, 0.5, log=True)}
+
+
+# ----------------------------------------------------------------------------- search spaces
+def test_search_space_python_yaml_and_nested_forms_agree():
+    python = SearchSpace({
+        "optimizer_hparams.lr": Float(1e-4, 1e-2, log=True),
+        "model_hparams.dropout_prob": Float(0.0, 0.6),
+        "model_hparams.num_layers": Int(1, 4),
+        "model_hparams.hidden_dims": Categorical([[16], [32, 32]]),
+    })
+    yaml_style = SearchSpace({
+        "optimizer_hparams": {"lr": {"type": "float", "low": "1e-4", "high": 1e-2, "log": True}},  # PyYAML: "1e-4"
+        "model_hparams.dropout_prob": {"type": "float", "low": 0, "high": 0.6},
+        "model_hparams.num_layers": {"type": "int", "low": 1, "high": 4},
+        "model_hparams.hidden_dims": {"type": "categorical", "choices": [[16], [32, 32]]},
+    })
+    assert python.to_config() == yaml_style.to_config()
+    assert SearchSpace(python.to_config()).to_config() == python.to_config()
+    from_optuna = SearchSpace({"optimizer_hparams.lr": optuna.distributions.FloatDistribution(1e-4, 1e-2, log=True)})
+    assert from_optuna["optimizer_hparams.lr"] == Float(1e-4, 1e-2, log=True)
+    # Lists as choices are stored as JSON text and decoded for the trainer.
+    trial = optuna.trial.FixedTrial({"optimizer_hparams.lr": 1e-3, "model_hparams.dropout_prob": 0.1,
+                                     "model_hparams.num_layers": 2, "model_hparams.hidden_dims": "[32, 32]"})
+    values = python.suggest(trial)
+    assert values["model_hparams.hidden_dims"] == [32, 32] and values["model_hparams.num_layers"] == 2
+    assert python.decode({"model_hparams.hidden_dims": "[16]"}) == {"model_hparams.hidden_dims": [16]}
+
+
+@pytest.mark.parametrize("space, message", [
+    ({}, "search_space is empty"),
+    ([("optimizer_hparams.lr", Float(0.1, 1))], "must be a dict"),
+    ({"optimizer_hparams.lr": 0.1}, "is not a parameter"),
+    ({"optimizer_hparams.lr": {"low": 0.1, "high": 1.0}}, "no 'type'"),
+    ({"optimizer_hparams.lr": {"type": "uniform_float", "low": 0.1, "high": 1.0}}, "unknown type"),
+    ({"optimizer_hparams.lr": {"type": "float", "low": 0.1, "hihg": 1.0}}, "Did you mean 'high'"),
+    ({"optimizer_hparams.lr": {"type": "float", "low": 0.1}}, "needs high"),
+    ({"optimizer_hparams.lr": Float(1e-2, 1e-4, log=True)}, r"low=0.01 > high=0.0001"),
+    ({"optimizer_hparams.lr": Float(0.0, 1e-2, log=True)}, "log-scale range needs low > 0"),
+    ({"optimizer_hparams.lr": {"type": "float", "low": -1, "high": 1, "log": True}}, "needs low > 0"),
+    ({"optimizer_hparams.lr": Float(1e-4, 1e-2, log=True, step=1e-4)}, "cannot be combined"),
+    ({"model_hparams.num_layers": Int(1, 2.5)}, "whole number"),
+    ({"model_hparams.num_layers": Int(1, 3, step=0)}, "step must be > 0"),
+    ({"optimizer_hparams.optimizer": Categorical([])}, "non-empty list"),
+    ({"optimizer_hparams.optimizer": Categorical(["adam", "adam"])}, "repeat"),
+    ({"optimizer_hparams.lr": {"type": "float", "low": "small", "high": 1}}, "must be a number"),
+    ({"optimizer_hparams..lr": Float(0.1, 1)}, "no empty parts"),
+])
+def test_bad_search_space_is_a_clear_error(space, message):
+    with pytest.raises(ValueError, match=message) as info:
+        SearchSpace(space)
+    if isinstance(space, dict) and space and "optimizer_hparams..lr" not in space:
+        assert repr(next(iter(space))) in str(info.value) or "optimizer_hparams" in str(info.value)
+
+
+def test_keys_that_cannot_reach_the_trainer_fail_before_any_trial(tmp_path, loaders):
+    x0 = classification_data()[0][:1]
+    common = dict(hparams=tiny_hparams(x0), train_loader=loaders[0], val_loader=loaders[1], metric="val/acc",
+                  base_dir=tmp_path, n_trials=1)
+    with pytest.raises(ValueError, match="takes no argument 'optimzer_hparams'. Did you mean 'optimizer_hparams'"):
+        tune(ClassifyTrainer, {"optimzer_hparams.lr": Float(1e-3, 1e-1)}, **common)
+    with pytest.raises(ValueError, match=r"TinyMLP has no hyperparameter 'dropuot_prob'. Did you mean 'dropout_prob'"):
+        tune(ClassifyTrainer, {"model_hparams.dropuot_prob": Float(0.0, 0.5)}, **common)
+    with pytest.raises(ValueError, match="Cannot tell whether to maximize or minimize 'val/r2x'"):
+        tune(ClassifyTrainer, LR_SPACE, **{**common, "metric": "val/r2x"})
+    assert not (tmp_path / "study").exists()  # nothing was created
+
+
+def test_direction_sampler_pruner_and_storage_specs(tmp_path):
+    assert infer_direction("val/acc") == "maximize" and infer_direction("val/loss") == "minimize"
+    assert isinstance(make_sampler(None, seed=1), optuna.samplers.TPESampler)
+    assert isinstance(make_sampler({"name": "random", "seed": 3}), optuna.samplers.RandomSampler)
+    assert isinstance(make_pruner(None), optuna.pruners.MedianPruner)
+    assert isinstance(make_pruner("none"), optuna.pruners.NopPruner)
+    assert make_pruner({"name": "median", "n_warmup_steps": 2})._n_warmup_steps == 2
+    with pytest.raises(ValueError, match="Unknown sampler 'tpee'. Did you mean 'tpe'"):
+        make_sampler("tpee")
+    with pytest.raises(ValueError, match="pruner 'median'.*n_warmup"):
+        make_pruner({"name": "median", "n_warmup": 2})
+    assert isinstance(make_storage(tmp_path / "a.db"), optuna.storages.RDBStorage)
+    assert isinstance(make_storage(str(tmp_path / "a.log")), optuna.storages.JournalStorage)
+
+
+@pytest.mark.parametrize("url, message", [
+    ("sqlite:////nonexistent-flaxlight-dir/sub/study.db", "does not exist"),
+    ("nosuchdb://user@localhost/db", "driver is missing or the URL's scheme is wrong"),
+    ("postgresql+nosuchdriver://user:secret@127.0.0.1:1/db", "Cannot open the study storage"),
+])
+def test_unreachable_storage_is_a_clear_error(url, message, tmp_path, loaders):
+    with pytest.raises(StorageError, match=message) as info:
+        tune(ClassifyTrainer, LR_SPACE, hparams=tiny_hparams(classification_data()[0][:1]),
+             train_loader=loaders[0], val_loader=loaders[1], metric="val/acc", storage=url, base_dir=tmp_path)
+    assert "secret" not in str(info.value)  # passwords are not printed
+    with pytest.raises(ValueError, match="neither a database URL"):
+        make_storage(str(tmp_path / "study.txt"))
+
+
+# ----------------------------------------------------------------------------- real trials
+class PruneTrialOne(optuna.pruners.BasePruner):
+    """Prunes trial 1 at its first report, never the others (a deterministic pruner for tests)."""
+
+    def prune(self, study, trial) -> bool:
+        return trial.number == 1
+
+
+def test_trials_run_in_their_own_dirs_pruned_ones_keep_files_best_loads_and_study_resumes(tmp_path, loaders):
+    train, val = loaders
+    x0 = classification_data()[0][:1]
+    kwargs = dict(hparams=tiny_hparams(x0), train_loader=train, val_loader=val, num_epochs=2, metric="val/acc",
+                  base_dir=tmp_path, study_name="tiny", seed=0, pruner=PruneTrialOne())
+    study = tune(ClassifyTrainer, LR_SPACE, n_trials=3, **kwargs)
+
+    trials = study.trials
+    assert [t.state for t in trials] == [State.COMPLETE, State.PRUNED, State.COMPLETE]
+    assert study.direction == optuna.study.StudyDirection.MAXIMIZE
+    assert study.user_attrs["metric"] == "val/acc"
+    for trial in trials:
+        log_dir = Path(trial.user_attrs["log_dir"])
+        assert log_dir == tmp_path / "tiny" / f"trial_{trial.number:04d}"
+        assert (log_dir / "hparams.yaml").is_file() and (log_dir / "metrics.csv").is_file()
+        assert Path(trial.user_attrs["best_checkpoint"]).is_dir()
+        assert trial.user_attrs["best_checkpoint"].startswith(str(log_dir))
+    complete, pruned = trials[0], trials[1]
+    assert sorted(complete.intermediate_values) == [1, 2] and complete.value == complete.user_attrs["metrics"]["val/acc"]
+    assert sorted(pruned.intermediate_values) == [1] and pruned.user_attrs["epochs"] == 1  # stopped after epoch 1
+    assert "pruned at epoch 1" in pruned.user_attrs["stop_reason"]
+    assert (tmp_path / "tiny" / "study.db").is_file()
+
+    best = load_best(study, ClassifyTrainer, exmp_input=x0)
+    assert best.log_dir == study.best_trial.user_attrs["log_dir"]
+    assert math.isclose(best.eval_model(val, log_prefix="val/")["val/acc"], study.best_value, abs_tol=1e-6)
+
+    # The study lives in its SQLite file: a second call adds trials to it (resume / "more later").
+    again = tune(ClassifyTrainer, LR_SPACE, n_trials=1, **kwargs)
+    assert [t.number for t in again.trials] == [0, 1, 2, 3] and again.trials[3].state == State.COMPLETE
+    assert load_study(tmp_path / "tiny").best_value == again.best_value
+    with pytest.raises(ValueError, match="created to maximize"):
+        tune(ClassifyTrainer, LR_SPACE, n_trials=1, **{**kwargs, "metric": "val/acc", "direction": "minimize"})
+
+
+def test_a_metric_the_trainer_never_logs_stops_the_study_in_its_first_trial(tmp_path, loaders):
+    with pytest.raises(MetricNotLoggedError, match=r"'val/accuracy', which was never logged.*'val/acc'") as info:
+        tune(ClassifyTrainer, LR_SPACE, hparams=tiny_hparams(classification_data()[0][:1]),
+             train_loader=loaders[0], val_loader=loaders[1], num_epochs=2, metric="val/accuracy",
+             direction="maximize", n_trials=3, base_dir=tmp_path)
+    assert "Logged metrics: [" in str(info.value) and "'val/loss'" in str(info.value)
+    study = load_study(tmp_path / "study")
+    assert [t.state for t in study.trials] == [State.FAIL]  # recorded, and no second trial
+    assert "never logged" in study.trials[0].user_attrs["error"]
+
+
+WORKER = textwrap.dedent("""
+    import sys
+    sys.path.insert(0, sys.argv[1])
+    import numpy as np
+    import flaxlight
+    from conftest import ClassifyTrainer, TinyMLP
+    from flaxlight.tune import Float, tune
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(64, 4)).astype(np.float32)
+    y = (x[:, 0] > 0).astype(np.int32)
+    tune(ClassifyTrainer, {"optimizer_hparams.lr": Float(1e-3, 1e-1, log=True)},
+         hparams=dict(model_class=TinyMLP, model_hparams={"hidden_dims": (8,), "output_dim": 2},
+                      optimizer_hparams={"optimizer": "sgd", "lr": 0.1}, exmp_input=x[:1]),
+         train_loader=flaxlight.ArrayLoader(x[:32], y[:32], batch_size=32),
+         val_loader=flaxlight.ArrayLoader(x[32:], y[32:], batch_size=32),
+         num_epochs=1, metric="val/acc", n_trials=int(sys.argv[3]), storage=sys.argv[2],
+         study_name="shared", base_dir=sys.argv[4], pruner="none")
+""")
+
+
+def test_two_processes_share_one_sqlite_study(tmp_path):
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    storage = f"sqlite:///{tmp_path / 'shared.db'}"
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    workers = [subprocess.Popen([sys.executable, str(script), str(TESTS), storage, "2", str(tmp_path / "runs")],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+               for _ in range(2)]
+    outputs = [w.communicate(timeout=300)[0] for w in workers]
+    assert [w.returncode for w in workers] == [0, 0], outputs
+    study = load_study(storage, "shared")
+    trials = study.trials
+    assert sorted(t.number for t in trials) == [0, 1, 2, 3]
+    assert all(t.state == State.COMPLETE for t in trials)
+    dirs = {t.user_attrs["log_dir"] for t in trials}
+    assert len(dirs) == 4 and all((Path(d) / "checkpoints").is_dir() for d in dirs)
+    assert sorted(os.listdir(tmp_path / "runs" / "shared")) == [f"trial_{i:04d}" for i in range(4)]
+
+
+# ----------------------------------------------------------------------------- failures (no training)
+class StandInTrainer:
+    """What tune uses of a trainer, without training: validation values come from ``values``."""
+
+    def __init__(self, hparams, values, error=None):
+        self.callbacks = list(hparams["callbacks"])
+        self.log_dir = hparams["logger_params"]["log_dir"]
+        self.values, self.error = values, error
+        self.callback_metrics, self.should_stop, self.stop_reason = {}, False, None
+        self.current_epoch, self.global_step, self.options = 0, 0, None
+
+    def monitored_value(self, name, owner="monitor"):
+        return flaxlight.TrainerModule.monitored_value(self, name, owner)
+
+    def stop(self, reason):
+        self.should_stop, self.stop_reason = True, reason
+
+    def train_model(self, train_loader, val_loader, num_epochs):
+        if self.error is not None:
+            raise self.error
+        for epoch, value in enumerate(self.values[:num_epochs], start=1):
+            self.current_epoch = epoch
+            self.callback_metrics["val/loss"] = value
+            for callback in self.callbacks:
+                callback.on_validation_end(self, epoch, {"val/loss": value})
+            if self.should_stop:
+                break
+        return {"val/loss": self.callback_metrics["val/loss"]}
+
+
+def stand_in_tune(tmp_path, plan, **kwargs):
+    """tune() with trainers from ``plan``: one (values, error) per trial, in order."""
+    calls = iter(plan)
+
+    def factory(hparams):
+        values, error = next(calls)
+        if isinstance(error, RuntimeError) and "in the factory" in str(error):
+            raise error
+        return StandInTrainer(hparams, values, error)
+
+    kwargs.setdefault("n_trials", len(plan))
+    return tune(factory, LR_SPACE, train_loader=[], val_loader=[], num_epochs=3, metric="val/loss",
+                base_dir=tmp_path, pruner="none", **kwargs)
+
+
+def test_failed_trials_are_recorded_and_the_study_goes_on(tmp_path):
+    study = stand_in_tune(tmp_path, [
+        (None, RuntimeError("boom in the factory")),
+        ([0.5, float("nan"), 0.1], None),  # NaN at epoch 2: stopped, failed
+        (None, ValueError("bad batch")),
+        ([0.5, 0.4, 0.3], None),
+    ])
+    trials = study.trials
+    assert [t.state for t in trials] == [State.FAIL, State.FAIL, State.FAIL, State.COMPLETE]
+    assert trials[0].user_attrs["error"] == "RuntimeError: boom in the factory"
+    assert "val/loss is nan at epoch 2" in trials[1].user_attrs["error"]
+    assert trials[1].user_attrs["epochs"] == 2 and trials[1].intermediate_values == {1: 0.5}
+    assert trials[2].user_attrs["error"] == "ValueError: bad batch"
+    assert study.best_value == 0.3 and study.best_trial.number == 3
+
+
+def test_too_many_failures_in_a_row_stop_the_study_and_uncaught_errors_propagate(tmp_path):
+    with pytest.raises(TuneError, match="3 trials in a row failed.*boom"):
+        stand_in_tune(tmp_path, [(None, RuntimeError("boom"))] * 5, max_failed_in_a_row=3, study_name="a")
+    assert len(load_study(tmp_path / "a").trials) == 3
+    with pytest.raises(RuntimeError, match="not caught"):
+        stand_in_tune(tmp_path, [(None, RuntimeError("not caught"))], catch=(ValueError,), study_name="b")
+    assert [t.state for t in load_study(tmp_path / "b").trials] == [State.FAIL]
+    with pytest.raises(KeyboardInterrupt):
+        stand_in_tune(tmp_path, [(None, KeyboardInterrupt())], study_name="c")
+    trial = load_study(tmp_path / "c").trials[0]
+    assert trial.state == State.FAIL and trial.user_attrs["error"].startswith("interrupted")
+
+
+def test_pruning_callback_reports_stops_and_raises(tmp_path):
+    study = optuna.create_study(direction="minimize", pruner=PruneTrialOne())
+    study.optimize(lambda t: 1.0, n_trials=1)
+    trial = study.ask()  # trial 1: pruned at its first report
+    callback = PruningCallback(trial, monitor="val/loss")
+    trainer = StandInTrainer({"callbacks": [callback], "logger_params": {"log_dir": str(tmp_path)}}, [0.9, 0.8, 0.7])
+    trainer.train_model(None, None, num_epochs=3)
+    assert callback.pruned and callback.pruned_epoch == 1 and trainer.should_stop
+    assert trial.storage.get_trial(trial._trial_id).intermediate_values == {1: 0.9}
+    with pytest.raises(optuna.TrialPruned, match="pruned at epoch 1"):
+        callback.raise_if_pruned()
+    with pytest.raises(TypeError, match="needs an optuna trial"):
+        PruningCallback(object())
+    with pytest.raises(ValueError, match="no completed trial"):
+        load_best(optuna.create_study(), ClassifyTrainer, exmp_input=None)
+
+
+# ----------------------------------------------------------------------------- plots
+def test_plot_study_writes_the_four_pngs(tmp_path):
+    storage = f"sqlite:///{tmp_path / 'plots.db'}"
+    study = optuna.create_study(storage=storage, study_name="p", sampler=optuna.samplers.RandomSampler(seed=0))
+    for _ in range(8):
+        trial = study.ask()
+        lr, dropout = trial.suggest_float("optimizer_hparams.lr", 1e-4, 1e-1, log=True), trial.suggest_float("d", 0, 1)
+        for epoch in (1, 2, 3):
+            trial.report(abs(math.log10(lr) + 2) + 0.1 * dropout + 1 / epoch, epoch)
+        study.tell(trial, abs(math.log10(lr) + 2) + 0.1 * dropout)
+    paths = plot_study(storage, "p", tmp_path / "out")
+    names = [Path(p).name for p in paths]
+    assert names == ["optimization_history.png", "intermediate_values.png", "param_importances.png", "contour.png"]
+    assert all(Path(p).stat().st_size > 5000 for p in paths)
+    assert set(param_importances(study)) == {"optimizer_hparams.lr", "d"}
+    # One trial: no importances or contour, the rest is still drawn.
+    single = optuna.create_study(storage=f"sqlite:///{tmp_path / 'one.db'}")
+    single.optimize(lambda t: t.suggest_float("x", 0, 1), n_trials=1)
+    assert [Path(p).name for p in plot_study(tmp_path / "one.db", None, tmp_path / "one")] == [
+        "optimization_history.png", "intermediate_values.png"]
+
+
+# ----------------------------------------------------------------------------- configs (the CLI's entry)
+def sine_config(tmp_path, **tune_section):
+    return {
+        "trainer": {"name": "regression", "max_epochs": 1, "enable_progress_bar": False,
+                    "enable_model_summary": False},
+        "model": {"name": "mlp_regressor", "hparams": {"hidden_dims": [8], "output_dim": 1}},
+        "optimizer": {"optimizer": "sgd", "lr": 0.01},
+        "data": {"name": "sine", "batch_size": 32, "kwargs": {"num_train": 64, "num_val": 32, "num_test": 32}},
+        "tune": {"search_space": {"optimizer_hparams.lr": {"type": "float", "low": 1e-3, "high": 1e-1, "log": True}},
+                 "metric": "val/loss", "n_trials": 5, "base_dir": str(tmp_path), "study_name": "cfg",
+                 **tune_section},
+    }
+
+
+def test_flaxlight_tune_and_plot_from_a_yaml_config(tmp_path, capsys):
+    import yaml
+
+    from flaxlight import cli
+    from flaxlight.config import load_config
+    from flaxlight.tune import parse_tune_config
+
+    config = sine_config(tmp_path, pruner="none", sampler={"name": "random", "seed": 0})
+    (tmp_path / "tune.yaml").write_text(yaml.safe_dump(config))
+    assert cli.main(["tune", "-c", str(tmp_path / "tune.yaml"), "--n-trials", "1"]) == 0
+    assert "best trial #0" in capsys.readouterr().out
+    study = load_study(tmp_path / "cfg")
+    trial = study.trials[0]
+    assert trial.state == State.COMPLETE and study.direction == optuna.study.StudyDirection.MINIMIZE
+    assert list(trial.params) == ["optimizer.lr"]  # the trainer-argument spelling maps to the config key
+    log_dir = Path(trial.user_attrs["log_dir"])
+    assert log_dir == tmp_path / "cfg" / "trial_0000" and (log_dir / "config.yaml").is_file()
+    assert f"lr: {trial.params['optimizer.lr']}" in (log_dir / "config.yaml").read_text()
+    assert cli.main(["plot", "--study", str(tmp_path / "cfg"), "-o", str(tmp_path / "plots")]) == 0
+    assert sorted(os.listdir(tmp_path / "plots")) == ["intermediate_values.png", "optimization_history.png"]
+    # The shipped config of the digits study parses (its run is the example's, tested below).
+    shipped = load_config(TESTS.parent / "examples" / "configs" / "tune_digits_mlp.yaml")
+    assert sorted(parse_tune_config(shipped.tune)["search_space"]) == [
+        "model.hparams.dropout_prob", "optimizer.lr", "optimizer.weight_decay"]
+
+
+def test_tune_from_config_checks_its_section_and_keys_before_any_trial(tmp_path):
+    from flaxlight.config import ConfigError
+
+    with pytest.raises(ValueError, match="no 'tune' section"):
+        tune_from_config({k: v for k, v in sine_config(tmp_path).items() if k != "tune"})
+    with pytest.raises(ValueError, match="Unknown key tune.n_trail. Did you mean 'n_trials'"):
+        tune_from_config(sine_config(tmp_path, n_trail=3))
+    bad = sine_config(tmp_path)
+    bad["tune"]["search_space"] = {"model.hparams.hiden_dims": {"type": "categorical", "choices": [[8], [16]]}}
+    with pytest.raises(ConfigError, match="hiden_dims"):
+        tune_from_config(bad)
+    empty = sine_config(tmp_path)
+    empty["tune"]["search_space"] = {}
+    with pytest.raises(ValueError, match="search_space is empty"):
+        tune_from_config(empty)
+    assert not (tmp_path / "cfg").exists()
+
+
+# ----------------------------------------------------------------------------- the example
+def test_tune_digits_mlp_example_fast(tmp_path, capsys):
+    pytest.importorskip("sklearn")
+    sys.path.insert(0, str(TESTS.parent / "examples"))
+    try:
+        import tune_digits_mlp
+    finally:
+        sys.path.remove(str(TESTS.parent / "examples"))
+
+    result = tune_digits_mlp.main(["--n-trials", "2", "--epochs", "1", "--hidden-dims", "32", "--base-dir",
+                                   str(tmp_path), "--seed", "0"])
+    out = capsys.readouterr().out
+    assert "best trial: #" in out and "test accuracy of the reloaded best model" in out
+    assert math.isclose(result["reloaded_val/acc"], result["best_value"], abs_tol=1e-6)  # the best checkpoint
+    assert result["test/acc"] > 0.1 and set(result["best_params"]) == set(tune_digits_mlp.SEARCH_SPACE)
+    assert set(result["importances"]) == set(tune_digits_mlp.SEARCH_SPACE)
