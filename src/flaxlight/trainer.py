@@ -1039,7 +1039,7 @@ class TrainerModule:
                         "count": jnp.asarray(sums["count"], jnp.float32),
                         "nonfinite": jnp.asarray(sums.get("nonfinite", 0), jnp.int32)}
         if loop.phase == "epoch_end":
-            loop.epoch += 1
+            loop.epoch, loop.batch_index = loop.epoch + 1, 0
         self._best_eval_metrics = meta.get("best_eval_metrics")
         saved = meta.get("callbacks") or {}
         for name, callback in _named(self.callbacks):
