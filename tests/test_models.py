@@ -114,6 +114,7 @@ def test_linen_dropout_without_a_train_switch_is_explained(tmp_path):
         def __call__(self, x):
             return nn.Dropout(0.5)(nn.Dense(2)(x))
 
-    with pytest.raises(TypeError, match="no `train` argument"):
-        ClassifyTrainer(model_class=NoSwitch, model_hparams={}, optimizer_hparams={},
-                        exmp_input=np.zeros((1, 6), np.float32), **quiet(tmp_path))
+    for summary in (False, True):  # the model table is built first when asked for: same message
+        with pytest.raises(TypeError, match="no `train` argument"):
+            ClassifyTrainer(model_class=NoSwitch, model_hparams={}, optimizer_hparams={},
+                            exmp_input=np.zeros((1, 6), np.float32), **quiet(tmp_path, enable_model_summary=summary))

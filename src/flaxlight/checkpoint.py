@@ -75,7 +75,6 @@ class Checkpointer:
                 enable_async_checkpointing=self.async_save,
                 create=not self.read_only,
                 read_only=self.read_only,
-                enable_background_delete=not self.read_only,  # pruning old checkpoints never stalls training
             )
             handlers = {name: ocp.StandardCheckpointHandler() for name in ("params", "model_state", "opt_state")}
             handlers["meta"] = ocp.JsonCheckpointHandler()

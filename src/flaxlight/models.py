@@ -77,16 +77,20 @@ class LinenAdapter:
     def _train_kwargs(self, train: bool) -> dict:
         return {"train": train} if self.takes_train else {}
 
+    def _explain(self, exc: Exception) -> None:
+        """Name the usual cause of a dropout error in a model without a `train` argument."""
+        if not self.takes_train and "deterministic" in str(exc):
+            raise TypeError(
+                f"{type(self.module).__name__} uses Dropout but its __call__ takes no `train` argument; add "
+                f"`train: bool = False` and use nn.Dropout(rate, deterministic=not train)."
+            ) from exc
+
     def init(self, rng, inputs: Sequence[Any]) -> dict:
         params_rng, dropout_rng = jax.random.split(rng)
         try:
             return self.module.init({"params": params_rng, "dropout": dropout_rng}, *inputs, **self._train_kwargs(True))
-        except Exception as exc:  # name the usual cause of a dropout error in a model without `train`
-            if not self.takes_train and "deterministic" in str(exc):
-                raise TypeError(
-                    f"{type(self.module).__name__} uses Dropout but its __call__ takes no `train` argument; add "
-                    f"`train: bool = False` and use nn.Dropout(rate, deterministic=not train)."
-                ) from exc
+        except Exception as exc:
+            self._explain(exc)
             raise
 
     def apply(self, variables, *inputs, train: bool = False, **kwargs):
@@ -94,8 +98,12 @@ class LinenAdapter:
 
     def tabulate(self, inputs: Sequence[Any]) -> str:
         rngs = {"params": jax.random.PRNGKey(0), "dropout": jax.random.PRNGKey(1)}
-        return self.module.tabulate(rngs, *inputs, **self._train_kwargs(True),
-                                    console_kwargs={"width": 120, "force_terminal": sys.stdout.isatty()})
+        try:
+            return self.module.tabulate(rngs, *inputs, **self._train_kwargs(True),
+                                        console_kwargs={"width": 120, "force_terminal": sys.stdout.isatty()})
+        except Exception as exc:
+            self._explain(exc)
+            raise
 
     def bind(self, variables):
         """The module bound to ``variables``: call it like a function, ``model(x, train=False)``."""
