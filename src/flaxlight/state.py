@@ -18,7 +18,7 @@ class TrainState(train_state.TrainState):
     Extends :class:`flax.training.train_state.TrainState` with
 
     - ``batch_stats``: mutable model collections (BatchNorm running statistics), or None;
-    - ``rng``: the PRNG key the train step splits a fresh dropout key from, every step;
+    - ``rng``: the run's PRNG key; step ``t`` uses ``fold_in(rng, t)`` (see :func:`step_key`);
     - ``epoch``: completed training epochs (an int32 array, so it can live inside ``jit``);
     - ``metrics``: free for on-device values that should flow through the step, or None.
 
@@ -102,9 +102,12 @@ class TrainState(train_state.TrainState):
         return outputs, {}
 
 
-def next_rng(state: TrainState):
-    """Split ``state.rng`` into (key to keep in the state, key to use in this step)."""
+def step_key(state: TrainState):
+    """This step's PRNG key: ``fold_in(state.rng, state.step)``.
+
+    A pure function of the saved seed key and step (so a resumed run draws the same dropout
+    masks), and free when unused: a model without dropout never computes it.
+    """
     if state.rng is None:
         raise ValueError("TrainState.rng is None; create the state with rng=jax.random.PRNGKey(seed).")
-    new_rng, step_rng = jax.random.split(state.rng)
-    return new_rng, step_rng
+    return jax.random.fold_in(state.rng, state.step)

@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import optax
 
 from flaxlight.optim import PRECISIONS, ema_params
-from flaxlight.state import TrainState, next_rng
+from flaxlight.state import TrainState, step_key
 
 __all__ = ["TrainStep", "apply_update", "make_train_step", "make_eval_step"]
 
@@ -185,14 +185,14 @@ class TrainStep:
         return (loss, aux), grads
 
     def step(self, state: TrainState, batch) -> tuple[TrainState, dict]:
-        """Pure ``(state, batch) -> (state, metrics)``: split the RNG, backward, update."""
-        new_rng, step_rng = next_rng(state)
+        """Pure ``(state, batch) -> (state, metrics)``: this step's key, backward, update."""
+        step_rng = step_key(state)
         objective = self.objective(state, batch, step_rng)
         (total, (loss, penalty, aux)), grads = jax.value_and_grad(objective, has_aux=True)(state.params)
         metrics, updates = _split_aux(aux, "loss_fn")
         if "batch_stats" in updates:
             updates["batch_stats"] = _cast_like(updates["batch_stats"], state.batch_stats)
-        state = apply_update(state, grads, value=total, value_fn=lambda p: objective(p)[0], rng=new_rng, **updates)
+        state = apply_update(state, grads, value=total, value_fn=lambda p: objective(p)[0], **updates)
         metrics = _with_loss(metrics, loss)
         if penalty is not None:
             metrics.setdefault("penalty", penalty)
@@ -230,7 +230,7 @@ class TrainStep:
         """``((loss, aux), grads)`` at ``self.state`` (rng defaults to the next step's key)."""
         state = self._require_state()
         if rng is None:
-            _, rng = next_rng(state)
+            rng = step_key(state)
         return self.compute_gradients(state, batch, rng)
 
     def train_step(self, batch) -> dict:

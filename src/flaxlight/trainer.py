@@ -406,7 +406,7 @@ class TrainerModule:
             new_state, metrics = train_step(state, batch)
             if skip_nonfinite:  # NaNGuard(action="skip"): keep params and optimizer state of bad steps
                 ok = all_finite(metrics)
-                kept = state.replace(step=new_state.step, rng=new_state.rng)
+                kept = state.replace(step=new_state.step)
                 new_state = jax.tree.map(lambda new, old: jnp.where(ok, new, old), new_state, kept)
             return new_state, accumulate(acc, metrics, batch_size(batch))
 

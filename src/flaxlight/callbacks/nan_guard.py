@@ -13,7 +13,7 @@ class NaNGuard(Callback):
     ``action="stop"`` (default): at the next log point (or epoch end) training stops with the
     step range, and no checkpoint is written from the bad state. ``action="skip"``: updates with
     a non-finite loss are not applied (params and optimizer state stay as they were; the step
-    counter and RNG advance), and the number skipped is logged as ``train/nonfinite_steps``.
+    counter advances); ``trainer.nonfinite_steps`` counts them.
 
     Example:
         >>> guard = NaNGuard(action="skip")
