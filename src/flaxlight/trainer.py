@@ -653,24 +653,28 @@ class TrainerModule:
         elif self.mesh is not None:
             items = map(self._payload_to_device, items)
         self._schedule_events()
+        # The hot loop: locals only, one comparison per step; everything else happens at events.
+        single, fused = self._train_and_accumulate, self._train_block
+        state, step = self.state, self.global_step
         try:
             for steps, item in items:  # `steps` batches: 1, or a stacked block of steps_per_execution
-                if acc is None:
-                    acc = self._start_epoch_sums(item if steps == 1 else jax.tree.map(lambda x: x[0], item))
-                run = self._train_and_accumulate if steps == 1 else self._train_block
-                if self.compile_time is None:  # the first step of this trainer: timed to completion, once
-                    first = time.perf_counter()
-                    self.state, acc = jax.block_until_ready(run(self.state, acc, item))
-                    self.compile_time = time.perf_counter() - first
+                if acc is None or self.compile_time is None:
+                    state, acc = self._first_step(state, acc, steps, item)
+                elif steps == 1:
+                    state, acc = single(state, acc, item)
                 else:
-                    self.state, acc = run(self.state, acc, item)
-                self.global_step += steps
+                    state, acc = fused(state, acc, item)
+                step += steps
                 batch_index += steps
-                if self.global_step >= self._next_event_step:
+                if step >= self._next_event_step:
+                    self.state, self.global_step = state, step
                     loop.batch_index, loop.acc = batch_index, acc
-                    if self._step_events(steps):
+                    end_epoch = self._step_events(steps)
+                    state = self.state
+                    if end_epoch:
                         break
         finally:
+            self.state, self.global_step = state, step
             if isinstance(items, Prefetcher):
                 items.close()
         if acc is None:
@@ -696,6 +700,19 @@ class TrainerModule:
             return steps, dist.to_global_batch(payload, self.mesh, block=steps > 1)
         except (TypeError, ValueError):
             return steps, payload
+
+    def _first_step(self, state, acc, steps: int, item):
+        """The epoch's first step (checks the batch, zeroes the sums); the trainer's very first
+        step is also timed to completion once, which is its compile time."""
+        if acc is None:
+            acc = self._start_epoch_sums(item if steps == 1 else jax.tree.map(lambda x: x[0], item))
+        run = self._train_and_accumulate if steps == 1 else self._train_block
+        if self.compile_time is not None:
+            return run(state, acc, item)
+        first = time.perf_counter()
+        state, acc = jax.block_until_ready(run(state, acc, item))
+        self.compile_time = time.perf_counter() - first
+        return state, acc
 
     def _start_epoch_sums(self, batch) -> dict:
         """Check the epoch's first batch and return zeroed metric sums for its structure."""
