@@ -54,6 +54,18 @@ def accumulate(acc: dict, metrics: Mapping[str, Any], weight) -> dict:
     return {"sums": sums, "count": acc["count"] + weight, "nonfinite": nonfinite}
 
 
+@jax.jit
+def _copy(tree):
+    """A device-side copy in one dispatch (new buffers: safe from the step's donation)."""
+    return jax.tree.map(lambda x: x + jnp.zeros_like(x), tree)
+
+
+@jax.jit
+def fresh_zeros(tree):
+    """Zeros shaped like ``tree`` in one dispatch."""
+    return jax.tree.map(jnp.zeros_like, tree)
+
+
 def to_host(tree):
     """``jax.device_get`` that also reads replicated arrays spread over several processes."""
     def get(x):
@@ -66,7 +78,7 @@ def to_host(tree):
 
 def read_means(acc: dict, prefix: str = "") -> dict[str, float]:
     """Host sync: the weighted means as Python floats, keys prefixed (``"train/"``)."""
-    host = to_host(acc)
+    host = to_host(acc)  # a no-op for sums already on the host
     count = float(host["count"])
     if count == 0:
         return {}
@@ -96,7 +108,7 @@ class HostSnapshot:
 
     def __init__(self, acc: dict):
         # The training step donates (reuses) the sums' buffers: snapshot a device-side copy.
-        self._acc = jax.tree.map(lambda x: jnp.array(x, copy=True), acc)
+        self._acc = _copy(acc)
         acc = self._acc
         for leaf in jax.tree.leaves(acc):
             copy = getattr(leaf, "copy_to_host_async", None)

@@ -35,7 +35,8 @@ from flaxlight.checkpoint import Checkpointer
 from flaxlight.data import Prefetcher, check_batch, check_input_shapes, group_batches
 from flaxlight.loggers import CSVLogger, Logger, LoggerCollection, TensorBoardLogger, tensorboard_available
 from flaxlight.models import make_adapter
-from flaxlight.metrics import HostSnapshot, accumulate, all_finite, batch_size, init_accumulator, read_means, to_host
+from flaxlight.metrics import (HostSnapshot, accumulate, all_finite, batch_size, fresh_zeros, init_accumulator,
+                               read_means, to_host)
 from flaxlight.optim import as_optimizer_config, logger as optim_logger, make_optimizer_plan
 from flaxlight.progress import progress
 from flaxlight.state import TrainState
@@ -496,7 +497,7 @@ class TrainerModule:
             if not isinstance(metrics, Mapping):
                 raise TypeError(f"The {kind} step must return metrics as a dict; got {type(metrics).__name__}.")
             self._acc_templates[key] = init_accumulator(metrics)
-        return jax.tree.map(jnp.zeros_like, self._acc_templates[key])  # fresh buffers: sums are donated
+        return fresh_zeros(self._acc_templates[key])  # fresh buffers: the sums are donated
 
     def _check_first_batch(self, batch, loader_name: str) -> None:
         check_batch(batch, where=f"first batch of {loader_name}")
@@ -682,8 +683,9 @@ class TrainerModule:
         loop.batch_index, loop.acc = batch_index, acc
         loop.running_log.flush()
         loop.phase = "val"
-        metrics = read_means(acc, prefix="train/")
-        self._note_nonfinite(self.global_step, int(to_host(acc["nonfinite"])))
+        host = to_host(acc)  # the epoch's one read of the sums
+        metrics = read_means(host, prefix="train/")
+        self._note_nonfinite(self.global_step, int(host["nonfinite"]))
         metrics["epoch_time"] = time.time() - start
         return metrics
 
