@@ -25,6 +25,7 @@ def _fake_run(run_dir, scale=1.0, epochs=4, steps_per_epoch=5):
                             "epoch": epoch}, step)
         logger.log_metrics({"val/loss": 1.2 * scale / step, "val/acc": 1 - 0.6 / epoch, "epoch": epoch}, step)
     logger.log_metrics({"test/acc": 0.8}, epochs * steps_per_epoch)
+    logger.finalize("success")
     return run_dir
 
 

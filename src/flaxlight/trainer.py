@@ -603,6 +603,7 @@ class TrainerModule:
             self._validate(val_loader)
         loop.phase = "epoch_end"
         self._call_callbacks("on_epoch_end", epoch_idx)
+        self.logger.flush()  # the epoch's records are on disk (loggers buffer between epochs)
 
     def _validate(self, val_loader) -> dict[str, float]:
         """Evaluate on the validation set, record the best model and tell hooks and callbacks."""

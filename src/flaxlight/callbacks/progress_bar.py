@@ -54,7 +54,6 @@ class ProgressBar(Callback):
     def on_step(self, trainer, step: int) -> None:
         if self._step_bar is not None:
             self._step_bar.update(step - self._last_step)
-            self._step_bar.set_postfix(self._shown, refresh=False)
         self._last_step = step
 
     def on_log(self, trainer, step: int, metrics: Mapping[str, float]) -> None:
@@ -70,6 +69,8 @@ class ProgressBar(Callback):
             rate = (step - self._rate_mark[0]) * trainer.batch_size / (now - self._rate_mark[1])
             self._shown["samples/s"] = f"{rate:.4g}"
         self._rate_mark = (step, now)
+        if self._step_bar is not None:  # new values only arrive here: format them once per log point
+            self._step_bar.set_postfix(self._shown, refresh=False)
 
     def on_train_epoch_end(self, trainer, epoch: int, metrics: Mapping[str, float]) -> None:
         self._epoch_metrics.update(metrics)

@@ -15,14 +15,17 @@ class CSVLogger(Logger):
     """Writes ``<log_dir>/metrics.csv``; columns are ``step`` then metrics in order of appearance.
 
     When a new metric appears the file is rewritten with the wider header, so it always parses
-    with a plain CSV reader (empty cells where a metric was not logged).
+    with a plain CSV reader (empty cells where a metric was not logged). Rows are buffered and
+    written by :meth:`flush` (the trainer flushes at every epoch end and checkpoint) and
+    :meth:`finalize`, or once ``flush_every_n_records`` rows are waiting.
 
     Example:
         >>> logger = CSVLogger("/tmp/run")                 # doctest: +SKIP
         >>> logger.log_metrics({"train/loss": 0.5}, step=10)  # doctest: +SKIP
     """
 
-    def __init__(self, log_dir: str | os.PathLike, filename: str = "metrics.csv"):
+    def __init__(self, log_dir: str | os.PathLike, filename: str = "metrics.csv", flush_every_n_records: int = 100):
+        self.flush_every_n_records = flush_every_n_records
         self.path = os.path.join(os.fspath(log_dir), filename)
         self.columns: list[str] = ["step"]
         self.rows: list[dict] = []
@@ -52,6 +55,10 @@ class CSVLogger(Logger):
             self.columns.extend(new)
             self._written_rows = 0  # header changed: rewrite the whole file at the next flush
         self.rows.append(row)
+        if len(self.rows) - self._written_rows >= self.flush_every_n_records:
+            self.flush()
+
+    def finalize(self, status: str) -> None:
         self.flush()
 
     def flush(self, force: bool = False) -> None:
