@@ -28,6 +28,7 @@ import os
 import statistics
 import sys
 import tempfile
+from pathlib import Path
 import time
 from typing import Sequence
 
@@ -36,12 +37,14 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import yaml
 from flax import nnx
 from flax.training import train_state
 
 import flaxlight
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from overhead import MLP, Classifier, hand_epoch, load_data, make_hand_step  # noqa: E402  (same data, loss, hand loop)
 
 # name: (hidden dims, batch size)
 WORKLOADS = {
@@ -49,19 +52,10 @@ WORKLOADS = {
     "mlp-256-128": ((256, 256), 128),
 }
 OPTIMIZER_HPARAMS = {"optimizer": "adam", "lr": 1e-3, "gradient_clip": None}
-TILES = 9  # 1797 digits * 9 = 16173 examples
 VARIANTS = ("hand", "linen", "nnx")
 
 
-class LinenMLP(nn.Module):
-    hidden_dims: Sequence[int]
-    num_classes: int = 10
-
-    @nn.compact
-    def __call__(self, x, train: bool = False):
-        for dim in self.hidden_dims:
-            x = nn.relu(nn.Dense(dim)(x))
-        return nn.Dense(self.num_classes)(x)
+LinenMLP = MLP  # the hand loop and the Linen side share overhead.py's model
 
 
 class NNXMLP(nnx.Module):
@@ -78,53 +72,6 @@ class NNXMLP(nnx.Module):
         return self.head(x)
 
 
-def cross_entropy(logits, labels):
-    return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
-
-
-class Classifier(flaxlight.TrainerModule):
-    """The same loss for both model kinds."""
-
-    def loss_fn(self, params, batch, *, train, rng, state):
-        x, y = batch
-        logits, updates = state.apply_model(params, x, train=train, rng=rng)
-        return cross_entropy(logits, y), ({}, updates)
-
-
-def load_data():
-    from sklearn.datasets import load_digits
-
-    digits = load_digits()
-    x = (digits.data / 16.0).astype(np.float32)
-    y = digits.target.astype(np.int32)
-    return np.tile(x, (TILES, 1)), np.tile(y, TILES)
-
-
-# ---------------------------------------------------------------------------- the hand loop
-def make_hand_step(apply_fn):
-    def step(state, acc, batch):
-        x, y = batch
-
-        def loss_of(params):
-            return cross_entropy(apply_fn({"params": params}, x), y)
-
-        loss, grads = jax.value_and_grad(loss_of)(state.params)
-        state = state.apply_gradients(grads=grads)
-        n = x.shape[0]
-        return state, {"loss": acc["loss"] + loss * n, "count": acc["count"] + n}
-
-    return jax.jit(step, donate_argnums=0)
-
-
-def hand_epoch(step, state, loader):
-    acc = {"loss": jnp.zeros((), jnp.float32), "count": jnp.zeros((), jnp.float32)}
-    for batch in loader:
-        state, acc = step(state, acc, batch)
-    host = jax.device_get(acc)
-    return state, float(host["loss"]) / float(host["count"])
-
-
-# ---------------------------------------------------------------------------- one workload
 def make_trainer(model_class, model_hparams, x, log_dir, options):
     return Classifier(
         model_class=model_class,
