@@ -823,7 +823,12 @@ class TrainerModule:
         schedule = getattr(self.optimizer_plan, "schedule", None)
         if schedule is None:
             return None
-        return float(schedule(self.global_step if step is None else step))
+        step = self.global_step if step is None else int(step)
+        if getattr(self, "_lr_schedule", None) is not schedule:  # jitted once, memoised per step
+            self._lr_schedule, self._lr_fn, self._lr_memo = schedule, jax.jit(schedule), (None, None)
+        if self._lr_memo[0] != step:
+            self._lr_memo = (step, float(self._lr_fn(np.int32(step))))
+        return self._lr_memo[1]
 
     def monitored_value(self, name: str, owner: str = "monitor") -> float:
         """The latest logged value of ``name``; a clear error naming the logged keys if absent."""
