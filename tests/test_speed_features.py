@@ -3,11 +3,16 @@
 import csv
 
 import jax
+import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from conftest import RegressTrainer, TinyMLP, linear_data, quiet
 
+import flaxlight
 from flaxlight import ArrayLoader
+from flaxlight.lean import idle_fields
+from flaxlight.state import step_key
 from flaxlight.data import Prefetcher, group_batches
 
 X0 = np.zeros((1, 4), np.float32)
@@ -43,8 +48,22 @@ def test_no_implicit_transfer_with_fused_steps_and_prefetch(tmp_path):
 
 
 def test_a_smaller_last_batch_compiles_once(tmp_path):
-    _, _, trainer = _run(tmp_path, "run", num_epochs=4, prefetch=0)
-    assert trainer._train_and_accumulate._cache_size() == 2  # the full batch and the last batch of 12
+    _, _, trainer = _run(tmp_path, "run", num_epochs=1, prefetch=0)  # compiles the batch of 32 and the last of 12
+    train = ArrayLoader(*linear_data(300, 0), batch_size=32, shuffle=True, seed=0)
+    compiles = []
+
+    def record(event, duration, **kwargs):
+        if "compile" in event or "trac" in event:
+            compiles.append(event)
+
+    jax.monitoring.register_event_duration_secs_listener(record)
+    try:
+        for epoch in range(2, 5):
+            train.set_epoch(epoch)
+            trainer.train_epoch(train)
+    finally:
+        jax.monitoring.unregister_event_duration_listener(record)
+    assert compiles == []
 
 
 def test_group_batches_and_prefetcher():
@@ -68,3 +87,50 @@ def test_bad_steps_per_execution(tmp_path):
     with pytest.raises(ValueError, match="steps_per_execution must be a positive int"):
         RegressTrainer(model_class=TinyMLP, model_hparams={}, optimizer_hparams={}, exmp_input=X0,
                        **quiet(tmp_path, steps_per_execution=0))
+
+
+def _tiny_state(rng=True):
+    params = {"w": jnp.ones((4, 1))}
+    return flaxlight.TrainState.create(apply_fn=None, params=params, tx=optax.sgd(0.1),
+                                       rng=jax.random.PRNGKey(0) if rng else None)
+
+
+def _sgd_step(use_rng=False, advance_rng=False):
+    def step(state, acc, batch):
+        x, y = batch
+        noise = jax.random.normal(step_key(state), y.shape) if use_rng else 0.0
+        grads = jax.grad(lambda p: jnp.mean((x @ p["w"] + noise - y) ** 2))(state.params)
+        new = state.apply_gradients(grads=grads)
+        if advance_rng:
+            new = new.replace(rng=jax.random.split(state.rng)[0])
+        return new, acc + 1
+
+    return step
+
+
+@pytest.mark.parametrize("use_rng, advance_rng, expected", [
+    (False, False, ("rng", "epoch")),  # neither read nor changed: kept out of the loop's calls
+    (True, False, ("epoch",)),         # the step key is read
+    (False, True, ("epoch",)),         # the step replaces the key
+])
+def test_idle_fields_are_those_the_step_neither_reads_nor_changes(use_rng, advance_rng, expected):
+    batch = (jnp.ones((8, 4)), jnp.ones((8, 1)))
+    assert idle_fields(_sgd_step(use_rng, advance_rng), _tiny_state(), jnp.zeros(()), batch) == expected
+
+
+class EpochAwareTrainer(RegressTrainer):
+    """Reports the state's epoch as a metric: the epoch must reach the step."""
+
+    def loss_fn(self, params, batch, *, train, rng, state):
+        loss, (metrics, updates) = super().loss_fn(params, batch, train=train, rng=rng, state=state)
+        return loss, ({"seen_epoch": state.epoch.astype(jnp.float32)}, updates)
+
+
+def test_a_step_that_reads_the_epoch_sees_it(tmp_path):
+    train = ArrayLoader(*linear_data(64, 0), batch_size=16)
+    trainer = EpochAwareTrainer(model_class=TinyMLP, model_hparams={}, optimizer_hparams={}, exmp_input=X0,
+                                **quiet(tmp_path))
+    trainer.train_model(train, None, num_epochs=3)
+    with open(trainer.log_dir + "/metrics.csv") as f:
+        seen = [float(row["train/seen_epoch"]) for row in csv.DictReader(f) if row.get("train/seen_epoch")]
+    assert seen == [0.0, 1.0, 2.0]  # completed epochs when each epoch's steps ran

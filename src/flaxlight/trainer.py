@@ -33,6 +33,7 @@ from flaxlight import distributed as dist
 from flaxlight.callbacks import Callback, ModelCheckpoint, NaNGuard, ProgressBar, Timer
 from flaxlight.checkpoint import Checkpointer
 from flaxlight.data import Prefetcher, check_batch, check_input_shapes, group_batches
+from flaxlight.lean import LeanLoop
 from flaxlight.loggers import CSVLogger, Logger, LoggerCollection, TensorBoardLogger, tensorboard_available
 from flaxlight.models import make_adapter
 from flaxlight.metrics import (HostSnapshot, accumulate, all_finite, batch_size, fresh_zeros, init_accumulator,
@@ -422,6 +423,7 @@ class TrainerModule:
 
         self._step_shapes = {"train": train_step, "eval": eval_step}
         self._loop_functions = (train_and_accumulate, train_block, eval_and_accumulate)
+        self._lean = None  # the hot loop's functions without idle state fields: found at the first step
         if self.debug:
             print("debug=True: the train and eval steps run un-jitted (prints and breakpoints work).")
             self.train_step, self.eval_step = train_step, eval_step
@@ -435,6 +437,7 @@ class TrainerModule:
     def _jit_loop_functions(self, state_shardings=None) -> None:
         """Jit the loop's fused functions; on a mesh with explicit in/out shardings."""
         train_and_accumulate, train_block, eval_and_accumulate = self._loop_functions
+        self._lean = None
         if state_shardings is None:
             self._train_and_accumulate = jax.jit(train_and_accumulate, donate_argnums=(0, 1))
             self._train_block = jax.jit(train_block, donate_argnums=(0, 1))
@@ -646,42 +649,31 @@ class TrainerModule:
             loop.phase, loop.batch_index, loop.acc = "train", 0, None
             loop.running_log.reset()
             self._nonfinite_before_epoch = self.nonfinite_steps
-        batch_index, acc = loop.batch_index, loop.acc
+        acc = loop.acc
         limit = self.steps_per_epoch if self.steps_per_epoch is not None else _safe_len(train_loader)
-        batches = itertools.islice(iter(train_loader), batch_index, limit)
+        batches = itertools.islice(iter(train_loader), loop.batch_index, limit)
         items = group_batches(batches, self.options.steps_per_execution, start=self.global_step)
+        prefetcher = None
         if self.options.prefetch:
-            items = Prefetcher(items, size=self.options.prefetch, transform=self._payload_to_device)
+            items = prefetcher = Prefetcher(items, size=self.options.prefetch, transform=self._payload_to_device)
         elif self.mesh is not None:
             items = map(self._payload_to_device, items)
         self._schedule_events()
-        # The hot loop: locals only, one comparison per step; everything else happens at events.
-        single, fused = self._train_and_accumulate, self._train_block
-        state, step = self.state, self.global_step
         try:
-            for steps, item in items:  # `steps` batches: 1, or a stacked block of steps_per_execution
-                if acc is None or self.compile_time is None:
-                    state, acc = self._first_step(state, acc, steps, item)
-                elif steps == 1:
-                    state, acc = single(state, acc, item)
-                else:
-                    state, acc = fused(state, acc, item)
-                step += steps
-                batch_index += steps
-                if step >= self._next_event_step:
-                    self.state, self.global_step = state, step
-                    loop.batch_index, loop.acc = batch_index, acc
-                    end_epoch = self._step_events(steps)
-                    state = self.state
-                    if end_epoch:
-                        break
+            items = iter(items)
+            head = next(items, None)
+            if head is not None:
+                items = itertools.chain([head], items)
+                if acc is None:
+                    acc = self._start_epoch_sums(head[1] if head[0] == 1 else jax.tree.map(lambda x: x[0], head[1]))
+                lean = self._lean_loop(acc, head)
+                state, kept = lean.split(self.state)
+                state, acc = self._run_batches(items, lean, state, kept, acc)
         finally:
-            self.state, self.global_step = state, step
-            if isinstance(items, Prefetcher):
-                items.close()
+            if prefetcher is not None:
+                prefetcher.close()
         if acc is None:
             raise ValueError("train_loader yielded no batches: check the dataset size, batch_size and drop_last.")
-        loop.batch_index, loop.acc = batch_index, acc
         loop.running_log.flush()
         loop.phase = "val"
         host = to_host(acc)  # the epoch's one read of the sums
@@ -704,18 +696,56 @@ class TrainerModule:
         except (TypeError, ValueError):
             return steps, payload
 
-    def _first_step(self, state, acc, steps: int, item):
-        """The epoch's first step (checks the batch, zeroes the sums); the trainer's very first
-        step is also timed to completion once, which is its compile time."""
-        if acc is None:
-            acc = self._start_epoch_sums(item if steps == 1 else jax.tree.map(lambda x: x[0], item))
-        run = self._train_and_accumulate if steps == 1 else self._train_block
-        if self.compile_time is not None:
-            return run(state, acc, item)
-        first = time.perf_counter()
-        state, acc = jax.block_until_ready(run(state, acc, item))
-        self.compile_time = time.perf_counter() - first
+    def _run_batches(self, items, lean: LeanLoop, state, kept: dict, acc) -> tuple[Any, dict]:
+        """The hot loop: locals only, one comparison per step; everything else happens at events.
+
+        ``state`` is the train state without the fields ``lean`` leaves out (``kept``); the
+        trainer's full ``self.state`` is put back together at events and at the end. Returns the
+        (lean) state and the sums; ``self.state``, ``self.global_step`` and the loop position are
+        current when it returns, also by an exception.
+        """
+        loop = self._loop
+        single, fused = lean.single, lean.fused
+        step, batch_index = self.global_step, loop.batch_index
+        time_first = self.compile_time is None
+        try:
+            for steps, item in items:  # `steps` batches: 1, or a stacked block of steps_per_execution
+                if time_first:  # the trainer's very first step, timed to completion: its compile time
+                    first = time.perf_counter()
+                    state, acc = jax.block_until_ready((single if steps == 1 else fused)(state, acc, item))
+                    self.compile_time, time_first = time.perf_counter() - first, False
+                elif steps == 1:
+                    state, acc = single(state, acc, item)
+                else:
+                    state, acc = fused(state, acc, item)
+                step += steps
+                batch_index += steps
+                if step >= self._next_event_step:
+                    self.state, self.global_step = lean.join(state, kept), step
+                    loop.batch_index, loop.acc = batch_index, acc
+                    end_epoch = self._step_events(steps)
+                    state, kept = lean.split(self.state)
+                    if end_epoch:
+                        break
+        finally:
+            self.state, self.global_step = lean.join(state, kept), step
+            loop.batch_index, loop.acc = batch_index, acc
         return state, acc
+
+    def _lean_loop(self, acc, head: tuple[int, Any]) -> LeanLoop:
+        """The loop's jitted functions, without the state fields the step never uses (found
+        once, from the first batch; see :mod:`flaxlight.lean`). On a mesh or with
+        ``debug=True`` the full state goes through."""
+        if self._lean is None:
+            jitted = (self._train_and_accumulate, self._train_block)
+            if self.debug or self.mesh is not None:
+                self._lean = LeanLoop((), *jitted)
+            else:
+                steps, item = head
+                batch = item if steps == 1 else jax.tree.map(lambda x: x[0], item)
+                single_fn, block_fn, _ = self._loop_functions
+                self._lean = LeanLoop.analyse(single_fn, block_fn, self.state, acc, batch, jitted=jitted)
+        return self._lean
 
     def _start_epoch_sums(self, batch) -> dict:
         """Check the epoch's first batch and return zeroed metric sums for its structure."""
