@@ -1,6 +1,7 @@
 """Fused steps, prefetching and compile-once behaviour: same results, no extra work."""
 
 import csv
+import threading
 
 import jax
 import jax.numpy as jnp
@@ -134,3 +135,31 @@ def test_a_step_that_reads_the_epoch_sees_it(tmp_path):
     with open(trainer.log_dir + "/metrics.csv") as f:
         seen = [float(row["train/seen_epoch"]) for row in csv.DictReader(f) if row.get("train/seen_epoch")]
     assert seen == [0.0, 1.0, 2.0]  # completed epochs when each epoch's steps ran
+
+
+class CompileWatcher(RegressTrainer):
+    """Records the JAX compile events raised by the training thread while validating."""
+
+    def eval_model(self, data_loader, log_prefix=""):
+        events = []
+
+        def record(event, duration, **kwargs):
+            if "compile" in event and threading.current_thread() is threading.main_thread():
+                events.append(event)
+
+        jax.monitoring.register_event_duration_secs_listener(record)
+        try:
+            return super().eval_model(data_loader, log_prefix)
+        finally:
+            jax.monitoring.unregister_event_duration_listener(record)
+            self.validation_compiles.append(len(events))
+
+
+def test_eval_is_compiled_ahead_in_the_background(tmp_path):
+    train = ArrayLoader(*linear_data(256, 0), batch_size=32)
+    val = ArrayLoader(*linear_data(50, 1), batch_size=16)  # batches of 16 and a last one of 2
+    trainer = CompileWatcher(model_class=TinyMLP, model_hparams={"hidden_dims": [24]}, optimizer_hparams={},
+                             exmp_input=X0, **quiet(tmp_path))
+    trainer.validation_compiles = []
+    trainer.train_model(train, val, num_epochs=2)
+    assert trainer.validation_compiles == [0, 0]  # neither shape compiled in the training thread

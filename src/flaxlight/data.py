@@ -84,11 +84,29 @@ class ArrayLoader:
     def __iter__(self) -> Iterator[Any]:
         indices = self.order()
         for start in range(0, len(self) * self.batch_size, self.batch_size):
-            idx = indices[start : start + self.batch_size]
-            if self.num_shards > 1:
-                per = len(idx) // self.num_shards
-                idx = idx[self.shard_index * per : (self.shard_index + 1) * per]
-            yield jax.tree.map(lambda a: np.asarray(a)[idx], self.data)
+            yield self._batch(indices[start : start + self.batch_size])
+
+    def _batch(self, idx: np.ndarray):
+        if self.num_shards > 1:
+            per = len(idx) // self.num_shards
+            idx = idx[self.shard_index * per : (self.shard_index + 1) * per]
+        return jax.tree.map(lambda a: np.asarray(a)[idx], self.data)
+
+    def example_batches(self) -> list:
+        """One batch of each shape the loader yields: the first and, when it is smaller, the
+        last (the trainer compiles its steps for them ahead of use).
+
+        Example:
+            >>> [b.shape for b in ArrayLoader(np.zeros((10, 3)), batch_size=4).example_batches()]
+            [(4, 3), (2, 3)]
+            >>> [b.shape for b in ArrayLoader(np.zeros((10, 3)), batch_size=4, drop_last=True).example_batches()]
+            [(4, 3)]
+        """
+        if len(self) == 0:
+            return []
+        last = self.batch_size if self.drop_last else self.num_examples - (len(self) - 1) * self.batch_size
+        sizes = {min(self.batch_size, self.num_examples), last}
+        return [self._batch(np.arange(size)) for size in sorted(sizes, reverse=True)]
 
 
 def _describe(batch) -> str:
@@ -137,7 +155,7 @@ def check_input_shapes(batch, exmp_input: Sequence[Any]) -> None:
             )
 
 
-def _same_shapes(a, b) -> bool:
+def same_shapes(a, b) -> bool:
     return [np.shape(x) for x in jax.tree.leaves(a)] == [np.shape(x) for x in jax.tree.leaves(b)]
 
 
@@ -163,7 +181,7 @@ def group_batches(batches: Iterable, steps: int, start: int = 0) -> Iterator[tup
         yield 1, batch
     block: list = []
     for batch in batches:
-        if block and not _same_shapes(batch, block[0]):
+        if block and not same_shapes(batch, block[0]):
             yield from ((1, b) for b in block)
             block = []
         block.append(batch)

@@ -32,7 +32,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from flaxlight import distributed as dist
 from flaxlight.callbacks import Callback, ModelCheckpoint, NaNGuard, ProgressBar, Timer
 from flaxlight.checkpoint import Checkpointer
-from flaxlight.data import Prefetcher, check_batch, check_input_shapes, group_batches
+from flaxlight.data import Prefetcher, same_shapes, check_batch, check_input_shapes, group_batches
 from flaxlight.lean import LeanLoop
 from flaxlight.loggers import CSVLogger, Logger, LoggerCollection, TensorBoardLogger, tensorboard_available
 from flaxlight.models import make_adapter
@@ -252,6 +252,7 @@ class TrainerModule:
         self.global_step = 0
         self._hparams_written = False
         self._acc_templates: dict = {}
+        self._eval_compiler: threading.Thread | None = None
         self._interrupt_signal: int | None = None
         self._next_event_step = 0
         self._best_eval_metrics: dict | None = None
@@ -563,6 +564,7 @@ class TrainerModule:
         self.global_step = int(to_host(self.state.step))
         self._val_loader = val_loader
         self._write_hparams()
+        self._compile_eval_ahead(val_loader)
         loop = self._loop
         try:
             with _SignalGuard(self):
@@ -587,6 +589,46 @@ class TrainerModule:
             raise
         self._finish_files("success")
         return best_eval_metrics
+
+    def _compile_eval_ahead(self, val_loader) -> None:
+        """Compile the evaluation step for the validation batches' shapes in a background thread
+        while the first epoch trains, so the first validation does not stall.
+
+        The shapes come from ``val_loader.example_batches()`` (:class:`ArrayLoader`: the first
+        and the smaller last batch) or from the first and last batch of a list; other loaders
+        are not touched (iterating them may draw random numbers), and compile at first use. A batch that fails here fails again, with the
+        readable message, when :meth:`eval_model` runs it.
+        """
+        if val_loader is None or self.debug or self._eval_compiler is not None:
+            return
+        try:
+            examples = _example_batches(val_loader)
+            for batch in examples:
+                check_batch(batch, where="validation batch")
+            specs = [self._eval_specs(batch) for batch in examples]
+        except Exception:  # noqa: BLE001 - reported by eval_model, where the batch is really used
+            return
+        if not specs:
+            return
+
+        def compile_all():
+            for args in specs:
+                try:
+                    self._eval_and_accumulate.lower(*args).compile()
+                except Exception:  # noqa: BLE001 - as above
+                    return
+
+        self._eval_compiler = threading.Thread(target=compile_all, daemon=True, name="flaxlight-eval-compile")
+        self._eval_compiler.start()
+
+    def _eval_specs(self, batch) -> tuple:
+        """Shapes and dtypes of ``(state, sums, batch)`` as the eval step gets them (shardings
+        come from the jitted function's own ``in_shardings`` on a mesh)."""
+        if self.mesh is not None:
+            batch = dist.to_global_batch(batch, self.mesh)
+        acc = self._zero_accumulator("eval", batch)
+
+        return jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype), (self.state, acc, batch))
 
     def _run_epoch(self, epoch_idx: int, train_loader, val_loader) -> None:
         """Train one epoch (or its rest, after a resume), validate when due, run the epoch hooks."""
@@ -817,6 +859,9 @@ class TrainerModule:
 
     def eval_model(self, data_loader: Iterable, log_prefix: str = "") -> dict[str, float]:
         """Evaluate on ``data_loader``; per-example weighted means keyed ``log_prefix + name``."""
+        if self._eval_compiler is not None:  # compiling ahead: wait for it rather than compile twice
+            self._eval_compiler.join()
+            self._eval_compiler = None
         acc = None
         for batch in data_loader:
             if acc is None:
@@ -1209,6 +1254,17 @@ def enable_compilation_cache(setting: bool | str) -> str | None:
     if jax.config.jax_persistent_cache_min_compile_time_secs == 1.0:  # JAX's default skips small programs
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.1)
     return folder
+
+
+def _example_batches(loader) -> list:
+    """A batch of each shape ``loader`` yields, when that is cheap to know: see
+    :meth:`TrainerModule._compile_eval_ahead`."""
+    if hasattr(loader, "example_batches"):
+        return list(loader.example_batches())
+    if isinstance(loader, (list, tuple)) and loader:  # other loaders may draw random numbers when iterated
+        first, last = loader[0], loader[-1]
+        return [first] if same_shapes(first, last) else [first, last]
+    return []
 
 
 def _safe_len(loader) -> int | None:
