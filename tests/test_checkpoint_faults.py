@@ -30,9 +30,9 @@ def test_damaged_latest_checkpoint_falls_back_to_the_previous_one(tmp_path, regr
     steps = _steps(tmp_path / "run")
     assert len(steps) >= 2
     latest = tmp_path / "run" / "checkpoints" / str(steps[-1])
-    for path in (latest / "params").rglob("*"):
+    for path in (latest / "state").rglob("*"):
         if path.is_file() and path.stat().st_size > 0:
-            path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])  # truncate every params file
+            path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])  # truncate every array file
 
     trainer = _trainer(tmp_path)
     with pytest.warns(RuntimeWarning, match=f"Checkpoint {steps[-1]} .* damaged .* falling back to checkpoint {steps[-2]}"):

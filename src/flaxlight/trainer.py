@@ -1089,8 +1089,7 @@ class TrainerModule:
             "callbacks": {name: cb.state_dict() for name, cb in _named(self.callbacks)},
         }
         if step in self.checkpointer.all_steps():  # e.g. a step checkpoint, now also the epoch's best
-            self.checkpointer.wait()
-            self.checkpointer.delete(step)
+            self.checkpointer.delete(step, background=False)
         self.checkpointer.save(step, self.state, meta=meta)
 
     def _nonfinite_now(self) -> int:

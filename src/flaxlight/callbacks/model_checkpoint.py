@@ -95,7 +95,7 @@ class ModelCheckpoint(Callback):
         # Old checkpoints are pruned only once the previous save is on disk, so a failed or
         # killed save never leaves the run without a checkpoint to resume from.
         trainer.checkpointer.wait()
-        self._prune(trainer)
+        self._prune(trainer, also_keep=step)  # `step` itself may be saved again right below
         if best_metrics is not None:
             self.best_metrics = dict(best_metrics)
             if self.monitor is None:
@@ -112,8 +112,9 @@ class ModelCheckpoint(Callback):
             keep.add(self.last_step)
         return keep
 
-    def _prune(self, trainer) -> None:
-        keep = self._keep()
+    def _prune(self, trainer, also_keep: int | None = None) -> None:
+        """Delete (in the background) the checkpoints neither best, last nor ``also_keep``."""
+        keep = self._keep() | {also_keep}
         for step in trainer.checkpointer.all_steps():
             if step not in keep:
                 trainer.checkpointer.delete(step)
