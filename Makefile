@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 
-.PHONY: demo test venv
+.PHONY: demo test venv bench-env bench
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -21,3 +21,24 @@ demo: $(PY)
 test: $(PY)
 	$(PIP) install -q -e '.[dev]'
 	$(PY) -m pytest -n 2 --dist loadfile tests
+
+# Benchmarks (benchmarks/*.py) in a separate venv: Keras, the peer that benchmarks/keras_peer.py
+# compares with, must not become a dependency of flaxlight.
+BENCH_VENV ?= .venv-bench
+BENCH_PY := $(BENCH_VENV)/bin/python
+BENCH_ARGS ?=
+BENCH_SCRIPTS := overhead fused full_featured keras_peer nnx_vs_linen checkpointing
+
+$(BENCH_PY):
+	$(PYTHON) -m venv $(BENCH_VENV)
+	$(BENCH_PY) -m pip install -q --upgrade pip
+
+bench-env: $(BENCH_PY)
+	$(BENCH_PY) -m pip install -q -e '.[examples,tensorboard]' keras
+
+# Every benchmark in sequence, each printing its table (BENCH_ARGS=--quick for a smoke run).
+bench: bench-env
+	@set -e; for script in $(BENCH_SCRIPTS); do \
+		echo "=== benchmarks/$$script.py $(BENCH_ARGS)"; \
+		$(BENCH_PY) benchmarks/$$script.py $(BENCH_ARGS); \
+	done

@@ -1,0 +1,79 @@
+"""Benchmark 2: fused steps, flaxlight ``steps_per_execution=16`` vs hand-written loops.
+
+Small models on a CPU spend most of a step in dispatch, so running 16 steps per dispatch
+(``jax.lax.scan`` over a block of 16 stacked batches) is where throughput comes from. Variants,
+all on the same data, model, initial parameters and optax transformation (see ``common.py``):
+
+- hand-step: the hand-written per-step loop of benchmark 1 (jitted step, donated state, loss read
+  once per epoch), fed numpy batches by the same ``flaxlight.ArrayLoader`` as the trainer;
+- hand-scan: a hand-written ``jax.lax.scan`` of 16 steps per dispatch, fed like hand-step from
+  the host: each block of 16 batches is one numpy gather of 16 x batch rows of the epoch's
+  permutation, reshaped to (16, batch, ...) and transferred in one go (the data path flaxlight's
+  ``steps_per_execution`` takes too: host-stacked blocks, one transfer per block);
+- flaxlight-16: ``TrainerModule(..., steps_per_execution=16).train_epoch(loader)``;
+- flaxlight: the same trainer without fusing (``steps_per_execution=1``), for reference.
+
+16384 examples at batch 128 make 128 steps per epoch: 8 whole blocks, no ragged tail on either
+side. Epochs are interleaved and the median over rounds of each ratio is reported.
+Targets: flaxlight-16 / hand-step >= 1.4 (tiny MLP 64-32-32-10) and >= 1.3 (digits MLP
+64-256-256-10); flaxlight-16 / hand-scan >= 0.97. hand-scan / hand-step is what fusing can give.
+
+Run:
+    python benchmarks/fused.py              # full run (7 rounds of ~1 s per variant)
+    python benchmarks/fused.py --quick      # smoke run
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Sequence
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common  # noqa: E402
+from common import Check, HandFunctions, Variant  # noqa: E402
+
+DEFAULT_WORKLOADS = ["tiny-128", "mlp-256-128"]
+TARGETS = {"tiny-128": 1.4, "mlp-256-128": 1.3}  # flaxlight-16 / hand-step
+TARGET_SCAN = 0.97  # flaxlight-16 / hand-scan
+
+
+def run_workload(name, args, log_root):
+    workload = common.WORKLOADS[name]
+    loader = common.make_loader(workload)
+    steps = len(loader)
+    fused = common.ready_for_epochs(
+        common.make_trainer(workload, os.path.join(log_root, name + "-fused"), steps_per_execution=args.k), steps)
+    single = common.ready_for_epochs(common.make_trainer(workload, os.path.join(log_root, name)), steps)
+    hand = common.hand_timers(HandFunctions(fused.model.apply), fused, loader, k=args.k)
+    variants = [Variant("hand-step", hand["numpy"], steps), Variant("hand-scan", hand["scan"], steps),
+                Variant(f"flaxlight-{args.k}", common.trainer_epoch(fused, loader), steps),
+                Variant("flaxlight", common.trainer_epoch(single, loader), steps)]
+    return common.time_workload(name, variants, args)
+
+
+def main(argv: Sequence[str] | None = None) -> list[dict]:
+    parser = common.timing_parser(__doc__, default_workloads=DEFAULT_WORKLOADS)
+    parser.add_argument("--k", type=int, default=16, help="steps per execution / per scan (default 16)")
+    args = common.finish_args(parser.parse_args(argv))
+    load = common.print_header(
+        f"Benchmark 2: flaxlight steps_per_execution={args.k} vs hand-written per-step and lax.scan loops",
+        f"{common.NUM_EXAMPLES} examples per epoch, {args.rounds} rounds, adam, gradient_clip=None; "
+        f"hand-scan blocks are stacked on the host and transferred in one go")
+    timings = common.run_workloads(args, "fused", run_workload)
+
+    fused = f"flaxlight-{args.k}"
+    variants = ["hand-step", "hand-scan", fused, "flaxlight"]
+    pairs = [(fused, "hand-step"), (fused, "hand-scan"), ("hand-scan", "hand-step"), ("flaxlight", "hand-step")]
+    checks = []
+    for name, t in timings.items():
+        if name in TARGETS:
+            checks.append(Check(f"{name}: {fused} / hand-step", t.ratio(fused, "hand-step"), TARGETS[name]))
+        checks.append(Check(f"{name}: {fused} / hand-scan", t.ratio(fused, "hand-scan"), TARGET_SCAN))
+    return common.report(timings, variants, pairs, checks, load)
+
+
+if __name__ == "__main__":
+    main()
+    sys.stdout.flush()
