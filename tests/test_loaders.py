@@ -1,0 +1,323 @@
+"""Loaders that are not flaxlight's: plain iterables, torch's DataLoader, grain's datasets and loader.
+
+Each test trains a small MLP through ``train_model`` and checks what a user sees: the loss or the
+accuracy, validation, the number of epochs and steps, progress output, resuming. torch and grain
+are dev dependencies (never imported by flaxlight itself: see the last tests).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import subprocess
+import sys
+import textwrap
+import warnings
+
+import grain
+import jax
+import numpy as np
+import pytest
+import torch.utils.data
+from conftest import ClassifyTrainer, RegressTrainer, TinyMLP, linear_data
+from sklearn.datasets import load_digits
+
+import flaxlight
+
+BATCH, VAL_BATCH = 100, 99  # digits: 15 train and 3 validation batches of one shape each (few compiles)
+
+
+def _digits():
+    """sklearn's 8x8 digits: 1500 examples to train on, 297 to validate (int64 labels, as loaded)."""
+    x, y = load_digits(return_X_y=True)
+    x = (x / 16.0).astype(np.float32)
+    return x[:1500], y[:1500], x[1500:], y[1500:]
+
+
+def _classifier(tmp_path, name="run", **kwargs):
+    kwargs.setdefault("enable_progress_bar", False)
+    kwargs.setdefault("enable_checkpointing", False)
+    return ClassifyTrainer(model_class=TinyMLP, model_hparams={"hidden_dims": [64], "output_dim": 10},
+                           optimizer_hparams={"optimizer": "adam", "lr": 3e-2},
+                           exmp_input=np.zeros((1, 64), np.float32),
+                           logger_params={"log_dir": str(tmp_path / name), "logger_type": "csv"},
+                           enable_model_summary=False, **kwargs)
+
+
+def _regressor(tmp_path, name="run", **kwargs):
+    kwargs.setdefault("enable_progress_bar", False)
+    kwargs.setdefault("enable_checkpointing", False)
+    return RegressTrainer(model_class=TinyMLP, model_hparams={"hidden_dims": [16]},
+                          optimizer_hparams={"optimizer": "adam", "lr": 1e-2}, exmp_input=np.zeros((1, 4), np.float32),
+                          logger_params={"log_dir": str(tmp_path / name), "logger_type": "csv"},
+                          enable_model_summary=False, **kwargs)
+
+
+def _rows(log_dir):
+    """metrics.csv as dicts of the non-empty cells (epoch_time dropped: it differs between runs)."""
+    with open(log_dir / "metrics.csv") as f:
+        return [{k: v for k, v in row.items() if v != "" and k != "epoch_time"} for row in csv.DictReader(f)]
+
+
+def _epoch_rows(log_dir, metric):
+    """(step, epoch, value) of the rows that hold ``metric`` (e.g. the epoch's train/loss)."""
+    return [(int(r["step"]), int(r["epoch"]), float(r[metric])) for r in _rows(log_dir) if metric in r]
+
+
+# ---------------------------------------------------------------------------------- plain iterables
+def test_a_list_of_batches_trains_and_validates(tmp_path):
+    train = list(flaxlight.ArrayLoader(*linear_data(300, 0), batch_size=32, shuffle=True))  # 10 batches, last of 12
+    val = [linear_data(64, 1)]  # one batch
+    trainer = _regressor(tmp_path)
+    metrics = trainer.train_model(train, val, num_epochs=3)
+    assert trainer.global_step == int(trainer.state.step) == 30
+    losses = _epoch_rows(tmp_path / "run", "train/loss")
+    assert [(step, epoch) for step, epoch, _ in losses] == [(10, 1), (20, 2), (30, 3)]
+    assert losses[-1][2] < 0.5 * losses[0][2]
+    assert [epoch for _, epoch, _ in _epoch_rows(tmp_path / "run", "val/loss")] == [1, 2, 3]
+    assert metrics["val/loss"] < 0.5 * losses[0][2]
+
+
+class Batches:
+    """Re-iterable, no ``len()``: every ``iter()`` starts a new generator over the same data."""
+
+    def __init__(self, x, y, batch_size):
+        self.x, self.y, self.batch_size = x, y, batch_size
+
+    def __iter__(self):
+        for start in range(0, len(self.x), self.batch_size):
+            yield self.x[start:start + self.batch_size], self.y[start:start + self.batch_size]
+
+
+def test_a_loader_without_len_trains_with_steps_per_epoch_and_progress_bars(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("CI", "")  # real tqdm bars (the suite sets CI=true for plain lines)
+    train, val = Batches(*linear_data(256, 0), batch_size=32), Batches(*linear_data(64, 1), batch_size=64)
+    trainer = _regressor(tmp_path, enable_progress_bar=True, log_every_n_steps=4)
+    with pytest.raises(TypeError, match="steps_per_epoch"):  # the schedule needs the run's length
+        trainer.train_model(train, val, num_epochs=2)
+    trainer.train_model(train, val, num_epochs=2, steps_per_epoch=8)
+    assert trainer.global_step == 16
+    assert [(s, e) for s, e, _ in _epoch_rows(tmp_path / "run", "train/loss")] == [(8, 1), (16, 2)]
+    assert [int(r["step"]) for r in _rows(tmp_path / "run") if "train/loss_step" in r] == [4, 8, 12, 16]
+    assert [e for _, e, _ in _epoch_rows(tmp_path / "run", "val/loss")] == [1, 2]
+    err = capsys.readouterr().err
+    assert "Epoch 1:" in err and "Epoch 2:" in err and "| 0/8 [" in err  # step bars sized by steps_per_epoch
+    assert "Epochs: 100%" in err and "2/2" in err
+
+
+def test_a_generator_is_consumed_across_epochs_with_prefetch_and_fused_steps(tmp_path):
+    """A single-use iterator (a stream) is not restarted: each epoch takes the next steps_per_epoch
+    batches, also when a thread prefetches them and steps_per_execution fuses them."""
+    x, y = linear_data(32 * 100, 0)
+    drawn = []
+
+    def stream():
+        for i in range(100):
+            drawn.append(i)
+            yield x[32 * i:32 * (i + 1)], y[32 * i:32 * (i + 1)]
+
+    trainer = _regressor(tmp_path, prefetch=2, steps_per_execution=4, log_every_n_steps=4)
+    trainer.train_model(stream(), [linear_data(64, 1)], num_epochs=3, steps_per_epoch=10)
+    assert drawn == list(range(30))  # 3 epochs of 10 batches, none read ahead or skipped
+    assert trainer.global_step == 30
+    losses = _epoch_rows(tmp_path / "run", "train/loss")
+    assert [(s, e) for s, e, _ in losses] == [(10, 1), (20, 2), (30, 3)]
+    assert losses[-1][2] < 0.5 * losses[0][2]
+
+
+# ---------------------------------------------------------------------------------- torch
+class PairDataset(torch.utils.data.Dataset):
+    """Items (x[i], y[i]) as numpy arrays: a map-style torch Dataset, also a grain data source."""
+
+    def __init__(self, x, y):
+        self.x, self.y = x, y
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        return self.x[i], self.y[i]
+
+
+def numpy_collate(samples):
+    """[(x, y), ...] -> (xs, ys) as numpy arrays (torch's default collate makes torch tensors)."""
+    return tuple(np.stack(field) for field in zip(*samples))
+
+
+def test_torch_dataloader_with_numpy_collate(tmp_path, capsys):
+    x, y, vx, vy = _digits()
+    train = torch.utils.data.DataLoader(PairDataset(x, y), batch_size=BATCH, shuffle=True, collate_fn=numpy_collate,
+                                        generator=torch.Generator().manual_seed(0))
+    val = torch.utils.data.DataLoader(PairDataset(vx, vy), batch_size=VAL_BATCH, collate_fn=numpy_collate)
+    assert len(train) == 15
+    trainer = _classifier(tmp_path, enable_checkpointing=True)
+    metrics = trainer.train_model(train, val, num_epochs=3)
+    assert trainer.global_step == 45
+    assert [(s, e) for s, e, _ in _epoch_rows(tmp_path / "run", "train/loss")] == [(15, 1), (30, 2), (45, 3)]
+    assert metrics["val/acc"] > 0.8
+    # A resume continues from the last checkpoint; torch's shuffling has no set_epoch, so it warns.
+    resumed = _classifier(tmp_path, enable_checkpointing=True)
+    with pytest.warns(RuntimeWarning, match="set_epoch"):
+        resumed.train_model(train, val, num_epochs=4, resume=True)
+    assert "Resumed from checkpoint 45" in capsys.readouterr().err
+    assert resumed.global_step == 60
+    assert [e for _, e, _ in _epoch_rows(tmp_path / "run", "train/loss")] == [1, 2, 3, 4]
+
+
+@pytest.mark.xfail(strict=True, reason="the trainer calls loader.set_epoch only; a torch DataLoader keeps it on "
+                                       "loader.sampler (DistributedSampler), which is never told the epoch")
+def test_torch_distributed_sampler_is_told_the_epoch(tmp_path):
+    x, y, vx, vy = _digits()
+    dataset = PairDataset(x, y)
+    sampler = torch.utils.data.distributed.DistributedSampler(dataset, num_replicas=1, rank=0, shuffle=True, seed=0)
+    train = torch.utils.data.DataLoader(dataset, batch_size=BATCH, sampler=sampler, collate_fn=numpy_collate)
+    _classifier(tmp_path).train_model(train, None, num_epochs=2)
+    assert sampler.epoch == 2  # a new order every epoch, a pure function of (seed, epoch): resumable
+
+
+# ---------------------------------------------------------------------------------- grain
+def test_grain_map_dataset(tmp_path):
+    x, y, vx, vy = _digits()
+    train = grain.MapDataset.source([(x[i], y[i]) for i in range(len(x))]).shuffle(seed=0).batch(BATCH)
+    val = grain.MapDataset.source([(vx[i], vy[i]) for i in range(len(vx))]).batch(VAL_BATCH)
+    assert len(train) == 15
+    # A MapDataset is re-iterable and replays the same order: every epoch sees the same batches.
+    assert [b[1].tolist() for b in train] == [b[1].tolist() for b in train]
+    trainer = _classifier(tmp_path)
+    metrics = trainer.train_model(train, val, num_epochs=3)
+    assert trainer.global_step == 45
+    assert [(s, e) for s, e, _ in _epoch_rows(tmp_path / "run", "train/loss")] == [(15, 1), (30, 2), (45, 3)]
+    assert [e for _, e, _ in _epoch_rows(tmp_path / "run", "val/acc")] == [1, 2, 3]
+    assert metrics["val/acc"] > 0.8
+
+
+class GrainEpochs:
+    """A grain pipeline reshuffled every epoch, its order a pure function of (seed, epoch).
+
+    ``shuffle(...).repeat()`` reshuffles each pass over the source; epoch k (the trainer counts
+    from 1) is the k-th pass, sliced out and batched. ``set_epoch`` makes a resume exact.
+    """
+
+    def __init__(self, records, batch_size, seed):
+        self.passes = grain.MapDataset.source(records).shuffle(seed=seed).repeat()
+        self.num_records, self.batch_size, self.epoch = len(records), batch_size, 1
+
+    def set_epoch(self, epoch):
+        self.epoch = epoch
+
+    def __len__(self):
+        return math.ceil(self.num_records / self.batch_size)
+
+    def __iter__(self):
+        start = (self.epoch - 1) * self.num_records
+        return iter(self.passes[start:start + self.num_records].batch(self.batch_size))
+
+
+def test_grain_pipeline_with_set_epoch_reshuffles_and_resumes_exactly(tmp_path, capsys):
+    x, y = linear_data(256, 0)
+    records = [(x[i], y[i]) for i in range(len(x))]
+    loader = GrainEpochs(records, batch_size=32, seed=0)  # 8 batches
+    first = [b[1][:, 0].tolist() for b in loader]
+    loader.set_epoch(2)
+    assert [b[1][:, 0].tolist() for b in loader] != first  # another order...
+    assert sorted(sum(first, [])) == sorted(y[:, 0].tolist())  # ...of the same 256 records
+
+    class Crash(flaxlight.Callback):
+        every_n_steps = 20  # mid-epoch 3
+
+        def on_step(self, trainer, step):
+            raise RuntimeError("crash")
+
+    def run(name, callbacks=(), resume=False):
+        trainer = _regressor(tmp_path, name, callbacks=list(callbacks), log_every_n_steps=5)
+        trainer.train_model(GrainEpochs(records, batch_size=32, seed=0), None, num_epochs=4, resume=resume)
+        return trainer
+
+    reference = run("reference")
+    with pytest.raises(RuntimeError, match="crash"):
+        run("crashed", callbacks=[flaxlight.ModelCheckpoint(every_n_steps=19, every_n_epochs=None), Crash()])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "no set_epoch" warning
+        resumed = run("crashed", resume=True)
+    assert "Resumed from checkpoint 19" in capsys.readouterr().err  # mid-epoch 3 (8 steps per epoch)
+    assert resumed.global_step == reference.global_step == 32
+    jax.tree.map(np.testing.assert_array_equal, jax.device_get(resumed.state.params),
+                 jax.device_get(reference.state.params))
+    assert _rows(tmp_path / "crashed") == _rows(tmp_path / "reference")
+
+
+def test_grain_dataloader_without_len(tmp_path):
+    def loader(num, seed, batch_size, shuffle):
+        x, y = linear_data(num, seed)
+        sampler = grain.samplers.IndexSampler(num, shard_options=grain.sharding.NoSharding(), shuffle=shuffle,
+                                              num_epochs=1, seed=0)
+        return grain.DataLoader(data_source=PairDataset(x, y), sampler=sampler,
+                                operations=[grain.transforms.Batch(batch_size)], worker_count=0)
+
+    train, val = loader(256, 0, 32, shuffle=True), loader(64, 1, 64, shuffle=False)  # 8 batches
+    assert not hasattr(train, "__len__")
+    assert [b[1].tolist() for b in train] == [b[1].tolist() for b in train]  # every iter() replays the order
+    trainer = _regressor(tmp_path, log_every_n_steps=4)
+    metrics = trainer.train_model(train, val, num_epochs=3, steps_per_epoch=8)
+    assert trainer.global_step == 24
+    losses = _epoch_rows(tmp_path / "run", "train/loss")
+    assert [(s, e) for s, e, _ in losses] == [(8, 1), (16, 2), (24, 3)]
+    assert losses[-1][2] < 0.5 * losses[0][2]
+    assert [e for _, e, _ in _epoch_rows(tmp_path / "run", "val/loss")] == [1, 2, 3]
+    assert metrics["val/loss"] < 0.5 * losses[0][2]
+
+
+# ---------------------------------------------------------------------------------- no torch, no grain
+_NO_IMPORT_SCRIPT = textwrap.dedent("""
+    import json, sys, tempfile
+    import jax.numpy as jnp, numpy as np, flax.linen as nn
+    import flaxlight
+
+    def loaded():
+        return sorted({m.split(".")[0] for m in sys.modules} & {"torch", "grain"})
+
+    seen = {"import": loaded()}
+
+    class Net(nn.Module):
+        @nn.compact
+        def __call__(self, x, train=False):
+            return nn.Dense(1)(x)
+
+    class Regressor(flaxlight.TrainerModule):
+        def loss_fn(self, params, batch, *, train, rng, state):
+            x, y = batch
+            pred, updates = state.apply_model(params, x, train=train, rng=rng)
+            return jnp.mean((pred - y) ** 2), ({}, updates)
+
+    x = np.random.default_rng(0).normal(size=(64, 4)).astype(np.float32)
+    loader = flaxlight.ArrayLoader(x, x.sum(1, keepdims=True), batch_size=16, shuffle=True)
+    for loggers in (["csv"], None):  # None: the default loggers (CSV and, when installed, TensorBoard)
+        trainer = Regressor(model_class=Net, model_hparams={}, optimizer_hparams={"lr": 1e-2}, exmp_input=x[:1],
+                            enable_model_summary=False, enable_checkpointing=False, enable_progress_bar=False,
+                            logger_params={"log_dir": tempfile.mkdtemp(), "logger_type": loggers})
+        trainer.train_model(loader, loader, num_epochs=2)
+        seen["default loggers" if loggers is None else "csv"] = loaded()
+    print(json.dumps(seen))
+""")
+
+
+@pytest.fixture(scope="module")
+def modules_loaded_by_flaxlight():
+    """Which of torch and grain a fresh process holds after importing flaxlight and training."""
+    result = subprocess.run([sys.executable, "-c", _NO_IMPORT_SCRIPT], capture_output=True, text=True, timeout=120,
+                            env=dict(os.environ, CI="true"))
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def test_flaxlight_never_imports_torch_or_grain(modules_loaded_by_flaxlight):
+    assert modules_loaded_by_flaxlight["import"] == []
+    assert modules_loaded_by_flaxlight["csv"] == []  # trained with an ArrayLoader, metrics.csv logging
+
+
+@pytest.mark.xfail(strict=True, reason="the default TensorBoard logger imports tensorboardX, whose writer module "
+                                       "runs `import torch` whenever torch is installed (over a second of start-up)")
+def test_default_loggers_do_not_import_torch(modules_loaded_by_flaxlight):
+    assert modules_loaded_by_flaxlight["default loggers"] == []
