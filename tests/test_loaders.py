@@ -166,8 +166,6 @@ def test_torch_dataloader_with_numpy_collate(tmp_path, capsys):
     assert [e for _, e, _ in _epoch_rows(tmp_path / "run", "train/loss")] == [1, 2, 3, 4]
 
 
-@pytest.mark.xfail(strict=True, reason="the trainer calls loader.set_epoch only; a torch DataLoader keeps it on "
-                                       "loader.sampler (DistributedSampler), which is never told the epoch")
 def test_torch_distributed_sampler_is_told_the_epoch(tmp_path):
     x, y, vx, vy = _digits()
     dataset = PairDataset(x, y)
@@ -317,7 +315,5 @@ def test_flaxlight_never_imports_torch_or_grain(modules_loaded_by_flaxlight):
     assert modules_loaded_by_flaxlight["csv"] == []  # trained with an ArrayLoader, metrics.csv logging
 
 
-@pytest.mark.xfail(strict=True, reason="the default TensorBoard logger imports tensorboardX, whose writer module "
-                                       "runs `import torch` whenever torch is installed (over a second of start-up)")
 def test_default_loggers_do_not_import_torch(modules_loaded_by_flaxlight):
     assert modules_loaded_by_flaxlight["default loggers"] == []

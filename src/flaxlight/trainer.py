@@ -1147,7 +1147,7 @@ class TrainerModule:
             if name in saved:
                 callback.load_state_dict(saved[name])
         self.logger.resume_from_step(step)
-        if not callable(getattr(train_loader, "set_epoch", None)):
+        if _epoch_setter(train_loader) is None:
             warnings.warn(
                 "Resuming with a train_loader that has no set_epoch(epoch) method: the run continues exactly "
                 "only if the loader's order does not depend on how often it was iterated before.",
@@ -1236,10 +1236,20 @@ def _explicit_parameters(cls) -> set[str]:
     return {p.name for p in params if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)} - {"self"}
 
 
+def _epoch_setter(loader) -> Callable[[int], None] | None:
+    """The ``set_epoch`` that orders ``loader``'s data: its own (flaxlight's ArrayLoader, yours)
+    or, for a torch ``DataLoader``, its sampler's (``DistributedSampler``)."""
+    for owner in (loader, getattr(loader, "sampler", None), getattr(getattr(loader, "batch_sampler", None), "sampler", None)):
+        set_epoch = getattr(owner, "set_epoch", None)
+        if callable(set_epoch):
+            return set_epoch
+    return None
+
+
 def _set_loader_epoch(loader, epoch: int) -> None:
-    """Tell a loader which epoch comes (``set_epoch``: flaxlight's ArrayLoader, torch samplers)."""
-    set_epoch = getattr(loader, "set_epoch", None)
-    if callable(set_epoch):
+    """Tell a loader which epoch comes (see :func:`_epoch_setter`)."""
+    set_epoch = _epoch_setter(loader)
+    if set_epoch is not None:
         set_epoch(epoch)
 
 

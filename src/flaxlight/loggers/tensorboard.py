@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import sys
 from typing import Any, Mapping
 
 from flaxlight.loggers.base import Logger, as_image
@@ -11,12 +13,24 @@ __all__ = ["TensorBoardLogger", "tensorboard_available"]
 
 
 def tensorboard_available() -> bool:
-    """True when tensorboardX can be imported (``pip install 'flaxlight[tensorboard]'``)."""
+    """True when tensorboardX is installed (``pip install 'flaxlight[tensorboard]'``)."""
+    return importlib.util.find_spec("tensorboardX") is not None
+
+
+def _summary_writer_class():
+    """tensorboardX's ``SummaryWriter``, imported without torch: tensorboardX tries
+    ``import torch`` (for torch tensors, which flaxlight never passes), and when torch is
+    installed that import adds over a second to every start-up."""
+    if "torch" in sys.modules or "tensorboardX.writer" in sys.modules:
+        from tensorboardX import SummaryWriter
+
+        return SummaryWriter
+    sys.modules["torch"] = None  # makes `import torch` raise ImportError, which tensorboardX handles
     try:
-        import tensorboardX  # noqa: F401
-    except ImportError:
-        return False
-    return True
+        from tensorboardX import SummaryWriter
+    finally:
+        del sys.modules["torch"]
+    return SummaryWriter
 
 
 class TensorBoardLogger(Logger):
@@ -41,9 +55,7 @@ class TensorBoardLogger(Logger):
     def writer(self):
         """The tensorboardX ``SummaryWriter`` (opened on first use, reopened after finalize)."""
         if self._writer is None:
-            from tensorboardX import SummaryWriter
-
-            self._writer = SummaryWriter(logdir=self.log_dir, purge_step=self._purge_step)
+            self._writer = _summary_writer_class()(logdir=self.log_dir, purge_step=self._purge_step)
             self._purge_step = None
         return self._writer
 
