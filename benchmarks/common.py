@@ -42,7 +42,9 @@ taken within a round and the median over rounds is reported (with the per-round 
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
+import itertools
 import functools
 import os
 import platform
@@ -173,12 +175,17 @@ def ready_for_epochs(trainer: flaxlight.TrainerModule, steps_per_epoch: int, tot
 
 
 def trainer_epoch(trainer: flaxlight.TrainerModule, loader) -> Callable[[int], tuple[float, float]]:
-    """A timer: ``trainer.train_epoch(loader)`` on epoch ``e``'s order -> (seconds, mean loss)."""
+    """A timer: ``trainer.train_epoch`` -> (seconds, mean loss), on epochs 1, 2, 3, ... of its
+    own copy of ``loader``, in order, as ``train_model`` runs them (the trainer prepares the
+    next epoch's device data at the end of each epoch; interleaved variants sharing one epoch
+    counter would make it guess wrong every time)."""
+    own = copy.copy(loader)
+    epochs = itertools.count(1)
 
-    def run(epoch: int):
-        loader.set_epoch(epoch)
+    def run(_):
+        own.set_epoch(next(epochs))
         start = time.perf_counter()
-        metrics = trainer.train_epoch(loader)
+        metrics = trainer.train_epoch(own)
         return time.perf_counter() - start, metrics["train/loss"]
 
     return run

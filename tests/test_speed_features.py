@@ -1,6 +1,9 @@
 """Fused steps, prefetching and compile-once behaviour: same results, no extra work."""
 
+import collections
+import contextlib
 import csv
+import itertools
 import threading
 
 import jax
@@ -14,7 +17,7 @@ import flaxlight
 from flaxlight import ArrayLoader
 from flaxlight.lean import idle_fields
 from flaxlight.state import step_key
-from flaxlight.data import Prefetcher, group_batches
+from flaxlight.data import DeviceEpoch, Prefetcher, group_batches
 
 X0 = np.zeros((1, 4), np.float32)
 
@@ -38,14 +41,48 @@ def test_fused_steps_give_the_same_params_and_logs_as_single_steps(tmp_path):
     assert int(trainer.state.step) == 30
 
 
-def test_no_implicit_transfer_with_fused_steps_and_prefetch(tmp_path):
-    train = ArrayLoader(*linear_data(4000, 0), batch_size=8)  # 500 steps
+@contextlib.contextmanager
+def count_host_reads():
+    """Count device-to-host reads and waits: every path to a jax.Array's values (np.asarray,
+    float, device_get) goes through ``ArrayImpl._value``. JAX's transfer guard cannot see them on
+    the CPU, where arrays already live in host memory; this counter can."""
+    from jax._src.array import ArrayImpl
+
+    reads = collections.Counter()
+    value, wait = ArrayImpl._value, ArrayImpl.block_until_ready
+
+    def counted_value(self):
+        reads["read"] += 1
+        return value.fget(self)
+
+    def counted_wait(self):
+        reads["wait"] += 1
+        return wait(self)
+
+    ArrayImpl._value, ArrayImpl.block_until_ready = property(counted_value), counted_wait
+    try:
+        yield reads
+    finally:
+        ArrayImpl._value, ArrayImpl.block_until_ready = value, wait
+
+
+@pytest.mark.parametrize("options", [
+    {"steps_per_execution": 1},
+    {"steps_per_execution": 8, "prefetch": 2},
+    {"steps_per_execution": 1, "prefetch": 2},
+])
+@pytest.mark.parametrize("on_device", [True, False])
+def test_values_leave_the_device_only_at_log_points(tmp_path, options, on_device):
+    train = ArrayLoader(*linear_data(4000, 0), batch_size=8, on_device=on_device)  # 500 steps
     trainer = RegressTrainer(model_class=TinyMLP, model_hparams={}, optimizer_hparams={}, exmp_input=X0,
-                             **quiet(tmp_path, steps_per_execution=8, prefetch=2, log_every_n_steps=64))
+                             **quiet(tmp_path, log_every_n_steps=64, **options))
     trainer.init_optimizer(2, len(train))
-    trainer.train_epoch(train)  # compile outside the guard
-    with jax.transfer_guard_device_to_host("disallow"):
+    trainer.train_epoch(train)  # compile first
+    with jax.transfer_guard_device_to_host("disallow"), count_host_reads() as reads:
         assert trainer.train_epoch(train)["train/loss"] >= 0
+    # The 7 log points and the epoch's end read the 3 sums (loss, examples, non-finite steps), a
+    # few times each; one read per step would be 500.
+    assert reads["read"] <= 3 * (500 // 64 + 2) and reads["wait"] == 0, reads
 
 
 def test_a_smaller_last_batch_compiles_once(tmp_path):
@@ -163,3 +200,63 @@ def test_eval_is_compiled_ahead_in_the_background(tmp_path):
     trainer.validation_compiles = []
     trainer.train_model(train, val, num_epochs=2)
     assert trainer.validation_compiles == [0, 0]  # neither shape compiled in the training thread
+
+
+@pytest.mark.parametrize("drop_last, stop, start, steps, global_step", [
+    (False, 10, 0, 1, 0),   # every batch, the smaller last one included
+    (True, 9, 0, 4, 3),     # blocks of 4 aligned to global-step multiples, singles around them
+    (False, 10, 6, 4, 6),   # resumed at batch 6: blocks from there, then the last batch
+    (False, 5, 0, 1, 0),    # limit_train_batches: the first 5
+])
+def test_device_epoch_serves_exactly_the_loaders_batches(drop_last, stop, start, steps, global_step):
+    x, y = linear_data(300, 0)
+    loader = ArrayLoader(x, y, batch_size=32, shuffle=True, seed=3, drop_last=drop_last)
+    loader.set_epoch(7)
+    expected = list(itertools.islice(iter(loader), start, stop))
+    epoch = DeviceEpoch(loader, stop=stop)
+    served, sizes = [], []
+    for n, (arrays, i) in epoch.items(start=start, steps=steps, global_step=global_step):
+        sizes.append(n)
+        served += [jax.tree.map(lambda a: np.asarray(a[i + k]), arrays) for k in range(n)]
+    assert len(served) == len(expected)
+    for got, want in zip(served, expected):
+        jax.tree.map(np.testing.assert_array_equal, got, want)
+    # blocks never straddle a multiple of `steps` (counted in global steps)
+    position = global_step
+    for n in sizes:
+        assert n == 1 or position % n == 0
+        position += n
+
+
+@pytest.mark.parametrize("steps_per_execution", [1, 4])
+def test_device_epochs_train_exactly_like_host_batches(tmp_path, steps_per_execution):
+    def run(name, on_device):
+        train = ArrayLoader(*linear_data(300, 0), batch_size=32, shuffle=True, seed=0, on_device=on_device)
+        trainer = RegressTrainer(model_class=TinyMLP, model_hparams={"hidden_dims": [16]},
+                                 optimizer_hparams={"optimizer": "adam", "lr": 1e-2}, exmp_input=X0,
+                                 **quiet(tmp_path, logger_params={"log_dir": str(tmp_path / name)},
+                                         log_every_n_steps=3, steps_per_execution=steps_per_execution))
+        trainer.train_model(train, None, num_epochs=3)
+        with open(tmp_path / name / "metrics.csv") as f:
+            rows = [{k: v for k, v in row.items() if k != "epoch_time"} for row in csv.DictReader(f)]
+        return jax.device_get(trainer.state.params), rows
+
+    device_params, device_rows = run("device", True)
+    host_params, host_rows = run("host", False)
+    jax.tree.map(np.testing.assert_array_equal, device_params, host_params)
+    assert device_rows == host_rows
+
+
+def test_device_epochs_transfer_nothing_per_step(tmp_path):
+    train = ArrayLoader(*linear_data(300, 0), batch_size=32, shuffle=True)  # on_device: automatic (small data)
+    trainer = RegressTrainer(model_class=TinyMLP, model_hparams={}, optimizer_hparams={}, exmp_input=X0,
+                             **quiet(tmp_path, log_every_n_steps=4))
+    trainer.init_optimizer(3, len(train))
+    trainer.train_epoch(train)  # compiles; the data go to the device once
+    train.set_epoch(2)
+    with jax.transfer_guard_host_to_device("disallow"):
+        trainer.train_epoch(train)  # only explicit transfers: the epoch's permutation and indices
+    streamed = ArrayLoader(*linear_data(300, 0), batch_size=32, on_device=False)
+    with pytest.raises(Exception, match="Disallowed host-to-device transfer"):
+        with jax.transfer_guard_host_to_device("disallow"):
+            trainer.train_epoch(streamed)  # batch by batch: each step sends its batch

@@ -6,6 +6,7 @@ pytree of arrays that share a leading batch dimension.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import queue
 import threading
@@ -14,7 +15,9 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 import jax
 import numpy as np
 
-__all__ = ["ArrayLoader", "Prefetcher", "check_batch", "group_batches"]
+__all__ = ["ArrayLoader", "DeviceEpoch", "Prefetcher", "check_batch", "group_batches"]
+
+DEVICE_EPOCH_MAX_BYTES = 1 << 30
 
 
 def _leading_dim(tree) -> int:
@@ -33,6 +36,11 @@ class ArrayLoader:
     makes each process yield its contiguous part of every global batch of ``batch_size``
     examples (the global order is the same as with one process).
 
+    ``on_device``: the trainer (on one device) moves a whole epoch to the device at its start,
+    in one transfer, and the jitted step picks its batch there (see :class:`DeviceEpoch`): the
+    same batches in the same order, without a host-to-device copy per step. ``None`` (the
+    default) does so when the data take at most 1 GiB; ``False`` always goes batch by batch.
+
     Example:
         >>> import numpy as np
         >>> loader = ArrayLoader(np.arange(10), np.arange(10), batch_size=4, shuffle=True, seed=1)
@@ -43,7 +51,7 @@ class ArrayLoader:
     """
 
     def __init__(self, *arrays: Any, batch_size: int, shuffle: bool = False, seed: int = 0, drop_last: bool = False,
-                 shard_index: int = 0, num_shards: int = 1):
+                 shard_index: int = 0, num_shards: int = 1, on_device: bool | None = None):
         if not arrays:
             raise ValueError("ArrayLoader needs at least one array, e.g. ArrayLoader(x, y, batch_size=64).")
         if not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
@@ -64,6 +72,24 @@ class ArrayLoader:
             raise ValueError(f"shard_index={shard_index}, num_shards={num_shards}: need 0 <= shard_index < num_shards "
                              f"and a batch_size ({self.batch_size}) divisible by num_shards.")
         self.shard_index, self.num_shards = shard_index, num_shards
+        self.on_device = on_device
+
+    @property
+    def nbytes(self) -> int:
+        return sum(int(np.asarray(leaf).nbytes) for leaf in jax.tree.leaves(self.data))
+
+    def device_data(self):
+        """The data on the default device, copied there once (for :class:`DeviceEpoch`)."""
+        cached = getattr(self, "_device_copy", None)
+        if cached is None or cached[0] is not self.data:
+            cached = self._device_copy = (self.data, jax.device_put(self.data))
+        return cached[1]
+
+    def serves_device_epochs(self) -> bool:
+        """Whether the trainer may move whole epochs to the device (see ``on_device``)."""
+        if self.on_device is False or self.num_shards > 1 or type(self).__iter__ is not ArrayLoader.__iter__:
+            return False
+        return bool(self.on_device) or self.nbytes <= DEVICE_EPOCH_MAX_BYTES
 
     def set_epoch(self, epoch: int) -> None:
         """Select the order of ``epoch`` (called by the trainer before each epoch)."""
@@ -107,6 +133,73 @@ class ArrayLoader:
         last = self.batch_size if self.drop_last else self.num_examples - (len(self) - 1) * self.batch_size
         sizes = {min(self.batch_size, self.num_examples), last}
         return [self._batch(np.arange(size)) for size in sorted(sizes, reverse=True)]
+
+
+@functools.partial(jax.jit, static_argnums=(2, 3))
+def _gather_batches(data, indices, batches: int, size: int):
+    return jax.tree.map(lambda a: a[indices].reshape(batches, size, *a.shape[1:]), data)
+
+
+class DeviceEpoch:
+    """An :class:`ArrayLoader` epoch on the device: its first ``stop`` batches gathered there in
+    one dispatch from the loader's device copy of the data (made once), as leaves of shape
+    ``(batches, batch_size, ...)`` (the smaller last batch, when reached, as a second array of
+    one batch). The host only draws the permutation.
+
+    :meth:`items` yields ``(steps, (arrays, index))``: ``steps`` batches starting at batch
+    ``index`` (a device scalar) of ``arrays``; the jitted step slices them out on the device, so
+    a step transfers nothing. The batches and their order are exactly those ``iter(loader)``
+    yields.
+
+    Example:
+        >>> loader = ArrayLoader(np.arange(10.0), batch_size=4)
+        >>> epoch = DeviceEpoch(loader, stop=3)
+        >>> [(n, int(i)) for n, (_, i) in epoch.items(start=0, steps=1, global_step=0)]
+        [(1, 0), (1, 1), (1, 0)]
+        >>> epoch.first_batch
+        array([0., 1., 2., 3.])
+    """
+
+    def __init__(self, loader: ArrayLoader, stop: int, epoch: int | None = None):
+        stop = min(int(stop), len(loader))
+        epoch = loader.epoch if epoch is None else int(epoch)
+        self._key = (id(loader), id(loader.data), epoch, stop)
+        size = loader.batch_size
+        full = min(stop, loader.num_examples // size)
+        order = loader.order(epoch).astype(np.int32)
+        data = loader.device_data()
+        self.num_full = full
+        self.full = _gather_batches(data, jax.device_put(order[: full * size]), full, size) if full else None
+        # The batch indices as device scalars, sent in one transfer: no transfer at all per step.
+        self.index = jax.device_put([np.int32(i) for i in range(full + 1)])
+        self.last = None
+        if stop > full:  # the smaller last batch
+            tail = order[full * size :]
+            self.last = _gather_batches(data, jax.device_put(tail), 1, len(tail))
+        first = order[: min(size, len(order))]
+        self.first_batch = jax.tree.map(lambda a: np.asarray(a)[first], loader.data)  # for the trainer's checks
+
+    def serves(self, loader: ArrayLoader, stop: int) -> bool:
+        """Whether this is the epoch ``loader`` is set to, cut at ``stop`` batches (an epoch
+        made ahead of time is used only then)."""
+        return self._key == (id(loader), id(loader.data), loader.epoch, min(int(stop), len(loader)))
+
+    def items(self, start: int, steps: int, global_step: int) -> Iterator[tuple[int, Any]]:
+        """``(steps, (arrays, index))`` from batch ``start`` on; blocks of ``steps`` end at
+        global-step multiples of ``steps``, as :func:`group_batches` makes them."""
+        i, index = start, self.index
+        if steps > 1:
+            while i < self.num_full and (global_step + i - start) % steps:
+                yield 1, (self.full, index[i])
+                i += 1
+            while i + steps <= self.num_full:
+                yield steps, (self.full, index[i])
+                i += steps
+        while i < self.num_full:
+            yield 1, (self.full, index[i])
+            i += 1
+        if self.last is not None and i <= self.num_full:
+            yield 1, (self.last, index[0])
 
 
 def _describe(batch) -> str:

@@ -32,7 +32,8 @@ from jax.sharding import NamedSharding, PartitionSpec
 from flaxlight import distributed as dist
 from flaxlight.callbacks import Callback, ModelCheckpoint, NaNGuard, ProgressBar, Timer
 from flaxlight.checkpoint import Checkpointer
-from flaxlight.data import Prefetcher, same_shapes, check_batch, check_input_shapes, group_batches
+from flaxlight.data import (ArrayLoader, DeviceEpoch, Prefetcher, check_batch, check_input_shapes, group_batches,
+                            same_shapes)
 from flaxlight.lean import LeanLoop
 from flaxlight.loggers import CSVLogger, Logger, LoggerCollection, TensorBoardLogger, tensorboard_available
 from flaxlight.models import make_adapter
@@ -253,6 +254,7 @@ class TrainerModule:
         self._hparams_written = False
         self._acc_templates: dict = {}
         self._eval_compiler: threading.Thread | None = None
+        self._epoch_ahead: DeviceEpoch | None = None
         self._interrupt_signal: int | None = None
         self._next_event_step = 0
         self._best_eval_metrics: dict | None = None
@@ -422,14 +424,26 @@ class TrainerModule:
 
             return jax.lax.scan(body, (state, acc), block)[0]
 
+        block_length = self.options.steps_per_execution
+
+        def train_at(state, acc, item):  # item: (a DeviceEpoch's arrays, batch index)
+            arrays, i = item
+            return train_and_accumulate(state, acc, jax.tree.map(lambda a: a[i], arrays))
+
+        def block_at(state, acc, item):
+            arrays, i = item
+            return train_block(state, acc, jax.tree.map(lambda a: jax.lax.dynamic_slice_in_dim(a, i, block_length), arrays))
+
         self._step_shapes = {"train": train_step, "eval": eval_step}
         self._loop_functions = (train_and_accumulate, train_block, eval_and_accumulate)
-        self._lean = None  # the hot loop's functions without idle state fields: found at the first step
+        self._indexed_functions = (train_at, block_at)
+        self._lean = {}  # per data path, the loop's functions without idle state fields (found at the first step)
         if self.debug:
             print("debug=True: the train and eval steps run un-jitted (prints and breakpoints work).")
             self.train_step, self.eval_step = train_step, eval_step
             self._train_and_accumulate, self._eval_and_accumulate = train_and_accumulate, eval_and_accumulate
             self._train_block = train_block
+            self._train_at, self._block_at = train_at, block_at
         else:
             self.train_step = jax.jit(train_step, donate_argnums=0)
             self.eval_step = jax.jit(eval_step)
@@ -438,10 +452,11 @@ class TrainerModule:
     def _jit_loop_functions(self, state_shardings=None) -> None:
         """Jit the loop's fused functions; on a mesh with explicit in/out shardings."""
         train_and_accumulate, train_block, eval_and_accumulate = self._loop_functions
-        self._lean = None
+        self._lean = {}
         if state_shardings is None:
             self._train_and_accumulate = jax.jit(train_and_accumulate, donate_argnums=(0, 1))
             self._train_block = jax.jit(train_block, donate_argnums=(0, 1))
+            self._train_at, self._block_at = (jax.jit(fn, donate_argnums=(0, 1)) for fn in self._indexed_functions)
             self._eval_and_accumulate = jax.jit(eval_and_accumulate, donate_argnums=1)
             return
         rep, batch, block = (dist.replicated(self.mesh), dist.batch_sharding(self.mesh),
@@ -693,13 +708,21 @@ class TrainerModule:
             self._nonfinite_before_epoch = self.nonfinite_steps
         acc = loop.acc
         limit = self.steps_per_epoch if self.steps_per_epoch is not None else _safe_len(train_loader)
-        batches = itertools.islice(iter(train_loader), loop.batch_index, limit)
-        items = group_batches(batches, self.options.steps_per_execution, start=self.global_step)
-        prefetcher = None
-        if self.options.prefetch:
-            items = prefetcher = Prefetcher(items, size=self.options.prefetch, transform=self._payload_to_device)
-        elif self.mesh is not None:
-            items = map(self._payload_to_device, items)
+        prefetcher, path = None, "batches"
+        if self._device_epochs(train_loader):  # the whole epoch moves to the device at once
+            epoch, self._epoch_ahead = self._epoch_ahead, None
+            if epoch is None or not epoch.serves(train_loader, limit):
+                epoch = DeviceEpoch(train_loader, stop=limit)
+            items, path = epoch.items(loop.batch_index, self.options.steps_per_execution, self.global_step), "indexed"
+            first_batch = epoch.first_batch
+        else:
+            batches = itertools.islice(iter(train_loader), loop.batch_index, limit)
+            items = group_batches(batches, self.options.steps_per_execution, start=self.global_step)
+            if self.options.prefetch:
+                items = prefetcher = Prefetcher(items, size=self.options.prefetch, transform=self._payload_to_device)
+            elif self.mesh is not None:
+                items = map(self._payload_to_device, items)
+            first_batch = None
         self._schedule_events()
         try:
             items = iter(items)
@@ -707,10 +730,15 @@ class TrainerModule:
             if head is not None:
                 items = itertools.chain([head], items)
                 if acc is None:
-                    acc = self._start_epoch_sums(head[1] if head[0] == 1 else jax.tree.map(lambda x: x[0], head[1]))
-                lean = self._lean_loop(acc, head)
+                    if first_batch is None:
+                        first_batch = head[1] if head[0] == 1 else jax.tree.map(lambda x: x[0], head[1])
+                    acc = self._start_epoch_sums(first_batch)
+                lean = self._lean_loop(path, acc, head)
                 state, kept = lean.split(self.state)
                 state, acc = self._run_batches(items, lean, state, kept, acc)
+                if path == "indexed" and not (self.should_stop or self._reached_max_steps()):
+                    # The next epoch's data, made while the device still runs this one's last steps.
+                    self._epoch_ahead = DeviceEpoch(train_loader, stop=limit, epoch=train_loader.epoch + 1)
         finally:
             if prefetcher is not None:
                 prefetcher.close()
@@ -774,20 +802,30 @@ class TrainerModule:
             loop.batch_index, loop.acc = batch_index, acc
         return state, acc
 
-    def _lean_loop(self, acc, head: tuple[int, Any]) -> LeanLoop:
-        """The loop's jitted functions, without the state fields the step never uses (found
-        once, from the first batch; see :mod:`flaxlight.lean`). On a mesh or with
-        ``debug=True`` the full state goes through."""
-        if self._lean is None:
-            jitted = (self._train_and_accumulate, self._train_block)
+    def _lean_loop(self, path: str, acc, head: tuple[int, Any]) -> LeanLoop:
+        """The loop's jitted functions for a data path (``"batches"``: batches or stacked blocks;
+        ``"indexed"``: a :class:`DeviceEpoch` and an index), without the state fields the step
+        never uses (found once per path, from the first item; see :mod:`flaxlight.lean`). On a
+        mesh or with ``debug=True`` the full state goes through."""
+        if path not in self._lean:
+            if path == "indexed":
+                functions, jitted = self._indexed_functions, (self._train_at, self._block_at)
+            else:
+                functions, jitted = self._loop_functions[:2], (self._train_and_accumulate, self._train_block)
             if self.debug or self.mesh is not None:
-                self._lean = LeanLoop((), *jitted)
+                self._lean[path] = LeanLoop((), *jitted)
             else:
                 steps, item = head
-                batch = item if steps == 1 else jax.tree.map(lambda x: x[0], item)
-                single_fn, block_fn, _ = self._loop_functions
-                self._lean = LeanLoop.analyse(single_fn, block_fn, self.state, acc, batch, jitted=jitted)
-        return self._lean
+                if path == "batches" and steps > 1:
+                    item = jax.tree.map(lambda x: x[0], item)
+                self._lean[path] = LeanLoop.analyse(*functions, self.state, acc, item, jitted=jitted)
+        return self._lean[path]
+
+    def _device_epochs(self, loader) -> bool:
+        """Whether this epoch moves to the device in one go (:class:`DeviceEpoch`): an
+        :class:`ArrayLoader` that allows it, one device, no ``debug``."""
+        return (isinstance(loader, ArrayLoader) and loader.serves_device_epochs() and self.mesh is None
+                and not self.debug)
 
     def _start_epoch_sums(self, batch) -> dict:
         """Check the epoch's first batch and return zeroed metric sums for its structure."""
