@@ -135,6 +135,13 @@ class ArrayLoader:
         return [self._batch(np.arange(size)) for size in sorted(sizes, reverse=True)]
 
 
+@functools.lru_cache(maxsize=8)
+def _device_indices(count: int) -> tuple:
+    """``0 .. count-1`` as device scalars, made once per count: a step that gets its batch index
+    this way transfers nothing (a Python int would be sent to the device at every step)."""
+    return tuple(jax.device_put([np.int32(i) for i in range(count)]))
+
+
 @functools.partial(jax.jit, static_argnums=(2, 3))
 def _gather_batches(data, indices, batches: int, size: int):
     return jax.tree.map(lambda a: a[indices].reshape(batches, size, *a.shape[1:]), data)
@@ -170,8 +177,7 @@ class DeviceEpoch:
         data = loader.device_data()
         self.num_full = full
         self.full = _gather_batches(data, jax.device_put(order[: full * size]), full, size) if full else None
-        # The batch indices as device scalars, sent in one transfer: no transfer at all per step.
-        self.index = jax.device_put([np.int32(i) for i in range(full + 1)])
+        self.index = _device_indices(full + 1)
         self.last = None
         if stop > full:  # the smaller last batch
             tail = order[full * size :]
