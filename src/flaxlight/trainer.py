@@ -255,6 +255,8 @@ class TrainerModule:
         self._acc_templates: dict = {}
         self._eval_compiler: threading.Thread | None = None
         self._epoch_ahead: DeviceEpoch | None = None
+        self._lr_values: tuple | None = None  # (schedule, jitted vectorised schedule)
+        self._lr_table: tuple | None = None  # (schedule, first step, rates of the steps from there)
         self._interrupt_signal: int | None = None
         self._next_event_step = 0
         self._best_eval_metrics: dict | None = None
@@ -724,6 +726,8 @@ class TrainerModule:
                 items = map(self._payload_to_device, items)
             first_batch = None
         self._schedule_events()
+        if limit is not None:
+            self._schedule_lr_table(self.global_step, max(limit - loop.batch_index, 0))
         try:
             items = iter(items)
             head = next(items, None)
@@ -932,16 +936,34 @@ class TrainerModule:
         return self._loop.batch_index if self._loop.phase == "train" else 0
 
     def learning_rate(self, step: int | None = None) -> float | None:
-        """The learning rate at ``step`` (default: now) from the schedule, computed on the host."""
+        """The learning rate at ``step`` (default: now) from the schedule.
+
+        Read from a table of the epoch's rates computed at the epoch's start (so a log point
+        does not wait for the steps in flight); other steps are computed when asked.
+        """
         schedule = getattr(self.optimizer_plan, "schedule", None)
         if schedule is None:
             return None
         step = self.global_step if step is None else int(step)
-        if getattr(self, "_lr_schedule", None) is not schedule:  # jitted once, memoised per step
-            self._lr_schedule, self._lr_fn, self._lr_memo = schedule, jax.jit(schedule), (None, None)
-        if self._lr_memo[0] != step:
-            self._lr_memo = (step, float(self._lr_fn(np.int32(step))))
-        return self._lr_memo[1]
+        table = self._lr_table
+        if table is None or table[0] is not schedule or not 0 <= step - table[1] < len(table[2]):
+            self._schedule_lr_table(step, 1)
+            table = self._lr_table
+        if not isinstance(table[2], np.ndarray):  # first use: the copy started at the epoch's start
+            table = self._lr_table = (table[0], table[1], np.asarray(table[2]))
+        return float(table[2][step - table[1]])
+
+    def _schedule_lr_table(self, start: int, count: int) -> None:
+        """Start computing the learning rates of steps ``start .. start + count`` (one dispatch,
+        copied to the host in the background) for :meth:`learning_rate`."""
+        schedule = getattr(self.optimizer_plan, "schedule", None)
+        if schedule is None:
+            return
+        if self._lr_values is None or self._lr_values[0] is not schedule:
+            self._lr_values = (schedule, jax.jit(jax.vmap(schedule)))
+        values = self._lr_values[1](jax.device_put(np.arange(start, start + count + 1, dtype=np.int32)))
+        values.copy_to_host_async()
+        self._lr_table = (schedule, start, values)
 
     def monitored_value(self, name: str, owner: str = "monitor") -> float:
         """The latest logged value of ``name``; a clear error naming the logged keys if absent."""
