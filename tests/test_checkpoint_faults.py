@@ -108,3 +108,13 @@ def test_load_for_inference_or_fine_tuning_best_or_last(tmp_path, regression_loa
     best = RegressTrainer.load_from_checkpoint(trainer.log_dir, exmp_input=X0)
     best_step = trainer._checkpoint_callback.best_step
     assert int(best.state.step) == best_step
+
+
+def test_pruned_checkpoints_are_gone_after_fit_also_those_a_killed_run_left(tmp_path, regression_loaders):
+    train, val, _ = regression_loaders
+    checkpoints = tmp_path / "run" / "checkpoints"
+    leftover = checkpoints / ".deleting-7-deadbeef" / "state"  # a deletion a killed run did not finish
+    leftover.mkdir(parents=True)
+    (leftover / "data").write_bytes(b"x" * 100)
+    _trainer(tmp_path, callbacks=[ModelCheckpoint(save_top_k=0, save_last=True)]).train_model(train, val, num_epochs=4)
+    assert os.listdir(checkpoints) == [str(4 * len(train))]  # only the last: three pruned, the leftover removed
