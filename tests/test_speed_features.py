@@ -17,7 +17,7 @@ import flaxlight
 from flaxlight import ArrayLoader
 from flaxlight.lean import idle_fields
 from flaxlight.state import step_key
-from flaxlight.data import DeviceEpoch, Prefetcher, group_batches
+from flaxlight.data import DeviceEpoch, Prefetcher, group_batches, take_batches
 
 X0 = np.zeros((1, 4), np.float32)
 
@@ -215,9 +215,12 @@ def test_device_epoch_serves_exactly_the_loaders_batches(drop_last, stop, start,
     expected = list(itertools.islice(iter(loader), start, stop))
     epoch = DeviceEpoch(loader, stop=stop)
     served, sizes = [], []
-    for n, (arrays, i) in epoch.items(start=start, steps=steps, global_step=global_step):
+    for n, (source, i) in epoch.items(start=start, steps=steps, global_step=global_step):
         sizes.append(n)
-        served += [jax.tree.map(lambda a: np.asarray(a[i + k]), arrays) for k in range(n)]
+        block = take_batches(source, i, count=n)  # what a fused step gets
+        served += [jax.tree.map(lambda a: np.asarray(a[k]), block) for k in range(n)]
+        if n == 1:
+            jax.tree.map(np.testing.assert_array_equal, take_batches(source, i), served[-1])  # a single step
     assert len(served) == len(expected)
     for got, want in zip(served, expected):
         jax.tree.map(np.testing.assert_array_equal, got, want)

@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 import jax
 import numpy as np
 
-__all__ = ["ArrayLoader", "DeviceEpoch", "Prefetcher", "check_batch", "group_batches"]
+__all__ = ["ArrayLoader", "DeviceEpoch", "Prefetcher", "check_batch", "group_batches", "take_batches"]
 
 DEVICE_EPOCH_MAX_BYTES = 1 << 30
 
@@ -142,21 +142,15 @@ def _device_indices(count: int) -> tuple:
     return tuple(jax.device_put([np.int32(i) for i in range(count)]))
 
 
-@functools.partial(jax.jit, static_argnums=(2, 3))
-def _gather_batches(data, indices, batches: int, size: int):
-    return jax.tree.map(lambda a: a[indices].reshape(batches, size, *a.shape[1:]), data)
-
-
 class DeviceEpoch:
-    """An :class:`ArrayLoader` epoch on the device: its first ``stop`` batches gathered there in
-    one dispatch from the loader's device copy of the data (made once), as leaves of shape
-    ``(batches, batch_size, ...)`` (the smaller last batch, when reached, as a second array of
-    one batch). The host only draws the permutation.
+    """An :class:`ArrayLoader` epoch on the device: the loader's data, copied to the device
+    once, and the epoch's order as rows of example indices, ``(batches, batch_size)`` for its
+    first ``stop`` batches (the smaller last batch, when reached, as a second array of one row).
 
-    :meth:`items` yields ``(steps, (arrays, index))``: ``steps`` batches starting at batch
-    ``index`` (a device scalar) of ``arrays``; the jitted step slices them out on the device, so
-    a step transfers nothing. The batches and their order are exactly those ``iter(loader)``
-    yields.
+    :meth:`items` yields ``(steps, ((data, rows), index))``: ``steps`` batches starting at row
+    ``index`` (a device scalar); the jitted step gathers its examples from ``data`` itself, so a
+    step transfers nothing and no copy of the epoch is made. The batches and their order are
+    exactly those ``iter(loader)`` yields (see :func:`take_batches`).
 
     Example:
         >>> loader = ArrayLoader(np.arange(10.0), batch_size=4)
@@ -176,12 +170,11 @@ class DeviceEpoch:
         order = loader.order(epoch).astype(np.int32)
         data = loader.device_data()
         self.num_full = full
-        self.full = _gather_batches(data, jax.device_put(order[: full * size]), full, size) if full else None
+        self.full = (data, jax.device_put(order[: full * size].reshape(full, size))) if full else None
         self.index = _device_indices(full + 1)
         self.last = None
         if stop > full:  # the smaller last batch
-            tail = order[full * size :]
-            self.last = _gather_batches(data, jax.device_put(tail), 1, len(tail))
+            self.last = (data, jax.device_put(order[full * size :][None]))
         first = order[: min(size, len(order))]
         self.first_batch = jax.tree.map(lambda a: np.asarray(a)[first], loader.data)  # for the trainer's checks
 
@@ -206,6 +199,23 @@ class DeviceEpoch:
             i += 1
         if self.last is not None and i <= self.num_full:
             yield 1, (self.last, index[0])
+
+
+def take_batches(source, index, count: int | None = None):
+    """Inside a jitted step: the batch at row ``index`` of a :class:`DeviceEpoch` item's
+    ``(data, rows)``, or with ``count`` the ``count`` batches from there, stacked.
+
+    Example:
+        >>> data, rows = np.arange(6.0) * 10, np.array([[4, 1], [0, 5]])
+        >>> take_batches((data, rows), 1)
+        array([ 0., 50.])
+    """
+    data, rows = source
+    if count is None:
+        picked = rows[index]
+    else:
+        picked = jax.lax.dynamic_slice_in_dim(rows, index, count)
+    return jax.tree.map(lambda a: a[picked], data)
 
 
 def _describe(batch) -> str:

@@ -33,7 +33,7 @@ from flaxlight import distributed as dist
 from flaxlight.callbacks import Callback, ModelCheckpoint, NaNGuard, ProgressBar, Timer
 from flaxlight.checkpoint import Checkpointer
 from flaxlight.data import (ArrayLoader, DeviceEpoch, Prefetcher, check_batch, check_input_shapes, group_batches,
-                            same_shapes)
+                            same_shapes, take_batches)
 from flaxlight.lean import LeanLoop
 from flaxlight.loggers import CSVLogger, Logger, LoggerCollection, TensorBoardLogger, tensorboard_available
 from flaxlight.models import make_adapter
@@ -428,13 +428,11 @@ class TrainerModule:
 
         block_length = self.options.steps_per_execution
 
-        def train_at(state, acc, item):  # item: (a DeviceEpoch's arrays, batch index)
-            arrays, i = item
-            return train_and_accumulate(state, acc, jax.tree.map(lambda a: a[i], arrays))
+        def train_at(state, acc, item):  # item: (a DeviceEpoch's (data, rows), row index)
+            return train_and_accumulate(state, acc, take_batches(*item))
 
         def block_at(state, acc, item):
-            arrays, i = item
-            return train_block(state, acc, jax.tree.map(lambda a: jax.lax.dynamic_slice_in_dim(a, i, block_length), arrays))
+            return train_block(state, acc, take_batches(*item, count=block_length))
 
         self._step_shapes = {"train": train_step, "eval": eval_step}
         self._loop_functions = (train_and_accumulate, train_block, eval_and_accumulate)
@@ -613,8 +611,9 @@ class TrainerModule:
 
         The shapes come from ``val_loader.example_batches()`` (:class:`ArrayLoader`: the first
         and the smaller last batch) or from the first and last batch of a list; other loaders
-        are not touched (iterating them may draw random numbers), and compile at first use. A batch that fails here fails again, with the
-        readable message, when :meth:`eval_model` runs it.
+        are not touched (iterating them may draw random numbers) and compile at first use. A
+        batch that fails here fails again, with the readable message, when :meth:`eval_model`
+        runs it.
         """
         if val_loader is None or self.debug or self._eval_compiler is not None:
             return
@@ -644,7 +643,6 @@ class TrainerModule:
         if self.mesh is not None:
             batch = dist.to_global_batch(batch, self.mesh)
         acc = self._zero_accumulator("eval", batch)
-
         return jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype), (self.state, acc, batch))
 
     def _run_epoch(self, epoch_idx: int, train_loader, val_loader) -> None:
@@ -740,8 +738,9 @@ class TrainerModule:
                 lean = self._lean_loop(path, acc, head)
                 state, kept = lean.split(self.state)
                 state, acc = self._run_batches(items, lean, state, kept, acc)
-                if path == "indexed" and not (self.should_stop or self._reached_max_steps()):
-                    # The next epoch's data, made while the device still runs this one's last steps.
+                last_epoch = loop.epoch == getattr(self, "num_epochs", None)
+                if path == "indexed" and not (last_epoch or self.should_stop or self._reached_max_steps()):
+                    # The next epoch's data, made before this epoch's end waits for its last steps.
                     self._epoch_ahead = DeviceEpoch(train_loader, stop=limit, epoch=train_loader.epoch + 1)
         finally:
             if prefetcher is not None:
