@@ -142,15 +142,21 @@ def _device_indices(count: int) -> tuple:
     return tuple(jax.device_put([np.int32(i) for i in range(count)]))
 
 
-class DeviceEpoch:
-    """An :class:`ArrayLoader` epoch on the device: the loader's data, copied to the device
-    once, and the epoch's order as rows of example indices, ``(batches, batch_size)`` for its
-    first ``stop`` batches (the smaller last batch, when reached, as a second array of one row).
+@jax.jit
+def _gather_epoch(data, rows):
+    return jax.tree.map(lambda a: a[rows], data)
 
-    :meth:`items` yields ``(steps, ((data, rows), index))``: ``steps`` batches starting at row
-    ``index`` (a device scalar); the jitted step gathers its examples from ``data`` itself, so a
-    step transfers nothing and no copy of the epoch is made. The batches and their order are
-    exactly those ``iter(loader)`` yields (see :func:`take_batches`).
+
+class DeviceEpoch:
+    """An :class:`ArrayLoader` epoch on the device: its first ``stop`` batches gathered there in
+    one dispatch, in the epoch's order, from the loader's device copy of the data (made once),
+    as leaves of shape ``(batches, batch_size, ...)`` (the smaller last batch, when reached, as
+    a second array of one batch). The host only sends the permutation.
+
+    :meth:`items` yields ``(steps, (batches, index))``: ``steps`` batches starting at batch
+    ``index`` (a device scalar); the jitted step slices them out (:func:`take_batches`), so a
+    step transfers nothing. The batches and their order are exactly those ``iter(loader)``
+    yields.
 
     Example:
         >>> loader = ArrayLoader(np.arange(10.0), batch_size=4)
@@ -170,11 +176,11 @@ class DeviceEpoch:
         order = loader.order(epoch).astype(np.int32)
         data = loader.device_data()
         self.num_full = full
-        self.full = (data, jax.device_put(order[: full * size].reshape(full, size))) if full else None
+        self.full = _gather_epoch(data, jax.device_put(order[: full * size].reshape(full, size))) if full else None
         self.index = _device_indices(full + 1)
         self.last = None
         if stop > full:  # the smaller last batch
-            self.last = (data, jax.device_put(order[full * size :][None]))
+            self.last = _gather_epoch(data, jax.device_put(order[full * size :][None]))
         first = order[: min(size, len(order))]
         self.first_batch = jax.tree.map(lambda a: np.asarray(a)[first], loader.data)  # for the trainer's checks
 
@@ -201,21 +207,19 @@ class DeviceEpoch:
             yield 1, (self.last, index[0])
 
 
-def take_batches(source, index, count: int | None = None):
-    """Inside a jitted step: the batch at row ``index`` of a :class:`DeviceEpoch` item's
-    ``(data, rows)``, or with ``count`` the ``count`` batches from there, stacked.
+def take_batches(batches, index, count: int | None = None):
+    """Inside a jitted step: batch ``index`` of a :class:`DeviceEpoch`'s stacked batches, or
+    with ``count`` the ``count`` batches from there (a block for fused steps).
 
     Example:
-        >>> data, rows = np.arange(6.0) * 10, np.array([[4, 1], [0, 5]])
-        >>> take_batches((data, rows), 1)
-        array([ 0., 50.])
+        >>> batches = np.arange(12.0).reshape(3, 2, 2)   # 3 batches of 2 examples
+        >>> take_batches(batches, 1)
+        array([[4., 5.],
+               [6., 7.]])
     """
-    data, rows = source
     if count is None:
-        picked = rows[index]
-    else:
-        picked = jax.lax.dynamic_slice_in_dim(rows, index, count)
-    return jax.tree.map(lambda a: a[picked], data)
+        return jax.tree.map(lambda a: a[index], batches)
+    return jax.tree.map(lambda a: jax.lax.dynamic_slice_in_dim(a, index, count), batches)
 
 
 def _describe(batch) -> str:
