@@ -82,7 +82,9 @@ class TrainerOptions:
         prefetch: batches (or blocks) loaded, stacked and put on the device ahead of use by a
             background thread (for loaders whose host work is slow); 0, the default, loads them
             in the training thread, which is faster when a batch is cheap to make (the thread's
-            hand-over halved the steps/s of a tiny MLP on a 2-core CPU).
+            hand-over halved the steps/s of a tiny MLP on a 2-core CPU). An :class:`ArrayLoader`
+            on one device needs none: its data live on the device and each epoch is gathered
+            there (see :class:`flaxlight.data.DeviceEpoch`).
         compilation_cache: JAX's persistent compilation cache, so a second start-up skips
             compiling: True uses ``$FLAXLIGHT_CACHE_DIR`` or ``~/.cache/flaxlight/jax``, a string
             names the folder, False leaves JAX's settings alone. A cache folder the user already
