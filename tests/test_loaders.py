@@ -21,7 +21,7 @@ import jax
 import numpy as np
 import pytest
 import torch.utils.data
-from conftest import ClassifyTrainer, RegressTrainer, TinyMLP, linear_data
+from conftest import ClassifyTrainer, RegressTrainer, TinyMLP, linear_data, quiet
 from sklearn.datasets import load_digits
 
 import flaxlight
@@ -317,3 +317,17 @@ def test_flaxlight_never_imports_torch_or_grain(modules_loaded_by_flaxlight):
 
 def test_default_loggers_do_not_import_torch(modules_loaded_by_flaxlight):
     assert modules_loaded_by_flaxlight["default loggers"] == []
+
+
+def test_a_loader_shorter_than_steps_per_epoch_warns(tmp_path):
+    batches = [(np.ones((4, 4), np.float32), np.ones((4, 1), np.float32))] * 3
+
+    class ThreeBatches:  # no len(): the run is sized by steps_per_epoch
+        def __iter__(self):
+            return iter(batches)
+
+    trainer = RegressTrainer(model_class=TinyMLP, model_hparams={}, optimizer_hparams={},
+                             exmp_input=batches[0][0][:1], **quiet(tmp_path))
+    with pytest.warns(RuntimeWarning, match="ran out after 3 of the epoch's 5 batches"):
+        trainer.train_model(ThreeBatches(), None, num_epochs=1, steps_per_epoch=5)
+    assert int(trainer.state.step) == 3

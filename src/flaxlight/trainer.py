@@ -749,6 +749,11 @@ class TrainerModule:
                 prefetcher.close()
         if acc is None:
             raise ValueError("train_loader yielded no batches: check the dataset size, batch_size and drop_last.")
+        if limit is not None and loop.batch_index < limit and not (self.should_stop or self._reached_max_steps()) \
+                and self._interrupt_signal is None:
+            warnings.warn(f"train_loader ran out after {loop.batch_index} of the epoch's {limit} batches "
+                          f"(steps_per_epoch or len()): the learning-rate schedule was sized for {limit} per epoch. "
+                          f"Pass the loader's real number of batches as steps_per_epoch.", RuntimeWarning, stacklevel=2)
         loop.running_log.flush()
         loop.phase = "val"
         host = to_host(acc)  # the epoch's one read of the sums
