@@ -76,7 +76,8 @@ class ArrayLoader:
 
     @property
     def nbytes(self) -> int:
-        return sum(int(np.asarray(leaf).nbytes) for leaf in jax.tree.leaves(self.data))
+        """Bytes of the data (read from the arrays, nothing copied)."""
+        return sum(int(getattr(leaf, "nbytes", None) or np.asarray(leaf).nbytes) for leaf in jax.tree.leaves(self.data))
 
     def device_data(self):
         """The data on the default device, copied there once (for :class:`DeviceEpoch`)."""
@@ -181,8 +182,13 @@ class DeviceEpoch:
         self.last = None
         if stop > full:  # the smaller last batch
             self.last = _gather_epoch(data, jax.device_put(order[full * size :][None]))
-        first = order[: min(size, len(order))]
-        self.first_batch = jax.tree.map(lambda a: np.asarray(a)[first], loader.data)  # for the trainer's checks
+        self._first = (loader, order[: min(size, len(order))])
+
+    @property
+    def first_batch(self):
+        """The epoch's first batch on the host (the trainer checks it; made only when asked)."""
+        loader, first = self._first
+        return loader._batch(first)
 
     def serves(self, loader: ArrayLoader, stop: int) -> bool:
         """Whether this is the epoch ``loader`` is set to, cut at ``stop`` batches (an epoch
@@ -332,25 +338,21 @@ class Prefetcher:
             for item in items:
                 if self._transform is not None:
                     item = self._transform(item)
-                while not self._stop.is_set():
-                    try:
-                        self._queue.put(item, timeout=0.1)
-                        break
-                    except queue.Full:
-                        continue
-                if self._stop.is_set():
+                if not self._put(item):
                     return
-            self._put_final(self._DONE)
+            self._put(self._DONE)
         except BaseException as exc:  # noqa: BLE001 - handed to the consumer thread
-            self._put_final(exc)
+            self._put(exc)
 
-    def _put_final(self, item) -> None:
+    def _put(self, item) -> bool:
+        """Queue ``item`` as soon as there is room; False when :meth:`close` came first."""
         while not self._stop.is_set():
             try:
                 self._queue.put(item, timeout=0.1)
-                return
+                return True
             except queue.Full:
                 continue
+        return False
 
     def __iter__(self) -> Iterator[Any]:
         while True:
