@@ -708,28 +708,27 @@ def resolve_config(cfg: Config) -> Resolved:
         raise ConfigError(f"data.name: {cfg.data.name!r} is {_display(dataset)}, not a dataset factory.")
     _check_dataset(dataset, cfg.data)
 
-    callback_classes = []
-    for i, item in enumerate(cfg.callbacks):
-        path = f"callbacks[{i}]"
-        cls = _resolve("callback", item.name, f"{path}.name")
-        from flaxlight.callbacks import Callback
+    from flaxlight.callbacks import Callback
+    from flaxlight.loggers import Logger
 
-        if not (isinstance(cls, type) and issubclass(cls, Callback)):
-            raise ConfigError(f"{path}.name: {item.name!r} is {_display(cls)}, not a flaxlight.Callback subclass.")
-        _check_kwargs(cls, item.args, f"{path}.args", f"callback {cls.__name__}")
-        callback_classes.append(cls)
-
-    logger_classes = []
-    for i, item in enumerate(cfg.loggers):
-        path = f"loggers[{i}]"
-        cls = _resolve("logger", item.name, f"{path}.name")
-        from flaxlight.loggers import Logger
-
-        if not (isinstance(cls, type) and issubclass(cls, Logger)):
-            raise ConfigError(f"{path}.name: {item.name!r} is {_display(cls)}, not a flaxlight.loggers.Logger subclass.")
-        _check_kwargs(cls, item.args, f"{path}.args", f"logger {cls.__name__}", supplied=_LOGGER_SUPPLIED)
-        logger_classes.append(cls)
+    callback_classes = _resolve_classes(cfg.callbacks, "callbacks", "callback", Callback, "flaxlight.Callback")
+    logger_classes = _resolve_classes(cfg.loggers, "loggers", "logger", Logger, "flaxlight.loggers.Logger",
+                                      supplied=_LOGGER_SUPPLIED)
     return Resolved(trainer_class, model_class, dataset, callback_classes, logger_classes)
+
+
+def _resolve_classes(items, section: str, kind: str, base: type, base_name: str, **check) -> list[type]:
+    """The classes named by ``callbacks:``/``loggers:`` entries, each a ``base`` subclass whose
+    constructor takes the entry's ``args`` (errors name the entry, e.g. ``callbacks[1].name``)."""
+    classes = []
+    for i, item in enumerate(items):
+        path = f"{section}[{i}]"
+        cls = _resolve(kind, item.name, f"{path}.name")
+        if not (isinstance(cls, type) and issubclass(cls, base)):
+            raise ConfigError(f"{path}.name: {item.name!r} is {_display(cls)}, not a {base_name} subclass.")
+        _check_kwargs(cls, item.args, f"{path}.args", f"{kind} {cls.__name__}", **check)
+        classes.append(cls)
+    return classes
 
 
 _DATA_FIELDS = ("batch_size", "eval_batch_size", "seed")
