@@ -641,17 +641,36 @@ def make_optimizer_plan(optimizer_hparams, total_steps: int) -> OptimizerPlan:
     total_steps = _positive_int(total_steps, "total_steps", 1)
     config = as_optimizer_config(optimizer_hparams)
     if config is None:
-        if isinstance(optimizer_hparams, optax.GradientTransformation):
-            tx = optimizer_hparams
-        else:  # an OptimizerFactory, e.g. a learned optimizer: it needs the run's length
-            tx = optimizer_hparams(total_steps)
-            if not isinstance(tx, optax.GradientTransformation):
-                raise TypeError(f"The optimizer factory {optimizer_hparams!r} must return an "
-                                f"optax.GradientTransformation for total_steps={total_steps}; got {type(tx).__name__}.")
-        return OptimizerPlan(tx=tx, config=None, schedule=None, regularizer=None, total_steps=total_steps,
-                             num_updates=total_steps, weight_decay=0.0)
+        return _ready_plan(optimizer_hparams, total_steps)
+    num_updates = _num_updates(config, total_steps)
+    schedule = _plan_schedule(config, num_updates)
+    kwargs = _optimizer_kwargs(config, schedule)
+    weight_decay = config.resolved_weight_decay()
+    decay_kwargs, tail = _weight_decay_kwargs(config, schedule, weight_decay)
+    kwargs.update(decay_kwargs)
+    return OptimizerPlan(
+        tx=_assemble_tx(config, kwargs, tail, schedule), config=config, schedule=schedule,
+        regularizer=config.l2_regularizer() if weight_decay > 0 else None,
+        total_steps=total_steps, num_updates=num_updates,
+        weight_decay=weight_decay,
+    )
 
-    name = config.optimizer
+
+def _ready_plan(optimizer_hparams: Any, total_steps: int) -> OptimizerPlan:
+    """The plan of a ready transformation or an :data:`OptimizerFactory` (used unchanged)."""
+    if isinstance(optimizer_hparams, optax.GradientTransformation):
+        tx = optimizer_hparams
+    else:  # an OptimizerFactory, e.g. a learned optimizer: it needs the run's length
+        tx = optimizer_hparams(total_steps)
+        if not isinstance(tx, optax.GradientTransformation):
+            raise TypeError(f"The optimizer factory {optimizer_hparams!r} must return an "
+                            f"optax.GradientTransformation for total_steps={total_steps}; got {type(tx).__name__}.")
+    return OptimizerPlan(tx=tx, config=None, schedule=None, regularizer=None, total_steps=total_steps,
+                         num_updates=total_steps, weight_decay=0.0)
+
+
+def _num_updates(config: OptimizerConfig, total_steps: int) -> int:
+    """Optimizer updates in a run of ``total_steps`` train steps; the warmup must fit in them."""
     num_updates = max(total_steps // config.accumulate_grad_batches, 1)
     if config.warmup_steps > num_updates:
         raise ValueError(
@@ -659,26 +678,38 @@ def make_optimizer_plan(optimizer_hparams, total_steps: int) -> OptimizerPlan:
             f"updates ({total_steps} train steps / accumulate_grad_batches={config.accumulate_grad_batches}). "
             f"Lower warmup_steps or train longer."
         )
-    if config.lr is None:
-        schedule = None
-    elif callable(config.schedule):
-        schedule = config.schedule
-    elif name in _FIXED_RATE:
-        schedule = optax.constant_schedule(config.lr)
-    else:
-        schedule = make_schedule(config.lr, config.warmup_steps, num_updates, config.schedule,
-                                 end_lr_factor=config.end_lr_factor,
-                                 boundaries_and_scales=config.boundaries_and_scales)
+    return num_updates
 
+
+def _plan_schedule(config: OptimizerConfig, num_updates: int) -> optax.Schedule | None:
+    """The learning rate per optimizer update (None when the optimizer picks its own step)."""
+    if config.lr is None:
+        return None
+    if callable(config.schedule):
+        return config.schedule
+    if config.optimizer in _FIXED_RATE:
+        return optax.constant_schedule(config.lr)
+    return make_schedule(config.lr, config.warmup_steps, num_updates, config.schedule,
+                         end_lr_factor=config.end_lr_factor, boundaries_and_scales=config.boundaries_and_scales)
+
+
+def _optimizer_kwargs(config: OptimizerConfig, schedule: optax.Schedule | None) -> dict[str, Any]:
+    """The optax optimizer's keyword arguments before weight decay: the passed-through ones and the rate."""
     kwargs = dict(config.optimizer_kwargs)
     if config.lr is not None:
+        name = config.optimizer
         kwargs[_rate_argument(name)] = config.lr if name in _FIXED_RATE else schedule
-    weight_decay = config.resolved_weight_decay()
+    return kwargs
+
+
+def _weight_decay_kwargs(config: OptimizerConfig, schedule: optax.Schedule | None, weight_decay: float
+                         ) -> tuple[dict[str, Any], optax.GradientTransformation | None]:
+    """The optimizer's decay arguments and the decoupled-decay step to chain after it (or None)."""
+    name = config.optimizer
     mask = config.decay_mask()
     native = _native_decay(name)
     params = _factory_parameters(name)
     decay_arg = next((k for k in ("weight_decay", "weight_decay_rate") if k in params), None)
-    tail = None
     if config.weight_decay is None and weight_decay > 0:
         _log_once(logging.WARNING,
                   f"optimizer {name!r} with no weight_decay given: using optax.{name}'s default weight_decay="
@@ -686,25 +717,29 @@ def make_optimizer_plan(optimizer_hparams, total_steps: int) -> OptimizerPlan:
                   f"Set weight_decay explicitly (0 turns it off) to silence this.")
     if config.weight_decay_mode == "decoupled" and weight_decay > 0:
         if native:
-            kwargs[native[0]] = weight_decay
-            kwargs[native[1]] = mask
-        else:
-            if decay_arg:  # optax decays but cannot mask (novograd): do it here instead
-                kwargs[decay_arg] = 0.0
-            tail = decoupled_weight_decay(weight_decay, schedule if schedule is not None else 1.0, mask)
-            like = "AdamW (optax.adamw)" if name == "adam" else f"{name} with decoupled weight decay"
-            _log_once(logging.INFO,
-                      f"optimizer {name!r} + weight_decay={weight_decay:g} (decoupled) behaves like {like}: "
-                      f"-lr * weight_decay * param is added after optax.{name}'s update.")
-    elif decay_arg:  # l2 mode or no decay: the optimizer's own decay must stay off (never twice)
-        kwargs[decay_arg] = None if decay_arg == "weight_decay_rate" else 0.0
+            return {native[0]: weight_decay, native[1]: mask}, None
+        # optax decays but cannot mask (novograd): do it here instead
+        decay_kwargs = {decay_arg: 0.0} if decay_arg else {}
+        tail = decoupled_weight_decay(weight_decay, schedule if schedule is not None else 1.0, mask)
+        like = "AdamW (optax.adamw)" if name == "adam" else f"{name} with decoupled weight decay"
+        _log_once(logging.INFO,
+                  f"optimizer {name!r} + weight_decay={weight_decay:g} (decoupled) behaves like {like}: "
+                  f"-lr * weight_decay * param is added after optax.{name}'s update.")
+        return decay_kwargs, tail
+    if decay_arg:  # l2 mode or no decay: the optimizer's own decay must stay off (never twice)
+        return {decay_arg: None if decay_arg == "weight_decay_rate" else 0.0}, None
+    return {}, None
 
+
+def _assemble_tx(config: OptimizerConfig, kwargs: dict[str, Any], tail: optax.GradientTransformation | None,
+                 schedule: optax.Schedule | None) -> optax.GradientTransformation:
+    """Chain clipping, the optax optimizer, ``tail``, plateau scaling, the rate record and the EMA; accumulate."""
     chain = []
     if config.gradient_clip_value is not None:
         chain.append(optax.clip(config.gradient_clip_value))
     if config.gradient_clip is not None:
         chain.append(optax.clip_by_global_norm(config.gradient_clip))
-    chain.append(_optimizer_factory(name)(**kwargs))
+    chain.append(_optimizer_factory(config.optimizer)(**kwargs))
     if tail is not None:
         chain.append(tail)
     if config.reduce_on_plateau is not None:
@@ -717,12 +752,7 @@ def make_optimizer_plan(optimizer_hparams, total_steps: int) -> OptimizerPlan:
     if config.accumulate_grad_batches > 1:
         multi = optax.MultiSteps(tx, every_k_schedule=config.accumulate_grad_batches)
         tx = optax.GradientTransformationExtraArgs(multi.init, multi.update)
-    return OptimizerPlan(
-        tx=tx, config=config, schedule=schedule,
-        regularizer=config.l2_regularizer() if weight_decay > 0 else None,
-        total_steps=total_steps, num_updates=num_updates,
-        weight_decay=weight_decay,
-    )
+    return tx
 
 
 def make_optimizer(optimizer_hparams, total_steps: int) -> optax.GradientTransformation:

@@ -18,7 +18,7 @@ import csv
 import math
 import os
 import sys
-from typing import Sequence
+from typing import Any, Sequence
 
 from flaxlight.loggers.base import run_display_name
 
@@ -118,27 +118,65 @@ def plot_runs(
         >>> plot_runs("checkpoints/MLP/version_0", "curves.png", metrics=["loss"])  # doctest: +SKIP
         'curves.png'
     """
+    Figure, FigureCanvasAgg, MaxNLocator = _import_matplotlib()
+    run_dirs = _as_run_dirs(run_dirs)
+    runs = [read_metrics(p) for p in run_dirs]
+    names = _run_names(run_dirs)
+    panels = _select_panels(_group_panels(runs, include_step), metrics, run_dirs)
+    ncols = max(1, min(ncols, len(panels)))
+    nrows = math.ceil(len(panels) / ncols)
+    fig = Figure(figsize=(panel_size[0] * ncols, panel_size[1] * nrows), dpi=dpi, layout="constrained")
+    FigureCanvasAgg(fig)
+    colors = [c["color"] for c in _color_cycle()]
+    axes = fig.subplots(nrows, ncols, squeeze=False).ravel()
+    for ax, (panel, entries) in zip(axes, panels.items()):
+        _draw_panel(ax, panel, entries, names, colors, several_runs=len(runs) > 1, locator=MaxNLocator)
+    for ax in axes[len(panels):]:
+        ax.set_visible(False)
+    if len(runs) == 1:
+        fig.suptitle(names[0])
+    return _save_png(fig, out_path, dpi)
+
+
+# panel -> [(run index, split, column, (steps, values))]
+_Panels = dict[str, list[tuple[int, str, str, tuple]]]
+
+
+def _import_matplotlib() -> tuple[type, type, type]:
+    """matplotlib's ``Figure``, ``FigureCanvasAgg`` and ``MaxNLocator``, or an ImportError naming the extra."""
     try:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
         from matplotlib.ticker import MaxNLocator
     except ImportError as exc:
         raise ImportError("plot_runs needs matplotlib: pip install 'flaxlight[plot]'.") from exc
+    return Figure, FigureCanvasAgg, MaxNLocator
+
+
+def _as_run_dirs(run_dirs: str | os.PathLike | Sequence[str | os.PathLike]) -> list[str]:
+    """One path or several -> a non-empty list of path strings."""
     if isinstance(run_dirs, (str, os.PathLike)):
         run_dirs = [run_dirs]
     run_dirs = [os.fspath(p) for p in run_dirs]
     if not run_dirs:
         raise ValueError("plot_runs needs at least one run dir.")
-    runs = [read_metrics(p) for p in run_dirs]
-    names = _run_names(run_dirs)
+    return run_dirs
 
-    panels: dict[str, list[tuple[int, str, str, tuple]]] = {}  # panel -> [(run index, split, column, data)]
+
+def _group_panels(runs: Sequence[dict[str, tuple[list[int], list[float]]]], include_step: bool) -> _Panels:
+    """The runs' columns grouped by panel (``train/loss`` and ``val/loss`` -> ``loss``)."""
+    panels: _Panels = {}
     for index, series in enumerate(runs):
         for column, data in series.items():
             panel, split = _panel_and_split(column)
             if split == "train (step)" and not include_step:
                 continue
             panels.setdefault(panel, []).append((index, split, column, data))
+    return panels
+
+
+def _select_panels(panels: _Panels, metrics: Sequence[str] | None, run_dirs: Sequence[str]) -> _Panels:
+    """The panels asked for by ``metrics``, in that order (all when None); errors when there is nothing to draw."""
     if metrics is not None:
         wanted = list(dict.fromkeys(_panel_and_split(m)[0] for m in metrics))
         missing = [m for m in wanted if m not in panels]
@@ -148,32 +186,30 @@ def plot_runs(
         panels = {m: panels[m] for m in wanted}
     if not panels:
         raise ValueError(f"Nothing to plot: {', '.join(run_dirs)} logged no metrics yet.")
+    return panels
 
-    ncols = max(1, min(ncols, len(panels)))
-    nrows = math.ceil(len(panels) / ncols)
-    fig = Figure(figsize=(panel_size[0] * ncols, panel_size[1] * nrows), dpi=dpi, layout="constrained")
-    FigureCanvasAgg(fig)
-    colors = [c["color"] for c in _color_cycle()]
-    axes = fig.subplots(nrows, ncols, squeeze=False).ravel()
-    for ax, (panel, entries) in zip(axes, panels.items()):
-        for index, split, column, (steps, values) in sorted(entries, key=lambda e: (e[0], _split_order(e[1]))):
-            style, width, alpha, marker = _STYLE.get(split, _STYLE[""])
-            label = names[index] if not split else (f"{names[index]} {split}" if len(runs) > 1 else split)
-            if split == "test" or len(steps) == 1:
-                style, marker = "", marker or "o"
-            # several runs: one colour per run; one run: one colour per split (train and its steps alike)
-            colour = index if len(runs) > 1 else ("train", "val", "test", "").index(split.split(" ")[0])
-            ax.plot(steps, values, linestyle=style or "none", linewidth=width, alpha=alpha, marker=marker,
-                    markersize=4 if split != "test" else 9, color=colors[colour % len(colors)], label=label)
-        ax.set_title(panel)
-        ax.set_xlabel("step")
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize="small")
-    for ax in axes[len(panels):]:
-        ax.set_visible(False)
-    if len(runs) == 1:
-        fig.suptitle(names[0])
+
+def _draw_panel(ax: Any, panel: str, entries: list[tuple[int, str, str, tuple]], names: Sequence[str],
+                colors: Sequence[Any], *, several_runs: bool, locator: type) -> None:
+    """Draw one panel's lines (train solid, val dashed, test a star) with its title, grid and legend."""
+    for index, split, column, (steps, values) in sorted(entries, key=lambda e: (e[0], _split_order(e[1]))):
+        style, width, alpha, marker = _STYLE.get(split, _STYLE[""])
+        label = names[index] if not split else (f"{names[index]} {split}" if several_runs else split)
+        if split == "test" or len(steps) == 1:
+            style, marker = "", marker or "o"
+        # several runs: one colour per run; one run: one colour per split (train and its steps alike)
+        colour = index if several_runs else ("train", "val", "test", "").index(split.split(" ")[0])
+        ax.plot(steps, values, linestyle=style or "none", linewidth=width, alpha=alpha, marker=marker,
+                markersize=4 if split != "test" else 9, color=colors[colour % len(colors)], label=label)
+    ax.set_title(panel)
+    ax.set_xlabel("step")
+    ax.xaxis.set_major_locator(locator(integer=True))
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize="small")
+
+
+def _save_png(fig: Any, out_path: str | os.PathLike, dpi: int) -> str:
+    """Write ``fig`` to ``out_path`` as a PNG (its folder created) and return the path."""
     out_path = os.fspath(out_path)
     if os.path.dirname(out_path):
         os.makedirs(os.path.dirname(out_path), exist_ok=True)

@@ -789,26 +789,13 @@ class _Objective:
 
 
 def tune(
-    trainer: type | Callable[[dict], Any],
-    search_space: Mapping[str, Any] | SearchSpace,
-    *,
-    hparams: Mapping[str, Any] | None = None,
-    train_loader: Iterable | None = None,
-    val_loader: Iterable | None = None,
-    loaders: Callable[[dict], tuple] | None = None,
-    num_epochs: int = 10,
-    metric: str = "val/loss",
-    direction: str | None = None,
-    n_trials: int | None = 20,
-    timeout: float | None = None,
-    storage: Any = None,
-    study_name: str = DEFAULT_STUDY_NAME,
-    base_dir: str | os.PathLike = DEFAULT_BASE_DIR,
-    sampler: Any = None,
-    pruner: Any = None,
-    seed: int | None = None,
-    catch: tuple[type[BaseException], ...] = (Exception,),
-    max_failed_in_a_row: int | None = 5,
+    trainer: type | Callable[[dict], Any], search_space: Mapping[str, Any] | SearchSpace, *,
+    hparams: Mapping[str, Any] | None = None, train_loader: Iterable | None = None,
+    val_loader: Iterable | None = None, loaders: Callable[[dict], tuple] | None = None, num_epochs: int = 10,
+    metric: str = "val/loss", direction: str | None = None, n_trials: int | None = 20, timeout: float | None = None,
+    storage: Any = None, study_name: str = DEFAULT_STUDY_NAME, base_dir: str | os.PathLike = DEFAULT_BASE_DIR,
+    sampler: Any = None, pruner: Any = None, seed: int | None = None,
+    catch: tuple[type[BaseException], ...] = (Exception,), max_failed_in_a_row: int | None = 5,
 ) -> "optuna.Study":
     """Run ``n_trials`` trials of a study; returns the ``optuna.Study`` (stored, resumable).
 
@@ -854,12 +841,30 @@ def tune(
     failed trial. Pruned and failed trials keep their files.
     """
     space = search_space if isinstance(search_space, SearchSpace) else SearchSpace(search_space)
+    direction = _check_trial_settings(metric, direction, num_epochs)
+    catch = tuple(catch)
+    _check_data_arguments(train_loader, val_loader, loaders)
+    base = _base_trial_hparams(hparams, metric, direction)
+    make_trainer = _trainer_maker(trainer, base, space, data_key="data" if loaders is not None else None)
+    build = _trial_builder(make_trainer, base, train_loader, val_loader, loaders, num_epochs)
+    return _run_study(build, space, metric=metric, direction=direction, n_trials=n_trials, timeout=timeout,
+                      storage=storage, study_name=study_name, base_dir=base_dir, sampler=sampler, pruner=pruner,
+                      seed=seed, catch=catch, max_failed_in_a_row=max_failed_in_a_row)
+
+
+def _check_trial_settings(metric: str, direction: str | None, num_epochs: int) -> str:
+    """Check ``metric`` and ``num_epochs``; return the direction (given or inferred from the metric)."""
     if not isinstance(metric, str) or not metric:
         raise ValueError(f"metric must be a logged metric's name such as 'val/acc', got {metric!r}.")
     direction = _check_direction(direction, metric)
     if isinstance(num_epochs, bool) or not isinstance(num_epochs, int) or num_epochs < 1:
         raise ValueError(f"num_epochs must be a positive int, got {num_epochs!r}.")
-    catch = tuple(catch)
+    return direction
+
+
+def _check_data_arguments(train_loader: Iterable | None, val_loader: Iterable | None,
+                          loaders: Callable[[dict], tuple] | None) -> None:
+    """The data comes either as train_loader (and val_loader) or as ``loaders``, exactly one way."""
     if loaders is None:
         if train_loader is None:
             raise ValueError("tune needs the data: train_loader= (and val_loader=), or loaders=f(hparams) -> "
@@ -867,28 +872,44 @@ def tune(
     elif train_loader is not None or val_loader is not None:
         raise ValueError("Give either train_loader/val_loader or loaders=, not both.")
 
+
+def _base_trial_hparams(hparams: Mapping[str, Any] | None, metric: str, direction: str) -> dict[str, Any]:
+    """``hparams`` with the trial defaults: no progress bar or model table; monitor a ``val/`` metric."""
     base = dict(hparams or {})
     trial_defaults = {"enable_progress_bar": False, "enable_model_summary": False}
     if metric.startswith("val/"):
         trial_defaults.update(monitor=metric, mode="max" if direction == "maximize" else "min")
     for key, value in trial_defaults.items():
         base.setdefault(key, value)
+    return base
+
+
+def _trainer_maker(trainer: type | Callable[[dict], Any], base: Mapping[str, Any], space: SearchSpace,
+                   data_key: str | None) -> Callable[[dict], Any]:
+    """``trial_hparams -> trainer`` from a TrainerModule subclass (keys checked first) or a factory."""
     if isinstance(trainer, type):
         from flaxlight.trainer import TrainerModule
 
         if not issubclass(trainer, TrainerModule):
             raise TypeError(f"trainer must be a TrainerModule subclass or a factory f(hparams) -> trainer; "
                             f"got the class {trainer.__name__}.")
-        _check_keys(trainer, base, space, data_key="data" if loaders is not None else None)
+        _check_keys(trainer, base, space, data_key=data_key)
         trainer_class = trainer
 
         def make_trainer(trial_hparams: dict):
             return trainer_class(**{k: v for k, v in trial_hparams.items() if k != "data"})
-    elif callable(trainer):
-        make_trainer = trainer
-    else:
-        raise TypeError(f"trainer must be a TrainerModule subclass or a factory f(hparams) -> trainer; "
-                        f"got {type(trainer).__name__}.")
+
+        return make_trainer
+    if callable(trainer):
+        return trainer
+    raise TypeError(f"trainer must be a TrainerModule subclass or a factory f(hparams) -> trainer; "
+                    f"got {type(trainer).__name__}.")
+
+
+def _trial_builder(make_trainer: Callable[[dict], Any], base: Mapping[str, Any], train_loader: Iterable | None,
+                   val_loader: Iterable | None, loaders: Callable[[dict], tuple] | None,
+                   num_epochs: int) -> Callable[..., tuple]:
+    """``build(values, log_dir, callbacks) -> (trainer, train_loader, val_loader, num_epochs)`` for a trial."""
 
     def build(values: dict, log_dir: str, callbacks: list) -> tuple:
         trial_hparams = _with_overrides(base, values)
@@ -903,9 +924,7 @@ def tune(
             raise TypeError(f"loaders(hparams) must return (train_loader, val_loader); got {type(made).__name__}.")
         return trial_trainer, made[0], made[1], num_epochs
 
-    return _run_study(build, space, metric=metric, direction=direction, n_trials=n_trials, timeout=timeout,
-                      storage=storage, study_name=study_name, base_dir=base_dir, sampler=sampler, pruner=pruner,
-                      seed=seed, catch=catch, max_failed_in_a_row=max_failed_in_a_row)
+    return build
 
 
 def _run_study(build: Callable[..., tuple], space: SearchSpace, *, metric: str, direction: str,
