@@ -174,6 +174,30 @@ def test_learning_rate_monitor_logs_the_schedule(tmp_path, regression_loaders):
     assert lrs[16] < lrs[12] < lrs[8]  # cosine decay after the warmup
 
 
+class RiseThenFall(RegressTrainer):
+    """Adds a ``score`` metric that depends only on the completed epochs: 1, 3, 2 at the
+    validations of epochs 1, 2, 3 (the highest at epoch 2, the lowest at epoch 1)."""
+
+    def loss_fn(self, params, batch, *, train, rng, state):
+        loss, (metrics, updates) = super().loss_fn(params, batch, train=train, rng=rng, state=state)
+        score = jnp.asarray([0.0, 1.0, 3.0, 2.0])[state.epoch]
+        return loss, ({**metrics, "score": score}, updates)
+
+
+@pytest.mark.parametrize("mode, best_step, best_score", [("max", 16, 3.0), ("min", 8, 1.0)])
+def test_model_checkpoint_mode_decides_which_checkpoint_is_best(tmp_path, regression_loaders, mode, best_step,
+                                                                 best_score):
+    train, val, _ = regression_loaders
+    checkpoint = ModelCheckpoint(monitor="val/score", mode=mode, save_top_k=1, save_last=False)
+    trainer = _trainer(tmp_path, RiseThenFall, callbacks=[checkpoint])
+    trainer.train_model(train, val, num_epochs=3)
+    assert [float(r["val/score"]) for r in _rows(tmp_path) if r.get("val/score")] == [1.0, 3.0, 2.0]
+    assert sorted(int(s) for s in os.listdir(tmp_path / "run" / "checkpoints") if s.isdigit()) == [best_step]
+    assert checkpoint.best_step == best_step and checkpoint.best_metrics["val/score"] == best_score
+    loaded = RiseThenFall.load_from_checkpoint(tmp_path / "run", exmp_input=X0, which="best", callbacks=[])
+    assert int(loaded.state.step) == best_step
+
+
 class NaNAfterStep(RegressTrainer):
     """The loss becomes NaN from optimizer step ``nan_from`` on."""
 

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from flaxlight import cli
-from flaxlight.config import load_config
+from flaxlight.config import build_data, example_input, load_config, load_trainer
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "examples" / "configs"
@@ -136,6 +136,17 @@ def test_validate_and_predict(sine_run, tmp_path, capsys):
     assert code == 0 and str(output) in out
     predictions = np.load(output)
     assert predictions.shape == (500, 1) and np.isfinite(predictions).all()
+    # They are the best model's outputs on the test split, in order: the same as applying the loaded
+    # model, and their MSE against the targets is the test loss that `fit` wrote for that model.
+    cfg = load_config(sine_run / "config.yaml")
+    _, _, test = build_data(cfg)
+    x_test = np.concatenate([np.asarray(batch[0]) for batch in test])
+    y_test = np.concatenate([np.asarray(batch[1]) for batch in test])
+    trainer = load_trainer(cfg, sine_run, example_input(test), which="best")
+    expected, _ = trainer.state.apply_model(trainer.state.params, x_test, train=False)
+    np.testing.assert_allclose(predictions, np.asarray(expected), rtol=1e-5, atol=1e-6)
+    fit_test_loss = yaml.safe_load((sine_run / "metrics" / "test.json").read_text())["test/loss"]
+    assert float(np.mean((predictions - y_test) ** 2)) == pytest.approx(fit_test_loss, rel=1e-4)
 
 
 def test_print_config_applies_overrides_and_exits(tmp_path, capsys):

@@ -40,16 +40,24 @@ def test_train_validate_checkpoint_load_and_bind(kind, tmp_path):
     assert metrics["val/acc"] > 0.9
 
     loaded = ClassifyTrainer.load_from_checkpoint(trainer.log_dir, exmp_input=x[:1], which="last")
-    assert loaded.eval_model(val, log_prefix="val/") == pytest.approx(trainer.eval_model(val, log_prefix="val/"))
+    last_val = trainer.eval_model(val, log_prefix="val/")
+    assert loaded.eval_model(val, log_prefix="val/") == pytest.approx(last_val)
     model = loaded.bind_model()
     if kind == "nnx":
         assert isinstance(model, nnx.Module)
         predictions = model(x[256:])
     else:
         predictions = model(x[256:], train=False)
-    before = trainer.bind_model()
-    expected = before(x[256:]) if kind == "nnx" else before(x[256:], train=False)
-    np.testing.assert_allclose(np.asarray(predictions), np.asarray(expected), rtol=1e-6, atol=1e-6)
+    predictions = np.asarray(predictions)
+    # The trained trainer's own outputs, not through bind_model (a bind_model that ignored the
+    # trained weights would give the same wrong outputs for both trainers, built with one seed).
+    expected, _ = trainer.state.apply_model(trainer.state.params, x[256:], train=False)
+    np.testing.assert_allclose(predictions, np.asarray(expected), rtol=1e-5, atol=1e-5)
+    y_val = (x[256:, 0] + x[256:, 1] > 0).astype(np.int32)
+    assert float((predictions.argmax(-1) == y_val).mean()) == pytest.approx(last_val["val/acc"], abs=1e-6)
+    untrained = _trainer(kind, tmp_path / "untrained").state
+    untrained_outputs, _ = untrained.apply_model(untrained.params, x[256:], train=False)
+    assert not np.allclose(predictions, np.asarray(untrained_outputs), atol=1e-2)  # training changed the outputs
 
 
 @pytest.mark.parametrize("kind", ["linen", "nnx"])

@@ -83,8 +83,20 @@ def test_best_model_is_restored_for_testing(tmp_path, regression_loaders):
     trainer.create_jitted_functions()
     metrics = trainer.train_model(train, val, test_loader=test, num_epochs=3)
     assert int(trainer.state.step) == 8  # the state after testing is the best (first) epoch's
-    assert metrics["train/loss"] == pytest.approx(
-        json.loads(open(tmp_path / "run" / "metrics" / "best_eval.json").read()).get("train/loss", metrics["train/loss"]))
+
+    def saved(name):
+        return json.loads((tmp_path / "run" / "metrics" / f"{name}.json").read_text())
+
+    epoch_1, epoch_3 = saved("eval_epoch_001"), saved("eval_epoch_003")
+    assert epoch_3["val/loss"] < epoch_1["val/loss"]  # later epochs were better; the rule keeps epoch 1
+    assert saved("best_eval") == pytest.approx(epoch_1)  # best_eval.json holds epoch 1's validation
+    assert metrics["val/loss"] == pytest.approx(epoch_1["val/loss"])
+    rows = list(csv.DictReader(open(tmp_path / "run" / "metrics.csv")))
+    train_loss = {int(r["step"]): float(r["train/loss"]) for r in rows if r["train/loss"]}
+    assert train_loss[24] < train_loss[8]
+    assert metrics["train/loss"] == pytest.approx(train_loss[8])  # epoch 1's train metrics, not the last epoch's
+    assert metrics["test/loss"] == pytest.approx(saved("test")["test/loss"])
+    assert trainer.eval_model(test, log_prefix="test/")["test/loss"] == pytest.approx(metrics["test/loss"])
 
 
 def test_monitor_and_mode_choose_the_best_model(tmp_path):

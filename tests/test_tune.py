@@ -265,7 +265,7 @@ class StandInTrainer:
         self.log_dir = hparams["logger_params"]["log_dir"]
         self.values, self.error = values, error
         self.callback_metrics, self.should_stop, self.stop_reason = {}, False, None
-        self.current_epoch, self.global_step, self.options = 0, 0, None
+        self.current_epoch, self.global_step, self.options = 0, 0, flaxlight.TrainerOptions()
 
     def monitored_value(self, name, owner="monitor"):
         return flaxlight.TrainerModule.monitored_value(self, name, owner)

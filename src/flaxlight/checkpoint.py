@@ -20,7 +20,7 @@ import os
 import shutil
 import uuid
 import warnings
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import numpy as np
@@ -171,8 +171,12 @@ class Checkpointer:
             self._deleter = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="flaxlight-delete")
         self._deletions.append(self._deleter.submit(shutil.rmtree, folder, ignore_errors=True))
 
-    def restore_latest_valid(self, target, with_opt_state: bool = True, before: int | None = None):
+    def restore_latest_valid(self, target, with_opt_state: bool = True, before: int | None = None,
+                             load: Callable[[int], Any] | None = None):
         """Restore the newest checkpoint that reads back; returns ``(state, meta, step)``.
+
+        ``load(step)`` restores one step (default: :meth:`restore` into ``target``); the
+        trainer passes its ``load_model``, so that an override of it is used.
 
         A damaged or partial newest checkpoint (truncated or missing files) is skipped with a
         warning and the one before it is tried. A checkpoint of a *different model* is not
@@ -187,7 +191,7 @@ class Checkpointer:
                 raise ValueError(mismatch)
             try:
                 meta = self.read_meta(step)
-                state = self.restore(target, step=step, with_opt_state=with_opt_state)
+                state = load(step) if load is not None else self.restore(target, step, with_opt_state)
                 return state, meta, step
             except Exception as exc:  # noqa: BLE001 - any read failure means "damaged": try the previous one
                 remaining = steps[i + 1 :]

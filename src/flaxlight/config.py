@@ -34,7 +34,9 @@ import yaml
 
 from flaxlight import registry
 from flaxlight.optim import OptimizerConfig
-from flaxlight.trainer import TrainerModule, TrainerOptions
+from flaxlight.options import TrainerOptions
+from flaxlight.runfiles import LoggerParams, next_version_dir
+from flaxlight.trainer import TrainerModule
 
 __all__ = [
     "CONFIG_FILE",
@@ -109,26 +111,6 @@ def _yaml_load(text: str, where: str) -> Any:
 
 
 # ---------------------------------------------------------------------------------------- schema
-@dataclasses.dataclass(kw_only=True)
-class LoggerParams:
-    """Where a run logs (the trainer's ``logger_params``; same keys).
-
-    Attributes:
-        log_dir: the run's folder; None: ``<base_log_dir>/<ModelClass>/version_N``, a new N each run.
-        base_log_dir: parent of the versioned folders.
-        logger_type: ``csv``, ``tensorboard``, ``wandb``, ``mlflow`` or a list; None: CSV plus
-            TensorBoard when tensorboardX is installed (CSV alone when ``loggers`` are given).
-        project_name: W&B project / MLflow experiment.
-        run_name: the run's display name (default: from the log dir).
-    """
-
-    log_dir: str | None = None
-    base_log_dir: str = "checkpoints"
-    logger_type: str | list[str] | None = None
-    project_name: str | None = None
-    run_name: str | None = None
-
-
 @dataclasses.dataclass(kw_only=True)
 class TrainerConfig(TrainerOptions):
     """The trainer class and its settings: the constructor's arguments and every
@@ -591,13 +573,8 @@ _TRAINER_OWN = {"model_class", "model_hparams", "optimizer_hparams", "exmp_input
                 "enable_progress_bar", "debug", "check_val_every_n_epoch"}
 
 
-def _explicit_parameters(fn: Callable) -> dict[str, inspect.Parameter]:
-    params = inspect.signature(fn).parameters
-    return {n: p for n, p in params.items() if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL) and n != "self"}
-
-
 def _takes_model_class(trainer_class: type) -> bool:
-    return "model_class" in _explicit_parameters(trainer_class.__init__)
+    return "model_class" in registry.explicit_parameters(trainer_class.__init__)
 
 
 def _is_checkable(tp: Any) -> bool:
@@ -696,7 +673,7 @@ def resolve_config(cfg: Config) -> Resolved:
                               f"takes the model's hyperparameters by name, not model_class); set model.name: null "
                               f"and give its arguments in model.hparams.")
         model_class = None
-        params = {n for n in _explicit_parameters(trainer_class.__init__) if n not in _TRAINER_OWN}
+        params = {n for n in registry.explicit_parameters(trainer_class.__init__) if n not in _TRAINER_OWN}
         for key in cfg.model.hparams:
             if key not in params:
                 raise ConfigError(f"Unknown key {_join('model.hparams', key)!r}: trainer {_display(trainer_class)} "
@@ -837,18 +814,11 @@ def build_loggers(cfg: Config, log_dir: str, resolved: Resolved | None = None) -
     return loggers
 
 
-def _next_version_dir(base: str) -> str:
-    os.makedirs(base, exist_ok=True)
-    versions = [int(n.split("_", 1)[1]) for n in os.listdir(base)
-                if n.startswith("version_") and n.split("_", 1)[1].isdigit()]
-    return os.path.join(base, f"version_{max(versions, default=-1) + 1}")
-
-
 def _logger_params(cfg: Config, resolved: Resolved) -> dict[str, Any]:
     params = {k: v for k, v in config_to_dict(cfg)["trainer"]["logger_params"].items() if v is not None}
     if cfg.loggers and "log_dir" not in params:  # the loggers need the run's folder before the trainer exists
         owner = resolved.model_class or resolved.trainer_class
-        params["log_dir"] = _next_version_dir(os.path.join(params["base_log_dir"], owner.__name__))
+        params["log_dir"] = next_version_dir(os.path.join(params["base_log_dir"], owner.__name__))
     return params
 
 

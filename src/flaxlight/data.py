@@ -111,9 +111,10 @@ class ArrayLoader:
     def __iter__(self) -> Iterator[Any]:
         indices = self.order()
         for start in range(0, len(self) * self.batch_size, self.batch_size):
-            yield self._batch(indices[start : start + self.batch_size])
+            yield self.take(indices[start : start + self.batch_size])
 
-    def _batch(self, idx: np.ndarray):
+    def take(self, idx: np.ndarray):
+        """The batch of the examples ``idx`` (this process's part of it when sharded)."""
         if self.num_shards > 1:
             per = len(idx) // self.num_shards
             idx = idx[self.shard_index * per : (self.shard_index + 1) * per]
@@ -133,7 +134,7 @@ class ArrayLoader:
             return []
         last = self.batch_size if self.drop_last else self.num_examples - (len(self) - 1) * self.batch_size
         sizes = {min(self.batch_size, self.num_examples), last}
-        return [self._batch(np.arange(size)) for size in sorted(sizes, reverse=True)]
+        return [self.take(np.arange(size)) for size in sorted(sizes, reverse=True)]
 
 
 @functools.lru_cache(maxsize=8)
@@ -188,7 +189,7 @@ class DeviceEpoch:
     def first_batch(self):
         """The epoch's first batch on the host (the trainer checks it; made only when asked)."""
         loader, first = self._first
-        return loader._batch(first)
+        return loader.take(first)
 
     def serves(self, loader: ArrayLoader, stop: int) -> bool:
         """Whether this is the epoch ``loader`` is set to, cut at ``stop`` batches (an epoch
@@ -272,6 +273,17 @@ def check_input_shapes(batch, exmp_input: Sequence[Any]) -> None:
                 f"Pass an exmp_input taken from your loader, e.g. next(iter(train_loader))[0]. "
                 f"Batch: {_describe(batch)}"
             )
+
+
+def as_input_list(exmp_input: Any) -> list:
+    """The model's example inputs as a list (one input, or a tuple/list of them)."""
+    return list(exmp_input) if isinstance(exmp_input, (list, tuple)) else [exmp_input]
+
+
+def check_first_batch(batch, exmp_input: Any, loader_name: str) -> None:
+    """:func:`check_batch` and :func:`check_input_shapes` for a loader's first batch."""
+    check_batch(batch, where=f"first batch of {loader_name}")
+    check_input_shapes(batch, as_input_list(exmp_input))
 
 
 def same_shapes(a, b) -> bool:

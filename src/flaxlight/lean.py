@@ -8,7 +8,8 @@ step's jaxpr; :class:`LeanLoop` then runs the jitted step on the state without t
 them back whenever the trainer hands the state to anyone else.
 
 Example:
-    >>> lean = LeanLoop.analyse(train_and_accumulate, state, acc, batch)   # doctest: +SKIP
+    >>> fields, single, fused = strip_idle_fields(train, train_block, state, acc, batch)  # doctest: +SKIP
+    >>> lean = LeanLoop(fields, jax.jit(single), jax.jit(fused))            # doctest: +SKIP
     >>> core, kept = lean.split(state)                                       # doctest: +SKIP
     >>> core, acc = lean.single(core, acc, batch)                            # doctest: +SKIP
     >>> state = lean.join(core, kept)                                        # doctest: +SKIP
@@ -22,7 +23,7 @@ import jax
 import jax.numpy as jnp
 from jax.extend.core import Var
 
-__all__ = ["idle_fields", "LeanLoop"]
+__all__ = ["idle_fields", "strip_idle_fields", "LeanLoop"]
 
 CANDIDATES = ("rng", "epoch", "metrics")
 
@@ -69,39 +70,39 @@ def idle_fields(step_fn: Callable, state, acc, batch, candidates: Sequence[str] 
     return tuple(f for f in fields if unchanged.get(f) and not read[f])
 
 
+def strip_idle_fields(single_fn: Callable, fused_fn: Callable, state, acc,
+                      batch) -> tuple[tuple[str, ...], Callable, Callable]:
+    """``(fields, single, fused)``: the idle fields of ``single_fn`` (``fused_fn`` scans it) and
+    both functions taking and returning the state with those fields set to None (un-jitted;
+    the caller jits them). With no idle fields, the functions are returned as given."""
+    fields = idle_fields(single_fn, state, acc, batch)
+    if not fields:
+        return (), single_fn, fused_fn
+    # Dead inputs still need values of the right type to trace: copies of those at hand (never
+    # read; copies, so that a later donation of the full state cannot delete them).
+    filler = {f: jax.tree.map(jnp.copy, getattr(state, f)) for f in fields}
+    emptied = {f: None for f in fields}
+
+    def lean(fn):
+        def run(core, acc, data):
+            new_state, acc = fn(core.replace(**filler), acc, data)
+            return new_state.replace(**emptied), acc
+
+        return run
+
+    return fields, lean(single_fn), lean(fused_fn)
+
+
 class LeanLoop:
     """The hot loop's jitted functions on the state without its idle fields.
 
     ``single(core, acc, batch)`` and ``fused(core, acc, block)`` take and return the state with
-    the idle fields set to None (both donated, as before); :meth:`split` / :meth:`join` go from
-    the full state to ``(core, kept)`` and back. With no idle fields, ``split`` and ``join`` are
-    identities and the functions are the ones given.
+    the idle fields set to None; :meth:`split` / :meth:`join` go from the full state to
+    ``(core, kept)`` and back. With no idle fields, ``split`` and ``join`` are identities.
     """
 
     def __init__(self, fields: tuple[str, ...], single: Callable, fused: Callable):
         self.fields, self.single, self.fused = fields, single, fused
-
-    @classmethod
-    def analyse(cls, single_fn: Callable, fused_fn: Callable, state, acc, batch, *,
-                jitted: tuple[Callable, Callable]) -> "LeanLoop":
-        """Find the idle fields of ``single_fn`` (``fused_fn`` scans it) and jit lean versions;
-        ``jitted`` are the full-state versions used when there is nothing to leave out."""
-        fields = idle_fields(single_fn, state, acc, batch)
-        if not fields:
-            return cls((), *jitted)
-        # Dead inputs still need values of the right type to trace: copies of those at hand (never
-        # read; copies, so that a later donation of the full state cannot delete them).
-        filler = {f: jax.tree.map(jnp.copy, getattr(state, f)) for f in fields}
-        emptied = {f: None for f in fields}
-
-        def lean(fn):
-            def run(core, acc, data):
-                new_state, acc = fn(core.replace(**filler), acc, data)
-                return new_state.replace(**emptied), acc
-
-            return jax.jit(run, donate_argnums=(0, 1))
-
-        return cls(fields, lean(single_fn), lean(fused_fn))
 
     def split(self, state) -> tuple[Any, dict]:
         if not self.fields:

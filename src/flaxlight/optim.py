@@ -630,6 +630,14 @@ class OptimizerPlan:
     weight_decay: float
 
 
+def warn_l2_outside_step(trainer_name: str) -> None:
+    """Tell the user that ``weight_decay_mode='l2'`` needs the penalty in their own step."""
+    logger.warning(
+        "weight_decay_mode='l2' adds its penalty inside the train step, but %s.create_functions() builds its own "
+        "step: pass `regularizer=flaxlight.optim.as_optimizer_config(self.optimizer_hparams).l2_regularizer()` to your "
+        "TrainStep (or add the penalty to your loss), or use weight_decay_mode='decoupled'.", trainer_name)
+
+
 def make_optimizer_plan(optimizer_hparams, total_steps: int) -> OptimizerPlan:
     """Build the optimizer for a run of ``total_steps`` train steps and say what the step must add.
 

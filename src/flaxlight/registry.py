@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import inspect
 import re
 import sys
 from typing import Any, Callable, Iterator
@@ -32,6 +33,7 @@ __all__ = [
     "TRAINERS",
     "Registry",
     "RegistryError",
+    "explicit_parameters",
     "import_object",
     "register_callback",
     "register_dataset",
@@ -57,6 +59,29 @@ def _describe(obj: Any) -> str:
 def is_import_path(name: str) -> bool:
     """``pkg.mod.Obj`` or ``pkg.mod:Obj`` (registered names contain neither ``.`` nor ``:``)."""
     return isinstance(name, str) and ("." in name or ":" in name)
+
+
+def explicit_parameters(fn: Callable) -> dict[str, inspect.Parameter]:
+    """The parameters ``fn`` takes by name (not ``*args``/``**kwargs``, not ``self``); ``{}``
+    when Python cannot read its signature.
+
+    Example:
+        >>> sorted(explicit_parameters(lambda self, a, *args, b=1, **kw: None))
+        ['a', 'b']
+    """
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return {}
+    return {n: p for n, p in params.items() if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL) and n != "self"}
+
+
+def takes_var_keyword(fn: Callable) -> bool:
+    """Whether ``fn`` takes ``**kwargs`` (True when its signature cannot be read)."""
+    try:
+        return any(p.kind == p.VAR_KEYWORD for p in inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return True
 
 
 def import_object(path: str) -> Any:

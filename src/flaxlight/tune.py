@@ -43,6 +43,7 @@ import warnings
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from flaxlight.callbacks.pruning import MetricNotLoggedError, PruningCallback
+from flaxlight.registry import explicit_parameters, takes_var_keyword
 
 try:
     import optuna
@@ -385,22 +386,13 @@ def _with_overrides(base: Mapping[str, Any], overrides: Mapping[str, Any]) -> di
     return result
 
 
-def _explicit_parameters(fn) -> tuple[set[str], bool]:
-    """Names ``fn`` takes by name, and whether it also takes ``**kwargs``."""
-    try:
-        params = inspect.signature(fn).parameters.values()
-    except (TypeError, ValueError):
-        return set(), True
-    names = {p.name for p in params if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)} - {"self"}
-    return names, any(p.kind == p.VAR_KEYWORD for p in params)
-
-
 def _trainer_keywords(trainer_class) -> set[str]:
     """Keyword arguments a trainer class accepts: its own, TrainerModule's and TrainerOptions'."""
-    from flaxlight.trainer import TrainerModule, TrainerOptions
+    from flaxlight.options import TrainerOptions
+    from flaxlight.trainer import TrainerModule
 
-    names, _ = _explicit_parameters(trainer_class.__init__)
-    base, _ = _explicit_parameters(TrainerModule.__init__)
+    names = set(explicit_parameters(trainer_class.__init__))
+    base = set(explicit_parameters(TrainerModule.__init__))
     return names | base | {f.name for f in dataclasses.fields(TrainerOptions)} | {"callbacks", "loggers"}
 
 
@@ -409,8 +401,9 @@ def _model_fields(model_class) -> set[str] | None:
     if isinstance(model_class, type) and dataclasses.is_dataclass(model_class):
         return {f.name for f in dataclasses.fields(model_class) if f.init} - {"parent", "name"}
     if isinstance(model_class, type):
-        names, var_kw = _explicit_parameters(model_class.__init__)
-        return None if var_kw else names - {"rngs"}
+        if takes_var_keyword(model_class.__init__):
+            return None
+        return set(explicit_parameters(model_class.__init__)) - {"rngs"}
     return None
 
 
@@ -694,17 +687,15 @@ class _FailureLimit:
 
 def _best_checkpoint(trainer) -> tuple[str | None, int | None]:
     """The trial's best checkpoint dir and step (the newest when no validation ranked one)."""
-    from flaxlight.callbacks import ModelCheckpoint
+    from flaxlight.resume import pick_checkpoint
 
     checkpointer = getattr(trainer, "checkpointer", None)
     if checkpointer is None or getattr(trainer, "log_dir", None) is None:
         return None, None
     checkpointer.wait()
-    steps = checkpointer.all_steps()
-    if not steps:
+    if not checkpointer.all_steps():
         return None, None
-    best = next((cb.best_step for cb in trainer.callbacks if isinstance(cb, ModelCheckpoint)), None)
-    step = best if best in steps else max(steps)
+    step = pick_checkpoint(checkpointer, which="best")
     return os.path.join(str(checkpointer.directory), str(step)), int(step)
 
 

@@ -1,6 +1,7 @@
 """Callbacks: the :class:`Callback` interface and the built-in callbacks."""
 
-from flaxlight.callbacks.base import Callback
+from flaxlight.callbacks.base import Callback, TrainerView
+from flaxlight.callbacks.defaults import with_default_callbacks
 from flaxlight.callbacks.early_stopping import EarlyStopping
 from flaxlight.callbacks.lr_monitor import LearningRateMonitor
 from flaxlight.callbacks.model_checkpoint import ModelCheckpoint
@@ -20,4 +21,6 @@ __all__ = [
     "PruningCallback",
     "ThroughputMonitor",
     "Timer",
+    "TrainerView",
+    "with_default_callbacks",
 ]

@@ -2,12 +2,73 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import Any, Mapping, Protocol
 
-if TYPE_CHECKING:  # pragma: no cover
-    from flaxlight.trainer import TrainerModule
+__all__ = ["Callback", "TrainerView"]
 
-__all__ = ["Callback"]
+
+class TrainerView(Protocol):
+    """What a callback may use of the trainer (``flaxlight.TrainerModule`` provides all of it).
+
+    Read:
+        global_step: optimizer updates completed. current_epoch: the epoch being trained
+        (1-based). batch_in_epoch: batches of it trained on. num_epochs, steps_per_epoch: the
+        run's length. batch_size: examples in the first batch of the epoch. compile_time: the
+        first step's seconds, compilation included (None before it). state: the
+        :class:`~flaxlight.TrainState`. log_dir: the run's folder (None in ``fast_dev_run``).
+        options: the :class:`~flaxlight.TrainerOptions`. callback_metrics: the latest value of
+        every logged metric. nonfinite_steps / nonfinite_checked_step: steps whose loss was
+        NaN/Inf, as of that step. is_best_validation: whether the latest validation is the best
+        so far (the trainer's ``is_new_model_better``, asked once per validation).
+        should_stop / stop_reason: whether (and why) the loop was asked to stop.
+        checkpointer: the run's :class:`~flaxlight.Checkpointer` (where ``save_model`` writes).
+
+    Act:
+        stop(reason): end the loop after the current step's work. log_metrics(metrics, step):
+        log values the way the trainer logs its own (loggers, ``callback_metrics``, ``on_log``).
+        save_model(step): checkpoint now. learning_rate(step): the scheduled rate.
+        monitored_value(name, owner): a logged metric, or an error naming the logged ones.
+    """
+
+    global_step: int
+    num_epochs: int | None
+    steps_per_epoch: int | None
+    batch_size: int | None
+    state: Any
+    log_dir: str | None
+    options: Any
+    callback_metrics: dict[str, float]
+    should_stop: bool
+    stop_reason: str | None
+    checkpointer: Any
+
+    @property
+    def current_epoch(self) -> int: ...
+
+    @property
+    def batch_in_epoch(self) -> int: ...
+
+    @property
+    def compile_time(self) -> float | None: ...
+
+    @property
+    def nonfinite_steps(self) -> int: ...
+
+    @property
+    def nonfinite_checked_step(self) -> int: ...
+
+    @property
+    def is_best_validation(self) -> bool: ...
+
+    def stop(self, reason: str) -> None: ...
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None: ...
+
+    def save_model(self, step: int | None = None) -> None: ...
+
+    def learning_rate(self, step: int | None = None) -> float | None: ...
+
+    def monitored_value(self, name: str, owner: str = "monitor") -> float: ...
 
 
 class Callback:
@@ -39,34 +100,34 @@ class Callback:
 
     every_n_steps: int | None = None
 
-    def on_fit_start(self, trainer: "TrainerModule") -> None:
+    def on_fit_start(self, trainer: TrainerView) -> None:
         """Before the first epoch (the state is built; after a resume, restored)."""
 
-    def on_train_epoch_start(self, trainer: "TrainerModule", epoch: int) -> None:
+    def on_train_epoch_start(self, trainer: TrainerView, epoch: int) -> None:
         """Before the training part of ``epoch`` (also when it resumes mid-way)."""
 
-    def on_step(self, trainer: "TrainerModule", step: int) -> None:
+    def on_step(self, trainer: TrainerView, step: int) -> None:
         """After optimizer update ``step`` when ``step % every_n_steps == 0``."""
 
-    def on_log(self, trainer: "TrainerModule", step: int, metrics: Mapping[str, float]) -> None:
+    def on_log(self, trainer: TrainerView, step: int, metrics: Mapping[str, float]) -> None:
         """After ``metrics`` (host floats) were sent to the loggers."""
 
-    def on_train_epoch_end(self, trainer: "TrainerModule", epoch: int, metrics: Mapping[str, float]) -> None:
+    def on_train_epoch_end(self, trainer: TrainerView, epoch: int, metrics: Mapping[str, float]) -> None:
         """After the training part of ``epoch`` with its ``train/...`` metrics."""
 
-    def on_validation_end(self, trainer: "TrainerModule", epoch: int, metrics: Mapping[str, float]) -> None:
+    def on_validation_end(self, trainer: TrainerView, epoch: int, metrics: Mapping[str, float]) -> None:
         """After validating at the end of ``epoch`` with its ``val/...`` metrics."""
 
-    def on_epoch_end(self, trainer: "TrainerModule", epoch: int) -> None:
+    def on_epoch_end(self, trainer: TrainerView, epoch: int) -> None:
         """After the whole epoch (training and, when due, validation)."""
 
-    def on_test_end(self, trainer: "TrainerModule", metrics: Mapping[str, float]) -> None:
+    def on_test_end(self, trainer: TrainerView, metrics: Mapping[str, float]) -> None:
         """After the test run with its ``test/...`` metrics."""
 
-    def on_fit_end(self, trainer: "TrainerModule") -> None:
+    def on_fit_end(self, trainer: TrainerView) -> None:
         """After training and testing finished."""
 
-    def on_exception(self, trainer: "TrainerModule", exc: BaseException) -> None:
+    def on_exception(self, trainer: TrainerView, exc: BaseException) -> None:
         """When the loop is left by an exception (including a preemption signal)."""
 
     def state_dict(self) -> dict[str, Any]:

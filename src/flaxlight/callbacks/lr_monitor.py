@@ -25,4 +25,4 @@ class LearningRateMonitor(Callback):
             return
         lr = trainer.learning_rate(step)
         if lr is not None:
-            trainer.logger.log_metrics({"train/lr": lr}, step=step)
+            trainer.log_metrics({"train/lr": lr}, step=step)

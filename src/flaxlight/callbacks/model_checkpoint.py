@@ -14,15 +14,18 @@ class ModelCheckpoint(Callback):
     """Save the full train state at validations, epochs or steps; keep the best k and the last.
 
     Args:
-        monitor: metric that ranks checkpoints (e.g. ``"val/acc"``); None asks the trainer's
-            ``is_new_model_better`` (the seed's rule) and keeps only the single best.
+        monitor: metric that ranks checkpoints (e.g. ``"val/acc"``); None follows the trainer's
+            ``is_new_model_better`` (the seed's rule, asked once per validation by the trainer)
+            and keeps only the single best.
         mode: ``"min"`` or ``"max"`` for ``monitor``.
         save_top_k: how many best checkpoints to keep (0: none kept for being best).
         save_last: always keep the most recent checkpoint, so a run can resume from it.
         every_n_epochs: write a checkpoint every N epochs (after validation when it runs).
         every_n_steps: also write one every N optimizer steps, mid-epoch included.
 
-    Checkpoints land in ``<log_dir>/checkpoints/<step>/`` (asynchronously; atomically).
+    This callback decides *when* to save and what to keep; the trainer's ``save_model(step)``
+    decides *how* (override it to save differently). Checkpoints land in
+    ``<log_dir>/checkpoints/<step>/`` (asynchronously; atomically).
 
     Example:
         >>> trainer = MyTrainer(..., callbacks=[ModelCheckpoint(monitor="val/acc", mode="max", save_top_k=3)])  # doctest: +SKIP
@@ -66,7 +69,7 @@ class ModelCheckpoint(Callback):
         if self.save_top_k == 0:
             return False
         if self.monitor is None:
-            return trainer.is_new_model_better(metrics, self.best_metrics)
+            return trainer.is_best_validation
         score = self._score(metrics)
         if math.isnan(score):
             return False
@@ -104,7 +107,7 @@ class ModelCheckpoint(Callback):
                 entry = (self._score(best_metrics), step)
                 self.best = sorted([b for b in self.best if b[1] != step] + [entry])[: self.save_top_k]
         self.last_step = step
-        trainer.save_checkpoint(step, metrics=best_metrics)
+        trainer.save_model(step)
 
     def _keep(self) -> set[int]:
         keep = {step for _, step in self.best}

@@ -56,8 +56,7 @@ class PruningCallback(Callback):
         self.last_value: float | None = None
 
     def _step(self, trainer, epoch: int) -> int:
-        options = getattr(trainer, "options", None)
-        return int(trainer.global_step) if getattr(options, "val_check_interval", None) else int(epoch)
+        return int(trainer.global_step) if trainer.options.val_check_interval else int(epoch)
 
     def on_validation_end(self, trainer, epoch: int, metrics: Mapping[str, float]) -> None:
         try:

@@ -45,4 +45,4 @@ class ThroughputMonitor(Callback):
         self._mark = (step, now)
         if out:
             self.last = out
-            trainer.logger.log_metrics(out, step=step)
+            trainer.log_metrics(out, step=step)

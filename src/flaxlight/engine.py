@@ -1,0 +1,461 @@
+"""All the performance machinery of the loop behind a small interface; the one place that jits.
+
+The :class:`Engine` takes the user's pure ``train_step(state, batch) -> (state, metrics)`` and
+``eval_step(state, batch) -> metrics`` and builds, jits and caches what the loop runs:
+
+* single steps, fused blocks (``lax.scan`` over ``steps_per_execution`` stacked batches) and
+  indexed steps (a batch picked on the device from a :class:`~flaxlight.data.DeviceEpoch`),
+  each summing its metrics on the device, with the train state and the sums donated;
+  the same functions with explicit shardings on a mesh;
+* the feed: a loader turned into ``(steps, payload)`` items (a device epoch, stacked blocks,
+  a background prefetcher);
+* :meth:`Engine.run`: a span of steps up to the next event, one comparison per step;
+* evaluation, and the eval step compiled ahead in a background thread;
+* the learning-rate table that log points read without waiting for the device.
+
+It knows nothing of callbacks, loggers or the trainer: the trainer hands it an
+:class:`~flaxlight.loop.EventSchedule`-like object (``next_step``) and an ``on_event`` function.
+
+Example:
+    >>> engine = Engine(train_step, eval_step, steps_per_execution=4)        # doctest: +SKIP
+    >>> feed = engine.feed(loader, start=0, stop=len(loader), step=0)       # doctest: +SKIP
+    >>> span = Span(state, engine.zero_sums("train", state, feed.first_batch), step=0)  # doctest: +SKIP
+    >>> engine.run(feed, span, schedule, on_event)                          # doctest: +SKIP
+    >>> state, sums = span.state, span.acc                                  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import itertools
+import threading
+import time
+from typing import Any, Callable, Iterable, Mapping
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
+
+from flaxlight import distributed as dist
+from flaxlight.data import (ArrayLoader, DeviceEpoch, Prefetcher, check_batch, group_batches, same_shapes,
+                            take_batches)
+from flaxlight.lean import LeanLoop, strip_idle_fields
+from flaxlight.metrics import accumulate, all_finite, batch_size, fresh_zeros, init_accumulator
+
+__all__ = ["Engine", "Feed", "Span", "LearningRateTable", "check_step_pair"]
+
+
+@dataclasses.dataclass
+class Span:
+    """The moving parts of a run of steps: kept current by :meth:`Engine.run` at every event and
+    when it returns or raises. ``batches``: batches of the epoch trained on so far."""
+
+    state: Any
+    acc: Any
+    step: int
+    batches: int = 0
+
+
+class Feed:
+    """A loader's batches as the engine consumes them: ``(steps, payload)`` items and the data
+    path (``"batches"``, or ``"indexed"`` for a device epoch). ``first_batch`` (host arrays, or
+    None when there are no batches) is made only when asked."""
+
+    def __init__(self, items: Iterable[tuple[int, Any]], path: str, first_batch: Callable[[Any], Any],
+                 prefetcher: Prefetcher | None = None):
+        items = iter(items)
+        self._head = next(items, None)
+        self.items = items if self._head is None else itertools.chain([self._head], items)
+        self.path, self.prefetcher, self._first_batch = path, prefetcher, first_batch
+
+    @property
+    def empty(self) -> bool:
+        return self._head is None
+
+    @property
+    def first_batch(self):
+        return None if self._head is None else self._first_batch(self._head)
+
+    def close(self) -> None:
+        if self.prefetcher is not None:
+            self.prefetcher.close()
+
+
+@dataclasses.dataclass(frozen=True)
+class _LoopFunctions:
+    """The pure functions the loop runs, before jitting (sums of metrics threaded through)."""
+
+    train: Callable  # (state, acc, batch) -> (state, acc)
+    block: Callable  # (state, acc, stacked batches) -> (state, acc)
+    train_at: Callable  # (state, acc, (device epoch arrays, index)) -> (state, acc)
+    block_at: Callable
+    evaluate: Callable  # (state, acc, batch) -> acc
+
+
+def _loop_functions(train_step: Callable, eval_step: Callable, *, block_length: int,
+                    skip_nonfinite: bool) -> _LoopFunctions:
+    """Wrap the user's steps: sum metrics per example, skip non-finite updates when asked."""
+
+    def train(state, acc, batch):
+        new_state, metrics = train_step(state, batch)
+        if skip_nonfinite:  # NaNGuard(action="skip"): keep params and optimizer state of bad steps
+            ok = all_finite(metrics)
+            kept = state.replace(step=new_state.step)
+            new_state = jax.tree.map(lambda new, old: jnp.where(ok, new, old), new_state, kept)
+        return new_state, accumulate(acc, metrics, batch_size(batch))
+
+    def block(state, acc, batches):
+        return jax.lax.scan(lambda carry, batch: (train(*carry, batch), None), (state, acc), batches)[0]
+
+    def evaluate(state, acc, batch):
+        return accumulate(acc, eval_step(state, batch), batch_size(batch))
+
+    return _LoopFunctions(
+        train=train, block=block, evaluate=evaluate,
+        train_at=lambda state, acc, item: train(state, acc, take_batches(*item)),
+        block_at=lambda state, acc, item: block(state, acc, take_batches(*item, count=block_length)))
+
+
+def check_step_pair(functions: Any, owner: str) -> tuple[Callable, Callable]:
+    """``(train_step, eval_step)``, or a clear error about what ``create_functions`` returned."""
+    if isinstance(functions, (tuple, list)) and len(functions) == 2 and all(map(callable, functions)):
+        return functions[0], functions[1]
+    got = f"{type(functions).__name__} of length {len(functions)}" if isinstance(functions, (tuple, list)) \
+        else type(functions).__name__
+    raise TypeError(f"{owner}.create_functions() must return a pair (train_step, eval_step) of functions; got {got}.")
+
+
+class Engine:
+    """Builds and runs the jitted loop for one pair of steps (see the module docstring).
+
+    ``debug=True`` runs everything un-jitted (prints and breakpoints work).
+    """
+
+    def __init__(self, train_step: Callable, eval_step: Callable, *, steps_per_execution: int = 1,
+                 skip_nonfinite: bool = False, prefetch: int = 0, debug: bool = False):
+        self.step_functions = {"train": train_step, "eval": eval_step}
+        self.block_length, self.prefetch, self.debug = steps_per_execution, prefetch, debug
+        self.mesh = None
+        self.compile_time: float | None = None  # the first step's wall time, compilation included
+        self.learning_rates = LearningRateTable(self._jit)
+        self._functions = _loop_functions(train_step, eval_step, block_length=steps_per_execution,
+                                          skip_nonfinite=skip_nonfinite)
+        self._templates: dict = {}
+        self._eval_compiler: threading.Thread | None = None
+        self._epoch_ahead: DeviceEpoch | None = None
+        self.train_step = self._jit(train_step, donate_argnums=0)
+        self.eval_step = self._jit(eval_step)
+        self._jit_loop()
+
+    def _jit(self, fn: Callable, **kwargs) -> Callable:
+        return fn if self.debug else jax.jit(fn, **kwargs)
+
+    def _jit_loop(self, state_shardings=None) -> None:
+        """Jit the loop's functions; on a mesh with explicit in/out shardings."""
+        fns = self._functions
+        self._lean: dict[str, LeanLoop] = {}  # per data path, found at its first step
+        if state_shardings is None:
+            self._train, self._block, self._train_at, self._block_at = (
+                self._jit(fn, donate_argnums=(0, 1)) for fn in (fns.train, fns.block, fns.train_at, fns.block_at))
+            self._evaluate = self._jit(fns.evaluate, donate_argnums=1)
+            return
+        rep, batch = dist.replicated(self.mesh), dist.batch_sharding(self.mesh)
+        block = NamedSharding(self.mesh, PartitionSpec(None, dist.DATA_AXIS))
+        bounded = _in_flight_bound(self.mesh)
+
+        def jit_train(fn, data_sharding):
+            def with_token(state, acc, data):  # the token (a copy of the step) is never donated
+                state, acc = fn(state, acc, data)
+                return state, acc, state.step + 0
+
+            return bounded(jax.jit(with_token, in_shardings=(state_shardings, rep, data_sharding),
+                                   out_shardings=(state_shardings, rep, rep), donate_argnums=(0, 1)))
+
+        self._train, self._block = jit_train(fns.train, batch), jit_train(fns.block, block)
+        self._evaluate = jax.jit(fns.evaluate, in_shardings=(state_shardings, rep, batch), out_shardings=rep,
+                                 donate_argnums=1)
+
+    # ------------------------------------------------------------------ placement and sums
+    def distribute(self, state, mesh, mode: str | None):
+        """Shard (or replicate) ``state`` over ``mesh`` and re-jit the loop to match; returns
+        ``(state, mode)`` with the mode resolved (``"auto"`` -> what the params allow)."""
+        self.mesh = mesh
+        mode = dist.resolve_mode(mode or "data_parallel", state.params)
+        shardings = dist.state_shardings(state, mesh, mode)
+        state = dist.place(state, shardings)
+        if not self.debug:
+            self._jit_loop(shardings)
+        return state, mode
+
+    def device_scalar(self, value: int):
+        """An int32 scalar on the device (replicated over the mesh, if any), e.g. the state's epoch."""
+        value = np.asarray(value, np.int32)
+        return jax.device_put(value, dist.replicated(self.mesh)) if self.mesh is not None else jnp.asarray(value)
+
+    def zero_sums(self, kind: str, state, batch) -> dict:
+        """Zeroed metric sums for a ``"train"``/``"eval"`` step on ``batch`` (shapes traced once)."""
+        key = (kind, jax.tree.structure(batch),
+               tuple((np.shape(x), np.result_type(x.dtype)) for x in jax.tree.leaves(batch)))
+        if key not in self._templates:
+            if kind == "train":
+                _, metrics = jax.eval_shape(self.step_functions["train"], state, batch)
+            else:
+                metrics = jax.eval_shape(self.step_functions["eval"], state, batch)
+            if not isinstance(metrics, Mapping):
+                raise TypeError(f"The {kind} step must return metrics as a dict; got {type(metrics).__name__}.")
+            self._templates[key] = init_accumulator(metrics)
+        return fresh_zeros(self._templates[key])  # fresh buffers: the sums are donated
+
+    # ------------------------------------------------------------------ feeding
+    def serves_device_epochs(self, loader) -> bool:
+        """Whether ``loader``'s epochs move to the device in one go: an :class:`ArrayLoader`
+        that allows it, one device, no ``debug``."""
+        return isinstance(loader, ArrayLoader) and loader.serves_device_epochs() and self.mesh is None \
+            and not self.debug
+
+    def feed(self, loader: Iterable, start: int, stop: int | None, step: int) -> Feed:
+        """Batches ``start`` to ``stop`` of ``loader``'s current epoch as the loop consumes them
+        (``step``: the global step before the first, so fused blocks end at its multiples)."""
+        if self.serves_device_epochs(loader):
+            epoch, self._epoch_ahead = self._epoch_ahead, None
+            if epoch is None or not epoch.serves(loader, stop):
+                epoch = DeviceEpoch(loader, stop=stop)
+            return Feed(epoch.items(start, self.block_length, step), "indexed", lambda head: epoch.first_batch)
+        batches = itertools.islice(iter(loader), start, stop)
+        items = group_batches(batches, self.block_length, start=step)
+        prefetcher = None
+        if self.prefetch:
+            items = prefetcher = Prefetcher(items, size=self.prefetch, transform=self._to_device)
+        elif self.mesh is not None:
+            items = map(self._to_device, items)
+        return Feed(items, "batches", _first_of, prefetcher)
+
+    def train(self, loader: Iterable, span: Span, *, stop: int | None, schedule, on_event: Callable[[Span, int], bool],
+              start_sums: Callable[[Any], dict], more_epochs: Callable[[], bool]) -> None:
+        """Train on ``loader``'s batches ``span.batches`` to ``stop`` (see :meth:`run`).
+
+        ``start_sums(first batch)`` gives the epoch's zeroed sums when ``span.acc`` is None (a
+        fresh epoch); when ``more_epochs()`` after the span, the next epoch's device data are
+        gathered before this epoch's end waits for its last steps.
+        """
+        feed = self.feed(loader, span.batches, stop, span.step)
+        try:
+            if feed.empty:
+                return
+            if span.acc is None:
+                span.acc = start_sums(feed.first_batch)
+            self.run(feed, span, schedule, on_event)
+            if feed.path == "indexed" and more_epochs():
+                self._epoch_ahead = DeviceEpoch(loader, stop=stop, epoch=loader.epoch + 1)
+        finally:
+            feed.close()
+
+    def _to_device(self, item: tuple[int, Any]) -> tuple[int, Any]:
+        """``(steps, batch or block)`` on the device(s), split over the mesh if any. A batch
+        JAX cannot take is passed on as it is, for the training thread to report readably."""
+        steps, payload = item
+        try:
+            if self.mesh is None:
+                return steps, jax.device_put(payload)
+            return steps, dist.to_global_batch(payload, self.mesh, block=steps > 1)
+        except (TypeError, ValueError):
+            return steps, payload
+
+    # ------------------------------------------------------------------ running
+    def run(self, feed: Feed, span: Span, schedule, on_event: Callable[[Span, int], bool]) -> None:
+        """The hot loop: run ``feed``'s items on ``span``, locals only, one comparison per step.
+
+        When ``span.step`` reaches ``schedule.next_step``, ``span`` is brought up to date and
+        ``on_event(span, steps)`` runs (``steps``: updates since the previous item); it may
+        replace ``span.state`` and returns True to end the span. ``span`` is current when this
+        returns, also by an exception.
+        """
+        lean = self._lean_loop(feed, span)
+        single, fused = lean.single, lean.fused
+        state, kept = lean.split(span.state)
+        acc, step, batches = span.acc, span.step, span.batches
+        try:
+            for steps, item in feed.items:  # `steps` batches: 1, or a stacked block
+                if self.compile_time is None:  # the very first step, timed to completion
+                    first = time.perf_counter()
+                    state, acc = jax.block_until_ready((single if steps == 1 else fused)(state, acc, item))
+                    self.compile_time = time.perf_counter() - first
+                elif steps == 1:
+                    state, acc = single(state, acc, item)
+                else:
+                    state, acc = fused(state, acc, item)
+                step += steps
+                batches += steps
+                if step >= schedule.next_step:
+                    span.state, span.acc, span.step, span.batches = lean.join(state, kept), acc, step, batches
+                    end = on_event(span, steps)
+                    state, kept = lean.split(span.state)
+                    if end:
+                        break
+        finally:
+            span.state, span.acc, span.step, span.batches = lean.join(state, kept), acc, step, batches
+
+    def _lean_loop(self, feed: Feed, span: Span) -> LeanLoop:
+        """The loop's functions for a data path without the state fields the step never uses
+        (found once per path from its first item; see :mod:`flaxlight.lean`). On a mesh or
+        with ``debug=True`` the full state goes through."""
+        path = feed.path
+        if path not in self._lean:
+            fns = self._functions
+            functions, jitted = ((fns.train_at, fns.block_at), (self._train_at, self._block_at)) \
+                if path == "indexed" else ((fns.train, fns.block), (self._train, self._block))
+            head = feed._head
+            if head is None or self.debug or self.mesh is not None:
+                self._lean[path] = LeanLoop((), *jitted)
+            else:
+                fields, lean_single, lean_fused = strip_idle_fields(*functions, span.state, span.acc,
+                                                                     _first_step_input(head, path))
+                lean_jitted = [self._jit(fn, donate_argnums=(0, 1)) for fn in (lean_single, lean_fused)]
+                self._lean[path] = LeanLoop(fields, *lean_jitted) if fields else LeanLoop((), *jitted)
+        return self._lean[path]
+
+    # ------------------------------------------------------------------ evaluation
+    def evaluate(self, state, batches: Iterable, *, on_first_batch: Callable[[Any], None],
+                 after_batch: Callable[[], None]) -> dict | None:
+        """Sum the eval metrics over ``batches`` on the device; None when there were none.
+        ``on_first_batch`` checks the first batch; ``after_batch`` may raise to stop."""
+        if self._eval_compiler is not None:  # compiling ahead: wait for it rather than compile twice
+            self._eval_compiler.join()
+            self._eval_compiler = None
+        acc = None
+        for batch in batches:
+            if acc is None:
+                on_first_batch(batch)
+                acc = self.zero_sums("eval", state, batch)
+            if self.mesh is not None:
+                batch = dist.to_global_batch(batch, self.mesh)
+                dist.check_batch_divisible(batch_size(batch), self.mesh)
+            acc = self._evaluate(state, acc, batch)
+            after_batch()
+        return acc
+
+    def compile_eval_ahead(self, state, loader) -> None:
+        """Compile the eval step for ``loader``'s batch shapes in a background thread, while the
+        first epoch trains, so the first validation does not stall.
+
+        The shapes come from ``loader.example_batches()`` (:class:`ArrayLoader`: the first and
+        the smaller last batch) or the first and last batch of a list; other loaders are not
+        touched (iterating them may draw random numbers) and compile at first use. A batch that
+        fails here fails again, with the readable message, when it is evaluated.
+        """
+        if loader is None or self.debug or self._eval_compiler is not None:
+            return
+        try:
+            examples = _example_batches(loader)
+            for batch in examples:
+                check_batch(batch, where="validation batch")
+            specs = [self._eval_specs(state, batch) for batch in examples]
+        except Exception:  # noqa: BLE001 - reported by evaluate, where the batch is really used
+            return
+        if not specs:
+            return
+
+        def compile_all():
+            for args in specs:
+                try:
+                    self._evaluate.lower(*args).compile()
+                except Exception:  # noqa: BLE001 - as above
+                    return
+
+        self._eval_compiler = threading.Thread(target=compile_all, daemon=True, name="flaxlight-eval-compile")
+        self._eval_compiler.start()
+
+    def _eval_specs(self, state, batch) -> tuple:
+        """Shapes and dtypes of ``(state, sums, batch)`` as the eval step gets them."""
+        if self.mesh is not None:
+            batch = dist.to_global_batch(batch, self.mesh)
+        acc = self.zero_sums("eval", state, batch)
+        return jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype), (state, acc, batch))
+
+
+class LearningRateTable:
+    """Learning rates of a span of steps, computed in one dispatch and copied to the host in
+    the background, so a log point reads its rate without waiting for the steps in flight.
+
+    Example:
+        >>> table = LearningRateTable(jax.jit)
+        >>> table.prepare(optax.linear_schedule(1.0, 0.0, 10), start=0, count=10)   # doctest: +SKIP
+        >>> table.rate(optax.linear_schedule(1.0, 0.0, 10), 5)                       # doctest: +SKIP
+    """
+
+    def __init__(self, jit: Callable = jax.jit):
+        self._jit = jit
+        self._compiled: tuple | None = None  # (schedule, jitted vectorised schedule)
+        self._table: tuple | None = None  # (schedule, first step, rates from there)
+
+    def prepare(self, plan: Any, start: int, count: int) -> None:
+        """Start computing the rates of steps ``start .. start + count`` of ``plan``'s schedule
+        (an :class:`~flaxlight.optim.OptimizerPlan`, or a schedule; nothing without one)."""
+        schedule = getattr(plan, "schedule", plan)
+        if schedule is None:
+            return
+        count = max(count, 0)
+        if self._compiled is None or self._compiled[0] is not schedule:
+            self._compiled = (schedule, self._jit(jax.vmap(schedule)))
+        values = self._compiled[1](jax.device_put(np.arange(start, start + count + 1, dtype=np.int32)))
+        if hasattr(values, "copy_to_host_async"):
+            values.copy_to_host_async()
+        self._table = (schedule, start, values)
+
+    def rate(self, plan: Any, step: int) -> float | None:
+        """The rate at ``step`` (from the table when it covers ``step``, else computed now);
+        None when ``plan`` has no schedule."""
+        schedule = getattr(plan, "schedule", plan)
+        if schedule is None:
+            return None
+        table = self._table
+        if table is None or table[0] is not schedule or not 0 <= step - table[1] < len(table[2]):
+            self.prepare(schedule, step, 1)
+            table = self._table
+        if not isinstance(table[2], np.ndarray):  # first use: the copy started in prepare
+            table = self._table = (table[0], table[1], np.asarray(table[2]))
+        return float(table[2][step - table[1]])
+
+
+def _in_flight_bound(mesh) -> Callable:
+    """On several CPU devices, wait for the step from 8 steps back before dispatching more:
+    XLA's CPU collectives deadlock with too many steps in flight. Elsewhere: no waiting."""
+    in_flight: collections.deque = collections.deque()
+    bound = 8 if mesh.devices.size > 1 and jax.devices()[0].platform == "cpu" else None
+
+    def wrap(fn):
+        def bounded(state, acc, batch):
+            state, acc, token = fn(state, acc, batch)
+            if bound is not None:
+                in_flight.append(token)
+                if len(in_flight) > bound:
+                    in_flight.popleft().block_until_ready()
+            return state, acc
+
+        return bounded
+
+    return wrap
+
+
+def _first_of(head: tuple[int, Any]):
+    """The first batch of a ``(steps, batch or block)`` item."""
+    steps, payload = head
+    return payload if steps == 1 else jax.tree.map(lambda x: x[0], payload)
+
+
+def _first_step_input(head: tuple[int, Any], path: str):
+    """What a single step gets for the first item: a batch, or a device epoch and an index."""
+    return _first_of(head) if path == "batches" else head[1]
+
+
+def _example_batches(loader) -> list:
+    """A batch of each shape ``loader`` yields, when that is cheap to know (see
+    :meth:`Engine.compile_eval_ahead`)."""
+    if hasattr(loader, "example_batches"):
+        return list(loader.example_batches())
+    if isinstance(loader, (list, tuple)) and loader:  # other loaders may draw random numbers when iterated
+        first, last = loader[0], loader[-1]
+        return [first] if same_shapes(first, last) else [first, last]
+    return []

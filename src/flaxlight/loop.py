@@ -1,0 +1,276 @@
+"""Where the loop is and when it must look up: loop state, running log, events, signals, limits.
+
+Small objects that answer questions and return values; the trainer acts on the answers.
+
+Example:
+    >>> schedule = EventSchedule()
+    >>> schedule.plan(step=0, intervals=[50, 200], max_steps=None)
+    50
+    >>> schedule.due(50, step=50, steps=1), schedule.due(200, step=50, steps=1)
+    (True, False)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import signal
+import threading
+import warnings
+from typing import Any, Iterable, Mapping
+
+from flaxlight.metrics import HostSnapshot, to_host
+
+__all__ = ["LoopState", "RunningLog", "EventSchedule", "SignalGuard", "Interrupted", "BatchLimits", "RunPlan",
+           "NonfiniteTally", "limit_batches", "loader_length", "warn_if_loader_ran_short"]
+
+
+class RunningLog:
+    """Interval means of the train metrics at log points, read one log point late (no waiting).
+
+    :meth:`mark` starts copying the sums at a log point and returns the previous point's
+    ``(step, means, nonfinite)``; the trainer logs them.
+    """
+
+    def __init__(self, prefix: str = "train/", suffix: str = "_step"):
+        self.prefix, self.suffix = prefix, suffix
+        self.reset()
+
+    def reset(self) -> None:
+        """A new epoch: the sums start from zero again."""
+        self.pending: tuple[int, HostSnapshot] | None = None
+        self.last_sums: dict[str, float] = {}
+        self.last_count = 0.0
+
+    def mark(self, step: int, acc: dict) -> tuple[int, dict[str, float], int] | None:
+        """Start copying ``acc``; return the previous log point's values (None if there is none)."""
+        previous, self.pending = self.pending, (step, HostSnapshot(acc))
+        return self._read(previous) if previous else None
+
+    def flush(self) -> tuple[int, dict[str, float], int] | None:
+        """The pending log point's values, now (waits for its copy)."""
+        pending, self.pending = self.pending, None
+        return self._read(pending) if pending else None
+
+    def state_dict(self) -> dict:
+        return {"last_sums": self.last_sums, "last_count": self.last_count}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.pending = None
+        self.last_sums = dict(state.get("last_sums", {}))
+        self.last_count = float(state.get("last_count", 0.0))
+
+    def _read(self, pending: tuple[int, HostSnapshot]) -> tuple[int, dict[str, float], int]:
+        step, snapshot = pending
+        sums, count, nonfinite = snapshot.sums_and_count()
+        examples = count - self.last_count
+        means = {}
+        if examples > 0:
+            means = {f"{self.prefix}{name}{self.suffix}": (total - self.last_sums.get(name, 0.0)) / examples
+                     for name, total in sums.items()}
+            self.last_sums, self.last_count = sums, count
+        return step, means, nonfinite
+
+
+@dataclasses.dataclass
+class LoopState:
+    """Where the loop is: what a checkpoint must hold to continue exactly from here."""
+
+    running_log: RunningLog = dataclasses.field(default_factory=RunningLog)
+    epoch: int = 1
+    phase: str = "epoch_end"  # "train" (mid-epoch), "val" (training done), "epoch_end"
+    batch_index: int = 0
+    acc: Any = None
+    train_metrics: dict = dataclasses.field(default_factory=dict)
+
+    def start_epoch(self) -> None:
+        """A fresh epoch (not the rest of one interrupted mid-way)."""
+        self.phase, self.batch_index, self.acc = "train", 0, None
+        self.running_log.reset()
+
+
+class NonfiniteTally:
+    """Host copy of how many steps had a non-finite loss, as of ``checked_step``."""
+
+    def __init__(self):
+        self.steps, self.checked_step, self.before_epoch = 0, 0, 0
+
+    def start_epoch(self) -> None:
+        self.before_epoch = self.steps
+
+    def note(self, step: int, count_in_epoch: int) -> None:
+        self.checked_step = step
+        self.steps = max(self.steps, self.before_epoch + count_in_epoch)
+
+    def now(self, loop: "LoopState") -> int:
+        """Non-finite steps so far, reading the epoch's device count now (only when saving)."""
+        current = int(to_host(loop.acc["nonfinite"])) if loop.acc is not None and loop.phase == "train" else 0
+        return max(self.steps, self.before_epoch + current)
+
+
+class Interrupted(Exception):
+    """Raised inside the loop after a SIGTERM/SIGINT, once the current step has finished."""
+
+    def __init__(self, signum: int):
+        super().__init__(f"interrupted by signal {signum}")
+        self.signum = signum
+
+    def explain(self, step: int, epoch: int, checkpoints: str, log_dir: str | None) -> str:
+        """What happened and how to resume, for the user."""
+        return (f"\n{signal.Signals(self.signum).name} received: stopped after step {step} (epoch {epoch}) and saved a "
+                f"checkpoint in {checkpoints}.\nTo resume, build the same trainer with logger_params={{'log_dir': "
+                f"{log_dir!r}}} and call train_model(..., resume=True).")
+
+
+class EventSchedule:
+    """The next step at which the hot loop must look up (one comparison per step), decided here.
+
+    An interrupt sets ``next_step`` to 0, so the loop looks up after the step in flight.
+    """
+
+    def __init__(self):
+        self.next_step = 0
+        self.interrupt_signal: int | None = None
+
+    def plan(self, step: int, intervals: Iterable[int | None], max_steps: int | None) -> int:
+        """Set and return the first multiple of any interval after ``step`` (or ``max_steps``)."""
+        next_step = min((step // n + 1) * n for n in intervals if n)
+        if max_steps is not None:
+            next_step = min(next_step, max(max_steps, step + 1))
+        self.next_step = 0 if self.interrupt_signal is not None else next_step
+        return self.next_step
+
+    @staticmethod
+    def due(every: int | None, step: int, steps: int = 1) -> bool:
+        """Whether a multiple of ``every`` was reached by the last ``steps`` steps up to ``step``."""
+        return bool(every) and step // every > (step - steps) // every
+
+    def interrupt(self, signum: int) -> None:
+        self.interrupt_signal, self.next_step = signum, 0
+
+    def raise_if_interrupted(self) -> None:
+        if self.interrupt_signal is not None:
+            raise Interrupted(self.interrupt_signal)
+
+
+class SignalGuard:
+    """While training: SIGTERM/SIGINT tell the :class:`EventSchedule`, which the loop checks.
+
+    A second SIGINT falls through to Python's default (KeyboardInterrupt) for an impatient user.
+    Only the main thread can install handlers; elsewhere the guard does nothing.
+    """
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+    def __init__(self, schedule: EventSchedule):
+        self.schedule = schedule
+        self.previous: dict = {}
+
+    def _handle(self, signum, frame) -> None:
+        self.schedule.interrupt(signum)
+        signal.signal(signum, self.previous.get(signum, signal.SIG_DFL))
+
+    def __enter__(self) -> "SignalGuard":
+        self.schedule.interrupt_signal = None
+        if threading.current_thread() is threading.main_thread():
+            for signum in self.SIGNALS:
+                self.previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for signum, handler in self.previous.items():
+            signal.signal(signum, handler)
+        self.schedule.interrupt_signal = None
+
+
+def limit_batches(available: int | None, limit: int | float | None, name: str) -> int | None:
+    """Batches to use given ``limit_*_batches`` (an int, or a fraction of ``available``)."""
+    if limit is None:
+        return available
+    if isinstance(limit, float):
+        if available is None:
+            raise TypeError(f"{name}={limit} is a fraction, but the loader has no len(); give a number of batches.")
+        return max(1, int(available * limit))
+    if available is not None and limit > available:
+        warnings.warn(f"{name}={limit} is more than the loader's {available} batches; using {available}.",
+                      RuntimeWarning, stacklevel=4)
+        return available
+    return limit
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchLimits:
+    """``limit_train_batches`` / ``limit_val_batches`` with ``fast_dev_run`` resolved once."""
+
+    train: int | float | None = None
+    val: int | float | None = None
+    max_epochs: int | None = None  # fast_dev_run: 1
+    validate_every_epoch: bool = False  # fast_dev_run: validate whatever check_val_every_n_epoch says
+
+    @classmethod
+    def from_options(cls, options) -> "BatchLimits":
+        if options.fast_dev_run:
+            return cls(train=1, val=1, max_epochs=1, validate_every_epoch=True)
+        return cls(train=options.limit_train_batches, val=options.limit_val_batches)
+
+    def train_batches(self, available: int | None) -> int | None:
+        return limit_batches(available, self.train, "limit_train_batches")
+
+    def val_batches(self, available: int | None) -> int | None:
+        return limit_batches(available, self.val, "limit_val_batches")
+
+
+@dataclasses.dataclass(frozen=True)
+class RunPlan:
+    """A run's length: epochs, batches per epoch, and the steps the optimizer's schedule spans
+    (``schedule_epochs * schedule_steps_per_epoch``: fitted to ``max_steps`` when it ends the
+    run first)."""
+
+    num_epochs: int
+    steps_per_epoch: int
+    schedule_epochs: int
+    schedule_steps_per_epoch: int
+
+    @classmethod
+    def make(cls, train_loader, val_loader, *, num_epochs: int, steps_per_epoch: int | None,
+             check_val_every_n_epoch: int, limits: BatchLimits, max_steps: int | None) -> "RunPlan":
+        """Check the requested length against the loaders and settings; a readable error if off."""
+        num_epochs = limits.max_epochs or num_epochs
+        if not isinstance(num_epochs, int) or num_epochs < 1:
+            raise ValueError(f"num_epochs must be a positive int, got {num_epochs!r}.")
+        if val_loader is not None and check_val_every_n_epoch > num_epochs and not limits.validate_every_epoch:
+            raise ValueError(f"check_val_every_n_epoch={check_val_every_n_epoch} > num_epochs={num_epochs}: no "
+                             f"validation would run, so there would be no best model to test. Lower "
+                             f"check_val_every_n_epoch or train longer.")
+        steps_per_epoch = loader_length(train_loader) if steps_per_epoch is None else steps_per_epoch
+        if steps_per_epoch < 1:
+            raise ValueError("train_loader yielded no batches (its len() is 0): check the dataset size, "
+                             "batch_size and drop_last.")
+        steps_per_epoch = limits.train_batches(steps_per_epoch)
+        if max_steps is not None and max_steps < num_epochs * steps_per_epoch:
+            return cls(num_epochs, steps_per_epoch, 1, max_steps)
+        return cls(num_epochs, steps_per_epoch, num_epochs, steps_per_epoch)
+
+
+def loader_length(loader, name: str = "train_loader") -> int:
+    """``len(loader)``, or an error saying why it is needed and what to do."""
+    try:
+        return len(loader)
+    except TypeError:
+        raise TypeError(f"{name} has no len(), which the learning-rate schedule needs to know the run's length. "
+                        f"Give it a __len__, or pass steps_per_epoch=N to train_model.") from None
+
+
+def safe_len(loader) -> int | None:
+    """``len(loader)``, or None when it has none."""
+    try:
+        return len(loader)
+    except TypeError:
+        return None
+
+
+def warn_if_loader_ran_short(batches: int, stop: int | None) -> None:
+    """Warn when an epoch got fewer batches than the schedule was sized for."""
+    if stop is not None and batches < stop:
+        warnings.warn(f"train_loader ran out after {batches} of the epoch's {stop} batches (steps_per_epoch or "
+                      f"len()): the learning-rate schedule was sized for {stop} per epoch. Pass the loader's "
+                      f"real number of batches as steps_per_epoch.", RuntimeWarning, stacklevel=4)

@@ -1,0 +1,121 @@
+"""``TrainerOptions``: every knob of the loop beyond the seed's constructor arguments, validated once.
+
+Example:
+    >>> options = TrainerOptions(max_steps=1000, val_check_interval=200, log_every_n_steps=10)
+    >>> options.steps_per_execution
+    1
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+from flaxlight import distributed as dist
+
+__all__ = ["TrainerOptions", "DEFAULT_MONITORS"]
+
+# The seed's priority for choosing the best model: (metric, higher is better).
+DEFAULT_MONITORS = (("val/val_metric", False), ("val/acc", True), ("val/loss", False))
+
+
+@dataclasses.dataclass
+class TrainerOptions:
+    """Trainer settings beyond the seed's constructor arguments (pass them as keyword arguments).
+
+    Attributes:
+        monitor: metric that picks the best model, e.g. ``"val/acc"``; None uses the seed's
+            priority (``val/val_metric`` lower, ``val/acc`` higher, ``val/loss`` lower).
+        mode: ``"min"`` or ``"max"`` for ``monitor`` (default ``"min"``, as in Lightning).
+        log_every_n_steps: how often running train metrics are logged (values are copied off the
+            device asynchronously and logged one log point later, so the loop never waits).
+        enable_model_summary: print the model table (``print_tabulate``) at construction.
+        enable_checkpointing: add a default :class:`ModelCheckpoint` (``monitor``/``mode`` as
+            above, best and last kept) unless one is among the callbacks.
+        max_steps: stop after this many optimizer steps (the schedule is fitted to it).
+        max_time: stop after this much training time (seconds, ``timedelta`` or
+            ``"DD:HH:MM:SS"``), via a :class:`Timer` callback.
+        val_check_interval: also validate every N steps, not only at epoch ends.
+        limit_train_batches / limit_val_batches: batches per epoch / per validation (an int)
+            or a fraction of the loader (a float in (0, 1]).
+        fast_dev_run: one train batch and one validation batch, one epoch, nothing written:
+            a smoke test of the whole loop.
+        steps_per_execution: train steps fused into one dispatch (``lax.scan`` over a stacked
+            block of batches); same results as single steps. Log points and ``on_step``
+            callbacks fire at block ends (intervals that are multiples of it stay exact).
+        prefetch: batches (or blocks) loaded, stacked and put on the device ahead of use by a
+            background thread (for loaders whose host work is slow); 0, the default, loads them
+            in the training thread, which is faster when a batch is cheap to make (the thread's
+            hand-over halved the steps/s of a tiny MLP on a 2-core CPU). An :class:`ArrayLoader`
+            on one device needs none: its data live on the device and each epoch is gathered
+            there (see :class:`flaxlight.data.DeviceEpoch`).
+        compilation_cache: JAX's persistent compilation cache, so a second start-up skips
+            compiling: True uses ``$FLAXLIGHT_CACHE_DIR`` or ``~/.cache/flaxlight/jax``, a string
+            names the folder, False leaves JAX's settings alone. A cache folder the user already
+            configured in JAX is kept.
+        distributed: ``"data_parallel"``, ``"fsdp"`` or ``"auto"`` trains on all devices (all
+            processes) over a ``jax.sharding.Mesh``; ``mesh=`` gives one explicitly. See
+            :mod:`flaxlight.distributed`.
+    """
+
+    monitor: str | None = None
+    mode: str = "min"
+    log_every_n_steps: int = 50
+    enable_model_summary: bool = True
+    enable_checkpointing: bool = True
+    max_steps: int | None = None
+    max_time: Any = None
+    val_check_interval: int | None = None
+    limit_train_batches: int | float | None = None
+    limit_val_batches: int | float | None = None
+    fast_dev_run: bool = False
+    steps_per_execution: int = 1
+    prefetch: int = 0
+    compilation_cache: bool | str = True
+    distributed: str | None = None
+
+    def __post_init__(self):
+        _require(self, "steps_per_execution", _is_int(self.steps_per_execution, 1), "a positive int")
+        _require(self, "log_every_n_steps", _is_int(self.log_every_n_steps, 1), "a positive int")
+        _require(self, "prefetch", _is_int(self.prefetch, 0), "an int >= 0 (0: no background loading)")
+        for name in ("max_steps", "val_check_interval"):
+            value = getattr(self, name)
+            _require(self, name, value is None or _is_int(value, 1), "a positive int (or None)")
+        for name in ("limit_train_batches", "limit_val_batches"):
+            value = getattr(self, name)
+            fraction = isinstance(value, float) and 0 < value <= 1
+            _require(self, name, value is None or _is_int(value, 1) or fraction,
+                     "a number of batches (int >= 1) or a fraction in (0, 1]")
+        _require(self, "mode", self.mode in ("min", "max"), "'min' or 'max'")
+        _require(self, "distributed", self.distributed is None or self.distributed in dist.MODES,
+                 f"one of {dist.MODES} or None")
+
+    @classmethod
+    def from_kwargs(cls, kwargs: Mapping[str, Any]) -> "TrainerOptions":
+        """The options among a trainer's keyword arguments (the others are left to the trainer)."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in kwargs.items() if k in names})
+
+    def reached_max_steps(self, step: int) -> bool:
+        return self.max_steps is not None and step >= self.max_steps
+
+    def is_better(self, new: Mapping[str, float], old: Mapping[str, float]) -> bool:
+        """Whether ``new`` validation metrics beat ``old`` on ``monitor``/``mode``, or else by the
+        seed's priority (:data:`DEFAULT_MONITORS`)."""
+        candidates = ((self.monitor, self.mode == "max"),) if self.monitor else DEFAULT_MONITORS
+        for key, larger_is_better in candidates:
+            if key in new:
+                return new[key] > old[key] if larger_is_better else new[key] < old[key]
+        raise KeyError(f"None of the metrics {[key for key, _ in candidates]} used to pick the best model is among the "
+                       f"validation metrics {sorted(new)}. Pass monitor='val/<name>' (and mode='min'/'max') to the "
+                       f"trainer, or override is_new_model_better.")
+
+
+def _is_int(value: Any, minimum: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
+
+
+def _require(options: TrainerOptions, name: str, ok: bool, expected: str) -> None:
+    """The one validation helper: ``name`` must be ``expected``; the error names both."""
+    if not ok:
+        raise ValueError(f"{name} must be {expected}; got {getattr(options, name)!r}.")

@@ -1,0 +1,236 @@
+"""What a checkpoint remembers besides the arrays, and how a run picks up from it.
+
+:class:`CheckpointMeta` is the one owner of the JSON item saved next to the arrays of every
+checkpoint: where the loop was (epoch, phase, batch), the epoch's metric sums so far, the
+running log, the best validation, the callbacks' states and the run's length.
+:func:`choose_step` picks the best or the last checkpoint of a run (the trainer and the tuner
+both ask it).
+
+Example:
+    >>> meta = CheckpointMeta(step=120, epoch=3, phase="epoch_end", best_step=80)
+    >>> CheckpointMeta.from_json(meta.to_json()) == meta
+    True
+    >>> choose_step([40, 80, 120], meta, which="best"), choose_step([40, 120], meta, which="best")
+    (80, 120)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import warnings
+from typing import Any, Callable, Mapping, Sequence
+
+import jax.numpy as jnp
+
+from flaxlight.checkpoint import Checkpointer
+from flaxlight.loop import LoopState
+from flaxlight.messages import logger as messages
+from flaxlight.metrics import to_host
+from flaxlight.runfiles import CHECKPOINT_DIR, HPARAMS_FILE
+
+__all__ = ["CheckpointMeta", "choose_step", "pick_checkpoint", "restore_run", "run_length", "checkpointer_for",
+           "step_in_path", "named_callbacks",
+           "sums_to_json", "sums_from_json", "epoch_setter", "set_loader_epoch"]
+
+
+@dataclasses.dataclass
+class CheckpointMeta:
+    """The JSON ``meta`` item of a checkpoint: everything but the arrays needed to continue.
+
+    Attributes:
+        step: optimizer updates completed.
+        epoch, phase, batch_index: where the loop was (``phase``: ``"train"`` mid-epoch,
+            ``"val"`` after the epoch's training, ``"epoch_end"`` after its validation).
+        train_metrics: the last finished epoch's ``train/...`` means.
+        train_sums: the current epoch's metric sums so far (mid-epoch saves), as floats.
+        running_log: the running log's position (:class:`flaxlight.loop.RunningLog`).
+        best_eval_metrics: the best validation so far (what ``train_model`` returns).
+        best_step: the step of the best checkpoint kept (None before a validation).
+        num_epochs, steps_per_epoch: the run's length (the optimizer's schedule needs it).
+        callbacks: each stateful callback's ``state_dict()``, by :func:`named_callbacks` name.
+    """
+
+    step: int
+    epoch: int = 1
+    phase: str = "epoch_end"
+    batch_index: int = 0
+    train_metrics: dict = dataclasses.field(default_factory=dict)
+    train_sums: dict | None = None
+    running_log: dict = dataclasses.field(default_factory=dict)
+    best_eval_metrics: dict | None = None
+    best_step: int | None = None
+    num_epochs: int | None = None
+    steps_per_epoch: int | None = None
+    callbacks: dict = dataclasses.field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def capture(cls, step: int, loop: LoopState, *, callbacks: Sequence[Any], **run: Any) -> "CheckpointMeta":
+        """The meta of a checkpoint taken now: the loop's position, the callbacks' states and
+        ``run`` (``best_eval_metrics``, ``best_step``, ``num_epochs``, ``steps_per_epoch``)."""
+        return cls(step=step, epoch=loop.epoch, phase=loop.phase, batch_index=loop.batch_index,
+                   train_metrics=loop.train_metrics, train_sums=sums_to_json(loop.acc),
+                   running_log=loop.running_log.state_dict(),
+                   callbacks={name: cb.state_dict() for name, cb in named_callbacks(callbacks)}, **run)
+
+    def loop_state(self) -> LoopState:
+        """Where the loop continues: the saved position, or the next epoch after an epoch's end."""
+        loop = LoopState(epoch=self.epoch, phase=self.phase, batch_index=self.batch_index,
+                         acc=sums_from_json(self.train_sums), train_metrics=dict(self.train_metrics))
+        loop.running_log.load_state_dict(self.running_log)
+        if loop.phase == "epoch_end":
+            loop.epoch, loop.batch_index = loop.epoch + 1, 0
+        return loop
+
+    def restore_callbacks(self, callbacks: Sequence[Any]) -> None:
+        for name, callback in named_callbacks(callbacks):
+            if name in self.callbacks:
+                callback.load_state_dict(self.callbacks[name])
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "CheckpointMeta":
+        """Read a saved meta item; keys this version does not know are ignored, missing ones
+        take their defaults (checkpoints of older versions load)."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        values = {k: v for k, v in data.items() if k in known and v is not None}
+        if "step" not in values:
+            raise ValueError(f"The checkpoint's meta item has no 'step'; keys found: {sorted(data)}.")
+        return cls(**values)
+
+
+def choose_step(steps: Sequence[int], meta: CheckpointMeta | None, which: str = "best") -> int:
+    """The checkpoint to load among ``steps``: ``"best"`` (the newest meta's ``best_step`` when
+    it is still there, else the newest) or ``"last"`` (the newest)."""
+    if which not in ("best", "last"):
+        raise ValueError(f"which must be 'best' or 'last', got {which!r}.")
+    if not steps:
+        raise FileNotFoundError("No checkpoint to choose from.")
+    if which == "best" and meta is not None and meta.best_step in steps:
+        return int(meta.best_step)
+    return int(max(steps))
+
+
+def pick_checkpoint(checkpointer: Checkpointer, which: str = "best") -> int:
+    """:func:`choose_step` for the checkpoints on disk, by the newest one's meta (unreadable:
+    the newest)."""
+    steps = checkpointer.all_steps()
+    if not steps:
+        raise FileNotFoundError(f"No checkpoint in {checkpointer.directory}: this run saved no model yet.")
+    try:
+        meta = CheckpointMeta.from_json(checkpointer.read_meta(max(steps)))
+    except Exception:  # noqa: BLE001 - a damaged newest checkpoint: fall back to the newest step
+        meta = None
+    return choose_step(steps, meta, which)
+
+
+def restore_run(own: Checkpointer, resume_from: str | os.PathLike | None, state: Any, *,
+                load: Callable[[int], Any], train_loader: Any) -> tuple[Any, CheckpointMeta, int] | None:
+    """Restore the checkpoint a run resumes from: ``(state, meta, step)``, or None for a fresh
+    start (``resume=True`` into a run with no checkpoint yet).
+
+    Without ``resume_from``: the newest readable checkpoint of ``own`` (the run's own folder),
+    restored by ``load(step)`` (the trainer's ``load_model``); damaged newer ones are skipped
+    with a warning and removed. ``resume_from``: a run dir, its ``checkpoints`` dir or a step dir.
+    """
+    checkpointer = own if resume_from is None else checkpointer_for(resume_from)
+    if not checkpointer.all_steps():
+        if resume_from is not None:
+            raise FileNotFoundError(f"resume_from={os.fspath(resume_from)!r}: no checkpoint there.")
+        messages.info("resume=True: no checkpoint in %s yet, starting from scratch.", checkpointer.directory)
+        return None
+    wanted_step = step_in_path(resume_from) if resume_from is not None else None
+    if wanted_step is not None:
+        state, step = checkpointer.restore(state, step=wanted_step), wanted_step
+        meta = checkpointer.read_meta(step)
+    else:
+        state, meta, step = checkpointer.restore_latest_valid(state, load=load if checkpointer is own else None)
+        if checkpointer is own:
+            for newer in [s for s in checkpointer.all_steps() if s > step]:
+                checkpointer.delete(newer)  # unreadable: it would block re-saving that step
+    if epoch_setter(train_loader) is None:
+        warnings.warn("Resuming with a train_loader that has no set_epoch(epoch) method: the run continues exactly "
+                      "only if the loader's order does not depend on how often it was iterated before.",
+                      RuntimeWarning, stacklevel=4)
+    meta = CheckpointMeta.from_json(meta)
+    position = meta.loop_state()
+    messages.info("Resumed from checkpoint %d in %s (epoch %d, batch %d).", step, checkpointer.directory,
+                  position.epoch, position.batch_index)
+    return state, meta, step
+
+
+def run_length(checkpointer: Checkpointer) -> tuple[int, int]:
+    """``(num_epochs, steps_per_epoch)`` of the run that wrote the newest checkpoint (for an
+    optimizer schedule of the same length), ``(1, 1)`` when unknown."""
+    meta = CheckpointMeta.from_json(checkpointer.read_meta(max(checkpointer.all_steps())))
+    return meta.num_epochs or 1, meta.steps_per_epoch or 1
+
+
+def checkpointer_for(path: str | os.PathLike) -> Checkpointer:
+    """A read-only view of the checkpoints named by a run dir, a checkpoints dir or a step dir."""
+    path = os.path.abspath(os.fspath(path))
+    if os.path.isfile(os.path.join(path, HPARAMS_FILE)):
+        path = os.path.join(path, CHECKPOINT_DIR)
+    elif step_in_path(path) is not None:
+        path = os.path.dirname(path)
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"No checkpoint directory at {path}.")
+    return Checkpointer(path, read_only=True)
+
+
+def step_in_path(path: str | os.PathLike) -> int | None:
+    """``.../checkpoints/120`` -> 120 (a step dir written by orbax), else None."""
+    path = os.path.abspath(os.fspath(path))
+    name = os.path.basename(path)
+    if name.isdigit() and os.path.isfile(os.path.join(path, "_CHECKPOINT_METADATA")):
+        return int(name)
+    return None
+
+
+def named_callbacks(callbacks: Sequence[Any]) -> list[tuple[str, Any]]:
+    """Stable names for callback states in checkpoints: class name, numbered when repeated."""
+    counts: dict[str, int] = {}
+    named = []
+    for callback in callbacks:
+        base = type(callback).__name__
+        counts[base] = counts.get(base, 0) + 1
+        named.append((base if counts[base] == 1 else f"{base}_{counts[base]}", callback))
+    return named
+
+
+def sums_to_json(acc: Mapping[str, Any] | None) -> dict | None:
+    """The epoch's metric sums as JSON floats (exact: float32 -> float64 -> float32 round-trips)."""
+    if acc is None:
+        return None
+    host = to_host(acc)
+    return {"sums": {k: float(v) for k, v in host["sums"].items()}, "count": float(host["count"]),
+            "nonfinite": int(host["nonfinite"])}
+
+
+def sums_from_json(sums: Mapping[str, Any] | None) -> dict | None:
+    """The inverse of :func:`sums_to_json`: device arrays again."""
+    if sums is None:
+        return None
+    return {"sums": {k: jnp.asarray(v, jnp.float32) for k, v in sums["sums"].items()},
+            "count": jnp.asarray(sums["count"], jnp.float32),
+            "nonfinite": jnp.asarray(sums.get("nonfinite", 0), jnp.int32)}
+
+
+def epoch_setter(loader: Any) -> Callable[[int], None] | None:
+    """The ``set_epoch`` that orders ``loader``'s data: its own (flaxlight's ArrayLoader, yours)
+    or, for a torch ``DataLoader``, its sampler's (``DistributedSampler``)."""
+    for owner in (loader, getattr(loader, "sampler", None),
+                  getattr(getattr(loader, "batch_sampler", None), "sampler", None)):
+        set_epoch = getattr(owner, "set_epoch", None)
+        if callable(set_epoch):
+            return set_epoch
+    return None
+
+
+def set_loader_epoch(loader: Any, epoch: int) -> None:
+    """Tell a loader which epoch comes (see :func:`epoch_setter`)."""
+    set_epoch = epoch_setter(loader)
+    if set_epoch is not None:
+        set_epoch(epoch)

@@ -1,0 +1,238 @@
+"""The run directory: its versioned folder, its loggers, its hparams and metrics files.
+
+A run's folder (``log_dir``) holds ``hparams.yaml`` (how the trainer was built: plain YAML,
+never pickled), ``metrics.csv`` and the other loggers' files, ``metrics/<name>.json`` and
+``checkpoints/``.
+
+Example:
+    >>> params = LoggerParams.from_mapping({"base_log_dir": "runs", "logger_type": "csv"})
+    >>> params.logger_kinds(extra_loggers=False)
+    ['csv']
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import os
+import tempfile
+from typing import Any, Mapping
+
+import jax
+import numpy as np
+import yaml
+
+from flaxlight.checkpoint import Checkpointer
+from flaxlight.loggers import CSVLogger, Logger, LoggerCollection, TensorBoardLogger, tensorboard_available
+from flaxlight.loggers.base import run_display_name
+from flaxlight.registry import RegistryError, explicit_parameters, import_object
+
+__all__ = ["LoggerParams", "HPARAMS_FILE", "CHECKPOINT_DIR", "METRICS_DIR", "LOGGER_TYPES", "next_version_dir",
+           "open_run", "no_run_files", "make_loggers", "write_hparams", "read_hparams", "trainer_kwargs",
+           "write_metrics", "to_yaml_safe", "class_path",
+           "enable_compilation_cache"]
+
+HPARAMS_FILE = "hparams.yaml"
+CHECKPOINT_DIR = "checkpoints"
+METRICS_DIR = "metrics"
+LOGGER_TYPES = ("csv", "tensorboard", "wandb", "mlflow")
+
+
+@dataclasses.dataclass(kw_only=True)
+class LoggerParams:
+    """Where a run logs (the trainer's ``logger_params``; same keys).
+
+    Attributes:
+        log_dir: the run's folder; None: ``<base_log_dir>/<ModelClass>/version_N``, a new N each run.
+        base_log_dir: parent of the versioned folders.
+        logger_type: ``csv``, ``tensorboard``, ``wandb``, ``mlflow`` or a list; None: CSV plus
+            TensorBoard when tensorboardX is installed (CSV alone when ``loggers`` are given).
+        project_name: W&B project / MLflow experiment.
+        run_name: the run's display name (default: from the log dir).
+    """
+
+    log_dir: str | None = None
+    base_log_dir: str = "checkpoints"
+    logger_type: str | list[str] | None = None
+    project_name: str | None = None
+    run_name: str | None = None
+
+    @classmethod
+    def from_mapping(cls, params: Mapping[str, Any] | None) -> "LoggerParams":
+        """Checked ``logger_params`` (an unknown key fails with the valid ones); ``loggers``
+        (extra logger objects) is the trainer's to take, not a field."""
+        params = {k: v for k, v in dict(params or {}).items() if k != "loggers"}
+        fields = [f.name for f in dataclasses.fields(cls)]
+        for key in params:
+            if key not in fields:
+                close = difflib.get_close_matches(key, fields, n=1)
+                hint = f" Did you mean {close[0]!r}?" if close else ""
+                raise ValueError(f"Unknown logger_params key {key!r}.{hint} Valid keys: {', '.join(fields)}, loggers.")
+        params = {k: v for k, v in params.items() if v is not None or k == "log_dir"}
+        return cls(**params)
+
+    def logger_kinds(self, extra_loggers: bool) -> list[str]:
+        """The logger types to build, CSV first (``metrics.csv`` is always written)."""
+        types = self.logger_type
+        if types is None:
+            types = ["csv", "tensorboard"] if tensorboard_available() and not extra_loggers else ["csv"]
+        types = [types] if isinstance(types, str) else list(types)
+        kinds = ["csv"] + ["wandb" if str(kind).lower() == "w&b" else str(kind).lower() for kind in types]
+        for kind in kinds:
+            if kind not in LOGGER_TYPES:
+                raise ValueError(f"Unknown logger_type {kind!r} in logger_params; valid: {', '.join(LOGGER_TYPES)} "
+                                 f"(any case), or a list of them.")
+        return list(dict.fromkeys(kinds))
+
+
+def next_version_dir(base: str | os.PathLike) -> str:
+    """``<base>/version_<N>`` with N one more than the highest there (``version_0`` first)."""
+    base = os.fspath(base)
+    os.makedirs(base, exist_ok=True)
+    versions = [int(n.split("_", 1)[1]) for n in os.listdir(base)
+                if n.startswith("version_") and n.split("_", 1)[1].isdigit()]
+    return os.path.join(base, f"version_{max(versions, default=-1) + 1}")
+
+
+def run_dir(params: LoggerParams, owner_name: str) -> str:
+    """The run's folder, absolute: ``log_dir``, or the next version under ``base_log_dir/owner_name``."""
+    log_dir = params.log_dir or next_version_dir(os.path.join(params.base_log_dir, owner_name))
+    return os.path.abspath(os.fspath(log_dir))
+
+
+def open_run(logger_params: Mapping[str, Any] | None, owner_name: str,
+             user_loggers: list[Logger]) -> tuple[str, LoggerCollection, Checkpointer]:
+    """``(log_dir, loggers, checkpointer)`` of a new or named run folder (``logger_params``'s
+    ``loggers`` and ``user_loggers`` are added after the ones ``logger_type`` picks)."""
+    params = LoggerParams.from_mapping(logger_params)
+    log_dir = run_dir(params, owner_name)
+    os.makedirs(os.path.join(log_dir, METRICS_DIR), exist_ok=True)
+    given = [lg for lg in (logger_params or {}).get("loggers") or [] if not isinstance(lg, str)]  # str: a saved repr
+    loggers = make_loggers(params, log_dir, given + list(user_loggers))
+    return log_dir, loggers, Checkpointer(os.path.join(log_dir, CHECKPOINT_DIR), max_to_keep=None)
+
+
+def no_run_files() -> tuple[None, LoggerCollection, Checkpointer]:
+    """What ``fast_dev_run`` writes to: no log dir, no loggers, a checkpointer nothing uses."""
+    unused = os.path.join(tempfile.gettempdir(), "flaxlight-fast-dev-run-unused")
+    return None, LoggerCollection([]), Checkpointer(unused)
+
+
+def make_loggers(params: LoggerParams, log_dir: str, extra: list[Logger]) -> LoggerCollection:
+    """The loggers ``params.logger_type`` names, writing under ``log_dir``, then ``extra``."""
+    for logger in extra:
+        if not isinstance(logger, Logger):
+            raise TypeError(f"loggers must be flaxlight.loggers.Logger instances; got {type(logger).__name__}.")
+    project = params.project_name or "flaxlight"
+    run_name = params.run_name or run_display_name(log_dir)
+    loggers: list[Logger] = []
+    for kind in params.logger_kinds(extra_loggers=bool(extra)):
+        if kind == "csv":
+            loggers.append(CSVLogger(log_dir))
+        elif kind == "tensorboard":
+            loggers.append(TensorBoardLogger(log_dir))
+        elif kind == "wandb":
+            from flaxlight.loggers.wandb import WandbLogger
+
+            loggers.append(WandbLogger(project=project, name=run_name, save_dir=log_dir))
+        else:
+            from flaxlight.loggers.mlflow import MLflowLogger
+
+            loggers.append(MLflowLogger(experiment_name=project, run_name=run_name, save_dir=log_dir))
+    return LoggerCollection(loggers + list(extra))
+
+
+def class_path(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def to_yaml_safe(value: Any) -> Any:
+    """Plain YAML data: tuples become lists, numpy scalars floats/ints, classes their path."""
+    if isinstance(value, Mapping):
+        return {str(k): to_yaml_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [to_yaml_safe(v) for v in value]
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    if isinstance(value, type):
+        return class_path(value)
+    return repr(value)
+
+
+def write_hparams(log_dir: str, config: Mapping[str, Any]) -> dict:
+    """Write ``config`` as ``<log_dir>/hparams.yaml`` (plain YAML) and return what was written."""
+    hparams = to_yaml_safe(config)
+    with open(os.path.join(log_dir, HPARAMS_FILE), "w") as f:
+        yaml.safe_dump(hparams, f, sort_keys=False)
+    return hparams
+
+
+def read_hparams(log_dir: str) -> dict:
+    """``<log_dir>/hparams.yaml`` as a dict; a clear error when ``log_dir`` is not a run's folder."""
+    path = os.path.join(log_dir, HPARAMS_FILE)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(
+            f"No {HPARAMS_FILE} in {log_dir}. load_from_checkpoint expects a run's log dir, the folder that "
+            f"holds {HPARAMS_FILE} and {CHECKPOINT_DIR}/ (e.g. checkpoints/MLP/version_0).")
+    with open(path) as f:
+        return yaml.safe_load(f) or {}
+
+
+def trainer_kwargs(trainer_class: type, run: str | os.PathLike, which: str,
+                   overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """Constructor arguments that rebuild the trainer of the run folder ``run`` from its
+    ``hparams.yaml``, after checking that the folder holds a run with a checkpoint.
+
+    Works for trainers taking ``model_class``/``model_hparams`` and for the seed's pattern of a
+    constructor taking the model hyperparameters by name. The model class named in the file is
+    imported only when ``overrides`` does not give one. Loading prints no model table.
+    """
+    if which not in ("best", "last"):
+        raise ValueError(f"which must be 'best' or 'last', got {which!r}.")
+    log_dir = os.path.abspath(os.fspath(run))
+    hparams, ckpt_dir = read_hparams(log_dir), os.path.join(log_dir, CHECKPOINT_DIR)
+    if not os.path.isdir(ckpt_dir) or not Checkpointer(ckpt_dir, read_only=True).all_steps():
+        raise FileNotFoundError(f"No checkpoint in {ckpt_dir}: this run saved no model yet.")
+    model_class_path = hparams.pop("model_class")
+    model_hparams = hparams.pop("model_hparams", {}) or {}
+    hparams["logger_params"] = {**(hparams.get("logger_params") or {}), "log_dir": log_dir}
+    hparams["enable_model_summary"] = False  # an override can ask for the table
+    named = explicit_parameters(trainer_class.__init__)
+    if "model_hparams" in named or not set(model_hparams) <= set(named):
+        hparams["model_hparams"] = model_hparams
+        if "model_class" not in overrides:
+            hparams["model_class"] = _import_model_class(model_class_path)
+    else:  # the seed's pattern: MyTrainer(hidden_dims, output_dim, **kwargs)
+        hparams.update(model_hparams)
+    return {**hparams, **overrides}
+
+
+def _import_model_class(path: str) -> type:
+    try:
+        return import_object(path)
+    except RegistryError as exc:
+        raise ImportError(f"Cannot import model class {path!r} named in {HPARAMS_FILE}: {exc} "
+                          f"Pass it explicitly: load_from_checkpoint(..., model_class=MyModel).") from exc
+
+
+def write_metrics(log_dir: str, name: str, metrics: Mapping[str, float]) -> None:
+    """``<log_dir>/metrics/<name>.json``."""
+    folder = os.path.join(log_dir, METRICS_DIR)
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, f"{name}.json"), "w") as f:
+        json.dump(dict(metrics), f, indent=4)
+
+
+def enable_compilation_cache(setting: bool | str) -> str | None:
+    """Turn on JAX's persistent compilation cache (see ``TrainerOptions.compilation_cache``)."""
+    if setting is False or jax.config.jax_compilation_cache_dir:
+        return jax.config.jax_compilation_cache_dir
+    folder = setting if isinstance(setting, str) else os.environ.get(
+        "FLAXLIGHT_CACHE_DIR", os.path.join(os.path.expanduser("~"), ".cache", "flaxlight", "jax"))
+    jax.config.update("jax_compilation_cache_dir", folder)
+    if jax.config.jax_persistent_cache_min_compile_time_secs == 1.0:  # JAX's default skips small programs
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.1)
+    return folder

@@ -1,0 +1,88 @@
+"""``TrainerViewMixin``: the trainer's side of :class:`~flaxlight.callbacks.TrainerView`.
+
+What callbacks may read and do, answered from the loop's own objects. :class:`TrainerModule`
+inherits it; the members it reads are set up by the trainer: ``_loop`` (a
+:class:`~flaxlight.loop.LoopState`), ``_nonfinite`` (a :class:`~flaxlight.loop.NonfiniteTally`),
+``_is_best``, ``engine`` (an :class:`~flaxlight.engine.Engine`), ``optimizer_plan``,
+``callbacks``, ``logger``, ``callback_metrics``, ``global_step``, ``should_stop``, ``stop_reason``.
+
+Example:
+    >>> class EpochPrinter(flaxlight.Callback):                                   # doctest: +SKIP
+    ...     def on_log(self, trainer, step, metrics):
+    ...         trainer.log_metrics({"epoch_seen": trainer.current_epoch}, step=step)
+"""
+
+from __future__ import annotations
+
+import difflib
+from typing import Mapping
+
+__all__ = ["TrainerViewMixin"]
+
+
+class TrainerViewMixin:
+    """The read-only loop status, ``stop``, ``log_metrics`` and friends (see the module docstring)."""
+
+    def stop(self, reason: str) -> None:
+        """Ask the loop to stop after the current step's work (and the epoch's end routine)."""
+        if not self.should_stop:
+            self.should_stop, self.stop_reason = True, reason
+
+    @property
+    def current_epoch(self) -> int:
+        """The epoch being trained (1-based; the next one between epochs)."""
+        return self._loop.epoch
+
+    @property
+    def batch_in_epoch(self) -> int:
+        """Batches of the current epoch already trained on."""
+        return self._loop.batch_index if self._loop.phase == "train" else 0
+
+    @property
+    def compile_time(self) -> float | None:
+        """Seconds of the first train step, compilation included (None before it ran)."""
+        return self.engine.compile_time
+
+    @property
+    def nonfinite_steps(self) -> int:
+        """Steps whose loss was NaN/Inf, as read at the last log point or epoch end."""
+        return self._nonfinite.steps
+
+    @property
+    def nonfinite_checked_step(self) -> int:
+        """The step up to which :attr:`nonfinite_steps` is known."""
+        return self._nonfinite.checked_step
+
+    @property
+    def is_best_validation(self) -> bool:
+        """Whether the latest validation is the best so far (``is_new_model_better``'s answer)."""
+        return self._is_best
+
+    def learning_rate(self, step: int | None = None) -> float | None:
+        """The scheduled learning rate at ``step`` (default: now); None without a known schedule.
+        Read from the epoch's table, computed at its start (a log point does not wait)."""
+        return self.engine.learning_rates.rate(self.optimizer_plan, self.global_step if step is None else int(step))
+
+    def monitored_value(self, name: str, owner: str = "monitor") -> float:
+        """The latest logged value of ``name``; a clear error naming the logged keys if absent."""
+        if name not in self.callback_metrics:
+            close = difflib.get_close_matches(name, list(self.callback_metrics), n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            raise KeyError(f"{owner} monitors {name!r}, which was never logged.{hint} "
+                           f"Logged metrics: {sorted(self.callback_metrics)}.")
+        return self.callback_metrics[name]
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
+        """Log host values the way the trainer logs its own: to the loggers, into
+        ``callback_metrics`` and to every callback's ``on_log`` (``step`` default: now)."""
+        self._log(metrics, step)
+
+    def _log(self, metrics: Mapping[str, float], step: int | None = None) -> None:
+        step = self.global_step if step is None else step
+        self.callback_metrics.update(metrics)
+        self.logger.log_metrics(metrics, step=step)
+        self._call_callbacks("on_log", step, metrics)
+
+    def _call_callbacks(self, hook: str, *args) -> None:
+        for callback in self.callbacks:
+            getattr(callback, hook)(self, *args)
