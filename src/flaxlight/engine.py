@@ -9,7 +9,8 @@ The :class:`Engine` takes the user's pure ``train_step(state, batch) -> (state, 
   the same functions with explicit shardings on a mesh;
 * the feed: a loader turned into ``(steps, payload)`` items (a device epoch, stacked blocks,
   a background prefetcher);
-* :meth:`Engine.run`: a span of steps up to the next event, one comparison per step;
+* :meth:`Engine.train` / :meth:`Engine.run`: a span of steps, one comparison per step against the
+  next event;
 * evaluation, and the eval step compiled ahead in a background thread;
 * the learning-rate table that log points read without waiting for the device.
 
@@ -17,11 +18,12 @@ It knows nothing of callbacks, loggers or the trainer: the trainer hands it an
 :class:`~flaxlight.loop.EventSchedule`-like object (``next_step``) and an ``on_event`` function.
 
 Example:
-    >>> engine = Engine(train_step, eval_step, steps_per_execution=4)        # doctest: +SKIP
-    >>> feed = engine.feed(loader, start=0, stop=len(loader), step=0)       # doctest: +SKIP
-    >>> span = Span(state, engine.zero_sums("train", state, feed.first_batch), step=0)  # doctest: +SKIP
-    >>> engine.run(feed, span, schedule, on_event)                          # doctest: +SKIP
-    >>> state, sums = span.state, span.acc                                  # doctest: +SKIP
+    >>> engine = Engine(train_step, eval_step, steps_per_execution=4)               # doctest: +SKIP
+    >>> span = Span(state, acc=None, step=0)                                        # doctest: +SKIP
+    >>> engine.train(loader, span, stop=len(loader), schedule=schedule, on_event=on_event,
+    ...              start_sums=lambda batch: engine.zero_sums("train", state, batch),
+    ...              more_epochs=lambda: True)                                      # doctest: +SKIP
+    >>> state, sums = span.state, span.acc                                          # doctest: +SKIP
 """
 
 from __future__ import annotations
