@@ -101,10 +101,11 @@ class TrainerModule(TrainerViewMixin):
                              "every process can reach, for the checkpoints.")
         if self.options.fast_dev_run:  # a smoke test writes nothing: no log dir, loggers or checkpoints
             self.log_dir, self.logger, self.checkpointer = runfiles.no_run_files()
+            self._hparams_written = True
             return
         self.init_logger(logger_params)
-        if not dist.is_main_process():  # only process 0 logs; all take part in checkpoints
-            self.logger = LoggerCollection([])
+        if not dist.is_main_process():  # only process 0 logs and writes files; all take part in checkpoints
+            self.logger, self._hparams_written = LoggerCollection([]), True
 
     # ------------------------------------------------------------------ model and optimizer
     def init_model(self, exmp_input: Any) -> None:
@@ -404,20 +405,19 @@ class TrainerModule(TrainerViewMixin):
                                                                          self._user_loggers)
 
     def _write_hparams(self) -> None:
-        if not (self._hparams_written or self.options.fast_dev_run or not dist.is_main_process()):
+        if not self._hparams_written:
             self.logger.log_hyperparams(runfiles.write_hparams(self.log_dir, self.config))
             self._hparams_written = True
 
     def save_metrics(self, filename: str, metrics: Mapping[str, float]) -> None:
         """Write ``metrics`` to ``<log_dir>/metrics/<filename>.json`` (nothing in ``fast_dev_run``)."""
-        if not self.options.fast_dev_run and dist.is_main_process():
+        if self.log_dir is not None and dist.is_main_process():
             runfiles.write_metrics(self.log_dir, filename, metrics)
 
     def log_image(self, tag: str, image: Any, step: int | None = None) -> None:
         """Send an image (``(H, W)`` or ``(H, W, C)``, uint8 or float in [0, 1]) to every logger
         that shows images (TensorBoard, W&B, MLflow); nothing in ``fast_dev_run``."""
-        if not self.options.fast_dev_run:
-            self.logger.log_image(tag, image, self.global_step if step is None else int(step))
+        self.logger.log_image(tag, image, self.global_step if step is None else int(step))
 
     def bind_model(self):
         """The model with the trained variables, for interactive use: ``model(x, train=False)``."""
