@@ -285,7 +285,7 @@ def test_limit_batches(tmp_path, regression_loaders):
     trainer.train_model(train, val, num_epochs=2)
     assert int(trainer.state.step) == 8  # 4 of 8 batches per epoch
     with pytest.warns(RuntimeWarning, match="limit_train_batches=100 is more than the loader's 8 batches"):
-        _trainer(tmp_path, limit_train_batches=100).train_model(train, val, num_epochs=1)
+        _trainer(tmp_path / "second", limit_train_batches=100).train_model(train, val, num_epochs=1)
 
 
 def test_fast_dev_run_touches_one_batch_and_writes_nothing(tmp_path, regression_loaders):

@@ -221,3 +221,95 @@ def test_list_registered_names(capsys):
     code, out, _ = run(capsys, "list")
     assert code == 0
     assert "mlp_classifier" in out and "digits" in out and "classification" in out and "early_stopping" in out
+
+
+# ------------------------------------------------------------------------------------ configs are data (trust)
+def write_config(path: Path, **changes) -> Path:
+    """The sine example's config with top-level sections replaced, as a YAML file."""
+    config = yaml.safe_load((CONFIGS / "sine_regression.yaml").read_text())
+    config.update(changes)
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+@pytest.fixture
+def run_copy(sine_run, tmp_path):
+    """A copy of the shared run's folder, to edit as if someone had sent it."""
+    import shutil
+
+    return Path(shutil.copytree(sine_run, tmp_path / "sent_run", ignore=shutil.ignore_patterns("*.lock")))
+
+
+def test_fit_refuses_an_import_path_without_opt_in(tmp_path, capsys):
+    marker = tmp_path / "pwned"
+    path = write_config(tmp_path / "cfg.yaml", data={"name": "os.system", "kwargs": {"command": f"touch {marker}"}})
+    code, out, err = run(capsys, "fit", "-c", path, "--log-dir", tmp_path / "run")
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
+    assert f"{path}: data.name: 'os.system' is an import path, which was not imported" in err
+    assert "--trust-config" in err and "--allow-import os" in err
+    code, _, err = run(capsys, "fit", "-c", path, "--trust-config", "--log-dir", tmp_path / "run")
+    assert code == 2 and "not a dataset factory" in err and "it was not called" in err
+    assert not marker.exists() and not (tmp_path / "run").exists()
+
+
+def test_print_config_never_imports(tmp_path, capsys, monkeypatch):
+    marker = tmp_path / "marker_print_mod.ran"
+    (tmp_path / "marker_print_mod.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    path = write_config(tmp_path / "cfg.yaml", imports=["marker_print_mod"])
+    for opt_in in ([], ["--trust-config"], ["--allow-import", "marker_print_mod"]):
+        code, out, err = run(capsys, "fit", "-c", path, "--print-config", *opt_in)
+        assert code == 0, err
+        assert yaml.safe_load(out)["imports"] == ["marker_print_mod"]
+        assert not marker.exists()
+    code, _, err = run(capsys, "fit", "-c", path, "--log-dir", tmp_path / "run")  # a real run checks it: refused
+    assert code == 2 and "imports[0]: 'marker_print_mod' was not imported" in err and not marker.exists()
+
+
+def test_a_run_folder_someone_sent_runs_no_code(run_copy, tmp_path, capsys):
+    """--ckpt RUN_DIR reads RUN_DIR/config.yaml: data, not code, unless the opt-in is given."""
+    marker = tmp_path / "pwned"
+    config = yaml.safe_load((run_copy / "config.yaml").read_text())
+    config["data"] = {"name": "os.system", "kwargs": {"command": f"touch {marker}"}}
+    (run_copy / "config.yaml").write_text(yaml.safe_dump(config))
+    for command in ("test", "validate", "predict"):
+        code, out, err = run(capsys, command, "--ckpt", run_copy)
+        assert code == 2 and out == ""
+        assert f"{run_copy / 'config.yaml'}: data.name: 'os.system' is an import path" in err
+    assert not marker.exists()
+
+
+def test_the_model_class_in_a_sent_hparams_yaml_is_not_imported(run_copy, tmp_path, capsys, monkeypatch):
+    marker = tmp_path / "marker_model_mod.ran"
+    (tmp_path / "marker_model_mod.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    hparams = yaml.safe_load((run_copy / "hparams.yaml").read_text())
+    hparams["model_class"] = "marker_model_mod.Net"
+    (run_copy / "hparams.yaml").write_text(yaml.safe_dump(hparams))
+    code, out, err = run(capsys, "test", "--ckpt", run_copy)
+    assert code == 0, err
+    assert "test/loss:" in out and not marker.exists()  # the config's registered model was used
+    sys.modules.pop("marker_model_mod", None)
+
+
+def test_allow_import_and_trust_config_let_a_run_use_import_paths(run_copy, capsys):
+    config = yaml.safe_load((run_copy / "config.yaml").read_text())
+    config["model"]["name"] = "flaxlight.zoo.models.MLPRegressor"
+    config["data"]["name"] = "flaxlight.zoo.datasets:sine"
+    (run_copy / "config.yaml").write_text(yaml.safe_dump(config))
+    code, _, err = run(capsys, "validate", "--ckpt", run_copy)
+    assert code == 2 and "model.name: 'flaxlight.zoo.models.MLPRegressor' is an import path" in err
+    code, _, err = run(capsys, "validate", "--ckpt", run_copy, "--allow-import", "flaxlight.zoo.datasets")
+    assert code == 2 and "not under the allowed import prefixes ('flaxlight.zoo.datasets')" in err
+    for opt_in in (["--allow-import", "flaxlight.zoo.models", "--allow-import", "flaxlight.zoo.datasets"],
+                   ["--allow-import", "flaxlight.zoo"], ["--trust-config"]):
+        code, out, err = run(capsys, "validate", "--ckpt", run_copy, *opt_in)
+        assert code == 0 and "val/loss:" in out, err
+
+
+def test_help_states_the_trust_model(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["fit", "--help"])
+    out = capsys.readouterr().out
+    assert "--trust-config" in out and "--allow-import PREFIX" in out and "imports nothing" in out

@@ -36,10 +36,13 @@ def minimal(**sections) -> dict:
     return cfg
 
 
-def error_of(source, overrides=()) -> str:
+def error_of(source, overrides=(), **opt_in) -> str:
     with pytest.raises(ConfigError) as info:
-        load_config(source, overrides)
+        load_config(source, overrides, **opt_in)
     return str(info.value)
+
+
+TRUST = {"trust_config": True}  # the opt-in for configs that name import paths
 
 
 # ------------------------------------------------------------------------------------ loading
@@ -210,22 +213,23 @@ def test_unregistered_name_suggests_closest():
 
 
 def test_import_path_errors_say_which_part_failed(tmp_path, monkeypatch):
-    message = error_of(minimal(), ["model.name=nosuchpkg_xyz.models.ResNet"])
+    message = error_of(minimal(), ["model.name=nosuchpkg_xyz.models.ResNet"], **TRUST)
     assert "model.name:" in message and "no module 'nosuchpkg_xyz' can be imported" in message
-    message = error_of(minimal(), ["model.name=flaxlight.zoo.models.ResNet"])
+    message = error_of(minimal(), ["model.name=flaxlight.zoo.models.ResNet"], **TRUST)
     assert "module 'flaxlight.zoo.models' has no attribute 'ResNet'" in message
-    message = error_of(minimal(), ["model.name=flaxlight.zoo.models:MLPRegresor"])
+    message = error_of(minimal(), ["model.name=flaxlight.zoo.models:MLPRegresor"], **TRUST)
     assert "has no attribute 'MLPRegresor'. Did you mean flaxlight.zoo.models.MLPRegressor?" in message
     (tmp_path / "broken_models_mod.py").write_text("import not_installed_dependency_xyz\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    message = error_of(minimal(), ["model.name=broken_models_mod.Net"])
+    message = error_of(minimal(), ["model.name=broken_models_mod.Net"], **TRUST)
     assert "Importing module 'broken_models_mod'" in message and "not_installed_dependency_xyz" in message
-    assert "imports[0]: importing 'nosuchpkg_xyz'" in error_of(minimal(imports=["nosuchpkg_xyz"]))
+    assert "imports[0]: importing 'nosuchpkg_xyz'" in error_of(minimal(imports=["nosuchpkg_xyz"]), **TRUST)
 
 
 def test_names_must_point_at_the_right_kind():
-    assert "not a subclass of flaxlight.TrainerModule" in error_of(minimal(), ["trainer.name=flaxlight.data.ArrayLoader"])
-    assert "not a flaxlight.Callback subclass" in error_of(minimal(callbacks=["flaxlight.data.ArrayLoader"]))
+    assert "not a subclass of flaxlight.TrainerModule" in error_of(
+        minimal(), ["trainer.name=flaxlight.data.ArrayLoader"], **TRUST)
+    assert "not a flaxlight.Callback subclass" in error_of(minimal(callbacks=["flaxlight.data.ArrayLoader"]), **TRUST)
 
 
 # ------------------------------------------------------------------------------------ user code
@@ -240,11 +244,11 @@ class SeedPatternTrainer(zoo.RegressionTrainer):
 def test_import_paths_and_seed_pattern_trainer():
     path = f"{__name__}.SeedPatternTrainer"
     cfg = load_config(minimal(trainer={"name": path}, model={"name": None, "hparams": {"hidden_dims": [4],
-                                                                                     "output_dim": 1}}))
+                                                                                     "output_dim": 1}}), **TRUST)
     assert cfg.model.name is None
-    message = error_of(minimal(trainer={"name": path}, model={"name": None, "hparams": {"hidden": [4]}}))
+    message = error_of(minimal(trainer={"name": path}, model={"name": None, "hparams": {"hidden": [4]}}), **TRUST)
     assert "'model.hparams.hidden'" in message and "hidden_dims" in message
-    assert "picks its model itself" in error_of(minimal(trainer={"name": path}))
+    assert "picks its model itself" in error_of(minimal(trainer={"name": path}), **TRUST)
 
 
 def test_registry_register_resolve_and_collisions():
@@ -276,11 +280,12 @@ def test_user_registration_through_imports(tmp_path, monkeypatch):
         "def tiny_sine(*, batch_size, seed=0, size=32):\n"
         "    return sine(batch_size=batch_size, seed=seed, num_train=size, num_val=size, num_test=size)\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    cfg = load_config(minimal(imports=["my_components_mod"], data={"name": "tiny_sine", "kwargs": {"size": 16}}))
+    cfg = load_config(minimal(imports=["my_components_mod"], data={"name": "tiny_sine", "kwargs": {"size": 16}}),
+                      allow_imports=["my_components_mod"])
     assert cfg.data.name == "tiny_sine"
     # eval_batch_size is not an argument of this factory: setting it is an error, leaving it is fine
     assert "does not take 'eval_batch_size'" in error_of(
-        minimal(imports=["my_components_mod"], data={"name": "tiny_sine", "eval_batch_size": 8}))
+        minimal(imports=["my_components_mod"], data={"name": "tiny_sine", "eval_batch_size": 8}), **TRUST)
     sys.modules.pop("my_components_mod", None)
 
 
@@ -300,3 +305,122 @@ def test_the_full_config_in_docs_loads():
     assert [c.name for c in cfg.callbacks] == ["early_stopping", "learning_rate_monitor"]
     assert [type(cb).__name__ for cb in build_callbacks(cfg)] == ["EarlyStopping", "LearningRateMonitor"]
     assert [name for name in config_to_dict(cfg)] == [name for name in yaml.safe_load(block)]
+
+
+# ------------------------------------------------------------------------------------ configs are data (trust)
+def marker_module(folder: Path, name: str, body: str = "") -> Path:
+    """A module that leaves ``<name>.ran`` in ``folder`` when it is imported (code ran)."""
+    marker = folder / f"{name}.ran"
+    (folder / f"{name}.py").write_text(f"open({str(marker)!r}, 'w').close()\n{body}")
+    return marker
+
+
+@pytest.fixture
+def clean_imports(monkeypatch):
+    """sys.path and sys.modules as they were, whatever a test imports or puts on the path."""
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    before = set(sys.modules)
+    yield
+    for name in set(sys.modules) - before:
+        if name.endswith(("_mod", "_pkg")) or name.startswith(("marker_", "reexport_", "helper_")):
+            sys.modules.pop(name, None)
+
+
+def test_a_dataset_import_path_runs_nothing_without_opt_in(tmp_path):
+    from flaxlight.config import fit
+
+    marker = tmp_path / "pwned"
+    config = minimal(data={"name": "os.system", "kwargs": {"command": f"touch {marker}"}})
+    message = error_of(config)
+    assert message.startswith("data.name: 'os.system' is an import path, which was not imported")
+    assert "--trust-config" in message and "--allow-import os" in message and "register" in message
+    assert "trust_config=True" in message and "allow_imports=['os']" in message
+    with pytest.raises(ConfigError, match="data.name: 'os.system' is an import path"):
+        fit(config)
+    # Trusted or not, a builtin is never a dataset factory: refused before it is called.
+    for opt_in in (TRUST, {"allow_imports": ["os"]}):
+        assert "not a dataset factory" in error_of(config, **opt_in) and "not called" in error_of(config, **opt_in)
+    message = error_of(minimal(data={"name": "subprocess.run", "kwargs": {"args": ["touch", str(marker)]}}), **TRUST)
+    assert "standard library module 'subprocess'" in message and "it was not called" in message
+    assert not marker.exists()
+
+
+def test_imports_and_import_paths_need_an_opt_in(tmp_path, monkeypatch, clean_imports):
+    marker = marker_module(tmp_path, "marker_registrations_mod")
+    monkeypatch.chdir(tmp_path)  # what the flaxlight command would put on sys.path
+    config = minimal(imports=["marker_registrations_mod"])
+    message = error_of(config)
+    assert message.startswith("imports[0]: 'marker_registrations_mod' was not imported: a config is data")
+    assert "--allow-import marker_registrations_mod" in message
+    assert not marker.exists() and str(tmp_path) not in sys.path  # not even the working directory
+    message = error_of(config, allow_imports=["mypkg"])
+    assert "not under the allowed import prefixes ('mypkg')" in message and not marker.exists()
+    # A prefix allows the modules under it, at a dot (mypkg allows mypkg.models, not mypkg_models).
+    assert "not under the allowed" in error_of(config, allow_imports=["marker_registrations"])
+    load_config(config, allow_imports=["marker_registrations_mod"])
+    assert marker.exists()  # the opt-in imports it, from the working directory
+
+
+def test_allowed_prefixes_and_kinds_are_checked_before_anything_is_called():
+    cfg = load_config(minimal(trainer={"name": "flaxlight.zoo.trainers:RegressionTrainer"},
+                              model={"name": "flaxlight.zoo.models.MLPRegressor",
+                                     "hparams": {"hidden_dims": [4], "output_dim": 1}},
+                              data={"name": "flaxlight.zoo.datasets.sine"}), allow_imports=["flaxlight.zoo"])
+    assert cfg.model.name == "flaxlight.zoo.models.MLPRegressor"
+    message = error_of(minimal(), ["model.name=flaxlight.data.ArrayLoader"], allow_imports=["flaxlight"])
+    assert "model.name: 'flaxlight.data.ArrayLoader' is flaxlight.data.ArrayLoader, not a model class" in message
+    assert "flax.linen.Module or flax.nnx.Module" in message
+    message = error_of(minimal(), ["data.name=flaxlight.data.ArrayLoader"], **TRUST)
+    assert "a type, not a plain Python function" in message and "register_dataset" in message
+    message = error_of(minimal(), ["data.name=flaxlight.zoo.datasets.sine"], allow_imports=["flaxlight.zoo.models"])
+    assert "not under the allowed import prefixes ('flaxlight.zoo.models')" in message
+    with pytest.raises(ValueError, match="not a module prefix"):
+        load_config(minimal(), allow_imports=["my pkg"])
+
+
+def test_a_reexported_function_is_judged_by_where_it_is_defined(tmp_path, monkeypatch, clean_imports):
+    (tmp_path / "helper_data_mod.py").write_text("def make_data(*, batch_size, seed=0):\n    raise SystemExit(3)\n")
+    (tmp_path / "reexport_data_mod.py").write_text(
+        "from helper_data_mod import make_data\nfrom shutil import rmtree as wipe\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    message = error_of(minimal(data={"name": "reexport_data_mod.make_data"}), allow_imports=["reexport_data_mod"])
+    assert "defined in module 'helper_data_mod', which is not under the allowed import prefixes" in message
+    message = error_of(minimal(data={"name": "reexport_data_mod.wipe", "kwargs": {"path": str(tmp_path)}}), **TRUST)
+    assert "standard library module 'shutil'" in message and tmp_path.exists()
+
+
+def tiny_registered_sine(*, batch_size, seed=0, size=32):
+    return zoo.sine(batch_size=batch_size, seed=seed, num_train=size, num_val=size, num_test=size)
+
+
+def test_names_your_code_registered_need_no_opt_in():
+    registry.register_dataset("tiny_registered_sine", tiny_registered_sine)
+    cfg = load_config(minimal(data={"name": "tiny_registered_sine", "kwargs": {"size": 8}}))
+    assert cfg.data.name == "tiny_registered_sine"
+    assert "register it in your own code (flaxlight.registry.register_model" in error_of(
+        minimal(), ["model.name=mypkg.models.ResNet"])
+    message = error_of(minimal(), ["data.name=tiny_registred_sine"])
+    assert "Did you mean 'tiny_registered_sine'?" in message and "--allow-import" in message
+
+
+def test_loading_a_run_never_imports_the_model_class_its_hparams_name(tmp_path):
+    """A trainer that picks its model takes no model_class; a hand-edited hparams.yaml whose model
+    hparams it does not take would make loading import the class the file names: refused."""
+    from flaxlight.config import load_trainer
+
+    registry.register_trainer("seed_pattern_for_tests", SeedPatternTrainer)
+    cfg = load_config(minimal(trainer={"name": "seed_pattern_for_tests"},
+                              model={"name": None, "hparams": {"hidden_dims": [4], "output_dim": 1}}))
+    marker = tmp_path / "marker_seed_mod.ran"
+    hparams = {"model_class": "marker_seed_mod.Net", "model_hparams": {"hidden_dims": [4], "output_dim": 1,
+                                                                       "extra": 1}}
+    (tmp_path / "hparams.yaml").write_text(yaml.safe_dump(hparams))
+    with pytest.raises(ConfigError) as info:
+        load_trainer(cfg, tmp_path, exmp_input=None)
+    assert str(info.value).startswith(f"{tmp_path / 'hparams.yaml'}: model_class: 'marker_seed_mod.Net' is an "
+                                      f"import path, which was not imported")
+    assert not marker.exists()
+    hparams["model_hparams"].pop("extra")  # as the trainer wrote it: nothing to import, on to the checkpoint
+    (tmp_path / "hparams.yaml").write_text(yaml.safe_dump(hparams))
+    with pytest.raises(FileNotFoundError, match="No checkpoint"):
+        load_trainer(cfg, tmp_path, exmp_input=None)

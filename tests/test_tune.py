@@ -443,3 +443,122 @@ def test_tune_digits_mlp_example_fast(tmp_path, capsys):
     assert math.isclose(result["reloaded_val/acc"], result["best_value"], abs_tol=1e-6)  # the best checkpoint
     assert result["test/acc"] > 0.1 and set(result["best_params"]) == set(tune_digits_mlp.SEARCH_SPACE)
     assert set(result["importances"]) == set(tune_digits_mlp.SEARCH_SPACE)
+
+
+# ----------------------------------------------------------------------------- set-up errors, clearly
+def write_tune_config(tmp_path, **tune_section) -> Path:
+    import yaml
+
+    path = tmp_path / "tune.yaml"
+    path.write_text(yaml.safe_dump(sine_config(tmp_path, **tune_section)))
+    return path
+
+
+@pytest.mark.parametrize("override, expected", [
+    ("tune.search_space={optimizer.lr: {type: float, low: 0.5, high: 0.1}}",
+     "tune.search_space['optimizer.lr']: low=0.5 > high=0.1; give the range as low <= high."),
+    ("tune.search_space={optimizer.lr: {type: float, low: 0.1, hihg: 1.0}}", "Did you mean 'high'?"),
+    ("tune.search_space={optimizer.lr: 0.1}", "tune.search_space['optimizer.lr'] = 0.1 is not a parameter"),
+    ("tune.search_space={}", "tune.search_space is empty"),
+    ("tune.direction=up", "tune.direction must be 'maximize' or 'minimize', got 'up'."),
+    ("tune.study_name=..", "tune.study_name '..' is not a plain name"),
+])
+def test_flaxlight_tune_set_up_errors_are_one_line_exit_2(tmp_path, capsys, override, expected):
+    from flaxlight import cli
+
+    path = write_tune_config(tmp_path)
+    code = cli.main(["tune", "-c", str(path), override])
+    out, err = capsys.readouterr()
+    assert code == 2 and out == ""
+    assert err.startswith(f"flaxlight tune: error: {path}: ") and expected in err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert not (tmp_path / "cfg").exists() and not (tmp_path / "study.db").exists()
+
+
+@pytest.mark.parametrize("name", ["..", "../..", "a/../../b", "a\\b", ".", ""])
+def test_a_study_name_must_be_a_plain_name(tmp_path, name):
+    base = tmp_path / "base"
+    with pytest.raises(ValueError, match="study_name") as info:
+        stand_in_tune(base, [([0.5], None)], study_name=name)
+    if name:
+        assert f"study_name {name!r} is not a plain name" in str(info.value) and "base_dir" in str(info.value)
+    assert not base.exists() and sorted(os.listdir(tmp_path)) == []  # nothing written, inside or out
+    with pytest.raises(flaxlight.config.ConfigError, match=r"^tune.study_name '../..' is not a plain name"):
+        tune_from_config(sine_config(base, study_name="../.."))
+
+
+def test_a_study_whose_every_trial_failed_raises_after_it_is_saved(tmp_path):
+    with pytest.raises(TuneError) as info:
+        stand_in_tune(tmp_path, [(None, RuntimeError("boom in the factory")), (None, ValueError("bad batch"))],
+                      study_name="broken")
+    message = str(info.value)
+    assert "Every trial of study 'broken' failed (2 of 2" in message
+    assert "the first, trial 0: RuntimeError: boom in the factory" in message and "run tune again" in message
+    study = load_study(tmp_path / "broken")  # saved: both trials, with their errors
+    assert [t.state for t in study.trials] == [State.FAIL, State.FAIL]
+    assert study.trials[1].user_attrs["error"] == "ValueError: bad batch"
+    # One trial that did not fail is a study that ran: no error.
+    mixed = stand_in_tune(tmp_path, [(None, RuntimeError("boom")), ([0.5, 0.4], None)], study_name="mixed")
+    assert [t.state for t in mixed.trials] == [State.FAIL, State.COMPLETE]
+
+
+def test_flaxlight_tune_reports_a_study_that_failed_in_one_line(tmp_path, capsys, monkeypatch):
+    from flaxlight import cli
+
+    def failing_build_run(*args, **kwargs):
+        raise RuntimeError("no GPU today")
+
+    monkeypatch.setattr(flaxlight.config, "build_run", failing_build_run)
+    code = cli.main(["tune", "-c", str(write_tune_config(tmp_path)), "--n-trials", "2"])
+    out, err = capsys.readouterr()
+    assert code == 1 and len(err.strip().splitlines()) == 1
+    assert "flaxlight tune: error: Every trial of study 'cfg' failed" in err and "RuntimeError: no GPU today" in err
+
+
+def test_a_metric_never_logged_names_the_closest_and_stops_at_the_first_validation(tmp_path, capsys):
+    from flaxlight import cli
+
+    config = sine_config(tmp_path, metric="val/accuracy", direction="maximize", n_trials=3)
+    config["trainer"]["max_epochs"] = 3
+    with pytest.raises(MetricNotLoggedError) as info:
+        tune_from_config(config)
+    message = str(info.value)
+    assert message.startswith("tune(metric='val/accuracy'): the study optimises 'val/accuracy', which was never logged")
+    assert "found at trial 0's first validation" in message and "The closest logged name is 'val/loss'." in message
+    assert "Logged metrics: [" in message and "'train/loss'" in message
+    study = load_study(tmp_path / "cfg")
+    assert [t.state for t in study.trials] == [State.FAIL]
+    metrics_dir = Path(study.trials[0].user_attrs["log_dir"]) / "metrics"
+    assert sorted(p.name for p in metrics_dir.glob("eval_epoch_*")) == ["eval_epoch_001.json"]  # epoch 1 only
+    # The command line: one line, exit status 2, the config named.
+    path = write_tune_config(tmp_path, metric="val/accuracy", direction="maximize", study_name="cli")
+    code = cli.main(["tune", "-c", str(path)])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert f"flaxlight tune: error: {path}: tune(metric='val/accuracy')" in err and "'val/loss'" in err
+
+
+def test_a_val_metric_without_validation_data_stops_before_training(tmp_path):
+    trained = []
+
+    class Recording(StandInTrainer):
+        def train_model(self, *args, **kwargs):
+            trained.append(True)
+            return super().train_model(*args, **kwargs)
+
+    with pytest.raises(MetricNotLoggedError, match=r"trial 0 has no validation data \(val_loader is None\), so "
+                                                   r"the trainer never logs 'val/loss'"):
+        tune(lambda hparams: Recording(hparams, [0.5]), LR_SPACE, train_loader=[], val_loader=None, num_epochs=1,
+             metric="val/loss", base_dir=tmp_path, n_trials=2, pruner="none")
+    assert trained == [] and [t.state for t in load_study(tmp_path / "study").trials] == [State.FAIL]
+
+
+def test_tune_from_config_import_paths_need_the_opt_in(tmp_path):
+    config = sine_config(tmp_path, n_trials=1)
+    config["model"]["name"] = "flaxlight.zoo.models.MLPRegressor"
+    with pytest.raises(flaxlight.config.ConfigError, match="^model.name: 'flaxlight.zoo.models.MLPRegressor' is an "
+                                                           "import path, which was not imported"):
+        tune_from_config(config)
+    assert not (tmp_path / "cfg").exists()
+    study = tune_from_config(config, allow_imports=["flaxlight.zoo.models"])
+    assert [t.state for t in study.trials] == [State.COMPLETE]

@@ -251,6 +251,14 @@ class Checkpointer:
         while self._deletions:
             self._deletions.pop().result()
 
+    def reload(self) -> None:
+        """Forget what the manager knows of the folder (after its files changed outside it); the
+        next use opens it afresh."""
+        if self._manager_instance is not None:
+            self._manager_instance.wait_until_finished()
+            self._manager_instance.close()
+            self._manager_instance = None
+
     def close(self) -> None:
         self.wait()
         if self._manager_instance is not None:

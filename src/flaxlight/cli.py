@@ -5,6 +5,10 @@
     flaxlight fit --config cfg.yaml --print-config
 
 ``python -m flaxlight`` is the same program. See docs/cli.md.
+
+A config names registered things only; import paths and ``imports:`` in it run only with
+``--allow-import PREFIX`` (modules under PREFIX) or ``--trust-config`` (anything); ``--print-config``
+never imports.
 """
 
 from __future__ import annotations
@@ -19,6 +23,10 @@ __all__ = ["main"]
 _EPILOG = """\
 overrides: any number of dotted KEY=VALUE pairs after the options; values are read as YAML, e.g.
   optimizer.lr=3e-4 trainer.max_epochs=20 model.hparams.hidden_dims=[256,256] callbacks.0.args.patience=5
+
+trust: a config (and a run folder's config.yaml) is data: its name: keys resolve to registered
+  names only. Import paths (mypkg.models.ResNet) and imports: are refused unless you pass
+  --allow-import mypkg (modules under that prefix) or --trust-config (any module).
 """
 
 
@@ -31,7 +39,14 @@ def _add_config_arguments(parser: argparse.ArgumentParser, *, config_required: b
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
                         help="dotted overrides, e.g. optimizer.lr=3e-4 trainer.max_epochs=20")
     parser.add_argument("--print-config", action="store_true",
-                        help="print the resolved config (defaults filled in, overrides applied) and exit")
+                        help="print the resolved config (defaults filled in, overrides applied) and exit; "
+                             "imports nothing")
+    parser.add_argument("--allow-import", action="append", default=[], metavar="PREFIX", dest="allow_import",
+                        help="let the config import modules under PREFIX (e.g. mypkg: mypkg.models.ResNet, "
+                             "imports: [mypkg.registrations]); repeatable. Only for configs you trust")
+    parser.add_argument("--trust-config", action="store_true",
+                        help="let the config import any module (its import paths and imports: run code); only "
+                             "for configs you wrote or trust. --allow-import is the narrower choice")
 
 
 def _add_checkpoint_arguments(parser: argparse.ArgumentParser) -> None:
@@ -119,7 +134,13 @@ def _format_metrics(metrics: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _opt_in(args: argparse.Namespace) -> dict[str, Any]:
+    """The import opt-in of the command line, as the config functions' keyword arguments."""
+    return {"trust_config": args.trust_config, "allow_imports": list(args.allow_import)}
+
+
 def _load(args: argparse.Namespace, default_config: str | None = None):
+    """The config of the command; with ``--print-config`` only its schema is checked (no imports)."""
     from flaxlight.config import ConfigError, load_config
 
     path = args.config or default_config
@@ -128,7 +149,7 @@ def _load(args: argparse.Namespace, default_config: str | None = None):
     if args.config is None and not os.path.isfile(path):
         raise ConfigError(f"No {os.path.basename(path)} in {os.path.dirname(path) or '.'} (runs started by "
                           f"`flaxlight fit` save one there); pass --config PATH.")
-    return load_config(path, args.overrides)
+    return load_config(path, args.overrides, check=not args.print_config, **_opt_in(args))
 
 
 def _print_config(cfg) -> int:
@@ -151,7 +172,7 @@ def _fit(args: argparse.Namespace) -> int:
         cfg.trainer.logger_params.log_dir = args.resume or args.log_dir
     if args.print_config:
         return _print_config(cfg)
-    result = fit(cfg, resume=bool(args.resume))
+    result = fit(cfg, resume=bool(args.resume), **_opt_in(args))
     print("metrics:\n" + _format_metrics(result.metrics))
     if result.log_dir:
         print(f"config: {os.path.join(result.log_dir, CONFIG_FILE)}")
@@ -165,13 +186,14 @@ def _evaluate(args: argparse.Namespace) -> int:
     cfg = _load(args, os.path.join(args.ckpt, CONFIG_FILE))
     if args.print_config:
         return _print_config(cfg)
-    resolved = resolve_config(cfg)
+    resolved = resolve_config(cfg, **_opt_in(args))
     train, val, test = build_data(cfg, resolved)
     split = args.split if args.command == "predict" else {"validate": "val", "test": "test"}[args.command]
     loader = {"train": train, "val": val, "test": test}[split]
     if loader is None:
         raise ConfigError(f"data {cfg.data.name!r} has no {split} split (its factory returned None for it).")
-    trainer = load_trainer(cfg, args.ckpt, example_input(train), which=args.which, resolved=resolved)
+    trainer = load_trainer(cfg, args.ckpt, example_input(train), which=args.which, resolved=resolved,
+                           **_opt_in(args))
     if args.command == "predict":
         return _write_predictions(trainer, loader, args, split)
     metrics = trainer.eval_model(loader, log_prefix=f"{split}/")
@@ -207,7 +229,7 @@ def _write_predictions(trainer, loader, args: argparse.Namespace, split: str) ->
 
 
 def _tune(args: argparse.Namespace) -> int:
-    from flaxlight.config import config_to_dict
+    from flaxlight.config import ConfigError, config_to_dict
 
     cfg = _load(args)
     if args.print_config:
@@ -215,7 +237,18 @@ def _tune(args: argparse.Namespace) -> int:
     if args.n_trials is not None and args.n_trials < 1:
         raise _usage_error(f"--n-trials must be >= 1, got {args.n_trials}.")
     tune_from_config = _import_tune("tune_from_config")
-    study = tune_from_config(config_to_dict(cfg), n_trials=args.n_trials)
+    opt_in = {k: v for k, v in _opt_in(args).items() if v}  # only what was asked for
+    tune_module = sys.modules.get("flaxlight.tune")
+    failed = tuple(filter(None, [getattr(tune_module, "TuneError", None)]))
+    try:
+        study = tune_from_config(config_to_dict(cfg), n_trials=args.n_trials, **opt_in)
+    except failed as exc:  # the study ran, and failed: its trials are saved
+        raise _CommandFailed(str(exc)) from None
+    except (ValueError, LookupError, ConnectionError) as exc:
+        # Set-up errors only (every trial's own errors are recorded in the study): the tune section,
+        # the search space, the metric never logged, the storage. One line, exit status 2.
+        message = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
+        raise ConfigError(f"{args.config}: {message}") from None
     _print_study(study)
     return 0
 
@@ -287,6 +320,11 @@ class _UsageError(Exception):
     """Wrong arguments: the message is printed, the exit status is 2."""
 
 
+class _CommandFailed(Exception):
+    """The command ran and did not succeed (e.g. every trial of a study failed): the message is
+    printed, the exit status is 1."""
+
+
 _usage_error = _UsageError
 
 
@@ -297,7 +335,8 @@ _COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; returns the exit status (0 ok, 2 a usage or config error)."""
+    """Run the command line; returns the exit status (0 ok, 2 a usage or config error, 1 a run that
+    failed, e.g. a study whose every trial failed)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     top, parsers = _build_parser()
     if argv and argv[0] in parsers:
@@ -320,6 +359,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except FileNotFoundError as exc:  # e.g. --ckpt pointing at no run
         print(f"flaxlight {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except _CommandFailed as exc:
+        print(f"flaxlight {args.command}: error: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

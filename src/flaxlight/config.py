@@ -15,6 +15,13 @@ wrong type fails with the expected type; a missing required key is named; names 
 resolve (registered short names or import paths) say which part failed; free-form dicts
 (``model.hparams``, ``data.kwargs``, ``callbacks[i].args``, ``loggers[i].args``) are checked
 against the signature of what they configure. YAML is read with a safe loader only.
+
+Trust: a config is data. Its ``name:`` keys resolve through the registry (flaxlight's names and
+whatever your code registered before the call); an import path (``mypkg.models.ResNet``) or an
+``imports:`` entry is refused unless the caller opts in, with ``trust_config=True`` (any module)
+or ``allow_imports=["mypkg"]`` (modules under those prefixes). Whatever a name resolves to is
+checked to be the expected kind (a TrainerModule subclass, a flax Module class, a Callback or
+Logger subclass, a dataset factory) before anything is called.
 """
 
 from __future__ import annotations
@@ -35,7 +42,7 @@ import yaml
 from flaxlight import registry
 from flaxlight.optim import OptimizerConfig
 from flaxlight.options import TrainerOptions
-from flaxlight.runfiles import LoggerParams, next_version_dir
+from flaxlight.runfiles import HPARAMS_FILE, LoggerParams, next_version_dir, read_hparams
 from flaxlight.trainer import TrainerModule
 
 __all__ = [
@@ -73,6 +80,88 @@ CONFIG_FILE = "config.yaml"
 
 class ConfigError(ValueError):
     """A config that cannot be used; the message names the key's path and the fix."""
+
+
+# ---------------------------------------------------------------------------------------- trust
+@dataclasses.dataclass(frozen=True)
+class _ImportPolicy:
+    """What a config may import: nothing (the default), modules under ``allow`` prefixes, or
+    anything (``trust``). Built once per public call from ``trust_config``/``allow_imports``."""
+
+    trust: bool = False
+    allow: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, trust_config: bool = False, allow_imports: Iterable[str] | str | None = ()) -> "_ImportPolicy":
+        if not isinstance(trust_config, bool):
+            raise TypeError(f"trust_config must be True or False, got {trust_config!r}.")
+        if isinstance(allow_imports, str):
+            allow_imports = [allow_imports]
+        prefixes = []
+        for prefix in allow_imports or ():
+            text = prefix.strip() if isinstance(prefix, str) else prefix
+            if not isinstance(text, str) or not _MODULE_NAME.fullmatch(text):
+                raise ValueError(f"allow_imports: {prefix!r} is not a module prefix; give dotted module names such "
+                                 f"as 'mypkg' or 'mypkg.models' (every module under it may then be imported).")
+            prefixes.append(text)
+        return cls(trust_config, tuple(prefixes))
+
+    def allows(self, dotted: str) -> bool:
+        """Whether the module or import path ``dotted`` (``pkg.mod``, ``pkg.mod.Name``, ``pkg.mod:Name``)
+        lies under an allowed prefix (at a dot: ``mypkg`` allows ``mypkg.x``, not ``mypkg_x``)."""
+        if self.trust:
+            return True
+        target = dotted.replace(":", ".")
+        return any(target == p or target.startswith(p + ".") for p in self.allow)
+
+
+_MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+
+
+def _top_package(path: str) -> str:
+    return path.replace(":", ".").split(".")[0]
+
+
+def _refused_import(path: str, value: str, kind: str, policy: _ImportPolicy) -> ConfigError:
+    """The error for an import path (or ``imports:`` entry) the caller did not opt in to."""
+    package = _top_package(value)
+    if policy.allow:
+        why = (f"it is not under the allowed import prefixes ({', '.join(map(repr, policy.allow))}), and a config "
+               f"imports nothing else")
+    else:
+        why = ("a config is data, so it imports nothing unless you opt in (importing a module runs its code, and "
+               "a config or a run folder may come from someone else)")
+    if kind == "module":
+        fix = (f"if you trust this config, pass --allow-import {package} (or --trust-config; Python: "
+               f"allow_imports=[{package!r}] or trust_config=True), or import the module yourself before the call")
+    else:
+        fix = (f"register it in your own code (flaxlight.registry.register_{kind}('my_name')) and write its "
+               f"registered name here, or, if you trust this config, pass --allow-import {package} (or "
+               f"--trust-config; Python: allow_imports=[{package!r}] or trust_config=True)")
+    what = "was not imported" if kind == "module" else "is an import path, which was not imported"
+    return ConfigError(f"{path}: {value!r} {what}: {why}. Fix: {fix}.")
+
+
+def _import_paths(cfg: "Config") -> list[tuple[str, str, str]]:
+    """``(key, value, kind)`` of every import the config asks for: ``imports:`` and import-path names."""
+    found = [(f"imports[{i}]", module, "module") for i, module in enumerate(cfg.imports)]
+    names = [("trainer.name", cfg.trainer.name, "trainer"), ("model.name", cfg.model.name, "model"),
+             ("data.name", cfg.data.name, "dataset")]
+    names += [(f"callbacks[{i}].name", item.name, "callback") for i, item in enumerate(cfg.callbacks)]
+    names += [(f"loggers[{i}].name", item.name, "logger") for i, item in enumerate(cfg.loggers)]
+    found += [(key, value, kind) for key, value, kind in names if value is not None and registry.is_import_path(value)]
+    return found
+
+
+def _check_import_policy(cfg: "Config", policy: _ImportPolicy) -> list[tuple[str, str, str]]:
+    """Refuse, before anything is imported, every import the caller did not opt in to."""
+    wanted = _import_paths(cfg)
+    for key, value, kind in wanted:
+        if kind == "module" and not (isinstance(value, str) and _MODULE_NAME.fullmatch(value)):
+            raise ConfigError(f"{key}: {value!r} is not a module name; write it as 'package.module'.")
+        if not policy.allows(value):
+            raise _refused_import(key, value, kind, policy)
+    return wanted
 
 
 # ---------------------------------------------------------------------------------------- YAML
@@ -480,12 +569,15 @@ def apply_overrides(data: Mapping[str, Any], overrides: Iterable[str]) -> dict[s
 
 # ---------------------------------------------------------------------------------------- load / save
 def load_config(source: str | os.PathLike | Mapping[str, Any] | Config | None, overrides: Iterable[str] = (),
-                *, check: bool = True) -> Config:
+                *, check: bool = True, trust_config: bool = False, allow_imports: Iterable[str] = ()) -> Config:
     """Read a YAML file (or take a dict / Config), apply ``key=value`` overrides, check, return a Config.
 
-    ``check=True`` also resolves every name (importing ``imports`` first) and checks the
-    free-form dicts against their targets' signatures (see :func:`resolve_config`).
+    ``check=True`` also resolves every name and checks the free-form dicts against their targets'
+    signatures (see :func:`resolve_config`); ``check=False`` only checks the schema, and imports
+    nothing whatever the opt-in. Import paths and ``imports:`` are refused unless
+    ``allow_imports=["mypkg", ...]`` (module prefixes) or ``trust_config=True`` allows them.
     """
+    policy = _ImportPolicy.of(trust_config, allow_imports)
     where = "the config"
     if isinstance(source, Config):
         data = config_to_dict(source)
@@ -508,7 +600,7 @@ def load_config(source: str | os.PathLike | Mapping[str, Any] | Config | None, o
     try:
         cfg = _build(Config, data, "")
         if check:
-            resolve_config(cfg)
+            _resolve_config(cfg, policy)
     except ConfigError as exc:
         if where != "the config":
             raise ConfigError(f"{where}: {exc}") from None
@@ -626,7 +718,10 @@ def _check_kwargs(target: Callable, kwargs: Mapping[str, Any], path: str, what: 
             _convert(value, tp, _join(path, key))
 
 
-def _resolve(kind: str, name: str, path: str) -> Any:
+def _resolve(kind: str, name: str, path: str, policy: _ImportPolicy) -> Any:
+    """A registered name, or an import path the policy allows (refused before any import otherwise)."""
+    if registry.is_import_path(name) and not policy.allows(name):
+        raise _refused_import(path, name, kind, policy)
     try:
         return registry.resolve(kind, name)
     except registry.RegistryError as exc:
@@ -634,37 +729,87 @@ def _resolve(kind: str, name: str, path: str) -> Any:
 
 
 def _model_ignored_parameters(model_class: type) -> set[str]:
-    try:
-        import flax.linen as nn
+    import flax.linen as nn
 
-        if isinstance(model_class, type) and issubclass(model_class, nn.Module):
-            return {"parent", "name"}
-    except ImportError:  # pragma: no cover
-        pass
-    return set()
+    return {"parent", "name"} if issubclass(model_class, nn.Module) else set()
 
 
-def resolve_config(cfg: Config) -> Resolved:
-    """Import ``imports``, resolve every name and check the free-form dicts against their targets."""
+def _is_flax_module_class(obj: Any) -> bool:
+    import flax.linen as nn
+    from flax import nnx
+
+    return isinstance(obj, type) and issubclass(obj, (nn.Module, nnx.Module))
+
+
+def _is_stdlib(module: Any) -> bool:
+    import sys
+
+    return isinstance(module, str) and module.split(".")[0] in sys.stdlib_module_names
+
+
+_BUILTIN_TYPES = ("builtin_function_or_method", "method-wrapper", "wrapper_descriptor", "method_descriptor")
+
+
+def _check_dataset_kind(dataset: Any, name: str, policy: _ImportPolicy) -> None:
+    """A dataset factory is called with the config's values, so it is checked first: callable and
+    not a builtin; named by an import path, a plain Python function in an allowed module and not
+    in the standard library (``os.system``, ``subprocess.run``, ``shutil.rmtree`` are no datasets)."""
+    what = f"data.name: {name!r} is {_display(dataset)}"
+    if not callable(dataset) or inspect.isbuiltin(dataset) or type(dataset).__name__ in _BUILTIN_TYPES:
+        raise ConfigError(f"{what}, not a dataset factory (a function returning (train_loader, val_loader, "
+                          f"test_loader)); it was not called.")
+    if not registry.is_import_path(name):
+        return  # registered by your own code: trusted as a factory
+    module = getattr(dataset, "__module__", None)
+    if not inspect.isfunction(dataset):
+        reason = f"a {type(dataset).__name__}, not a plain Python function"
+    elif _is_stdlib(module):
+        reason = f"a function of the standard library module {module!r}, not a dataset factory"
+    elif not policy.allows(module or ""):
+        reason = (f"defined in module {module!r}, which is not under the allowed import prefixes "
+                  f"({', '.join(map(repr, policy.allow))})")
+    else:
+        return
+    raise ConfigError(f"{what}: {reason}; it was not called. A dataset named by an import path must be a function "
+                      f"(def) defined in your own code, under an allowed prefix; to use anything else, register it "
+                      f"(@flaxlight.registry.register_dataset('my_data')) and write data.name: my_data.")
+
+
+def resolve_config(cfg: Config, *, trust_config: bool = False,
+                   allow_imports: Iterable[str] = ()) -> Resolved:
+    """Resolve every name of ``cfg``, check each is the kind expected, and check the free-form
+    dicts against their targets. Nothing named by the config is called here.
+
+    Names resolve through the registry. Import paths (``mypkg.models.ResNet``) and ``imports:``
+    need an opt-in: ``allow_imports=["mypkg"]`` (modules under those prefixes) or
+    ``trust_config=True`` (any module); the current directory is then put on ``sys.path``.
+    Without it they fail with a :class:`ConfigError` before anything is imported.
+    """
+    return _resolve_config(cfg, _ImportPolicy.of(trust_config, allow_imports))
+
+
+def _resolve_config(cfg: Config, policy: _ImportPolicy) -> Resolved:
     import importlib
 
-    _ensure_cwd_on_path()
+    if _check_import_policy(cfg, policy):  # something to import, and the caller opted in to all of it
+        _ensure_cwd_on_path()
     for i, module in enumerate(cfg.imports):
         try:
             importlib.import_module(module)
         except Exception as exc:  # noqa: BLE001
             raise ConfigError(f"imports[{i}]: importing {module!r} failed: {type(exc).__name__}: {exc}") from None
 
-    trainer_class = _resolve("trainer", cfg.trainer.name, "trainer.name")
+    trainer_class = _resolve("trainer", cfg.trainer.name, "trainer.name", policy)
     if not (isinstance(trainer_class, type) and issubclass(trainer_class, TrainerModule)):
         raise ConfigError(f"trainer.name: {cfg.trainer.name!r} is {_display(trainer_class)}, not a subclass of "
                           f"flaxlight.TrainerModule.")
     if _takes_model_class(trainer_class):
         if cfg.model.name is None:
             raise ConfigError(f"Missing required key 'model.name': {_REQUIRED_HELP['model.name']}.")
-        model_class = _resolve("model", cfg.model.name, "model.name")
-        if not isinstance(model_class, type):
-            raise ConfigError(f"model.name: {cfg.model.name!r} is {_display(model_class)}, not a model class.")
+        model_class = _resolve("model", cfg.model.name, "model.name", policy)
+        if not _is_flax_module_class(model_class):
+            raise ConfigError(f"model.name: {cfg.model.name!r} is {_display(model_class)}, not a model class (a "
+                              f"subclass of flax.linen.Module or flax.nnx.Module).")
         _check_kwargs(model_class, cfg.model.hparams, "model.hparams", f"model {_display(model_class)}",
                       ignore=_model_ignored_parameters(model_class), supplied={"rngs"})
     else:  # the seed's pattern: MyTrainer(hidden_dims, output_dim, **kwargs) picks its model
@@ -680,27 +825,28 @@ def resolve_config(cfg: Config) -> Resolved:
                                   f"does not take {key!r}.{_suggest(key, sorted(params), 'model.hparams')} "
                                   f"It takes: {', '.join(sorted(params))}.")
 
-    dataset = _resolve("dataset", cfg.data.name, "data.name")
-    if not callable(dataset):
-        raise ConfigError(f"data.name: {cfg.data.name!r} is {_display(dataset)}, not a dataset factory.")
+    dataset = _resolve("dataset", cfg.data.name, "data.name", policy)
+    _check_dataset_kind(dataset, cfg.data.name, policy)
     _check_dataset(dataset, cfg.data)
 
     from flaxlight.callbacks import Callback
     from flaxlight.loggers import Logger
 
-    callback_classes = _resolve_classes(cfg.callbacks, "callbacks", "callback", Callback, "flaxlight.Callback")
-    logger_classes = _resolve_classes(cfg.loggers, "loggers", "logger", Logger, "flaxlight.loggers.Logger",
+    callback_classes = _resolve_classes(cfg.callbacks, "callbacks", "callback", Callback, "flaxlight.Callback",
+                                        policy)
+    logger_classes = _resolve_classes(cfg.loggers, "loggers", "logger", Logger, "flaxlight.loggers.Logger", policy,
                                       supplied=_LOGGER_SUPPLIED)
     return Resolved(trainer_class, model_class, dataset, callback_classes, logger_classes)
 
 
-def _resolve_classes(items, section: str, kind: str, base: type, base_name: str, **check) -> list[type]:
+def _resolve_classes(items, section: str, kind: str, base: type, base_name: str, policy: _ImportPolicy,
+                     **check) -> list[type]:
     """The classes named by ``callbacks:``/``loggers:`` entries, each a ``base`` subclass whose
     constructor takes the entry's ``args`` (errors name the entry, e.g. ``callbacks[1].name``)."""
     classes = []
     for i, item in enumerate(items):
         path = f"{section}[{i}]"
-        cls = _resolve(kind, item.name, f"{path}.name")
+        cls = _resolve(kind, item.name, f"{path}.name", policy)
         if not (isinstance(cls, type) and issubclass(cls, base)):
             raise ConfigError(f"{path}.name: {item.name!r} is {_display(cls)}, not a {base_name} subclass.")
         _check_kwargs(cls, item.args, f"{path}.args", f"{kind} {cls.__name__}", **check)
@@ -739,7 +885,8 @@ def _check_dataset(dataset: Callable, data: DataConfig) -> None:
 
 
 def _ensure_cwd_on_path() -> None:
-    """User modules next to the config import as with ``python -m`` (the console script lacks cwd)."""
+    """User modules next to the config import as with ``python -m`` (the console script lacks cwd);
+    called only when the caller opted in to the config's imports."""
     import sys
 
     cwd = os.getcwd()
@@ -748,9 +895,11 @@ def _ensure_cwd_on_path() -> None:
 
 
 # ---------------------------------------------------------------------------------------- building
-def build_data(cfg: Config, resolved: Resolved | None = None) -> tuple[Any, Any, Any]:
-    """``(train, val, test)`` loaders from the data section (val or test may be None)."""
-    resolved = resolved or resolve_config(cfg)
+def build_data(cfg: Config, resolved: Resolved | None = None, *, trust_config: bool = False,
+               allow_imports: Iterable[str] = ()) -> tuple[Any, Any, Any]:
+    """``(train, val, test)`` loaders from the data section (val or test may be None); ``resolved``
+    defaults to :func:`resolve_config` with the same opt-in."""
+    resolved = resolved or resolve_config(cfg, trust_config=trust_config, allow_imports=allow_imports)
     splits = resolved.dataset(**_dataset_arguments(resolved.dataset, cfg.data), **cfg.data.kwargs)
     if not (isinstance(splits, (tuple, list)) and len(splits) == 3) or splits[0] is None:
         got = f"a {type(splits).__name__} of length {len(splits)}" if isinstance(splits, (tuple, list)) \
@@ -773,9 +922,10 @@ def example_input(loader: Iterable) -> Any:
     return jax.tree.map(lambda a: np.asarray(a)[:1], inputs)
 
 
-def build_callbacks(cfg: Config, resolved: Resolved | None = None) -> list:
+def build_callbacks(cfg: Config, resolved: Resolved | None = None, *, trust_config: bool = False,
+                    allow_imports: Iterable[str] = ()) -> list:
     """The callbacks, in the config's order."""
-    resolved = resolved or resolve_config(cfg)
+    resolved = resolved or resolve_config(cfg, trust_config=trust_config, allow_imports=allow_imports)
     callbacks = []
     for i, (item, cls) in enumerate(zip(cfg.callbacks, resolved.callbacks)):
         try:
@@ -794,11 +944,12 @@ def _fill_first(params: Mapping[str, inspect.Parameter], names: Sequence[str], a
             return
 
 
-def build_loggers(cfg: Config, log_dir: str, resolved: Resolved | None = None) -> list:
+def build_loggers(cfg: Config, log_dir: str, resolved: Resolved | None = None, *, trust_config: bool = False,
+                  allow_imports: Iterable[str] = ()) -> list:
     """The extra logger objects, writing under ``log_dir`` unless their args say otherwise."""
     from flaxlight.loggers.base import run_display_name
 
-    resolved = resolved or resolve_config(cfg)
+    resolved = resolved or resolve_config(cfg, trust_config=trust_config, allow_imports=allow_imports)
     params_cfg = cfg.trainer.logger_params
     loggers = []
     for i, (item, cls) in enumerate(zip(cfg.loggers, resolved.loggers)):
@@ -833,9 +984,10 @@ def _is_default(field: dataclasses.Field, value: Any) -> bool:
 
 
 def build_trainer(cfg: Config, exmp_input: Any, *, resolved: Resolved | None = None,
-                  callbacks: Sequence = (), loggers: Sequence = (), **overrides: Any) -> TrainerModule:
+                  callbacks: Sequence = (), loggers: Sequence = (), trust_config: bool = False,
+                  allow_imports: Iterable[str] = (), **overrides: Any) -> TrainerModule:
     """The trainer the config describes (``callbacks``/``loggers`` are appended to the config's)."""
-    resolved = resolved or resolve_config(cfg)
+    resolved = resolved or resolve_config(cfg, trust_config=trust_config, allow_imports=allow_imports)
     trainer_cfg = cfg.trainer
     logger_params = _logger_params(cfg, resolved)
     # The options the config changes (the trainer's defaults are TrainerOptions' own, the same fields).
@@ -865,26 +1017,54 @@ def build_trainer(cfg: Config, exmp_input: Any, *, resolved: Resolved | None = N
 
 
 def load_trainer(cfg: Config, run_dir: str | os.PathLike, exmp_input: Any, *, which: str = "best",
-                 resolved: Resolved | None = None, **overrides: Any) -> TrainerModule:
-    """The trainer class of ``cfg`` loaded from a run's log dir (``load_from_checkpoint``)."""
-    resolved = resolved or resolve_config(cfg)
+                 resolved: Resolved | None = None, trust_config: bool = False, allow_imports: Iterable[str] = (),
+                 **overrides: Any) -> TrainerModule:
+    """The trainer class of ``cfg`` loaded from a run's log dir (``load_from_checkpoint``).
+
+    The model class is the config's (resolved as :func:`resolve_config` does, with the same
+    opt-in), never an import path read from the run's ``hparams.yaml``.
+    """
+    policy = _ImportPolicy.of(trust_config, allow_imports)
+    resolved = resolved or _resolve_config(cfg, policy)
+    if resolved.model_class is not None:
+        overrides.setdefault("model_class", resolved.model_class)
+    else:
+        _check_saved_model_class(resolved.trainer_class, run_dir, policy)
     overrides.setdefault("enable_progress_bar", False)
     return resolved.trainer_class.load_from_checkpoint(run_dir, exmp_input=exmp_input, which=which, **overrides)
 
 
+def _check_saved_model_class(trainer_class: type, run_dir: str | os.PathLike, policy: _ImportPolicy) -> None:
+    """A trainer that picks its model itself takes no model_class to pass; loading imports the
+    class named in ``hparams.yaml`` when the saved model hparams are not all its arguments (a
+    file edited by hand): refuse that unless the caller opted in to importing it."""
+    hparams = read_hparams(os.fspath(run_dir))
+    named = registry.explicit_parameters(trainer_class.__init__)
+    model_hparams = hparams.get("model_hparams") or {}
+    path = hparams.get("model_class")
+    would_import = "model_hparams" in named or not set(model_hparams) <= set(named)
+    if would_import and isinstance(path, str) and not policy.allows(path):
+        where = os.path.join(os.fspath(run_dir), HPARAMS_FILE)
+        raise _refused_import(f"{where}: model_class", path, "model", policy)
+
+
 def build_run(config: str | os.PathLike | Mapping[str, Any] | Config, *, log_dir: str | os.PathLike | None = None,
               callbacks: Sequence = (), loggers: Sequence = (), monitor: str | None = None,
-              mode: str | None = None) -> dict[str, Any]:
+              mode: str | None = None, trust_config: bool = False,
+              allow_imports: Iterable[str] = ()) -> dict[str, Any]:
     """Everything a run needs, built from a config: ``{"trainer", "train_loader", "val_loader",
     "test_loader", "num_epochs", "config"}``; the resolved config is saved in the trainer's log dir.
 
     ``log_dir`` replaces ``trainer.logger_params.log_dir``; ``callbacks``/``loggers`` (objects) are
     added after the config's; ``monitor``/``mode`` apply unless the config's trainer sets a monitor
-    (what :func:`flaxlight.tune.tune_from_config` uses for each trial).
+    (what :func:`flaxlight.tune.tune_from_config` uses for each trial). ``trust_config`` /
+    ``allow_imports``: the opt-in for import paths, as for :func:`resolve_config`.
     """
     import copy
 
-    cfg = copy.deepcopy(config) if isinstance(config, Config) else load_config(config)
+    policy = _ImportPolicy.of(trust_config, allow_imports)
+    cfg = copy.deepcopy(config) if isinstance(config, Config) else \
+        load_config(config, trust_config=policy.trust, allow_imports=policy.allow)
     if log_dir is not None:
         cfg.trainer.logger_params.log_dir = os.fspath(log_dir)
     if monitor is not None and cfg.trainer.monitor is None:
@@ -894,7 +1074,7 @@ def build_run(config: str | os.PathLike | Mapping[str, Any] | Config, *, log_dir
             TrainerOptions.__post_init__(cfg.trainer)
         except ValueError as exc:
             raise ConfigError(f"trainer: {exc}") from None
-    resolved = resolve_config(cfg)
+    resolved = _resolve_config(cfg, policy)
     train, val, test = build_data(cfg, resolved)
     trainer = build_trainer(cfg, example_input(train), resolved=resolved, callbacks=callbacks, loggers=loggers)
     if trainer.log_dir:
@@ -914,19 +1094,23 @@ class FitResult:
 
 
 def fit(config: str | os.PathLike | Mapping[str, Any] | Config, overrides: Iterable[str] = (), *,
-        callbacks: Sequence = (), loggers: Sequence = (), resume: bool = False) -> FitResult:
+        callbacks: Sequence = (), loggers: Sequence = (), resume: bool = False, trust_config: bool = False,
+        allow_imports: Iterable[str] = ()) -> FitResult:
     """Train (and test, when the data has a test split) the run a config describes.
 
     The resolved config is saved as ``config.yaml`` in the run's log dir before training starts.
     ``callbacks``/``loggers`` are objects added after the config's (e.g. a pruning callback).
     ``resume=True`` continues from the newest checkpoint in ``trainer.logger_params.log_dir``.
+    Import paths in the config run only with ``allow_imports=["mypkg"]`` or ``trust_config=True``
+    (see :func:`resolve_config`); registered names need neither.
 
     Example:
         >>> result = fit("examples/configs/sine_regression.yaml", ["trainer.max_epochs=2"])  # doctest: +SKIP
         >>> result.metrics["test/loss"], result.log_dir                                        # doctest: +SKIP
     """
-    cfg = config if isinstance(config, Config) and not overrides else load_config(config, overrides)
-    run = build_run(cfg, callbacks=callbacks, loggers=loggers)
+    opt_in = {"trust_config": trust_config, "allow_imports": allow_imports}
+    cfg = config if isinstance(config, Config) and not overrides else load_config(config, overrides, **opt_in)
+    run = build_run(cfg, callbacks=callbacks, loggers=loggers, **opt_in)
     trainer = run["trainer"]
     metrics = trainer.train_model(run["train_loader"], run["val_loader"], test_loader=run["test_loader"],
                                   num_epochs=run["num_epochs"], resume=resume)

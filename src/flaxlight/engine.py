@@ -120,13 +120,15 @@ def _loop_functions(train_step: Callable, eval_step: Callable, *, block_length: 
         block_at=lambda state, acc, item: block(state, acc, take_batches(*item, count=block_length)))
 
 
-def check_step_pair(functions: Any, owner: str) -> tuple[Callable, Callable]:
-    """``(train_step, eval_step)``, or a clear error about what ``create_functions`` returned."""
+def check_step_pair(functions: Any, rule: str) -> tuple[Callable, Callable]:
+    """``(train_step, eval_step)``, or a clear error: ``rule`` says who must provide them."""
     if isinstance(functions, (tuple, list)) and len(functions) == 2 and all(map(callable, functions)):
         return functions[0], functions[1]
     got = f"{type(functions).__name__} of length {len(functions)}" if isinstance(functions, (tuple, list)) \
         else type(functions).__name__
-    raise TypeError(f"{owner}.create_functions() must return a pair (train_step, eval_step) of functions; got {got}.")
+    if isinstance(functions, tuple) and len(functions) == 2:
+        got = f"({', '.join(type(f).__name__ for f in functions)})"
+    raise TypeError(f"{rule} a pair (train_step, eval_step) of functions; got {got}.")
 
 
 class Engine:
@@ -337,6 +339,12 @@ class Engine:
             acc = self._evaluate(state, acc, batch)
             after_batch()
         return acc
+
+    def close(self) -> None:
+        """Wait for background work (the eval step compiling ahead) before the run ends."""
+        if self._eval_compiler is not None:
+            self._eval_compiler.join()
+            self._eval_compiler = None
 
     def compile_eval_ahead(self, state, loader) -> None:
         """Compile the eval step for ``loader``'s batch shapes in a background thread, while the

@@ -12,6 +12,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import signal
 import threading
@@ -81,10 +82,11 @@ class LoopState:
     batch_index: int = 0
     acc: Any = None
     train_metrics: dict = dataclasses.field(default_factory=dict)
+    validated: bool = False  # the epoch's validation ran (phase "val": the epoch is not over yet)
 
     def start_epoch(self) -> None:
         """A fresh epoch (not the rest of one interrupted mid-way)."""
-        self.phase, self.batch_index, self.acc = "train", 0, None
+        self.phase, self.batch_index, self.acc, self.validated = "train", 0, None, False
         self.running_log.reset()
 
 
@@ -180,6 +182,21 @@ class SignalGuard:
         for signum, handler in self.previous.items():
             signal.signal(signum, handler)
         self.schedule.interrupt_signal = None
+
+    @staticmethod
+    @contextlib.contextmanager
+    def ignoring():
+        """SIGTERM/SIGINT ignored inside the block (e.g. while the interrupt's checkpoint is
+        written), then handled as before (main thread only; elsewhere nothing changes)."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        previous = {signum: signal.signal(signum, signal.SIG_IGN) for signum in SignalGuard.SIGNALS}
+        try:
+            yield
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
 
 
 def limit_batches(available: int | None, limit: int | float | None, name: str) -> int | None:

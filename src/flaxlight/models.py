@@ -23,6 +23,7 @@ from typing import Any, Mapping, Sequence
 
 import flax.linen as nn
 import jax
+import numpy as np
 from flax import nnx
 
 __all__ = ["LinenAdapter", "NNXAdapter", "make_adapter", "is_nnx_model"]
@@ -50,6 +51,11 @@ def _check_hparams(model_class, model_hparams: Mapping[str, Any], accepted: Sequ
 
 def make_adapter(model_class, model_hparams: Mapping[str, Any], seed: int = 0):
     """The adapter for a ``flax.linen.Module`` or ``flax.nnx.Module`` class (else a clear error)."""
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+        raise TypeError(f"seed must be an int, got {seed!r} ({type(seed).__name__}); e.g. seed=42.")
+    if isinstance(model_class, (nn.Module, nnx.Module)):
+        raise TypeError(f"model_class must be a class, got an instance of {type(model_class).__name__}: pass "
+                        f"model_class={type(model_class).__name__} and its arguments in model_hparams.")
     if isinstance(model_class, type) and issubclass(model_class, nn.Module):
         fields = [f.name for f in dataclasses.fields(model_class) if f.name not in ("parent", "name")]
         _check_hparams(model_class, model_hparams, fields, extra_ok=False)

@@ -9,11 +9,16 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import difflib
 from typing import Any, Mapping
 
 from flaxlight import distributed as dist
 
 __all__ = ["TrainerOptions", "DEFAULT_MONITORS"]
+
+# The constructor arguments of TrainerModule itself (for messages).
+TRAINER_ARGUMENTS = ("model_class", "model_hparams", "optimizer_hparams", "exmp_input", "seed", "logger_params",
+                     "enable_progress_bar", "debug", "check_val_every_n_epoch")
 
 # The seed's priority for choosing the best model: (metric, higher is better).
 DEFAULT_MONITORS = (("val/val_metric", False), ("val/acc", True), ("val/loss", False))
@@ -91,10 +96,18 @@ class TrainerOptions:
                  f"one of {dist.MODES} or None")
 
     @classmethod
-    def from_kwargs(cls, kwargs: Mapping[str, Any]) -> "TrainerOptions":
-        """The options among a trainer's keyword arguments (the others are left to the trainer)."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in kwargs.items() if k in names})
+    def from_kwargs(cls, kwargs: Mapping[str, Any], owner: str = "TrainerModule") -> "TrainerOptions":
+        """The options among a trainer's extra keyword arguments; any other key is an error
+        (a misspelt ``max_step=3`` must not train a whole epoch silently)."""
+        names = [f.name for f in dataclasses.fields(cls)]
+        for key in kwargs:
+            if key not in names:
+                close = difflib.get_close_matches(key, names + list(TRAINER_ARGUMENTS), n=1)
+                hint = f" Did you mean {close[0]!r}?" if close else ""
+                raise TypeError(f"{owner} got an unknown keyword argument {key!r}.{hint} It takes the seed's arguments "
+                                f"({', '.join(TRAINER_ARGUMENTS)}), callbacks, loggers, mesh, and the TrainerOptions "
+                                f"fields: {', '.join(names)}.")
+        return cls(**kwargs)
 
     def reached_max_steps(self, step: int) -> bool:
         return self.max_steps is not None and step >= self.max_steps

@@ -1,9 +1,12 @@
 """Short names for models, datasets, trainers, callbacks and loggers, and import paths for the rest.
 
-A config (or any code) names a component either by a registered short name (``mlp_classifier``,
-``digits``, ``classification``, ``early_stopping``) or by an importable path
-(``mypkg.models.ResNet`` or ``mypkg.models:ResNet``), so user code plugs in without changing
-flaxlight. Registering is one line, a decorator:
+Code names a component either by a registered short name (``mlp_classifier``, ``digits``,
+``classification``, ``early_stopping``) or by an importable path (``mypkg.models.ResNet`` or
+``mypkg.models:ResNet``), so user code plugs in without changing flaxlight. A *config* resolves
+registered names only, unless its caller opts in to import paths (``flaxlight --allow-import
+mypkg`` / ``--trust-config``; see :func:`flaxlight.config.resolve_config`): registering your
+components in your own code, before loading the config, is the way that needs no trust in the
+config. Registering is one line, a decorator:
 
     >>> from flaxlight.registry import register_model
     >>> @register_model("my_mlp")                       # doctest: +SKIP
@@ -118,7 +121,8 @@ def import_object(path: str) -> Any:
                     f"no module {name!r} can be imported"
                 raise RegistryError(
                     f"Cannot resolve {path!r}: {where}. Check the spelling, that the package is installed, or that "
-                    f"its folder is on PYTHONPATH (the flaxlight command adds the current directory)."
+                    f"its folder is on PYTHONPATH (the flaxlight command adds the current directory when imports are "
+                    f"allowed)."
                 ) from None
             attrs = module_parts[i - 1:] + attrs
             break
@@ -200,14 +204,20 @@ class Registry:
             close = difflib.get_close_matches(key, list(by_key), n=1, cutoff=0.6)
             hint = f" Did you mean {by_key[close[0]]!r}?" if close else ""
             raise RegistryError(
-                f"Unknown {self.kind} {name!r}.{hint} Registered {self.kind}s: {', '.join(names) or '(none)'}; "
-                f"or give an import path such as 'mypkg.module.Name'."
+                f"Unknown {self.kind} {name!r}.{hint} Registered {self.kind}s: {', '.join(names) or '(none)'}. "
+                f"Register yours with {self._register_hint()} in your code, or give an import "
+                f"path such as 'mypkg.module.Name' (in a config: with --allow-import mypkg or --trust-config)."
             )
         registered_name, obj = self._entries[key]
         if isinstance(obj, str):  # lazy
             obj = import_object(obj)
             self._entries[key] = (registered_name, obj)
         return obj
+
+    def _register_hint(self) -> str:
+        if REGISTRIES.get(self.kind) is self:
+            return f"flaxlight.registry.register_{self.kind}(...)"
+        return "register(...)"
 
     def __repr__(self) -> str:
         return f"Registry({self.kind!r}, {self.names()})"

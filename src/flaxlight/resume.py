@@ -42,6 +42,7 @@ class CheckpointMeta:
         step: optimizer updates completed.
         epoch, phase, batch_index: where the loop was (``phase``: ``"train"`` mid-epoch,
             ``"val"`` after the epoch's training, ``"epoch_end"`` after its validation).
+        validated: whether the epoch's validation ran (a save at validation: it is not repeated).
         train_metrics: the last finished epoch's ``train/...`` means.
         train_sums: the current epoch's metric sums so far (mid-epoch saves), as floats.
         running_log: the running log's position (:class:`flaxlight.loop.RunningLog`).
@@ -56,6 +57,7 @@ class CheckpointMeta:
     phase: str = "epoch_end"
     batch_index: int = 0
     train_metrics: dict = dataclasses.field(default_factory=dict)
+    validated: bool = False
     train_sums: dict | None = None
     running_log: dict = dataclasses.field(default_factory=dict)
     best_eval_metrics: dict | None = None
@@ -72,17 +74,17 @@ class CheckpointMeta:
         """The meta of a checkpoint taken now: the loop's position, the callbacks' states and
         ``run`` (``best_eval_metrics``, ``best_step``, ``num_epochs``, ``steps_per_epoch``)."""
         return cls(step=step, epoch=loop.epoch, phase=loop.phase, batch_index=loop.batch_index,
-                   train_metrics=loop.train_metrics, train_sums=sums_to_json(loop.acc),
+                   train_metrics=loop.train_metrics, validated=loop.validated, train_sums=sums_to_json(loop.acc),
                    running_log=loop.running_log.state_dict(),
                    callbacks={name: cb.state_dict() for name, cb in named_callbacks(callbacks)}, **run)
 
     def loop_state(self) -> LoopState:
         """Where the loop continues: the saved position, or the next epoch after an epoch's end."""
-        loop = LoopState(epoch=self.epoch, phase=self.phase, batch_index=self.batch_index,
+        loop = LoopState(epoch=self.epoch, phase=self.phase, batch_index=self.batch_index, validated=self.validated,
                          acc=sums_from_json(self.train_sums), train_metrics=dict(self.train_metrics))
         loop.running_log.load_state_dict(self.running_log)
         if loop.phase == "epoch_end":
-            loop.epoch, loop.batch_index = loop.epoch + 1, 0
+            loop.epoch, loop.batch_index, loop.validated = loop.epoch + 1, 0, False
         return loop
 
     def restore_callbacks(self, callbacks: Sequence[Any]) -> None:
@@ -139,7 +141,8 @@ def restore_run(own: Checkpointer, resume_from: str | os.PathLike | None, state:
     if not checkpointer.all_steps():
         if resume_from is not None:
             raise FileNotFoundError(f"resume_from={os.fspath(resume_from)!r}: no checkpoint there.")
-        messages.info("resume=True: no checkpoint in %s yet, starting from scratch.", checkpointer.directory)
+        warnings.warn(f"resume=True, but there is no checkpoint in {checkpointer.directory}: starting from scratch. "
+                      f"If you meant to continue a run, check the log_dir.", RuntimeWarning, stacklevel=4)
         return None
     wanted_step = step_in_path(resume_from) if resume_from is not None else None
     if wanted_step is not None:

@@ -16,7 +16,11 @@ import dataclasses
 import difflib
 import json
 import os
+import shutil
+import socket
 import tempfile
+import uuid
+import warnings
 from typing import Any, Mapping
 
 import jax
@@ -29,7 +33,7 @@ from flaxlight.loggers.base import run_display_name
 from flaxlight.registry import RegistryError, explicit_parameters, import_object
 
 __all__ = ["LoggerParams", "HPARAMS_FILE", "CHECKPOINT_DIR", "METRICS_DIR", "LOGGER_TYPES", "next_version_dir",
-           "open_run", "no_run_files", "make_loggers", "write_hparams", "read_hparams", "trainer_kwargs",
+           "open_run", "no_run_files", "claim_run", "RunLock", "run_files_present", "make_loggers", "write_hparams", "read_hparams", "trainer_kwargs",
            "write_metrics", "to_yaml_safe", "class_path",
            "enable_compilation_cache"]
 
@@ -87,12 +91,21 @@ class LoggerParams:
 
 
 def next_version_dir(base: str | os.PathLike) -> str:
-    """``<base>/version_<N>`` with N one more than the highest there (``version_0`` first)."""
+    """Claim ``<base>/version_<N>``, N one more than the highest there (``version_0`` first).
+
+    The folder is created here, atomically: runs started together get distinct versions.
+    """
     base = os.fspath(base)
     os.makedirs(base, exist_ok=True)
-    versions = [int(n.split("_", 1)[1]) for n in os.listdir(base)
-                if n.startswith("version_") and n.split("_", 1)[1].isdigit()]
-    return os.path.join(base, f"version_{max(versions, default=-1) + 1}")
+    while True:
+        versions = [int(n.split("_", 1)[1]) for n in os.listdir(base)
+                    if n.startswith("version_") and n.split("_", 1)[1].isdigit()]
+        path = os.path.join(base, f"version_{max(versions, default=-1) + 1}")
+        try:
+            os.mkdir(path)
+            return path
+        except FileExistsError:  # another run took it first: try the next number
+            continue
 
 
 def run_dir(params: LoggerParams, owner_name: str) -> str:
@@ -113,9 +126,118 @@ def open_run(logger_params: Mapping[str, Any] | None, owner_name: str,
     return log_dir, loggers, Checkpointer(os.path.join(log_dir, CHECKPOINT_DIR), max_to_keep=None)
 
 
+def run_files_present(log_dir: str) -> list[str]:
+    """The files of an earlier run in ``log_dir`` (checkpoints, hparams, metrics), by name."""
+    found = [name for name in (HPARAMS_FILE, "metrics.csv") if os.path.isfile(os.path.join(log_dir, name))]
+    checkpoints = os.path.join(log_dir, CHECKPOINT_DIR)
+    if os.path.isdir(checkpoints) and any(n.isdigit() for n in os.listdir(checkpoints)):
+        found.append(CHECKPOINT_DIR + "/")
+    return found
+
+
+def claim_run(log_dir: str, checkpointer: Checkpointer, *, continuing: bool, overwrite: bool,
+              owned: bool) -> "RunLock":
+    """Make sure training into ``log_dir`` overwrites no other run, and lock it for this process.
+
+    A folder holding an earlier run's files is an error unless the run is continued (``resume``)
+    or replaced (``overwrite=True``: its checkpoints, ``hparams.yaml``, ``metrics.csv`` and
+    ``metrics/`` are deleted first); ``owned``: this trainer wrote them itself, in this process.
+    """
+    lock = RunLock(log_dir)
+    lock.acquire()
+    try:
+        present = run_files_present(log_dir)
+        if present and not (continuing or owned):
+            if not overwrite:
+                raise FileExistsError(
+                    f"log_dir {log_dir} already holds a run ({', '.join(present)}). Pass train_model(..., resume=True) "
+                    f"to continue it, train_model(..., overwrite=True) to replace it, or choose another log_dir "
+                    f"(without log_dir, each run gets a new version_N folder).")
+            checkpointer.wait()
+            for path in (os.path.join(log_dir, CHECKPOINT_DIR), os.path.join(log_dir, METRICS_DIR)):
+                shutil.rmtree(path, ignore_errors=True)
+            for name in (HPARAMS_FILE, "metrics.csv"):
+                if os.path.isfile(os.path.join(log_dir, name)):
+                    os.remove(os.path.join(log_dir, name))
+            os.makedirs(os.path.join(log_dir, METRICS_DIR), exist_ok=True)
+            checkpointer.reload()
+    except BaseException:
+        lock.release()
+        raise
+    return lock
+
+
+class RunLock:
+    """``<log_dir>/.flaxlight.lock``: the process training into the folder (pid and host).
+
+    A second process that tries to train into a live run's folder is refused; a lock left by a
+    process that no longer runs (on this host) is taken over with a warning.
+
+    Example:
+        >>> lock = RunLock("runs/sine"); lock.acquire()   # doctest: +SKIP
+        >>> lock.release()                                # doctest: +SKIP
+    """
+
+    FILE = ".flaxlight.lock"
+
+    def __init__(self, log_dir: str):
+        self.path, self.held = os.path.join(log_dir, self.FILE), False
+
+    def acquire(self) -> None:
+        me = f"{os.getpid()} {socket.gethostname()}"
+        for _ in range(3):
+            try:
+                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            except FileExistsError:
+                self._check_owner()
+                continue
+            with os.fdopen(fd, "w") as f:
+                f.write(me)
+            self.held = True
+            return
+        raise RuntimeError(f"Could not take the lock {self.path}: other processes keep claiming it.")
+
+    def _check_owner(self) -> None:
+        """Raise when the lock's owner runs; remove the lock when it is gone (or is us)."""
+        try:
+            with open(self.path) as f:
+                pid_text, _, host = f.read().strip().partition(" ")
+        except FileNotFoundError:
+            return
+        pid = int(pid_text) if pid_text.isdigit() else None
+        if pid is not None and host == socket.gethostname() and (pid == os.getpid() or not _process_alive(pid)):
+            if pid != os.getpid():
+                warnings.warn(f"Taking over {self.path}: process {pid}, which held it, no longer runs.",
+                              RuntimeWarning, stacklevel=4)
+            os.remove(self.path)
+            return
+        raise RuntimeError(
+            f"{os.path.dirname(self.path)} is in use by process {pid_text or '?'} on {host or '?'} (lock file "
+            f"{self.path}): two runs must not write into one folder. Wait for it to finish or choose another "
+            f"log_dir; if that process is gone, delete the lock file.")
+
+    def release(self) -> None:
+        if self.held:
+            self.held = False
+            try:
+                os.remove(self.path)
+            except FileNotFoundError:
+                pass
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def no_run_files() -> tuple[None, LoggerCollection, Checkpointer]:
     """What ``fast_dev_run`` writes to: no log dir, no loggers, a checkpointer nothing uses."""
-    unused = os.path.join(tempfile.gettempdir(), "flaxlight-fast-dev-run-unused")
+    unused = os.path.join(tempfile.gettempdir(), f"flaxlight-fast-dev-run-{uuid.uuid4().hex}")  # never created
     return None, LoggerCollection([]), Checkpointer(unused)
 
 
@@ -144,6 +266,8 @@ def make_loggers(params: LoggerParams, log_dir: str, extra: list[Logger]) -> Log
 
 
 def class_path(cls: type) -> str:
+    """``package.module.Name`` of a class (of an object's class, for anything else)."""
+    cls = cls if isinstance(cls, type) else type(cls)
     return f"{cls.__module__}.{cls.__qualname__}"
 
 

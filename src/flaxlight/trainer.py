@@ -57,7 +57,7 @@ class TrainerModule(TrainerViewMixin):
                  **kwargs: Any):
         mesh, callbacks = kwargs.pop("mesh", None), list(kwargs.pop("callbacks", None) or [])
         self._user_loggers = list(kwargs.pop("loggers", None) or [])  # checked by init_logger
-        self.options = TrainerOptions.from_kwargs(kwargs)
+        self.options = TrainerOptions.from_kwargs(kwargs, owner=type(self).__name__)
         if not isinstance(check_val_every_n_epoch, int) or check_val_every_n_epoch < 1:
             raise ValueError(f"check_val_every_n_epoch must be a positive int, got {check_val_every_n_epoch!r}.")
         self.model_class, self.model_hparams = model_class, dict(model_hparams or {})
@@ -81,7 +81,9 @@ class TrainerModule(TrainerViewMixin):
         self.engine: Engine | None = None
         self.create_jitted_functions()
         if self.engine is None:  # an override that set only the seed's self.train_step / self.eval_step
-            self.engine = self._make_engine(getattr(self, "train_step", None), getattr(self, "eval_step", None))
+            seed_steps = getattr(self, "train_step", None), getattr(self, "eval_step", None)
+            self.engine = self._make_engine(*check_step_pair(seed_steps, f"{type(self).__name__}.create_jitted_"
+                                                             f"functions() must set self.train_step, self.eval_step:"))
         self.init_model(exmp_input)
 
     def _start_fresh_run_state(self) -> None:
@@ -93,6 +95,7 @@ class TrainerModule(TrainerViewMixin):
         self._loop, self._schedule, self._nonfinite = LoopState(), EventSchedule(), NonfiniteTally()
         self._best_eval_metrics: dict | None = None
         self._is_best, self._val_loader = False, None
+        self._trained_here, self._run_lock = False, None
 
     def _set_up_run_files(self, logger_params: Mapping[str, Any] | None) -> None:
         """The run's folder and loggers (``init_logger``); none in ``fast_dev_run``."""
@@ -160,13 +163,11 @@ class TrainerModule(TrainerViewMixin):
         """Build the loop's :class:`~flaxlight.engine.Engine` from :meth:`create_functions` (jitted
         once, state donated; ``debug=True``: un-jitted). ``self.train_step`` / ``self.eval_step``
         are the jitted single steps. An override may set just those two; the loop then runs them."""
-        self.engine = self._make_engine(*check_step_pair(self.create_functions(), type(self).__name__))
+        self.engine = self._make_engine(*check_step_pair(self.create_functions(),
+                                                         f"{type(self).__name__}.create_functions() must return"))
         self.train_step, self.eval_step = self.engine.train_step, self.engine.eval_step
 
     def _make_engine(self, train_step: Callable, eval_step: Callable) -> Engine:
-        if not (callable(train_step) and callable(eval_step)):
-            raise TypeError(f"{type(self).__name__}.create_jitted_functions() must set self.train_step and "
-                            f"self.eval_step (or call super().create_jitted_functions()).")
         if self.debug:
             messages.info("debug=True: the train and eval steps run un-jitted (prints and breakpoints work).")
         return Engine(train_step, eval_step, steps_per_execution=self.options.steps_per_execution,
@@ -183,7 +184,7 @@ class TrainerModule(TrainerViewMixin):
     # ------------------------------------------------------------------ the loop
     def train_model(self, train_loader: Iterable, val_loader: Iterable | None, test_loader: Iterable | None = None,
                     num_epochs: int = 500, steps_per_epoch: int | None = None, resume: bool = False,
-                    resume_from: str | os.PathLike | None = None) -> dict[str, float]:
+                    resume_from: str | os.PathLike | None = None, overwrite: bool = False) -> dict[str, float]:
         """Train ``num_epochs``, validate every ``check_val_every_n_epoch``, keep the best model.
 
         Returns the best validation metrics merged with that epoch's train metrics and, when a
@@ -194,9 +195,11 @@ class TrainerModule(TrainerViewMixin):
         dir or one ``checkpoints/<step>`` dir. A resumed run ends exactly as an uninterrupted one
         when the data order is a pure function of the epoch (see :class:`ArrayLoader`; a loader
         of your own needs a ``set_epoch(epoch)`` method or an order that never changes).
-        SIGTERM/SIGINT make the loop finish the current step, save a checkpoint and exit.
+        SIGTERM/SIGINT make the loop finish the current step, save a checkpoint and exit. A
+        ``log_dir`` holding another run is an error unless resumed or ``overwrite=True`` (replace it).
         """
         num_epochs = self._prepare_run(train_loader, val_loader, num_epochs, steps_per_epoch)
+        self._claim_run_folder(continuing=resume or resume_from is not None, overwrite=overwrite)
         if resume or resume_from is not None:
             self._resume(resume_from, train_loader)
         self.global_step, self._val_loader = int(to_host(self.state.step)), val_loader
@@ -237,6 +240,13 @@ class TrainerModule(TrainerViewMixin):
         self.should_stop, self.stop_reason = False, None
         return plan.num_epochs
 
+    def _claim_run_folder(self, continuing: bool, overwrite: bool) -> None:
+        """Refuse to overwrite another run or to share a live one (:func:`flaxlight.runfiles.claim_run`)."""
+        if self.log_dir is not None and dist.is_main_process():
+            self._run_lock = runfiles.claim_run(self.log_dir, self.checkpointer, continuing=continuing,
+                                                overwrite=overwrite, owned=self._trained_here)
+            self._trained_here = True
+
     def _run_epoch(self, epoch_idx: int, train_loader, val_loader) -> None:
         """Train one epoch (or its rest, after a resume), validate when due, run the epoch hooks."""
         loop = self._loop
@@ -249,8 +259,8 @@ class TrainerModule(TrainerViewMixin):
             self._log({**loop.train_metrics, "epoch": epoch_idx})
             self.on_training_epoch_end(epoch_idx)
             self._call_callbacks("on_train_epoch_end", epoch_idx, loop.train_metrics)
-        if val_loader is not None and (epoch_idx % self.check_val_every_n_epoch == 0
-                                       or self._limits.validate_every_epoch):
+        if val_loader is not None and not loop.validated and (epoch_idx % self.check_val_every_n_epoch == 0
+                                                              or self._limits.validate_every_epoch):
             self._validate(val_loader)
         loop.phase = "epoch_end"
         self._call_callbacks("on_epoch_end", epoch_idx)
@@ -270,6 +280,7 @@ class TrainerModule(TrainerViewMixin):
         if self._is_best:
             self._best_eval_metrics = {**eval_metrics, **loop.train_metrics}
             self.save_metrics("best_eval", eval_metrics)
+        loop.validated = loop.phase == "val"  # an epoch's validation: a checkpoint from now on says it ran
         self._call_callbacks("on_validation_end", loop.epoch, eval_metrics)
 
     def _test(self, test_loader) -> dict[str, float]:
@@ -350,23 +361,6 @@ class TrainerModule(TrainerViewMixin):
         intervals = [self.options.log_every_n_steps, self.options.val_check_interval]
         self._schedule.plan(self.global_step, intervals + [cb.every_n_steps for cb in self.callbacks],
                             self.options.max_steps)
-
-    def _log_running(self, point: tuple[int, dict, int] | None) -> None:
-        """Log a log point's interval means (:class:`~flaxlight.loop.RunningLog`)."""
-        if point is not None:
-            step, means, nonfinite = point
-            self._nonfinite.note(step, nonfinite)
-            if means:
-                self._log(means, step=step)
-
-    def _stopping(self) -> bool:
-        return self.should_stop or self.options.reached_max_steps(self.global_step)
-
-    def _announce_stop(self) -> None:
-        if self.stop_reason is None and self.options.reached_max_steps(self.global_step):
-            self.stop_reason = f"max_steps={self.options.max_steps} reached."
-        if self.stop_reason:
-            messages.info(self.stop_reason)
 
     def eval_model(self, data_loader: Iterable, log_prefix: str = "") -> dict[str, float]:
         """Evaluate on ``data_loader``; per-example weighted means keyed ``log_prefix + name``."""
@@ -471,16 +465,21 @@ class TrainerModule(TrainerViewMixin):
         return self.state
 
     def _save_on_interrupt(self, interrupt: Interrupted) -> None:
-        self.save_model(self.global_step)
-        self.checkpointer.wait()
+        if self.log_dir is not None:  # fast_dev_run writes nothing
+            with SignalGuard.ignoring():  # a second Ctrl-C waits for the save
+                self.save_model(self.global_step)
+                self.checkpointer.wait()
         self._call_callbacks("on_exception", interrupt)
         self._finish_files("interrupted")
         messages.info(interrupt.explain(self.global_step, self._loop.epoch, self.checkpointer.directory, self.log_dir))
         raise SystemExit(128 + interrupt.signum)
 
     def _finish_files(self, status: str) -> None:
+        self.engine.close()
         self.checkpointer.wait()
         self.logger.finalize(status)
+        if self._run_lock is not None:
+            self._run_lock.release()
 
     @classmethod
     def load_from_checkpoint(cls, checkpoint: str | os.PathLike, exmp_input: Any, which: str = "best",

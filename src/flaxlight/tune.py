@@ -84,7 +84,7 @@ GRACE_PERIOD_S = 180
 
 
 class TuneError(RuntimeError):
-    """The study cannot go on (e.g. too many trials in a row failed)."""
+    """The study cannot go on (too many trials in a row failed), or a call's every trial failed."""
 
 
 class StorageError(ConnectionError):
@@ -668,21 +668,47 @@ class _Interrupted(KeyboardInterrupt):
         self.original = original
 
 
+class _NoTracebackFor(logging.Filter):
+    """Drops the traceback from optuna's "Trial N failed" log record for these exception types
+    (flaxlight's own set-up errors, whose message says everything and which are raised anyway)."""
+
+    def __init__(self, *types: type[BaseException]):
+        super().__init__()
+        self.types = types
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and isinstance(record.exc_info[1], self.types):
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
 class _FailureLimit:
-    """Study callback: stop after ``limit`` trials in a row failed in this process."""
+    """Study callback: stop after ``limit`` trials in a row failed in this process; also counts this
+    process's finished and failed trials and keeps the first failure (``all_failed``)."""
 
     def __init__(self, limit: int | None):
         self.limit, self.in_a_row, self.last_error, self.hit = limit, 0, None, False
+        self.finished, self.failed = 0, 0
+        self.first_failure: tuple[int, str] | None = None
 
     def __call__(self, study, trial) -> None:
+        self.finished += 1
         if trial.state == optuna.trial.TrialState.FAIL:
+            self.failed += 1
             self.in_a_row += 1
             self.last_error = trial.user_attrs.get("error", "see the log")
+            if self.first_failure is None:
+                self.first_failure = (trial.number, self.last_error)
             if self.limit is not None and self.in_a_row >= self.limit:
                 self.hit = True
                 study.stop()
         elif trial.state in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED):
             self.in_a_row = 0
+
+    @property
+    def all_failed(self) -> bool:
+        """Whether this process ran trials and every one of them failed (none completed or was pruned)."""
+        return self.finished > 0 and self.failed == self.finished
 
 
 def _best_checkpoint(trainer) -> tuple[str | None, int | None]:
@@ -697,6 +723,41 @@ def _best_checkpoint(trainer) -> tuple[str | None, int | None]:
         return None, None
     step = pick_checkpoint(checkpointer, which="best")
     return os.path.join(str(checkpointer.directory), str(step)), int(step)
+
+
+_BOOKKEEPING = ("epoch", "epoch_time", "step")
+
+
+def _closest_metric(metric: str, logged: Iterable[str]) -> tuple[str | None, bool]:
+    """The logged metric nearest ``metric`` and whether it is a likely typo (``val/accuracy`` ->
+    ``val/acc``) rather than only the nearest name of the same split (``val/accuracy`` -> ``val/loss``)."""
+    names = [str(n) for n in logged if str(n) not in _BOOKKEEPING]
+    close = difflib.get_close_matches(metric, names, n=1)
+    if close:
+        return close[0], True
+    prefix = metric.rpartition("/")[0]
+    same_split = [n for n in names if n.rpartition("/")[0] == prefix] or names
+    if not same_split:
+        return None, False
+    ratio = lambda n: difflib.SequenceMatcher(None, metric, n).ratio()  # noqa: E731
+    return max(same_split, key=ratio), False
+
+
+def _metric_not_logged(metric: str, trainer: Any, number: int, stage: str, exc: BaseException) -> str:
+    """The message for a ``metric`` the trial's trainer never logged: the metric, where it was
+    noticed, the closest logged name, every logged name and the fix. ``stage``: ``"build"``
+    (before training: ``exc`` says why), ``"train"`` (at a validation) or ``"trained"``."""
+    logged = getattr(trainer, "callback_metrics", None)
+    if stage == "build" or not isinstance(logged, Mapping):
+        return str(exc)
+    when = (f"checked after trial {number} trained" if stage == "trained" else
+            f"found at trial {number}'s first validation, which stopped it")
+    closest, typo = _closest_metric(metric, logged)
+    hint = "" if closest is None else (f" Did you mean {closest!r}?" if typo else
+                                       f" The closest logged name is {closest!r}.")
+    return (f"the study optimises {metric!r}, which was never logged ({when}).{hint} Logged metrics: "
+            f"{sorted(map(str, logged))}. Set metric= (tune.metric in a config) to a logged metric, or log "
+            f"{metric!r} in the trainer (e.g. return it from the eval step).")
 
 
 def _short_error(exc: BaseException) -> str:
@@ -732,7 +793,7 @@ class _Objective:
         trial.set_user_attr("log_dir", log_dir)
         trial.set_user_attr("host", socket.gethostname())
         pruning = PruningCallback(trial, monitor=self.metric)
-        trainer = None
+        trainer, stage = None, "build"
         try:
             trainer, train_loader, val_loader, num_epochs = self.build(self.space.suggest(trial), log_dir, [pruning])
             if not any(cb is pruning for cb in trainer.callbacks):
@@ -740,7 +801,14 @@ class _Objective:
             actual_dir = getattr(trainer, "log_dir", None)
             if actual_dir and os.path.abspath(actual_dir) != os.path.abspath(log_dir):
                 trial.set_user_attr("log_dir", os.path.abspath(actual_dir))
+            if val_loader is None and self.metric.startswith("val/"):  # it could only fail after the whole trial
+                raise MetricNotLoggedError(
+                    f"trial {trial.number} has no validation data (val_loader is None), so the trainer never logs "
+                    f"{self.metric!r}. Give validation data (val_loader=, loaders= returning one, or a dataset with "
+                    f"a val split), or optimise a metric logged without it.")
+            stage = "train"
             metrics = trainer.train_model(train_loader, val_loader, num_epochs=num_epochs)
+            stage = "trained"
             checkpoint, _ = _best_checkpoint(trainer)
             trial.set_user_attr("best_checkpoint", checkpoint)
             trial.set_user_attr("metrics", _jsonable_metrics(metrics))
@@ -763,8 +831,9 @@ class _Objective:
         except optuna.TrialPruned:
             raise
         except MetricNotLoggedError as exc:
-            trial.set_user_attr("error", _short_error(exc))
-            raise MetricNotLoggedError(f"tune(metric={self.metric!r}): {exc}") from None
+            message = _metric_not_logged(self.metric, trainer, trial.number, stage, exc)
+            trial.set_user_attr("error", _short_error(MetricNotLoggedError(message)))
+            raise MetricNotLoggedError(f"tune(metric={self.metric!r}): {message}") from None
         except (SystemExit, KeyboardInterrupt) as exc:
             trial.set_user_attr("error", f"interrupted: {_short_error(exc)}")
             raise _Interrupted(exc) from exc
@@ -808,8 +877,9 @@ def tune(
             (the key ``data`` of ``hparams`` is then given to it, not to a trainer class).
         num_epochs: epochs per trial (pruning stops bad trials earlier).
         metric: what to optimise, e.g. ``"val/acc"``; the trial's value is the best model's
-            (``train_model``'s return). A metric the trainer never logs stops the study in its
-            first trial with :class:`MetricNotLoggedError` listing the logged keys.
+            (``train_model``'s return). A metric the trainer never logs stops the study at the
+            first validation of its first trial with :class:`MetricNotLoggedError` naming the
+            closest and all logged keys (a ``val/`` metric without ``val_loader``: before training).
         direction: ``"maximize"`` or ``"minimize"``; None infers it from the metric's name
             (``acc`` -> maximize, ``loss`` -> minimize) or asks for it.
         n_trials: trials this call runs (None: until ``timeout``); run ``tune`` again with the same
@@ -817,7 +887,8 @@ def tune(
         timeout: stop starting new trials after this many seconds.
         storage: None (SQLite ``base_dir/study_name/study.db``), a database URL, a ``.db`` or
             ``.log`` file, or an optuna storage; see :func:`make_storage`.
-        study_name: the study's name in the storage (and its folder under ``base_dir``).
+        study_name: the study's name in the storage and its folder under ``base_dir``: a plain
+            name (no ``/``, ``\\``, ``.`` or ``..``).
         base_dir: trial log dirs go to ``base_dir/study_name/trial_NNNN/``.
         sampler, pruner: optuna objects or specs for :func:`make_sampler` / :func:`make_pruner`
             (defaults: TPE seeded with ``seed``, and ``MedianPruner()``).
@@ -825,7 +896,9 @@ def tune(
         catch: exception types that fail a trial (recorded in ``user_attrs["error"]``) without
             stopping the study; others stop it after recording the trial as failed.
         max_failed_in_a_row: stop with :class:`TuneError` after this many consecutive failed
-            trials in this process (a broken set-up, not an unlucky sample); None: never.
+            trials in this process (a broken set-up, not an unlucky sample); None: never. A call
+            whose every trial failed also raises :class:`TuneError` (naming the first failure),
+            after the study is saved.
 
     Each trial's ``user_attrs``: ``log_dir``, ``best_checkpoint``, ``metrics``
     (the best validation metrics), ``epochs``, ``stop_reason``, ``host``, and ``error`` for a
@@ -927,8 +1000,7 @@ def _run_study(build: Callable[..., tuple], space: SearchSpace, *, metric: str, 
         raise ValueError(f"n_trials must be an int >= 0 (or None with a timeout), got {n_trials!r}.")
     if n_trials is None and timeout is None:
         raise ValueError("n_trials=None runs until timeout: give a timeout (seconds) too.")
-    if not isinstance(study_name, str) or not study_name or os.sep in study_name:
-        raise ValueError(f"study_name must be a non-empty name without {os.sep!r}, got {study_name!r}.")
+    _check_study_name(study_name, base_dir)
     if max_failed_in_a_row is not None and (not isinstance(max_failed_in_a_row, int) or max_failed_in_a_row < 1):
         raise ValueError(f"max_failed_in_a_row must be a positive int or None, got {max_failed_in_a_row!r}.")
     sampler, pruner = make_sampler(sampler, seed), make_pruner(pruner)
@@ -940,15 +1012,39 @@ def _run_study(build: Callable[..., tuple], space: SearchSpace, *, metric: str, 
         return study
     objective = _Objective(build, space, metric, run_dir, catch)
     limit = _FailureLimit(max_failed_in_a_row)
+    quiet = _NoTracebackFor(MetricNotLoggedError)  # a set-up error, reported whole when it stops the study
+    optuna_log = logging.getLogger("optuna.study._optimize")
+    optuna_log.addFilter(quiet)
     try:
         study.optimize(objective, n_trials=n_trials, timeout=timeout, catch=(_TrialFailed,), callbacks=[limit])
     except _Interrupted as interrupt:
         raise interrupt.original from None
+    finally:
+        optuna_log.removeFilter(quiet)
     if limit.hit:
         raise TuneError(f"Stopped study {study_name!r}: {limit.in_a_row} trials in a row failed (last error: "
                         f"{limit.last_error}). Fix the set-up and run tune again: the study resumes "
                         f"(max_failed_in_a_row=None never stops).")
+    if limit.all_failed:
+        number, error = limit.first_failure
+        raise TuneError(f"Every trial of study {study_name!r} failed ({limit.failed} of {limit.failed} run by this "
+                        f"call); the first, trial {number}: {error}. The study is saved (each failed trial's "
+                        f"user_attrs['error'], its files under {run_dir}); fix the set-up and run tune again: "
+                        f"the study resumes.")
     return study
+
+
+def _check_study_name(study_name: Any, base_dir: str | os.PathLike) -> None:
+    """The study's name is also its folder under ``base_dir``: a plain name, never a path."""
+    if not isinstance(study_name, str) or not study_name.strip():
+        raise ValueError(f"study_name must be a non-empty name such as 'digits_mlp', got {study_name!r}.")
+    separators = [sep for sep in dict.fromkeys(("/", "\\", os.sep, os.altsep)) if sep and sep in study_name]
+    if separators or study_name in (".", "..") or "\0" in study_name:
+        what = f"contains {separators[0]!r}" if separators else f"is {study_name!r}"
+        raise ValueError(f"study_name {study_name!r} is not a plain name: it is also the study's folder under "
+                         f"base_dir ({os.fspath(base_dir)!r}), and it {what}, so the study would be written "
+                         f"elsewhere. Use a name without '/', '\\' or '..', e.g. 'digits_mlp'; to put the study "
+                         f"in another folder, set base_dir.")
 
 
 def load_best(study: "optuna.Study", trainer_class: type, exmp_input: Any, which: str = "best", **overrides: Any):
@@ -1098,7 +1194,8 @@ def _sample_values(space: SearchSpace) -> dict[str, Any]:
     return {key: (param.choices[0] if isinstance(param, Categorical) else param.low) for key, param in space.items()}
 
 
-def tune_from_config(config: Mapping[str, Any], n_trials: int | None = None) -> "optuna.Study":
+def tune_from_config(config: Mapping[str, Any], n_trials: int | None = None, *, trust_config: bool = False,
+                     allow_imports: Iterable[str] = ()) -> "optuna.Study":
     """Run the study a config describes: ``flaxlight tune --config cfg.yaml [--n-trials N]``.
 
     ``config`` is a ``flaxlight fit`` config as a dict (sections ``trainer``, ``model``,
@@ -1125,34 +1222,75 @@ def tune_from_config(config: Mapping[str, Any], n_trials: int | None = None) -> 
     ``model.hparams.*``. Each trial trains ``trainer.max_epochs`` epochs (tunable too). Every key
     is checked against the config's schema before the first trial. Each trial is built with
     :func:`flaxlight.config.build_run` (its resolved config is saved in its log dir).
+    ``trust_config``/``allow_imports``: the opt-in for import paths in the config, as for
+    :func:`flaxlight.config.load_config` (registered names need none).
+
+    Mistakes in the ``tune:`` section (search space, settings, study name) raise a
+    :class:`flaxlight.config.ConfigError` naming the key before any trial runs; a study whose
+    every trial failed raises :class:`TuneError` naming the first failure.
     """
     from flaxlight import config as config_module
 
-    if not isinstance(config, Mapping):
-        raise ValueError(f"config must be a mapping (a parsed YAML file), got {type(config).__name__}.")
-    if not config.get("tune"):
-        raise ValueError("The config has no 'tune' section; add one with a search_space, e.g. tune: {search_space: "
-                         "{optimizer.lr: {type: float, low: 1.0e-4, high: 1.0e-2, log: true}}, metric: val/acc}.")
-    settings = parse_tune_config(config["tune"])
-    base_config = {k: v for k, v in config.items() if k != "tune"}
+    opt_in = {"trust_config": trust_config, "allow_imports": allow_imports}
+    settings, base_config = _check_tune_config(config, opt_in)
     space: SearchSpace = settings["search_space"]
-    try:  # unknown keys, wrong types: the config's own strict errors, before any trial runs
-        config_module.load_config(_with_overrides(base_config, _sample_values(space)))
-    except config_module.ConfigError as exc:
-        raise config_module.ConfigError(f"tune.search_space {sorted(space)}: {exc}") from None
     metric, direction = settings["metric"], settings["direction"]
     mode = "max" if direction == "maximize" else "min"
 
     def build(values: dict, log_dir: str, callbacks: list) -> tuple:
         run = config_module.build_run(_with_overrides(base_config, values), log_dir=log_dir, callbacks=callbacks,
-                                      monitor=metric if metric.startswith("val/") else None, mode=mode)
+                                      monitor=metric if metric.startswith("val/") else None, mode=mode, **opt_in)
         return run["trainer"], run["train_loader"], run["val_loader"], run["num_epochs"]
 
     trials = settings["n_trials"] if n_trials is None else n_trials
-    return _run_study(
-        build, space, metric=metric, direction=direction, n_trials=trials, timeout=settings.get("timeout"),
-        storage=settings.get("storage"), study_name=settings.get("study_name") or DEFAULT_STUDY_NAME,
-        base_dir=settings.get("base_dir") or DEFAULT_BASE_DIR, sampler=settings.get("sampler"),
-        pruner=settings.get("pruner"), seed=settings.get("seed"),
-        catch=(Exception,), max_failed_in_a_row=settings.get("max_failed_in_a_row", 5),
-    )
+    try:  # every trial's own errors are recorded in the study: what comes out here is the set-up's
+        return _run_study(
+            build, space, metric=metric, direction=direction, n_trials=trials, timeout=settings.get("timeout"),
+            storage=settings.get("storage"), study_name=settings.get("study_name") or DEFAULT_STUDY_NAME,
+            base_dir=settings.get("base_dir") or DEFAULT_BASE_DIR, sampler=settings.get("sampler"),
+            pruner=settings.get("pruner"), seed=settings.get("seed"),
+            catch=(Exception,), max_failed_in_a_row=settings.get("max_failed_in_a_row", 5),
+        )
+    except ValueError as exc:
+        if isinstance(exc, config_module.ConfigError):
+            raise
+        raise config_module.ConfigError(_in_tune_section(exc)) from None
+
+
+def _check_tune_config(config: Mapping[str, Any], opt_in: Mapping[str, Any]) -> tuple[dict, dict]:
+    """``(settings, config without tune:)`` after checking the tune section and, with one sample of
+    every parameter set, the whole config (its own strict errors), before any trial runs."""
+    from flaxlight import config as config_module
+
+    if not isinstance(config, Mapping):
+        raise ValueError(f"config must be a mapping (a parsed YAML file), got {type(config).__name__}.")
+    if not config.get("tune"):
+        raise config_module.ConfigError(
+            "The config has no 'tune' section; add one with a search_space, e.g. tune: {search_space: "
+            "{optimizer.lr: {type: float, low: 1.0e-4, high: 1.0e-2, log: true}}, metric: val/acc}.")
+    try:
+        settings = parse_tune_config(config["tune"])
+    except ValueError as exc:
+        raise config_module.ConfigError(_in_tune_section(exc)) from None
+    base_config = {k: v for k, v in config.items() if k != "tune"}
+    space: SearchSpace = settings["search_space"]
+    try:
+        config_module.load_config(_with_overrides(base_config, _sample_values(space)), **opt_in)
+    except config_module.ConfigError as exc:
+        if not any(key in str(exc) for key in space):
+            raise  # the config's own mistake (an import path without the opt-in, ...), not the search space's
+        raise config_module.ConfigError(f"tune.search_space {sorted(space)}: {exc}") from None
+    except ValueError as exc:  # a key that indexes into a list or a value that is no section
+        raise config_module.ConfigError(_in_tune_section(exc)) from None
+    return settings, base_config
+
+
+def _in_tune_section(exc: BaseException) -> str:
+    """A settings error of the ``tune:`` section, with the key's full path (``tune.study_name ...``)."""
+    message = str(exc)
+    if message.startswith(("tune.", "Unknown key tune.", "The config's 'tune'")):
+        return message
+    key = message.split("[", 1)[0].split(" ", 1)[0].rstrip(":")
+    if key in TUNE_CONFIG_KEYS:
+        return f"tune.{message}"
+    return f"tune: {message}"

@@ -4,7 +4,8 @@ What callbacks may read and do, answered from the loop's own objects. :class:`Tr
 inherits it; the members it reads are set up by the trainer: ``_loop`` (a
 :class:`~flaxlight.loop.LoopState`), ``_nonfinite`` (a :class:`~flaxlight.loop.NonfiniteTally`),
 ``_is_best``, ``engine`` (an :class:`~flaxlight.engine.Engine`), ``optimizer_plan``,
-``callbacks``, ``logger``, ``callback_metrics``, ``global_step``, ``should_stop``, ``stop_reason``.
+``callbacks``, ``logger``, ``callback_metrics``, ``global_step``, ``should_stop``, ``stop_reason``,
+``options``. It also holds the trainer's private logging and stop bookkeeping behind these.
 
 Example:
     >>> class EpochPrinter(flaxlight.Callback):                                   # doctest: +SKIP
@@ -16,6 +17,8 @@ from __future__ import annotations
 
 import difflib
 from typing import Mapping
+
+from flaxlight.messages import logger as messages
 
 __all__ = ["TrainerViewMixin"]
 
@@ -86,3 +89,22 @@ class TrainerViewMixin:
     def _call_callbacks(self, hook: str, *args) -> None:
         for callback in self.callbacks:
             getattr(callback, hook)(self, *args)
+
+    def _log_running(self, point: tuple[int, dict, int] | None) -> None:
+        """Log a log point's interval means (:class:`~flaxlight.loop.RunningLog`)."""
+        if point is not None:
+            step, means, nonfinite = point
+            self._nonfinite.note(step, nonfinite)
+            if means:
+                self._log(means, step=step)
+
+    def _stopping(self) -> bool:
+        """Whether the loop must end: :meth:`stop` was called or ``max_steps`` reached."""
+        return self.should_stop or self.options.reached_max_steps(self.global_step)
+
+    def _announce_stop(self) -> None:
+        """Say why training stopped (once, at its end), on the ``flaxlight`` logger."""
+        if self.stop_reason is None and self.options.reached_max_steps(self.global_step):
+            self.stop_reason = f"max_steps={self.options.max_steps} reached."
+        if self.stop_reason:
+            messages.info(self.stop_reason)

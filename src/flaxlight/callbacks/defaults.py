@@ -17,6 +17,7 @@ def with_default_callbacks(callbacks: list[Callback], options: Any, enable_progr
     """The user's callbacks, in their order, then the defaults ``options`` ask for (a
     :class:`ModelCheckpoint` on ``monitor``/``mode``, a :class:`Timer` for ``max_time``, a
     :class:`ProgressBar`) unless one of that kind was given. ``fast_dev_run`` writes no checkpoint.
+    :class:`ModelCheckpoint` callbacks come last, so each hook reaches them after the others.
 
     Example:
         >>> [type(cb).__name__ for cb in with_default_callbacks([], TrainerOptions(), True)]   # doctest: +SKIP
@@ -34,4 +35,7 @@ def with_default_callbacks(callbacks: list[Callback], options: Any, enable_progr
         callbacks = callbacks + [Timer(options.max_time)]
     if enable_progress_bar and ProgressBar not in kinds and dist.is_main_process():
         callbacks = callbacks + [ProgressBar()]
-    return callbacks
+    # Checkpoint callbacks hear of every moment after the others (as in Lightning), so that a
+    # checkpoint holds the other callbacks' state after that moment (an exact resume needs it).
+    return [cb for cb in callbacks if not isinstance(cb, ModelCheckpoint)] + \
+        [cb for cb in callbacks if isinstance(cb, ModelCheckpoint)]

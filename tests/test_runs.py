@@ -1,0 +1,142 @@
+"""Runs never overwrite runs; resume is exact around a save made at validation; misspelt keywords fail."""
+
+import csv
+import multiprocessing
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from conftest import RegressTrainer, TinyMLP, quiet
+
+from flaxlight import Callback
+from flaxlight.callbacks import EarlyStopping
+from flaxlight.runfiles import RunLock, next_version_dir
+
+X0 = np.zeros((1, 4), np.float32)
+
+
+def _trainer(log_dir, **kwargs):
+    kwargs.setdefault("optimizer_hparams", {"optimizer": "adam", "lr": 1e-2})
+    params = quiet(log_dir.parent, **kwargs)
+    params["logger_params"] = {"log_dir": str(log_dir)}
+    return RegressTrainer(model_class=TinyMLP, model_hparams={"hidden_dims": [8]}, exmp_input=X0, **params)
+
+
+def _rows(log_dir):
+    with open(log_dir / "metrics.csv", newline="") as f:
+        return [{k: v for k, v in row.items() if v and k != "epoch_time"} for row in csv.DictReader(f)]
+
+
+class CrashAfterEpoch(Callback):
+    """Raises at the end of an epoch, after its checkpoint is on disk: a crash right after a save."""
+
+    def __init__(self, epoch):
+        self.epoch = epoch
+
+    def on_epoch_end(self, trainer, epoch):
+        if epoch == self.epoch:
+            trainer.checkpointer.wait()
+            raise RuntimeError("crash after the save")
+
+
+def test_resume_after_a_validation_time_save_neither_repeats_nor_skips_the_validation(tmp_path, regression_loaders):
+    train, val, _ = regression_loaders
+    plateau = dict(monitor="val/loss", patience=3, min_delta=10.0)  # never improves "enough": wait counts up
+
+    straight_stopper = EarlyStopping(**plateau)
+    _trainer(tmp_path / "straight", callbacks=[straight_stopper]).train_model(train, val, num_epochs=4)
+
+    # ModelCheckpoint saves the epoch-2 best at validation time; the crash comes right after.
+    with pytest.raises(RuntimeError, match="crash after the save"):
+        _trainer(tmp_path / "cut", callbacks=[EarlyStopping(**plateau), CrashAfterEpoch(2)]).train_model(
+            train, val, num_epochs=4)
+    resumed_stopper = EarlyStopping(**plateau)
+    _trainer(tmp_path / "cut", callbacks=[resumed_stopper]).train_model(train, val, num_epochs=4, resume=True)
+
+    assert resumed_stopper.state_dict() == straight_stopper.state_dict()
+    assert _rows(tmp_path / "cut") == _rows(tmp_path / "straight")  # no validation row twice, none missing
+    assert len([r for r in _rows(tmp_path / "cut") if "val/loss" in r]) == 4
+
+
+def test_training_into_a_folder_with_a_run_needs_resume_or_overwrite(tmp_path, regression_loaders):
+    train, val, _ = regression_loaders
+    run = tmp_path / "run"
+    _trainer(run).train_model(train, val, num_epochs=2)
+    before = {name: (run / name).read_bytes() for name in ("hparams.yaml", "metrics.csv")}
+    checkpoints = sorted(os.listdir(run / "checkpoints"))
+
+    with pytest.raises(FileExistsError, match=r"already holds a run .*resume=True.*overwrite=True"):
+        _trainer(run).train_model(train, val, num_epochs=1)
+    assert {name: (run / name).read_bytes() for name in before} == before  # nothing touched
+    assert sorted(os.listdir(run / "checkpoints")) == checkpoints
+
+    _trainer(run).train_model(train, val, num_epochs=1, overwrite=True)  # replaced: a fresh run of 1 epoch
+    assert sorted(os.listdir(run / "checkpoints")) == ["8"]
+    assert [int(r["step"]) for r in _rows(run) if "train/loss" in r] == [8]
+
+
+def test_the_same_trainer_may_train_again_into_its_own_run(tmp_path, regression_loaders):
+    train, val, _ = regression_loaders
+    trainer = _trainer(tmp_path / "run")
+    trainer.train_model(train, val, num_epochs=1)
+    trainer.train_model(train, val, num_epochs=1)  # this process wrote the folder: no error
+    assert int(trainer.state.step) == 16
+
+
+def test_a_live_run_folder_is_refused_and_a_stale_lock_is_taken_over(tmp_path, regression_loaders):
+    train, val, _ = regression_loaders
+    run = tmp_path / "run"
+    run.mkdir()
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (run / RunLock.FILE).write_text(f"{sleeper.pid} {os.uname().nodename}")
+        with pytest.raises(RuntimeError, match=rf"in use by process {sleeper.pid}.*delete the lock file"):
+            _trainer(run).train_model(train, val, num_epochs=1)
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    with pytest.warns(RuntimeWarning, match=f"process {sleeper.pid}, which held it, no longer runs"):
+        _trainer(run).train_model(train, val, num_epochs=1)
+    assert not (run / RunLock.FILE).exists()  # released at the end
+
+
+def _claim(base, queue):
+    queue.put(next_version_dir(base))
+
+
+def test_runs_started_together_get_distinct_versions(tmp_path):
+    queue = multiprocessing.get_context("spawn").Queue()
+    processes = [multiprocessing.get_context("spawn").Process(target=_claim, args=(str(tmp_path), queue))
+                 for _ in range(6)]
+    for process in processes:
+        process.start()
+    for process in processes:
+        process.join(timeout=60)
+    claimed = sorted(queue.get(timeout=5) for _ in processes)
+    assert len(set(claimed)) == 6
+    assert sorted(os.listdir(tmp_path)) == [f"version_{i}" for i in range(6)]
+
+
+def test_a_misspelt_keyword_fails_and_names_the_right_one(tmp_path):
+    with pytest.raises(TypeError, match=r"unknown keyword argument 'max_step'\. Did you mean 'max_steps'\?"):
+        _trainer(tmp_path / "run", max_step=3)
+
+
+def test_resume_with_nothing_to_resume_warns_with_the_folder(tmp_path, regression_loaders):
+    train, val, _ = regression_loaders
+    with pytest.warns(RuntimeWarning, match=r"no checkpoint in .*typo.*starting from scratch"):
+        _trainer(tmp_path / "typo").train_model(train, val, num_epochs=1, resume=True)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"seed": "42"}, r"seed must be an int, got '42' \(str\)"),
+    ({"model_class": TinyMLP()}, r"model_class must be a class, got an instance of TinyMLP"),
+])
+def test_constructor_arguments_of_the_wrong_kind_are_named(tmp_path, kwargs, message):
+    args = dict(model_class=TinyMLP, model_hparams={}, optimizer_hparams={}, exmp_input=X0,
+                **quiet(tmp_path))
+    args.update(kwargs)
+    with pytest.raises(TypeError, match=message):
+        RegressTrainer(**args)
