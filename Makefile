@@ -12,10 +12,11 @@ $(PY):
 
 venv: $(PY)
 
-# Train the digits example end to end and print where its logs and checkpoint are.
+# Train the digits example end to end and print where its logs and checkpoint are (each run in
+# its own runs/MLPClassifier/version_N folder, so running it again keeps the earlier runs).
 demo: $(PY)
 	$(PIP) install -q -e '.[examples,tensorboard]'
-	$(PY) examples/digits_mlp.py --log-dir runs/digits_mlp
+	$(PY) examples/digits_mlp.py --base-log-dir runs
 
 # Install the dev extras and run the whole test suite (two workers; a test file stays on one).
 test: $(PY)

@@ -3,7 +3,7 @@
 An MLP with BatchNorm and dropout, trained with AdamW + weight decay; the best model on the
 validation set is restored and tested. Target: test accuracy >= 0.95.
 
-Run: python examples/digits_mlp.py [--epochs 40] [--log-dir DIR]
+Run: python examples/digits_mlp.py [--epochs 40] [--log-dir DIR | --base-log-dir DIR]
 The same run from a config: flaxlight fit --config examples/configs/digits_mlp.yaml
 """
 
@@ -25,7 +25,9 @@ def load_splits(seed: int = 0):
 def main(argv: Sequence[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--epochs", type=int, default=40)
-    parser.add_argument("--log-dir", default=None)
+    parser.add_argument("--log-dir", default=None, help="the run's folder (a folder holding a run is refused)")
+    parser.add_argument("--base-log-dir", default="checkpoints",
+                        help="without --log-dir: each run gets <base>/MLPClassifier/version_N (default %(default)s)")
     parser.add_argument("--no-progress-bar", action="store_true")
     args = parser.parse_args(argv)
 
@@ -33,7 +35,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     train = flaxlight.ArrayLoader(*train_data, batch_size=64, shuffle=True, seed=0)
     val = flaxlight.ArrayLoader(*val_data, batch_size=128)
     test = flaxlight.ArrayLoader(*test_data, batch_size=128)
-    logger_params = {"log_dir": args.log_dir} if args.log_dir else {"base_log_dir": "checkpoints"}
+    logger_params = {"log_dir": args.log_dir} if args.log_dir else {"base_log_dir": args.base_log_dir}
     trainer = MLPClassTrainer(
         model_class=MLPClassifier,
         model_hparams={"hidden_dims": [256, 256], "num_classes": 10, "dropout_prob": 0.2},

@@ -6,12 +6,14 @@ import os
 import subprocess
 import sys
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import RegressTrainer, TinyMLP, quiet
 
 from flaxlight import Callback
-from flaxlight.callbacks import EarlyStopping
+from flaxlight.callbacks import EarlyStopping, ModelCheckpoint, NaNGuard
 from flaxlight.runfiles import RunLock, next_version_dir
 
 X0 = np.zeros((1, 4), np.float32)
@@ -140,3 +142,68 @@ def test_constructor_arguments_of_the_wrong_kind_are_named(tmp_path, kwargs, mes
     args.update(kwargs)
     with pytest.raises(TypeError, match=message):
         RegressTrainer(**args)
+
+
+# ------------------------------------------------------------------------------------ NaN and damage
+class NaNGradient(RegressTrainer):
+    """A finite loss whose gradient is NaN (d/dw sqrt(0 * w) = inf * 0) from step ``bad_from`` on."""
+
+    bad_from = 0
+
+    def loss_fn(self, params, batch, *, train, rng, state):
+        loss, aux = super().loss_fn(params, batch, train=train, rng=rng, state=state)
+        kernel = params["Dense_0"]["kernel"]
+        poison = jax.lax.cond(state.step >= self.bad_from, lambda k: jnp.sqrt(jnp.sum(k) * 0.0), jnp.zeros_like,
+                              jnp.sum(kernel))
+        return loss + poison, aux
+
+
+def test_a_nan_gradient_with_a_finite_loss_is_never_applied_with_skip(tmp_path, regression_loaders):
+    train, _, _ = regression_loaders
+    skipping = NaNGradient(model_class=TinyMLP, model_hparams={"hidden_dims": [8]}, exmp_input=X0,
+                           optimizer_hparams={"optimizer": "adam", "lr": 1e-2},
+                           callbacks=[NaNGuard("skip")], **quiet(tmp_path))
+    before = jax.tree.map(np.asarray, skipping.state.params)
+    skipping.train_model(train, None, num_epochs=1)
+    after = jax.tree.map(np.asarray, skipping.state.params)
+    jax.tree.map(np.testing.assert_array_equal, after, before)  # every update was NaN: none applied
+    assert skipping.nonfinite_steps == 8 and int(skipping.state.step) == 8
+
+
+def test_no_checkpoint_holds_nonfinite_params(tmp_path, regression_loaders):
+    train, val, _ = regression_loaders
+
+    class LateNaN(NaNGradient):
+        bad_from = 12  # epoch 1 is clean (checkpoint 8), epoch 2 turns the params NaN
+
+    trainer = LateNaN(model_class=TinyMLP, model_hparams={"hidden_dims": [8]}, exmp_input=X0,
+                      optimizer_hparams={"optimizer": "sgd", "lr": 1e-2}, **quiet(tmp_path))
+    with pytest.warns(RuntimeWarning, match="Not saving checkpoint 16: the loss or the parameters were NaN/Inf"):
+        trainer.train_model(train, None, num_epochs=2)
+    assert sorted(os.listdir(tmp_path / "run" / "checkpoints")) == ["8"]
+
+
+def test_resuming_with_another_optimizer_says_what_differs(tmp_path, regression_loaders):
+    train, val, _ = regression_loaders
+    _trainer(tmp_path / "run", optimizer_hparams={"optimizer": "adam", "lr": 1e-2}).train_model(train, val, num_epochs=1)
+    changed = _trainer(tmp_path / "run", optimizer_hparams={"optimizer": "sgd", "lr": 1e-2, "momentum": 0.9})
+    with pytest.raises(ValueError, match=r"state of a different optimizer .*with_optimizer=False"):
+        changed.train_model(train, val, num_epochs=2, resume=True)
+
+
+@pytest.mark.parametrize("which", ["best", "last"])
+def test_load_from_checkpoint_skips_a_damaged_newest_checkpoint(tmp_path, regression_loaders, which):
+    train, val, _ = regression_loaders
+
+    class KeepAll(ModelCheckpoint):
+        def _prune(self, trainer, also_keep=None):  # keep every checkpoint, so there is one to fall back to
+            pass
+
+    _trainer(tmp_path / "run", callbacks=[KeepAll()]).train_model(train, val, num_epochs=2)
+    newest = tmp_path / "run" / "checkpoints" / "16"
+    for path in newest.rglob("*"):
+        if path.is_file() and path.stat().st_size > 0:
+            path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    with pytest.warns(RuntimeWarning, match="Checkpoint 16 .* damaged or partial"):
+        loaded = RegressTrainer.load_from_checkpoint(tmp_path / "run", exmp_input=X0, which=which)
+    assert int(loaded.state.step) == 8

@@ -53,6 +53,17 @@ def _flat_shapes(tree) -> dict[str, tuple]:
     return flat
 
 
+def _param_problems(saved: dict[str, tuple], wanted: dict[str, tuple]) -> list[str]:
+    """``params/<path>: checkpoint <shape>, model <shape>`` for every path whose shape differs."""
+    problems = []
+    for path in sorted(set(saved) | set(wanted)) if saved else ():
+        got, want = saved.get(path), wanted.get(path)
+        if got != want:
+            problems.append(f"  params/{path}: checkpoint {'missing' if got is None else got}, "
+                            f"model {'missing' if want is None else want}")
+    return problems
+
+
 def _model_state(state) -> dict:
     return {name: getattr(state, name) for name in _MODEL_STATE_FIELDS if getattr(state, name) is not None}
 
@@ -206,32 +217,30 @@ class Checkpointer:
         raise AssertionError("unreachable")
 
     def describe_mismatch(self, target, step: int, limit: int = 5) -> str | None:
-        """A readable list of parameter paths whose saved shape differs from ``target``'s, or None."""
+        """What differs between checkpoint ``step`` and ``target`` (a readable list of parameter
+        paths whose shape differs, or an optimizer state of another shape), or None."""
         try:
             saved = self._manager.item_metadata(step)["state"]
-            saved = getattr(saved, "tree", saved)["params"]
+            saved = getattr(saved, "tree", saved)
         except Exception:  # noqa: BLE001 - unreadable metadata is reported by the restore itself
             return None
-        saved_shapes = _flat_shapes(saved)
-        if not saved_shapes:
+        problems = _param_problems(_flat_shapes(saved.get("params", {})), _flat_shapes(target.params))
+        if problems:
+            more = f"\n  ... and {len(problems) - limit} more" if len(problems) > limit else ""
+            return (f"Checkpoint {step} in {self.directory} was saved from a different model; first mismatching "
+                    f"parameters:\n" + "\n".join(problems[:limit]) + more +
+                    "\nBuild the trainer with the model hyperparameters of that run (see its hparams.yaml).")
+        if target.opt_state is None or saved.get("opt_state") is None:
             return None
-        wanted = _flat_shapes(target.params)
-        problems = []
-        for path in sorted(set(saved_shapes) | set(wanted)):
-            got, want = saved_shapes.get(path), wanted.get(path)
-            if got != want:
-                problems.append(
-                    f"  params/{path}: checkpoint {'missing' if got is None else got}, "
-                    f"model {'missing' if want is None else want}"
-                )
-        if not problems:
-            return None
-        more = f"\n  ... and {len(problems) - limit} more" if len(problems) > limit else ""
-        return (
-            f"Checkpoint {step} in {self.directory} was saved from a different model; first mismatching "
-            f"parameters:\n" + "\n".join(problems[:limit]) + more +
-            "\nBuild the trainer with the model hyperparameters of that run (see its hparams.yaml)."
-        )
+        got = sorted(_flat_shapes(saved["opt_state"]).values())
+        want = sorted(_flat_shapes(target.opt_state).values())
+        if got != want:
+            return (f"Checkpoint {step} in {self.directory} holds the state of a different optimizer ({len(got)} "
+                    f"arrays; the optimizer built now has {len(want)}): optimizer_hparams changed (optimizer, "
+                    f"momentum, accumulate_grad_batches, ...). Resume with the run's optimizer_hparams (see its "
+                    f"hparams.yaml), or start fresh from its weights: load_from_checkpoint(run_dir, exmp_input, "
+                    f"with_optimizer=False, optimizer_hparams=...) and train_model into a new log_dir.")
+        return None
 
     def _resolve(self, step: int | None) -> int:
         steps = self.all_steps()

@@ -44,7 +44,7 @@ from flaxlight import distributed as dist
 from flaxlight.data import (ArrayLoader, DeviceEpoch, Prefetcher, check_batch, group_batches, same_shapes,
                             take_batches)
 from flaxlight.lean import LeanLoop, strip_idle_fields
-from flaxlight.metrics import accumulate, all_finite, batch_size, fresh_zeros, init_accumulator
+from flaxlight.metrics import accumulate, all_finite, batch_size, fresh_zeros, init_accumulator, tree_finite
 
 __all__ = ["Engine", "Feed", "Span", "LearningRateTable", "check_step_pair"]
 
@@ -97,16 +97,18 @@ class _LoopFunctions:
 
 
 def _loop_functions(train_step: Callable, eval_step: Callable, *, block_length: int,
-                    skip_nonfinite: bool) -> _LoopFunctions:
-    """Wrap the user's steps: sum metrics per example, skip non-finite updates when asked."""
+                    guard: str | None) -> _LoopFunctions:
+    """Wrap the user's steps: sum metrics per example; with a ``guard`` (a NaNGuard's action) a
+    step is non-finite when its metrics or its updated params are (a NaN gradient counts), and
+    ``"skip"`` keeps the params and optimizer state of such steps."""
 
     def train(state, acc, batch):
         new_state, metrics = train_step(state, batch)
-        if skip_nonfinite:  # NaNGuard(action="skip"): keep params and optimizer state of bad steps
-            ok = all_finite(metrics)
+        finite = all_finite(metrics) & tree_finite(new_state.params) if guard else None
+        if guard == "skip":
             kept = state.replace(step=new_state.step)
-            new_state = jax.tree.map(lambda new, old: jnp.where(ok, new, old), new_state, kept)
-        return new_state, accumulate(acc, metrics, batch_size(batch))
+            new_state = jax.tree.map(lambda new, old: jnp.where(finite, new, old), new_state, kept)
+        return new_state, accumulate(acc, metrics, batch_size(batch), finite)
 
     def block(state, acc, batches):
         return jax.lax.scan(lambda carry, batch: (train(*carry, batch), None), (state, acc), batches)[0]
@@ -134,18 +136,19 @@ def check_step_pair(functions: Any, rule: str) -> tuple[Callable, Callable]:
 class Engine:
     """Builds and runs the jitted loop for one pair of steps (see the module docstring).
 
-    ``debug=True`` runs everything un-jitted (prints and breakpoints work).
+    ``debug=True`` runs everything un-jitted (prints and breakpoints work). ``nonfinite_guard``
+    (``"stop"``/``"skip"``, a NaNGuard's action) also checks each step's updated params.
     """
 
     def __init__(self, train_step: Callable, eval_step: Callable, *, steps_per_execution: int = 1,
-                 skip_nonfinite: bool = False, prefetch: int = 0, debug: bool = False):
+                 nonfinite_guard: str | None = None, prefetch: int = 0, debug: bool = False):
         self.step_functions = {"train": train_step, "eval": eval_step}
         self.block_length, self.prefetch, self.debug = steps_per_execution, prefetch, debug
         self.mesh = None
         self.compile_time: float | None = None  # the first step's wall time, compilation included
         self.learning_rates = LearningRateTable(self._jit)
         self._functions = _loop_functions(train_step, eval_step, block_length=steps_per_execution,
-                                          skip_nonfinite=skip_nonfinite)
+                                          guard=nonfinite_guard)
         self._templates: dict = {}
         self._eval_compiler: threading.Thread | None = None
         self._epoch_ahead: DeviceEpoch | None = None

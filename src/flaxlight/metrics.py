@@ -46,11 +46,23 @@ def all_finite(metrics: Mapping[str, Any]):
     return jnp.all(jnp.stack(values)) if values else jnp.bool_(True)
 
 
-def accumulate(acc: dict, metrics: Mapping[str, Any], weight) -> dict:
-    """Pure: add ``metrics`` (batch means) weighted by ``weight`` examples; count non-finite steps."""
+def tree_finite(tree) -> jax.Array:
+    """Pure: True when every float leaf of ``tree`` (e.g. the params) is finite."""
+    leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)
+              if jnp.issubdtype(jnp.result_type(x), jnp.inexact)]
+    return jnp.all(jnp.stack(leaves)) if leaves else jnp.bool_(True)
+
+
+finite_now = jax.jit(tree_finite)  # the same, in one dispatch (e.g. the params before a checkpoint)
+
+
+def accumulate(acc: dict, metrics: Mapping[str, Any], weight, finite=None) -> dict:
+    """Pure: add ``metrics`` (batch means) weighted by ``weight`` examples; count non-finite steps
+    (``finite``: the step's own verdict, e.g. loss and updated params; default: the metrics)."""
     weight = jnp.asarray(weight, jnp.float32)
     sums = {name: acc["sums"][name] + jnp.asarray(metrics[name], jnp.float32) * weight for name in acc["sums"]}
-    nonfinite = acc["nonfinite"] + jnp.logical_not(all_finite(metrics)).astype(jnp.int32)
+    finite = all_finite(metrics) if finite is None else finite
+    nonfinite = acc["nonfinite"] + jnp.logical_not(finite).astype(jnp.int32)
     return {"sums": sums, "count": acc["count"] + weight, "nonfinite": nonfinite}
 
 

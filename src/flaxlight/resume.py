@@ -29,7 +29,8 @@ from flaxlight.messages import logger as messages
 from flaxlight.metrics import to_host
 from flaxlight.runfiles import CHECKPOINT_DIR, HPARAMS_FILE
 
-__all__ = ["CheckpointMeta", "choose_step", "pick_checkpoint", "restore_run", "run_length", "checkpointer_for",
+__all__ = ["CheckpointMeta", "choose_step", "pick_checkpoint", "restore_run", "run_length", "load_with_fallback",
+           "checkpointer_for",
            "step_in_path", "named_callbacks",
            "sums_to_json", "sums_from_json", "epoch_setter", "set_loader_epoch"]
 
@@ -165,10 +166,33 @@ def restore_run(own: Checkpointer, resume_from: str | os.PathLike | None, state:
 
 
 def run_length(checkpointer: Checkpointer) -> tuple[int, int]:
-    """``(num_epochs, steps_per_epoch)`` of the run that wrote the newest checkpoint (for an
-    optimizer schedule of the same length), ``(1, 1)`` when unknown."""
-    meta = CheckpointMeta.from_json(checkpointer.read_meta(max(checkpointer.all_steps())))
-    return meta.num_epochs or 1, meta.steps_per_epoch or 1
+    """``(num_epochs, steps_per_epoch)`` of the run, from the newest checkpoint whose meta reads
+    (for an optimizer schedule of the same length), ``(1, 1)`` when unknown."""
+    for step in sorted(checkpointer.all_steps(), reverse=True):
+        try:
+            meta = CheckpointMeta.from_json(checkpointer.read_meta(step))
+        except Exception:  # noqa: BLE001 - a damaged checkpoint: try the one before
+            continue
+        return meta.num_epochs or 1, meta.steps_per_epoch or 1
+    return 1, 1
+
+
+def load_with_fallback(checkpointer: Checkpointer, state: Any, which: str, load: Callable[[int], Any]) -> Any:
+    """The ``which`` checkpoint loaded by ``load(step)``; past a damaged one, with a warning, the
+    newest that reads (a checkpoint of another model or optimizer still raises)."""
+    step = pick_checkpoint(checkpointer, which)
+    try:
+        return load(step)
+    except Exception as exc:  # noqa: BLE001 - orbax, tensorstore and JSON raise many types
+        if checkpointer.describe_mismatch(state, step):
+            raise
+        warnings.warn(f"Checkpoint {step} in {checkpointer.directory} is damaged or partial ({type(exc).__name__}: "
+                      f"{str(exc)[:200]}); loading the newest readable checkpoint instead.", RuntimeWarning,
+                      stacklevel=3)
+        earlier = [s for s in checkpointer.all_steps() if s != step]
+        if not earlier:
+            raise
+        return checkpointer.restore_latest_valid(state, load=load, before=max(earlier) + 1)[0]
 
 
 def checkpointer_for(path: str | os.PathLike) -> Checkpointer:

@@ -33,8 +33,8 @@ from flaxlight.loggers.base import run_display_name
 from flaxlight.registry import RegistryError, explicit_parameters, import_object
 
 __all__ = ["LoggerParams", "HPARAMS_FILE", "CHECKPOINT_DIR", "METRICS_DIR", "LOGGER_TYPES", "next_version_dir",
-           "open_run", "no_run_files", "claim_run", "RunLock", "run_files_present", "make_loggers", "write_hparams", "read_hparams", "trainer_kwargs",
-           "write_metrics", "to_yaml_safe", "class_path",
+           "open_run", "no_run_files", "claim_run", "RunLock", "run_files_present", "make_loggers",
+           "write_hparams", "read_hparams", "trainer_kwargs", "write_metrics", "to_yaml_safe", "class_path",
            "enable_compilation_cache"]
 
 HPARAMS_FILE = "hparams.yaml"

@@ -24,7 +24,7 @@ from flaxlight.loggers import LoggerCollection
 from flaxlight.loop import (BatchLimits, EventSchedule, Interrupted, LoopState, NonfiniteTally, RunPlan, SignalGuard,
                             safe_len, warn_if_loader_ran_short)
 from flaxlight.messages import logger as messages
-from flaxlight.metrics import batch_size, read_means, to_host
+from flaxlight.metrics import batch_size, finite_now, read_means, to_host
 from flaxlight.models import make_adapter
 from flaxlight.optim import as_optimizer_config, make_optimizer_plan, warn_l2_outside_step
 from flaxlight.options import TrainerOptions
@@ -171,10 +171,10 @@ class TrainerModule(TrainerViewMixin):
         if self.debug:
             messages.info("debug=True: the train and eval steps run un-jitted (prints and breakpoints work).")
         return Engine(train_step, eval_step, steps_per_execution=self.options.steps_per_execution,
-                      skip_nonfinite=self._skips_nonfinite(), prefetch=self.options.prefetch, debug=self.debug)
+                      nonfinite_guard=self._nonfinite_guard(), prefetch=self.options.prefetch, debug=self.debug)
 
-    def _skips_nonfinite(self) -> bool:
-        return any(isinstance(cb, NaNGuard) and cb.skips_updates for cb in self.callbacks)
+    def _nonfinite_guard(self) -> str | None:
+        return next((cb.action for cb in self.callbacks if isinstance(cb, NaNGuard)), None)
 
     def _place_state(self) -> None:
         """On a mesh: shard (or replicate) the state and re-jit the loop to match."""
@@ -427,10 +427,11 @@ class TrainerModule(TrainerViewMixin):
         history) as step ``step`` (default: now). :class:`ModelCheckpoint` decides when; the
         arrays are copied off the device before this returns and written in the background."""
         step = self.global_step if step is None else int(step)
-        nonfinite = 0 if self._skips_nonfinite() else self._nonfinite.now(self._loop)
-        if nonfinite > 0:
-            warnings.warn(f"Not saving checkpoint {step}: the loss was NaN/Inf in {nonfinite} step(s), "
-                          f"so the model is damaged; the earlier checkpoints are kept.", RuntimeWarning, stacklevel=2)
+        nonfinite = 0 if self._nonfinite_guard() == "skip" else self._nonfinite.now(self._loop)
+        if nonfinite > 0 or not bool(finite_now(self.state.params)):  # one small device read per save
+            warnings.warn(f"Not saving checkpoint {step}: the loss or the parameters were NaN/Inf (in {nonfinite} "
+                          f"step(s)), so the model is damaged; the earlier checkpoints are kept.", RuntimeWarning,
+                          stacklevel=2)
             return
         self._write_hparams()
         self._log_running(self._loop.running_log.flush())  # the log history up to `step` is on disk first
@@ -460,7 +461,7 @@ class TrainerModule(TrainerViewMixin):
             meta.restore_callbacks(self.callbacks)
             self.logger.resume_from_step(step)
 
-    def _load_for_resume(self, step: int) -> TrainState:
+    def _load_for_resume(self, step: int) -> TrainState:  # load_model's result, for resume and loading
         self.load_model(step)
         return self.state
 
@@ -494,6 +495,6 @@ class TrainerModule(TrainerViewMixin):
         if with_optimizer:
             trainer.init_optimizer(*resume.run_length(trainer.checkpointer))
         trainer._place_state()
-        trainer.load_model(resume.pick_checkpoint(trainer.checkpointer, which))
+        trainer.state = resume.load_with_fallback(trainer.checkpointer, trainer.state, which, trainer._load_for_resume)
         trainer.global_step = int(to_host(trainer.state.step))
         return trainer

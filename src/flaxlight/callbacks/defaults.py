@@ -26,14 +26,16 @@ def with_default_callbacks(callbacks: list[Callback], options: Any, enable_progr
     for callback in callbacks:
         if not isinstance(callback, Callback):
             raise TypeError(f"callbacks must be flaxlight.Callback instances; got {type(callback).__name__}.")
-    kinds = {type(cb) for cb in callbacks}
+    def given(kind: type) -> bool:  # a subclass counts: it replaces the default
+        return any(isinstance(cb, kind) for cb in callbacks)
+
     if options.fast_dev_run:
         callbacks = [cb for cb in callbacks if not isinstance(cb, ModelCheckpoint)]
-    elif ModelCheckpoint not in kinds and options.enable_checkpointing:
+    elif not given(ModelCheckpoint) and options.enable_checkpointing:
         callbacks = callbacks + [ModelCheckpoint(monitor=options.monitor, mode=options.mode)]
-    if options.max_time is not None and Timer not in kinds:
+    if options.max_time is not None and not given(Timer):
         callbacks = callbacks + [Timer(options.max_time)]
-    if enable_progress_bar and ProgressBar not in kinds and dist.is_main_process():
+    if enable_progress_bar and not given(ProgressBar) and dist.is_main_process():
         callbacks = callbacks + [ProgressBar()]
     # Checkpoint callbacks hear of every moment after the others (as in Lightning), so that a
     # checkpoint holds the other callbacks' state after that moment (an exact resume needs it).

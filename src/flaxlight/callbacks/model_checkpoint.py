@@ -117,8 +117,10 @@ class ModelCheckpoint(Callback):
 
     def _prune(self, trainer, also_keep: int | None = None) -> None:
         """Delete (in the background) the checkpoints neither best, last nor ``also_keep``."""
-        keep = self._keep() | {also_keep}
-        for step in trainer.checkpointer.all_steps():
+        keep, steps = self._keep() | {also_keep}, trainer.checkpointer.all_steps()
+        if self.save_last and steps and self.last_step not in steps and also_keep not in steps:
+            keep.add(max(steps))  # the last save was refused (NaN params): the newest on disk stands in
+        for step in steps:
             if step not in keep:
                 trainer.checkpointer.delete(step)
 

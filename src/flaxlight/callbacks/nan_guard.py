@@ -8,12 +8,15 @@ __all__ = ["NaNGuard"]
 
 
 class NaNGuard(Callback):
-    """React to non-finite losses, counted on the device inside the step.
+    """React to non-finite steps, counted on the device inside the step: a step is non-finite
+    when its loss or metrics are, or when its update makes a parameter NaN/Inf (a NaN gradient
+    with a finite loss counts).
 
     ``action="stop"`` (default): at the next log point (or epoch end) training stops with the
-    step range, and no checkpoint is written from the bad state. ``action="skip"``: updates with
-    a non-finite loss are not applied (params and optimizer state stay as they were; the step
-    counter advances); ``trainer.nonfinite_steps`` counts them.
+    step range, and no checkpoint is written from the bad state. ``action="skip"``: non-finite
+    updates are not applied (params and optimizer state stay as they were; the step counter
+    advances); ``trainer.nonfinite_steps`` counts them. Without a NaNGuard, a checkpoint is
+    still never written from non-finite params.
 
     Example:
         >>> guard = NaNGuard(action="skip")
@@ -37,7 +40,8 @@ class NaNGuard(Callback):
     def _check(self, trainer) -> None:
         if self.action == "stop" and trainer.nonfinite_steps > 0:
             trainer.stop(
-                f"NaNGuard: the loss was NaN/Inf in {trainer.nonfinite_steps} step(s) up to step "
+                f"NaNGuard: the loss was NaN/Inf (or the update made the params NaN/Inf) in {trainer.nonfinite_steps} "
+                f"step(s) up to step "
                 f"{trainer.nonfinite_checked_step}; no checkpoint was written from those steps. Lower the "
                 f"learning rate, clip gradients, or use NaNGuard(action='skip')."
             )
