@@ -207,3 +207,20 @@ def test_load_from_checkpoint_skips_a_damaged_newest_checkpoint(tmp_path, regres
     with pytest.warns(RuntimeWarning, match="Checkpoint 16 .* damaged or partial"):
         loaded = RegressTrainer.load_from_checkpoint(tmp_path / "run", exmp_input=X0, which=which)
     assert int(loaded.state.step) == 8
+
+
+@pytest.mark.parametrize("case", ["finished-run", "cold-compile-error"])
+def test_exits_never_abort_the_interpreter(tmp_path, case):
+    """Background threads (the eval step compiling ahead) are joined before train_model returns."""
+    script = os.path.join(os.path.dirname(__file__), "exit_script.py")
+
+    def run(log_dir, what):
+        return subprocess.run([sys.executable, script, str(log_dir), what], capture_output=True, text=True,
+                              timeout=120, env=dict(os.environ, CI="true"))
+
+    if case == "finished-run":
+        assert run(tmp_path / "run", "train").returncode == 0
+    for attempt in range(3):
+        log_dir = tmp_path / ("run" if case == "finished-run" else f"run{attempt}")
+        result = run(log_dir, case)
+        assert result.returncode == 0 and "clean exit" in result.stdout, (attempt, result.stderr[-2000:])
