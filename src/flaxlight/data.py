@@ -249,11 +249,12 @@ def check_batch(batch, where: str = "batch") -> None:
                 f"e.g. return (np.asarray(x), np.asarray(y)) from your loader."
             )
         if np.ndim(leaf) == 0:
-            location = jax.tree_util.keystr(path) or "(the whole batch)"
-            raise ValueError(f"The {where} leaf at {location} is a scalar; every array needs a leading batch dimension.")
+            what = f"The {where} is" if not path else f"The leaf at {jax.tree_util.keystr(path)} of the {where} is"
+            raise ValueError(f"{what} a scalar ({leaf!r}); every array of a batch needs a leading batch dimension, "
+                             f"e.g. shape (batch_size, ...). Yield whole batches, not single values.")
 
 
-def check_input_shapes(batch, exmp_input: Sequence[Any]) -> None:
+def check_input_shapes(batch, exmp_input: Sequence[Any], where: str = "batch") -> None:
     """Compare the model inputs of a tuple/list batch with ``exmp_input`` (all but the batch dim).
 
     The seed's convention: a batch is ``(inputs..., targets...)`` and ``exmp_input`` holds the
@@ -268,7 +269,7 @@ def check_input_shapes(batch, exmp_input: Sequence[Any]) -> None:
             continue
         if len(got) != len(want) or tuple(got[1:]) != tuple(want[1:]):
             raise ValueError(
-                f"Batch element {i} has shape {tuple(got)} but the model was initialised with "
+                f"Element {i} of the {where} has shape {tuple(got)} but the model was initialised with "
                 f"exmp_input[{i}] of shape {tuple(want)} (all dimensions but the first must match). "
                 f"Pass an exmp_input taken from your loader, e.g. next(iter(train_loader))[0]. "
                 f"Batch: {_describe(batch)}"
@@ -276,14 +277,24 @@ def check_input_shapes(batch, exmp_input: Sequence[Any]) -> None:
 
 
 def as_input_list(exmp_input: Any) -> list:
-    """The model's example inputs as a list (one input, or a tuple/list of them)."""
-    return list(exmp_input) if isinstance(exmp_input, (list, tuple)) else [exmp_input]
+    """The model's example inputs as a list (one input, or a tuple/list of them); an input that
+    holds no array (``None``, a string) fails here, naming it, rather than inside the model."""
+    several = isinstance(exmp_input, (list, tuple)) and len(exmp_input) > 0
+    inputs = list(exmp_input) if several else [exmp_input]
+    for i, example in enumerate(inputs):
+        leaves = jax.tree.leaves(example)
+        if not leaves or any(isinstance(leaf, (str, bytes)) for leaf in leaves):
+            where = f"exmp_input[{i}]" if several else "exmp_input"
+            raise TypeError(f"{where} must be an array (or a pytree of arrays) shaped like one batch of the model's "
+                            f"input, e.g. exmp_input=x[:1] or next(iter(train_loader))[0]; got {example!r:.80} "
+                            f"({type(example).__name__}).")
+    return inputs
 
 
 def check_first_batch(batch, exmp_input: Any, loader_name: str) -> None:
     """:func:`check_batch` and :func:`check_input_shapes` for a loader's first batch."""
     check_batch(batch, where=f"first batch of {loader_name}")
-    check_input_shapes(batch, as_input_list(exmp_input))
+    check_input_shapes(batch, as_input_list(exmp_input), where=f"first batch of {loader_name}")
 
 
 def same_shapes(a, b) -> bool:

@@ -17,6 +17,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import inspect
 import sys
 from typing import Any, Mapping, Sequence
@@ -41,11 +42,17 @@ def _call_parameters(fn) -> set[str]:
 
 
 def _check_hparams(model_class, model_hparams: Mapping[str, Any], accepted: Sequence[str], extra_ok: bool) -> None:
+    if not isinstance(model_hparams, Mapping):
+        raise TypeError(f"model_hparams must be a dict of {model_class.__name__}'s arguments, e.g. "
+                        f"{{{', '.join(repr(a) + ': ...' for a in list(accepted)[:2])}}}; got {model_hparams!r:.80} "
+                        f"({type(model_hparams).__name__}).")
     unknown = [key for key in model_hparams if key not in accepted]
     if unknown and not extra_ok:
+        close = difflib.get_close_matches(str(unknown[0]), list(accepted), n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
         raise TypeError(
-            f"model_hparams key(s) {unknown} are not accepted by {model_class.__name__}; "
-            f"it accepts: {sorted(accepted)}."
+            f"model_hparams key(s) {unknown} are not accepted by {model_class.__name__}.{hint} "
+            f"It accepts: {sorted(accepted)}."
         )
 
 
@@ -65,9 +72,12 @@ def make_adapter(model_class, model_hparams: Mapping[str, Any], seed: int = 0):
         extra_ok = any(p.kind is p.VAR_KEYWORD for p in params.values())
         _check_hparams(model_class, model_hparams, [n for n in params if n not in ("self", "rngs")], extra_ok)
         return NNXAdapter(model_class, dict(model_hparams), seed)
+    what = (f"the class {model_class.__name__!r}, which is not a flax Module" if isinstance(model_class, type)
+            else f"{model_class!r:.80} ({type(model_class).__name__})")
     raise TypeError(
-        f"model_class must be a flax.linen.Module or flax.nnx.Module subclass; got "
-        f"{getattr(model_class, '__name__', model_class)!r} ({type(model_class).__name__})."
+        f"model_class must be a flax.linen.Module or flax.nnx.Module subclass; got {what}. Define the model as a "
+        f"subclass of flax.linen.Module (or flax.nnx.Module) and pass the class itself, with its arguments in "
+        f"model_hparams."
     )
 
 
