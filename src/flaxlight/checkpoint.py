@@ -14,16 +14,18 @@ Example:
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import logging
 import os
 import shutil
-import uuid
 import warnings
 from typing import Any, Callable
 
 import jax
 import numpy as np
+
+from flaxlight.metrics import device_copy
 
 __all__ = ["Checkpointer"]
 
@@ -71,8 +73,13 @@ def _model_state(state) -> dict:
 class Checkpointer:
     """Save and restore train states under one directory with an orbax ``CheckpointManager``.
 
-    ``max_to_keep`` old checkpoints are kept (None keeps all). Saves are asynchronous: call
-    :meth:`wait` before reading files from another process, :meth:`close` when done.
+    ``max_to_keep`` old checkpoints are kept (None keeps all). Saves and deletions go, in order,
+    to one long-lived background writer (on one process; with several, orbax's collective async
+    saves): :meth:`save` returns once a device-side copy of the state is made, so the training
+    thread pays neither the write nor orbax's set-up. A failed write is raised on the training
+    thread at the next :meth:`save` or :meth:`wait`, and no deletion runs after it (the earlier
+    checkpoints stay). :meth:`wait` before reading the files from another process; :meth:`close`
+    when done.
     """
 
     def __init__(self, directory: str | os.PathLike, max_to_keep: int | None = 1, async_save: bool = True,
@@ -80,8 +87,15 @@ class Checkpointer:
         self.directory = os.path.abspath(os.fspath(directory))
         self.max_to_keep, self.async_save, self.read_only = max_to_keep, async_save, read_only
         self._manager_instance = None
-        self._deleter: concurrent.futures.ThreadPoolExecutor | None = None
-        self._deletions: list[concurrent.futures.Future] = []
+        self._writer: concurrent.futures.ThreadPoolExecutor | None = None
+        self._jobs: collections.deque[concurrent.futures.Future] = collections.deque()
+        self._steps: set[int] | None = None  # on disk or on their way there (the writer's queue)
+        self._failure: BaseException | None = None
+
+    @property
+    def _background(self) -> bool:
+        """Whether saves go to this object's writer thread (one process, async saves)."""
+        return self.async_save and not self.read_only and jax.process_count() == 1
 
     @property
     def _manager(self):
@@ -90,7 +104,7 @@ class Checkpointer:
             ocp = _ocp()
             options = ocp.CheckpointManagerOptions(
                 max_to_keep=self.max_to_keep,
-                enable_async_checkpointing=self.async_save,
+                enable_async_checkpointing=self.async_save and not self._background,
                 create=not self.read_only,
                 read_only=self.read_only,
             )
@@ -99,28 +113,84 @@ class Checkpointer:
             if not self.read_only and os.path.isdir(self.directory):  # left over by a killed run
                 for name in os.listdir(self.directory):
                     if name.startswith(".deleting-"):
-                        self._delete_in_background(os.path.join(self.directory, name))
+                        shutil.rmtree(os.path.join(self.directory, name), ignore_errors=True)
         return self._manager_instance
 
     def all_steps(self) -> list[int]:
+        """The checkpoints' steps, those still being written included."""
+        if self._steps is not None:
+            return sorted(self._steps)
         if self._manager_instance is None and not os.path.isdir(self.directory):
             return []
         return list(self._manager.all_steps())
 
     def latest_step(self) -> int | None:
-        return self._manager.latest_step()
+        return max(self.all_steps(), default=None)
 
     def save(self, step: int, state, meta: dict[str, Any] | None = None) -> None:
-        """Write ``state`` as checkpoint ``step`` (returns once the arrays are copied off device)."""
-        ocp = _ocp()
+        """Write ``state`` as checkpoint ``step`` (replacing a checkpoint of that step); returns
+        once the arrays are copied on the device (or, with several processes, off it)."""
+        self._raise_failure()
+        step = int(step)
         arrays = {"params": state.params, "model_state": _model_state(state)}
         if state.opt_state is not None:
             arrays["opt_state"] = state.opt_state
+        if not self._background:
+            if step in self.all_steps():
+                self.delete(step, background=False)
+            self._write(step, arrays, meta)
+            return
+        self._track_steps().add(step)
+        snapshot = device_copy(arrays)  # the training step donates (reuses) the state's buffers
+        for leaf in jax.tree.leaves(snapshot):
+            leaf.copy_to_host_async()
+        while len(self._jobs) > 1:  # at most one save waiting behind the one being written
+            self._jobs.popleft().result()
+        self._submit(self._replace, step, snapshot, meta)
+
+    def _write(self, step: int, arrays, meta: dict[str, Any] | None) -> None:
+        ocp = _ocp()
         items = {"state": ocp.args.PyTreeSave(arrays), "meta": ocp.args.JsonSave(dict(meta or {}))}
-        self._manager.save(int(step), args=ocp.args.Composite(**items), force=True)
+        self._manager.save(step, args=ocp.args.Composite(**items), force=True)
+
+    def _replace(self, step: int, arrays, meta) -> None:  # on the writer thread
+        if step in self._manager.all_steps():
+            self._manager.delete(step)
+        self._write(step, arrays, meta)
+        self._manager.wait_until_finished()
+
+    def _delete_now(self, step: int) -> None:  # on the writer thread
+        if step in self._manager.all_steps():
+            self._manager.delete(step)
+
+    def _track_steps(self) -> set[int]:
+        if self._steps is None:
+            self._steps = set(self.all_steps())
+        return self._steps
+
+    def _submit(self, job: Callable, *args) -> None:
+        if self._writer is None:
+            self._writer = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="flaxlight-ckpt")
+        self._jobs.append(self._writer.submit(self._run_job, job, *args))
+
+    def _run_job(self, job: Callable, *args) -> None:
+        if self._failure is not None:  # nothing after a failed write: earlier checkpoints stay
+            return
+        try:
+            job(*args)
+        except BaseException as exc:  # noqa: BLE001 - handed to the training thread
+            self._failure = exc
+
+    def _raise_failure(self) -> None:
+        if self._failure is not None:
+            exc, self._failure = self._failure, None
+            self._steps = None  # what is on disk is what orbax lists again
+            raise RuntimeError(f"Writing a checkpoint to {self.directory} failed ({type(exc).__name__}: {exc}); "
+                               f"the earlier checkpoints are kept. Check the disk (space, permissions).") from exc
 
     def read_meta(self, step: int | None = None) -> dict:
         """The JSON ``meta`` item of a checkpoint (the latest by default)."""
+        self.wait()
         ocp = _ocp()
         step = self._resolve(step)
         restored = self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
@@ -132,6 +202,7 @@ class Checkpointer:
         The optimizer state is restored when ``with_opt_state`` and ``target`` has one;
         otherwise ``target.opt_state`` is kept (e.g. None for inference).
         """
+        self.wait()
         ocp = _ocp()
         step = self._resolve(step)
         mismatch = self.describe_mismatch(target, step)
@@ -159,28 +230,17 @@ class Checkpointer:
         return target.replace(**replace)
 
     def delete(self, step: int, background: bool = True) -> None:
-        """Remove checkpoint ``step`` from disk.
-
-        ``background=True`` (one process): the step's folder is renamed out of the way at once
-        (it is no longer a checkpoint) and removed by a background thread, as an ``rmtree`` of a
-        checkpoint costs the training thread ~50 ms; :meth:`wait` waits for it. Otherwise, and
-        with several processes (orbax's coordinated delete), it is gone when this returns.
-        """
+        """Remove checkpoint ``step`` from disk: queued behind the saves before it (background,
+        one process), else at once (with several processes, orbax's coordinated delete)."""
         step = int(step)
-        if not background or jax.process_count() > 1:
-            self.wait()
-            self._manager.delete(step)
+        if background and self._background:
+            self._track_steps().discard(step)
+            self._submit(self._delete_now, step)
             return
-        folder = os.path.join(self.directory, str(step))
-        doomed = os.path.join(self.directory, f".deleting-{step}-{uuid.uuid4().hex[:8]}")
-        os.rename(folder, doomed)
-        self._manager.reload()
-        self._delete_in_background(doomed)
-
-    def _delete_in_background(self, folder: str) -> None:
-        if self._deleter is None:
-            self._deleter = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="flaxlight-delete")
-        self._deletions.append(self._deleter.submit(shutil.rmtree, folder, ignore_errors=True))
+        self.wait()
+        if self._steps is not None:
+            self._steps.discard(step)
+        self._manager.delete(step)
 
     def restore_latest_valid(self, target, with_opt_state: bool = True, before: int | None = None,
                              load: Callable[[int], Any] | None = None):
@@ -193,6 +253,7 @@ class Checkpointer:
         warning and the one before it is tried. A checkpoint of a *different model* is not
         skipped: that is a user error and raises with the mismatching paths.
         """
+        self.wait()
         steps = sorted((s for s in self.all_steps() if before is None or s < before), reverse=True)
         if not steps:
             raise FileNotFoundError(f"No checkpoint found in {self.directory}.")
@@ -219,6 +280,7 @@ class Checkpointer:
     def describe_mismatch(self, target, step: int, limit: int = 5) -> str | None:
         """What differs between checkpoint ``step`` and ``target`` (a readable list of parameter
         paths whose shape differs, or an optimizer state of another shape), or None."""
+        self.wait()
         try:
             saved = self._manager.item_metadata(step)["state"]
             saved = getattr(saved, "tree", saved)
@@ -253,18 +315,19 @@ class Checkpointer:
         return int(step)
 
     def wait(self) -> None:
-        """Block until pending asynchronous saves are on disk (raises if one of them failed)
-        and deleted checkpoints are gone."""
-        if self._manager_instance is not None:
+        """Block until the queued saves and deletions are on disk; raise if a write failed."""
+        while self._jobs:
+            self._jobs.popleft().result()
+        if self._manager_instance is not None and not self._background:  # the writer waits after each save
             self._manager_instance.wait_until_finished()
-        while self._deletions:
-            self._deletions.pop().result()
+        self._raise_failure()
 
     def reload(self) -> None:
         """Forget what the manager knows of the folder (after its files changed outside it); the
         next use opens it afresh."""
+        self.wait()
+        self._steps = None
         if self._manager_instance is not None:
-            self._manager_instance.wait_until_finished()
             self._manager_instance.close()
             self._manager_instance = None
 
@@ -272,5 +335,6 @@ class Checkpointer:
         self.wait()
         if self._manager_instance is not None:
             self._manager_instance.close()
-        if self._deleter is not None:
-            self._deleter.shutdown()
+        if self._writer is not None:
+            self._writer.shutdown()
+            self._writer = None

@@ -67,7 +67,7 @@ def accumulate(acc: dict, metrics: Mapping[str, Any], weight, finite=None) -> di
 
 
 @jax.jit
-def _copy(tree):
+def device_copy(tree):
     """A device-side copy in one dispatch (new buffers: safe from the step's donation)."""
     return jax.tree.map(lambda x: x + jnp.zeros_like(x), tree)
 
@@ -120,7 +120,7 @@ class HostSnapshot:
 
     def __init__(self, acc: dict):
         # The training step donates (reuses) the sums' buffers: snapshot a device-side copy.
-        self._acc = _copy(acc)
+        self._acc = device_copy(acc)
         acc = self._acc
         for leaf in jax.tree.leaves(acc):
             copy = getattr(leaf, "copy_to_host_async", None)

@@ -436,8 +436,6 @@ class TrainerModule(TrainerViewMixin):
         self._write_hparams()
         self._log_running(self._loop.running_log.flush())  # the log history up to `step` is on disk first
         self.logger.flush()
-        if step in self.checkpointer.all_steps():  # e.g. a step checkpoint, now also the epoch's best
-            self.checkpointer.delete(step, background=False)
         best_step = self._checkpoint_callback.best_step if self._checkpoint_callback else None
         meta = resume.CheckpointMeta.capture(step, self._loop, callbacks=self.callbacks, best_step=best_step,
                                              best_eval_metrics=self._best_eval_metrics, num_epochs=self.num_epochs,

@@ -95,9 +95,8 @@ class ModelCheckpoint(Callback):
 
     # ---------------------------------------------------------------- saving and pruning
     def _save(self, trainer, step: int, best_metrics: Mapping[str, float] | None) -> None:
-        # Old checkpoints are pruned only once the previous save is on disk, so a failed or
-        # killed save never leaves the run without a checkpoint to resume from.
-        trainer.checkpointer.wait()
+        # Deletions queue behind the saves before them on the checkpointer's writer, and none runs
+        # after a failed write: a failed or killed save never leaves the run without a checkpoint.
         self._prune(trainer, also_keep=step)  # `step` itself may be saved again right below
         if best_metrics is not None:
             self.best_metrics = dict(best_metrics)
