@@ -59,17 +59,30 @@ SETTINGS = {  # variant: trainer settings
 
 
 class CheckpointWitness(flaxlight.Callback):
-    """Listed after the ModelCheckpoint: at every epoch end, was this epoch's checkpoint taken?"""
+    """Was every epoch's checkpoint taken? Checked when the next epoch starts and at the end (a
+    ModelCheckpoint hears of each moment after the other callbacks, so not at the epoch's end)."""
 
     def __init__(self, checkpoint: ModelCheckpoint):
         self.checkpoint = checkpoint
         self.taken = self.missed = 0
+        self.pending: int | None = None
 
     def on_epoch_end(self, trainer, epoch):
-        if self.checkpoint.last_step == trainer.global_step:
-            self.taken += 1
-        else:
-            self.missed += 1
+        self.pending = trainer.global_step
+
+    def _check(self):
+        if self.pending is not None:
+            if self.checkpoint.last_step == self.pending:
+                self.taken += 1
+            else:
+                self.missed += 1
+            self.pending = None
+
+    def on_train_epoch_start(self, trainer, epoch):
+        self._check()
+
+    def on_fit_end(self, trainer):
+        self._check()
 
 
 def run_workload(name, args, log_root):

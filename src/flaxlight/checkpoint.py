@@ -144,9 +144,11 @@ class Checkpointer:
         snapshot = device_copy(arrays)  # the training step donates (reuses) the state's buffers
         for leaf in jax.tree.leaves(snapshot):
             leaf.copy_to_host_async()
-        while len(self._jobs) > 1:  # at most one save waiting behind the one being written
-            self._jobs.popleft().result()
+        saves = [job for job in self._jobs if getattr(job, "is_save", False)]
+        if len(saves) > 1:  # at most one save waiting behind the one being written (bounded memory)
+            saves[-2].result()
         self._submit(self._replace, step, snapshot, meta)
+        self._jobs[-1].is_save = True
 
     def _write(self, step: int, arrays, meta: dict[str, Any] | None) -> None:
         ocp = _ocp()
@@ -171,6 +173,8 @@ class Checkpointer:
     def _submit(self, job: Callable, *args) -> None:
         if self._writer is None:
             self._writer = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="flaxlight-ckpt")
+        while self._jobs and self._jobs[0].done():  # forget finished jobs (their errors are kept)
+            self._jobs.popleft()
         self._jobs.append(self._writer.submit(self._run_job, job, *args))
 
     def _run_job(self, job: Callable, *args) -> None:
