@@ -259,6 +259,8 @@ class RunPlan:
                              f"validation would run, so there would be no best model to test. Lower "
                              f"check_val_every_n_epoch or train longer.")
         steps_per_epoch = loader_length(train_loader) if steps_per_epoch is None else steps_per_epoch
+        if isinstance(steps_per_epoch, bool) or not isinstance(steps_per_epoch, int):
+            raise TypeError(f"steps_per_epoch must be an int (batches per epoch), got {steps_per_epoch!r}.")
         if steps_per_epoch < 1:
             raise ValueError("train_loader yielded no batches (its len() is 0): check the dataset size, "
                              "batch_size and drop_last.")

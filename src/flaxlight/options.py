@@ -12,9 +12,11 @@ import dataclasses
 import difflib
 from typing import Any, Mapping
 
+import numpy as np
+
 from flaxlight import distributed as dist
 
-__all__ = ["TrainerOptions", "DEFAULT_MONITORS"]
+__all__ = ["TrainerOptions", "DEFAULT_MONITORS", "check_trainer_arguments"]
 
 # The constructor arguments of TrainerModule itself (for messages).
 TRAINER_ARGUMENTS = ("model_class", "model_hparams", "optimizer_hparams", "exmp_input", "seed", "logger_params",
@@ -122,6 +124,22 @@ class TrainerOptions:
         raise KeyError(f"None of the metrics {[key for key, _ in candidates]} used to pick the best model is among the "
                        f"validation metrics {sorted(new)}. Pass monitor='val/<name>' (and mode='min'/'max') to the "
                        f"trainer, or override is_new_model_better.")
+
+
+def check_trainer_arguments(*, model_hparams: Any, enable_progress_bar: Any, debug: Any, callbacks: Any,
+                            loggers: Any, check_val_every_n_epoch: Any) -> None:
+    """The seed's constructor arguments of the wrong kind, named with the value and the fix."""
+    if model_hparams is not None and not isinstance(model_hparams, Mapping):
+        raise TypeError(f"model_hparams must be a dict of the model's arguments, got {model_hparams!r}; "
+                        f"e.g. model_hparams={{'hidden_dims': [64]}}.")
+    for name, value in (("enable_progress_bar", enable_progress_bar), ("debug", debug)):
+        if not isinstance(value, (bool, np.bool_)):
+            raise TypeError(f"{name} must be True or False, got {value!r}.")
+    for name, value, example in (("callbacks", callbacks, "ModelCheckpoint()"), ("loggers", loggers, "CSVLogger(dir)")):
+        if value is not None and not isinstance(value, (list, tuple)):
+            raise TypeError(f"{name} must be a list, got {type(value).__name__} {value!r}; e.g. {name}=[{example}].")
+    if not _is_int(check_val_every_n_epoch, 1):
+        raise ValueError(f"check_val_every_n_epoch must be a positive int, got {check_val_every_n_epoch!r}.")
 
 
 def _is_int(value: Any, minimum: int) -> bool:

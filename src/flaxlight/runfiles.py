@@ -108,6 +108,16 @@ def next_version_dir(base: str | os.PathLike) -> str:
             continue
 
 
+def check_folders(log_dir: str) -> None:
+    """A clear error when the run folder, or a folder the run writes into, is a file."""
+    folders = (("logger_params['log_dir']", log_dir),
+               ("the run's checkpoints folder", os.path.join(log_dir, CHECKPOINT_DIR)),
+               ("the run's metrics folder", os.path.join(log_dir, METRICS_DIR)))
+    for what, path in folders:
+        if os.path.exists(path) and not os.path.isdir(path):
+            raise NotADirectoryError(f"{what} {path} is a file, not a folder: move it away or choose another log_dir.")
+
+
 def run_dir(params: LoggerParams, owner_name: str) -> str:
     """The run's folder, absolute: ``log_dir``, or the next version under ``base_log_dir/owner_name``."""
     log_dir = params.log_dir or next_version_dir(os.path.join(params.base_log_dir, owner_name))
@@ -120,6 +130,7 @@ def open_run(logger_params: Mapping[str, Any] | None, owner_name: str,
     ``loggers`` and ``user_loggers`` are added after the ones ``logger_type`` picks)."""
     params = LoggerParams.from_mapping(logger_params)
     log_dir = run_dir(params, owner_name)
+    check_folders(log_dir)
     os.makedirs(os.path.join(log_dir, METRICS_DIR), exist_ok=True)
     given = [lg for lg in (logger_params or {}).get("loggers") or [] if not isinstance(lg, str)]  # str: a saved repr
     loggers = make_loggers(params, log_dir, given + list(user_loggers))
@@ -318,6 +329,7 @@ def trainer_kwargs(trainer_class: type, run: str | os.PathLike, which: str,
         raise ValueError(f"which must be 'best' or 'last', got {which!r}.")
     log_dir = os.path.abspath(os.fspath(run))
     hparams, ckpt_dir = read_hparams(log_dir), os.path.join(log_dir, CHECKPOINT_DIR)
+    check_folders(log_dir)
     if not os.path.isdir(ckpt_dir) or not Checkpointer(ckpt_dir, read_only=True).all_steps():
         raise FileNotFoundError(f"No checkpoint in {ckpt_dir}: this run saved no model yet.")
     model_class_path = hparams.pop("model_class")

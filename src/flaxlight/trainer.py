@@ -27,7 +27,7 @@ from flaxlight.messages import logger as messages
 from flaxlight.metrics import batch_size, finite_now, read_means, to_host
 from flaxlight.models import make_adapter
 from flaxlight.optim import as_optimizer_config, make_optimizer_plan, warn_l2_outside_step
-from flaxlight.options import TrainerOptions
+from flaxlight.options import TrainerOptions, check_trainer_arguments
 from flaxlight.progress import progress
 from flaxlight.state import TrainState
 from flaxlight.step import TrainStep
@@ -55,11 +55,11 @@ class TrainerModule(TrainerViewMixin):
                  exmp_input: Any, seed: int = 42, logger_params: Mapping[str, Any] | None = None,
                  enable_progress_bar: bool = True, debug: bool = False, check_val_every_n_epoch: int = 1,
                  **kwargs: Any):
-        mesh, callbacks = kwargs.pop("mesh", None), list(kwargs.pop("callbacks", None) or [])
-        self._user_loggers = list(kwargs.pop("loggers", None) or [])  # checked by init_logger
+        mesh, callbacks, loggers = kwargs.pop("mesh", None), kwargs.pop("callbacks", None), kwargs.pop("loggers", None)
+        check_trainer_arguments(model_hparams=model_hparams, enable_progress_bar=enable_progress_bar, debug=debug,
+                                callbacks=callbacks, loggers=loggers, check_val_every_n_epoch=check_val_every_n_epoch)
+        callbacks, self._user_loggers = list(callbacks or []), list(loggers or [])  # loggers: checked by init_logger
         self.options = TrainerOptions.from_kwargs(kwargs, owner=type(self).__name__)
-        if not isinstance(check_val_every_n_epoch, int) or check_val_every_n_epoch < 1:
-            raise ValueError(f"check_val_every_n_epoch must be a positive int, got {check_val_every_n_epoch!r}.")
         self.model_class, self.model_hparams = model_class, dict(model_hparams or {})
         self.optimizer_hparams, self.seed, self.exmp_input = optimizer_hparams, seed, exmp_input
         self.enable_progress_bar, self.debug = enable_progress_bar, debug
