@@ -313,3 +313,9 @@ def test_help_states_the_trust_model(capsys):
         cli.main(["fit", "--help"])
     out = capsys.readouterr().out
     assert "--trust-config" in out and "--allow-import PREFIX" in out and "imports nothing" in out
+
+
+def test_resume_from_a_folder_without_a_run_exits_2(tmp_path, capsys):
+    code, _, err = run(capsys, "fit", "-c", CONFIGS / "sine_regression.yaml", "--resume", tmp_path / "typo")
+    assert code == 2 and "--resume" in err and "no run to continue" in err
+    assert not (tmp_path / "typo").exists()  # nothing written

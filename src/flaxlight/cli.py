@@ -168,6 +168,11 @@ def _fit(args: argparse.Namespace) -> int:
         from flaxlight.config import ConfigError
 
         raise ConfigError("--resume RUN_DIR continues the run in RUN_DIR; do not also give a different --log-dir.")
+    if args.resume and not os.path.isdir(os.path.join(args.resume, "checkpoints")):
+        from flaxlight.config import ConfigError
+
+        raise ConfigError(f"--resume {args.resume}: no run to continue there (no checkpoints/ folder). Give the "
+                          f"folder of an earlier run (it holds hparams.yaml and checkpoints/), or drop --resume.")
     if args.log_dir or args.resume:
         cfg.trainer.logger_params.log_dir = args.resume or args.log_dir
     if args.print_config:
