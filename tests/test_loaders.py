@@ -267,6 +267,49 @@ def test_grain_dataloader_without_len(tmp_path):
     assert metrics["val/loss"] < 0.5 * losses[0][2]
 
 
+def test_grain_dataloader_resumes_from_its_saved_position_without_rereading(tmp_path, capsys):
+    x, y = linear_data(256, 0)
+    reads = []
+
+    class CountingSource(PairDataset):
+        def __repr__(self):  # grain checks a saved position against repr(data_source)
+            return "CountingSource(linear_data(256, 0))"
+
+        def __getitem__(self, i):
+            reads.append(int(i))
+            return super().__getitem__(i)
+
+    def loader():  # shuffled, no set_epoch: the iterator's own state says where it is
+        sampler = grain.samplers.IndexSampler(256, shard_options=grain.sharding.NoSharding(), shuffle=True,
+                                              num_epochs=1, seed=3)
+        return grain.DataLoader(data_source=CountingSource(x, y), sampler=sampler,
+                                operations=[grain.transforms.Batch(32)], worker_count=0)
+
+    class Crash(flaxlight.Callback):
+        every_n_steps = 14  # mid-epoch 2 (8 steps per epoch), one step after checkpoint 13
+
+        def on_step(self, trainer, step):
+            raise RuntimeError("crash")
+
+    def run(name, callbacks=(), resume=False):
+        trainer = _regressor(tmp_path, name, callbacks=list(callbacks), log_every_n_steps=4)
+        trainer.train_model(loader(), None, num_epochs=3, steps_per_epoch=8, resume=resume)
+        return trainer
+
+    reference = run("reference")
+    with pytest.raises(RuntimeError, match="crash"):
+        run("crashed", callbacks=[flaxlight.ModelCheckpoint(every_n_steps=13, every_n_epochs=None), Crash()])
+    reads.clear()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the loader's position is saved: no "no set_epoch" warning
+        resumed = run("crashed", resume=True)
+    assert "Resumed from checkpoint 13 " in capsys.readouterr().err
+    assert len(reads) == 256 - 5 * 32 + 256  # the rest of epoch 2 and epoch 3: no record read twice
+    jax.tree.map(np.testing.assert_array_equal, jax.device_get(resumed.state.params),
+                 jax.device_get(reference.state.params))
+    assert _rows(tmp_path / "crashed") == _rows(tmp_path / "reference")
+
+
 # ---------------------------------------------------------------------------------- no torch, no grain
 _NO_IMPORT_SCRIPT = textwrap.dedent("""
     import json, sys, tempfile

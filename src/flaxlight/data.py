@@ -6,11 +6,12 @@ pytree of arrays that share a leading batch dimension.
 
 from __future__ import annotations
 
+import base64
 import functools
 import itertools
 import queue
 import threading
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import jax
 import numpy as np
@@ -212,6 +213,52 @@ class DeviceEpoch:
             i += 1
         if self.last is not None and i <= self.num_full:
             yield 1, (self.last, index[0])
+
+
+def positioned_iterator(loader: Iterable, position: Any = None) -> tuple[Iterator, Callable[[], Any] | None]:
+    """``iter(loader)``, continued from ``position`` when given, and a function that reads the
+    iterator's position (JSON data), or None when the loader cannot tell it.
+
+    Loaders that save their own position: grain iterators (``get_state`` / ``set_state``) and
+    torchdata's ``StatefulDataLoader`` (``state_dict`` / ``load_state_dict``). A resumed run then
+    continues the epoch where it was, without re-reading the batches already trained on.
+
+    Example:
+        >>> it, where = positioned_iterator(grain.MapDataset.range(8).batch(2).to_iter_dataset())  # doctest: +SKIP
+        >>> next(it); where()                                                                     # doctest: +SKIP
+        {'next_index': 1}
+    """
+    if callable(getattr(loader, "state_dict", None)) and callable(getattr(loader, "load_state_dict", None)):
+        if position is not None:
+            loader.load_state_dict(_from_json(position))
+        return iter(loader), lambda: _to_json(loader.state_dict())
+    iterator = iter(loader)
+    if callable(getattr(iterator, "get_state", None)) and callable(getattr(iterator, "set_state", None)):
+        if position is not None:
+            iterator.set_state(_from_json(position))
+        return iterator, lambda: _to_json(iterator.get_state())
+    return iterator, None
+
+
+def _to_json(value: Any) -> Any:
+    """A loader's state as JSON data (bytes as base64, numpy scalars as numbers)."""
+    if isinstance(value, bytes):
+        return {"__bytes__": base64.b64encode(value).decode("ascii")}
+    if isinstance(value, Mapping):
+        return {str(k): _to_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_to_json(v) for v in value]
+    return value.item() if isinstance(value, np.generic) else value
+
+
+def _from_json(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        if set(value) == {"__bytes__"}:
+            return base64.b64decode(value["__bytes__"])
+        return {k: _from_json(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_from_json(v) for v in value]
+    return value
 
 
 def take_batches(batches, index, count: int | None = None):

@@ -41,8 +41,8 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from flaxlight import distributed as dist
-from flaxlight.data import (ArrayLoader, DeviceEpoch, Prefetcher, check_batch, group_batches, same_shapes,
-                            take_batches)
+from flaxlight.data import (ArrayLoader, DeviceEpoch, Prefetcher, check_batch, group_batches, positioned_iterator,
+                            same_shapes, take_batches)
 from flaxlight.lean import LeanLoop, strip_idle_fields
 from flaxlight.metrics import accumulate, all_finite, batch_size, fresh_zeros, init_accumulator, tree_finite
 
@@ -152,6 +152,7 @@ class Engine:
         self._templates: dict = {}
         self._eval_compiler: threading.Thread | None = None
         self._epoch_ahead: DeviceEpoch | None = None
+        self._position: Callable[[], Any] | None = None
         self.train_step = self._jit(train_step, donate_argnums=0)
         self.eval_step = self._jit(eval_step)
         self._jit_loop()
@@ -222,15 +223,23 @@ class Engine:
         return isinstance(loader, ArrayLoader) and loader.serves_device_epochs() and self.mesh is None \
             and not self.debug
 
-    def feed(self, loader: Iterable, start: int, stop: int | None, step: int) -> Feed:
+    def feed(self, loader: Iterable, start: int, stop: int | None, step: int, position: Any = None) -> Feed:
         """Batches ``start`` to ``stop`` of ``loader``'s current epoch as the loop consumes them
-        (``step``: the global step before the first, so fused blocks end at its multiples)."""
+        (``step``: the global step before the first, so fused blocks end at its multiples).
+        ``position``: where a loader that saves its own position was at batch ``start`` (it then
+        continues from there instead of skipping ``start`` batches); see :meth:`loader_position`."""
         if self.serves_device_epochs(loader):
             epoch, self._epoch_ahead = self._epoch_ahead, None
             if epoch is None or not epoch.serves(loader, stop):
                 epoch = DeviceEpoch(loader, stop=stop)
             return Feed(epoch.items(start, self.block_length, step), "indexed", lambda head: epoch.first_batch)
-        batches = itertools.islice(iter(loader), start, stop)
+        iterator, reader = positioned_iterator(loader, position)
+        if position is not None:
+            start, stop = 0, None if stop is None else stop - start
+        # The position read at an event is that of the batches trained on when they are pulled
+        # one at a time (no background loading ahead, no blocks).
+        self._position = reader if self.block_length == 1 and not self.prefetch else None
+        batches = itertools.islice(iterator, start, stop)
         items = group_batches(batches, self.block_length, start=step)
         prefetcher = None
         if self.prefetch:
@@ -239,15 +248,19 @@ class Engine:
             items = map(self._to_device, items)
         return Feed(items, "batches", _first_of, prefetcher)
 
+    def loader_position(self) -> Any:
+        """Where the loader being trained on is, as JSON data (None when it cannot say)."""
+        return self._position() if self._position is not None else None
+
     def train(self, loader: Iterable, span: Span, *, stop: int | None, schedule, on_event: Callable[[Span, int], bool],
-              start_sums: Callable[[Any], dict], more_epochs: Callable[[], bool]) -> None:
+              start_sums: Callable[[Any], dict], more_epochs: Callable[[], bool], position: Any = None) -> None:
         """Train on ``loader``'s batches ``span.batches`` to ``stop`` (see :meth:`run`).
 
         ``start_sums(first batch)`` gives the epoch's zeroed sums when ``span.acc`` is None (a
         fresh epoch); when ``more_epochs()`` after the span, the next epoch's device data are
         gathered before this epoch's end waits for its last steps.
         """
-        feed = self.feed(loader, span.batches, stop, span.step)
+        feed = self.feed(loader, span.batches, stop, span.step, position)
         try:
             if feed.empty:
                 return

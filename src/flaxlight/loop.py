@@ -83,6 +83,12 @@ class LoopState:
     acc: Any = None
     train_metrics: dict = dataclasses.field(default_factory=dict)
     validated: bool = False  # the epoch's validation ran (phase "val": the epoch is not over yet)
+    loader_position: Any = None  # after a resume mid-epoch: where a stateful loader continues
+
+    def take_loader_position(self) -> Any:
+        """The resumed loader position, once (the epoch after it starts from the beginning)."""
+        position, self.loader_position = self.loader_position, None
+        return position
 
     def start_epoch(self) -> None:
         """A fresh epoch (not the rest of one interrupted mid-way)."""

@@ -47,6 +47,8 @@ class CheckpointMeta:
         train_metrics: the last finished epoch's ``train/...`` means.
         train_sums: the current epoch's metric sums so far (mid-epoch saves), as floats.
         running_log: the running log's position (:class:`flaxlight.loop.RunningLog`).
+        loader_position: mid-epoch, where a loader that saves its own position was (grain,
+            torchdata; see :func:`flaxlight.data.positioned_iterator`).
         best_eval_metrics: the best validation so far (what ``train_model`` returns).
         best_step: the step of the best checkpoint kept (None before a validation).
         num_epochs, steps_per_epoch: the run's length (the optimizer's schedule needs it).
@@ -61,6 +63,7 @@ class CheckpointMeta:
     validated: bool = False
     train_sums: dict | None = None
     running_log: dict = dataclasses.field(default_factory=dict)
+    loader_position: Any = None
     best_eval_metrics: dict | None = None
     best_step: int | None = None
     num_epochs: int | None = None
@@ -82,7 +85,8 @@ class CheckpointMeta:
     def loop_state(self) -> LoopState:
         """Where the loop continues: the saved position, or the next epoch after an epoch's end."""
         loop = LoopState(epoch=self.epoch, phase=self.phase, batch_index=self.batch_index, validated=self.validated,
-                         acc=sums_from_json(self.train_sums), train_metrics=dict(self.train_metrics))
+                         acc=sums_from_json(self.train_sums), train_metrics=dict(self.train_metrics),
+                         loader_position=self.loader_position if self.phase == "train" else None)
         loop.running_log.load_state_dict(self.running_log)
         if loop.phase == "epoch_end":
             loop.epoch, loop.batch_index, loop.validated = loop.epoch + 1, 0, False
@@ -154,11 +158,11 @@ def restore_run(own: Checkpointer, resume_from: str | os.PathLike | None, state:
         if checkpointer is own:
             for newer in [s for s in checkpointer.all_steps() if s > step]:
                 checkpointer.delete(newer)  # unreadable: it would block re-saving that step
-    if epoch_setter(train_loader) is None:
+    meta = CheckpointMeta.from_json(meta)
+    if epoch_setter(train_loader) is None and meta.loader_position is None:
         warnings.warn("Resuming with a train_loader that has no set_epoch(epoch) method: the run continues exactly "
                       "only if the loader's order does not depend on how often it was iterated before.",
                       RuntimeWarning, stacklevel=4)
-    meta = CheckpointMeta.from_json(meta)
     position = meta.loop_state()
     messages.info("Resumed from checkpoint %d in %s (epoch %d, batch %d).", step, checkpointer.directory,
                   position.epoch, position.batch_index)

@@ -236,8 +236,7 @@ class TrainerModule(TrainerViewMixin):
         self.num_epochs, self.steps_per_epoch = plan.num_epochs, plan.steps_per_epoch
         self.init_optimizer(plan.schedule_epochs, plan.schedule_steps_per_epoch)
         self._place_state()
-        self._loop, self._best_eval_metrics = LoopState(), None
-        self.should_stop, self.stop_reason = False, None
+        self._loop, self._best_eval_metrics, self.should_stop, self.stop_reason = LoopState(), None, False, None
         return plan.num_epochs
 
     def _claim_run_folder(self, continuing: bool, overwrite: bool) -> None:
@@ -298,7 +297,8 @@ class TrainerModule(TrainerViewMixin):
 
         Metrics are summed on the device; the only reads are asynchronous copies at log points
         and one read at the end of the epoch. After a resume mid-epoch, the batches already
-        trained on are skipped and the epoch's sums continue from the checkpoint. The epoch ends
+        trained on are skipped (a grain / torchdata loader continues from its saved position) and
+        the epoch's sums continue from the checkpoint. The epoch ends
         early at ``limit_train_batches``, ``max_steps`` or when a callback calls :meth:`stop`.
         """
         start, loop = time.time(), self._loop
@@ -313,7 +313,8 @@ class TrainerModule(TrainerViewMixin):
         try:
             self.engine.train(train_loader, span, stop=stop, schedule=self._schedule, on_event=self._on_event,
                               start_sums=self._start_epoch_sums,
-                              more_epochs=lambda: not (loop.epoch == self.num_epochs or self._stopping()))
+                              more_epochs=lambda: not (loop.epoch == self.num_epochs or self._stopping()),
+                              position=loop.take_loader_position())
         finally:
             self._take(span)
         if loop.acc is None:
@@ -438,6 +439,7 @@ class TrainerModule(TrainerViewMixin):
         self.logger.flush()
         best_step = self._checkpoint_callback.best_step if self._checkpoint_callback else None
         meta = resume.CheckpointMeta.capture(step, self._loop, callbacks=self.callbacks, best_step=best_step,
+                                             loader_position=self.engine.loader_position(),
                                              best_eval_metrics=self._best_eval_metrics, num_epochs=self.num_epochs,
                                              steps_per_epoch=self.steps_per_epoch)
         self.checkpointer.save(step, self.state, meta=meta.to_json())
