@@ -62,23 +62,23 @@ class Span:
 
 class Feed:
     """A loader's batches as the engine consumes them: ``(steps, payload)`` items and the data
-    path (``"batches"``, or ``"indexed"`` for a device epoch). ``first_batch`` (host arrays, or
-    None when there are no batches) is made only when asked."""
+    path (``"batches"``, or ``"indexed"`` for a device epoch). ``head`` is the first item (None
+    when there are none); ``first_batch`` (host arrays) is made only when asked."""
 
     def __init__(self, items: Iterable[tuple[int, Any]], path: str, first_batch: Callable[[Any], Any],
                  prefetcher: Prefetcher | None = None):
         items = iter(items)
-        self._head = next(items, None)
-        self.items = items if self._head is None else itertools.chain([self._head], items)
+        self.head = next(items, None)
+        self.items = items if self.head is None else itertools.chain([self.head], items)
         self.path, self.prefetcher, self._first_batch = path, prefetcher, first_batch
 
     @property
     def empty(self) -> bool:
-        return self._head is None
+        return self.head is None
 
     @property
     def first_batch(self):
-        return None if self._head is None else self._first_batch(self._head)
+        return None if self.head is None else self._first_batch(self.head)
 
     def close(self) -> None:
         if self.prefetcher is not None:
@@ -326,7 +326,7 @@ class Engine:
             fns = self._functions
             functions, jitted = ((fns.train_at, fns.block_at), (self._train_at, self._block_at)) \
                 if path == "indexed" else ((fns.train, fns.block), (self._train, self._block))
-            head = feed._head
+            head = feed.head
             if head is None or self.debug or self.mesh is not None:
                 self._lean[path] = LeanLoop((), *jitted)
             else:
