@@ -1,6 +1,7 @@
 """Runs never overwrite runs; resume is exact around a save made at validation; misspelt keywords fail."""
 
 import csv
+import warnings
 import multiprocessing
 import os
 import subprocess
@@ -224,3 +225,14 @@ def test_exits_never_abort_the_interpreter(tmp_path, case):
         log_dir = tmp_path / ("run" if case == "finished-run" else f"run{attempt}")
         result = run(log_dir, case)
         assert result.returncode == 0 and "clean exit" in result.stdout, (attempt, result.stderr[-2000:])
+
+
+def test_resuming_with_gradient_accumulation_restores_without_calling_it_damaged(tmp_path, regression_loaders):
+    train, val, _ = regression_loaders
+    optimizer = {"optimizer": "adam", "lr": 1e-2, "accumulate_grad_batches": 2}
+    _trainer(tmp_path / "run", optimizer_hparams=optimizer).train_model(train, val, num_epochs=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # no "damaged or partial" fallback
+        resumed = _trainer(tmp_path / "run", optimizer_hparams=optimizer)
+        resumed.train_model(train, val, num_epochs=2, resume=True)
+    assert int(resumed.state.step) == 16
