@@ -187,6 +187,8 @@ class Checkpointer:
 
     def _raise_failure(self) -> None:
         if self._failure is not None:
+            while self._jobs:  # the jobs queued behind the failed write are skipped before it is cleared
+                self._jobs.popleft().result()
             exc, self._failure = self._failure, None
             self._steps = None  # what is on disk is what orbax lists again
             raise RuntimeError(f"Writing a checkpoint to {self.directory} failed ({type(exc).__name__}: {exc}); "

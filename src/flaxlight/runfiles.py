@@ -21,7 +21,7 @@ import socket
 import tempfile
 import uuid
 import warnings
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import jax
 import numpy as np
@@ -33,7 +33,7 @@ from flaxlight.loggers.base import run_display_name
 from flaxlight.registry import RegistryError, explicit_parameters, import_object
 
 __all__ = ["LoggerParams", "HPARAMS_FILE", "CHECKPOINT_DIR", "METRICS_DIR", "LOGGER_TYPES", "next_version_dir",
-           "open_run", "no_run_files", "claim_run", "RunLock", "run_files_present", "make_loggers",
+           "open_run", "no_run_files", "finish_run", "claim_run", "RunLock", "run_files_present", "make_loggers",
            "write_hparams", "read_hparams", "trainer_kwargs", "write_metrics", "to_yaml_safe", "class_path",
            "enable_compilation_cache"]
 
@@ -244,6 +244,25 @@ def _process_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def finish_run(status: str, checkpointer: Checkpointer, logger: LoggerCollection, lock: "RunLock | None",
+               before: Callable[[], None] | None = None) -> None:
+    """End a run's files: ``before()`` (e.g. join background work), wait for the checkpoints, then
+    finalize the loggers and release the lock whatever failed. A checkpoint write error is raised
+    after that cleanup, unless the run failed already (its own error stays the one raised)."""
+    try:
+        if before is not None:
+            before()
+        checkpointer.wait()
+    except Exception as exc:  # noqa: BLE001 - re-raised below unless the run already failed
+        if status != "failed":
+            raise
+        warnings.warn(f"While ending a failed run: {exc}", RuntimeWarning, stacklevel=3)
+    finally:
+        logger.finalize(status)
+        if lock is not None:
+            lock.release()
 
 
 def no_run_files() -> tuple[None, LoggerCollection, Checkpointer]:

@@ -466,21 +466,19 @@ class TrainerModule(TrainerViewMixin):
         return self.state
 
     def _save_on_interrupt(self, interrupt: Interrupted) -> None:
-        if self.log_dir is not None:  # fast_dev_run writes nothing
-            with SignalGuard.ignoring():  # a second Ctrl-C waits for the save
-                self.save_model(self.global_step)
-                self.checkpointer.wait()
-        self._call_callbacks("on_exception", interrupt)
-        self._finish_files("interrupted")
+        try:
+            if self.log_dir is not None:  # fast_dev_run writes nothing
+                with SignalGuard.ignoring():  # a second Ctrl-C waits for the save
+                    self.save_model(self.global_step)
+                    self.checkpointer.wait()
+        finally:  # also when the save failed: callbacks told, files closed, the lock released
+            self._call_callbacks("on_exception", interrupt)
+            self._finish_files("interrupted")
         messages.info(interrupt.explain(self.global_step, self._loop.epoch, self.checkpointer.directory, self.log_dir))
         raise SystemExit(128 + interrupt.signum)
 
     def _finish_files(self, status: str) -> None:
-        self.engine.close()
-        self.checkpointer.wait()
-        self.logger.finalize(status)
-        if self._run_lock is not None:
-            self._run_lock.release()
+        runfiles.finish_run(status, self.checkpointer, self.logger, self._run_lock, before=self.engine.close)
 
     @classmethod
     def load_from_checkpoint(cls, checkpoint: str | os.PathLike, exmp_input: Any, which: str = "best",
