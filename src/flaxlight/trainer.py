@@ -200,12 +200,12 @@ class TrainerModule(TrainerViewMixin):
         """
         num_epochs = self._prepare_run(train_loader, val_loader, num_epochs, steps_per_epoch)
         self._claim_run_folder(continuing=resume or resume_from is not None, overwrite=overwrite)
-        if resume or resume_from is not None:
-            self._resume(resume_from, train_loader)
-        self.global_step, self._val_loader = int(to_host(self.state.step)), val_loader
-        self._write_hparams()
-        self.engine.compile_eval_ahead(self.state, val_loader)
-        try:
+        try:  # from here on, the run's folder is locked: every exit releases it
+            if resume or resume_from is not None:
+                self._resume(resume_from, train_loader)
+            self.global_step, self._val_loader = int(to_host(self.state.step)), val_loader
+            self._write_hparams()
+            self.engine.compile_eval_ahead(self.state, val_loader)
             with SignalGuard(self._schedule):
                 self.on_training_start()
                 self._call_callbacks("on_fit_start")
