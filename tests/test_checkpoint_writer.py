@@ -283,7 +283,9 @@ def test_threads_and_open_files_stay_flat_over_200_epochs_with_a_checkpoint_each
     train = flaxlight.ArrayLoader(*linear_data(32, 0), batch_size=16)  # 2 steps per epoch
     trainer.train_model(train, None, num_epochs=200)
     (threads_20, files_20, writers_20), (threads_200, files_200, writers_200) = census.seen[20], census.seen[200]
-    assert threads_200 <= threads_20 + 2, (threads_20, threads_200)
+    # A leak per save would add ~180 threads; the slack absorbs orbax's short-lived helper threads
+    # and other tests' background threads finishing or starting on this worker (seen: +3 in CI).
+    assert threads_200 <= threads_20 + 8, (threads_20, threads_200)
     assert files_200 <= files_20 + 5, (files_20, files_200)
     # One long-lived writer: epoch 200's writer threads were all there at epoch 20 (other tests'
     # trainers may keep theirs until they are garbage-collected).
