@@ -19,6 +19,7 @@ import concurrent.futures
 import logging
 import os
 import shutil
+import uuid
 import warnings
 from typing import Any, Callable
 
@@ -162,8 +163,15 @@ class Checkpointer:
         self._manager.wait_until_finished()
 
     def _delete_now(self, step: int) -> None:  # on the writer thread
-        if step in self._manager.all_steps():
-            self._manager.delete(step)
+        """Rename the step's folder out of the way first (atomic: a kill mid-deletion never leaves
+        half a checkpoint), then remove it; a killed run's leftovers go when the folder is next opened."""
+        folder = os.path.join(self.directory, str(step))
+        if step not in self._manager.all_steps() or not os.path.isdir(folder):
+            return
+        doomed = os.path.join(self.directory, f".deleting-{step}-{uuid.uuid4().hex[:8]}")
+        os.rename(folder, doomed)
+        self._manager.reload()
+        shutil.rmtree(doomed, ignore_errors=True)
 
     def _track_steps(self) -> set[int]:
         if self._steps is None:
