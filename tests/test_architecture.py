@@ -22,7 +22,7 @@ PACKAGE_UNITS = {"callbacks", "loggers", "zoo"}
 # A module imports only from its own layer (without cycles) or the layers below.
 LAYERS: dict[str, int] = {
     **dict.fromkeys(["state", "metrics", "optim", "models", "data", "checkpoint", "distributed", "lean",
-                     "loggers", "registry", "progress", "messages"], 0),
+                     "loggers", "registry", "progress", "messages", "writer"], 0),
     **dict.fromkeys(["options", "step", "engine", "loop", "runfiles", "resume", "callbacks",
                      "view"], 1),  # view: the trainer's TrainerViewMixin (TrainerView for callbacks)
     "trainer": 2,

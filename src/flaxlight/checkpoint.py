@@ -14,8 +14,7 @@ Example:
 
 from __future__ import annotations
 
-import collections
-import concurrent.futures
+import itertools
 import logging
 import os
 import shutil
@@ -27,6 +26,7 @@ import jax
 import numpy as np
 
 from flaxlight.metrics import device_copy
+from flaxlight.writer import BackgroundWriter, Job
 
 __all__ = ["Checkpointer"]
 
@@ -75,23 +75,47 @@ class Checkpointer:
     """Save and restore train states under one directory with an orbax ``CheckpointManager``.
 
     ``max_to_keep`` old checkpoints are kept (None keeps all). Saves and deletions go, in order,
-    to one long-lived background writer (on one process; with several, orbax's collective async
-    saves): :meth:`save` returns once a device-side copy of the state is made, so the training
-    thread pays neither the write nor orbax's set-up. A failed write is raised on the training
-    thread at the next :meth:`save` or :meth:`wait`, and no deletion runs after it (the earlier
-    checkpoints stay). :meth:`wait` before reading the files from another process; :meth:`close`
+    to one background writer (on one process; with several, orbax's collective async saves):
+    :meth:`save` returns once a device-side copy of the state is made, so the training thread
+    pays neither the write nor orbax's set-up. With ``max_overhead`` (a fraction of the wall
+    time, e.g. 0.03), a save waits in the queue until the writer's work stays within it; a
+    newer save that replaces it (:meth:`delete` of a queued step) takes it out of the queue
+    unwritten, and :meth:`wait` writes everything queued at once. A failed write is raised on the
+    training thread at the next :meth:`save` or :meth:`wait`, and no deletion runs after it
+    (the earlier checkpoints stay); a deletion never runs before the save queued ahead of it
+    is on disk. :meth:`wait` before reading the files from another process; :meth:`close`
     when done.
     """
 
     def __init__(self, directory: str | os.PathLike, max_to_keep: int | None = 1, async_save: bool = True,
-                 read_only: bool = False):
+                 read_only: bool = False, max_overhead: float | None = None):
         self.directory = os.path.abspath(os.fspath(directory))
         self.max_to_keep, self.async_save, self.read_only = max_to_keep, async_save, read_only
         self._manager_instance = None
-        self._writer: concurrent.futures.ThreadPoolExecutor | None = None
-        self._jobs: collections.deque[concurrent.futures.Future] = collections.deque()
+        self._writer = BackgroundWriter("checkpoints", max_overhead=max_overhead)
         self._steps: set[int] | None = None  # on disk or on their way there (the writer's queue)
-        self._failure: BaseException | None = None
+        self._held: list[Job] = []  # deletions whose save was replaced: they wait for the next save
+
+    @property
+    def max_overhead(self) -> float | None:
+        """The share of wall time background writes may take (None: write each save at once)."""
+        return self._writer.max_overhead
+
+    @max_overhead.setter
+    def max_overhead(self, value: float | None) -> None:
+        self._writer.max_overhead = value
+
+    @property
+    def busy(self) -> bool:
+        """Whether a save now would wait: the writer is writing, has work queued, or is within
+        its ``max_overhead`` pause. A periodic save may be skipped while busy; a save that must
+        not be lost can still be made (it waits in the queue)."""
+        return self._background and self._writer.busy
+
+    @property
+    def last_write_seconds(self) -> float | None:
+        """How long the latest background save took to write (None before the first)."""
+        return self._writer.last_duration
 
     @property
     def _background(self) -> bool:
@@ -131,7 +155,7 @@ class Checkpointer:
     def save(self, step: int, state, meta: dict[str, Any] | None = None) -> None:
         """Write ``state`` as checkpoint ``step`` (replacing a checkpoint of that step); returns
         once the arrays are copied on the device (or, with several processes, off it)."""
-        self._raise_failure()
+        self._writer.raise_failure_as(self._failure_message)
         step = int(step)
         arrays = {"params": state.params, "model_state": _model_state(state)}
         if state.opt_state is not None:
@@ -145,11 +169,11 @@ class Checkpointer:
         snapshot = device_copy(arrays)  # the training step donates (reuses) the state's buffers
         for leaf in jax.tree.leaves(snapshot):
             leaf.copy_to_host_async()
-        saves = [job for job in self._jobs if getattr(job, "is_save", False)]
-        if len(saves) > 1:  # at most one save waiting behind the one being written (bounded memory)
-            saves[-2].result()
-        self._submit(self._replace, step, snapshot, meta)
-        self._jobs[-1].is_save = True
+        self._writer.wait_until(lambda: sum(job.tag[0] == "save" for job in self._writer.pending()) < 2)
+        self._writer.submit(self._replace, step, snapshot, meta, tag=("save", step), throttled=True)
+        for job in self._held:  # deletions of replaced saves go behind this one
+            self._writer.submit(job.fn, *job.args, tag=job.tag)
+        self._held = []
 
     def _write(self, step: int, arrays, meta: dict[str, Any] | None) -> None:
         ocp = _ocp()
@@ -178,29 +202,23 @@ class Checkpointer:
             self._steps = set(self.all_steps())
         return self._steps
 
-    def _submit(self, job: Callable, *args) -> None:
-        if self._writer is None:
-            self._writer = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="flaxlight-ckpt")
-        while self._jobs and self._jobs[0].done():  # forget finished jobs (their errors are kept)
-            self._jobs.popleft()
-        self._jobs.append(self._writer.submit(self._run_job, job, *args))
+    def _failure_message(self, exc: BaseException) -> RuntimeError:
+        self._steps, self._held = None, []  # what is on disk is what orbax lists again
+        return RuntimeError(f"Writing a checkpoint to {self.directory} failed ({type(exc).__name__}: {exc}); "
+                            f"the earlier checkpoints are kept. Check the disk (space, permissions).")
 
-    def _run_job(self, job: Callable, *args) -> None:
-        if self._failure is not None:  # nothing after a failed write: earlier checkpoints stay
-            return
-        try:
-            job(*args)
-        except BaseException as exc:  # noqa: BLE001 - handed to the training thread
-            self._failure = exc
-
-    def _raise_failure(self) -> None:
-        if self._failure is not None:
-            while self._jobs:  # the jobs queued behind the failed write are skipped before it is cleared
-                self._jobs.popleft().result()
-            exc, self._failure = self._failure, None
-            self._steps = None  # what is on disk is what orbax lists again
-            raise RuntimeError(f"Writing a checkpoint to {self.directory} failed ({type(exc).__name__}: {exc}); "
-                               f"the earlier checkpoints are kept. Check the disk (space, permissions).") from exc
+    def _withdraw_save(self, step: int) -> bool:
+        """Take the queued, unstarted save of ``step`` out of the queue; the deletions queued
+        right behind it then wait for the next save instead. Returns whether one was taken out."""
+        queue = self._writer.pending()
+        at = next((i for i, job in enumerate(queue) if job.tag == ("save", step)), None)
+        if at is None or not self._writer.withdraw([queue[at]]):
+            return False
+        behind = list(itertools.takewhile(lambda job: job.tag[0] != "save", queue[at + 1:]))
+        later = next((job for job in queue[at + 1:] if job.tag[0] == "save"), None)
+        if behind and not (later is not None and self._writer.insert_after(later, behind)):
+            self._held += self._writer.withdraw(behind)
+        return True
 
     def read_meta(self, step: int | None = None) -> dict:
         """The JSON ``meta`` item of a checkpoint (the latest by default)."""
@@ -244,12 +262,15 @@ class Checkpointer:
         return target.replace(**replace)
 
     def delete(self, step: int, background: bool = True) -> None:
-        """Remove checkpoint ``step`` from disk: queued behind the saves before it (background,
-        one process), else at once (with several processes, orbax's coordinated delete)."""
+        """Remove checkpoint ``step``: a save of it still queued is taken out unwritten; one on
+        disk is deleted behind the saves queued before (background, one process), else at once
+        (with several processes, orbax's coordinated delete)."""
         step = int(step)
         if background and self._background:
+            on_disk = step in self._track_steps() and not self._withdraw_save(step)
             self._track_steps().discard(step)
-            self._submit(self._delete_now, step)
+            if on_disk or os.path.isdir(os.path.join(self.directory, str(step))):
+                self._writer.submit(self._delete_now, step, tag=("delete", step))
             return
         self.wait()
         if self._steps is not None:
@@ -330,11 +351,13 @@ class Checkpointer:
 
     def wait(self) -> None:
         """Block until the queued saves and deletions are on disk; raise if a write failed."""
-        while self._jobs:
-            self._jobs.popleft().result()
+        for job in self._held:
+            self._writer.submit(job.fn, *job.args, tag=job.tag)
+        self._held = []
+        self._writer.wait_until(lambda: False)
         if self._manager_instance is not None and not self._background:  # the writer waits after each save
             self._manager_instance.wait_until_finished()
-        self._raise_failure()
+        self._writer.raise_failure_as(self._failure_message)
 
     def reload(self) -> None:
         """Forget what the manager knows of the folder (after its files changed outside it); the
@@ -349,6 +372,3 @@ class Checkpointer:
         self.wait()
         if self._manager_instance is not None:
             self._manager_instance.close()
-        if self._writer is not None:
-            self._writer.shutdown()
-            self._writer = None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import time
 from typing import Any, Mapping
 
 from flaxlight.callbacks.base import Callback
@@ -18,10 +19,25 @@ class ModelCheckpoint(Callback):
             ``is_new_model_better`` (the seed's rule, asked once per validation by the trainer)
             and keeps only the single best.
         mode: ``"min"`` or ``"max"`` for ``monitor``.
-        save_top_k: how many best checkpoints to keep (0: none kept for being best).
-        save_last: always keep the most recent checkpoint, so a run can resume from it.
+        save_top_k: how many best checkpoints to keep (0: none kept for being best; -1: every
+            validated checkpoint).
+        save_last: keep the most recent checkpoint, so a run can resume from it; the state at the
+            end of training is always saved.
         every_n_epochs: write a checkpoint every N epochs (after validation when it runs).
         every_n_steps: also write one every N optimizer steps, mid-epoch included.
+        every_n_seconds: write one at the first epoch end (or ``every_n_steps`` step) at least
+            this many seconds after the previous save.
+        max_overhead: the share of wall time checkpoint writes may take (they run on a
+            background thread, which still shares the CPU with training). Default: 0.03 when no
+            ``every_n_*`` is given, else unlimited. Within it, the periodic saves are spaced
+            out: an epoch-end save is skipped while the previous write is in progress or its
+            pause (its duration / ``max_overhead``) lasts.
+
+    What is never skipped: the best checkpoints (a new best is queued; one not yet written when
+    a better one arrives is replaced unwritten), the state at the end of training, and the state
+    on SIGTERM / SIGINT. With the defaults, a ``kill -9`` loses at most the work since the
+    newest checkpoint on disk: one epoch plus the writer's pause (about 33 times the duration of
+    one write, e.g. 2 s for a 60 ms write) plus one write.
 
     This callback decides *when* to save and what to keep; the trainer's ``save_model(step)``
     decides *how* (override it to save differently). Checkpoints land in
@@ -32,22 +48,29 @@ class ModelCheckpoint(Callback):
     """
 
     def __init__(self, monitor: str | None = None, mode: str = "min", save_top_k: int = 1, save_last: bool = True,
-                 every_n_epochs: int | None = 1, every_n_steps: int | None = None):
+                 every_n_epochs: int | None = None, every_n_steps: int | None = None,
+                 every_n_seconds: float | None = None, max_overhead: float | None = None):
         if mode not in ("min", "max"):
             raise ValueError(f"ModelCheckpoint mode must be 'min' or 'max', got {mode!r}.")
-        if save_top_k < 0:
-            raise ValueError(f"save_top_k must be >= 0, got {save_top_k}.")
-        if monitor is None and save_top_k > 1:
-            raise ValueError("save_top_k > 1 needs a monitor='val/<metric>' to rank checkpoints by.")
+        if not isinstance(save_top_k, int) or save_top_k < -1:
+            raise ValueError(f"save_top_k must be an int >= 0, or -1 to keep every validated checkpoint; "
+                             f"got {save_top_k!r}.")
+        if monitor is None and save_top_k not in (0, 1):
+            raise ValueError(f"save_top_k={save_top_k} needs a monitor='val/<metric>' to rank checkpoints by.")
         for name, value in (("every_n_epochs", every_n_epochs), ("every_n_steps", every_n_steps)):
-            if value is not None and (not isinstance(value, int) or value < 1):
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
                 raise ValueError(f"ModelCheckpoint {name} must be a positive int or None, got {value!r}.")
+        for name, value, upper in (("every_n_seconds", every_n_seconds, math.inf), ("max_overhead", max_overhead, 1)):
+            if value is not None and (not isinstance(value, (int, float)) or not 0 < value <= upper):
+                raise ValueError(f"ModelCheckpoint {name} must be a number in (0, {upper}] or None, got {value!r}.")
         self.monitor, self.mode, self.save_top_k, self.save_last = monitor, mode, save_top_k, save_last
-        self.every_n_epochs = every_n_epochs
-        self.every_n_steps = every_n_steps
+        self.every_n_epochs, self.every_n_steps, self.every_n_seconds = every_n_epochs, every_n_steps, every_n_seconds
+        self.spaced = every_n_epochs is None and every_n_steps is None and every_n_seconds is None
+        self.max_overhead = max_overhead if max_overhead is not None else (0.03 if self.spaced else None)
         self.best: list[tuple[float, int]] = []  # (score, step), best first
         self.best_metrics: dict[str, float] | None = None
         self.last_step: int | None = None
+        self._last_save_time = time.monotonic()
 
     # ---------------------------------------------------------------- decisions
     @property
@@ -73,11 +96,24 @@ class ModelCheckpoint(Callback):
         score = self._score(metrics)
         if math.isnan(score):
             return False
-        return len(self.best) < self.save_top_k or score < self.best[-1][0]
+        return self.save_top_k == -1 or len(self.best) < self.save_top_k or score < self.best[-1][0]
+
+    def _seconds_due(self) -> bool:
+        return self.every_n_seconds is not None and time.monotonic() - self._last_save_time >= self.every_n_seconds
+
+    @staticmethod
+    def _is_final(trainer, epoch: int) -> bool:
+        """Whether this epoch end is the run's last (its state is never skipped)."""
+        return (trainer.should_stop or (trainer.num_epochs is not None and epoch >= trainer.num_epochs)
+                or trainer.options.reached_max_steps(trainer.global_step))
 
     # ---------------------------------------------------------------- hooks
+    def on_fit_start(self, trainer) -> None:
+        trainer.checkpointer.max_overhead = self.max_overhead
+        self._last_save_time = time.monotonic()
+
     def on_step(self, trainer, step: int) -> None:
-        if self.save_last:
+        if self.save_last and (self.every_n_steps is not None or self._seconds_due()):
             self._save(trainer, step, best_metrics=None)
 
     def on_validation_end(self, trainer, epoch: int, metrics: Mapping[str, float]) -> None:
@@ -85,8 +121,13 @@ class ModelCheckpoint(Callback):
             self._save(trainer, trainer.global_step, best_metrics=metrics)
 
     def on_epoch_end(self, trainer, epoch: int) -> None:
-        due = self.every_n_epochs is not None and epoch % self.every_n_epochs == 0
-        if due and self.save_last and self.last_step != trainer.global_step:
+        if not self.save_last or self.last_step == trainer.global_step:
+            return
+        if self.spaced:
+            due = not trainer.checkpointer.busy
+        else:
+            due = (self.every_n_epochs is not None and epoch % self.every_n_epochs == 0) or self._seconds_due()
+        if due or self._is_final(trainer, epoch):
             self._save(trainer, trainer.global_step, best_metrics=None)
 
     def on_fit_end(self, trainer) -> None:
@@ -104,8 +145,9 @@ class ModelCheckpoint(Callback):
                 self.best = [(0.0, step)]
             else:
                 entry = (self._score(best_metrics), step)
-                self.best = sorted([b for b in self.best if b[1] != step] + [entry])[: self.save_top_k]
-        self.last_step = step
+                ranked = sorted([b for b in self.best if b[1] != step] + [entry])
+                self.best = ranked if self.save_top_k == -1 else ranked[: self.save_top_k]
+        self.last_step, self._last_save_time = step, time.monotonic()
         trainer.save_model(step)
 
     def _keep(self) -> set[int]:

@@ -1,0 +1,175 @@
+"""``BackgroundWriter``: one thread that runs file writes in order, off the training thread.
+
+Jobs run in the order they were queued. A failed job is kept and raised on the caller's thread
+at the next :meth:`~BackgroundWriter.raise_failure_as` or :meth:`~BackgroundWriter.flush`; the
+jobs queued after it are dropped (so nothing deletes old files after a write failed). Jobs
+queued as *throttled* wait until the writer's work stays under ``max_overhead`` of the wall
+time (a job of ``d`` seconds is followed by ``d / max_overhead`` seconds without throttled
+work); a flush runs everything at once. A job not started yet can be withdrawn
+(:meth:`~BackgroundWriter.withdraw`). The thread ends when the queue is empty and starts again
+with the next job, so an idle writer holds no thread; jobs still queued when the interpreter
+exits are run (unthrottled) before it ends.
+
+Example:
+    >>> writer = BackgroundWriter("demo")
+    >>> done = []
+    >>> job = writer.submit(done.append, 1)
+    >>> writer.flush(); done
+    [1]
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import threading
+import time
+import weakref
+from typing import Any, Callable, Iterable
+
+__all__ = ["BackgroundWriter", "Job"]
+
+_LIVE: "weakref.WeakSet[BackgroundWriter]" = weakref.WeakSet()
+
+
+class Job:
+    """A queued call: ``fn(*args)`` with a ``tag`` (any value the caller uses to find it again)."""
+
+    def __init__(self, fn: Callable, args: tuple, tag: Any, throttled: bool):
+        self.fn, self.args, self.tag, self.throttled = fn, args, tag, throttled
+
+    def __repr__(self) -> str:
+        return f"Job({getattr(self.fn, '__name__', self.fn)}, tag={self.tag!r})"
+
+
+class BackgroundWriter:
+    """Run jobs in order on one background thread; see the module docstring."""
+
+    def __init__(self, name: str, max_overhead: float | None = None):
+        self.name, self.max_overhead = name, max_overhead
+        self._queue: collections.deque[Job] = collections.deque()
+        self._running: Job | None = None
+        self._thread: threading.Thread | None = None
+        self._changed = threading.Condition()
+        self._flushing = 0
+        self._failure: BaseException | None = None
+        self._quiet_until = 0.0  # throttled jobs wait until then (monotonic seconds)
+        self.last_duration: float | None = None  # seconds the latest throttled job took
+        _LIVE.add(self)
+
+    # ------------------------------------------------------------------ the caller's side
+    def submit(self, fn: Callable, *args: Any, tag: Any = None, throttled: bool = False) -> Job:
+        """Queue ``fn(*args)`` behind the jobs already queued."""
+        job = Job(fn, args, tag, throttled)
+        with self._changed:
+            self._queue.append(job)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._work, name=f"flaxlight-{self.name}")
+                self._thread.start()
+            self._changed.notify_all()
+        return job
+
+    def pending(self) -> list[Job]:
+        """The jobs queued and not started, oldest first."""
+        with self._changed:
+            return list(self._queue)
+
+    def withdraw(self, jobs: Iterable[Job]) -> list[Job]:
+        """Take ``jobs`` out of the queue if they have not started; returns those taken out."""
+        wanted = {id(job) for job in jobs}
+        with self._changed:
+            taken = [job for job in self._queue if id(job) in wanted]
+            self._queue = collections.deque(job for job in self._queue if id(job) not in wanted)
+            return taken
+
+    def insert_after(self, anchor: Job, jobs: list[Job]) -> bool:
+        """Move ``jobs`` (queued already, or new) right behind ``anchor`` if it has not started."""
+        with self._changed:
+            rest = [job for job in self._queue if all(job is not j for j in jobs)]
+            if all(job is not anchor for job in rest):
+                return False
+            at = next(i for i, job in enumerate(rest) if job is anchor) + 1
+            self._queue = collections.deque(rest[:at] + list(jobs) + rest[at:])
+            return True
+
+    @property
+    def busy(self) -> bool:
+        """Whether a job is running or queued, or throttled work would have to wait now."""
+        with self._changed:
+            return bool(self._running or self._queue) or (
+                self.max_overhead is not None and time.monotonic() < self._quiet_until)
+
+    def wait_until(self, condition: Callable[[], bool]) -> None:
+        """Block until ``condition()`` (checked whenever a job ends); throttling is lifted meanwhile."""
+        with self._changed:
+            self._flushing += 1
+            self._changed.notify_all()
+            try:
+                while not condition() and (self._running or self._queue):
+                    self._changed.wait()
+            finally:
+                self._flushing -= 1
+
+    def flush(self) -> None:
+        """Run every queued job now (throttling lifted); raise if a job failed."""
+        self.wait_until(lambda: False)
+        self.raise_failure_as()
+
+    def raise_failure_as(self, error: Callable[[BaseException], BaseException] | None = None) -> None:
+        """Raise the failure of a job (once), if one failed, as ``error(failure)`` (default: the
+        failure itself); the jobs queued behind it are dropped."""
+        if self._failure is None:
+            return
+        self.wait_until(lambda: False)  # the jobs behind the failed one are dropped, not run
+        with self._changed:
+            exc, self._failure = self._failure, None
+        if exc is not None:
+            if error is None:
+                raise exc
+            raise error(exc) from exc
+
+    # ------------------------------------------------------------------ the writer's side
+    def _next_job(self) -> Job | None:
+        with self._changed:
+            while True:
+                if not self._queue:
+                    self._thread = None  # idle: the thread ends; the next submit starts one
+                    self._changed.notify_all()
+                    return None
+                job = self._queue[0]
+                wait = self._quiet_until - time.monotonic()
+                if job.throttled and self.max_overhead is not None and wait > 0 and not self._flushing:
+                    self._changed.wait(timeout=wait)
+                    continue
+                self._running = self._queue.popleft()
+                return self._running
+
+    def _work(self) -> None:
+        while (job := self._next_job()) is not None:
+            start = time.monotonic()
+            try:
+                if self._failure is None:  # after a failure, the jobs behind it are dropped
+                    job.fn(*job.args)
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
+                self._failure = exc
+            finally:
+                with self._changed:
+                    if job.throttled:
+                        self.last_duration = time.monotonic() - start
+                        if self.max_overhead:
+                            self._quiet_until = start + self.last_duration / self.max_overhead
+                    self._running = None
+                    self._changed.notify_all()
+
+
+def _finish_queued_jobs() -> None:
+    """At interpreter exit, before its threads are joined: throttled jobs run at once."""
+    for writer in list(_LIVE):
+        with writer._changed:
+            writer._flushing += 1
+            writer._changed.notify_all()
+
+
+# Runs before the interpreter joins non-daemon threads (as concurrent.futures does); plain
+# atexit as a fallback runs after that join (a throttled job then waits out its pause).
+getattr(threading, "_register_atexit", atexit.register)(_finish_queued_jobs)
