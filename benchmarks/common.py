@@ -149,7 +149,7 @@ class Classifier(flaxlight.TrainerModule):
 
 def make_trainer(workload: Workload, log_dir: str, *, model_class=MLP, model_hparams=None,
                  optimizer_hparams: Mapping[str, Any] = OPTIMIZER_HPARAMS, logger_type=None,
-                 progress_bar: bool = False, **options) -> Classifier:
+                 progress_bar: bool = False, trainer_class: type[Classifier] = Classifier, **options) -> Classifier:
     """A :class:`Classifier` for ``workload``; ``options`` are trainer options (callbacks=...).
 
     ``logger_type=None`` keeps flaxlight's default loggers (CSV, plus TensorBoard when
@@ -160,7 +160,7 @@ def make_trainer(workload: Workload, log_dir: str, *, model_class=MLP, model_hpa
     if logger_type is not None:
         logger_params["logger_type"] = logger_type
     options.setdefault("enable_model_summary", False)
-    return Classifier(
+    return trainer_class(
         model_class=model_class,
         model_hparams=model_hparams if model_hparams is not None else {"hidden_dims": list(workload.hidden)},
         optimizer_hparams=dict(optimizer_hparams), exmp_input=x[:1], seed=42, logger_params=logger_params,

@@ -178,7 +178,8 @@ def test_no_checkpoint_holds_nonfinite_params(tmp_path, regression_loaders):
         bad_from = 12  # epoch 1 is clean (checkpoint 8), epoch 2 turns the params NaN
 
     trainer = LateNaN(model_class=TinyMLP, model_hparams={"hidden_dims": [8]}, exmp_input=X0,
-                      optimizer_hparams={"optimizer": "sgd", "lr": 1e-2}, **quiet(tmp_path))
+                      optimizer_hparams={"optimizer": "sgd", "lr": 1e-2},
+                      callbacks=[ModelCheckpoint(every_n_epochs=1)], **quiet(tmp_path))
     with pytest.warns(RuntimeWarning, match="Not saving checkpoint 16: the loss or the parameters were NaN/Inf"):
         trainer.train_model(train, None, num_epochs=2)
     assert sorted(os.listdir(tmp_path / "run" / "checkpoints")) == ["8"]

@@ -18,6 +18,7 @@ import itertools
 import logging
 import os
 import shutil
+import time
 import uuid
 import warnings
 from typing import Any, Callable
@@ -96,14 +97,20 @@ class Checkpointer:
         self._steps: set[int] | None = None  # on disk or on their way there (the writer's queue)
         self._held: list[Job] = []  # deletions whose save was replaced: they wait for the next save
 
+    typical_write_seconds = 0.1  # the latest background write's duration in this process
+
     @property
     def max_overhead(self) -> float | None:
         """The share of wall time background writes may take (None: write each save at once)."""
         return self._writer.max_overhead
 
-    @max_overhead.setter
-    def max_overhead(self, value: float | None) -> None:
-        self._writer.max_overhead = value
+    def budget_writes(self, max_overhead: float | None) -> None:
+        """Keep background writes under ``max_overhead`` of the wall time from now on (None: no
+        limit). The first write waits as if one had just been made (its cost is the latest
+        write's in this process, else 0.1 s): a short run writes only what may not be skipped."""
+        self._writer.max_overhead = max_overhead
+        if max_overhead:
+            self._writer.hold_off(Checkpointer.typical_write_seconds / max_overhead)
 
     @property
     def busy(self) -> bool:
@@ -181,10 +188,12 @@ class Checkpointer:
         self._manager.save(step, args=ocp.args.Composite(**items), force=True)
 
     def _replace(self, step: int, arrays, meta) -> None:  # on the writer thread
+        start = time.monotonic()
         if step in self._manager.all_steps():
             self._manager.delete(step)
         self._write(step, arrays, meta)
         self._manager.wait_until_finished()
+        Checkpointer.typical_write_seconds = time.monotonic() - start
 
     def _delete_now(self, step: int) -> None:  # on the writer thread
         """Rename the step's folder out of the way first (atomic: a kill mid-deletion never leaves

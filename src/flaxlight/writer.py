@@ -92,6 +92,11 @@ class BackgroundWriter:
             self._queue = collections.deque(rest[:at] + list(jobs) + rest[at:])
             return True
 
+    def hold_off(self, seconds: float) -> None:
+        """Keep throttled jobs waiting for at least ``seconds`` from now (unless flushed)."""
+        with self._changed:
+            self._quiet_until = max(self._quiet_until, time.monotonic() + seconds)
+
     @property
     def busy(self) -> bool:
         """Whether a job is running or queued, or throttled work would have to wait now."""

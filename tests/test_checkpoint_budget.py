@@ -1,0 +1,170 @@
+"""Checkpoints within a time budget: periodic saves spaced out, nothing that must be kept skipped,
+a replaced queued save never written, and how much a ``kill -9`` can lose with the defaults."""
+
+import os
+import time
+
+import numpy as np
+import pytest
+from conftest import RegressTrainer, TinyMLP, linear_data, quiet
+
+import flaxlight
+from flaxlight import Checkpointer, ModelCheckpoint
+
+
+def _steps(folder):
+    return sorted(int(name) for name in os.listdir(folder) if name.isdigit()) if os.path.isdir(folder) else []
+
+
+def _trainer(tmp_path, callbacks, **kwargs):
+    return RegressTrainer(model_class=TinyMLP, model_hparams={"hidden_dims": [8]},
+                          optimizer_hparams={"optimizer": "adam", "lr": 1e-2}, exmp_input=linear_data(1)[0],
+                          **quiet(tmp_path, callbacks=callbacks, log_every_n_steps=1000, **kwargs))
+
+
+class DiskWatch(flaxlight.Callback):
+    """At every epoch end: the time, the step, and the checkpoints complete on disk then."""
+
+    def __init__(self):
+        self.seen: list[tuple[float, int, list[int]]] = []
+        self.step_time: dict[int, float] = {}
+
+    def on_fit_start(self, trainer):
+        self.start = time.monotonic()
+        self.step_time[0] = self.start
+
+    def on_epoch_end(self, trainer, epoch):
+        now = time.monotonic()
+        self.step_time[trainer.global_step] = now
+        self.seen.append((now, trainer.global_step, _steps(trainer.checkpointer.directory)))
+
+
+def test_kill_9_loses_at_most_an_epoch_plus_the_writers_pause_plus_a_write(tmp_path):
+    """With the default spacing (here a 20% budget, so that the test runs for 2 s rather than 10),
+    the newest complete checkpoint on disk is never older than one epoch + one write's pause
+    (its duration / max_overhead) + one write, as the ModelCheckpoint docstring promises."""
+    watch = DiskWatch()
+    budget = 0.2
+    trainer = _trainer(tmp_path, [watch, ModelCheckpoint(max_overhead=budget)])
+    train = flaxlight.ArrayLoader(*linear_data(512, 0), batch_size=32, shuffle=True, seed=0)
+    trainer.train_model(train, None, num_epochs=2)  # compile outside the timed run
+    watch.seen.clear()
+    again = _trainer(tmp_path / "timed", [watch, ModelCheckpoint(max_overhead=budget)])
+    deadline = time.monotonic() + 2.5
+
+    class Until(flaxlight.Callback):
+        def on_epoch_end(self, trainer, epoch):
+            if time.monotonic() > deadline:
+                trainer.stop("enough")
+
+    again.callbacks.insert(0, Until())
+    again.train_model(train, None, num_epochs=10_000)
+    write = Checkpointer.typical_write_seconds
+    epochs = [b[0] - a[0] for a, b in zip(watch.seen, watch.seen[1:])]
+    bound = max(epochs) + write / budget + 2 * write + 0.5  # + slack for a loaded machine
+    worst = max(now - watch.step_time[max(on_disk, default=0)] for now, _, on_disk in watch.seen)
+    assert worst <= bound, (worst, bound, write)
+    written = {step for _, _, on_disk in watch.seen for step in on_disk}
+    assert 2 <= len(written) <= 2.5 / (write / budget) + 2, (written, write)  # spaced out, yet saving
+    assert len(watch.seen) > 3 * len(written)  # far fewer checkpoints than epochs
+    assert _steps(again.checkpointer.directory) == [again.global_step]  # the final state is never skipped
+
+
+def test_the_best_checkpoint_holds_the_best_score_when_saves_are_spaced(tmp_path, regression_loaders):
+    train, val, _ = regression_loaders
+    trainer = _trainer(tmp_path, [ModelCheckpoint(monitor="val/loss", max_overhead=0.01)])
+    best = trainer.train_model(train, val, num_epochs=12)
+    checkpoints = _steps(tmp_path / "run" / "checkpoints")
+    assert trainer.global_step in checkpoints  # the final state
+    trainer.load_model()  # the best one
+    assert trainer.eval_model(val, log_prefix="val/")["val/loss"] == best["val/loss"]
+
+
+class Recording(RegressTrainer):
+    def save_model(self, step=None):
+        self.saved = getattr(self, "saved", []) + [step]
+        super().save_model(step)
+
+
+@pytest.mark.parametrize("checkpoint, saved", [
+    (ModelCheckpoint(every_n_epochs=1), [2, 4, 6, 8, 10]),  # an explicit cadence is never spaced out
+    (ModelCheckpoint(every_n_epochs=2), [4, 8, 10]),  # + the final state
+    (ModelCheckpoint(), [10]),  # a 5-epoch run is far shorter than the default budget's first pause
+])
+def test_which_epoch_ends_save(tmp_path, checkpoint, saved):
+    trainer = Recording(model_class=TinyMLP, model_hparams={"hidden_dims": [8]}, exmp_input=linear_data(1)[0],
+                        optimizer_hparams={"optimizer": "adam", "lr": 1e-2}, **quiet(tmp_path, callbacks=[checkpoint]))
+    trainer.train_model(flaxlight.ArrayLoader(*linear_data(64, 0), batch_size=32), None, num_epochs=5)
+    assert trainer.saved == saved
+    assert _steps(tmp_path / "run" / "checkpoints") == [10]
+
+
+@pytest.fixture
+def state(tmp_path):
+    return _trainer(tmp_path / "model", []).state
+
+
+def test_a_queued_save_replaced_by_a_newer_one_is_never_written(tmp_path, state):
+    checkpointer = Checkpointer(tmp_path / "ckpt", max_to_keep=None)
+    checkpointer.budget_writes(0.001)  # saves wait ~100 s in the queue unless flushed
+    checkpointer.save(1, state)
+    checkpointer.save(2, state)
+    checkpointer.delete(1)  # as ModelCheckpoint prunes a replaced best: taken out unwritten
+    assert checkpointer.all_steps() == [2] and _steps(tmp_path / "ckpt") == []
+    checkpointer.wait()  # flushes at once, whatever the budget
+    assert _steps(tmp_path / "ckpt") == [2]
+    checkpointer.close()
+
+
+def test_a_deletion_behind_a_replaced_save_waits_for_the_next_save(tmp_path, state):
+    """Checkpoint 5 is on disk; 6 is queued and 5 deleted behind it; then 7 replaces 6. Deleting 5
+    before 7 is written would leave the run without a checkpoint: it must wait for 7."""
+    folder = tmp_path / "ckpt"
+    checkpointer = Checkpointer(folder, max_to_keep=None)
+    checkpointer.save(5, state)
+    checkpointer.wait()
+    checkpointer.budget_writes(0.001)
+    checkpointer.save(6, state)
+    checkpointer.delete(5)
+    checkpointer.save(7, state)
+    checkpointer.delete(6)
+    time.sleep(0.3)  # time enough for the writer to run anything it would run
+    assert _steps(folder) == [5], "the only checkpoint on disk was deleted before its replacement was written"
+    assert checkpointer.all_steps() == [7]
+    checkpointer.wait()
+    assert _steps(folder) == [7]
+    restored = checkpointer.restore(state, step=7)
+    np.testing.assert_array_equal(np.asarray(restored.step), np.asarray(state.step))
+    checkpointer.close()
+
+
+def test_the_writer_thread_ends_when_idle(tmp_path, state):
+    import threading
+
+    checkpointer = Checkpointer(tmp_path / "ckpt")
+    checkpointer.save(1, state)
+    checkpointer.wait()
+    deadline = time.monotonic() + 5
+    while any(t.name == "flaxlight-checkpoints" for t in threading.enumerate()) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not any(t.name == "flaxlight-checkpoints" for t in threading.enumerate())
+    checkpointer.close()
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"save_top_k": -2}, "save_top_k must be an int >= 0, or -1"),
+    ({"max_overhead": 0}, "max_overhead must be a number in (0, 1]"),
+    ({"max_overhead": 1.5}, "max_overhead must be a number in (0, 1]"),
+    ({"every_n_seconds": -1}, "every_n_seconds must be a number"),
+    ({"save_top_k": 3}, "needs a monitor"),
+])
+def test_bad_checkpoint_settings_say_what_is_expected(kwargs, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        ModelCheckpoint(**kwargs)
+
+
+def test_save_top_k_minus_one_keeps_every_validated_checkpoint(tmp_path, regression_loaders):
+    train, val, _ = regression_loaders
+    trainer = _trainer(tmp_path, [ModelCheckpoint(monitor="val/loss", save_top_k=-1, every_n_epochs=1)])
+    trainer.train_model(train, val, num_epochs=4)
+    assert _steps(tmp_path / "run" / "checkpoints") == [8, 16, 24, 32]
