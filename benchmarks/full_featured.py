@@ -51,6 +51,7 @@ import common  # noqa: E402
 from common import Check, HandFunctions, Variant  # noqa: E402
 
 import flaxlight  # noqa: E402
+from flaxlight.callbacks import ProgressBar  # noqa: E402
 
 DEFAULT_WORKLOADS = ["tiny-128", "mlp-256-128", "wide-512-1024"]
 QUICK_WORKLOADS = ["tiny-128", "mlp-256-128"]
@@ -138,8 +139,10 @@ def run_workload(name, args, log_root):
             clock = common.EpochClock()
             settings = dict(SETTINGS[variant])
             runs[0] += 1
+            # The bar a terminal shows (stderr here is not a terminal, so "auto" would print lines).
             trainer = common.make_trainer(workload, os.path.join(log_root, name, f"{variant}-{runs[0]}"),
-                                          callbacks=[clock], trainer_class=ClassifierWithAccuracy, **settings)
+                                          callbacks=[clock, ProgressBar(style="bars")],
+                                          trainer_class=ClassifierWithAccuracy, **settings)
             best = trainer.train_model(loader, val_loader, num_epochs=num_epochs)
             periods = clock.periods()[1:]
             assert len(periods) == num_epochs - 2, (len(periods), num_epochs)

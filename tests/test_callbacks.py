@@ -2,6 +2,7 @@
 
 import csv
 import os
+import sys
 
 import jax.numpy as jnp
 import numpy as np
@@ -154,10 +155,10 @@ def test_callbacks_run_in_the_order_given(tmp_path, regression_loaders):
 
 def test_early_stopping_stops_and_says_why(tmp_path, regression_loaders, capsys):
     train, val, _ = regression_loaders
-    stopper = EarlyStopping(monitor="val/loss", patience=1, min_delta=10.0)  # no improvement is ever big enough
+    stopper = EarlyStopping(monitor="val/loss", patience=2, min_delta=10.0)  # no improvement is ever big enough
     trainer = _trainer(tmp_path, callbacks=[stopper])
     trainer.train_model(train, val, num_epochs=10)
-    assert trainer.current_epoch == 3  # best at 1, two epochs without improvement > patience 1
+    assert trainer.current_epoch == 3  # best at 1, then patience 2: two epochs without improvement
     assert "EarlyStopping: val/loss did not improve" in capsys.readouterr().err
     assert stopper.state_dict()["wait"] == 2
 
@@ -257,10 +258,23 @@ def test_throughput_monitor_logs_rates_and_compile_time(tmp_path, regression_loa
 
 def test_progress_bar_shows_loss_on_a_terminal(tmp_path, regression_loaders, capsys, monkeypatch):
     monkeypatch.delenv("CI", raising=False)
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)  # as on a terminal
     train, val, _ = regression_loaders
     _trainer(tmp_path, enable_progress_bar=True, log_every_n_steps=2).train_model(train, val, num_epochs=2)
     err = capsys.readouterr().err
     assert "Epochs" in err and "loss=" in err and "val/loss=" in err
+
+
+def test_progress_in_a_log_file_is_one_plain_line_per_epoch(tmp_path, regression_loaders, capsys, monkeypatch):
+    monkeypatch.delenv("CI", raising=False)
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: False)  # stderr redirected to a file
+    train, val, _ = regression_loaders
+    _trainer(tmp_path, enable_progress_bar=True, log_every_n_steps=2).train_model(train, val, num_epochs=3)
+    out, err = capsys.readouterr()
+    lines = [line for line in out.splitlines() if line.startswith("Epoch ")]
+    assert [line.split(" (")[0] for line in lines] == ["Epoch 1/3", "Epoch 2/3", "Epoch 3/3"]
+    assert all("val/loss=" in line for line in lines)
+    assert "\r" not in out + err and "\x1b[" not in out + err  # no bar redraws, no cursor moves
 
 
 def test_max_steps_stops_mid_epoch(tmp_path, regression_loaders):

@@ -93,6 +93,7 @@ class Batches:
 
 def test_a_loader_without_len_trains_with_steps_per_epoch_and_progress_bars(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("CI", "")  # real tqdm bars (the suite sets CI=true for plain lines)
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)  # as on a terminal
     train, val = Batches(*linear_data(256, 0), batch_size=32), Batches(*linear_data(64, 1), batch_size=64)
     trainer = _regressor(tmp_path, enable_progress_bar=True, log_every_n_steps=4)
     with pytest.raises(TypeError, match="steps_per_epoch"):  # the schedule needs the run's length

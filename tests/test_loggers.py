@@ -144,7 +144,9 @@ def test_as_image_normalises_and_explains_bad_shapes():
 
 def test_logger_collection_fans_out_images_and_the_base_ignores_them(tmp_path):
     first, second = RecordingLogger(), RecordingLogger()
-    LoggerCollection([CSVLogger(tmp_path), first, second]).log_image("x", np.zeros((2, 2)), step=3)
+    collection = LoggerCollection([CSVLogger(tmp_path), first, second])
+    collection.log_image("x", np.zeros((2, 2)), step=3)
+    collection.flush()  # the records are written on the collection's writer thread
     assert first.calls == second.calls == [("image", "x", 3, (2, 2))]
     Logger().log_image("x", np.zeros((2, 2)), step=3)  # the no-op default
 

@@ -104,11 +104,11 @@ def test_resume_keeps_the_best_validation_so_far(tmp_path, regression_loaders):
 
 
 def test_resumed_early_stopping_keeps_counting(tmp_path, regression_loaders):
-    """Stopped mid-patience (wait=2 of 2) and resumed: it stops at the epoch a straight run stops at."""
+    """Stopped mid-patience (wait=2 of 3) and resumed: it stops at the epoch a straight run stops at."""
     train, val, _ = regression_loaders
 
     def stopper():
-        return EarlyStopping(monitor="val/loss", patience=2, min_delta=10.0)  # never improves after epoch 1
+        return EarlyStopping(monitor="val/loss", patience=3, min_delta=10.0)  # never improves after epoch 1
 
     # FirstIsBest: epoch 3's checkpoint is written at the epoch's end. (One written by a new best at
     # a validation's end makes today's resume run that validation again, and EarlyStopping counts it

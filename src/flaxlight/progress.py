@@ -1,4 +1,4 @@
-"""Progress display: tqdm bars on a terminal, one plain line per epoch under CI.
+"""Progress display: tqdm bars on a terminal (or in a notebook), one plain line per epoch elsewhere.
 
 Everything shown here is already on the host; nothing in this module reads device values.
 """
@@ -9,7 +9,7 @@ import os
 import sys
 from typing import Iterable, Mapping
 
-__all__ = ["is_ci", "progress", "format_metrics"]
+__all__ = ["is_ci", "bars_wanted", "progress", "format_metrics"]
 
 
 def is_ci() -> bool:
@@ -17,9 +17,28 @@ def is_ci() -> bool:
     return os.environ.get("CI", "").strip().lower() in {"1", "true", "yes", "on"}
 
 
+def bars_wanted() -> bool:
+    """Whether progress shows as bars: stderr is a terminal or a notebook runs us, and not ``CI``
+    (Keras' ``verbose="auto"``). A log file or pipe gets plain lines instead of bar redraws.
+
+    Example:
+        >>> isinstance(bars_wanted(), bool)
+        True
+    """
+    if is_ci():
+        return False
+    if "ipykernel" in sys.modules:
+        return True
+    isatty = getattr(sys.stderr, "isatty", None)
+    try:
+        return bool(isatty and isatty())
+    except ValueError:  # a closed stream
+        return False
+
+
 def progress(iterable: Iterable, enabled: bool, **tqdm_kwargs):
-    """Wrap ``iterable`` in a tqdm bar when ``enabled`` and not under CI; else return it as is."""
-    if not enabled or is_ci():
+    """Wrap ``iterable`` in a tqdm bar when ``enabled`` and bars are wanted; else return it as is."""
+    if not enabled or not bars_wanted():
         return iterable
     from tqdm.auto import tqdm
 

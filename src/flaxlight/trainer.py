@@ -263,7 +263,7 @@ class TrainerModule(TrainerViewMixin):
             self._validate(val_loader)
         loop.phase = "epoch_end"
         self._call_callbacks("on_epoch_end", epoch_idx)
-        self.logger.flush()  # the epoch's records are on disk (loggers buffer between epochs)
+        getattr(self.logger, "flush_soon", self.logger.flush)()  # written behind the epoch's records
 
     def _validate(self, val_loader) -> None:
         """Evaluate, ask ``is_new_model_better`` once, tell hooks and callbacks."""

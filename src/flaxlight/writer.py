@@ -115,10 +115,14 @@ class BackgroundWriter:
             finally:
                 self._flushing -= 1
 
+    def flush_as(self, error: Callable[[BaseException], BaseException] | None = None) -> None:
+        """Run every queued job now (throttling lifted); raise a job's failure as ``error(failure)``."""
+        self.wait_until(lambda: False)
+        self.raise_failure_as(error)
+
     def flush(self) -> None:
         """Run every queued job now (throttling lifted); raise if a job failed."""
-        self.wait_until(lambda: False)
-        self.raise_failure_as()
+        self.flush_as()
 
     def raise_failure_as(self, error: Callable[[BaseException], BaseException] | None = None) -> None:
         """Raise the failure of a job (once), if one failed, as ``error(failure)`` (default: the

@@ -11,7 +11,17 @@ __all__ = ["EarlyStopping"]
 
 
 class EarlyStopping(Callback):
-    """Stop training after ``patience`` validations without an improvement of ``min_delta``.
+    """Stop training once a monitored validation metric stops improving (Lightning's semantics).
+
+    Args:
+        monitor, mode: the metric (e.g. ``"val/loss"``) and whether lower (``"min"``) or higher
+            (``"max"``) is better.
+        patience: validations in a row without an improvement of more than ``min_delta`` after
+            which training stops (``patience=3``: the third one stops it).
+        min_delta: the smallest change that counts as an improvement.
+        check_finite: stop at once when the metric is NaN or infinite.
+        stopping_threshold: stop at once when the metric is better than this (the goal is met).
+        divergence_threshold: stop at once when the metric is worse than this (it diverged).
 
     The loop finishes the current epoch (its checkpoint included) and stops; the reason is
     printed and kept in ``trainer.stop_reason``. Its state (best score, validations waited) is
@@ -21,36 +31,61 @@ class EarlyStopping(Callback):
         >>> stopper = EarlyStopping(monitor="val/loss", mode="min", patience=3, min_delta=1e-4)
     """
 
-    def __init__(self, monitor: str = "val/loss", mode: str = "min", patience: int = 3, min_delta: float = 0.0):
+    def __init__(self, monitor: str = "val/loss", mode: str = "min", patience: int = 3, min_delta: float = 0.0,
+                 check_finite: bool = True, stopping_threshold: float | None = None,
+                 divergence_threshold: float | None = None):
         if mode not in ("min", "max"):
             raise ValueError(f"EarlyStopping mode must be 'min' or 'max', got {mode!r}.")
-        if not isinstance(patience, int) or patience < 0:
+        if not isinstance(patience, int) or isinstance(patience, bool) or patience < 0:
             raise ValueError(f"EarlyStopping patience must be an int >= 0, got {patience!r}.")
-        if min_delta < 0:
-            raise ValueError(f"EarlyStopping min_delta must be >= 0, got {min_delta!r}.")
+        if not isinstance(min_delta, (int, float)) or min_delta < 0:
+            raise ValueError(f"EarlyStopping min_delta must be a number >= 0, got {min_delta!r}.")
         self.monitor, self.mode, self.patience, self.min_delta = monitor, mode, patience, float(min_delta)
+        self.check_finite = check_finite
+        self.stopping_threshold, self.divergence_threshold = stopping_threshold, divergence_threshold
         self.best: float | None = None
         self.best_epoch: int | None = None
         self.wait = 0
 
+    def _better(self, value: float, than: float) -> bool:
+        return value < than if self.mode == "min" else value > than
+
     def _improved(self, value: float) -> bool:
+        if math.isnan(value):
+            return False
         if self.best is None:
-            return not math.isnan(value)
-        if self.mode == "min":
-            return value < self.best - self.min_delta
-        return value > self.best + self.min_delta
+            return True
+        return self._better(value, self.best - self.min_delta if self.mode == "min" else self.best + self.min_delta)
+
+    def _best_so_far(self) -> str:
+        return "none yet" if self.best is None else f"{self.best:.6g} at epoch {self.best_epoch}"
+
+    def _reason(self, value: float) -> str | None:
+        """Why training must stop after this validation (None: go on). Updates the counters."""
+        name = f"EarlyStopping: {self.monitor} = {value:.6g}"
+        if self.check_finite and not math.isfinite(value):
+            return f"{name} is not finite (best {self._best_so_far()})."
+        if self.stopping_threshold is not None and self._better(value, self.stopping_threshold):
+            return f"{name} reached the stopping threshold {self.stopping_threshold:g}."
+        if self.divergence_threshold is not None and self._better(self.divergence_threshold, value):
+            return f"{name} passed the divergence threshold {self.divergence_threshold:g}."
+        if self._improved(value):
+            self.wait = 0
+            return None
+        self.wait += 1
+        if self.wait >= self.patience:
+            return (f"EarlyStopping: {self.monitor} did not improve by more than {self.min_delta:g} for "
+                    f"{self.wait} validations in a row (best {self._best_so_far()}).")
+        return None
 
     def on_validation_end(self, trainer, epoch: int, metrics: Mapping[str, float]) -> None:
         value = float(trainer.monitored_value(self.monitor, owner="EarlyStopping"))
-        if self._improved(value):
-            self.best, self.best_epoch, self.wait = value, epoch, 0
-            return
-        self.wait += 1
-        if self.wait > self.patience:
-            trainer.stop(
-                f"EarlyStopping: {self.monitor} did not improve by more than {self.min_delta:g} for "
-                f"{self.wait} validations (best {self.best:.6g} at epoch {self.best_epoch})."
-            )
+        improved = self._improved(value)
+        reason = self._reason(value)
+        if improved:
+            self.best, self.best_epoch = value, epoch
+        if reason is not None:
+            trainer.stop(reason)
 
     def state_dict(self) -> dict[str, Any]:
         return {"best": self.best, "best_epoch": self.best_epoch, "wait": self.wait}

@@ -1,4 +1,4 @@
-"""``ProgressBar``: tqdm bars on a terminal, one plain line per epoch under ``CI=true``."""
+"""``ProgressBar``: tqdm bars on a terminal, one plain line per epoch in a log file or under ``CI``."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import time
 from typing import Mapping
 
 from flaxlight.callbacks.base import Callback
-from flaxlight.progress import format_metrics, is_ci
+from flaxlight.progress import bars_wanted, format_metrics
 
 __all__ = ["ProgressBar"]
 
@@ -16,18 +16,24 @@ class ProgressBar(Callback):
     """Epoch and step bars showing loss, learning rate and samples/s.
 
     Everything shown is already on the host (values from the last log point), so the bars never
-    wait for the device. The step bar moves every ``refresh_every_n_steps`` steps. With the
-    environment variable ``CI`` set, it prints one line per epoch instead. Added by default when
+    wait for the device. The step bar moves every ``refresh_every_n_steps`` steps.
+
+    ``style="auto"`` (default) shows bars when stderr is a terminal or in a notebook, and prints
+    one plain line per epoch otherwise (a log file, a pipe, ``CI`` set), as Keras'
+    ``verbose="auto"`` does; ``"bars"`` or ``"lines"`` choose one. Added by default when
     ``enable_progress_bar=True``.
 
     Example:
         >>> trainer = MyTrainer(..., callbacks=[ProgressBar(refresh_every_n_steps=50)])  # doctest: +SKIP
     """
 
-    def __init__(self, refresh_every_n_steps: int = 10):
+    def __init__(self, refresh_every_n_steps: int = 10, style: str = "auto"):
         if not isinstance(refresh_every_n_steps, int) or refresh_every_n_steps < 1:
             raise ValueError(f"refresh_every_n_steps must be a positive int, got {refresh_every_n_steps!r}.")
-        self.every_n_steps = refresh_every_n_steps
+        if style not in ("auto", "bars", "lines"):
+            raise ValueError(f"ProgressBar style must be 'auto', 'bars' or 'lines', got {style!r}.")
+        self.every_n_steps, self.style = refresh_every_n_steps, style
+        self._lines = style == "lines"
         self._epoch_bar = self._step_bar = None
         self._shown: dict[str, str] = {}
         self._epoch_metrics: dict[str, float] = {}
@@ -40,14 +46,15 @@ class ProgressBar(Callback):
         return tqdm(dynamic_ncols=True, file=sys.stderr, **kwargs)
 
     def on_fit_start(self, trainer) -> None:
-        if not is_ci():
+        self._lines = self.style == "lines" or (self.style == "auto" and not bars_wanted())
+        if not self._lines:
             self._epoch_bar = self._tqdm(total=trainer.num_epochs, initial=trainer.current_epoch - 1, desc="Epochs")
 
     def on_train_epoch_start(self, trainer, epoch: int) -> None:
         self._epoch_metrics = {}
         self._last_step = trainer.global_step
         self._rate_mark = (trainer.global_step, time.perf_counter())
-        if not is_ci():
+        if not self._lines:
             self._step_bar = self._tqdm(total=trainer.steps_per_epoch, initial=trainer.batch_in_epoch,
                                         desc=f"Epoch {epoch}", leave=False)
 
@@ -81,7 +88,7 @@ class ProgressBar(Callback):
 
     def on_epoch_end(self, trainer, epoch: int) -> None:
         summary = format_metrics(self._epoch_metrics)
-        if is_ci():
+        if self._lines:
             seconds = self._epoch_metrics.get("epoch_time", 0.0)
             print(f"Epoch {epoch}/{trainer.num_epochs} ({seconds:.2f}s): {summary}", flush=True)
         elif self._epoch_bar is not None:

@@ -8,6 +8,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from flaxlight.writer import BackgroundWriter
+
 __all__ = ["Logger", "LoggerCollection", "as_image", "flatten_params", "run_display_name"]
 
 
@@ -46,38 +48,67 @@ class Logger:
 
 
 class LoggerCollection(Logger):
-    """Fan-out: forwards each call to every logger, in order.
+    """Fan-out: forwards each call to every logger, in order, on one background writer thread.
+
+    The caller's thread only queues the records (their values are already Python floats):
+    formatting and writing (CSV rows, TensorBoard events, W&B, MLflow) happen on the writer, in
+    the order logged. :meth:`flush` and :meth:`finalize` wait until everything queued is
+    written; :meth:`flush_soon` asks for a flush without waiting. A logger's error comes out on
+    the caller's thread at the next call. ``background=False`` calls the loggers directly.
 
     Example:
         >>> logger = LoggerCollection([CSVLogger(log_dir)])   # doctest: +SKIP
     """
 
-    def __init__(self, loggers: Sequence[Logger]):
+    def __init__(self, loggers: Sequence[Logger], background: bool = True):
         self.loggers = list(loggers)
+        self._writer = BackgroundWriter("logs") if background and self.loggers else None
+
+    def _each(self, method: str, *args: Any) -> None:
+        for logger in self.loggers:
+            getattr(logger, method)(*args)
+
+    def _send(self, method: str, *args: Any) -> None:
+        if self._writer is None:
+            self._each(method, *args)
+            return
+        self._writer.raise_failure_as(self._failure)
+        self._writer.submit(self._each, method, *args)
+
+    def _now(self, method: str, *args: Any) -> None:
+        """Call ``method`` once everything queued is written (and raise a writer's failure)."""
+        try:
+            if self._writer is not None:
+                self._writer.flush_as(self._failure)
+        finally:  # also after a failure: files are closed, runs ended
+            self._each(method, *args)
+
+    @staticmethod
+    def _failure(exc: BaseException) -> RuntimeError:
+        return RuntimeError(f"A logger failed while writing in the background ({type(exc).__name__}: {exc}); "
+                            f"the records logged after it were not written.")
 
     def log_hyperparams(self, params: Mapping) -> None:
-        for logger in self.loggers:
-            logger.log_hyperparams(params)
+        self._send("log_hyperparams", params)
 
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
-        for logger in self.loggers:
-            logger.log_metrics(metrics, step)
+        self._send("log_metrics", dict(metrics), step)
 
     def log_image(self, tag: str, image: Any, step: int) -> None:
-        for logger in self.loggers:
-            logger.log_image(tag, image, step)
+        self._send("log_image", tag, np.array(image), step)  # a copy: the caller may reuse its buffer
 
     def resume_from_step(self, step: int) -> None:
-        for logger in self.loggers:
-            logger.resume_from_step(step)
+        self._now("resume_from_step", step)
 
     def flush(self) -> None:
-        for logger in self.loggers:
-            logger.flush()
+        self._now("flush")
+
+    def flush_soon(self) -> None:
+        """Queue a flush behind the records logged so far; returns at once."""
+        self._send("flush")
 
     def finalize(self, status: str) -> None:
-        for logger in self.loggers:
-            logger.finalize(status)
+        self._now("finalize", status)
 
 
 def as_image(image: Any) -> np.ndarray:

@@ -1,0 +1,92 @@
+"""EarlyStopping with Lightning's semantics, against hand-computed sequences of scores."""
+
+import math
+
+import pytest
+from conftest import RegressTrainer, TinyMLP, linear_data, quiet
+
+
+from flaxlight.callbacks import EarlyStopping
+
+NAN, INF = math.nan, math.inf
+
+
+class Scripted:
+    """The part of the trainer EarlyStopping uses, replaying one score per validation."""
+
+    def __init__(self):
+        self.value, self.stop_reason = None, None
+
+    def monitored_value(self, name, owner):
+        return self.value
+
+    def stop(self, reason):
+        self.stop_reason = reason
+
+
+def stopped_at(stopper, scores):
+    """The 1-based validation after which ``stopper`` stops (None: never), and the reason."""
+    trainer = Scripted()
+    for epoch, score in enumerate(scores, start=1):
+        trainer.value = score
+        stopper.on_validation_end(trainer, epoch, {stopper.monitor: score})
+        if trainer.stop_reason is not None:
+            return epoch, trainer.stop_reason
+    return None, None
+
+
+@pytest.mark.parametrize("kwargs, scores, expected", [
+    # patience counts validations in a row without improvement: the 3rd one stops (Lightning)
+    (dict(patience=3), [1.0, 0.9, 0.95, 0.92, 0.91], 5),
+    (dict(patience=3), [1.0, 0.9, 0.95, 0.8, 0.92, 0.91, 0.85], 7),  # an improvement resets the count
+    (dict(patience=1), [1.0, 1.0], 2),  # equal is no improvement
+    (dict(patience=0), [1.0, 0.5, 0.4], None),  # patience 0 stops only at a validation without improvement
+    (dict(patience=2, min_delta=0.1), [1.0, 0.95, 0.92, 0.85], 3),  # 0.95, 0.92: not better by > 0.1
+    (dict(patience=2, mode="max"), [0.5, 0.6, 0.6, 0.59], 4),
+    (dict(patience=5), [1.0, NAN], 2),  # check_finite (default): NaN stops at once
+    (dict(patience=5), [1.0, INF], 2),
+    (dict(patience=2, check_finite=False), [1.0, NAN, NAN], 3),  # NaN is then just no improvement
+    (dict(patience=9, stopping_threshold=0.5), [1.0, 0.7, 0.5, 0.49], 4),  # better than 0.5 (strictly)
+    (dict(patience=9, mode="max", stopping_threshold=0.9), [0.5, 0.95], 2),
+    (dict(patience=9, divergence_threshold=10.0), [1.0, 5.0, 10.0, 10.5], 4),  # worse than 10 (strictly)
+    (dict(patience=9), [1.0, 0.9, 0.8], None),
+])
+def test_stopping_matches_the_hand_computed_validation(kwargs, scores, expected):
+    assert stopped_at(EarlyStopping(**kwargs), scores)[0] == expected
+
+
+@pytest.mark.parametrize("kwargs, scores, message", [
+    (dict(patience=2), [1.0, 1.1, 1.2], "did not improve by more than 0 for 2 validations in a row (best 1 at epoch 1)"),
+    (dict(), [1.0, NAN], "val/loss = nan is not finite (best 1 at epoch 1)"),
+    (dict(stopping_threshold=0.5), [0.4], "reached the stopping threshold 0.5"),
+    (dict(divergence_threshold=3.0), [4.0], "passed the divergence threshold 3"),
+])
+def test_the_reason_says_what_happened(kwargs, scores, message):
+    assert message in stopped_at(EarlyStopping(**kwargs), scores)[1]
+
+
+def test_patience_zero_stops_at_the_first_validation_without_improvement():
+    assert stopped_at(EarlyStopping(patience=0), [1.0, 1.5])[0] == 2
+
+
+def test_in_a_real_run_patience_3_stops_after_the_third_validation_without_improvement(tmp_path, regression_loaders):
+    train, val, _ = regression_loaders
+    stopper = EarlyStopping(monitor="val/loss", patience=3, min_delta=1e9)  # only the first validation improves
+    trainer = RegressTrainer(model_class=TinyMLP, model_hparams={"hidden_dims": [8]}, exmp_input=linear_data(1)[0],
+                             optimizer_hparams={"optimizer": "adam", "lr": 1e-2}, **quiet(tmp_path, callbacks=[stopper]))
+    trainer.train_model(train, val, num_epochs=20)
+    assert trainer.current_epoch == 4 and trainer.should_stop
+    assert "for 3 validations in a row" in trainer.stop_reason
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(patience=-1), "patience must be an int >= 0"),
+    (dict(patience=1.5), "patience must be an int >= 0"),
+    (dict(min_delta=-0.1), "min_delta must be a number >= 0"),
+    (dict(mode="lowest"), "mode must be 'min' or 'max'"),
+])
+def test_bad_settings_are_refused(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        EarlyStopping(**kwargs)
+
+

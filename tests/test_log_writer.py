@@ -1,0 +1,98 @@
+"""Log writes off the training thread: every record written, in step order, on the writer thread;
+a logger's failure comes out on the training thread; the files are complete when training ends."""
+
+import csv
+import threading
+
+import pytest
+from conftest import RegressTrainer, TinyMLP, linear_data, quiet
+
+from flaxlight.loggers import Logger, LoggerCollection
+
+
+class Recorder(Logger):
+    def __init__(self):
+        self.records, self.threads, self.events = [], set(), []
+
+    def log_metrics(self, metrics, step):
+        self.records.append((step, dict(metrics)))
+        self.threads.add(threading.current_thread().name)
+
+    def flush(self):
+        self.events.append(("flush", len(self.records)))
+
+    def finalize(self, status):
+        self.events.append(("finalize", status, len(self.records)))
+
+
+def _trainer(tmp_path, loggers, **kwargs):
+    return RegressTrainer(model_class=TinyMLP, model_hparams={"hidden_dims": [8]}, exmp_input=linear_data(1)[0],
+                          optimizer_hparams={"optimizer": "adam", "lr": 1e-2},
+                          **quiet(tmp_path, loggers=loggers, log_every_n_steps=2, **kwargs))
+
+
+def test_records_are_written_on_the_writer_thread_in_step_order_and_none_dropped(tmp_path, regression_loaders):
+    train, val, _ = regression_loaders
+    recorder = Recorder()
+    _trainer(tmp_path, [recorder]).train_model(train, val, num_epochs=3)
+    assert recorder.threads == {"flaxlight-logs"}  # never the training thread
+    steps = [step for step, _ in recorder.records]
+    assert steps == sorted(steps)
+    running = [step for step, m in recorder.records if "train/loss_step" in m]
+    assert running == list(range(2, 25, 2))  # every log point of 3 epochs x 8 steps
+    assert sum("val/loss" in m for _, m in recorder.records) == 3
+    assert recorder.events[-1] == ("finalize", "success", len(recorder.records))  # all written before the end
+    with open(tmp_path / "run" / "metrics.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == len(recorder.records)  # the CSV logger got the same records, all on disk
+
+
+class Broken(Logger):
+    def log_metrics(self, metrics, step):
+        if step >= 4:
+            raise OSError(28, "No space left on device")
+
+
+def test_a_failing_logger_stops_the_run_with_a_clear_error(tmp_path, regression_loaders):
+    train, val, _ = regression_loaders
+    trainer = _trainer(tmp_path, [Broken()])
+    with pytest.raises(RuntimeError, match=r"A logger failed while writing in the background \(OSError: .*No space"):
+        trainer.train_model(train, val, num_epochs=3)
+    assert trainer.global_step < 24  # stopped at a log point soon after, not at the end
+    assert not (tmp_path / "run" / ".flaxlight.lock").exists()
+
+
+def test_flush_waits_for_everything_queued():
+    recorder = Recorder()
+    collection = LoggerCollection([recorder])
+    for step in range(100):
+        collection.log_metrics({"x": float(step)}, step)
+    collection.flush()
+    assert [step for step, _ in recorder.records] == list(range(100))
+    assert recorder.events == [("flush", 100)]
+    collection.finalize("success")
+
+
+def test_without_background_the_loggers_are_called_at_once():
+    recorder = Recorder()
+    collection = LoggerCollection([recorder], background=False)
+    collection.log_metrics({"x": 1.0}, 1)
+    assert recorder.records == [(1, {"x": 1.0})] and recorder.threads == {threading.current_thread().name}
+
+
+def test_log_image_after_training_reaches_the_loggers(tmp_path, regression_loaders):
+    import numpy as np
+
+    class Images(Recorder):
+        def log_image(self, tag, image, step):
+            self.records.append((step, {tag: image.shape}))
+
+    train, _, _ = regression_loaders
+    images = Images()
+    trainer = _trainer(tmp_path, [images])
+    trainer.train_model(train, None, num_epochs=1)
+    buffer = np.zeros((4, 4), np.float32)
+    trainer.log_image("sample", buffer, step=8)
+    buffer[:] = 1.0  # the caller reuses its buffer: the logger got a copy
+    trainer.logger.flush()
+    assert images.records[-1] == (8, {"sample": (4, 4)})
