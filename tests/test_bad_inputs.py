@@ -337,7 +337,7 @@ CASES = [
         lambda c: c.fit(c.train, []), ValueError, r"evaluation loader \(val/\) yielded no batches"),
     row("fit-monitor-never-logged",
         lambda c: c.fit(c.train, c.val, trainer_kwargs={"monitor": "val/accuracy"}), KeyError,
-        r"monitor 'val/accuracy' is not among the validation metrics \['val/loss'\]"),
+        r"monitor 'val/accuracy', which was never logged: it is not among the validation metrics \['val/loss'\]"),
     row("fit-resume_from-a-missing-path",
         lambda c: c.fit(resume_from=c.tmp / "no_such_run"), FileNotFoundError, r"no_such_run"),
     row("fit-resume_from-a-folder-without-checkpoints",

@@ -28,19 +28,22 @@ class DiskWatch(flaxlight.Callback):
     def __init__(self):
         self.seen: list[tuple[float, int, list[int]]] = []
         self.step_time: dict[int, float] = {}
+        self.longest_write = 0.0
 
     def on_fit_start(self, trainer):
         self.start = time.monotonic()
         self.step_time[0] = self.start
+        self.longest_write = Checkpointer.typical_write_seconds  # the first save waits out its pause
 
     def on_epoch_end(self, trainer, epoch):
         now = time.monotonic()
         self.step_time[trainer.global_step] = now
         self.seen.append((now, trainer.global_step, _steps(trainer.checkpointer.directory)))
+        self.longest_write = max(self.longest_write, trainer.checkpointer.last_write_seconds or 0.0)
 
 
 def test_kill_9_loses_at_most_an_epoch_plus_the_writers_pause_plus_a_write(tmp_path):
-    """With the default spacing (here a 20% budget, so that the test runs for 2 s rather than 10),
+    """With the default spacing (here a 20% budget, so that three pauses pass in a few seconds),
     the newest complete checkpoint on disk is never older than one epoch + one write's pause
     (its duration / max_overhead) + one write, as the ModelCheckpoint docstring promises."""
     watch = DiskWatch()
@@ -50,23 +53,23 @@ def test_kill_9_loses_at_most_an_epoch_plus_the_writers_pause_plus_a_write(tmp_p
     trainer.train_model(train, None, num_epochs=2)  # compile outside the timed run
     watch.seen.clear()
     again = _trainer(tmp_path / "timed", [watch, ModelCheckpoint(max_overhead=budget)])
-    deadline = time.monotonic() + 2.5
+    deadline = time.monotonic() + 20
 
-    class Until(flaxlight.Callback):
+    class Until(flaxlight.Callback):  # until three periodic checkpoints reached the disk (or 20 s)
         def on_epoch_end(self, trainer, epoch):
-            if time.monotonic() > deadline:
+            if len({step for _, _, on_disk in watch.seen for step in on_disk}) >= 3 or time.monotonic() > deadline:
                 trainer.stop("enough")
 
     again.callbacks.insert(0, Until())
     again.train_model(train, None, num_epochs=10_000)
-    write = Checkpointer.typical_write_seconds
+    write = watch.longest_write
     epochs = [b[0] - a[0] for a, b in zip(watch.seen, watch.seen[1:])]
-    bound = max(epochs) + write / budget + 2 * write + 0.5  # + slack for a loaded machine
+    bound = max(epochs) + write / budget + 2 * write + 1.0  # + slack for a loaded machine
     worst = max(now - watch.step_time[max(on_disk, default=0)] for now, _, on_disk in watch.seen)
     assert worst <= bound, (worst, bound, write)
     written = {step for _, _, on_disk in watch.seen for step in on_disk}
-    assert 2 <= len(written) <= 2.5 / (write / budget) + 2, (written, write)  # spaced out, yet saving
-    assert len(watch.seen) > 3 * len(written)  # far fewer checkpoints than epochs
+    assert len(written) >= 3, (written, write)  # saving all along, not only at the end
+    assert len(watch.seen) > 3 * len(written)  # yet spaced out: far fewer checkpoints than epochs
     assert _steps(again.checkpointer.directory) == [again.global_step]  # the final state is never skipped
 
 

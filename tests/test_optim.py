@@ -352,7 +352,7 @@ def test_current_learning_rate_is_readable_from_the_state_and_counts_updates():
         ({"accumulate_grad_batches": 0}, 10, ["'accumulate_grad_batches'", ">= 1"]),
         ({"precision": "fp16"}, 10, ["precision", "bf16"]),
         ({"reduce_on_plateau": {"patients": 3}}, 10, ["'patients'", "Did you mean 'patience'"]),
-        ({"optimizer": "polyak_sgd"}, 10, ["polyak_sgd", "schedule='constant'"]),
+        ({"optimizer": "polyak_sgd", "schedule": "warmup_cosine"}, 10, ["polyak_sgd", "schedule='constant'"]),
         ({"schedule": "piecewise"}, 10, ["boundaries_and_scales"]),
         ({"ema_decay": 1.5}, 10, ["'ema_decay'", "(0, 1)"]),
         ({"warmup": 1, "warmup_steps": 2}, 10, ["'warmup'", "'warmup_steps'"]),

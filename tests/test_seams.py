@@ -377,7 +377,9 @@ def flaxlight_messages():
 
 
 def _infos(records):
-    return [r.getMessage() for r in records if r.name == "flaxlight" and r.levelno == logging.INFO]
+    """The flaxlight INFO messages, less the one naming the monitored metric (said at every first validation)."""
+    return [r.getMessage() for r in records if r.name == "flaxlight" and r.levelno == logging.INFO
+            and not r.getMessage().startswith("The best model is picked by")]
 
 
 def test_max_steps_stop_reason_is_a_flaxlight_info_message(tmp_path, regression_loaders, flaxlight_messages, capsys):

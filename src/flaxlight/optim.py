@@ -51,6 +51,8 @@ __all__ = [
     "OptimizerFactory",
     "OptimizerPlan",
     "as_optimizer_config",
+    "describe_optimizer",
+    "recorded_optimizer",
     "current_learning_rate",
     "decoupled_weight_decay",
     "ema_params",
@@ -298,6 +300,8 @@ class OptimizerConfig(Mapping):
                 hparams[key] = hparams.pop(alias)
         fields = {f.name for f in dataclasses.fields(cls)} - {"optimizer_kwargs"}
         kwargs = {k: hparams.pop(k) for k in list(hparams) if k in fields}
+        if str(kwargs.get("optimizer", cls.optimizer)).lower() in _FIXED_RATE and "schedule" not in kwargs:
+            kwargs["schedule"] = "constant"  # it sets its own step size: no schedule unless one is asked for
         extra = dict(hparams.pop("optimizer_kwargs", None) or {})
         extra.update(hparams)
         return cls(**kwargs, optimizer_kwargs=extra)
@@ -339,6 +343,37 @@ class OptimizerConfig(Mapping):
                 return float(default)
         return 0.0
 
+    def describe(self) -> str:
+        """The optimizer in effect, defaults included, in one line.
+
+        Example:
+            >>> OptimizerConfig.from_dict({"optimizer": "sgd", "lr": 0.1, "momentum": 0.9}).describe()
+            'sgd(lr=0.1, momentum=0.9) + warmup_cosine(warmup_steps=0, end_lr=0.001) + clip_by_global_norm(1)'
+        """
+        args = [f"lr={self.lr:g}" if self.lr is not None else "lr=chosen by the optimizer"]
+        args += [f"{key}={value!r}" for key, value in self.optimizer_kwargs.items()]
+        parts = [f"{self.optimizer}({', '.join(args)})"]
+        if callable(self.schedule):
+            parts.append(f"schedule {getattr(self.schedule, '__name__', type(self.schedule).__name__)}")
+        elif self.schedule != "constant" or self.warmup_steps:
+            detail = [f"warmup_steps={self.warmup_steps}"]
+            if self.schedule in ("warmup_cosine", "linear", "exponential") and self.lr is not None:
+                detail.append(f"end_lr={self.lr * self.end_lr_factor:g}")
+            parts.append(f"{self.schedule}({', '.join(detail)})")
+        if self.gradient_clip_value is not None:
+            parts.append(f"clip({self.gradient_clip_value:g})")
+        if self.gradient_clip is not None:
+            parts.append(f"clip_by_global_norm({self.gradient_clip:g})")
+        decay = self.resolved_weight_decay()
+        if decay > 0:
+            masked = "a custom mask" if self.weight_decay_mask is not None else f"not on {list(self.weight_decay_exclude)}"
+            parts.append(f"weight_decay({decay:g}, {self.weight_decay_mode}, {masked})")
+        for name, value in (("accumulate_grad_batches", self.accumulate_grad_batches), ("ema_decay", self.ema_decay),
+                            ("reduce_on_plateau", self.reduce_on_plateau)):
+            if value not in (None, 1, {}):
+                parts.append(f"{name}({value})")
+        return " + ".join(parts) + (f" in {self.precision}" if self.precision != "fp32" else "")
+
     def decay_mask(self) -> Any:
         """The weight-decay mask: ``weight_decay_mask`` if given, else by name (``weight_decay_exclude``)."""
         if self.weight_decay_mask is not None:
@@ -371,6 +406,40 @@ def as_optimizer_config(optimizer_hparams) -> OptimizerConfig | None:
         f"optimizer_hparams must be a dict, a flaxlight.OptimizerConfig, an optax.GradientTransformation or a "
         f"function total_steps -> GradientTransformation; got {type(optimizer_hparams).__name__}."
     )
+
+
+def describe_optimizer(optimizer_hparams) -> str:
+    """One line naming the optimizer that will run (see :meth:`OptimizerConfig.describe`).
+
+    Example:
+        >>> describe_optimizer({"optimizer": "polyak_sgd", "lr": 1.0})
+        'polyak_sgd(lr=1) + clip_by_global_norm(1)'
+    """
+    config = as_optimizer_config(optimizer_hparams)
+    if config is not None:
+        return config.describe()
+    return f"a ready optax transformation ({_ready_name(optimizer_hparams)}), used as given"
+
+
+def recorded_optimizer(optimizer_hparams) -> Any:
+    """What ``hparams.yaml`` records: every setting of a dict or config as resolved (defaults
+    included; a function by its name), and for a ready transformation its name and a note."""
+    config = as_optimizer_config(optimizer_hparams)
+    if config is None:
+        return {"ready_optax": _ready_name(optimizer_hparams),
+                "note": "a ready optax object was given; pass it again as optimizer_hparams to train on"}
+    record = config.to_dict()
+    record["weight_decay"] = config.resolved_weight_decay()
+    for key in ("schedule", "weight_decay_mask"):
+        if callable(record.get(key)):
+            record[key] = f"<function {getattr(record[key], '__qualname__', type(record[key]).__name__)}>"
+    return record
+
+
+def _ready_name(transformation) -> str:
+    init = getattr(transformation, "init", transformation)
+    name = getattr(init, "__qualname__", type(transformation).__name__)
+    return name.replace(".<locals>.init_fn", "").replace(".<locals>", "")
 
 
 # --- schedules ----------------------------------------------------------------------------------

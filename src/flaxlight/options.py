@@ -15,6 +15,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from flaxlight import distributed as dist
+from flaxlight.messages import logger as messages
 
 __all__ = ["TrainerOptions", "DEFAULT_MONITORS", "check_trainer_arguments"]
 
@@ -24,6 +25,14 @@ TRAINER_ARGUMENTS = ("model_class", "model_hparams", "optimizer_hparams", "exmp_
 
 # The seed's priority for choosing the best model: (metric, higher is better).
 DEFAULT_MONITORS = (("val/val_metric", False), ("val/acc", True), ("val/loss", False))
+
+
+class MetricNotLoggedError(KeyError):
+    """A metric asked for (a monitor, a study's objective) is not among the metrics logged: a
+    set-up error, raised at the first validation."""
+
+    def __str__(self) -> str:  # the message as written (KeyError would quote it)
+        return str(self.args[0]) if self.args else ""
 
 
 @dataclasses.dataclass
@@ -101,29 +110,69 @@ class TrainerOptions:
     def from_kwargs(cls, kwargs: Mapping[str, Any], owner: str = "TrainerModule") -> "TrainerOptions":
         """The options among a trainer's extra keyword arguments; any other key is an error
         (a misspelt ``max_step=3`` must not train a whole epoch silently)."""
+        options, extras = cls.split_kwargs(kwargs, owner, keep_extras=False)
+        return options
+
+    @classmethod
+    def split_kwargs(cls, kwargs: Mapping[str, Any], owner: str = "TrainerModule",
+                     keep_extras: bool = True) -> tuple["TrainerOptions", dict[str, Any]]:
+        """``(options, extras)`` from a trainer's extra keyword arguments. As in the seed, keywords
+        that are no option are kept (in the run's config: ``extra_args=...``) and listed once; one
+        close to an option's name (``max_step``, ``check_val_every_n_nepoch``) is an error naming it.
+
+        Example:
+            >>> TrainerOptions.split_kwargs({"max_steps": 5, "extra_args": 1})[1]   # doctest: +SKIP
+            {'extra_args': 1}
+        """
         names = [f.name for f in dataclasses.fields(cls)]
-        for key in kwargs:
-            if key not in names:
-                close = difflib.get_close_matches(key, names + list(TRAINER_ARGUMENTS), n=1)
+        known = names + list(TRAINER_ARGUMENTS) + ["callbacks", "loggers", "mesh"]
+        extras = {key: value for key, value in kwargs.items() if key not in names}
+        for key in extras:
+            close = difflib.get_close_matches(key, known, n=1, cutoff=0.8 if keep_extras else 0.6)
+            if close or not keep_extras:
                 hint = f" Did you mean {close[0]!r}?" if close else ""
                 raise TypeError(f"{owner} got an unknown keyword argument {key!r}.{hint} It takes the seed's arguments "
                                 f"({', '.join(TRAINER_ARGUMENTS)}), callbacks, loggers, mesh, and the TrainerOptions "
                                 f"fields: {', '.join(names)}.")
-        return cls(**kwargs)
+        if extras:
+            messages.info(f"{owner}: extra hparams kept in the run's config (no trainer option reads them): "
+                          f"{', '.join(sorted(extras))}.")
+        return cls(**{key: value for key, value in kwargs.items() if key in names}), extras
 
     def reached_max_steps(self, step: int) -> bool:
         return self.max_steps is not None and step >= self.max_steps
 
+    def monitored(self, metrics: Mapping[str, float]) -> tuple[str, bool]:
+        """``(key, larger_is_better)`` that picks the best model among validation ``metrics``:
+        ``monitor``/``mode``, or else the first of the seed's priority (:data:`DEFAULT_MONITORS`)
+        present. A clear error when it is absent (a misspelt ``monitor`` included)."""
+        candidates = ((self.monitor, self.mode == "max"),) if self.monitor else DEFAULT_MONITORS
+        for key, larger_is_better in candidates:
+            if key in metrics:
+                return key, larger_is_better
+        fix = "Pass monitor='val/<name>' (and mode='min'/'max') to the trainer, or override is_new_model_better."
+        if not self.monitor:
+            raise MetricNotLoggedError(f"None of the metrics {[key for key, _ in DEFAULT_MONITORS]} that pick the best "
+                                       f"model by default is among the validation metrics {sorted(metrics)}. {fix}")
+        close = difflib.get_close_matches(self.monitor, list(metrics), n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise MetricNotLoggedError(f"The best model is picked by monitor {self.monitor!r}, which was never logged: it is "
+                                   f"not among the validation metrics {sorted(metrics)}.{hint} {fix}")
+
+    def describe_monitor(self, metrics: Mapping[str, float]) -> str:
+        """What picks the best model, said once at the first validation (a fallback names why)."""
+        key, larger = self.monitored(metrics)
+        said = f"The best model is picked by {key} ({'max' if larger else 'min'})"
+        skipped = [k for k, _ in DEFAULT_MONITORS[: [k for k, _ in DEFAULT_MONITORS].index(key)]] if not self.monitor else []
+        if skipped:
+            said += f": no {' or '.join(skipped)} among the validation metrics {sorted(metrics)}"
+        return said + ("." if self.monitor else "; pass monitor='val/<name>', mode='min'/'max' to choose.")
+
     def is_better(self, new: Mapping[str, float], old: Mapping[str, float]) -> bool:
         """Whether ``new`` validation metrics beat ``old`` on ``monitor``/``mode``, or else by the
         seed's priority (:data:`DEFAULT_MONITORS`)."""
-        candidates = ((self.monitor, self.mode == "max"),) if self.monitor else DEFAULT_MONITORS
-        for key, larger_is_better in candidates:
-            if key in new:
-                return new[key] > old[key] if larger_is_better else new[key] < old[key]
-        raise KeyError(f"None of the metrics {[key for key, _ in candidates]} used to pick the best model is among the "
-                       f"validation metrics {sorted(new)}. Pass monitor='val/<name>' (and mode='min'/'max') to the "
-                       f"trainer, or override is_new_model_better.")
+        key, larger_is_better = self.monitored(new)
+        return new[key] > old[key] if larger_is_better else new[key] < old[key]
 
 
 def check_trainer_arguments(*, model_hparams: Any, enable_progress_bar: Any, debug: Any, callbacks: Any,

@@ -316,6 +316,13 @@ def to_yaml_safe(value: Any) -> Any:
     return repr(value)
 
 
+def check_shared_log_dir(logger_params: Mapping[str, Any] | None, fast_dev_run: bool) -> None:
+    """Several processes must be told one folder they all reach (for the checkpoints)."""
+    if jax.process_count() > 1 and not (logger_params or {}).get("log_dir") and not fast_dev_run:
+        raise ValueError("Training with several processes needs logger_params={'log_dir': ...}: one folder that "
+                         "every process can reach, for the checkpoints.")
+
+
 def write_hparams(log_dir: str, config: Mapping[str, Any]) -> dict:
     """Write ``config`` as ``<log_dir>/hparams.yaml`` (plain YAML) and return what was written."""
     hparams = to_yaml_safe(config)

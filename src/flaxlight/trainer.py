@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import jax
 
 from flaxlight import distributed as dist
-from flaxlight import resume, runfiles
+from flaxlight import optim, resume, runfiles
 from flaxlight.callbacks import Callback, ModelCheckpoint, NaNGuard, with_default_callbacks
 from flaxlight.data import as_input_list, check_first_batch
 from flaxlight.engine import Engine, Span, check_step_pair
@@ -26,7 +26,6 @@ from flaxlight.loop import (BatchLimits, EventSchedule, Interrupted, LoopState, 
 from flaxlight.messages import logger as messages
 from flaxlight.metrics import batch_size, finite_now, read_means, to_host
 from flaxlight.models import make_adapter
-from flaxlight.optim import as_optimizer_config, make_optimizer_plan, warn_l2_outside_step
 from flaxlight.options import TrainerOptions, check_trainer_arguments
 from flaxlight.progress import progress
 from flaxlight.state import TrainState
@@ -59,13 +58,14 @@ class TrainerModule(TrainerViewMixin):
         check_trainer_arguments(model_hparams=model_hparams, enable_progress_bar=enable_progress_bar, debug=debug,
                                 callbacks=callbacks, loggers=loggers, check_val_every_n_epoch=check_val_every_n_epoch)
         callbacks, self._user_loggers = list(callbacks or []), list(loggers or [])  # loggers: checked by init_logger
-        self.options = TrainerOptions.from_kwargs(kwargs, owner=type(self).__name__)
+        self.options, self.extra_hparams = TrainerOptions.split_kwargs(kwargs, owner=type(self).__name__)
         self.model_class, self.model_hparams = model_class, dict(model_hparams or {})
         self.optimizer_hparams, self.seed, self.exmp_input = optimizer_hparams, seed, exmp_input
         self.enable_progress_bar, self.debug = enable_progress_bar, debug
         self.check_val_every_n_epoch = check_val_every_n_epoch
         self.config = {"model_class": runfiles.class_path(model_class), "model_hparams": self.model_hparams,
-                       "optimizer_hparams": optimizer_hparams, "logger_params": dict(logger_params or {}),
+                       "optimizer_hparams": optim.recorded_optimizer(optimizer_hparams),
+                       "logger_params": dict(logger_params or {}),
                        "enable_progress_bar": enable_progress_bar, "debug": debug,
                        "check_val_every_n_epoch": check_val_every_n_epoch, "seed": seed, **kwargs}
         self._start_fresh_run_state()
@@ -99,9 +99,7 @@ class TrainerModule(TrainerViewMixin):
 
     def _set_up_run_files(self, logger_params: Mapping[str, Any] | None) -> None:
         """The run's folder and loggers (``init_logger``); none in ``fast_dev_run``."""
-        if jax.process_count() > 1 and not (logger_params or {}).get("log_dir") and not self.options.fast_dev_run:
-            raise ValueError("Training with several processes needs logger_params={'log_dir': ...}: one folder that "
-                             "every process can reach, for the checkpoints.")
+        runfiles.check_shared_log_dir(logger_params, self.options.fast_dev_run)
         if self.options.fast_dev_run:  # a smoke test writes nothing: no log dir, loggers or checkpoints
             self.log_dir, self.logger, self.checkpointer = runfiles.no_run_files()
             self._hparams_written = True
@@ -127,15 +125,16 @@ class TrainerModule(TrainerViewMixin):
         return jax.jit(init)(init_rng, exmp_input)
 
     def print_tabulate(self, exmp_input: Any) -> None:
-        """Print the model's layers, shapes and parameter counts."""
-        print(self.model_adapter.tabulate(as_input_list(exmp_input)))
+        """Print the model's layers, shapes and parameter counts, and the optimizer in effect."""
+        table = self.model_adapter.tabulate(as_input_list(exmp_input))
+        print(f"{table}\nOptimizer: {optim.describe_optimizer(self.optimizer_hparams)}")
 
     def init_optimizer(self, num_epochs: int, num_steps_per_epoch: int) -> None:
         """Build the optimizer for ``num_epochs * num_steps_per_epoch`` train steps; keep params.
         ``self.optimizer_plan`` keeps what was built (schedule, weight decay in effect)."""
-        plan = make_optimizer_plan(self.optimizer_hparams, total_steps=num_epochs * num_steps_per_epoch)
+        plan = optim.make_optimizer_plan(self.optimizer_hparams, total_steps=num_epochs * num_steps_per_epoch)
         if plan.regularizer is not None and not self._l2_in_step:
-            warn_l2_outside_step(type(self).__name__)
+            optim.warn_l2_outside_step(type(self).__name__)
         self.optimizer_plan, state = plan, self.state
         self.state = TrainState.create(apply_fn=state.apply_fn, params=state.params, batch_stats=state.batch_stats,
                                        rng=state.rng, epoch=state.epoch, step=state.step, tx=plan.tx)
@@ -153,7 +152,7 @@ class TrainerModule(TrainerViewMixin):
         ``(state, batch) -> metrics``. The default builds both from :meth:`loss_fn`."""
         if type(self).loss_fn is TrainerModule.loss_fn:
             self.loss_fn(None, None, train=True, rng=None, state=None)  # raises the explanation
-        config = as_optimizer_config(self.optimizer_hparams)  # the step's part: L2 term, precision
+        config = optim.as_optimizer_config(self.optimizer_hparams)  # the step's part: L2 term, precision
         regularizer = config.l2_regularizer() if config is not None else None
         step = TrainStep(self.loss_fn, regularizer=regularizer, precision=config.precision if config else "fp32")
         self._l2_in_step = regularizer is not None
@@ -203,7 +202,8 @@ class TrainerModule(TrainerViewMixin):
         try:  # from here on, the run's folder is locked: every exit releases it
             if resume or resume_from is not None:
                 self._resume(resume_from, train_loader)
-            self.global_step, self._val_loader = int(to_host(self.state.step)), val_loader
+            self.global_step = int(to_host(self.state.step))
+            self._train_loader, self._val_loader = train_loader, val_loader
             self._write_hparams()
             self.engine.compile_eval_ahead(self.state, val_loader)
             with SignalGuard(self._schedule):
@@ -375,6 +375,8 @@ class TrainerModule(TrainerViewMixin):
     def is_new_model_better(self, new_metrics: Mapping[str, float], old_metrics: Mapping[str, float] | None) -> bool:
         """True when ``new_metrics`` beat ``old_metrics`` on ``monitor`` (or the seed's priority).
         Asked once per validation; the answer also ranks ``ModelCheckpoint(monitor=None)``."""
+        if old_metrics is None:
+            self._announce_monitor(new_metrics)
         return old_metrics is None or self.options.is_better(new_metrics, old_metrics)
 
     # ------------------------------------------------------------------ hooks (no-ops)

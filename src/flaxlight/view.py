@@ -16,7 +16,7 @@ Example:
 from __future__ import annotations
 
 import difflib
-from typing import Mapping
+from typing import Any, Mapping
 
 from flaxlight.messages import logger as messages
 
@@ -61,6 +61,16 @@ class TrainerViewMixin:
         """Whether the latest validation is the best so far (``is_new_model_better``'s answer)."""
         return self._is_best
 
+    @property
+    def train_loader(self) -> Any:
+        """The loader of the current (or latest) ``train_model`` run (None before one)."""
+        return getattr(self, "_train_loader", None)
+
+    @property
+    def val_loader(self) -> Any:
+        """The validation loader of the current (or latest) ``train_model`` run (None if none)."""
+        return getattr(self, "_val_loader", None)
+
     def learning_rate(self, step: int | None = None) -> float | None:
         """The scheduled learning rate at ``step`` (default: now); None without a known schedule.
         Read from the epoch's table, computed at its start (a log point does not wait)."""
@@ -97,6 +107,13 @@ class TrainerViewMixin:
             self._nonfinite.note(step, nonfinite)
             if means:
                 self._log(means, step=step)
+
+    def _announce_monitor(self, metrics: Mapping[str, float]) -> None:
+        """Say once per trainer which metric picks the best model (an absent one is an error)."""
+        said = self.options.describe_monitor(metrics)
+        if not getattr(self, "_monitor_announced", False):
+            messages.info(said)
+            self._monitor_announced = True
 
     def _stopping(self) -> bool:
         """Whether the loop must end: :meth:`stop` was called or ``max_steps`` reached."""

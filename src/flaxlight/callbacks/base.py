@@ -22,6 +22,8 @@ class TrainerView(Protocol):
         so far (the trainer's ``is_new_model_better``, asked once per validation).
         should_stop / stop_reason: whether (and why) the loop was asked to stop.
         checkpointer: the run's :class:`~flaxlight.Checkpointer` (where ``save_model`` writes).
+        train_loader / val_loader: the loaders ``train_model`` was given (e.g. to compute a
+        confusion matrix at ``on_validation_end``; val_loader is None without validation).
 
     Act:
         stop(reason): end the loop after the current step's work. log_metrics(metrics, step):
@@ -59,6 +61,12 @@ class TrainerView(Protocol):
 
     @property
     def is_best_validation(self) -> bool: ...
+
+    @property
+    def train_loader(self) -> Any: ...
+
+    @property
+    def val_loader(self) -> Any: ...
 
     def stop(self, reason: str) -> None: ...
 

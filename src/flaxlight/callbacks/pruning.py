@@ -10,12 +10,9 @@ import math
 from typing import Any, Mapping
 
 from flaxlight.callbacks.base import Callback
+from flaxlight.options import MetricNotLoggedError
 
 __all__ = ["MetricNotLoggedError", "PruningCallback"]
-
-
-class MetricNotLoggedError(LookupError):
-    """The metric a study optimises is not among the metrics the trainer logs (a set-up error)."""
 
 
 class PruningCallback(Callback):

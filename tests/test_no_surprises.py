@@ -1,0 +1,124 @@
+"""What a user asks for is what runs, and what runs is shown: the monitored metric, extra
+keywords, the learning rate of a ready optax transformation, the loaders a callback can read."""
+
+import csv
+
+import optax
+import pytest
+from conftest import RegressTrainer, TinyMLP, linear_data, quiet
+
+import flaxlight
+from flaxlight.callbacks import LearningRateMonitor
+
+
+def _trainer(tmp_path, **kwargs):
+    kwargs.setdefault("optimizer_hparams", {"optimizer": "adam", "lr": 1e-2})
+    return RegressTrainer(model_class=TinyMLP, model_hparams={"hidden_dims": [8]}, exmp_input=linear_data(1)[0],
+                          **quiet(tmp_path, **kwargs))
+
+
+def _rows(tmp_path):
+    with open(tmp_path / "run" / "metrics.csv", newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_the_metric_that_picks_the_best_model_is_announced_once_with_the_fallback(tmp_path, regression_loaders,
+                                                                                 capsys):
+    train, val, _ = regression_loaders
+    trainer = _trainer(tmp_path)
+    trainer.train_model(train, val, num_epochs=2)
+    err = capsys.readouterr().err
+    assert ("The best model is picked by val/loss (min): no val/val_metric or val/acc among the validation "
+            "metrics ['val/loss']; pass monitor='val/<name>', mode='min'/'max' to choose.") in err
+    assert err.count("The best model is picked by") == 1
+
+
+def test_a_chosen_monitor_is_announced_as_chosen(tmp_path, regression_loaders, capsys):
+    train, val, _ = regression_loaders
+    _trainer(tmp_path, monitor="val/loss", mode="min").train_model(train, val, num_epochs=1)
+    assert "The best model is picked by val/loss (min).\n" in capsys.readouterr().err
+
+
+def test_a_monitor_that_never_appears_fails_at_the_first_validation(tmp_path, regression_loaders):
+    train, val, _ = regression_loaders
+    trainer = _trainer(tmp_path, monitor="val/los", enable_checkpointing=False)
+    with pytest.raises(KeyError, match=r"picked by monitor 'val/los', which was never logged: it is not among the "
+                                       r"validation metrics \['val/loss'\]\. Did you mean 'val/loss'\?"):
+        trainer.train_model(train, val, num_epochs=3)
+    assert trainer.current_epoch == 1
+
+
+def test_extra_keywords_are_kept_and_listed_but_a_near_miss_is_an_error(tmp_path, capsys):
+    trainer = _trainer(tmp_path, extra_args={"teacher": "small"})
+    assert trainer.extra_hparams == {"extra_args": {"teacher": "small"}}
+    assert trainer.config["extra_args"] == {"teacher": "small"}
+    assert "extra hparams kept in the run's config (no trainer option reads them): extra_args." in \
+        capsys.readouterr().err
+    for typo, right in (("max_step", "max_steps"), ("check_val_every_n_nepoch", "check_val_every_n_epoch"),
+                        ("log_every_n_step", "log_every_n_steps")):
+        with pytest.raises(TypeError, match=rf"unknown keyword argument '{typo}'\. Did you mean '{right}'\?"):
+            _trainer(tmp_path / typo, **{typo: 3})
+
+
+def test_learning_rate_monitor_reads_an_inject_hyperparams_rate(tmp_path, regression_loaders):
+    train, val, _ = regression_loaders
+    tx = optax.inject_hyperparams(optax.sgd)(learning_rate=0.05)
+    trainer = _trainer(tmp_path, optimizer_hparams=tx, callbacks=[LearningRateMonitor()], log_every_n_steps=4)
+    trainer.train_model(train, val, num_epochs=1)
+    assert [float(r["train/lr"]) for r in _rows(tmp_path) if r.get("train/lr")] == pytest.approx([0.05, 0.05])
+
+
+def test_learning_rate_monitor_says_once_when_it_cannot_read_the_rate(tmp_path, regression_loaders):
+    train, val, _ = regression_loaders
+    trainer = _trainer(tmp_path, optimizer_hparams=optax.adam(1e-3), callbacks=[LearningRateMonitor()],
+                       log_every_n_steps=2)
+    with pytest.warns(RuntimeWarning, match="optax.inject_hyperparams") as caught:
+        trainer.train_model(train, val, num_epochs=1)
+    assert sum("LearningRateMonitor" in str(w.message) for w in caught) == 1
+    assert not any(r.get("train/lr") for r in _rows(tmp_path))
+
+
+def test_callbacks_read_the_loaders(tmp_path, regression_loaders):
+    train, val, _ = regression_loaders
+    seen = []
+
+    class ConfusionLike(flaxlight.Callback):
+        def on_validation_end(self, trainer, epoch, metrics):
+            seen.append((trainer.train_loader, trainer.val_loader, sum(len(y) for _, y in trainer.val_loader)))
+
+    trainer = _trainer(tmp_path, callbacks=[ConfusionLike()])
+    assert trainer.train_loader is None and trainer.val_loader is None
+    trainer.train_model(train, val, num_epochs=2)
+    assert seen == [(train, val, 64)] * 2
+
+
+def test_the_summary_names_the_optimizer_with_its_defaults_and_hparams_records_them(tmp_path, capsys):
+    import yaml
+
+    trainer = _trainer(tmp_path, optimizer_hparams={"optimizer": "sgd", "lr": 0.1, "momentum": 0.9},
+                       enable_model_summary=True)
+    out = capsys.readouterr().out
+    assert "Optimizer: sgd(lr=0.1, momentum=0.9) + warmup_cosine(warmup_steps=0, end_lr=0.001) + " \
+           "clip_by_global_norm(1)" in out
+    trainer.train_model(flaxlight.ArrayLoader(*linear_data(64, 0), batch_size=32), None, num_epochs=1)
+    recorded = yaml.safe_load((tmp_path / "run" / "hparams.yaml").read_text())["optimizer_hparams"]
+    assert recorded["schedule"] == "warmup_cosine" and recorded["gradient_clip"] == 1.0
+    assert recorded["end_lr_factor"] == 0.01 and recorded["momentum"] == 0.9 and recorded["weight_decay"] == 0.0
+
+
+def test_a_ready_optax_object_is_recorded_by_name_never_by_repr(tmp_path):
+    trainer = _trainer(tmp_path, optimizer_hparams=optax.chain(optax.clip(1.0), optax.adam(1e-3)))
+    trainer.train_model(flaxlight.ArrayLoader(*linear_data(64, 0), batch_size=32), None, num_epochs=1)
+    text = (tmp_path / "run" / "hparams.yaml").read_text()
+    assert "0x" not in text and "ready_optax: chain" in text and "pass it again as optimizer_hparams" in text
+
+
+def test_polyak_sgd_runs_with_a_plain_lr_and_says_its_schedule_is_constant(tmp_path, regression_loaders, capsys):
+    train, val, _ = regression_loaders
+    trainer = _trainer(tmp_path, optimizer_hparams={"optimizer": "polyak_sgd", "lr": 1.0}, enable_model_summary=True)
+    assert "Optimizer: polyak_sgd(lr=1) + clip_by_global_norm(1)" in capsys.readouterr().out
+    best = trainer.train_model(train, val, num_epochs=2)
+    assert best["val/loss"] < 1.0
+    with pytest.raises(ValueError, match="takes a fixed step size"):  # a schedule asked for explicitly
+        _trainer(tmp_path / "explicit", optimizer_hparams={"optimizer": "polyak_sgd", "lr": 1.0,
+                                                          "schedule": "warmup_cosine"})
