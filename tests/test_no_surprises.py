@@ -3,6 +3,7 @@ keywords, the learning rate of a ready optax transformation, the loaders a callb
 
 import csv
 
+import flax.linen as nn
 import optax
 import pytest
 from conftest import RegressTrainer, TinyMLP, linear_data, quiet
@@ -122,3 +123,62 @@ def test_polyak_sgd_runs_with_a_plain_lr_and_says_its_schedule_is_constant(tmp_p
     with pytest.raises(ValueError, match="takes a fixed step size"):  # a schedule asked for explicitly
         _trainer(tmp_path / "explicit", optimizer_hparams={"optimizer": "polyak_sgd", "lr": 1.0,
                                                           "schedule": "warmup_cosine"})
+
+
+class FlatOnly(nn.Module):
+    """Dense layers on (batch, features) inputs only (no flattening of its own)."""
+
+    @nn.compact
+    def __call__(self, x, train: bool = False):
+        return nn.Dense(1)(nn.relu(nn.Dense(8)(x)))
+
+
+class ReshapingRegressor(RegressTrainer):
+    """A loss that flattens image-shaped batches itself (as Lightning's ``x.view(x.size(0), -1)``)."""
+
+    def loss_fn(self, params, batch, *, train, rng, state):
+        x, y = batch
+        return super().loss_fn(params, (x.reshape(x.shape[0], -1), y), train=train, rng=rng, state=state)
+
+
+def _image_batches():
+    x, y = linear_data(64, 0)
+    return flaxlight.ArrayLoader(x.reshape(64, 2, 2, 1), y, batch_size=32)
+
+
+def test_a_loss_that_reshapes_the_batch_trains_without_a_word(tmp_path, regression_loaders):
+    import warnings
+
+    trainer = ReshapingRegressor(model_class=FlatOnly, model_hparams={}, exmp_input=linear_data(1)[0],
+                                 optimizer_hparams={"optimizer": "adam", "lr": 1e-2}, **quiet(tmp_path))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        trainer.train_model(_image_batches(), _image_batches(), num_epochs=1)
+    assert trainer.global_step == 2
+
+
+def test_a_batch_the_loss_cannot_take_fails_with_both_explanations(tmp_path):
+    trainer = RegressTrainer(model_class=FlatOnly, model_hparams={}, exmp_input=linear_data(1)[0],
+                             optimizer_hparams={"optimizer": "adam", "lr": 1e-2}, **quiet(tmp_path))
+    with pytest.raises(ValueError, match=r"(?s)has shape \(32, 2, 2, 1\) but the model was initialised with .*"
+                                         r"Tracing loss_fn on this batch failed too: ScopeParamShapeError"):
+        trainer.train_model(_image_batches(), None, num_epochs=1)
+    unchecked = RegressTrainer(model_class=FlatOnly, model_hparams={}, exmp_input=linear_data(1)[0],
+                               optimizer_hparams={"optimizer": "adam", "lr": 1e-2}, check_batches=False,
+                               **quiet(tmp_path / "unchecked"))
+    with pytest.raises(Exception, match="ScopeParamShapeError|expected to generate shape"):  # the model's own error
+        unchecked.train_model(_image_batches(), None, num_epochs=1)
+
+
+def test_where_flaxlight_feeds_the_batch_to_the_model_a_mismatch_is_an_error(tmp_path):
+    import numpy as np
+
+    from flaxlight.zoo import ClassificationTrainer, MLPClassifier
+
+    x = np.random.default_rng(0).normal(size=(64, 4)).astype(np.float32)
+    y = np.arange(64) % 3
+    trainer = ClassificationTrainer(model_class=MLPClassifier, model_hparams={"hidden_dims": [8], "num_classes": 3},
+                                    exmp_input=x[:1], optimizer_hparams={"optimizer": "adam", "lr": 1e-2},
+                                    **quiet(tmp_path))
+    with pytest.raises(ValueError, match=r"has shape \(32, 2, 2\) but the model was initialised with"):
+        trainer.train_model(flaxlight.ArrayLoader(x.reshape(64, 2, 2), y, batch_size=32), None, num_epochs=1)

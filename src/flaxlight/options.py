@@ -72,6 +72,10 @@ class TrainerOptions:
         distributed: ``"data_parallel"``, ``"fsdp"`` or ``"auto"`` trains on all devices (all
             processes) over a ``jax.sharding.Mesh``; ``mesh=`` gives one explicitly. See
             :mod:`flaxlight.distributed`.
+        check_batches: check each loader's first batch against ``exmp_input``. A batch shaped
+            otherwise is an error where flaxlight's own loss feeds it to the model; with your
+            ``loss_fn`` it is accepted when the loss traces on it (it may reshape the batch
+            first). False skips the check.
     """
 
     monitor: str | None = None
@@ -89,6 +93,7 @@ class TrainerOptions:
     prefetch: int = 0
     compilation_cache: bool | str = True
     distributed: str | None = None
+    check_batches: bool = True
 
     def __post_init__(self):
         _require(self, "steps_per_execution", _is_int(self.steps_per_execution, 1), "a positive int")

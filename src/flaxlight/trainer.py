@@ -18,7 +18,7 @@ import jax
 from flaxlight import distributed as dist
 from flaxlight import optim, resume, runfiles
 from flaxlight.callbacks import Callback, ModelCheckpoint, NaNGuard, with_default_callbacks
-from flaxlight.data import as_input_list, check_first_batch
+from flaxlight.data import as_input_list
 from flaxlight.engine import Engine, Span, check_step_pair
 from flaxlight.loggers import LoggerCollection
 from flaxlight.loop import (BatchLimits, EventSchedule, Interrupted, LoopState, NonfiniteTally, RunPlan, SignalGuard,
@@ -328,7 +328,7 @@ class TrainerModule(TrainerViewMixin):
 
     def _start_epoch_sums(self, batch) -> dict:
         """Check the epoch's first batch and return zeroed metric sums for its structure."""
-        check_first_batch(batch, self.exmp_input, "train_loader")
+        self._check_first_batch(batch, "train_loader")
         self.batch_size = batch_size(batch)
         if self.mesh is not None:
             dist.check_batch_divisible(self.batch_size, self.mesh)
@@ -365,9 +365,8 @@ class TrainerModule(TrainerViewMixin):
 
     def eval_model(self, data_loader: Iterable, log_prefix: str = "") -> dict[str, float]:
         """Evaluate on ``data_loader``; per-example weighted means keyed ``log_prefix + name``."""
-        acc = self.engine.evaluate(
-            self.state, data_loader, after_batch=self._schedule.raise_if_interrupted,
-            on_first_batch=lambda batch: check_first_batch(batch, self.exmp_input, "the evaluation loader"))
+        acc = self.engine.evaluate(self.state, data_loader, after_batch=self._schedule.raise_if_interrupted,
+                                   on_first_batch=lambda batch: self._check_first_batch(batch, "the evaluation loader"))
         if acc is None:
             raise ValueError(f"The evaluation loader ({log_prefix or 'eval'}) yielded no batches.")
         return read_means(acc, prefix=log_prefix)

@@ -18,6 +18,9 @@ from __future__ import annotations
 import difflib
 from typing import Any, Mapping
 
+import jax
+
+from flaxlight.data import check_first_batch
 from flaxlight.messages import logger as messages
 
 __all__ = ["TrainerViewMixin"]
@@ -114,6 +117,34 @@ class TrainerViewMixin:
         if not getattr(self, "_monitor_announced", False):
             messages.info(said)
             self._monitor_announced = True
+
+    def _check_first_batch(self, batch, loader_name: str) -> None:
+        """Check a loader's first batch (:func:`flaxlight.data.check_first_batch`); nothing with
+        ``check_batches=False``. A batch shaped unlike ``exmp_input`` is an error when
+        flaxlight's own ``loss_fn`` feeds it to the model; with a ``loss_fn`` of yours it is
+        traced (shapes only) and accepted if your loss handles it (e.g. reshapes it first)."""
+        if not self.options.check_batches:
+            return
+        try:
+            check_first_batch(batch, self.exmp_input, loader_name)
+        except ValueError as mismatch:
+            if type(self).loss_fn.__module__.startswith("flaxlight") or not self._loss_accepts(batch, mismatch):
+                raise
+
+    def _loss_accepts(self, batch, mismatch: ValueError) -> bool:
+        """Whether ``loss_fn`` traces on ``batch`` (True), else raise ``mismatch`` with the trace's
+        error attached; unknown (True) for a trainer whose steps do not use ``loss_fn``."""
+        def loss(params):
+            return self.loss_fn(params, batch, train=True, rng=jax.random.PRNGKey(0), state=self.state)
+
+        try:
+            jax.eval_shape(loss, self.state.params)
+        except NotImplementedError:
+            return True
+        except Exception as exc:  # noqa: BLE001 - the model's own error, shown under ours
+            raise ValueError(f"{mismatch}\nTracing loss_fn on this batch failed too: {type(exc).__name__}: "
+                             f"{str(exc)[:300]}") from exc
+        return True
 
     def _stopping(self) -> bool:
         """Whether the loop must end: :meth:`stop` was called or ``max_steps`` reached."""
