@@ -4,6 +4,7 @@ a logger's failure comes out on the training thread; the files are complete when
 import csv
 import threading
 
+import numpy as np
 import pytest
 from conftest import RegressTrainer, TinyMLP, linear_data, quiet
 
@@ -96,3 +97,23 @@ def test_log_image_after_training_reaches_the_loggers(tmp_path, regression_loade
     buffer[:] = 1.0  # the caller reuses its buffer: the logger got a copy
     trainer.logger.flush()
     assert images.records[-1] == (8, {"sample": (4, 4)})
+
+
+def test_a_record_after_training_goes_to_the_same_mlflow_run_which_ends_finished_again(tmp_path, regression_loaders):
+    pytest.importorskip("mlflow")
+    from mlflow.tracking import MlflowClient
+
+    from flaxlight.loggers import MLflowLogger
+
+    train, _, _ = regression_loaders
+    mlflow_logger = MLflowLogger(experiment_name="after", save_dir=tmp_path / "mlruns")
+    trainer = _trainer(tmp_path, [mlflow_logger])
+    trainer.train_model(train, None, num_epochs=1)
+    trainer.log_metrics({"test/extra": 0.5}, step=8)
+    trainer.log_image("sample", np.zeros((4, 4), np.float32), step=8)
+    trainer.logger.flush()
+    client = MlflowClient(tracking_uri=mlflow_logger.tracking_uri)
+    run = client.get_run(mlflow_logger.run_id)
+    assert run.info.status == "FINISHED"
+    assert [m.value for m in client.get_metric_history(run.info.run_id, "test/extra")] == [0.5]
+    assert len(client.search_runs([run.info.experiment_id])) == 1  # the same run, not a second one

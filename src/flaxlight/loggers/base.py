@@ -55,6 +55,9 @@ class LoggerCollection(Logger):
     the order logged. :meth:`flush` and :meth:`finalize` wait until everything queued is
     written; :meth:`flush_soon` asks for a flush without waiting. A logger's error comes out on
     the caller's thread at the next call. ``background=False`` calls the loggers directly.
+    A record sent after :meth:`finalize` (``trainer.log_image`` after ``train_model``) goes to
+    the same run, which is then finalized again with the same status (an MLflow run does not
+    stay RUNNING).
 
     Example:
         >>> logger = LoggerCollection([CSVLogger(log_dir)])   # doctest: +SKIP
@@ -63,17 +66,22 @@ class LoggerCollection(Logger):
     def __init__(self, loggers: Sequence[Logger], background: bool = True):
         self.loggers = list(loggers)
         self._writer = BackgroundWriter("logs") if background and self.loggers else None
+        self._final_status: str | None = None
 
     def _each(self, method: str, *args: Any) -> None:
         for logger in self.loggers:
             getattr(logger, method)(*args)
 
     def _send(self, method: str, *args: Any) -> None:
-        if self._writer is None:
-            self._each(method, *args)
-            return
-        self._writer.raise_failure_as(self._failure)
-        self._writer.submit(self._each, method, *args)
+        calls = [(method, args)]
+        if self._final_status is not None and method != "flush":  # after the run ended: close it again
+            calls.append(("finalize", (self._final_status,)))
+        for name, arguments in calls:
+            if self._writer is None:
+                self._each(name, *arguments)
+            else:
+                self._writer.raise_failure_as(self._failure)
+                self._writer.submit(self._each, name, *arguments)
 
     def _now(self, method: str, *args: Any) -> None:
         """Call ``method`` once everything queued is written (and raise a writer's failure)."""
@@ -108,6 +116,7 @@ class LoggerCollection(Logger):
         self._send("flush")
 
     def finalize(self, status: str) -> None:
+        self._final_status = status
         self._now("finalize", status)
 
 
