@@ -4,6 +4,7 @@ keywords, the learning rate of a ready optax transformation, the loaders a callb
 import csv
 
 import flax.linen as nn
+import jax
 import optax
 import pytest
 from conftest import RegressTrainer, TinyMLP, linear_data, quiet
@@ -182,3 +183,19 @@ def test_where_flaxlight_feeds_the_batch_to_the_model_a_mismatch_is_an_error(tmp
                                     **quiet(tmp_path))
     with pytest.raises(ValueError, match=r"has shape \(32, 2, 2\) but the model was initialised with"):
         trainer.train_model(flaxlight.ArrayLoader(x.reshape(64, 2, 2), y, batch_size=32), None, num_epochs=1)
+
+
+def test_a_run_trained_with_a_ready_optax_object_loads_for_inference_and_asks_for_it_to_resume(tmp_path):
+    import numpy as np
+
+    tx = optax.chain(optax.clip(1.0), optax.adam(1e-3))
+    trainer = _trainer(tmp_path, optimizer_hparams=tx)
+    trainer.train_model(flaxlight.ArrayLoader(*linear_data(64, 0), batch_size=32), None, num_epochs=1)
+    loaded = RegressTrainer.load_from_checkpoint(tmp_path / "run", exmp_input=linear_data(1)[0])
+    for got, want in zip(jax.tree.leaves(loaded.state.params), jax.tree.leaves(trainer.state.params)):
+        np.testing.assert_array_equal(got, want)
+    with pytest.raises(ValueError, match=r"ready optax transformation \(chain\).*optimizer_hparams=tx"):
+        RegressTrainer.load_from_checkpoint(tmp_path / "run", exmp_input=linear_data(1)[0], with_optimizer=True)
+    again = RegressTrainer.load_from_checkpoint(tmp_path / "run", exmp_input=linear_data(1)[0], with_optimizer=True,
+                                                optimizer_hparams=tx)
+    assert again.state.opt_state is not None

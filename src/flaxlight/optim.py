@@ -393,10 +393,11 @@ def _rate_argument(name: str) -> str:
 
 def as_optimizer_config(optimizer_hparams) -> OptimizerConfig | None:
     """Validate ``optimizer_hparams``: a config for dicts and configs, None for a ready
-    transformation or an :data:`OptimizerFactory` (those are used unchanged)."""
+    transformation or an :data:`OptimizerFactory` (those are used unchanged) and for the record
+    of one read back from ``hparams.yaml``."""
     if isinstance(optimizer_hparams, OptimizerConfig):
         return optimizer_hparams
-    if isinstance(optimizer_hparams, optax.GradientTransformation):
+    if isinstance(optimizer_hparams, optax.GradientTransformation) or _recorded_ready(optimizer_hparams):
         return None
     if optimizer_hparams is None or isinstance(optimizer_hparams, Mapping):
         return OptimizerConfig.from_dict(optimizer_hparams or {})
@@ -415,6 +416,8 @@ def describe_optimizer(optimizer_hparams) -> str:
         >>> describe_optimizer({"optimizer": "polyak_sgd", "lr": 1.0})
         'polyak_sgd(lr=1) + clip_by_global_norm(1)'
     """
+    if _recorded_ready(optimizer_hparams):
+        return f"a ready optax transformation ({optimizer_hparams['ready_optax']}), not saved with the run"
     config = as_optimizer_config(optimizer_hparams)
     if config is not None:
         return config.describe()
@@ -424,6 +427,8 @@ def describe_optimizer(optimizer_hparams) -> str:
 def recorded_optimizer(optimizer_hparams) -> Any:
     """What ``hparams.yaml`` records: every setting of a dict or config as resolved (defaults
     included; a function by its name), and for a ready transformation its name and a note."""
+    if _recorded_ready(optimizer_hparams):  # read back from a run's hparams.yaml
+        return dict(optimizer_hparams)
     config = as_optimizer_config(optimizer_hparams)
     if config is None:
         return {"ready_optax": _ready_name(optimizer_hparams),
@@ -434,6 +439,11 @@ def recorded_optimizer(optimizer_hparams) -> Any:
         if callable(record.get(key)):
             record[key] = f"<function {getattr(record[key], '__qualname__', type(record[key]).__name__)}>"
     return record
+
+
+def _recorded_ready(optimizer_hparams) -> bool:
+    """Whether ``optimizer_hparams`` is the record of a ready transformation (see :func:`recorded_optimizer`)."""
+    return isinstance(optimizer_hparams, Mapping) and "ready_optax" in optimizer_hparams
 
 
 def _ready_name(transformation) -> str:
@@ -716,6 +726,10 @@ def make_optimizer_plan(optimizer_hparams, total_steps: int) -> OptimizerPlan:
         True
     """
     total_steps = _positive_int(total_steps, "total_steps", 1)
+    if _recorded_ready(optimizer_hparams):
+        raise ValueError(f"This run was trained with a ready optax transformation ({optimizer_hparams['ready_optax']}), "
+                         f"which hparams.yaml cannot hold: pass it again, e.g. load_from_checkpoint(run_dir, exmp_input, "
+                         f"with_optimizer=True, optimizer_hparams=tx).")
     config = as_optimizer_config(optimizer_hparams)
     if config is None:
         return _ready_plan(optimizer_hparams, total_steps)
