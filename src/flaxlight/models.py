@@ -132,7 +132,10 @@ class NNXAdapter:
     ``train``: passed to ``__call__`` when it takes ``train`` (or ``deterministic=not train``);
     otherwise the module is switched with ``model.train()`` / ``model.eval()``, which sets
     Dropout's ``deterministic`` and BatchNorm's ``use_running_average``. Dropout keys come from
-    the trainer's RNG each step (``nnx.reseed``), so the step stays a pure function.
+    the trainer's RNG each step (``nnx.reseed``), so the step stays a pure function. A module
+    whose ``__call__`` takes ``rngs`` (the NNX tutorial's ``nnx.Dropout(rate)`` given its keys
+    at call time) gets ``nnx.Rngs(dropout=<the step's key>)`` in training and ``None`` in
+    evaluation, unless the loss passes its own (``state.apply_model(..., rngs=nnx.Rngs(...))``).
     """
 
     kind = "nnx"
@@ -147,6 +150,7 @@ class NNXAdapter:
                                    if isinstance(v, nnx.RngKey)})
         call = _call_parameters(model_class.__call__)
         self.mode_argument = "train" if "train" in call else "deterministic" if "deterministic" in call else None
+        self.takes_rngs = "rngs" in call
 
     def init(self, rng, inputs: Sequence[Any]) -> dict:
         """The module's initial state as pure dicts (NNX initialises at construction)."""
@@ -173,12 +177,22 @@ class NNXAdapter:
         model.train() if train else model.eval()
         return model(*inputs, **kwargs)
 
-    def apply(self, variables, *inputs, train: bool = False, rngs=None, mutable=False, **kwargs):
-        """Linen-style apply: returns outputs, or ``(outputs, {"batch_stats": ...})`` if mutable."""
+    def apply(self, variables, *inputs, train: bool = False, rngs=None, mutable=False, model_rngs=None, **kwargs):
+        """Linen-style apply: returns outputs, or ``(outputs, {"batch_stats": ...})`` if mutable.
+        ``rngs``: the trainer's streams (``{"dropout": key}``); ``model_rngs``: an ``nnx.Rngs``
+        for a ``__call__`` that takes ``rngs``."""
         model = self.merge(variables)
-        if rngs is not None and rngs.get("dropout") is not None and self.rng_streams:
-            keys = jax.random.split(rngs["dropout"], len(self.rng_streams))
+        key = rngs.get("dropout") if rngs is not None else None
+        if key is not None and self.rng_streams:
+            keys = jax.random.split(key, len(self.rng_streams))
             nnx.reseed(model, **dict(zip(self.rng_streams, keys)))
+        if self.takes_rngs:
+            if model_rngs is None and train and key is not None:
+                model_rngs = nnx.Rngs(dropout=key)  # call-time keys, from the step's key: reproducible
+            kwargs["rngs"] = model_rngs
+        elif model_rngs is not None:
+            raise TypeError(f"{self.model_class.__name__}.__call__ takes no rngs argument, but rngs= was passed to "
+                            f"apply_model; give the module its rngs at construction instead.")
         outputs = self._call(model, inputs, train, kwargs)
         if not mutable:
             return outputs

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping
 
 import jax
 import jax.numpy as jnp
@@ -88,12 +88,18 @@ class TrainState(train_state.TrainState):
 
         In training mode BatchNorm statistics are mutable and returned in ``updates``
         (``{"batch_stats": ...}``); ``rng`` becomes the ``dropout`` stream. In eval mode
-        ``updates`` is an empty dict.
+        ``updates`` is an empty dict. ``rngs=`` adds Linen streams (a dict) or, for an NNX
+        module whose ``__call__`` takes ``rngs``, is passed to it (an ``nnx.Rngs``).
 
         Example:
             >>> logits, updates = state.apply_model(params, x, train=True, rng=rng)  # doctest: +SKIP
         """
         rngs = {"dropout": rng} if rng is not None else None
+        extra = kwargs.pop("rngs", None)
+        if isinstance(extra, Mapping):  # more Linen streams
+            rngs = {**(rngs or {}), **extra}
+        elif extra is not None:  # an nnx.Rngs for the module's own rngs argument
+            kwargs["model_rngs"] = extra
         if train and self.batch_stats is not None:
             return self.apply_fn(
                 self.variables(params), *inputs, train=True, rngs=rngs, mutable=["batch_stats"], **kwargs
