@@ -168,7 +168,8 @@ class TrainerOptions:
         """What picks the best model, said once at the first validation (a fallback names why)."""
         key, larger = self.monitored(metrics)
         said = f"The best model is picked by {key} ({'max' if larger else 'min'})"
-        skipped = [k for k, _ in DEFAULT_MONITORS[: [k for k, _ in DEFAULT_MONITORS].index(key)]] if not self.monitor else []
+        preferred = [k for k, _ in DEFAULT_MONITORS]
+        skipped = [] if self.monitor else preferred[: preferred.index(key)]  # absent, preferred over `key`
         if skipped:
             said += f": no {' or '.join(skipped)} among the validation metrics {sorted(metrics)}"
         return said + ("." if self.monitor else "; pass monitor='val/<name>', mode='min'/'max' to choose.")

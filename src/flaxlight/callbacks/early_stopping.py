@@ -60,30 +60,27 @@ class EarlyStopping(Callback):
     def _best_so_far(self) -> str:
         return "none yet" if self.best is None else f"{self.best:.6g} at epoch {self.best_epoch}"
 
-    def _reason(self, value: float) -> str | None:
-        """Why training must stop after this validation (None: go on). Updates the counters."""
+    def _reason(self, value: float, epoch: int) -> str | None:
+        """Record this validation's ``value``; why training must stop now (None: go on)."""
         name = f"EarlyStopping: {self.monitor} = {value:.6g}"
         if self.check_finite and not math.isfinite(value):
             return f"{name} is not finite (best {self._best_so_far()})."
+        improved = self._improved(value)
+        if improved:
+            self.best, self.best_epoch, self.wait = value, epoch, 0
+        else:
+            self.wait += 1
         if self.stopping_threshold is not None and self._better(value, self.stopping_threshold):
             return f"{name} reached the stopping threshold {self.stopping_threshold:g}."
         if self.divergence_threshold is not None and self._better(self.divergence_threshold, value):
             return f"{name} passed the divergence threshold {self.divergence_threshold:g}."
-        if self._improved(value):
-            self.wait = 0
-            return None
-        self.wait += 1
-        if self.wait >= self.patience:
+        if not improved and self.wait >= self.patience:
             return (f"EarlyStopping: {self.monitor} did not improve by more than {self.min_delta:g} for "
                     f"{self.wait} validations in a row (best {self._best_so_far()}).")
         return None
 
     def on_validation_end(self, trainer, epoch: int, metrics: Mapping[str, float]) -> None:
-        value = float(trainer.monitored_value(self.monitor, owner="EarlyStopping"))
-        improved = self._improved(value)
-        reason = self._reason(value)
-        if improved:
-            self.best, self.best_epoch = value, epoch
+        reason = self._reason(float(trainer.monitored_value(self.monitor, owner="EarlyStopping")), epoch)
         if reason is not None:
             trainer.stop(reason)
 
