@@ -171,3 +171,29 @@ def test_save_top_k_minus_one_keeps_every_validated_checkpoint(tmp_path, regress
     trainer = _trainer(tmp_path, [ModelCheckpoint(monitor="val/loss", save_top_k=-1, every_n_epochs=1)])
     trainer.train_model(train, val, num_epochs=4)
     assert _steps(tmp_path / "run" / "checkpoints") == [8, 16, 24, 32]
+
+
+def _plain_orbax_best_step(folder, metric, mode):
+    import orbax.checkpoint as ocp
+
+    options = ocp.CheckpointManagerOptions(best_fn=lambda metrics: metrics[metric], best_mode=mode, read_only=True)
+    with ocp.CheckpointManager(str(folder), options=options) as manager:
+        return manager.best_step(), manager.latest_step()
+
+
+@pytest.mark.parametrize("callbacks", [None, [ModelCheckpoint(monitor="val/loss", save_top_k=2, every_n_epochs=1)]],
+                         ids=["default", "top-2"])
+def test_plain_orbax_best_step_names_the_same_checkpoint_as_flaxlight(tmp_path, callbacks):
+    x, y = linear_data(256, 0)
+    xv, _ = linear_data(64, 1)
+    # Validation targets the model cannot fit while it learns the training data: the validation
+    # loss is lowest early, so the best checkpoint is not the newest one.
+    train = flaxlight.ArrayLoader(x, y, batch_size=32, shuffle=True, seed=0)
+    val = flaxlight.ArrayLoader(xv, np.zeros((64, 1), np.float32), batch_size=32)
+    trainer = _trainer(tmp_path, callbacks)
+    trainer.train_model(train, val, num_epochs=5)
+    best = next(cb for cb in trainer.callbacks if isinstance(cb, ModelCheckpoint)).best_step
+    assert best is not None
+    orbax_best, orbax_latest = _plain_orbax_best_step(tmp_path / "run" / "checkpoints", "val/loss", "min")
+    assert orbax_best == best
+    assert orbax_latest == trainer.global_step != best

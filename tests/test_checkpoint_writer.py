@@ -144,7 +144,7 @@ class DiskFails(flaxlight.Callback):
         checkpointer.wait()  # checkpoint 8 is on disk (ModelCheckpoint heard of step 8 last)
         events, failed, delete_now = self.events, self.failed, checkpointer._delete_now
 
-        def full_disk(step, arrays, meta):
+        def full_disk(step, arrays, meta, metrics):
             events.append(("write failed", step))
             failed.set()
             raise OSError(28, "No space left on device")
@@ -235,7 +235,7 @@ def test_no_deletion_runs_after_a_failed_write_even_when_the_failure_is_raised_f
     checkpointer.save(8, state)
     checkpointer.wait()
 
-    def full_disk(step, arrays, meta):
+    def full_disk(step, arrays, meta, metrics):
         raise OSError(28, "No space left on device")
 
     checkpointer._write = full_disk
@@ -303,9 +303,9 @@ def test_all_steps_lists_a_queued_save_before_it_is_written(tmp_path):
     checkpointer = Checkpointer(folder, max_to_keep=None)
     gate, write = threading.Event(), checkpointer._write
 
-    def gated_write(step, arrays, meta):
+    def gated_write(step, arrays, meta, metrics):
         assert gate.wait(10)
-        write(step, arrays, meta)
+        write(step, arrays, meta, metrics)
 
     checkpointer._write = gated_write  # the writer thread waits for the gate: nothing reaches the disk
     on_disk = lambda: _steps(folder) if folder.is_dir() else []  # noqa: E731

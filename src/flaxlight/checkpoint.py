@@ -68,6 +68,10 @@ def _param_problems(saved: dict[str, tuple], wanted: dict[str, tuple]) -> list[s
     return problems
 
 
+def _first_metric(metrics: dict) -> float:
+    return float(next(iter(metrics.values())))
+
+
 def _model_state(state) -> dict:
     return {name: getattr(state, name) for name in _MODEL_STATE_FIELDS if getattr(state, name) is not None}
 
@@ -136,6 +140,9 @@ class Checkpointer:
             ocp = _ocp()
             options = ocp.CheckpointManagerOptions(
                 max_to_keep=self.max_to_keep,
+                # Saves given `metrics` store them (orbax writes metrics only with a best_fn); which
+                # checkpoints to keep is decided by max_to_keep / the caller's deletions, not by them.
+                best_fn=None if self.read_only else _first_metric, keep_checkpoints_without_metrics=True,
                 enable_async_checkpointing=self.async_save and not self._background,
                 create=not self.read_only,
                 read_only=self.read_only,
@@ -159,9 +166,12 @@ class Checkpointer:
     def latest_step(self) -> int | None:
         return max(self.all_steps(), default=None)
 
-    def save(self, step: int, state, meta: dict[str, Any] | None = None) -> None:
+    def save(self, step: int, state, meta: dict[str, Any] | None = None,
+             metrics: dict[str, float] | None = None) -> None:
         """Write ``state`` as checkpoint ``step`` (replacing a checkpoint of that step); returns
-        once the arrays are copied on the device (or, with several processes, off it)."""
+        once the arrays are copied on the device (or, with several processes, off it).
+        ``metrics`` (``{"val/acc": 0.97}``) are stored as the checkpoint's orbax metrics, which
+        orbax's ``best_step()`` ranks with a ``best_fn``."""
         self._writer.raise_failure_as(self._failure_message)
         step = int(step)
         arrays = {"params": state.params, "model_state": _model_state(state)}
@@ -170,28 +180,28 @@ class Checkpointer:
         if not self._background:
             if step in self.all_steps():
                 self.delete(step, background=False)
-            self._write(step, arrays, meta)
+            self._write(step, arrays, meta, metrics)
             return
         self._track_steps().add(step)
         snapshot = device_copy(arrays)  # the training step donates (reuses) the state's buffers
         for leaf in jax.tree.leaves(snapshot):
             leaf.copy_to_host_async()
         self._writer.wait_until(lambda: sum(job.tag[0] == "save" for job in self._writer.pending()) < 2)
-        self._writer.submit(self._replace, step, snapshot, meta, tag=("save", step), throttled=True)
+        self._writer.submit(self._replace, step, snapshot, meta, metrics, tag=("save", step), throttled=True)
         for job in self._held:  # deletions of replaced saves go behind this one
             self._writer.submit(job.fn, *job.args, tag=job.tag)
         self._held = []
 
-    def _write(self, step: int, arrays, meta: dict[str, Any] | None) -> None:
+    def _write(self, step: int, arrays, meta: dict[str, Any] | None, metrics: dict[str, float] | None) -> None:
         ocp = _ocp()
         items = {"state": ocp.args.PyTreeSave(arrays), "meta": ocp.args.JsonSave(dict(meta or {}))}
-        self._manager.save(step, args=ocp.args.Composite(**items), force=True)
+        self._manager.save(step, args=ocp.args.Composite(**items), metrics=metrics or None, force=True)
 
-    def _replace(self, step: int, arrays, meta) -> None:  # on the writer thread
+    def _replace(self, step: int, arrays, meta, metrics) -> None:  # on the writer thread
         start = time.monotonic()
         if step in self._manager.all_steps():
             self._manager.delete(step)
-        self._write(step, arrays, meta)
+        self._write(step, arrays, meta, metrics)
         self._manager.wait_until_finished()
         Checkpointer.typical_write_seconds = time.monotonic() - start
 

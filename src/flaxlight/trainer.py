@@ -438,12 +438,13 @@ class TrainerModule(TrainerViewMixin):
         self._write_hparams()
         self._log_running(self._loop.running_log.flush())  # the log history up to `step` is on disk first
         self.logger.flush()
-        best_step = self._checkpoint_callback.best_step if self._checkpoint_callback else None
-        meta = resume.CheckpointMeta.capture(step, self._loop, callbacks=self.callbacks, best_step=best_step,
+        chosen = self._checkpoint_callback  # its best step, and the score this step is saved for
+        meta = resume.CheckpointMeta.capture(step, self._loop, callbacks=self.callbacks,
+                                             best_step=chosen.best_step if chosen else None,
                                              loader_position=self.engine.loader_position(),
                                              best_eval_metrics=self._best_eval_metrics, num_epochs=self.num_epochs,
                                              steps_per_epoch=self.steps_per_epoch)
-        self.checkpointer.save(step, self.state, meta=meta.to_json())
+        self.checkpointer.save(step, self.state, meta=meta.to_json(), metrics=chosen.score_of(step) if chosen else None)
 
     def load_model(self, step: int | None = None) -> None:
         """Restore a checkpoint into ``self.state``: ``step``, else the best, else the newest."""

@@ -42,7 +42,10 @@ class ModelCheckpoint(Callback):
 
     This callback decides *when* to save and what to keep; the trainer's ``save_model(step)``
     decides *how* (override it to save differently). Checkpoints land in
-    ``<log_dir>/checkpoints/<step>/`` (asynchronously; atomically).
+    ``<log_dir>/checkpoints/<step>/`` (asynchronously; atomically). A checkpoint saved for its
+    validation score carries that score as orbax metrics (``{"val/acc": 0.97}``), so plain
+    orbax finds the same best step: ``ocp.CheckpointManager(dir, options=
+    ocp.CheckpointManagerOptions(best_fn=lambda m: m["val/acc"], best_mode="max")).best_step()``.
 
     Example:
         >>> trainer = MyTrainer(..., callbacks=[ModelCheckpoint(monitor="val/acc", mode="max", save_top_k=3)])  # doctest: +SKIP
@@ -72,6 +75,7 @@ class ModelCheckpoint(Callback):
         self.best_metrics: dict[str, float] | None = None
         self.last_step: int | None = None
         self._last_save_time = time.monotonic()
+        self._scored: tuple[int, dict[str, float]] | None = None  # the step being saved for its score
 
     # ---------------------------------------------------------------- decisions
     @property
@@ -98,6 +102,20 @@ class ModelCheckpoint(Callback):
         if math.isnan(score):
             return False
         return self.save_top_k == -1 or len(self.best) < self.save_top_k or score < self.best[-1][0]
+
+    def score_of(self, step: int) -> dict[str, float] | None:
+        """``{metric: value}`` that ranks checkpoint ``step`` when it is saved for its validation
+        score (the trainer writes it as the checkpoint's orbax metrics), else None."""
+        return dict(self._scored[1]) if self._scored is not None and self._scored[0] == step else None
+
+    def _ranking_metric(self, trainer, metrics: Mapping[str, float]) -> dict[str, float] | None:
+        if self.monitor is not None:
+            return {self.monitor: float(metrics[self.monitor])}
+        try:  # the trainer's own rule: its monitored metric, when it logs one
+            key, _ = trainer.options.monitored(metrics)
+        except KeyError:
+            return None
+        return {key: float(metrics[key])}
 
     def _seconds_due(self) -> bool:
         return self.every_n_seconds is not None and time.monotonic() - self._last_save_time >= self.every_n_seconds
@@ -149,7 +167,11 @@ class ModelCheckpoint(Callback):
                 ranked = sorted([b for b in self.best if b[1] != step] + [entry])
                 self.best = ranked if self.save_top_k == -1 else ranked[: self.save_top_k]
         self.last_step, self._last_save_time = step, time.monotonic()
-        trainer.save_model(step)
+        self._scored = (step, self._ranking_metric(trainer, best_metrics)) if best_metrics is not None else None
+        try:
+            trainer.save_model(step)
+        finally:
+            self._scored = None
 
     def _keep(self) -> set[int]:
         keep = {step for _, step in self.best}
