@@ -292,8 +292,9 @@ def test_threads_and_open_files_stay_flat_over_200_epochs_with_a_checkpoint_each
     # and other tests' background threads finishing or starting on this worker (seen: +3 in CI).
     assert threads_200 <= threads_20 + 8, (threads_20, threads_200)
     assert files_200 <= files_20 + 5, (files_20, files_200)
-    # The writer's thread ends when its queue is empty (at most the one just finishing is seen).
-    assert len(writers_20) <= 1 and len(writers_200) <= 1, (writers_20, writers_200)
+    # A writer's thread ends soon after its queue empties: this run's, and at most one of an
+    # earlier checkpointer still waiting out its idle second, are seen.
+    assert len(writers_20) <= 2 and len(writers_200) <= 2, (writers_20, writers_200)
     assert _steps(tmp_path / "run" / "checkpoints") == [400]
 
 

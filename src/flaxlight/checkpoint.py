@@ -143,6 +143,9 @@ class Checkpointer:
                 # Saves given `metrics` store them (orbax writes metrics only with a best_fn); which
                 # checkpoints to keep is decided by max_to_keep / the caller's deletions, not by them.
                 best_fn=None if self.read_only else _first_metric, keep_checkpoints_without_metrics=True,
+                # Steps are listed without reading each one's metadata: a damaged checkpoint's files
+                # then fail its own restore (and the fallback to the one before), not the opening.
+                lightweight_initialize=True,
                 enable_async_checkpointing=self.async_save and not self._background,
                 create=not self.read_only,
                 read_only=self.read_only,
@@ -213,7 +216,8 @@ class Checkpointer:
             return
         doomed = os.path.join(self.directory, f".deleting-{step}-{uuid.uuid4().hex[:8]}")
         os.rename(folder, doomed)
-        self._manager.reload()
+        self._manager_instance.close()  # opened again (lightly) at the next use: it lists the folder anew
+        self._manager_instance = None
         shutil.rmtree(doomed, ignore_errors=True)
 
     def _track_steps(self) -> set[int]:

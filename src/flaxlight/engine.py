@@ -420,15 +420,22 @@ class LearningRateTable:
         """Start computing the rates of steps ``start .. start + count`` of ``plan``'s schedule
         (an :class:`~flaxlight.optim.OptimizerPlan`, or a schedule; nothing without one)."""
         schedule = getattr(plan, "schedule", plan)
-        if schedule is None:
+        if schedule is None or self._covers(schedule, start, max(count, 0)):
             return
-        count = max(count, 0)
+        # Whole power-of-two chunks of at least 4096 steps: one dispatch serves many epochs, and
+        # few lengths are compiled.
+        size = max(4096, 1 << max(count, 0).bit_length())
         if self._compiled is None or self._compiled[0] is not schedule:
             self._compiled = (schedule, self._jit(jax.vmap(schedule)))
-        values = self._compiled[1](jax.device_put(np.arange(start, start + count + 1, dtype=np.int32)))
+        values = self._compiled[1](jax.device_put(np.arange(start, start + size, dtype=np.int32)))
         if hasattr(values, "copy_to_host_async"):
             values.copy_to_host_async()
         self._table = (schedule, start, values)
+
+    def _covers(self, schedule, start: int, count: int) -> bool:
+        table = self._table
+        return table is not None and table[0] is schedule and table[1] <= start \
+            and start + count < table[1] + len(table[2])
 
     def rate(self, plan: Any, step: int) -> float | None:
         """The rate at ``step`` (from the table when it covers ``step``, else computed now);

@@ -12,6 +12,7 @@ Example:
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import signal
@@ -26,11 +27,15 @@ __all__ = ["LoopState", "RunningLog", "EventSchedule", "SignalGuard", "Interrupt
 
 
 class RunningLog:
-    """Interval means of the train metrics at log points, read one log point late (no waiting).
+    """Interval means of the train metrics at log points, read when their copies have arrived.
 
-    :meth:`mark` starts copying the sums at a log point and returns the previous point's
-    ``(step, means, nonfinite)``; the trainer logs them.
+    :meth:`mark` starts copying the sums at a log point and returns the earlier points whose
+    copies are on the host by now, oldest first, as ``(step, means, nonfinite)``: the training
+    thread never waits for the device at a log point (unless ``max_pending`` points are still
+    on their way). :meth:`flush` returns the rest, waiting for them.
     """
+
+    max_pending = 8
 
     def __init__(self, prefix: str = "train/", suffix: str = "_step"):
         self.prefix, self.suffix = prefix, suffix
@@ -38,25 +43,29 @@ class RunningLog:
 
     def reset(self) -> None:
         """A new epoch: the sums start from zero again."""
-        self.pending: tuple[int, HostSnapshot] | None = None
+        self.pending: collections.deque[tuple[int, HostSnapshot]] = collections.deque()
         self.last_sums: dict[str, float] = {}
         self.last_count = 0.0
 
-    def mark(self, step: int, acc: dict) -> tuple[int, dict[str, float], int] | None:
-        """Start copying ``acc``; return the previous log point's values (None if there is none)."""
-        previous, self.pending = self.pending, (step, HostSnapshot(acc))
-        return self._read(previous) if previous else None
+    def mark(self, step: int, acc: dict) -> list[tuple[int, dict[str, float], int]]:
+        """Start copying ``acc``; return the earlier log points' values that have arrived."""
+        arrived = []
+        while self.pending and (self.pending[0][1].ready() or len(self.pending) >= self.max_pending):
+            arrived.append(self._read(self.pending.popleft()))
+        self.pending.append((step, HostSnapshot(acc)))
+        return arrived
 
-    def flush(self) -> tuple[int, dict[str, float], int] | None:
-        """The pending log point's values, now (waits for its copy)."""
-        pending, self.pending = self.pending, None
-        return self._read(pending) if pending else None
+    def flush(self) -> list[tuple[int, dict[str, float], int]]:
+        """Every pending log point's values, now (waits for their copies)."""
+        arrived = [self._read(point) for point in self.pending]
+        self.pending.clear()
+        return arrived
 
     def state_dict(self) -> dict:
         return {"last_sums": self.last_sums, "last_count": self.last_count}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self.pending = None
+        self.pending.clear()
         self.last_sums = dict(state.get("last_sums", {}))
         self.last_count = float(state.get("last_count", 0.0))
 

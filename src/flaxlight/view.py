@@ -103,10 +103,9 @@ class TrainerViewMixin:
         for callback in self.callbacks:
             getattr(callback, hook)(self, *args)
 
-    def _log_running(self, point: tuple[int, dict, int] | None) -> None:
-        """Log a log point's interval means (:class:`~flaxlight.loop.RunningLog`)."""
-        if point is not None:
-            step, means, nonfinite = point
+    def _log_running(self, points: list[tuple[int, dict, int]]) -> None:
+        """Log log points' interval means (:class:`~flaxlight.loop.RunningLog`), oldest first."""
+        for step, means, nonfinite in points:
             self._nonfinite.note(step, nonfinite)
             if means:
                 self._log(means, step=step)

@@ -6,9 +6,10 @@ jobs queued after it are dropped (so nothing deletes old files after a write fai
 queued as *throttled* wait until the writer's work stays under ``max_overhead`` of the wall
 time (a job of ``d`` seconds is followed by ``d / max_overhead`` seconds without throttled
 work); a flush runs everything at once. A job not started yet can be withdrawn
-(:meth:`~BackgroundWriter.withdraw`). The thread ends when the queue is empty and starts again
+(:meth:`~BackgroundWriter.withdraw`). The thread ends when the queue has been empty for
+``idle_seconds`` (starting a thread per job would cost more than most jobs) and starts again
 with the next job, so an idle writer holds no thread; jobs still queued when the interpreter
-exits are run (unthrottled) before it ends.
+exits are run (unthrottled) before it ends, and an idle thread ends at once then.
 
 Example:
     >>> writer = BackgroundWriter("demo")
@@ -30,6 +31,7 @@ from typing import Any, Callable, Iterable
 __all__ = ["BackgroundWriter", "Job"]
 
 _LIVE: "weakref.WeakSet[BackgroundWriter]" = weakref.WeakSet()
+_exiting = threading.Event()  # the interpreter is exiting: idle threads end at once
 
 
 class Job:
@@ -44,6 +46,8 @@ class Job:
 
 class BackgroundWriter:
     """Run jobs in order on one background thread; see the module docstring."""
+
+    idle_seconds = 1.0  # how long an idle thread waits for more work before it ends
 
     def __init__(self, name: str, max_overhead: float | None = None):
         self.name, self.max_overhead = name, max_overhead
@@ -140,8 +144,13 @@ class BackgroundWriter:
     # ------------------------------------------------------------------ the writer's side
     def _next_job(self) -> Job | None:
         with self._changed:
+            idle_since = time.monotonic()
             while True:
                 if not self._queue:
+                    idle = time.monotonic() - idle_since
+                    if idle < self.idle_seconds and not _exiting.is_set():
+                        self._changed.wait(timeout=self.idle_seconds - idle)
+                        continue
                     self._thread = None  # idle: the thread ends; the next submit starts one
                     self._changed.notify_all()
                     return None
@@ -172,7 +181,9 @@ class BackgroundWriter:
 
 
 def _finish_queued_jobs() -> None:
-    """At interpreter exit, before its threads are joined: throttled jobs run at once."""
+    """At interpreter exit, before its threads are joined: throttled jobs run at once, idle
+    threads end."""
+    _exiting.set()
     for writer in list(_LIVE):
         with writer._changed:
             writer._flushing += 1

@@ -5,6 +5,8 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
+import time
+import uuid
 from typing import Any, Mapping
 
 from flaxlight.loggers.base import Logger, as_image
@@ -17,26 +19,27 @@ def tensorboard_available() -> bool:
     return importlib.util.find_spec("tensorboardX") is not None
 
 
-def _summary_writer_class():
-    """tensorboardX's ``SummaryWriter``, imported without torch: tensorboardX tries
-    ``import torch`` (for torch tensors, which flaxlight never passes), and when torch is
-    installed that import adds over a second to every start-up."""
-    if "torch" in sys.modules or "tensorboardX.writer" in sys.modules:
-        from tensorboardX import SummaryWriter
+def _tensorboardx(module: str):
+    """A tensorboardX module, imported without torch: tensorboardX tries ``import torch`` (for
+    torch tensors, which flaxlight never passes), and when torch is installed that import adds
+    over a second to every start-up."""
+    import importlib
 
-        return SummaryWriter
+    if "torch" in sys.modules or "tensorboardX.writer" in sys.modules:
+        return importlib.import_module(module)
     sys.modules["torch"] = None  # makes `import torch` raise ImportError, which tensorboardX handles
     try:
-        from tensorboardX import SummaryWriter
+        return importlib.import_module(module)
     finally:
         del sys.modules["torch"]
-    return SummaryWriter
 
 
 class TensorBoardLogger(Logger):
     """Writes scalars and images to TensorBoard event files in ``log_dir``.
 
     Hyperparameters appear as a YAML block in TensorBoard's Text tab (tag ``hparams``).
+    Events are written straight to the file by the thread that logs (flaxlight's background log
+    writer): one event per log call, holding all its scalars, with no queue or thread of its own.
 
     Example:
         >>> logger = TensorBoardLogger("/tmp/run")             # doctest: +SKIP
@@ -53,11 +56,23 @@ class TensorBoardLogger(Logger):
 
     @property
     def writer(self):
-        """The tensorboardX ``SummaryWriter`` (opened on first use, reopened after finalize)."""
+        """The open event file (tensorboardX's ``EventsWriter``; opened on first use, and a new
+        file after finalize: a file is never reopened or overwritten)."""
         if self._writer is None:
-            self._writer = _summary_writer_class()(logdir=self.log_dir, purge_step=self._purge_step)
+            event_file = _tensorboardx("tensorboardX.event_file_writer")
+            os.makedirs(self.log_dir, exist_ok=True)
+            self._writer = event_file.EventsWriter(os.path.join(self.log_dir, "events"),
+                                                   filename_suffix=f".{os.getpid()}.{uuid.uuid4().hex[:6]}")
+            if self._purge_step is not None:  # TensorBoard hides the earlier files' events from this step on
+                event_pb2 = _tensorboardx("tensorboardX.proto.event_pb2")
+                self._write_event(step=self._purge_step,
+                                  session_log=event_pb2.SessionLog(status=event_pb2.SessionLog.START))
             self._purge_step = None
         return self._writer
+
+    def _write_event(self, step: int, **fields) -> None:
+        event_pb2 = _tensorboardx("tensorboardX.proto.event_pb2")
+        self.writer.write_event(event_pb2.Event(wall_time=time.time(), step=int(step), **fields))
 
     def resume_from_step(self, step: int) -> None:
         """TensorBoard drops events after ``step`` written by the interrupted run (purge_step)."""
@@ -72,15 +87,19 @@ class TensorBoardLogger(Logger):
         except yaml.YAMLError:  # values that are not plain data: show their repr
             text = "\n".join(f"{key}: {value!r}" for key, value in params.items())
         # Indented: TensorBoard renders the text as markdown, and an indented block keeps YAML as is.
-        self.writer.add_text("hparams", "".join(f"    {line}\n" for line in text.splitlines()), global_step=0)
+        summary = _tensorboardx("tensorboardX.summary")
+        self._write_event(0, summary=summary.text("hparams", "".join(f"    {line}\n" for line in text.splitlines())))
 
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
-        for key, value in metrics.items():
-            self.writer.add_scalar(key, float(value), global_step=int(step))
+        summary_pb2 = _tensorboardx("tensorboardX.proto.summary_pb2")
+        values = [summary_pb2.Summary.Value(tag=key, simple_value=float(value)) for key, value in metrics.items()]
+        if values:
+            self._write_event(step, summary=summary_pb2.Summary(value=values))
 
     def log_image(self, tag: str, image: Any, step: int) -> None:
         array = as_image(image)
-        self.writer.add_image(tag, array, global_step=int(step), dataformats="HWC" if array.ndim == 3 else "HW")
+        summary = _tensorboardx("tensorboardX.summary")
+        self._write_event(step, summary=summary.image(tag, array, dataformats="HWC" if array.ndim == 3 else "HW"))
 
     def flush(self) -> None:
         if self._writer is not None:
