@@ -11,12 +11,16 @@ all on the same data, model, initial parameters and optax transformation (see ``
   permutation, reshaped to (16, batch, ...) and transferred in one go (the data path flaxlight's
   ``steps_per_execution`` takes too: host-stacked blocks, one transfer per block);
 - flaxlight-16: ``TrainerModule(..., steps_per_execution=16).train_epoch(loader)``;
-- flaxlight: the same trainer without fusing (``steps_per_execution=1``), for reference.
+- flaxlight: the same trainer without fusing (``steps_per_execution=1``), for reference;
+- flaxlight-K for K in 2, 4, 8, 32 (with ``--all-k``, the default): the other fixed block lengths;
+- flaxlight-auto: ``steps_per_execution="auto"`` (it measures and chooses during its warm-up
+  epochs; the K it chose is printed).
 
 16384 examples at batch 128 make 128 steps per epoch: 8 whole blocks, no ragged tail on either
 side. Epochs are interleaved and the median over rounds of each ratio is reported.
 Targets: flaxlight-16 / hand-step >= 1.4 (tiny MLP 64-32-32-10) and >= 1.3 (digits MLP
-64-256-256-10); flaxlight-16 / hand-scan >= 0.97. hand-scan / hand-step is what fusing can give.
+64-256-256-10); flaxlight-16 / hand-scan >= 0.97; flaxlight-auto >= 0.95 of the best fixed K.
+hand-scan / hand-step is what fusing can give.
 
 Run:
     python benchmarks/fused.py              # full run (7 rounds of ~1 s per variant)
@@ -37,6 +41,8 @@ from common import Check, HandFunctions, Variant  # noqa: E402
 DEFAULT_WORKLOADS = ["tiny-128", "mlp-256-128"]
 TARGETS = {"tiny-128": 1.4, "mlp-256-128": 1.3}  # flaxlight-16 / hand-step
 TARGET_SCAN = 0.97  # flaxlight-16 / hand-scan
+TARGET_AUTO = 0.95  # flaxlight-auto / the best fixed K
+OTHER_K = (2, 4, 8, 32)
 
 
 def run_workload(name, args, log_root):
@@ -50,12 +56,25 @@ def run_workload(name, args, log_root):
     variants = [Variant("hand-step", hand["numpy"], steps), Variant("hand-scan", hand["scan"], steps),
                 Variant(f"flaxlight-{args.k}", common.trainer_epoch(fused, loader), steps),
                 Variant("flaxlight", common.trainer_epoch(single, loader), steps)]
-    return common.time_workload(name, variants, args)
+    if args.all_k:
+        for k in OTHER_K:
+            trainer = common.ready_for_epochs(
+                common.make_trainer(workload, os.path.join(log_root, f"{name}-{k}"), steps_per_execution=k), steps)
+            variants.append(Variant(f"flaxlight-{k}", common.trainer_epoch(trainer, loader), steps))
+        auto = common.ready_for_epochs(
+            common.make_trainer(workload, os.path.join(log_root, name + "-auto"), steps_per_execution="auto"), steps)
+        variants.append(Variant("flaxlight-auto", common.trainer_epoch(auto, loader), steps))
+    timing = common.time_workload(name, variants, args)
+    if args.all_k:
+        print(f"  {name}: steps_per_execution='auto' chose {auto.engine.block_length}")
+    return timing
 
 
 def main(argv: Sequence[str] | None = None) -> list[dict]:
     parser = common.timing_parser(__doc__, default_workloads=DEFAULT_WORKLOADS)
     parser.add_argument("--k", type=int, default=16, help="steps per execution / per scan (default 16)")
+    parser.add_argument("--no-all-k", dest="all_k", action="store_false",
+                        help="skip the other fixed block lengths and 'auto'")
     args = common.finish_args(parser.parse_args(argv))
     load = common.print_header(
         f"Benchmark 2: flaxlight steps_per_execution={args.k} vs hand-written per-step and lax.scan loops",
@@ -64,13 +83,21 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     timings = common.run_workloads(args, "fused", run_workload)
 
     fused = f"flaxlight-{args.k}"
-    variants = ["hand-step", "hand-scan", fused, "flaxlight"]
+    fixed = ["flaxlight"] + [f"flaxlight-{k}" for k in sorted({args.k, *OTHER_K})] if args.all_k else []
+    variants = ["hand-step", "hand-scan", fused, "flaxlight"] + (
+        [v for v in fixed if v not in (fused, "flaxlight")] + ["flaxlight-auto"] if args.all_k else [])
     pairs = [(fused, "hand-step"), (fused, "hand-scan"), ("hand-scan", "hand-step"), ("flaxlight", "hand-step")]
+    if args.all_k:
+        pairs += [(k, "hand-step") for k in fixed if k not in (fused, "flaxlight")] + [("flaxlight-auto", "hand-step")]
     checks = []
     for name, t in timings.items():
         if name in TARGETS:
             checks.append(Check(f"{name}: {fused} / hand-step", t.ratio(fused, "hand-step"), TARGETS[name]))
         checks.append(Check(f"{name}: {fused} / hand-scan", t.ratio(fused, "hand-scan"), TARGET_SCAN))
+        if args.all_k:
+            best = max(fixed, key=lambda k: t.ratio(k, "hand-step"))
+            checks.append(Check(f"{name}: flaxlight-auto / best fixed ({best})", t.ratio("flaxlight-auto", best),
+                                TARGET_AUTO))
     return common.report(timings, variants, pairs, checks, load)
 
 

@@ -273,7 +273,7 @@ CASES = [
     row("ctor-optimizer_hparams-a-string",
         lambda c: c.trainer(optimizer_hparams="adam"), TypeError, r"optimizer_hparams must be a dict.*got str"),
     row("ctor-steps_per_execution-0",
-        lambda c: c.trainer(steps_per_execution=0), ValueError, r"steps_per_execution must be a positive int; got 0"),
+        lambda c: c.trainer(steps_per_execution=0), ValueError, r"steps_per_execution must be a positive int, or .auto. \(measured in the first epoch\); got 0"),
     row("ctor-prefetch-negative",
         lambda c: c.trainer(prefetch=-1), ValueError, r"prefetch must be an int >= 0.*got -1"),
     row("ctor-log_every_n_steps-0",

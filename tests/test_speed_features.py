@@ -263,3 +263,39 @@ def test_device_epochs_transfer_nothing_per_step(tmp_path):
     with pytest.raises(Exception, match="Disallowed host-to-device transfer"):
         with jax.transfer_guard_host_to_device("disallow"):
             trainer.train_epoch(streamed)  # batch by batch: each step sends its batch
+
+
+def test_steps_per_execution_auto_measures_picks_a_block_length_and_trains_the_same(tmp_path, caplog):
+    train = ArrayLoader(*linear_data(2048, 0), batch_size=16, shuffle=True, seed=0)  # 128 steps per epoch
+    single, single_rows, _ = _run_on(tmp_path, "single", train, log_every_n_steps=32)
+    auto, auto_rows, trainer = _run_on(tmp_path, "auto", train, log_every_n_steps=32, steps_per_execution="auto")
+    chosen = trainer.engine.block_length
+    assert chosen in (1, 2, 4, 8, 16, 32)
+    said = [r.getMessage() for r in caplog.records if "steps_per_execution='auto'" in r.getMessage()]
+    assert len(said) == 1 and f"{chosen} step(s) per dispatch" in said[0], said
+    # The measurement trains a copy: every step of the run is trained once, in order.
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), auto, single)
+    assert [row["step"] for row in auto_rows] == [row["step"] for row in single_rows]
+    assert int(trainer.state.step) == 3 * 128
+
+
+def _run_on(tmp_path, name, train, **kwargs):
+    trainer = RegressTrainer(model_class=TinyMLP, model_hparams={"hidden_dims": [16]},
+                             optimizer_hparams={"optimizer": "adam", "lr": 1e-2}, exmp_input=X0,
+                             **quiet(tmp_path, logger_params={"log_dir": str(tmp_path / name)}, **kwargs))
+    trainer.train_model(train, None, num_epochs=3)
+    with open(tmp_path / name / "metrics.csv") as f:
+        rows = [{k: v for k, v in row.items() if k != "epoch_time"} for row in csv.DictReader(f)]
+    return jax.device_get(trainer.state.params), rows, trainer
+
+
+@pytest.mark.parametrize("single, fused, expected", [
+    (100e-6, 40e-6, 32),   # dispatch 64 us next to 36 us of work: as many steps per dispatch as allowed
+    (300e-6, 250e-6, 8),   # dispatch 53 us, work 247 us: 53/8 = 6.7 us <= 3% of 247 us
+    (2e-3, 1.99e-3, 1),    # dispatch ~0.5% of a step: single steps
+    (1e-3, 1.05e-3, 1),    # blocks slower (noise): single steps
+])
+def test_block_length_for_splits_the_dispatch_cost_until_it_is_small(single, fused, expected):
+    from flaxlight.engine import block_length_for
+
+    assert block_length_for(single, fused, fused_length=16) == expected

@@ -41,12 +41,35 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from flaxlight import distributed as dist
+from flaxlight.messages import logger as messages
 from flaxlight.data import (ArrayLoader, DeviceEpoch, Prefetcher, check_batch, group_batches, positioned_iterator,
                             same_shapes, take_batches)
 from flaxlight.lean import LeanLoop, strip_idle_fields
-from flaxlight.metrics import accumulate, all_finite, batch_size, fresh_zeros, init_accumulator, tree_finite
+from flaxlight.metrics import (accumulate, all_finite, batch_size, fresh_zeros, init_accumulator, tree_finite,
+                               device_copy as device_copy_of)
 
-__all__ = ["Engine", "Feed", "Span", "LearningRateTable", "check_step_pair"]
+__all__ = ["Engine", "Feed", "Span", "LearningRateTable", "check_step_pair", "block_length_for"]
+
+BLOCK_LENGTHS = (1, 2, 4, 8, 16, 32)  # what steps_per_execution="auto" chooses from
+
+
+def block_length_for(single: float, fused: float, fused_length: int, max_share: float = 0.03) -> int:
+    """The block length that ``steps_per_execution="auto"`` picks from the seconds per step of
+    single steps (``single``) and of blocks of ``fused_length`` steps (``fused``): the cost of
+    a dispatch, ``(single - fused) * L / (L - 1)``, is split over K steps until it is at most
+    ``max_share`` of a step's own work. 1 when fusing saves nothing.
+
+    Example:
+        >>> block_length_for(single=100e-6, fused=40e-6, fused_length=16)   # dispatch 64 us, work 36 us
+        32
+        >>> block_length_for(single=2e-3, fused=1.99e-3, fused_length=16)
+        1
+    """
+    dispatch = (single - fused) * fused_length / (fused_length - 1)
+    work = single - dispatch
+    if dispatch <= max_share * single or work <= 0:
+        return 1 if dispatch <= max_share * single else BLOCK_LENGTHS[-1]
+    return next((k for k in BLOCK_LENGTHS if dispatch / k <= max_share * work), BLOCK_LENGTHS[-1])
 
 
 @dataclasses.dataclass
@@ -140,14 +163,17 @@ class Engine:
     (``"stop"``/``"skip"``, a NaNGuard's action) also checks each step's updated params.
     """
 
-    def __init__(self, train_step: Callable, eval_step: Callable, *, steps_per_execution: int = 1,
+    def __init__(self, train_step: Callable, eval_step: Callable, *, steps_per_execution: int | str = 1,
                  nonfinite_guard: str | None = None, prefetch: int = 0, debug: bool = False):
         self.step_functions = {"train": train_step, "eval": eval_step}
-        self.block_length, self.prefetch, self.debug = steps_per_execution, prefetch, debug
+        # "auto": single steps until the first epoch has been measured (see choose_block_length)
+        self.choosing_block_length = steps_per_execution == "auto" and not debug
+        self.block_length = 1 if steps_per_execution == "auto" else steps_per_execution
+        self.prefetch, self.debug, self.guard = prefetch, debug, nonfinite_guard
         self.mesh = None
         self.compile_time: float | None = None  # the first step's wall time, compilation included
         self.learning_rates = LearningRateTable(self._jit)
-        self._functions = _loop_functions(train_step, eval_step, block_length=steps_per_execution,
+        self._functions = _loop_functions(train_step, eval_step, block_length=self.block_length,
                                           guard=nonfinite_guard)
         self._templates: dict = {}
         self._eval_compiler: threading.Thread | None = None
@@ -267,10 +293,45 @@ class Engine:
             if span.acc is None:
                 span.acc = start_sums(feed.first_batch)
             self.run(feed, span, schedule, on_event)
+            if self.choosing_block_length and span.batches >= 2 * BLOCK_LENGTHS[-1]:
+                self.choose_block_length(span.state, feed.first_batch)
             if feed.path == "indexed" and more_epochs():
                 self._epoch_ahead = DeviceEpoch(loader, stop=stop, epoch=loader.epoch + 1)
         finally:
             feed.close()
+
+    def choose_block_length(self, state, batch, budget: float = 0.3) -> int:
+        """``steps_per_execution="auto"``: time single steps and blocks of 16 on ``batch`` (on
+        a copy of ``state``: training is not changed), pick the block length with
+        :func:`block_length_for` and use it from the next span (epoch) on. Steps of 5 ms or
+        more keep single steps without timing blocks. Takes about ``budget`` seconds, plus
+        compiling a block. On a mesh, single steps are kept."""
+        self.choosing_block_length = False
+        if self.mesh is not None:
+            return self.block_length
+        batch, fused_length = jax.device_put(batch), 16
+        state, acc = device_copy_of(state), self.zero_sums("train", state, batch)
+        state, acc = jax.block_until_ready(self._train(state, acc, batch))
+        start = time.perf_counter()
+        state, acc = jax.block_until_ready(self._train(state, acc, batch))
+        single = time.perf_counter() - start
+        if single < 5e-3:
+            count = max(fused_length, min(512, int(budget / 2 / max(single, 1e-6))) // fused_length * fused_length)
+            single, state, acc = _seconds_per_step(lambda s, a: self._train(s, a, batch), state, acc, count)
+            block = jax.tree.map(lambda x: jnp.stack([x] * fused_length), batch)
+            state, acc = jax.block_until_ready(self._block(state, acc, block))  # compiles the block
+            fused, state, acc = _seconds_per_step(lambda s, a: self._block(s, a, block), state, acc,
+                                                  count // fused_length)
+            fused /= fused_length
+            self.block_length = block_length_for(single, fused, fused_length)
+            messages.info(f"steps_per_execution='auto': {self.block_length} step(s) per dispatch (measured "
+                          f"{single * 1e6:.0f} us per single step, {fused * 1e6:.0f} us per step in blocks of "
+                          f"{fused_length}).")
+        if self.block_length > 1:
+            self._functions = _loop_functions(*self.step_functions.values(), block_length=self.block_length,
+                                              guard=self.guard)
+            self._jit_loop()
+        return self.block_length
 
     def _to_device(self, item: tuple[int, Any]) -> tuple[int, Any]:
         """``(steps, batch or block)`` on the device(s), split over the mesh if any. A batch
@@ -470,6 +531,15 @@ def _in_flight_bound(mesh) -> Callable:
         return bounded
 
     return wrap
+
+
+def _seconds_per_step(run: Callable, state, acc, count: int) -> tuple[float, Any, Any]:
+    """Wall seconds per call of ``run(state, acc) -> (state, acc)`` over ``count`` calls."""
+    start = time.perf_counter()
+    for _ in range(count):
+        state, acc = run(state, acc)
+    state, acc = jax.block_until_ready((state, acc))
+    return (time.perf_counter() - start) / count, state, acc
 
 
 def _first_of(head: tuple[int, Any]):
