@@ -122,6 +122,32 @@ def make_loader(workload: Workload, seed: int = 0) -> flaxlight.ArrayLoader:
     return flaxlight.ArrayLoader(x, y, batch_size=workload.batch_size, shuffle=True, seed=seed, drop_last=True)
 
 
+class UserLoader:
+    """A loader as users write one: a class whose ``__iter__`` yields numpy ``(x, y)`` batches of
+    a shuffled epoch (numpy permutation, fancy indexing), with ``__len__`` and ``set_epoch``.
+    flaxlight knows nothing of it (no device epochs): each batch is put on the device per step."""
+
+    def __init__(self, x: np.ndarray, y: np.ndarray, batch_size: int, seed: int = 0):
+        self.x, self.y, self.batch_size, self.seed, self.epoch = x, y, batch_size, seed, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return len(self.x) // self.batch_size
+
+    def __iter__(self):
+        order = np.random.default_rng((self.seed, self.epoch)).permutation(len(self.x))
+        for i in range(len(self)):
+            idx = order[i * self.batch_size:(i + 1) * self.batch_size]
+            yield self.x[idx], self.y[idx]
+
+
+def make_user_loader(workload: Workload, seed: int = 0) -> UserLoader:
+    x, y = workload.data()
+    return UserLoader(x, y, workload.batch_size, seed=seed)
+
+
 # ---------------------------------------------------------------------------------------- models
 class MLP(nn.Module):
     hidden_dims: Sequence[int]

@@ -28,6 +28,14 @@ Targets (tiny MLP 64-32-32-10 at batch 128, where per-step overhead shows; for t
 models compute dominates and the ratios are printed for information): flaxlight / keras >= 2.3,
 flaxlight-16 / keras-16 >= 1.9.
 
+The default path (``--no-default-path`` skips it): whole runs as each library's user writes them
+first, every default on. flaxlight-default: a fresh trainer, ``train_model(loader, None,
+num_epochs=N)`` with its default checkpoints, CSV + TensorBoard loggers and a progress bar;
+keras-default: a fresh model, ``compile(optimizer, loss)`` and ``fit(x, y, batch_size=B,
+epochs=N)`` with Keras' defaults (its progress bar, ``jit_compile="auto"``, shuffling). Both
+bars write to /dev/null. Timed: epoch start to epoch start, the first epoch of a run (compiling)
+dropped. Target: flaxlight-default ahead of keras-default on every row (ratio > 1).
+
 Run:
     python benchmarks/keras_peer.py              # full run (3 workloads, 7 rounds of ~1 s per variant)
     python benchmarks/keras_peer.py --quick      # smoke run (tiny MLP only)
@@ -39,6 +47,7 @@ import os
 
 os.environ.setdefault("KERAS_BACKEND", "jax")  # before keras is imported (here and anywhere)
 
+import contextlib  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
@@ -52,6 +61,7 @@ from common import Check, HandFunctions, Variant  # noqa: E402
 DEFAULT_WORKLOADS = ["tiny-128", "mlp-256-128", "wide-512-1024"]
 QUICK_WORKLOADS = ["tiny-128"]
 TARGETS = {"tiny-128": {("flaxlight", "keras"): 2.3, ("flaxlight-16", "keras-16"): 1.9}}
+TARGET_DEFAULT = 1.0  # flaxlight-default / keras-default, every row
 OPTIMIZER_HPARAMS = {**common.OPTIMIZER_HPARAMS, "schedule": "constant"}  # Keras' Adam: a constant rate
 K = 16
 
@@ -97,6 +107,71 @@ def keras_timer(keras, workload: common.Workload, steps_per_execution: int, fit_
     return run
 
 
+def keras_default_run(keras, workload: common.Workload, num_epochs: int):
+    """A timer over whole default ``fit`` runs of a fresh model: the steady epoch periods."""
+    x, y = workload.data()
+
+    class Clock(keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.starts = []
+
+        def on_epoch_begin(self, epoch, logs=None):
+            self.starts.append(time.perf_counter())
+
+        def on_train_end(self, logs=None):
+            self.starts.append(time.perf_counter())
+
+    def run(_):
+        model = keras.Sequential(
+            [keras.Input((x.shape[1],))] + [keras.layers.Dense(h, activation="relu") for h in workload.hidden]
+            + [keras.layers.Dense(common.NUM_CLASSES)])
+        model.compile(optimizer=keras.optimizers.Adam(learning_rate=1e-3),
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        clock = Clock()
+        with open(os.devnull, "w") as devnull, contextlib.redirect_stdout(devnull):
+            model.fit(x, y, batch_size=workload.batch_size, epochs=num_epochs, callbacks=[clock])
+        return clock.starts[-1] - clock.starts[1]  # epochs 2..N, each with its end-of-epoch work
+
+    return run
+
+
+def flaxlight_default_run(workload: common.Workload, loader, num_epochs: int, log_root: str):
+    """A timer over whole default ``train_model`` runs of a fresh trainer: the steady epoch periods."""
+    from flaxlight.callbacks import ProgressBar
+
+    runs = [0]
+
+    class Clock(common.EpochClock):
+        def on_fit_end(self, trainer):
+            self.starts.append(time.perf_counter())
+
+    def run(_):
+        runs[0] += 1
+        clock = Clock()
+        trainer = common.make_trainer(workload, os.path.join(log_root, f"default-{runs[0]}"),
+                                      optimizer_hparams=OPTIMIZER_HPARAMS, callbacks=[clock, ProgressBar(style="bars")])
+        with open(os.devnull, "w") as devnull, contextlib.redirect_stderr(devnull):
+            trainer.train_model(loader, None, num_epochs=num_epochs)
+        return clock.starts[-1] - clock.starts[1]
+
+    return run
+
+
+def run_default_path(name, args, log_root):
+    keras = import_keras()
+    workload = common.WORKLOADS[name]
+    loader = common.make_loader(workload)
+    num_epochs = 2 + max(2, round(args.seconds * 2 * 1000 / (len(loader) * STEP_MS.get(name, 1.0))))
+    steady = (num_epochs - 1) * len(loader)
+    variants = [Variant("flaxlight-default", flaxlight_default_run(workload, loader, num_epochs, log_root), steady),
+                Variant("keras-default", keras_default_run(keras, workload, num_epochs), steady)]
+    return common.time_workload(name, variants, args, unit=f"run(s) of {num_epochs} epochs", epochs=1, warmup=1)
+
+
+STEP_MS = {"tiny-128": 0.25, "mlp-256-128": 1.2, "wide-512-1024": 30.0}  # rough, to size the default-path runs
+
+
 def run_workload(name, args, log_root):
     keras = import_keras()
     workload = common.WORKLOADS[name]
@@ -121,7 +196,10 @@ def run_workload(name, args, log_root):
 
 def main(argv: Sequence[str] | None = None) -> list[dict]:
     parser = common.timing_parser(__doc__, default_workloads=DEFAULT_WORKLOADS)
+    parser.add_argument("--no-default-path", dest="default_path", action="store_false",
+                        help="skip the whole-run comparison with every default on")
     args = common.finish_args(parser.parse_args(argv), QUICK_WORKLOADS)
+    os.environ.pop("CI", None)  # bars stay bars, as users see them
     keras = import_keras()
     load = common.print_header(
         "Benchmark 4: flaxlight vs Keras 3 model.fit on JAX (steps/s, ratios of interleaved epochs)",
@@ -136,9 +214,17 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
               for n in timings for (a, b), target in TARGETS.get(n, {}).items()]
     overhead = "\n".join(f"  {n:<14} " + ", ".join(f"{v} {s * 1000:.1f} ms" for v, s in t.extra["keras_fit_call_overhead_s"].items())
                          for n, t in timings.items())
-    return common.report(timings, variants, pairs, checks, load, range_pairs=pairs[:2], notes=[
+    results = common.report(timings, variants, pairs, checks, load, range_pairs=pairs[:2], notes=[
         "Keras' once-per-fit-call overhead (not in the rates above; paid once per fit(), here once per epoch):\n"
         + overhead])
+    if not args.default_path:
+        return results
+    print("\nThe default path: whole runs, every default on (see the docstring)")
+    defaults = common.run_workloads(args, "keras-default", run_default_path)
+    pairs = [("flaxlight-default", "keras-default")]
+    checks = [Check(f"{n}: flaxlight-default / keras-default", t.ratio(*pairs[0]), TARGET_DEFAULT)
+              for n, t in defaults.items()]
+    return results + common.report(defaults, ["flaxlight-default", "keras-default"], pairs, checks, load)
 
 
 if __name__ == "__main__":

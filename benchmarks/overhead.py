@@ -14,13 +14,17 @@ MLP). Variants:
   host-to-device copy that flaxlight's data path pays);
 - flaxlight: a ``TrainerModule`` subclass that only writes ``loss_fn``; ``init_optimizer`` once,
   then ``trainer.train_epoch(loader)`` (its default CSV/TensorBoard loggers included);
+- hand-user / flaxlight-user: the hand loop and the trainer fed a loader as users write one
+  (``common.UserLoader``: a class yielding numpy batches of a shuffled epoch); flaxlight puts
+  each batch on the device per step, as the hand loop does;
 - flaxlight+all: the same with the progress bar (tqdm to stderr; CI unset), the
   LearningRateMonitor, ThroughputMonitor, NaNGuard and Timer callbacks and CSV + TensorBoard
   loggers (issue 5's target: >= 0.95 of hand-np).
 
 Epochs are interleaved (see ``common.interleave``); a round is ~``--seconds`` of hand-np epochs per
 variant and gives one ratio per pair; the median over rounds is reported.
-Target: flaxlight / hand >= 0.97 for every workload, against both hand loops (the hand-dev ratio
+Target: flaxlight / hand >= 0.97 for every workload, against both hand loops and with the user's
+loader (flaxlight-user / hand-user) (the hand-dev ratio
 below target says that a device-resident data path would pay off, not that the loop is slow).
 This is not a test: timings are noisy, and only ratios of interleaved runs mean anything.
 
@@ -34,6 +38,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Sequence
 
@@ -54,8 +59,15 @@ def run_workload(name, args, log_root):
     steps = len(loader)
     trainer = common.ready_for_epochs(common.make_trainer(workload, os.path.join(log_root, name)), steps)
     hand = common.hand_timers(HandFunctions(trainer.model.apply), trainer, loader)
+    user = common.make_user_loader(workload)
+    user_trainer = common.ready_for_epochs(common.make_trainer(workload, os.path.join(log_root, name + "-user")),
+                                           steps)
+    hand_user = common.HandLoop(HandFunctions(trainer.model.apply), trainer)
     variants = [Variant("hand-np", hand["numpy"], steps), Variant("hand-dev", hand["device"], steps),
-                Variant("flaxlight", common.trainer_epoch(trainer, loader), steps)]
+                Variant("flaxlight", common.trainer_epoch(trainer, loader), steps),
+                Variant("hand-user", _user_epoch(lambda: hand_user.epoch_numpy(user), user), steps),
+                Variant("flaxlight-user", _user_epoch(lambda: user_trainer.train_epoch(user)["train/loss"], user),
+                        steps)]
     if args.bar:
         # Every built-in callback that acts within an epoch, and two loggers.
         full = common.make_trainer(
@@ -64,6 +76,17 @@ def run_workload(name, args, log_root):
         variants.append(Variant("flaxlight+all", common.trainer_epoch(common.ready_for_epochs(full, steps), loader),
                                 steps))
     return common.time_workload(name, variants, args)
+
+
+def _user_epoch(run, loader):
+    """A timer for one epoch of ``run()`` on ``loader``'s epoch ``e``."""
+    def timed(epoch):
+        loader.set_epoch(epoch)
+        start = time.perf_counter()
+        loss = run()
+        return time.perf_counter() - start, loss
+
+    return timed
 
 
 def main(argv: Sequence[str] | None = None) -> list[dict]:
@@ -78,14 +101,16 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     timings = common.run_workloads(args, "overhead", run_workload)
 
     flax_variants = ["flaxlight"] + (["flaxlight+all"] if args.bar else [])
-    pairs = [(v, h) for v in flax_variants for h in ("hand-np", "hand-dev")]
+    pairs = [(v, h) for v in flax_variants for h in ("hand-np", "hand-dev")] + [("flaxlight-user", "hand-user")]
     checks = []
     for name, t in timings.items():
         for hand in ("hand-np", "hand-dev"):
             checks.append(Check(f"{name}: flaxlight / {hand}", t.ratio("flaxlight", hand), TARGET))
+        checks.append(Check(f"{name}: flaxlight-user / hand-user", t.ratio("flaxlight-user", "hand-user"), TARGET))
         if args.bar:
             checks.append(Check(f"{name}: flaxlight+all / hand-np", t.ratio("flaxlight+all", "hand-np"), TARGET_ALL))
-    return common.report(timings, ["hand-np", "hand-dev"] + flax_variants, pairs, checks, load)
+    return common.report(timings, ["hand-np", "hand-dev"] + flax_variants + ["hand-user", "flaxlight-user"], pairs,
+                         checks, load)
 
 
 if __name__ == "__main__":

@@ -370,3 +370,25 @@ def test_importing_flaxlight_loggers_imports_neither_wandb_nor_mlflow():
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
+
+
+def test_tensorboard_hparams_tab_gets_the_hyperparameters_and_the_best_metrics(tmp_path, regression_loaders):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.plugins.hparams import plugin_data_pb2
+
+    train, val, _ = regression_loaders
+    trainer = _trainer(tmp_path)
+    best = trainer.train_model(train, val, num_epochs=3)
+
+    events = EventAccumulator(str(tmp_path / "run"), size_guidance={"tensors": 0})
+    events.Reload()
+    content = events.PluginTagToContent("hparams")
+    assert {"_hparams_/experiment", "_hparams_/session_start_info"} <= set(content)
+    session = plugin_data_pb2.HParamsPluginData.FromString(content["_hparams_/session_start_info"])
+    hparams = session.session_start_info.hparams
+    assert hparams["optimizer_hparams.lr"].number_value == pytest.approx(0.03)
+    assert hparams["model_hparams.hidden_dims"].string_value == "[16]"
+    experiment = plugin_data_pb2.HParamsPluginData.FromString(content["_hparams_/experiment"]).experiment
+    assert "best/val/loss" in {info.name.tag for info in experiment.metric_infos}
+    (point,) = events.Scalars("best/val/loss")
+    assert point.value == pytest.approx(best["val/loss"]) and point.step == trainer.global_step

@@ -199,3 +199,36 @@ def test_a_run_trained_with_a_ready_optax_object_loads_for_inference_and_asks_fo
     again = RegressTrainer.load_from_checkpoint(tmp_path / "run", exmp_input=linear_data(1)[0], with_optimizer=True,
                                                 optimizer_hparams=tx)
     assert again.state.opt_state is not None
+
+
+def test_flax_mnist_settings_with_constant_schedule_and_no_clipping_train_as_the_hand_loop(tmp_path):
+    """Flax's MNIST example settings (sgd 0.1, momentum 0.9) given with schedule="constant",
+    gradient_clip=None run exactly optax.sgd(0.1, momentum=0.9): the same params as a hand loop."""
+    import jax.numpy as jnp
+    import numpy as np
+    from conftest import ClassifyTrainer
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    x, y = (digits.data[:512] / 16.0).astype(np.float32), digits.target[:512].astype(np.int32)
+    hparams = {"optimizer": "sgd", "lr": 0.1, "momentum": 0.9, "schedule": "constant", "gradient_clip": None}
+    trainer = ClassifyTrainer(model_class=TinyMLP, model_hparams={"hidden_dims": [32], "output_dim": 10},
+                              optimizer_hparams=hparams, exmp_input=x[:1], **quiet(tmp_path))
+    params, tx = jax.tree.map(jnp.array, trainer.state.params), optax.sgd(0.1, momentum=0.9)
+    trainer.train_model(flaxlight.ArrayLoader(x, y, batch_size=64), None, num_epochs=3)
+
+    def loss(p, xb, yb):
+        logits = trainer.model.apply({"params": p}, xb)
+        return optax.softmax_cross_entropy_with_integer_labels(logits, yb).mean()
+
+    @jax.jit
+    def step(p, opt_state, xb, yb):
+        grads = jax.grad(loss)(p, xb, yb)
+        updates, opt_state = tx.update(grads, opt_state, p)
+        return optax.apply_updates(p, updates), opt_state
+
+    opt_state = tx.init(params)
+    for _ in range(3):
+        for i in range(0, 512, 64):
+            params, opt_state = step(params, opt_state, x[i:i + 64], y[i:i + 64])
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5), trainer.state.params, params)

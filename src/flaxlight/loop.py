@@ -27,15 +27,13 @@ __all__ = ["LoopState", "RunningLog", "EventSchedule", "SignalGuard", "Interrupt
 
 
 class RunningLog:
-    """Interval means of the train metrics at log points, read when their copies have arrived.
+    """Interval means of the train metrics at log points, read one log point late.
 
-    :meth:`mark` starts copying the sums at a log point and returns the earlier points whose
-    copies are on the host by now, oldest first, as ``(step, means, nonfinite)``: the training
-    thread never waits for the device at a log point (unless ``max_pending`` points are still
-    on their way). :meth:`flush` returns the rest, waiting for them.
+    :meth:`mark` starts copying the sums at a log point and returns the previous point's
+    ``(step, means, nonfinite)`` (a list, empty at the first point of an epoch), whose copy has
+    had a whole log interval to arrive: the training thread rarely waits, and callbacks hear of
+    each log point at the same moment in every run. :meth:`flush` returns the pending point now.
     """
-
-    max_pending = 8
 
     def __init__(self, prefix: str = "train/", suffix: str = "_step"):
         self.prefix, self.suffix = prefix, suffix
@@ -48,15 +46,13 @@ class RunningLog:
         self.last_count = 0.0
 
     def mark(self, step: int, acc: dict) -> list[tuple[int, dict[str, float], int]]:
-        """Start copying ``acc``; return the earlier log points' values that have arrived."""
-        arrived = []
-        while self.pending and (self.pending[0][1].ready() or len(self.pending) >= self.max_pending):
-            arrived.append(self._read(self.pending.popleft()))
+        """Start copying ``acc``; return the previous log point's values."""
+        arrived = self.flush()
         self.pending.append((step, HostSnapshot(acc)))
         return arrived
 
     def flush(self) -> list[tuple[int, dict[str, float], int]]:
-        """Every pending log point's values, now (waits for their copies)."""
+        """The pending log point's values, now (waits for its copy)."""
         arrived = [self._read(point) for point in self.pending]
         self.pending.clear()
         return arrived

@@ -15,6 +15,7 @@ Example:
 
 from __future__ import annotations
 
+import math
 from typing import Any, Mapping
 
 import jax
@@ -116,18 +117,25 @@ def _packed(tree) -> dict:
     """The leaves of ``tree`` flattened into one new vector per dtype (in leaf order)."""
     by_dtype: dict[str, list] = {}
     for leaf in jax.tree.leaves(tree):
-        by_dtype.setdefault(jnp.result_type(leaf).name, []).append(jnp.ravel(leaf))
+        by_dtype.setdefault(np.dtype(leaf.dtype).name, []).append(jnp.ravel(leaf))
     return {dtype: jnp.concatenate(parts) for dtype, parts in by_dtype.items()}
 
 
-def _unpacked(tree, packed: dict):
-    """Invert :func:`_packed` on the host: ``tree``'s structure with numpy leaves."""
+def _layout(tree) -> tuple:
+    """``(treedef, [(dtype name, size, shape), ...])``: where :func:`_packed` puts each leaf."""
     leaves, treedef = jax.tree.flatten(tree)
-    offsets = dict.fromkeys(packed, 0)
+    return treedef, [(np.dtype(leaf.dtype).name, math.prod(leaf.shape), tuple(leaf.shape))
+                     for leaf in leaves]
+
+
+def _unpacked(layout: tuple, packed: dict):
+    """Invert :func:`_packed` on the host: the tree of :func:`_layout` with numpy leaves."""
+    treedef, places = layout
+    arrays = {dtype: np.asarray(vector) for dtype, vector in packed.items()}
+    offsets = dict.fromkeys(arrays, 0)
     out = []
-    for leaf in leaves:
-        dtype, size = jnp.result_type(leaf).name, int(np.prod(np.shape(leaf)))
-        out.append(np.asarray(packed[dtype][offsets[dtype]:offsets[dtype] + size]).reshape(np.shape(leaf)))
+    for dtype, size, shape in places:
+        out.append(arrays[dtype][offsets[dtype]:offsets[dtype] + size].reshape(shape))
         offsets[dtype] += size
     return jax.tree.unflatten(treedef, out)
 
@@ -142,18 +150,14 @@ class HostSnapshot:
 
     def __init__(self, acc: dict):
         # New buffers (the training step donates the sums'), packed: few small device operations.
-        self._template, self._acc = acc, _packed(acc)
+        self._layout, self._acc = _layout(acc), _packed(acc)
         for leaf in self._acc.values():
             copy = getattr(leaf, "copy_to_host_async", None)
             if copy is not None:
                 copy()
 
-    def ready(self) -> bool:
-        """Whether the values are on the host (reading them now waits for nothing)."""
-        return all(leaf.is_ready() for leaf in jax.tree.leaves(self._acc) if hasattr(leaf, "is_ready"))
-
     def sums_and_count(self) -> tuple[dict[str, float], float, int]:
         """``(sums, examples, non-finite steps)`` on the host."""
-        host = _unpacked(self._template, to_host(self._acc))
+        host = _unpacked(self._layout, to_host(self._acc))
         sums = {k: float(np.asarray(v)) for k, v in host["sums"].items()}
         return sums, float(host["count"]), int(host.get("nonfinite", 0))

@@ -247,11 +247,14 @@ def _process_alive(pid: int) -> bool:
 
 
 def finish_run(status: str, checkpointer: Checkpointer, logger: LoggerCollection, lock: "RunLock | None",
-               before: Callable[[], None] | None = None) -> None:
+               before: Callable[[], None] | None = None, best: tuple[Mapping, int] | None = None) -> None:
     """End a run's files: ``before()`` (e.g. join background work), wait for the checkpoints, then
     finalize the loggers and release the lock whatever failed. A checkpoint write error is raised
-    after that cleanup, unless the run failed already (its own error stays the one raised)."""
+    after that cleanup, unless the run failed already (its own error stays the one raised).
+    ``best``: ``(metrics, step)`` of a successful run, given to the loggers' ``log_best_metrics``."""
     try:
+        if status == "success" and best is not None and best[0]:
+            logger.log_best_metrics(*best)
         if before is not None:
             before()
         checkpointer.wait()

@@ -126,8 +126,8 @@ class TrainerModule(TrainerViewMixin):
 
     def print_tabulate(self, exmp_input: Any) -> None:
         """Print the model's layers, shapes and parameter counts, and the optimizer in effect."""
-        table = self.model_adapter.tabulate(as_input_list(exmp_input))
-        print(f"{table}\nOptimizer: {optim.describe_optimizer(self.optimizer_hparams)}")
+        print(f"{self.model_adapter.tabulate(as_input_list(exmp_input))}\nOptimizer: "
+              f"{optim.describe_optimizer(self.optimizer_hparams)}")
 
     def init_optimizer(self, num_epochs: int, num_steps_per_epoch: int) -> None:
         """Build the optimizer for ``num_epochs * num_steps_per_epoch`` train steps; keep params.
@@ -141,9 +141,8 @@ class TrainerModule(TrainerViewMixin):
 
     # ------------------------------------------------------------------ steps
     def loss_fn(self, params, batch, *, train: bool, rng, state: TrainState):
-        """Override to return ``(loss, metrics)`` or ``(loss, (metrics, updates))``; ``updates``
-        holds changed model collections, as ``state.apply_model(params, x, train=train, rng=rng)``
-        returns them."""
+        """Override to return ``(loss, metrics)`` or ``(loss, (metrics, updates))``; ``updates``: the
+        changed model collections ``state.apply_model(params, x, train=train, rng=rng)`` returns."""
         raise NotImplementedError(f"{type(self).__name__} must override loss_fn(params, batch, *, train, rng, state) "
                                   f"or create_functions() returning (train_step, eval_step).")
 
@@ -225,7 +224,7 @@ class TrainerModule(TrainerViewMixin):
             self._call_callbacks("on_exception", exc)
             self._finish_files("failed")
             raise
-        self._finish_files("success")
+        self._finish_files("success", best=best_eval_metrics)
         return best_eval_metrics
 
     def _prepare_run(self, train_loader, val_loader, num_epochs: int, steps_per_epoch: int | None) -> int:
@@ -479,8 +478,9 @@ class TrainerModule(TrainerViewMixin):
         messages.info(interrupt.explain(self.global_step, self._loop.epoch, self.checkpointer.directory, self.log_dir))
         raise SystemExit(128 + interrupt.signum)
 
-    def _finish_files(self, status: str) -> None:
-        runfiles.finish_run(status, self.checkpointer, self.logger, self._run_lock, before=self.engine.close)
+    def _finish_files(self, status: str, best: dict | None = None) -> None:
+        runfiles.finish_run(status, self.checkpointer, self.logger, self._run_lock, before=self.engine.close,
+                            best=(best, self.global_step) if best else None)
 
     @classmethod
     def load_from_checkpoint(cls, checkpoint: str | os.PathLike, exmp_input: Any, which: str = "best",

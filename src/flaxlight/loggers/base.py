@@ -36,6 +36,10 @@ class Logger:
         The default does nothing: loggers that cannot show images (CSV) ignore them.
         """
 
+    def log_best_metrics(self, metrics: Mapping[str, float], step: int) -> None:
+        """The run's best validation metrics (and test metrics), once, at the end of a
+        successful ``train_model``; e.g. TensorBoard's HParams tab. The default does nothing."""
+
     def resume_from_step(self, step: int) -> None:
         """Continue a resumed run whose checkpoint was taken at ``step``: records logged after
         ``step`` by the interrupted run are dropped, so the history has no duplicates."""
@@ -104,6 +108,9 @@ class LoggerCollection(Logger):
 
     def log_image(self, tag: str, image: Any, step: int) -> None:
         self._send("log_image", tag, np.array(image), step)  # a copy: the caller may reuse its buffer
+
+    def log_best_metrics(self, metrics: Mapping[str, float], step: int) -> None:
+        self._send("log_best_metrics", dict(metrics), step)
 
     def resume_from_step(self, step: int) -> None:
         self._now("resume_from_step", step)

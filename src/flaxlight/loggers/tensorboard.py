@@ -9,7 +9,7 @@ import time
 import uuid
 from typing import Any, Mapping
 
-from flaxlight.loggers.base import Logger, as_image
+from flaxlight.loggers.base import Logger, as_image, flatten_params
 
 __all__ = ["TensorBoardLogger", "tensorboard_available"]
 
@@ -37,7 +37,9 @@ def _tensorboardx(module: str):
 class TensorBoardLogger(Logger):
     """Writes scalars and images to TensorBoard event files in ``log_dir``.
 
-    Hyperparameters appear as a YAML block in TensorBoard's Text tab (tag ``hparams``).
+    Hyperparameters appear as a YAML block in TensorBoard's Text tab (tag ``hparams``) and, with
+    the run's best metrics (``best/val/acc``, ...; written at the end of a successful
+    ``train_model``), in the HParams tab, where runs compare side by side.
     Events are written straight to the file by the thread that logs (flaxlight's background log
     writer): one event per log call, holding all its scalars, with no queue or thread of its own.
 
@@ -53,6 +55,7 @@ class TensorBoardLogger(Logger):
         self.log_dir = os.fspath(log_dir)
         self._writer = None
         self._purge_step: int | None = None
+        self._hparams: dict[str, Any] = {}
 
     @property
     def writer(self):
@@ -82,6 +85,8 @@ class TensorBoardLogger(Logger):
     def log_hyperparams(self, params: Mapping) -> None:
         import yaml
 
+        self._hparams = {key: value if isinstance(value, (bool, int, float, str)) else str(value)
+                         for key, value in flatten_params(params).items() if value is not None}
         try:
             text = yaml.safe_dump(dict(params), sort_keys=False, default_flow_style=False)
         except yaml.YAMLError:  # values that are not plain data: show their repr
@@ -95,6 +100,17 @@ class TensorBoardLogger(Logger):
         values = [summary_pb2.Summary.Value(tag=key, simple_value=float(value)) for key, value in metrics.items()]
         if values:
             self._write_event(step, summary=summary_pb2.Summary(value=values))
+
+    def log_best_metrics(self, metrics: Mapping[str, float], step: int) -> None:
+        """The HParams plugin's records: the hyperparameters logged before and the best metrics,
+        as scalars ``best/<name>`` at ``step``, which its table shows next to them."""
+        best = {f"best/{key}": float(value) for key, value in metrics.items()}
+        if not best:
+            return
+        summary = _tensorboardx("tensorboardX.summary")
+        for record in summary.hparams(self._hparams or {"run": os.path.basename(self.log_dir)}, best):
+            self._write_event(step, summary=record)
+        self.log_metrics(best, step)
 
     def log_image(self, tag: str, image: Any, step: int) -> None:
         array = as_image(image)
