@@ -1,0 +1,50 @@
+"""The documentation's code runs: every fenced python block marked ``<!-- runnable ... -->`` in the
+README and docs/ is executed, the blocks of one page in order in one namespace (a later block
+may use what an earlier one defined), in a fresh working directory."""
+
+import os
+import re
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+MARK = re.compile(r"^<!-- runnable\b.*-->\s*$")
+
+
+def runnable_blocks(page: Path) -> list[tuple[int, str]]:
+    """``(line number, code)`` of each python block whose fence follows a runnable mark."""
+    lines, blocks = page.read_text().splitlines(), []
+    for i, line in enumerate(lines):
+        if line.strip() == "```python" and i > 0 and MARK.match(lines[i - 1].strip()):
+            end = next(j for j in range(i + 1, len(lines)) if lines[j].strip() == "```")
+            blocks.append((i + 2, "\n".join(lines[i + 1:end])))
+    return blocks
+
+
+PAGES_WITH_CODE = [page for page in PAGES if runnable_blocks(page)]
+
+
+def test_the_readme_and_the_model_guide_have_runnable_blocks():
+    names = {page.name for page in PAGES_WITH_CODE}
+    assert {"README.md", "models.md"} <= names, names
+
+
+@pytest.mark.parametrize("page", PAGES_WITH_CODE, ids=lambda page: page.name)
+def test_runnable_doc_blocks_run(page, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("CI", "true")  # plain progress lines
+    # The page's code is a module, as a user's script is (hparams.yaml names classes by module).
+    module = types.ModuleType(f"docs_{page.stem}")
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    namespace = module.__dict__
+    for line, code in runnable_blocks(page):
+        try:
+            exec(compile(code, f"{page.relative_to(ROOT)}:{line}", "exec"), namespace)
+        except Exception as exc:
+            raise AssertionError(f"The code block at {page.relative_to(ROOT)}:{line} failed: "
+                                 f"{type(exc).__name__}: {exc}") from exc
+    assert os.listdir(tmp_path), "the blocks ran without writing a run folder"
