@@ -136,7 +136,7 @@ def keras_default_run(keras, workload: common.Workload, num_epochs: int):
     return run
 
 
-def flaxlight_default_run(workload: common.Workload, loader, num_epochs: int, log_root: str):
+def flaxlight_default_run(name: str, workload: common.Workload, loader, num_epochs: int, log_root: str):
     """A timer over whole default ``train_model`` runs of a fresh trainer: the steady epoch periods."""
     from flaxlight.callbacks import ProgressBar
 
@@ -149,7 +149,7 @@ def flaxlight_default_run(workload: common.Workload, loader, num_epochs: int, lo
     def run(_):
         runs[0] += 1
         clock = Clock()
-        trainer = common.make_trainer(workload, os.path.join(log_root, f"default-{runs[0]}"),
+        trainer = common.make_trainer(workload, os.path.join(log_root, f"{name}-default-{runs[0]}"),
                                       optimizer_hparams=OPTIMIZER_HPARAMS, callbacks=[clock, ProgressBar(style="bars")])
         with open(os.devnull, "w") as devnull, contextlib.redirect_stderr(devnull):
             trainer.train_model(loader, None, num_epochs=num_epochs)
@@ -164,7 +164,8 @@ def run_default_path(name, args, log_root):
     loader = common.make_loader(workload)
     num_epochs = 2 + max(2, round(args.seconds * 2 * 1000 / (len(loader) * STEP_MS.get(name, 1.0))))
     steady = (num_epochs - 1) * len(loader)
-    variants = [Variant("flaxlight-default", flaxlight_default_run(workload, loader, num_epochs, log_root), steady),
+    variants = [Variant("flaxlight-default", flaxlight_default_run(name, workload, loader, num_epochs, log_root),
+                        steady),
                 Variant("keras-default", keras_default_run(keras, workload, num_epochs), steady)]
     return common.time_workload(name, variants, args, unit=f"run(s) of {num_epochs} epochs", epochs=1, warmup=1)
 
@@ -198,6 +199,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     parser = common.timing_parser(__doc__, default_workloads=DEFAULT_WORKLOADS)
     parser.add_argument("--no-default-path", dest="default_path", action="store_false",
                         help="skip the whole-run comparison with every default on")
+    parser.add_argument("--default-path-only", action="store_true", help="only the whole-run comparison")
     args = common.finish_args(parser.parse_args(argv), QUICK_WORKLOADS)
     os.environ.pop("CI", None)  # bars stay bars, as users see them
     keras = import_keras()
@@ -205,6 +207,8 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
         "Benchmark 4: flaxlight vs Keras 3 model.fit on JAX (steps/s, ratios of interleaved epochs)",
         f"keras {keras.__version__}; {common.NUM_EXAMPLES} examples per epoch, {args.rounds} rounds, "
         f"adam 1e-3 constant, shuffled numpy arrays on both sides")
+    if args.default_path_only:
+        return default_path(args, load)
     timings = common.run_workloads(args, "keras-peer", run_workload)
 
     variants = ["hand", "flaxlight", "flaxlight-16", "keras", "keras-16"]
@@ -217,14 +221,16 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     results = common.report(timings, variants, pairs, checks, load, range_pairs=pairs[:2], notes=[
         "Keras' once-per-fit-call overhead (not in the rates above; paid once per fit(), here once per epoch):\n"
         + overhead])
-    if not args.default_path:
-        return results
+    return results + default_path(args, load) if args.default_path else results
+
+
+def default_path(args, load: float) -> list[dict]:
     print("\nThe default path: whole runs, every default on (see the docstring)")
     defaults = common.run_workloads(args, "keras-default", run_default_path)
     pairs = [("flaxlight-default", "keras-default")]
     checks = [Check(f"{n}: flaxlight-default / keras-default", t.ratio(*pairs[0]), TARGET_DEFAULT)
               for n, t in defaults.items()]
-    return results + common.report(defaults, ["flaxlight-default", "keras-default"], pairs, checks, load)
+    return common.report(defaults, ["flaxlight-default", "keras-default"], pairs, checks, load)
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ LAYERS: dict[str, int] = {
     **dict.fromkeys(["state", "metrics", "optim", "models", "data", "checkpoint", "distributed", "lean",
                      "loggers", "registry", "progress", "messages", "writer"], 0),
     **dict.fromkeys(["options", "step", "engine", "loop", "runfiles", "resume", "callbacks",
-                     "view"], 1),  # view: the trainer's TrainerViewMixin (TrainerView for callbacks)
+                     "view", "verbs"], 1),  # view / verbs: the trainer's mixins (TrainerView; predict, test)
     "trainer": 2,
     **dict.fromkeys(["config", "zoo"], 3),
     **dict.fromkeys(["tune", "cli", "plot", "__main__"], 4),

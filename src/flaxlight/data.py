@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 import jax
 import numpy as np
 
-__all__ = ["ArrayLoader", "DeviceEpoch", "Prefetcher", "check_batch", "group_batches", "take_batches"]
+__all__ = ["ArrayLoader", "DeviceEpoch", "Prefetcher", "as_loader", "check_batch", "group_batches", "take_batches"]
 
 DEVICE_EPOCH_MAX_BYTES = 1 << 30
 
@@ -436,3 +436,28 @@ class Prefetcher:
     def close(self) -> None:
         self._stop.set()
         self._thread.join(timeout=5)
+
+
+def as_loader(data: Any, batch_size: int | None = None, *, what: str = "data", shuffle: bool = False,
+              seed: int = 0) -> Any:
+    """``data`` as something to iterate batches from: an array, a tuple of arrays or a dict of
+    arrays becomes an :class:`ArrayLoader` of ``batch_size``; anything else (a loader, a list
+    of batches) is returned as it is. ``what`` names the argument in errors.
+
+    Example:
+        >>> len(as_loader((np.zeros((10, 3)), np.zeros(10)), batch_size=4))
+        3
+    """
+    arrays = isinstance(data, (np.ndarray, jax.Array)) or (
+        isinstance(data, (tuple, dict)) and data and all(
+            isinstance(v, (np.ndarray, jax.Array)) and np.ndim(v) >= 1
+            for v in (data.values() if isinstance(data, dict) else data)))
+    if not arrays:
+        if batch_size is not None:
+            raise ValueError(f"batch_size is for arrays; {what} is a {type(data).__name__} (a loader: its batches "
+                             f"are used as they are). Drop batch_size, or pass arrays.")
+        return data
+    if batch_size is None:
+        raise ValueError(f"{what} is arrays: pass batch_size=... to split them into batches.")
+    parts = data if isinstance(data, tuple) else (data,)
+    return ArrayLoader(*parts, batch_size=batch_size, shuffle=shuffle, seed=seed)

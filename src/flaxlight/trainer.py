@@ -30,12 +30,13 @@ from flaxlight.options import TrainerOptions, check_trainer_arguments
 from flaxlight.progress import progress
 from flaxlight.state import TrainState
 from flaxlight.step import TrainStep
+from flaxlight.verbs import TrainerVerbsMixin
 from flaxlight.view import TrainerViewMixin
 
 __all__ = ["TrainerModule", "TrainerOptions"]
 
 
-class TrainerModule(TrainerViewMixin):
+class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
     """The trainer: owns the loop, logging, checkpoints and the best model.
 
     Example (only the loss is written; the trainer builds the steps):
@@ -280,16 +281,6 @@ class TrainerModule(TrainerViewMixin):
             self.save_metrics("best_eval", eval_metrics)
         loop.validated = loop.phase == "val"  # an epoch's validation: a checkpoint from now on says it ran
         self._call_callbacks("on_validation_end", loop.epoch, eval_metrics)
-
-    def _test(self, test_loader) -> dict[str, float]:
-        """Restore the best checkpoint (when there is one) and evaluate it on ``test_loader``."""
-        if self.checkpointer.all_steps():
-            self.load_model()
-        test_metrics = self.eval_model(test_loader, log_prefix="test/")
-        self._log(test_metrics)
-        self.save_metrics("test", test_metrics)
-        self._call_callbacks("on_test_end", test_metrics)
-        return test_metrics
 
     def train_epoch(self, train_loader: Iterable) -> dict[str, float]:
         """One pass over ``train_loader``; returns ``train/...`` means and ``epoch_time``.

@@ -1,0 +1,85 @@
+"""``TrainerVerbsMixin``: what a trained model is for, as trainer methods: ``predict`` and ``test``.
+
+:class:`~flaxlight.trainer.TrainerModule` inherits it. Both take a loader, or arrays and a
+``batch_size`` (see :func:`flaxlight.data.as_loader`).
+
+Example:
+    >>> probabilities = trainer.predict(x_test, batch_size=256)          # doctest: +SKIP
+    >>> trainer.test((x_test, y_test), batch_size=256)                   # doctest: +SKIP
+    {'test/loss': 0.08, 'test/acc': 0.97}
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import numpy as np
+
+from flaxlight import resume
+from flaxlight.data import as_loader
+
+__all__ = ["TrainerVerbsMixin"]
+
+
+def _model_inputs(batch: Any) -> Any:
+    """The part of a batch the model takes: the first element of a tuple / list, else the batch."""
+    return batch[0] if isinstance(batch, (tuple, list)) else batch
+
+
+class TrainerVerbsMixin:
+    """``predict`` and ``test`` (see the module docstring)."""
+
+    def predict(self, data: Any, *, batch_size: int | None = None, which: str = "current") -> Any:
+        """The model's outputs on ``data`` in eval mode, stacked over batches (numpy arrays, in
+        the structure the model returns).
+
+        ``data``: a loader (its batches' first element, or the whole batch when it is not a
+        tuple, is the model's input), or an array / a tuple of arrays with ``batch_size``.
+        ``which``: ``"current"`` (the trainer's state now), ``"best"`` or ``"last"`` (that
+        checkpoint, restored for this call; ``self.state`` is not changed). One jitted call per
+        batch (the shorter last batch compiles once); outputs are copied to the host as they
+        are made and read once at the end.
+
+        Example:
+            >>> logits = trainer.predict(x_test, batch_size=256, which="best")   # doctest: +SKIP
+        """
+        loader = as_loader(data, batch_size, what="predict's data")
+        state = self._state_for(which)
+        if getattr(self, "_predict_step", None) is None:
+            self._predict_step = jax.jit(lambda state, inputs: state.apply_model(state.params, inputs, train=False)[0])
+        outputs = []
+        for batch in loader:
+            out = self._predict_step(state, _model_inputs(batch))
+            for leaf in jax.tree.leaves(out):
+                leaf.copy_to_host_async()
+            outputs.append(out)
+        if not outputs:
+            raise ValueError("predict's data yielded no batches: check its size and batch_size.")
+        return jax.tree.map(lambda *parts: np.concatenate([np.asarray(p) for p in parts]), *jax.device_get(outputs))
+
+    def test(self, data: Any, *, batch_size: int | None = None) -> dict[str, float]:
+        """Evaluate the best checkpoint (the current state when none was saved) on ``data`` as
+        ``train_model(..., test_loader=...)`` does: ``test/...`` metrics, logged, saved to
+        ``metrics/test.json`` and returned; callbacks hear ``on_test_end``. ``data`` as in
+        :meth:`predict` (with labels: ``(x, y)`` plus ``batch_size``)."""
+        return self._test(as_loader(data, batch_size, what="test's data"))
+
+    def _test(self, test_loader) -> dict[str, float]:
+        """Restore the best checkpoint (when there is one) and evaluate it on ``test_loader``."""
+        if self.checkpointer.all_steps():
+            self.load_model()
+        test_metrics = self.eval_model(test_loader, log_prefix="test/")
+        self._log(test_metrics)
+        self.save_metrics("test", test_metrics)
+        self._call_callbacks("on_test_end", test_metrics)
+        return test_metrics
+
+    def _state_for(self, which: str):
+        if which == "current":
+            return self.state
+        if which not in ("best", "last"):
+            raise ValueError(f"which must be 'current', 'best' or 'last'; got {which!r}.")
+        self.checkpointer.wait()
+        step = resume.pick_checkpoint(self.checkpointer, which)
+        return self.checkpointer.restore(self.state, step=step, with_opt_state=False)

@@ -1,0 +1,84 @@
+"""``trainer.predict`` and ``trainer.test`` on loaders and on arrays."""
+
+import json
+
+import jax
+import numpy as np
+import pytest
+from conftest import RegressTrainer, TinyMLP, linear_data, quiet
+
+import flaxlight
+
+
+def _trained(tmp_path, regression_loaders, **model):
+    train, val, _ = regression_loaders
+    trainer = RegressTrainer(model_class=TinyMLP, model_hparams={"hidden_dims": [16], **model},
+                             optimizer_hparams={"optimizer": "adam", "lr": 3e-2}, exmp_input=linear_data(1)[0],
+                             **quiet(tmp_path))
+    trainer.train_model(train, val, num_epochs=3)
+    return trainer
+
+
+def test_predict_on_arrays_stacks_the_eval_mode_outputs_of_every_row(tmp_path, regression_loaders):
+    trainer = _trained(tmp_path, regression_loaders, batch_norm=True)  # eval mode: running averages
+    x, _ = linear_data(70, 5)
+    predictions = trainer.predict(x, batch_size=32)  # 32 + 32 + a short batch of 6
+    expected = np.asarray(trainer.bind_model()(x, train=False))
+    assert isinstance(predictions, np.ndarray) and predictions.shape == (70, 1)
+    np.testing.assert_allclose(predictions, expected, rtol=1e-5, atol=1e-6)
+    # a loader of (x, y) batches: the model gets x
+    loader = flaxlight.ArrayLoader(*linear_data(70, 5), batch_size=32)
+    np.testing.assert_allclose(trainer.predict(loader), predictions, rtol=1e-6)
+    np.testing.assert_allclose(trainer.predict(linear_data(70, 5), batch_size=64), predictions, rtol=1e-6)
+
+
+def test_predict_with_an_nnx_model_in_eval_mode(tmp_path, regression_loaders):
+    from conftest import TinyNNX
+
+    train, val, _ = regression_loaders
+    trainer = RegressTrainer(model_class=TinyNNX, model_hparams={"din": 4, "hidden_dims": [8], "batch_norm": True},
+                             optimizer_hparams={"optimizer": "adam", "lr": 3e-2}, exmp_input=linear_data(1)[0],
+                             **quiet(tmp_path))
+    trainer.train_model(train, val, num_epochs=2)
+    x, _ = linear_data(40, 5)
+    np.testing.assert_allclose(trainer.predict(x, batch_size=16), np.asarray(trainer.bind_model()(x)),
+                               rtol=1e-5, atol=1e-6)
+
+
+def test_predict_with_the_best_checkpoint_leaves_the_state_alone(tmp_path, regression_loaders):
+    trainer = _trained(tmp_path, regression_loaders)
+    x, _ = linear_data(20, 5)
+    current = trainer.predict(x, batch_size=8)
+    trainer.state = trainer.state.replace(params=jax.tree.map(lambda p: p * 0, trainer.state.params))
+    best = trainer.predict(x, batch_size=8, which="best")
+    assert not np.allclose(trainer.predict(x, batch_size=8), current)  # the zeroed state is used now
+    best_state = trainer.checkpointer.restore(trainer.state, step=trainer.checkpointer.all_steps()[0])
+    manual = np.asarray(best_state.apply_model(best_state.params, x, train=False)[0])
+    np.testing.assert_allclose(best, manual, rtol=1e-6)
+    with pytest.raises(ValueError, match="which must be 'current', 'best' or 'last'"):
+        trainer.predict(x, batch_size=8, which="newest")
+
+
+def test_test_on_arrays_logs_and_saves_test_metrics_like_train_models_test_loader(tmp_path, regression_loaders):
+    trainer = _trained(tmp_path, regression_loaders)
+    _, _, test_loader = regression_loaders
+    metrics = trainer.test(test_loader.data, batch_size=32)
+    assert set(metrics) == {"test/loss"}
+    saved = json.loads((tmp_path / "run" / "metrics" / "test.json").read_text())
+    assert saved["test/loss"] == pytest.approx(metrics["test/loss"])
+    trainer.load_model()
+    assert trainer.eval_model(test_loader, log_prefix="test/")["test/loss"] == pytest.approx(metrics["test/loss"])
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda t, x, y: t.predict(x), r"predict's data is arrays: pass batch_size"),
+    (lambda t, x, y: t.test((x, y)), r"test's data is arrays: pass batch_size"),
+    (lambda t, x, y: t.predict([(x, y)], batch_size=4), r"batch_size is for arrays; predict's data is a list"),
+    (lambda t, x, y: t.test((x, y[:5]), batch_size=4), r"must share a leading dimension"),
+])
+def test_arrays_without_a_batch_size_or_of_different_lengths_are_clear_errors(tmp_path, call, message):
+    trainer = RegressTrainer(model_class=TinyMLP, model_hparams={}, optimizer_hparams={},
+                             exmp_input=linear_data(1)[0], **quiet(tmp_path))
+    x, y = linear_data(10)
+    with pytest.raises(ValueError, match=message):
+        call(trainer, x, y)
