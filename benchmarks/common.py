@@ -334,6 +334,17 @@ class HandLoop:
         return self._mean(acc)
 
 
+def epoch_timer(run: Callable[[], float], loader) -> Callable[[int], tuple[float, float]]:
+    """A timer ``epoch -> (seconds, loss)``: ``run()`` (which returns the loss) on ``loader``'s epoch."""
+    def timed(epoch):
+        loader.set_epoch(epoch)
+        start = time.perf_counter()
+        loss = run()
+        return time.perf_counter() - start, loss
+
+    return timed
+
+
 def hand_timers(functions: HandFunctions, trainer, loader, k: int = 16) -> dict[str, Callable]:
     """Timers ``epoch -> (seconds, loss)`` of the three hand loops, each with its own state,
     reading epoch ``e``'s order from ``loader`` (the same permutation the trainer gets)."""
@@ -341,13 +352,7 @@ def hand_timers(functions: HandFunctions, trainer, loader, k: int = 16) -> dict[
     loops = {kind: HandLoop(functions, trainer) for kind in ("numpy", "device", "scan")}
 
     def timed(fn):
-        def run(epoch):
-            loader.set_epoch(epoch)
-            start = time.perf_counter()
-            loss = fn()
-            return time.perf_counter() - start, loss
-
-        return run
+        return epoch_timer(fn, loader)
 
     return {
         "numpy": timed(lambda: loops["numpy"].epoch_numpy(loader)),

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 from pathlib import Path
 from typing import Sequence
 
@@ -65,8 +64,8 @@ def run_workload(name, args, log_root):
     hand_user = common.HandLoop(HandFunctions(trainer.model.apply), trainer)
     variants = [Variant("hand-np", hand["numpy"], steps), Variant("hand-dev", hand["device"], steps),
                 Variant("flaxlight", common.trainer_epoch(trainer, loader), steps),
-                Variant("hand-user", _user_epoch(lambda: hand_user.epoch_numpy(user), user), steps),
-                Variant("flaxlight-user", _user_epoch(lambda: user_trainer.train_epoch(user)["train/loss"], user),
+                Variant("hand-user", common.epoch_timer(lambda: hand_user.epoch_numpy(user), user), steps),
+                Variant("flaxlight-user", common.epoch_timer(lambda: user_trainer.train_epoch(user)["train/loss"], user),
                         steps)]
     if args.bar:
         # Every built-in callback that acts within an epoch, and two loggers.
@@ -76,17 +75,6 @@ def run_workload(name, args, log_root):
         variants.append(Variant("flaxlight+all", common.trainer_epoch(common.ready_for_epochs(full, steps), loader),
                                 steps))
     return common.time_workload(name, variants, args)
-
-
-def _user_epoch(run, loader):
-    """A timer for one epoch of ``run()`` on ``loader``'s epoch ``e``."""
-    def timed(epoch):
-        loader.set_epoch(epoch)
-        start = time.perf_counter()
-        loss = run()
-        return time.perf_counter() - start, loss
-
-    return timed
 
 
 def main(argv: Sequence[str] | None = None) -> list[dict]:
