@@ -67,3 +67,21 @@ def test_dropout_is_active_in_training(tmp_path):
     first, _ = trainer.state.apply_model(params, x, train=True, rng=jax.random.PRNGKey(1))
     second, _ = trainer.state.apply_model(params, x, train=True, rng=jax.random.PRNGKey(2))
     assert not np.allclose(np.asarray(first), np.asarray(second))  # other keys, other masks
+
+
+def test_a_failing_nnx_tabulate_says_its_own_error_once_and_leaves_the_model_trainable(tmp_path, capsys,
+                                                                                       monkeypatch, regression_loaders):
+    from conftest import RegressTrainer, TinyNNX
+
+    def broken_tabulate(*args, **kwargs):
+        raise RuntimeError("tabulate cannot trace this model")
+
+    monkeypatch.setattr(nnx, "tabulate", broken_tabulate)
+    trainer = RegressTrainer(model_class=TinyNNX, model_hparams={"din": 4, "hidden_dims": [8]},
+                             optimizer_hparams={"optimizer": "adam", "lr": 1e-2}, exmp_input=linear_data(1)[0],
+                             **quiet(tmp_path, enable_model_summary=True))
+    out = capsys.readouterr().out
+    assert out.count("tabulate cannot trace this model") == 1 and "TinyNNX (NNX): no table (RuntimeError" in out
+    train, val, _ = regression_loaders
+    metrics = trainer.train_model(train, val, num_epochs=2)  # the model the trainer holds is intact
+    assert np.isfinite(metrics["val/loss"])
