@@ -67,8 +67,10 @@ def block_length_for(single: float, fused: float, fused_length: int, max_share: 
     """
     dispatch = (single - fused) * fused_length / (fused_length - 1)
     work = single - dispatch
-    if dispatch <= max_share * single or work <= 0:
-        return 1 if dispatch <= max_share * single else BLOCK_LENGTHS[-1]
+    if dispatch <= max_share * single:
+        return 1
+    if work <= 0:  # all dispatch (timing noise): as many steps per dispatch as allowed
+        return BLOCK_LENGTHS[-1]
     return next((k for k in BLOCK_LENGTHS if dispatch / k <= max_share * work), BLOCK_LENGTHS[-1])
 
 
@@ -305,7 +307,8 @@ class Engine:
         a copy of ``state``: training is not changed), pick the block length with
         :func:`block_length_for` and use it from the next span (epoch) on. Steps of 5 ms or
         more keep single steps without timing blocks. Takes about ``budget`` seconds, plus
-        compiling a block. On a mesh, single steps are kept."""
+        compiling a block. On a mesh, single steps are kept. Called after the first span of at
+        least 64 batches (shorter epochs keep single steps until one is that long)."""
         self.choosing_block_length = False
         if self.mesh is not None:
             return self.block_length
