@@ -188,6 +188,7 @@ def test_wandb_logger_offline_run_holds_metrics_config_and_images(tmp_path, wand
     logger.log_metrics({"train/loss_step": 0.7}, step=4)  # a late running value: kept, not dropped
     logger.log_image("val/picture", np.zeros((6, 10, 3), np.uint8), step=8)
     logger.finalize("success")
+    logger.close()
 
     (run_dir,) = _offline_runs(tmp_path / "run")
     run = _read_wandb_run(run_dir)
@@ -213,6 +214,7 @@ def test_wandb_resume_continues_the_same_run_id(tmp_path, wandb_offline):
     second.resume_from_step(2)
     second.log_metrics({"train/loss": 30.0}, step=3)
     second.finalize("success")
+    second.close()
 
     runs = [_read_wandb_run(d) for d in _offline_runs(tmp_path)]
     assert len(runs) == 2 and runs[0]["run"].run_id == runs[1]["run"].run_id == first.run_id
@@ -228,6 +230,7 @@ def test_seed_logger_params_wandb_picks_wandb_and_keeps_csv(tmp_path, regression
                                                 "project_name": "seed-project"})
     assert [type(lg) for lg in trainer.logger.loggers] == [CSVLogger, WandbLogger]
     trainer.train_model(train, val, num_epochs=2)
+    trainer.logger.close()
 
     (run_dir,) = _offline_runs(tmp_path / "run")
     run = _read_wandb_run(run_dir)
@@ -238,6 +241,35 @@ def test_seed_logger_params_wandb_picks_wandb_and_keeps_csv(tmp_path, regression
     assert [step for step, _ in _series(run["history"], "val/loss")] == [8, 16]
     assert run["exit_code"] == 0
     assert (tmp_path / "run" / "metrics.csv").is_file()
+
+
+def test_wandb_records_after_train_model_land_in_the_same_run(tmp_path, regression_loaders, wandb_offline):
+    from flaxlight.loggers import WandbLogger
+
+    train, val, _ = regression_loaders
+    logger = WandbLogger(save_dir=tmp_path / "run")
+    trainer = _trainer(tmp_path, loggers=[logger])
+    trainer.train_model(train, val, num_epochs=2)
+    trainer.log_image("val/sample", np.zeros((6, 10, 3), np.uint8))  # after the run, as a user does
+    trainer.logger.log_metrics({"test/loss": 0.25}, step=trainer.global_step)
+    trainer.logger.close()
+
+    (run_dir,) = _offline_runs(tmp_path / "run")  # one run folder, not a second one for the late records
+    run = _read_wandb_run(run_dir)
+    assert run["run"].run_id == logger.run_id and run["exit_code"] == 0
+    assert _series(run["history"], "test/loss") == [(16, 0.25)]
+    assert _series(run["history"], "val/sample/_type") == [(16, "image-file")]
+    assert [step for step, _ in _series(run["history"], "val/loss")] == [8, 16]
+
+
+def test_wandb_failed_run_is_finished_at_once_with_exit_code_1(tmp_path, wandb_offline):
+    from flaxlight.loggers import WandbLogger
+
+    logger = WandbLogger(save_dir=tmp_path)
+    logger.log_metrics({"train/loss": 1.0}, step=1)
+    logger.finalize("failed")
+    (run_dir,) = _offline_runs(tmp_path)
+    assert _read_wandb_run(run_dir)["exit_code"] == 1
 
 
 # ---------------------------------------------------------------------------- MLflow

@@ -843,6 +843,9 @@ class _Objective:
                 raise _TrialFailed(_short_error(exc)) from exc
             raise
         finally:
+            close_loggers = getattr(getattr(trainer, "logger", None), "close", None)
+            if close_loggers is not None:
+                close_loggers()  # a W&B run stays open after a successful train_model until closed
             if trainer is not None and hasattr(trainer, "state"):
                 trainer.state = None  # free the trial's arrays now (device memory), not at the next gc cycle
             del trainer

@@ -50,6 +50,9 @@ class Logger:
     def finalize(self, status: str) -> None:
         """End of the run (``status``: ``"success"``, ``"failed"``, ``"interrupted"``)."""
 
+    def close(self) -> None:
+        """End what a successful run leaves open for late records (a W&B run); the default does nothing."""
+
 
 class LoggerCollection(Logger):
     """Fan-out: forwards each call to every logger, in order, on one background writer thread.
@@ -61,7 +64,7 @@ class LoggerCollection(Logger):
     the caller's thread at the next call. ``background=False`` calls the loggers directly.
     A record sent after :meth:`finalize` (``trainer.log_image`` after ``train_model``) goes to
     the same run, which is then finalized again with the same status (an MLflow run does not
-    stay RUNNING).
+    stay RUNNING; a W&B run stays open until :meth:`close` or the interpreter's exit).
 
     Example:
         >>> logger = LoggerCollection([CSVLogger(log_dir)])   # doctest: +SKIP
@@ -125,6 +128,10 @@ class LoggerCollection(Logger):
     def finalize(self, status: str) -> None:
         self._final_status = status
         self._now("finalize", status)
+
+    def close(self) -> None:
+        """Write what is queued, then close every logger (ends a W&B run kept open for late records)."""
+        self._now("close")
 
 
 def as_image(image: Any) -> np.ndarray:

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 from typing import Any, Mapping, Sequence
@@ -42,6 +43,11 @@ class WandbLogger(Logger):
     values at those steps. In offline mode the resumed part is a second ``offline-run-*`` folder
     with the same run id; ``wandb sync`` merges them into one run.
 
+    End: a successful run stays open after ``train_model`` (as in Lightning), so records sent
+    later (``trainer.log_image``, ``trainer.test``) land in the same run; it is finished with
+    exit code 0 by :meth:`close` (``trainer.logger.close()``) or at the interpreter's exit.
+    A failed or interrupted run is finished at once with exit code 1.
+
     Args:
         project: W&B project (default ``"flaxlight"``).
         name: the run's display name (default: W&B picks one).
@@ -78,6 +84,7 @@ class WandbLogger(Logger):
         self.init_kwargs = init_kwargs
         self._run = None
         self._run_id = id
+        self._closes_at_exit = False
 
     # ------------------------------------------------------------------ the run
     @property
@@ -140,7 +147,24 @@ class WandbLogger(Logger):
                 self._run_id = json.load(f).get("id")
 
     def finalize(self, status: str) -> None:
-        """Finish the run (exit code 0 for ``"success"``, else 1: W&B marks it failed)."""
+        """A failed or interrupted run is finished now (exit code 1: W&B marks it failed); a
+        successful one stays open for late records until :meth:`close` or the interpreter's exit."""
+        if self._run is None:
+            return
+        if status != "success":
+            self._finish(exit_code=1)
+        elif not self._closes_at_exit:
+            atexit.register(self.close)
+            self._closes_at_exit = True
+
+    def close(self) -> None:
+        """Finish the run with exit code 0 (a later record resumes the same run id in a new run folder)."""
         if self._run is not None:
-            self._run.finish(exit_code=0 if status == "success" else 1)
-            self._run = None  # a later record resumes the same run id
+            self._finish(exit_code=0)
+
+    def _finish(self, exit_code: int) -> None:
+        run, self._run = self._run, None  # a later record resumes the same run id
+        if self._closes_at_exit:
+            atexit.unregister(self.close)
+            self._closes_at_exit = False
+        run.finish(exit_code=exit_code)
