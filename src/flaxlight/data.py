@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 import jax
 import numpy as np
 
-__all__ = ["ArrayLoader", "DeviceEpoch", "Prefetcher", "as_loader", "check_batch", "group_batches", "take_batches"]
+__all__ = ["ArrayLoader", "DeviceEpoch", "Prefetcher", "as_loader", "check_batch", "fit_loaders", "group_batches", "take_batches"]
 
 DEVICE_EPOCH_MAX_BYTES = 1 << 30
 
@@ -438,6 +438,14 @@ class Prefetcher:
         self._thread.join(timeout=5)
 
 
+def _is_arrays(data: Any) -> bool:
+    """An array, or a non-empty tuple / dict of arrays (not a loader or a list of batches)."""
+    return isinstance(data, (np.ndarray, jax.Array)) or bool(
+        isinstance(data, (tuple, dict)) and data and all(
+            isinstance(v, (np.ndarray, jax.Array)) and np.ndim(v) >= 1
+            for v in (data.values() if isinstance(data, dict) else data)))
+
+
 def as_loader(data: Any, batch_size: int | None = None, *, what: str = "data", shuffle: bool = False,
               seed: int = 0) -> Any:
     """``data`` as something to iterate batches from: an array, a tuple of arrays or a dict of
@@ -448,11 +456,7 @@ def as_loader(data: Any, batch_size: int | None = None, *, what: str = "data", s
         >>> len(as_loader((np.zeros((10, 3)), np.zeros(10)), batch_size=4))
         3
     """
-    arrays = isinstance(data, (np.ndarray, jax.Array)) or (
-        isinstance(data, (tuple, dict)) and data and all(
-            isinstance(v, (np.ndarray, jax.Array)) and np.ndim(v) >= 1
-            for v in (data.values() if isinstance(data, dict) else data)))
-    if not arrays:
+    if not _is_arrays(data):
         if batch_size is not None:
             raise ValueError(f"batch_size is for arrays; {what} is a {type(data).__name__} (a loader: its batches "
                              f"are used as they are). Drop batch_size, or pass arrays.")
@@ -461,3 +465,27 @@ def as_loader(data: Any, batch_size: int | None = None, *, what: str = "data", s
         raise ValueError(f"{what} is arrays: pass batch_size=... to split them into batches.")
     parts = data if isinstance(data, tuple) else (data,)
     return ArrayLoader(*parts, batch_size=batch_size, shuffle=shuffle, seed=seed)
+
+
+def fit_loaders(train: Any, val: Any, test: Any, batch_size: int | None, *, seed: int) -> tuple[Any, Any, Any]:
+    """``train_model``'s data as loaders: arrays (see :func:`as_loader`) become
+    :class:`ArrayLoader` s of ``batch_size``, the training arrays shuffled by ``seed`` (the same
+    order again on resume: it is a pure function of the seed and the epoch), validation and test
+    arrays in order. Loaders pass through; ``None`` stays ``None``.
+
+    Example:
+        >>> train, val, _ = fit_loaders((np.zeros((10, 3)), np.zeros(10)), None, None, 4, seed=0)
+        >>> (len(train), train.shuffle, val)
+        (3, True, None)
+    """
+    def convert(data: Any, what: str, shuffle: bool) -> Any:
+        if not _is_arrays(data):
+            return data  # a loader (or None): its batches are used as they are
+        return as_loader(data, batch_size, what=what, shuffle=shuffle, seed=seed)
+
+    if batch_size is not None and not any(_is_arrays(d) for d in (train, val, test)):
+        raise ValueError("train_model(batch_size=...) is for arrays; the data given are loaders, whose batches are "
+                         "used as they are. Drop batch_size, or pass arrays, e.g. train_model((x, y), (xv, yv), "
+                         "batch_size=64).")
+    return (convert(train, "train_model's training data", True), convert(val, "train_model's validation data", False),
+            convert(test, "train_model's test data", False))

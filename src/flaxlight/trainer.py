@@ -17,8 +17,8 @@ import jax
 
 from flaxlight import distributed as dist
 from flaxlight import optim, resume, runfiles
-from flaxlight.callbacks import Callback, ModelCheckpoint, NaNGuard, with_default_callbacks
-from flaxlight.data import as_input_list
+from flaxlight.callbacks import Callback, FitResult, History, ModelCheckpoint, NaNGuard, with_default_callbacks
+from flaxlight.data import as_input_list, as_loader, fit_loaders
 from flaxlight.engine import Engine, Span, check_step_pair
 from flaxlight.loggers import LoggerCollection
 from flaxlight.loop import (BatchLimits, EventSchedule, Interrupted, LoopState, NonfiniteTally, RunPlan, SignalGuard,
@@ -183,11 +183,14 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
     # ------------------------------------------------------------------ the loop
     def train_model(self, train_loader: Iterable, val_loader: Iterable | None, test_loader: Iterable | None = None,
                     num_epochs: int = 500, steps_per_epoch: int | None = None, resume: bool = False,
-                    resume_from: str | os.PathLike | None = None, overwrite: bool = False) -> dict[str, float]:
+                    resume_from: str | os.PathLike | None = None, overwrite: bool = False,
+                    batch_size: int | None = None) -> dict[str, float]:
         """Train ``num_epochs``, validate every ``check_val_every_n_epoch``, keep the best model.
 
         Returns the best validation metrics merged with that epoch's train metrics and, when a
-        ``test_loader`` is given, the best model's ``test/...`` metrics.
+        ``test_loader`` is given, the best model's ``test/...`` metrics; its ``.history`` is
+        :attr:`history`. Loaders may be arrays instead: ``train_model((x, y), (xv, yv),
+        batch_size=64)`` (training arrays shuffled by the seed, see :func:`flaxlight.data.fit_loaders`).
 
         ``resume=True`` continues from the newest readable checkpoint in this run's log dir (a
         fresh start when there is none); ``resume_from`` names a run dir, its ``checkpoints``
@@ -197,6 +200,8 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
         SIGTERM/SIGINT make the loop finish the current step, save a checkpoint and exit. A
         ``log_dir`` holding another run is an error unless resumed or ``overwrite=True`` (replace it).
         """
+        train_loader, val_loader, test_loader = fit_loaders(train_loader, val_loader, test_loader, batch_size,
+                                                            seed=self.seed)
         num_epochs = self._prepare_run(train_loader, val_loader, num_epochs, steps_per_epoch)
         self._claim_run_folder(continuing=resume or resume_from is not None, overwrite=overwrite)
         try:  # from here on, the run's folder is locked: every exit releases it
@@ -226,7 +231,7 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
             self._finish_files("failed")
             raise
         self._finish_files("success", best=best_eval_metrics)
-        return best_eval_metrics
+        return FitResult(best_eval_metrics, history=self.history)
 
     def _prepare_run(self, train_loader, val_loader, num_epochs: int, steps_per_epoch: int | None) -> int:
         """Check the run's length, build the optimizer for it, start a fresh loop state."""
@@ -237,6 +242,7 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
         self.init_optimizer(plan.schedule_epochs, plan.schedule_steps_per_epoch)
         self._place_state()
         self._loop, self._best_eval_metrics, self.should_stop, self.stop_reason = LoopState(), None, False, None
+        next(cb for cb in self.callbacks if isinstance(cb, History)).clear()
         return plan.num_epochs
 
     def _claim_run_folder(self, continuing: bool, overwrite: bool) -> None:
@@ -353,8 +359,11 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
         self._schedule.plan(self.global_step, intervals + [cb.every_n_steps for cb in self.callbacks],
                             self.options.max_steps)
 
-    def eval_model(self, data_loader: Iterable, log_prefix: str = "") -> dict[str, float]:
-        """Evaluate on ``data_loader``; per-example weighted means keyed ``log_prefix + name``."""
+    def eval_model(self, data_loader: Iterable, log_prefix: str = "", *,
+                   batch_size: int | None = None) -> dict[str, float]:
+        """Evaluate on ``data_loader`` (or arrays with ``batch_size``); per-example weighted means
+        keyed ``log_prefix + name``."""
+        data_loader = as_loader(data_loader, batch_size, what="eval_model's data")
         acc = self.engine.evaluate(self.state, data_loader, after_batch=self._schedule.raise_if_interrupted,
                                    on_first_batch=lambda batch: self._check_first_batch(batch, "the evaluation loader"))
         if acc is None:

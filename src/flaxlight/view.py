@@ -20,6 +20,7 @@ from typing import Any, Mapping
 
 import jax
 
+from flaxlight.callbacks.history import History
 from flaxlight.data import check_first_batch
 from flaxlight.messages import logger as messages
 
@@ -33,6 +34,11 @@ class TrainerViewMixin:
         """Ask the loop to stop after the current step's work (and the epoch's end routine)."""
         if not self.should_stop:
             self.should_stop, self.stop_reason = True, reason
+
+    @property
+    def history(self) -> list[dict[str, Any]]:
+        """Each epoch's (and each validation's) metrics, one dict per row (see :class:`~flaxlight.callbacks.History`)."""
+        return next(cb for cb in self.callbacks if isinstance(cb, History)).rows
 
     @property
     def current_epoch(self) -> int:

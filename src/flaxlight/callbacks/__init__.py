@@ -3,6 +3,7 @@
 from flaxlight.callbacks.base import Callback, TrainerView
 from flaxlight.callbacks.defaults import with_default_callbacks
 from flaxlight.callbacks.early_stopping import EarlyStopping
+from flaxlight.callbacks.history import FitResult, History
 from flaxlight.callbacks.lr_monitor import LearningRateMonitor
 from flaxlight.callbacks.model_checkpoint import ModelCheckpoint
 from flaxlight.callbacks.nan_guard import NaNGuard
@@ -14,6 +15,8 @@ from flaxlight.callbacks.timer import Timer
 __all__ = [
     "Callback",
     "EarlyStopping",
+    "FitResult",
+    "History",
     "LearningRateMonitor",
     "ModelCheckpoint",
     "NaNGuard",

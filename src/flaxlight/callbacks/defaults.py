@@ -6,6 +6,7 @@ from typing import Any
 
 from flaxlight import distributed as dist
 from flaxlight.callbacks.base import Callback
+from flaxlight.callbacks.history import History
 from flaxlight.callbacks.model_checkpoint import ModelCheckpoint
 from flaxlight.callbacks.progress_bar import ProgressBar
 from flaxlight.callbacks.timer import Timer
@@ -16,12 +17,12 @@ __all__ = ["with_default_callbacks"]
 def with_default_callbacks(callbacks: list[Callback], options: Any, enable_progress_bar: bool) -> list[Callback]:
     """The user's callbacks, in their order, then the defaults ``options`` ask for (a
     :class:`ModelCheckpoint` on ``monitor``/``mode``, a :class:`Timer` for ``max_time``, a
-    :class:`ProgressBar`) unless one of that kind was given. ``fast_dev_run`` writes no checkpoint.
+    :class:`ProgressBar`, a :class:`History`) unless one of that kind was given. ``fast_dev_run`` writes no checkpoint.
     :class:`ModelCheckpoint` callbacks come last, so each hook reaches them after the others.
 
     Example:
         >>> [type(cb).__name__ for cb in with_default_callbacks([], TrainerOptions(), True)]   # doctest: +SKIP
-        ['ModelCheckpoint', 'ProgressBar']
+        ['ModelCheckpoint', 'ProgressBar', 'History']
     """
     for callback in callbacks:
         if not isinstance(callback, Callback):
@@ -37,6 +38,8 @@ def with_default_callbacks(callbacks: list[Callback], options: Any, enable_progr
         callbacks = callbacks + [Timer(options.max_time)]
     if enable_progress_bar and not given(ProgressBar) and dist.is_main_process():
         callbacks = callbacks + [ProgressBar()]
+    if not given(History):
+        callbacks = callbacks + [History()]
     # Checkpoint callbacks hear of every moment after the others (as in Lightning), so that a
     # checkpoint holds the other callbacks' state after that moment (an exact resume needs it).
     return [cb for cb in callbacks if not isinstance(cb, ModelCheckpoint)] + \

@@ -1,0 +1,67 @@
+"""``History``: every epoch's and every validation's metrics, kept in memory and in checkpoints."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from flaxlight.callbacks.base import Callback, TrainerView
+
+__all__ = ["FitResult", "History"]
+
+
+class History(Callback):
+    """The run's metrics as a list of rows, one per epoch (and one per validation between epoch
+    ends): ``{"epoch": 3, "step": 96, "train/loss": ..., "val/loss": ..., "val/acc": ...}``.
+
+    A validation at an epoch's end joins that epoch's row; a validation every ``val_check_interval``
+    steps gets its own row (same ``step``: never two rows). The rows are kept in every checkpoint,
+    so a resumed run's history is the uninterrupted run's; each new ``train_model`` call starts
+    an empty one. Every trainer has one: ``trainer.history``, also ``train_model(...).history``.
+
+    Example:
+        >>> result = trainer.train_model((x, y), (xv, yv), num_epochs=5, batch_size=64)   # doctest: +SKIP
+        >>> [round(row["val/acc"], 2) for row in result.history]                           # doctest: +SKIP
+        [0.81, 0.9, 0.93, 0.94, 0.95]
+    """
+
+    def __init__(self) -> None:
+        self.rows: list[dict[str, Any]] = []
+
+    def clear(self) -> None:
+        """Start an empty history (a new run)."""
+        self.rows = []
+
+    def _record(self, epoch: int, step: int, metrics: Mapping[str, float]) -> None:
+        values = {key: value for key, value in metrics.items() if key != "epoch"}
+        last = self.rows[-1] if self.rows else None
+        if last is not None and last["epoch"] == epoch and last["step"] == step:
+            last.update(values)
+        else:
+            self.rows.append({"epoch": int(epoch), "step": int(step), **values})
+
+    def on_train_epoch_end(self, trainer: TrainerView, epoch: int, metrics: Mapping[str, float]) -> None:
+        self._record(epoch, trainer.global_step, metrics)
+
+    def on_validation_end(self, trainer: TrainerView, epoch: int, metrics: Mapping[str, float]) -> None:
+        self._record(epoch, trainer.global_step, metrics)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"rows": [dict(row) for row in self.rows]}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.rows = [dict(row) for row in state.get("rows", [])]
+
+
+class FitResult(dict):
+    """What ``train_model`` returns: the best metrics as a dict (the seed's return value), with
+    the run's :class:`History` rows as ``.history``.
+
+    Example:
+        >>> result = FitResult({"val/acc": 0.9}, history=[{"epoch": 1, "step": 8, "val/acc": 0.9}])
+        >>> (result["val/acc"], len(result.history))
+        (0.9, 1)
+    """
+
+    def __init__(self, metrics: Mapping[str, float], history: list[dict[str, Any]]):
+        super().__init__(metrics)
+        self.history = history
