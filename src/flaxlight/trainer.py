@@ -409,15 +409,6 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
         if self.log_dir is not None and dist.is_main_process():
             runfiles.write_metrics(self.log_dir, filename, metrics)
 
-    def log_image(self, tag: str, image: Any, step: int | None = None) -> None:
-        """Send an image (``(H, W)`` or ``(H, W, C)``, uint8 or float in [0, 1]) to every logger
-        that shows images (TensorBoard, W&B, MLflow); nothing in ``fast_dev_run``."""
-        self.logger.log_image(tag, image, self.global_step if step is None else int(step))
-
-    def bind_model(self):
-        """The model with the trained variables, for interactive use: ``model(x, train=False)``."""
-        return self.model_adapter.bind(self.state.variables())
-
     def tracker(self, iterator: Iterable, **kwargs):
         """``iterator`` with a progress bar when enabled (the seed's helper)."""
         return progress(iterator, self.enable_progress_bar, **kwargs)

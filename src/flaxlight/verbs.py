@@ -1,6 +1,6 @@
-"""``TrainerVerbsMixin``: what a trained model is for, as trainer methods: ``predict`` and ``test``.
+"""``TrainerVerbsMixin``: what a trained model is for, as trainer methods: ``predict``, ``test``, ``bind_model``.
 
-:class:`~flaxlight.trainer.TrainerModule` inherits it. Both take a loader, or arrays and a
+:class:`~flaxlight.trainer.TrainerModule` inherits it. ``predict`` and ``test`` take a loader, or arrays and a
 ``batch_size`` (see :func:`flaxlight.data.as_loader`).
 
 Example:
@@ -74,6 +74,10 @@ class TrainerVerbsMixin:
         self.save_metrics("test", test_metrics)
         self._call_callbacks("on_test_end", test_metrics)
         return test_metrics
+
+    def bind_model(self):
+        """The model with the trained variables, for interactive use: ``model(x, train=False)``."""
+        return self.model_adapter.bind(self.state.variables())
 
     def _state_for(self, which: str):
         if which == "current":

@@ -99,6 +99,11 @@ class TrainerViewMixin:
         ``callback_metrics`` and to every callback's ``on_log`` (``step`` default: now)."""
         self._log(metrics, step)
 
+    def log_image(self, tag: str, image: Any, step: int | None = None) -> None:
+        """Send an image (``(H, W)`` or ``(H, W, C)``, uint8 or float in [0, 1]) to every logger
+        that shows images (TensorBoard, W&B, MLflow); nothing in ``fast_dev_run``."""
+        self.logger.log_image(tag, image, self.global_step if step is None else int(step))
+
     def _log(self, metrics: Mapping[str, float], step: int | None = None) -> None:
         step = self.global_step if step is None else step
         self.callback_metrics.update(metrics)
