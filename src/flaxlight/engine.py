@@ -46,7 +46,7 @@ from flaxlight.data import (ArrayLoader, DeviceEpoch, Prefetcher, check_batch, g
                             same_shapes, take_batches)
 from flaxlight.lean import LeanLoop, strip_idle_fields
 from flaxlight.metrics import (accumulate, all_finite, batch_size, fresh_zeros, init_accumulator, tree_finite,
-                               device_copy as device_copy_of)
+                               with_saved_objects, device_copy as device_copy_of)
 
 __all__ = ["Engine", "Feed", "Span", "LearningRateTable", "check_step_pair", "block_length_for"]
 
@@ -294,6 +294,8 @@ class Engine:
                 return
             if span.acc is None:
                 span.acc = start_sums(feed.first_batch)
+            elif "saved_objects" in span.acc:  # resumed mid-epoch: metric objects back in their classes
+                span.acc = with_saved_objects(start_sums(feed.first_batch), span.acc)
             self.run(feed, span, schedule, on_event)
             if self.choosing_block_length and span.batches >= 2 * BLOCK_LENGTHS[-1]:
                 self.choose_block_length(span.state, feed.first_batch)

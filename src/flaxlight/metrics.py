@@ -4,6 +4,11 @@ The accumulator is a small pytree ``{"sums": {name: f32}, "count": f32}`` that f
 jitted step. Each step adds ``value * batch_size`` to the sums, so a smaller last batch counts for
 exactly its share. Nothing here touches the host until :func:`read_means`.
 
+A step may also return **metric objects** next to its scalar means: anything with ``merge(other)``
+and ``compute()`` that is a pytree (``clu.metrics``, metrax and the classes in
+:mod:`flaxlight.metric_objects` have that shape). They are merged on the device over the epoch
+(under ``"objects"`` in the accumulator) and computed once when the epoch's values are read.
+
 Example:
     >>> import jax.numpy as jnp
     >>> acc = init_accumulator({"loss": jnp.float32(0)})
@@ -22,28 +27,40 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["init_accumulator", "accumulate", "all_finite", "read_means", "to_host", "batch_size", "HostSnapshot"]
+__all__ = ["init_accumulator", "accumulate", "all_finite", "read_means", "to_host", "batch_size", "HostSnapshot",
+           "is_metric_object", "with_saved_objects"]
+
+
+def is_metric_object(value: Any) -> bool:
+    """True for a metric object: it has ``merge`` and ``compute`` methods (clu, metrax, flaxlight's)."""
+    return callable(getattr(value, "merge", None)) and callable(getattr(value, "compute", None))
 
 
 def init_accumulator(metrics_like: Mapping[str, Any]) -> dict:
-    """Zeroed sums for the metric names in ``metrics_like`` (values or ShapeDtypeStructs)."""
+    """Zeroed sums for the metric names in ``metrics_like`` (values or ShapeDtypeStructs); a
+    metric object gets zeroed leaves of its own structure (replaced by the epoch's first value)."""
+    objects = {name: value for name, value in metrics_like.items() if is_metric_object(value)}
     for name, value in metrics_like.items():
         shape = getattr(value, "shape", ())
-        if tuple(shape) != ():
+        if name not in objects and tuple(shape) != ():
             raise ValueError(
-                f"Metric {name!r} has shape {tuple(shape)}; step metrics must be scalars. "
-                f"Reduce it in the step, e.g. `{name}.mean()`."
-            )
-    return {
-        "sums": {name: jnp.zeros((), jnp.float32) for name in metrics_like},
+                f"Metric {name!r} has shape {tuple(shape)}; step metrics must be scalars or metric objects. "
+                f"Reduce it in the step, e.g. `{name}.mean()`, or return an object with merge/compute such as "
+                f"flaxlight.metric_objects.ConfusionMatrix.")
+    acc = {
+        "sums": {name: jnp.zeros((), jnp.float32) for name in metrics_like if name not in objects},
         "count": jnp.zeros((), jnp.float32),
         "nonfinite": jnp.zeros((), jnp.int32),
     }
+    if objects:
+        acc["objects"] = {name: jax.tree.map(lambda leaf: jnp.zeros(leaf.shape, leaf.dtype), value)
+                          for name, value in objects.items()}
+    return acc
 
 
 def all_finite(metrics: Mapping[str, Any]):
     """Pure: True when every metric of the step (the loss included) is finite."""
-    values = [jnp.all(jnp.isfinite(jnp.asarray(v, jnp.float32))) for v in metrics.values()]
+    values = [jnp.all(jnp.isfinite(jnp.asarray(v, jnp.float32))) for v in metrics.values() if not is_metric_object(v)]
     return jnp.all(jnp.stack(values)) if values else jnp.bool_(True)
 
 
@@ -64,7 +81,17 @@ def accumulate(acc: dict, metrics: Mapping[str, Any], weight, finite=None) -> di
     sums = {name: acc["sums"][name] + jnp.asarray(metrics[name], jnp.float32) * weight for name in acc["sums"]}
     finite = all_finite(metrics) if finite is None else finite
     nonfinite = acc["nonfinite"] + jnp.logical_not(finite).astype(jnp.int32)
-    return {"sums": sums, "count": acc["count"] + weight, "nonfinite": nonfinite}
+    out = {"sums": sums, "count": acc["count"] + weight, "nonfinite": nonfinite}
+    if "objects" in acc:
+        first = acc["count"] == 0  # the epoch's first step: its object replaces the zeroed one
+        out["objects"] = {name: _merged(old, metrics[name], first) for name, old in acc["objects"].items()}
+    return out
+
+
+def _merged(old: Any, new: Any, first) -> Any:
+    """``old.merge(new)``, or ``new`` itself on the epoch's first step (traced, no branch)."""
+    merged = old.merge(new)
+    return jax.tree.map(lambda m, n, o: jnp.where(first, n, m).astype(o.dtype), merged, new, old)
 
 
 @jax.jit
@@ -95,7 +122,36 @@ def read_means(acc: dict, prefix: str = "") -> dict[str, float]:
     count = float(host["count"])
     if count == 0:
         return {}
-    return {prefix + name: float(total) / count for name, total in host["sums"].items()}
+    means: dict[str, Any] = {prefix + name: float(total) / count for name, total in host["sums"].items()}
+    for name, value in host.get("objects", {}).items():
+        _put_computed(means, prefix + name, value.compute())
+    return means
+
+
+def _put_computed(out: dict, key: str, value: Any) -> None:
+    """An object's result under ``key``: a number as a float, an array as numpy, a dict as ``key/sub``."""
+    if isinstance(value, Mapping):
+        for sub, item in value.items():
+            _put_computed(out, f"{key}/{sub}", item)
+        return
+    array = np.asarray(value)
+    out[key] = float(array) if array.ndim == 0 else array
+
+
+def with_saved_objects(template: dict, restored: dict) -> dict:
+    """``restored`` (an accumulator read back from JSON, its objects as ``"saved_objects"``: leaf
+    lists) with its metric objects rebuilt on ``template``'s structure (a zeroed accumulator)."""
+    saved = restored.get("saved_objects")
+    out = {key: value for key, value in restored.items() if key != "saved_objects"}
+    if saved is None:
+        return out
+    objects = {}
+    for name, zero in template.get("objects", {}).items():
+        leaves, treedef = jax.tree.flatten(zero)
+        objects[name] = jax.tree.unflatten(treedef, [jnp.asarray(np.asarray(value), leaf.dtype).reshape(leaf.shape)
+                                                     for value, leaf in zip(saved[name], leaves)])
+    out["objects"] = objects
+    return out
 
 
 def batch_size(batch) -> int:
@@ -150,6 +206,8 @@ class HostSnapshot:
 
     def __init__(self, acc: dict):
         # New buffers (the training step donates the sums'), packed: few small device operations.
+        # Metric objects are read at epoch ends only: interval means are for the scalar sums.
+        acc = {key: value for key, value in acc.items() if key != "objects"}
         self._layout, self._acc = _layout(acc), _packed(acc)
         for leaf in self._acc.values():
             copy = getattr(leaf, "copy_to_host_async", None)

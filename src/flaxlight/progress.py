@@ -9,6 +9,8 @@ import os
 import sys
 from typing import Iterable, Mapping
 
+import numpy as np
+
 __all__ = ["is_ci", "bars_wanted", "progress", "format_metrics"]
 
 
@@ -49,4 +51,4 @@ def progress(iterable: Iterable, enabled: bool, **tqdm_kwargs):
 
 def format_metrics(metrics: Mapping[str, float], skip: tuple[str, ...] = ("epoch_time",)) -> str:
     """``"train/loss=0.123 val/acc=0.95"`` with 4 significant digits."""
-    return " ".join(f"{key}={value:.4g}" for key, value in metrics.items() if key not in skip)
+    return " ".join(f"{key}={value:.4g}" for key, value in metrics.items() if key not in skip and np.ndim(value) == 0)

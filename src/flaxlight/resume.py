@@ -21,7 +21,9 @@ import os
 import warnings
 from typing import Any, Callable, Mapping, Sequence
 
+import jax
 import jax.numpy as jnp
+import numpy as np
 
 from flaxlight.checkpoint import Checkpointer
 from flaxlight.loop import LoopState
@@ -71,7 +73,7 @@ class CheckpointMeta:
     callbacks: dict = dataclasses.field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return _jsonable(dataclasses.asdict(self))  # a metric object's array result as nested lists
 
     @classmethod
     def capture(cls, step: int, loop: LoopState, *, callbacks: Sequence[Any], **run: Any) -> "CheckpointMeta":
@@ -231,22 +233,37 @@ def named_callbacks(callbacks: Sequence[Any]) -> list[tuple[str, Any]]:
     return named
 
 
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {key: _jsonable(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(item) for item in value]
+    return value.tolist() if isinstance(value, (np.ndarray, np.generic)) else value
+
+
 def sums_to_json(acc: Mapping[str, Any] | None) -> dict | None:
     """The epoch's metric sums as JSON floats (exact: float32 -> float64 -> float32 round-trips)."""
     if acc is None:
         return None
     host = to_host(acc)
-    return {"sums": {k: float(v) for k, v in host["sums"].items()}, "count": float(host["count"]),
-            "nonfinite": int(host["nonfinite"])}
+    out = {"sums": {k: float(v) for k, v in host["sums"].items()}, "count": float(host["count"]),
+           "nonfinite": int(host["nonfinite"])}
+    if "objects" in host:  # metric objects: their leaves, rebuilt on the step's structure at resume
+        out["objects"] = {name: [np.asarray(leaf).tolist() for leaf in jax.tree.leaves(value)]
+                          for name, value in host["objects"].items()}
+    return out
 
 
 def sums_from_json(sums: Mapping[str, Any] | None) -> dict | None:
     """The inverse of :func:`sums_to_json`: device arrays again."""
     if sums is None:
         return None
-    return {"sums": {k: jnp.asarray(v, jnp.float32) for k, v in sums["sums"].items()},
-            "count": jnp.asarray(sums["count"], jnp.float32),
-            "nonfinite": jnp.asarray(sums.get("nonfinite", 0), jnp.int32)}
+    acc = {"sums": {k: jnp.asarray(v, jnp.float32) for k, v in sums["sums"].items()},
+           "count": jnp.asarray(sums["count"], jnp.float32),
+           "nonfinite": jnp.asarray(sums.get("nonfinite", 0), jnp.int32)}
+    if "objects" in sums:  # see flaxlight.metrics.with_saved_objects
+        acc["saved_objects"] = sums["objects"]
+    return acc
 
 
 def epoch_setter(loader: Any) -> Callable[[int], None] | None:

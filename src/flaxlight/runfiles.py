@@ -387,8 +387,8 @@ def write_metrics(log_dir: str, name: str, metrics: Mapping[str, float]) -> None
     """``<log_dir>/metrics/<name>.json``."""
     folder = os.path.join(log_dir, METRICS_DIR)
     os.makedirs(folder, exist_ok=True)
-    with open(os.path.join(folder, f"{name}.json"), "w") as f:
-        json.dump(dict(metrics), f, indent=4)
+    with open(os.path.join(folder, f"{name}.json"), "w") as f:  # an array result as nested lists
+        json.dump({key: np.asarray(value).tolist() for key, value in metrics.items()}, f, indent=4)
 
 
 def enable_compilation_cache(setting: bool | str) -> str | None:

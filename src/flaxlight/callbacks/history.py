@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+import numpy as np
+
 from flaxlight.callbacks.base import Callback, TrainerView
 
 __all__ = ["FitResult", "History"]
@@ -32,7 +34,8 @@ class History(Callback):
         self.rows = []
 
     def _record(self, epoch: int, step: int, metrics: Mapping[str, float]) -> None:
-        values = {key: value for key, value in metrics.items() if key != "epoch"}
+        values = {key: value if np.ndim(value) == 0 else np.asarray(value).tolist()  # JSON, for checkpoints
+                  for key, value in metrics.items() if key != "epoch"}
         last = self.rows[-1] if self.rows else None
         if last is not None and last["epoch"] == epoch and last["step"] == step:
             last.update(values)

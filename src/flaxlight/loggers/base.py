@@ -107,13 +107,13 @@ class LoggerCollection(Logger):
         self._send("log_hyperparams", params)
 
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
-        self._send("log_metrics", dict(metrics), step)
+        self._send("log_metrics", _scalars(metrics), step)
 
     def log_image(self, tag: str, image: Any, step: int) -> None:
         self._send("log_image", tag, np.array(image), step)  # a copy: the caller may reuse its buffer
 
     def log_best_metrics(self, metrics: Mapping[str, float], step: int) -> None:
-        self._send("log_best_metrics", dict(metrics), step)
+        self._send("log_best_metrics", _scalars(metrics), step)
 
     def resume_from_step(self, step: int) -> None:
         self._now("resume_from_step", step)
@@ -132,6 +132,11 @@ class LoggerCollection(Logger):
     def close(self) -> None:
         """Write what is queued, then close every logger (ends a W&B run kept open for late records)."""
         self._now("close")
+
+
+def _scalars(metrics: Mapping[str, Any]) -> dict[str, Any]:
+    """The numbers of ``metrics``: a metric object's array result (a confusion matrix) is not a scalar series."""
+    return {key: value for key, value in metrics.items() if np.ndim(value) == 0}
 
 
 def as_image(image: Any) -> np.ndarray:

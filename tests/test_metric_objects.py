@@ -1,0 +1,120 @@
+"""Metric objects returned by a loss (F1, confusion matrix, sum, max, min, std): epoch values
+computed from all the epoch's predictions, equal to scikit-learn / numpy on the same predictions."""
+
+import csv
+
+import jax
+import numpy as np
+import optax
+import pytest
+from sklearn.datasets import load_digits
+from sklearn.metrics import confusion_matrix, f1_score
+
+import flaxlight
+from flaxlight.metric_objects import F1, ConfusionMatrix, Max, Min, Std, Sum
+from tests.conftest import TinyMLP, quiet
+
+
+class DigitsTrainer(flaxlight.TrainerModule):
+    def loss_fn(self, params, batch, *, train, rng, state):
+        x, y = batch
+        logits, updates = state.apply_model(params, x, train=train, rng=rng)
+        losses = optax.softmax_cross_entropy_with_integer_labels(logits, y)
+        wrong = logits.argmax(-1) != y
+        return losses.mean(), ({"acc": 1.0 - wrong.mean(), "f1": F1.of(y, logits, num_classes=10),
+                                "f1_micro": F1.of(y, logits, num_classes=10, average="micro"),
+                                "confusion": ConfusionMatrix.of(y, logits, num_classes=10),
+                                "errors": Sum.of(wrong), "loss_max": Max.of(losses), "loss_min": Min.of(losses),
+                                "loss_std": Std.of(losses)}, updates)
+
+
+def _digits():
+    x, y = load_digits(return_X_y=True)
+    return (x / 16.0).astype(np.float32), y.astype(np.int32)
+
+
+def _trainer(tmp_path, **kwargs):
+    return DigitsTrainer(model_class=TinyMLP, model_hparams={"hidden_dims": [32], "output_dim": 10},
+                         optimizer_hparams={"optimizer": "adam", "lr": 1e-2}, exmp_input=np.zeros((1, 64), np.float32),
+                         **quiet(tmp_path, **kwargs))
+
+
+def test_epoch_metric_objects_equal_sklearn_and_numpy_on_the_same_predictions(tmp_path):
+    x, y = _digits()
+    train, val = (x[:1200], y[:1200]), (x[1200:1500], y[1200:1500])
+    trainer = _trainer(tmp_path)
+    trainer.train_model(train, val, num_epochs=2, batch_size=64)
+
+    metrics = trainer.eval_model(val, log_prefix="val/", batch_size=64)  # 300 = 4 * 64 + 44: a short last batch
+    logits = trainer.predict(val[0], batch_size=64)
+    predicted, losses = logits.argmax(-1), np.asarray(optax.softmax_cross_entropy_with_integer_labels(logits, val[1]))
+    assert metrics["val/f1"] == pytest.approx(f1_score(val[1], predicted, average="macro"), abs=1e-6)
+    assert metrics["val/f1_micro"] == pytest.approx(f1_score(val[1], predicted, average="micro"), abs=1e-6)
+    np.testing.assert_array_equal(metrics["val/confusion"], confusion_matrix(val[1], predicted, labels=range(10)))
+    assert metrics["val/errors"] == int((predicted != val[1]).sum())
+    assert metrics["val/loss_max"] == pytest.approx(losses.max(), rel=1e-5)
+    assert metrics["val/loss_min"] == pytest.approx(losses.min(), rel=1e-4, abs=1e-6)
+    assert metrics["val/loss_std"] == pytest.approx(losses.std(), rel=1e-4)
+    assert metrics["val/f1"] > 0.8  # it learned
+
+    # loggers get the scalars; the matrix is in the history and the metrics JSON, not in metrics.csv
+    with open(tmp_path / "run" / "metrics.csv", newline="") as f:
+        header = next(csv.reader(f))
+    assert {"train/f1", "val/f1", "val/errors"} <= set(header) and not any("confusion" in k for k in header)
+    last = trainer.history[-1]
+    assert np.asarray(last["val/confusion"]).shape == (10, 10) and np.sum(last["val/confusion"]) == 300
+    assert np.sum(last["train/confusion"]) == 1200  # the whole epoch, every batch merged
+
+
+def test_resume_mid_epoch_keeps_the_epochs_metric_objects(tmp_path):
+    x, y = _digits()
+    train = (x[:640], y[:640])  # 10 batches of 64 per epoch
+
+    class Crash(flaxlight.Callback):
+        every_n_steps = 14
+
+        def on_step(self, trainer, step):
+            raise RuntimeError("crash")
+
+    def run(log_dir, callbacks=(), resume=False):
+        trainer = _trainer(log_dir, callbacks=[flaxlight.ModelCheckpoint(every_n_steps=4), *callbacks])
+        trainer.train_model(train, None, num_epochs=2, batch_size=64, resume=resume)
+        return trainer
+
+    reference = run(tmp_path / "ref")
+    with pytest.raises(RuntimeError, match="crash"):
+        run(tmp_path / "cut", callbacks=[Crash()])  # the step-12 checkpoint is mid-epoch 2
+    resumed = run(tmp_path / "cut", resume=True)
+    assert resumed.history[-1]["train/confusion"] == reference.history[-1]["train/confusion"]
+    assert resumed.history[-1]["train/f1"] == reference.history[-1]["train/f1"]
+    jax.tree.map(np.testing.assert_array_equal, resumed.state.params, reference.state.params)
+
+
+def test_a_non_scalar_metric_that_is_not_an_object_says_what_to_return(tmp_path):
+    class VectorTrainer(DigitsTrainer):
+        def loss_fn(self, params, batch, *, train, rng, state):
+            x, y = batch
+            logits, _ = state.apply_model(params, x, train=train, rng=rng)
+            return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean(), {"per_class": logits.mean(0)}
+
+    x, y = _digits()
+    trainer = VectorTrainer(model_class=TinyMLP, model_hparams={"hidden_dims": [8], "output_dim": 10},
+                            optimizer_hparams={"optimizer": "adam", "lr": 1e-2}, exmp_input=x[:1], **quiet(tmp_path))
+    with pytest.raises(ValueError, match=r"'per_class' has shape \(10,\).*metric objects.*ConfusionMatrix"):
+        trainer.train_model((x[:128], y[:128]), None, num_epochs=1, batch_size=64)
+
+
+def test_metric_objects_merge_like_one_big_batch():
+    values = np.array([0.5, 2.0, -1.0, 4.0, 3.0], np.float32)
+    halves = [(Cls.of(values[:2]), Cls.of(values[2:])) for Cls in (Sum, Max, Min, Std)]
+    merged = [float(a.merge(b).compute()) for a, b in halves]
+    assert merged == pytest.approx([values.sum(), values.max(), values.min(), values.std()], rel=1e-6)
+    labels, predictions = np.array([0, 1, 1, 2, 2, 2]), np.array([0, 2, 1, 2, 0, 2])
+    f1 = F1.of(labels[:3], predictions[:3], 3).merge(F1.of(labels[3:], predictions[3:], 3))
+    assert float(f1.compute()) == pytest.approx(f1_score(labels, predictions, average="macro"))
+    binary = F1.of(np.array([0, 1, 1, 0]), np.array([0, 1, 0, 1]), 2, average="binary")
+    assert float(binary.compute()) == pytest.approx(f1_score([0, 1, 1, 0], [0, 1, 0, 1]))
+    with pytest.raises(ValueError, match="average must be"):
+        F1.of(labels, predictions, 3, average="weighted")
+    with pytest.raises(ValueError, match="shaped like the labels"):
+        ConfusionMatrix.of(labels, predictions[:4], 3)
