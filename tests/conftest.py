@@ -89,6 +89,18 @@ def linear_data(num: int, seed: int = 0, dim: int = 4):
     return x, (x @ w).astype(np.float32)
 
 
+class CrashAfterEpoch(flaxlight.Callback):
+    """Raises at the end of an epoch, after its checkpoint is on disk: a crash right after a save."""
+
+    def __init__(self, epoch):
+        self.epoch = epoch
+
+    def on_epoch_end(self, trainer, epoch):
+        if epoch == self.epoch:
+            trainer.checkpointer.wait()
+            raise RuntimeError("crash after the save")
+
+
 def quiet(tmp_path, **kwargs):
     """Trainer keyword arguments for tests: no bars, no model table, files under tmp_path."""
     kwargs.setdefault("logger_params", {"log_dir": str(tmp_path / "run")})

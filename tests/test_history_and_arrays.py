@@ -3,20 +3,7 @@
 import numpy as np
 import pytest
 
-from flaxlight import Callback
-from tests.conftest import RegressTrainer, TinyMLP, quiet
-
-
-class CrashAfterEpoch(Callback):
-    """Raises at the end of an epoch, after its checkpoint is on disk."""
-
-    def __init__(self, epoch):
-        self.epoch = epoch
-
-    def on_epoch_end(self, trainer, epoch):
-        if epoch == self.epoch:
-            trainer.checkpointer.wait()
-            raise RuntimeError("crash after the save")
+from conftest import CrashAfterEpoch, RegressTrainer, TinyMLP, quiet
 
 
 def _data(n=40, seed=0):

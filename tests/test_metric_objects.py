@@ -12,7 +12,7 @@ from sklearn.metrics import confusion_matrix, f1_score
 
 import flaxlight
 from flaxlight.metric_objects import F1, ConfusionMatrix, Max, Min, Std, Sum
-from tests.conftest import TinyMLP, quiet
+from conftest import TinyMLP, quiet
 
 
 class DigitsTrainer(flaxlight.TrainerModule):

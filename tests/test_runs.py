@@ -11,9 +11,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import RegressTrainer, TinyMLP, quiet
+from conftest import CrashAfterEpoch, RegressTrainer, TinyMLP, quiet
 
-from flaxlight import Callback
 from flaxlight.callbacks import EarlyStopping, ModelCheckpoint, NaNGuard
 from flaxlight.runfiles import RunLock, next_version_dir
 
@@ -30,18 +29,6 @@ def _trainer(log_dir, **kwargs):
 def _rows(log_dir):
     with open(log_dir / "metrics.csv", newline="") as f:
         return [{k: v for k, v in row.items() if v and k != "epoch_time"} for row in csv.DictReader(f)]
-
-
-class CrashAfterEpoch(Callback):
-    """Raises at the end of an epoch, after its checkpoint is on disk: a crash right after a save."""
-
-    def __init__(self, epoch):
-        self.epoch = epoch
-
-    def on_epoch_end(self, trainer, epoch):
-        if epoch == self.epoch:
-            trainer.checkpointer.wait()
-            raise RuntimeError("crash after the save")
 
 
 def test_resume_after_a_validation_time_save_neither_repeats_nor_skips_the_validation(tmp_path, regression_loaders):
