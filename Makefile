@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 
-.PHONY: demo test venv bench-env bench
+.PHONY: demo test venv bench-env bench docs docs-serve
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -22,6 +22,16 @@ demo: $(PY)
 test: $(PY)
 	$(PIP) install -q -e '.[dev]'
 	$(PY) -m pytest -n 2 --dist loadfile tests
+
+# The documentation site (site/): the guides in docs/ and the API reference from the docstrings;
+# --strict, so a broken link or reference fails the build.
+docs: $(PY)
+	$(PIP) install -q -e '.[docs]'
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+
+docs-serve: $(PY)
+	$(PIP) install -q -e '.[docs]'
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve
 
 # Benchmarks (benchmarks/*.py) in a separate venv: Keras, the peer that benchmarks/keras_peer.py
 # compares with, must not become a dependency of flaxlight.

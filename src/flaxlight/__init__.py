@@ -1,6 +1,6 @@
 """flaxlight: a Lightning-like trainer for JAX/Flax — write the model and the loss, get the loop.
 
-Example:
+Examples:
     >>> import flaxlight
     >>> class Classifier(flaxlight.TrainerModule):
     ...     def loss_fn(self, params, batch, *, train, rng, state):

@@ -6,7 +6,7 @@ epoch)}``, and ``meta`` (JSON: metrics and anything the trainer wants to remembe
 item rather than three halves orbax's work per save (~40 ms less per save for a small model on
 2 cores). No pickle anywhere; restoring runs no stored code.
 
-Example:
+Examples:
     >>> ckpt = Checkpointer("/tmp/run/checkpoints")            # doctest: +SKIP
     >>> ckpt.save(100, state, meta={"val/acc": 0.9})           # doctest: +SKIP
     >>> state = ckpt.restore(state)                            # doctest: +SKIP

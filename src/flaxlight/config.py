@@ -1104,7 +1104,7 @@ def fit(config: str | os.PathLike | Mapping[str, Any] | Config, overrides: Itera
     Import paths in the config run only with ``allow_imports=["mypkg"]`` or ``trust_config=True``
     (see :func:`resolve_config`); registered names need neither.
 
-    Example:
+    Examples:
         >>> result = fit("examples/configs/sine_regression.yaml", ["trainer.max_epochs=2"])  # doctest: +SKIP
         >>> result.metrics["test/loss"], result.log_dir                                        # doctest: +SKIP
     """

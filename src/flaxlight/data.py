@@ -42,7 +42,7 @@ class ArrayLoader:
     same batches in the same order, without a host-to-device copy per step. ``None`` (the
     default) does so when the data take at most 1 GiB; ``False`` always goes batch by batch.
 
-    Example:
+    Examples:
         >>> import numpy as np
         >>> loader = ArrayLoader(np.arange(10), np.arange(10), batch_size=4, shuffle=True, seed=1)
         >>> len(loader), [b[0].shape[0] for b in loader]
@@ -125,7 +125,7 @@ class ArrayLoader:
         """One batch of each shape the loader yields: the first and, when it is smaller, the
         last (the trainer compiles its steps for them ahead of use).
 
-        Example:
+        Examples:
             >>> [b.shape for b in ArrayLoader(np.zeros((10, 3)), batch_size=4).example_batches()]
             [(4, 3), (2, 3)]
             >>> [b.shape for b in ArrayLoader(np.zeros((10, 3)), batch_size=4, drop_last=True).example_batches()]
@@ -161,7 +161,7 @@ class DeviceEpoch:
     step transfers nothing. The batches and their order are exactly those ``iter(loader)``
     yields.
 
-    Example:
+    Examples:
         >>> loader = ArrayLoader(np.arange(10.0), batch_size=4)
         >>> epoch = DeviceEpoch(loader, stop=3)
         >>> [(n, int(i)) for n, (_, i) in epoch.items(start=0, steps=1, global_step=0)]
@@ -223,7 +223,7 @@ def positioned_iterator(loader: Iterable, position: Any = None) -> tuple[Iterato
     torchdata's ``StatefulDataLoader`` (``state_dict`` / ``load_state_dict``). A resumed run then
     continues the epoch where it was, without re-reading the batches already trained on.
 
-    Example:
+    Examples:
         >>> it, where = positioned_iterator(grain.MapDataset.range(8).batch(2).to_iter_dataset())  # doctest: +SKIP
         >>> next(it); where()                                                                     # doctest: +SKIP
         {'next_index': 1}
@@ -265,7 +265,7 @@ def take_batches(batches, index, count: int | None = None):
     """Inside a jitted step: batch ``index`` of a :class:`DeviceEpoch`'s stacked batches, or
     with ``count`` the ``count`` batches from there (a block for fused steps).
 
-    Example:
+    Examples:
         >>> batches = np.arange(12.0).reshape(3, 2, 2)   # 3 batches of 2 examples
         >>> take_batches(batches, 1)
         array([[4., 5.],
@@ -357,7 +357,7 @@ def group_batches(batches: Iterable, steps: int, start: int = 0) -> Iterator[tup
     block of equal shapes (the end of an epoch, a smaller last batch) come out one by one. So
     any interval that is a multiple of ``steps`` falls on a block end.
 
-    Example:
+    Examples:
         >>> [n for n, _ in group_batches([np.zeros((2, 3))] * 6, steps=2, start=1)]
         [1, 2, 2, 1]
     """
@@ -389,7 +389,7 @@ class Prefetcher:
 
     ``transform`` is applied to each item in the thread (default: ``jax.device_put``).
 
-    Example:
+    Examples:
         >>> for batch in Prefetcher(loader, size=2):   # doctest: +SKIP
         ...     ...
     """
@@ -452,7 +452,7 @@ def as_loader(data: Any, batch_size: int | None = None, *, what: str = "data", s
     arrays becomes an :class:`ArrayLoader` of ``batch_size``; anything else (a loader, a list
     of batches) is returned as it is. ``what`` names the argument in errors.
 
-    Example:
+    Examples:
         >>> len(as_loader((np.zeros((10, 3)), np.zeros(10)), batch_size=4))
         3
     """
@@ -473,7 +473,7 @@ def fit_loaders(train: Any, val: Any, test: Any, batch_size: int | None, *, seed
     order again on resume: it is a pure function of the seed and the epoch), validation and test
     arrays in order. Loaders pass through; ``None`` stays ``None``.
 
-    Example:
+    Examples:
         >>> train, val, _ = fit_loaders((np.zeros((10, 3)), np.zeros(10)), None, None, 4, seed=0)
         >>> (len(train), train.shuffle, val)
         (3, True, None)

@@ -12,7 +12,7 @@ Across processes (hosts), :func:`initialize` starts JAX's distributed runtime; e
 feeds its own slice of each global batch (``ArrayLoader(..., shard_index=jax.process_index(),
 num_shards=jax.process_count())``), only process 0 writes logs, all take part in checkpoints.
 
-Example:
+Examples:
     >>> mesh = make_mesh()                                    # all devices on a "data" axis
     >>> sharding = batch_sharding(mesh)                        # doctest: +SKIP
 """

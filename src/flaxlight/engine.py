@@ -17,7 +17,7 @@ The :class:`Engine` takes the user's pure ``train_step(state, batch) -> (state, 
 It knows nothing of callbacks, loggers or the trainer: the trainer hands it an
 :class:`~flaxlight.loop.EventSchedule`-like object (``next_step``) and an ``on_event`` function.
 
-Example:
+Examples:
     >>> engine = Engine(train_step, eval_step, steps_per_execution=4)               # doctest: +SKIP
     >>> span = Span(state, acc=None, step=0)                                        # doctest: +SKIP
     >>> engine.train(loader, span, stop=len(loader), schedule=schedule, on_event=on_event,
@@ -59,7 +59,7 @@ def block_length_for(single: float, fused: float, fused_length: int, max_share: 
     a dispatch, ``(single - fused) * L / (L - 1)``, is split over K steps until it is at most
     ``max_share`` of a step's own work. 1 when fusing saves nothing.
 
-    Example:
+    Examples:
         >>> block_length_for(single=100e-6, fused=40e-6, fused_length=16)   # dispatch 64 us, work 36 us
         32
         >>> block_length_for(single=2e-3, fused=1.99e-3, fused_length=16)
@@ -471,7 +471,7 @@ class LearningRateTable:
     """Learning rates of a span of steps, computed in one dispatch and copied to the host in
     the background, so a log point reads its rate without waiting for the steps in flight.
 
-    Example:
+    Examples:
         >>> table = LearningRateTable(jax.jit)
         >>> table.prepare(optax.linear_schedule(1.0, 0.0, 10), start=0, count=10)   # doctest: +SKIP
         >>> table.rate(optax.linear_schedule(1.0, 0.0, 10), 5)                       # doctest: +SKIP

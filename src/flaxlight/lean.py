@@ -7,7 +7,7 @@ model that cost is a visible share of a step: the trainer's ``TrainState`` carri
 step's jaxpr; :class:`LeanLoop` then runs the jitted step on the state without them and puts
 them back whenever the trainer hands the state to anyone else.
 
-Example:
+Examples:
     >>> fields, single, fused = strip_idle_fields(train, train_block, state, acc, batch)  # doctest: +SKIP
     >>> lean = LeanLoop(fields, jax.jit(single), jax.jit(fused))            # doctest: +SKIP
     >>> core, kept = lean.split(state)                                       # doctest: +SKIP

@@ -2,7 +2,7 @@
 
 Small objects that answer questions and return values; the trainer acts on the answers.
 
-Example:
+Examples:
     >>> schedule = EventSchedule()
     >>> schedule.plan(step=0, intervals=[50, 200], max_steps=None)
     50

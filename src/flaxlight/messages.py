@@ -11,7 +11,7 @@ appear on stderr as plain lines. To route them through your own logging set-up i
 
 and ``logging.getLogger("flaxlight").setLevel(logging.WARNING)`` silences the information.
 
-Example:
+Examples:
     >>> from flaxlight.messages import logger
     >>> logger.info("Resumed from checkpoint %d.", 120)   # doctest: +SKIP
 """

@@ -6,7 +6,7 @@ predictions, not a mean of batch F1s. Any object with ``merge(other)`` and ``com
 a pytree works the same way: ``clu.metrics`` and metrax classes, or your own
 ``flax.struct.dataclass``.
 
-Example:
+Examples:
     >>> def loss_fn(params, batch, *, train, rng, state):
     ...     x, y = batch
     ...     logits, _ = state.apply_model(params, x, train=train, rng=rng)
@@ -36,7 +36,7 @@ def _masked(values: Any, mask: Any, fill: float) -> jax.Array:
 class Sum:
     """The total of the values over the epoch (e.g. a count of errors).
 
-    Example:
+    Examples:
         >>> float(Sum.of(jnp.array([1.0, 2.0])).merge(Sum.of(jnp.array([3.0]))).compute())
         6.0
     """
@@ -59,7 +59,7 @@ class Sum:
 class Max:
     """The largest value over the epoch.
 
-    Example:
+    Examples:
         >>> float(Max.of(jnp.array([1.0, 5.0])).merge(Max.of(jnp.array([3.0]))).compute())
         5.0
     """
@@ -81,7 +81,7 @@ class Max:
 class Min:
     """The smallest value over the epoch.
 
-    Example:
+    Examples:
         >>> float(Min.of(jnp.array([1.0, 5.0])).merge(Min.of(jnp.array([3.0]))).compute())
         1.0
     """
@@ -104,7 +104,7 @@ class Std:
     """The standard deviation of all the epoch's values (population, as ``np.std``), e.g. of
     per-example accuracy or loss.
 
-    Example:
+    Examples:
         >>> round(float(Std.of(jnp.array([1.0, 3.0])).merge(Std.of(jnp.array([5.0, 7.0]))).compute()), 4)
         2.2361
     """
@@ -152,7 +152,7 @@ class ConfusionMatrix:
     An array result is returned by ``eval_model`` / ``test`` and kept in the history; loggers
     (scalars only) do not receive it.
 
-    Example:
+    Examples:
         >>> ConfusionMatrix.of(jnp.array([0, 1, 1]), jnp.array([0, 1, 0]), num_classes=2).compute().tolist()
         [[1, 0], [1, 1]]
     """
@@ -177,7 +177,7 @@ class F1:
     ``sklearn.metrics.f1_score`` with the same ``average``: ``"macro"`` (mean over the classes
     that occur in the labels or the predictions), ``"micro"`` or ``"binary"`` (class 1).
 
-    Example:
+    Examples:
         >>> y, p = jnp.array([0, 1, 1, 2]), jnp.array([0, 1, 2, 2])
         >>> round(float(F1.of(y, p, num_classes=3).compute()), 4)
         0.7778

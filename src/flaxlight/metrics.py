@@ -9,7 +9,7 @@ and ``compute()`` that is a pytree (``clu.metrics``, metrax and the classes in
 :mod:`flaxlight.metric_objects` have that shape). They are merged on the device over the epoch
 (under ``"objects"`` in the accumulator) and computed once when the epoch's values are read.
 
-Example:
+Examples:
     >>> import jax.numpy as jnp
     >>> acc = init_accumulator({"loss": jnp.float32(0)})
     >>> acc = accumulate(acc, {"loss": jnp.float32(2.0)}, 3)

@@ -8,7 +8,7 @@ For NNX the module is split once at set-up (``nnx.split``) into its graph defini
 ``apply_fn`` merges them back *inside* the jitted step, which costs nothing at run time
 (unlike ``nnx.jit`` in graph mode). ``bind`` merges the trained state into a live module.
 
-Example:
+Examples:
     >>> adapter = make_adapter(MyNNXModel, {"din": 4}, seed=0)        # doctest: +SKIP
     >>> variables = adapter.init(jax.random.PRNGKey(0), [x])          # doctest: +SKIP
     >>> model = adapter.bind(variables)                               # doctest: +SKIP

@@ -20,7 +20,7 @@ own decay where optax has one, e.g. ``adamw``; otherwise ``-lr * weight_decay * 
 optimizer's update), ``"l2"`` leaves it out of the chain and the train step adds
 ``0.5 * weight_decay * sum(param ** 2)`` to the loss (:func:`make_l2_regularizer`).
 
-Example:
+Examples:
     >>> tx = make_optimizer({"optimizer": "adam", "lr": 1e-3, "warmup": 10}, total_steps=100)
     >>> plan = make_optimizer_plan(OptimizerConfig(optimizer="sgd", lr=0.1, weight_decay=1e-4,
     ...                                            weight_decay_mode="l2"), total_steps=100)
@@ -346,7 +346,7 @@ class OptimizerConfig(Mapping):
     def describe(self) -> str:
         """The optimizer in effect, defaults included, in one line.
 
-        Example:
+        Examples:
             >>> OptimizerConfig.from_dict({"optimizer": "sgd", "lr": 0.1, "momentum": 0.9}).describe()
             'sgd(lr=0.1, momentum=0.9) + warmup_cosine(warmup_steps=0, end_lr=0.001) + clip_by_global_norm(1)'
         """
@@ -412,7 +412,7 @@ def as_optimizer_config(optimizer_hparams) -> OptimizerConfig | None:
 def describe_optimizer(optimizer_hparams) -> str:
     """One line naming the optimizer that will run (see :meth:`OptimizerConfig.describe`).
 
-    Example:
+    Examples:
         >>> describe_optimizer({"optimizer": "polyak_sgd", "lr": 1.0})
         'polyak_sgd(lr=1) + clip_by_global_norm(1)'
     """
@@ -462,7 +462,7 @@ def make_schedule(lr: float, warmup: int, total_steps: int, schedule: str = "war
     cosine decay to ``end_lr_factor * lr`` at ``total_steps``. The other schedules (see
     :class:`OptimizerConfig`) get the same linear warmup prepended.
 
-    Example:
+    Examples:
         >>> float(make_schedule(1.0, 10, 100)(10))
         1.0
     """
@@ -511,7 +511,7 @@ def make_weight_decay_mask(exclude=DEFAULT_WEIGHT_DECAY_EXCLUDE) -> Callable[[An
     The default excludes ``bias`` (Dense, Conv, and norm layers' shift) and ``scale`` (BatchNorm,
     LayerNorm, GroupNorm, RMSNorm), as is standard for AdamW.
 
-    Example:
+    Examples:
         >>> make_weight_decay_mask()({"Dense_0": {"kernel": 1.0, "bias": 0.0}})
         {'Dense_0': {'bias': False, 'kernel': True}}
     """
@@ -534,7 +534,7 @@ def make_l2_regularizer(weight_decay: float, mask=None) -> Callable[[Any], jax.A
 
     Its gradient is ``weight_decay * param``: with plain SGD this equals decoupled decay.
 
-    Example:
+    Examples:
         >>> float(make_l2_regularizer(0.1)({"kernel": jnp.ones(3), "bias": jnp.ones(2)}))
         0.25
     """
@@ -720,7 +720,7 @@ def warn_l2_outside_step(trainer_name: str) -> None:
 def make_optimizer_plan(optimizer_hparams, total_steps: int) -> OptimizerPlan:
     """Build the optimizer for a run of ``total_steps`` train steps and say what the step must add.
 
-    Example:
+    Examples:
         >>> plan = make_optimizer_plan({"optimizer": "adamw", "lr": 1e-3, "weight_decay": 0.01}, 1000)
         >>> plan.regularizer is None      # decoupled: the decay is inside plan.tx
         True
@@ -852,7 +852,7 @@ def make_optimizer(optimizer_hparams, total_steps: int) -> optax.GradientTransfo
     With ``weight_decay_mode="l2"`` the transformation holds no decay: the train step adds the
     penalty (use :func:`make_optimizer_plan` to get it, or let ``TrainerModule`` wire it).
 
-    Example:
+    Examples:
         >>> tx = make_optimizer({"optimizer": "sgd", "lr": 0.1, "momentum": 0.9}, total_steps=1000)
     """
     return make_optimizer_plan(optimizer_hparams, total_steps).tx

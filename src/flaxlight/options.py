@@ -1,6 +1,6 @@
 """``TrainerOptions``: every knob of the loop beyond the seed's constructor arguments, validated once.
 
-Example:
+Examples:
     >>> options = TrainerOptions(max_steps=1000, val_check_interval=200, log_every_n_steps=10)
     >>> options.steps_per_execution
     1
@@ -129,7 +129,7 @@ class TrainerOptions:
         that are no option are kept (in the run's config: ``extra_args=...``) and listed once; one
         close to an option's name (``max_step``, ``check_val_every_n_nepoch``) is an error naming it.
 
-        Example:
+        Examples:
             >>> TrainerOptions.split_kwargs({"max_steps": 5, "extra_args": 1})[1]   # doctest: +SKIP
             {'extra_args': 1}
         """

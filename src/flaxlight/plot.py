@@ -4,7 +4,7 @@ One panel per metric (``train/loss`` and ``val/loss`` share the ``loss`` panel),
 overlaid in one colour each (a single run: one colour per split): train solid, val dashed, test
 as a star, the running per-step train values (``train/loss_step``) as a thin faint line.
 
-Example:
+Examples:
     >>> from flaxlight.plot import plot_runs
     >>> plot_runs(["checkpoints/MLP/version_0", "checkpoints/MLP/version_1"], "curves.png")  # doctest: +SKIP
 
@@ -52,7 +52,7 @@ def _metrics_path(run: str | os.PathLike) -> str:
 def read_metrics(run: str | os.PathLike) -> dict[str, tuple[list[int], list[float]]]:
     """A run's ``metrics.csv`` as ``{column: (steps, values)}`` (empty cells skipped).
 
-    Example:
+    Examples:
         >>> steps, values = read_metrics("checkpoints/MLP/version_0")["val/loss"]  # doctest: +SKIP
     """
     series: dict[str, tuple[list[int], list[float]]] = {}
@@ -114,7 +114,7 @@ def plot_runs(
         panel_size: inches per panel; the PNG is ``ncols*w*dpi`` x ``nrows*h*dpi`` pixels.
         dpi: pixels per inch.
 
-    Example:
+    Examples:
         >>> plot_runs("checkpoints/MLP/version_0", "curves.png", metrics=["loss"])  # doctest: +SKIP
         'curves.png'
     """

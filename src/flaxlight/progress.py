@@ -23,7 +23,7 @@ def bars_wanted() -> bool:
     """Whether progress shows as bars: stderr is a terminal or a notebook runs us, and not ``CI``
     (Keras' ``verbose="auto"``). A log file or pipe gets plain lines instead of bar redraws.
 
-    Example:
+    Examples:
         >>> isinstance(bars_wanted(), bool)
         True
     """

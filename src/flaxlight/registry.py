@@ -68,7 +68,7 @@ def explicit_parameters(fn: Callable) -> dict[str, inspect.Parameter]:
     """The parameters ``fn`` takes by name (not ``*args``/``**kwargs``, not ``self``); ``{}``
     when Python cannot read its signature.
 
-    Example:
+    Examples:
         >>> sorted(explicit_parameters(lambda self, a, *args, b=1, **kw: None))
         ['a', 'b']
     """
@@ -93,7 +93,7 @@ def import_object(path: str) -> Any:
     The error says which part failed: the module that cannot be imported (and why), or the
     attribute the module does not have (with the closest name it has).
 
-    Example:
+    Examples:
         >>> import_object("flaxlight.data:ArrayLoader").__name__
         'ArrayLoader'
     """

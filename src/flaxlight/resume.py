@@ -6,7 +6,7 @@ running log, the best validation, the callbacks' states and the run's length.
 :func:`choose_step` picks the best or the last checkpoint of a run (the trainer and the tuner
 both ask it).
 
-Example:
+Examples:
     >>> meta = CheckpointMeta(step=120, epoch=3, phase="epoch_end", best_step=80)
     >>> CheckpointMeta.from_json(meta.to_json()) == meta
     True

@@ -4,7 +4,7 @@ A run's folder (``log_dir``) holds ``hparams.yaml`` (how the trainer was built: 
 never pickled), ``metrics.csv`` and the other loggers' files, ``metrics/<name>.json`` and
 ``checkpoints/``.
 
-Example:
+Examples:
     >>> params = LoggerParams.from_mapping({"base_log_dir": "runs", "logger_type": "csv"})
     >>> params.logger_kinds(extra_loggers=False)
     ['csv']
@@ -184,7 +184,7 @@ class RunLock:
     A second process that tries to train into a live run's folder is refused; a lock left by a
     process that no longer runs (on this host) is taken over with a warning.
 
-    Example:
+    Examples:
         >>> lock = RunLock("runs/sine"); lock.acquire()   # doctest: +SKIP
         >>> lock.release()                                # doctest: +SKIP
     """

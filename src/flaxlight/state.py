@@ -25,7 +25,7 @@ class TrainState(train_state.TrainState):
     ``step`` and ``epoch`` are int32 arrays from the start, so the first jitted update does not
     recompile when a Python ``0`` turns into an array.
 
-    Example:
+    Examples:
         >>> import jax, jax.numpy as jnp, optax
         >>> state = TrainState.create(apply_fn=lambda v, x: x @ v["params"]["w"],
         ...                           params={"w": jnp.ones((2, 1))}, tx=optax.sgd(0.1),
@@ -91,7 +91,7 @@ class TrainState(train_state.TrainState):
         ``updates`` is an empty dict. ``rngs=`` adds Linen streams (a dict) or, for an NNX
         module whose ``__call__`` takes ``rngs``, is passed to it (an ``nnx.Rngs``).
 
-        Example:
+        Examples:
             >>> logits, updates = state.apply_model(params, x, train=True, rng=rng)  # doctest: +SKIP
         """
         rngs = {"dropout": rng} if rng is not None else None

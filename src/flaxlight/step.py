@@ -123,7 +123,7 @@ class TrainStep:
     inputs, gradients and the optimizer stay fp32), ``eval_with_ema`` (evaluate with the
     parameters' moving average when the optimizer keeps one, ``ema_decay``).
 
-    Example:
+    Examples:
         >>> def loss_fn(params, batch, *, train, rng, state):
         ...     x, y = batch
         ...     pred, updates = state.apply_model(params, x, train=train, rng=rng)
@@ -247,7 +247,7 @@ def make_train_step(loss_fn: LossFn, **options: Any) -> Callable[[TrainState, An
 
     ``options`` are :class:`TrainStep`'s (``regularizer``, ``precision``, ``eval_with_ema``).
 
-    Example:
+    Examples:
         >>> train_step = jax.jit(make_train_step(loss_fn), donate_argnums=0)  # doctest: +SKIP
     """
     return TrainStep(loss_fn, **options).step

@@ -5,7 +5,7 @@ matplotlib for the plots). Everything a study knows lives in its storage (by def
 file next to the trial dirs), so a study resumes after a crash, grows when run again, and is
 shared by every process pointed at the same storage.
 
-Example:
+Examples:
     >>> from flaxlight.tune import Float, tune, load_best
     >>> study = tune(                                                               # doctest: +SKIP
     ...     MyTrainer,
@@ -263,7 +263,7 @@ class SearchSpace(Mapping):
     (``{optimizer_hparams: {lr: {...}}}`` is ``optimizer_hparams.lr``). Validated on
     construction: every mistake raises a ``ValueError`` naming the key.
 
-    Example:
+    Examples:
         >>> space = SearchSpace({"optimizer_hparams.lr": {"type": "float", "low": 1e-4, "high": 1e-2, "log": True},
         ...                      "model_hparams.dropout_prob": Float(0.0, 0.6)})
         >>> sorted(space)
@@ -875,7 +875,8 @@ def tune(
         hparams: the fixed keyword arguments of every trial's trainer (``model_class``,
             ``model_hparams``, ``optimizer_hparams``, ``exmp_input``, trainer options...). Trial
             trainers default to no progress bar and no model table.
-        train_loader, val_loader: the data of every trial; or
+        train_loader: the training data of every trial; or ``loaders``.
+        val_loader: the validation data of every trial.
         loaders: ``f(hparams) -> (train_loader, val_loader)`` per trial, for tuning data settings
             (the key ``data`` of ``hparams`` is then given to it, not to a trainer class).
         num_epochs: epochs per trial (pruning stops bad trials earlier).
@@ -893,8 +894,8 @@ def tune(
         study_name: the study's name in the storage and its folder under ``base_dir``: a plain
             name (no ``/``, ``\\``, ``.`` or ``..``).
         base_dir: trial log dirs go to ``base_dir/study_name/trial_NNNN/``.
-        sampler, pruner: optuna objects or specs for :func:`make_sampler` / :func:`make_pruner`
-            (defaults: TPE seeded with ``seed``, and ``MedianPruner()``).
+        sampler: an optuna sampler or a spec for :func:`make_sampler` (default: TPE seeded with ``seed``).
+        pruner: an optuna pruner or a spec for :func:`make_pruner` (default: ``MedianPruner()``).
         seed: the default sampler's seed (give each parallel worker its own, or None).
         catch: exception types that fail a trial (recorded in ``user_attrs["error"]``) without
             stopping the study; others stop it after recording the trial as failed.

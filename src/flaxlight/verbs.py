@@ -3,7 +3,7 @@
 :class:`~flaxlight.trainer.TrainerModule` inherits it. ``predict`` and ``test`` take a loader, or arrays and a
 ``batch_size`` (see :func:`flaxlight.data.as_loader`).
 
-Example:
+Examples:
     >>> probabilities = trainer.predict(x_test, batch_size=256)          # doctest: +SKIP
     >>> trainer.test((x_test, y_test), batch_size=256)                   # doctest: +SKIP
     {'test/loss': 0.08, 'test/acc': 0.97}
@@ -41,7 +41,7 @@ class TrainerVerbsMixin:
         batch (the shorter last batch compiles once); outputs are copied to the host as they
         are made and read once at the end.
 
-        Example:
+        Examples:
             >>> logits = trainer.predict(x_test, batch_size=256, which="best")   # doctest: +SKIP
         """
         loader = as_loader(data, batch_size, what="predict's data")

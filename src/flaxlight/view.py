@@ -7,7 +7,7 @@ inherits it; the members it reads are set up by the trainer: ``_loop`` (a
 ``callbacks``, ``logger``, ``callback_metrics``, ``global_step``, ``should_stop``, ``stop_reason``,
 ``options``. It also holds the trainer's private logging and stop bookkeeping behind these.
 
-Example:
+Examples:
     >>> class EpochPrinter(flaxlight.Callback):                                   # doctest: +SKIP
     ...     def on_log(self, trainer, step, metrics):
     ...         trainer.log_metrics({"epoch_seen": trainer.current_epoch}, step=step)

@@ -11,7 +11,7 @@ work); a flush runs everything at once. A job not started yet can be withdrawn
 with the next job, so an idle writer holds no thread; jobs still queued when the interpreter
 exits are run (unthrottled) before it ends, and an idle thread ends at once then.
 
-Example:
+Examples:
     >>> writer = BackgroundWriter("demo")
     >>> done = []
     >>> job = writer.submit(done.append, 1)

@@ -100,7 +100,7 @@ class Callback:
     return their state from ``state_dict()``; it is saved in every checkpoint and handed back
     to ``load_state_dict()`` on resume.
 
-    Example:
+    Examples:
         >>> class PrintLoss(Callback):
         ...     def on_train_epoch_end(self, trainer, epoch, metrics):
         ...         print(epoch, metrics["train/loss"])

@@ -20,7 +20,7 @@ def with_default_callbacks(callbacks: list[Callback], options: Any, enable_progr
     :class:`ProgressBar`, a :class:`History`) unless one of that kind was given. ``fast_dev_run`` writes no checkpoint.
     :class:`ModelCheckpoint` callbacks come last, so each hook reaches them after the others.
 
-    Example:
+    Examples:
         >>> [type(cb).__name__ for cb in with_default_callbacks([], TrainerOptions(), True)]   # doctest: +SKIP
         ['ModelCheckpoint', 'ProgressBar', 'History']
     """

@@ -14,8 +14,8 @@ class EarlyStopping(Callback):
     """Stop training once a monitored validation metric stops improving (Lightning's semantics).
 
     Args:
-        monitor, mode: the metric (e.g. ``"val/loss"``) and whether lower (``"min"``) or higher
-            (``"max"``) is better.
+        monitor: the metric, e.g. ``"val/loss"``.
+        mode: whether lower (``"min"``) or higher (``"max"``) is better.
         patience: validations in a row without an improvement of more than ``min_delta`` after
             which training stops (``patience=3``: the third one stops it).
         min_delta: the smallest change that counts as an improvement.
@@ -27,7 +27,7 @@ class EarlyStopping(Callback):
     printed and kept in ``trainer.stop_reason``. Its state (best score, validations waited) is
     saved in checkpoints, so a resumed run keeps counting.
 
-    Example:
+    Examples:
         >>> stopper = EarlyStopping(monitor="val/loss", mode="min", patience=3, min_delta=1e-4)
     """
 

@@ -20,7 +20,7 @@ class History(Callback):
     so a resumed run's history is the uninterrupted run's; each new ``train_model`` call starts
     an empty one. Every trainer has one: ``trainer.history``, also ``train_model(...).history``.
 
-    Example:
+    Examples:
         >>> result = trainer.train_model((x, y), (xv, yv), num_epochs=5, batch_size=64)   # doctest: +SKIP
         >>> [round(row["val/acc"], 2) for row in result.history]                           # doctest: +SKIP
         [0.81, 0.9, 0.93, 0.94, 0.95]
@@ -59,7 +59,7 @@ class FitResult(dict):
     """What ``train_model`` returns: the best metrics as a dict (the seed's return value), with
     the run's :class:`History` rows as ``.history``.
 
-    Example:
+    Examples:
         >>> result = FitResult({"val/acc": 0.9}, history=[{"epoch": 1, "step": 8, "val/acc": 0.9}])
         >>> (result["val/acc"], len(result.history))
         (0.9, 1)

@@ -28,7 +28,7 @@ def rate_in_optimizer_state(opt_state: Any) -> dict[str, Any]:
     (its ``learning_rate``), ``{"train/lr_scale": ...}`` from ``optax.contrib.reduce_on_plateau``
     (the factor it applies); empty when it exposes none. Values stay on the device.
 
-    Example:
+    Examples:
         >>> import optax, jax.numpy as jnp
         >>> tx = optax.inject_hyperparams(optax.sgd)(learning_rate=0.1)
         >>> float(rate_in_optimizer_state(tx.init(jnp.zeros(2)))["train/lr"])
@@ -57,7 +57,7 @@ class LearningRateMonitor(Callback):
     that reads one scalar from the device per log point. When neither is known, it says so
     once and logs nothing.
 
-    Example:
+    Examples:
         >>> trainer = MyTrainer(..., callbacks=[LearningRateMonitor()])  # doctest: +SKIP
     """
 

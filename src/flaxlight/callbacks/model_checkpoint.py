@@ -47,7 +47,7 @@ class ModelCheckpoint(Callback):
     orbax finds the same best step: ``ocp.CheckpointManager(dir, options=
     ocp.CheckpointManagerOptions(best_fn=lambda m: m["val/acc"], best_mode="max")).best_step()``.
 
-    Example:
+    Examples:
         >>> trainer = MyTrainer(..., callbacks=[ModelCheckpoint(monitor="val/acc", mode="max", save_top_k=3)])  # doctest: +SKIP
     """
 

@@ -18,7 +18,7 @@ class NaNGuard(Callback):
     advances); ``trainer.nonfinite_steps`` counts them. Without a NaNGuard, a checkpoint is
     still never written from non-finite params.
 
-    Example:
+    Examples:
         >>> guard = NaNGuard(action="skip")
     """
 

@@ -23,7 +23,7 @@ class ProgressBar(Callback):
     ``verbose="auto"`` does; ``"bars"`` or ``"lines"`` choose one. Added by default when
     ``enable_progress_bar=True``.
 
-    Example:
+    Examples:
         >>> trainer = MyTrainer(..., callbacks=[ProgressBar(refresh_every_n_steps=50)])  # doctest: +SKIP
     """
 

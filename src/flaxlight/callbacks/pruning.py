@@ -29,7 +29,7 @@ class PruningCallback(Callback):
     A metric the trainer never logs raises :class:`MetricNotLoggedError` at the first validation,
     listing the metrics that are logged.
 
-    Example:
+    Examples:
         >>> def objective(trial):                                                   # doctest: +SKIP
         ...     pruning = PruningCallback(trial, monitor="val/acc")
         ...     trainer = MyTrainer(..., callbacks=[pruning], monitor="val/acc", mode="max")

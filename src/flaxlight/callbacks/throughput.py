@@ -17,7 +17,7 @@ class ThroughputMonitor(Callback):
     Rates are wall-clock over the interval between log points, measured on the host: no device
     sync is added (the first step is timed to completion once, by the trainer).
 
-    Example:
+    Examples:
         >>> trainer = MyTrainer(..., callbacks=[ThroughputMonitor()])  # doctest: +SKIP
     """
 

@@ -33,7 +33,7 @@ class Timer(Callback):
 
     The time already spent is kept in checkpoints, so a resumed run continues the budget.
 
-    Example:
+    Examples:
         >>> timer = Timer("00:02:00:00")   # two hours
     """
 

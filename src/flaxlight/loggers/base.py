@@ -18,7 +18,7 @@ class Logger:
 
     Values arrive as Python floats (already on the host). ``step`` counts optimizer updates.
 
-    Example:
+    Examples:
         >>> class PrintLogger(Logger):
         ...     def log_metrics(self, metrics, step):
         ...         print(step, metrics)
@@ -66,7 +66,7 @@ class LoggerCollection(Logger):
     the same run, which is then finalized again with the same status (an MLflow run does not
     stay RUNNING; a W&B run stays open until :meth:`close` or the interpreter's exit).
 
-    Example:
+    Examples:
         >>> logger = LoggerCollection([CSVLogger(log_dir)])   # doctest: +SKIP
     """
 
@@ -145,7 +145,7 @@ def as_image(image: Any) -> np.ndarray:
     Accepts numpy or JAX arrays shaped ``(H, W)`` or ``(H, W, C)`` with C in 1, 3, 4. Floats are
     read as [0, 1] (clipped) and scaled to [0, 255]; a single channel is squeezed to ``(H, W)``.
 
-    Example:
+    Examples:
         >>> as_image(np.ones((2, 3, 1), np.float32)).shape
         (2, 3)
     """
@@ -172,7 +172,7 @@ def as_image(image: Any) -> np.ndarray:
 def flatten_params(params: Mapping, prefix: str = "", sep: str = ".") -> dict[str, Any]:
     """Nested mappings flattened to dotted keys: ``{"opt": {"lr": 1}}`` -> ``{"opt.lr": 1}``.
 
-    Example:
+    Examples:
         >>> flatten_params({"opt": {"lr": 0.1}, "seed": 0})
         {'opt.lr': 0.1, 'seed': 0}
     """
@@ -189,7 +189,7 @@ def flatten_params(params: Mapping, prefix: str = "", sep: str = ".") -> dict[st
 def run_display_name(log_dir: str | os.PathLike) -> str:
     """A short name for a run directory: its folder name, or ``parent/version_N`` for versioned runs.
 
-    Example:
+    Examples:
         >>> run_display_name("checkpoints/MLP/version_3")
         'MLP/version_3'
     """

@@ -19,7 +19,7 @@ class CSVLogger(Logger):
     written by :meth:`flush` (the trainer flushes at every epoch end and checkpoint) and
     :meth:`finalize`, or once ``flush_every_n_records`` rows are waiting.
 
-    Example:
+    Examples:
         >>> logger = CSVLogger("/tmp/run")                 # doctest: +SKIP
         >>> logger.log_metrics({"train/loss": 0.5}, step=10)  # doctest: +SKIP
     """

@@ -70,7 +70,7 @@ class MLflowLogger(Logger):
         run_id: an existing run to continue.
         artifact_location: artifact root for a newly created experiment.
 
-    Example:
+    Examples:
         >>> logger = MLflowLogger(experiment_name="digits", run_name="mlp", save_dir="runs/mlp")  # doctest: +SKIP
         >>> trainer = MyTrainer(..., loggers=[logger])                                             # doctest: +SKIP
     """

@@ -43,7 +43,7 @@ class TensorBoardLogger(Logger):
     Events are written straight to the file by the thread that logs (flaxlight's background log
     writer): one event per log call, holding all its scalars, with no queue or thread of its own.
 
-    Example:
+    Examples:
         >>> logger = TensorBoardLogger("/tmp/run")             # doctest: +SKIP
         >>> logger.log_metrics({"val/acc": 0.9}, step=100)       # doctest: +SKIP
         >>> logger.log_image("val/reconstruction", image_hwc, step=100)  # doctest: +SKIP

@@ -57,7 +57,7 @@ class WandbLogger(Logger):
         entity, tags, group: passed to ``wandb.init``.
         **init_kwargs: any other ``wandb.init`` argument.
 
-    Example:
+    Examples:
         >>> logger = WandbLogger(project="digits", name="mlp-lr1e-3", save_dir="runs/mlp", offline=True)  # doctest: +SKIP
         >>> trainer = MyTrainer(..., loggers=[logger])                                                     # doctest: +SKIP
     """
