@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 
-.PHONY: demo test venv bench-env bench docs docs-serve
+.PHONY: demo test venv bench-env bench docs docs-serve smoke-lowest
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -22,6 +22,17 @@ demo: $(PY)
 test: $(PY)
 	$(PIP) install -q -e '.[dev]'
 	$(PY) -m pytest -n 2 --dist loadfile tests
+
+# A fit, a resume and a tune trial on the lowest dependency versions pyproject.toml declares
+# (tests/lowest-requirements.txt), in a venv of their own.
+LOWEST_VENV ?= .venv-lowest
+smoke-lowest:
+	$(PYTHON) -m venv $(LOWEST_VENV)
+	$(LOWEST_VENV)/bin/python -m pip install -q --upgrade pip
+	$(LOWEST_VENV)/bin/python -m pip install -q -r tests/lowest-requirements.txt
+	$(LOWEST_VENV)/bin/python -m pip install -q --no-deps -e .
+	$(LOWEST_VENV)/bin/python -m pip check
+	rm -rf $(LOWEST_VENV)-work && $(LOWEST_VENV)/bin/python tests/smoke_lowest.py $(LOWEST_VENV)-work
 
 # The documentation site (site/): the guides in docs/ and the API reference from the docstrings;
 # --strict, so a broken link or reference fails the build.
