@@ -319,3 +319,40 @@ def test_resume_from_a_folder_without_a_run_exits_2(tmp_path, capsys):
     code, _, err = run(capsys, "fit", "-c", CONFIGS / "sine_regression.yaml", "--resume", tmp_path / "typo")
     assert code == 2 and "--resume" in err and "no run to continue" in err
     assert not (tmp_path / "typo").exists()  # nothing written
+
+
+# ---------------------------------------------------------------------------------------- LightningCLI habits
+def test_lightning_style_print_config_and_dashed_dotted_keys(tmp_path, capsys):
+    code, out, _ = run(capsys, "fit", "--config", CONFIGS / "digits_mlp.yaml", "--print_config",
+                       "--trainer.max_epochs=5", "--optimizer.lr", "3e-4", "data.batch_size=32")
+    assert code == 0
+    printed = yaml.safe_load(out)
+    assert printed["trainer"]["max_epochs"] == 5 and printed["optimizer"]["lr"] == pytest.approx(3e-4)
+    assert printed["data"]["batch_size"] == 32
+    code, _, err = run(capsys, "fit", "--config", CONFIGS / "digits_mlp.yaml", "--print_config", "--trainer.max_epoch=5")
+    assert code == 2 and "Did you mean 'trainer.max_epochs'?" in err  # the same message as key=value
+    code, _, err = run(capsys, "fit", "--config", CONFIGS / "digits_mlp.yaml", "--trainer.max_epochs")
+    assert code == 2 and "--trainer.max_epochs needs a value" in err
+
+
+def test_repeated_config_files_merge_in_order(tmp_path, capsys):
+    (tmp_path / "fast.yaml").write_text("trainer:\n  max_epochs: 3\noptimizer:\n  lr: 0.01\n")
+    (tmp_path / "small.yaml").write_text("model:\n  hparams:\n    hidden_dims: [16]\ntrainer:\n  max_epochs: 4\n")
+    code, out, _ = run(capsys, "fit", "-c", CONFIGS / "digits_mlp.yaml", "-c", tmp_path / "fast.yaml",
+                       "--config", tmp_path / "small.yaml", "--print-config")
+    assert code == 0
+    printed, base = yaml.safe_load(out), yaml.safe_load((CONFIGS / "digits_mlp.yaml").read_text())
+    assert printed["trainer"]["max_epochs"] == 4  # the last file wins
+    assert printed["optimizer"]["lr"] == pytest.approx(0.01)  # the second file's, merged into the section
+    assert printed["model"]["hparams"]["hidden_dims"] == [16]
+    assert printed["model"]["name"] == base["model"]["name"]  # kept from the first file
+    assert printed["data"]["name"] == base["data"]["name"]
+
+
+def test_help_lists_every_config_field_with_type_and_default(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["fit", "--help"])
+    out = capsys.readouterr().out
+    assert "config fields" in out
+    for line in ("trainer.max_epochs", "int = 500"), ("optimizer.lr",), ("data.batch_size", "int = 64"):
+        assert any(all(part in row for part in line) for row in out.splitlines()), line

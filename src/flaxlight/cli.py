@@ -30,15 +30,56 @@ trust: a config (and a run folder's config.yaml) is data: its name: keys resolve
 """
 
 
+class _Parser(argparse.ArgumentParser):
+    """A command's parser; for the commands that read a config, ``--help`` also lists every config
+    field with its type and default (imported only then: the schema needs jax)."""
+
+    lists_config_fields = False
+
+    def format_help(self) -> str:
+        text = super().format_help()
+        if not self.lists_config_fields:
+            return text
+        from flaxlight.config import config_fields
+
+        rows = config_fields()
+        width = max(len(key) for key, _, _ in rows)
+        listing = "\n".join(f"  {key:<{width}}  {kind} = {default}" for key, kind, default in rows)
+        return (f"{text}\nconfig fields (in the YAML, as KEY=VALUE or --KEY=VALUE; optimizer.* keys are the "
+                f"optimizer_hparams of docs/optimizers.md):\n{listing}\n")
+
+
+def _dotted_flags(argv: Sequence[str]) -> list[str]:
+    """LightningCLI's ``--trainer.max_epochs=5`` / ``--trainer.max_epochs 5`` as our ``trainer.max_epochs=5``."""
+    out, args = [], list(argv)
+    while args:
+        arg = args.pop(0)
+        name = arg[2:].split("=", 1)[0]
+        if arg.startswith("--") and "." in name and not name.startswith("."):
+            if "=" in arg:
+                out.append(arg[2:])
+                continue
+            if not args:
+                raise _UsageError(f"{arg} needs a value: {arg}=VALUE or {arg} VALUE.")
+            out.append(f"{name}={args.pop(0)}")
+        else:
+            out.append(arg)
+    return out
+
+
 def _add_config_arguments(parser: argparse.ArgumentParser, *, config_required: bool) -> None:
+    parser.lists_config_fields = True
+    more = "; repeatable: later files are merged over earlier ones, section by section"
     if config_required:
-        parser.add_argument("-c", "--config", required=True, metavar="PATH", help="the run's YAML config")
+        parser.add_argument("-c", "--config", required=True, action="append", metavar="PATH",
+                            help="the run's YAML config" + more)
     else:
-        parser.add_argument("-c", "--config", metavar="PATH",
-                            help="the run's YAML config (default: RUN_DIR/config.yaml, saved by fit)")
+        parser.add_argument("-c", "--config", action="append", metavar="PATH",
+                            help="the run's YAML config (default: RUN_DIR/config.yaml, saved by fit)" + more)
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
-                        help="dotted overrides, e.g. optimizer.lr=3e-4 trainer.max_epochs=20")
-    parser.add_argument("--print-config", action="store_true",
+                        help="dotted overrides, e.g. optimizer.lr=3e-4 trainer.max_epochs=20 (or, as in "
+                             "LightningCLI, --optimizer.lr=3e-4 --trainer.max_epochs 20)")
+    parser.add_argument("--print-config", "--print_config", action="store_true",
                         help="print the resolved config (defaults filled in, overrides applied) and exit; "
                              "imports nothing")
     parser.add_argument("--allow-import", action="append", default=[], metavar="PREFIX", dest="allow_import",
@@ -66,7 +107,7 @@ def _build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argumen
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     top.add_argument("--version", action="version", version=f"flaxlight {__version__}")
-    sub = top.add_subparsers(dest="command", metavar="COMMAND")
+    sub = top.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     parsers: dict[str, argparse.ArgumentParser] = {}
 
     def add(name: str, help_text: str, description: str) -> argparse.ArgumentParser:
@@ -143,7 +184,7 @@ def _load(args: argparse.Namespace, default_config: str | None = None):
     """The config of the command; with ``--print-config`` only its schema is checked (no imports)."""
     from flaxlight.config import ConfigError, load_config
 
-    path = args.config or default_config
+    path = args.config or default_config  # --config given: a list of files, merged in order
     if path is None:
         raise ConfigError("No config given: pass --config PATH.")
     if args.config is None and not os.path.isfile(path):
@@ -253,7 +294,7 @@ def _tune(args: argparse.Namespace) -> int:
         # Set-up errors only (every trial's own errors are recorded in the study): the tune section,
         # the search space, the metric never logged, the storage. One line, exit status 2.
         message = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
-        raise ConfigError(f"{args.config}: {message}") from None
+        raise ConfigError(f"{' + '.join(args.config)}: {message}") from None
     _print_study(study)
     return 0
 
@@ -344,6 +385,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     failed, e.g. a study whose every trial failed)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     top, parsers = _build_parser()
+    try:
+        argv = _dotted_flags(argv)
+    except _UsageError as exc:
+        print(f"flaxlight: error: {exc}", file=sys.stderr)
+        return 2
     if argv and argv[0] in parsers:
         # Intermixed: overrides may come before, between or after the options.
         args = parsers[argv[0]].parse_intermixed_args(argv[1:])

@@ -568,9 +568,13 @@ def apply_overrides(data: Mapping[str, Any], overrides: Iterable[str]) -> dict[s
 
 
 # ---------------------------------------------------------------------------------------- load / save
-def load_config(source: str | os.PathLike | Mapping[str, Any] | Config | None, overrides: Iterable[str] = (),
-                *, check: bool = True, trust_config: bool = False, allow_imports: Iterable[str] = ()) -> Config:
+def load_config(source: str | os.PathLike | Sequence[str | os.PathLike] | Mapping[str, Any] | Config | None,
+                overrides: Iterable[str] = (), *, check: bool = True, trust_config: bool = False,
+                allow_imports: Iterable[str] = ()) -> Config:
     """Read a YAML file (or take a dict / Config), apply ``key=value`` overrides, check, return a Config.
+
+    A list of YAML files is merged in order (LightningCLI's repeated ``--config``): a later file's
+    keys replace the earlier's, sections (mappings) merge key by key, lists are replaced whole.
 
     ``check=True`` also resolves every name and checks the free-form dicts against their targets'
     signatures (see :func:`resolve_config`); ``check=False`` only checks the schema, and imports
@@ -586,16 +590,10 @@ def load_config(source: str | os.PathLike | Mapping[str, Any] | Config | None, o
     elif source is None:
         data = {}
     else:
-        path = os.fspath(source)
-        where = path
-        if not os.path.isfile(path):
-            raise ConfigError(f"Config file {path!r} does not exist.")
-        with open(path) as f:
-            data = _yaml_load(f.read(), path)
-        if data is None:
-            data = {}
-        if not isinstance(data, Mapping):
-            raise ConfigError(f"{path}: expected a mapping of sections (trainer:, model:, ...), got {_got(data)}.")
+        paths = [os.fspath(p) for p in source] if isinstance(source, (list, tuple)) else [os.fspath(source)]
+        where, data = " + ".join(paths), {}
+        for path in paths:
+            data = _merged(data, _read_config_file(path))
     data = apply_overrides(data, overrides)
     try:
         cfg = _build(Config, data, "")
@@ -606,6 +604,52 @@ def load_config(source: str | os.PathLike | Mapping[str, Any] | Config | None, o
             raise ConfigError(f"{where}: {exc}") from None
         raise
     return cfg
+
+
+def _read_config_file(path: str) -> dict[str, Any]:
+    if not os.path.isfile(path):
+        raise ConfigError(f"Config file {path!r} does not exist.")
+    with open(path) as f:
+        data = _yaml_load(f.read(), path)
+    if data is None:
+        return {}
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{path}: expected a mapping of sections (trainer:, model:, ...), got {_got(data)}.")
+    return dict(data)
+
+
+def _merged(base: Mapping[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
+    """``base`` with ``top``'s keys: mappings merged key by key, anything else replaced."""
+    out = dict(base)
+    for key, value in top.items():
+        both_sections = isinstance(out.get(key), Mapping) and isinstance(value, Mapping)
+        out[key] = _merged(out[key], value) if both_sections else value
+    return out
+
+
+def config_fields(cls: type = Config, prefix: str = "") -> list[tuple[str, str, str]]:
+    """``(dotted key, type, default)`` for every field of the config schema, sections expanded
+    (what ``flaxlight fit --help`` lists).
+
+    Examples:
+        >>> ("trainer.max_epochs", "int", "500") in config_fields()
+        True
+    """
+    rows = []
+    hints = typing.get_type_hints(cls)
+    for field in dataclasses.fields(cls):
+        key, hint = prefix + field.name, hints[field.name]
+        if dataclasses.is_dataclass(hint):
+            rows += config_fields(hint, key + ".")
+            continue
+        if field.default is not dataclasses.MISSING:
+            default = repr(field.default) if isinstance(field.default, str) else str(field.default)
+        elif field.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
+            default = str(field.default_factory())  # type: ignore[misc]
+        else:
+            default = "required"
+        rows.append((key, hint.__name__ if isinstance(hint, type) else str(hint).replace("typing.", ""), default))
+    return rows
 
 
 def _plain(value: Any) -> Any:
