@@ -79,6 +79,10 @@ class TrainerOptions:
             otherwise is an error where flaxlight's own loss feeds it to the model; with your
             ``loss_fn`` it is accepted when the loss traces on it (it may reshape the batch
             first). False skips the check.
+        log_grad_norm: add ``train/grad_norm``, the global L2 norm of each step's gradients
+            before clipping (of each batch's gradient, before ``accumulate_grad_batches`` adds
+            them up), computed in the step and averaged like the loss. It needs flaxlight's own
+            train step (a ``loss_fn``); a ``create_functions`` of your own is an error with it.
     """
 
     monitor: str | None = None
@@ -97,11 +101,13 @@ class TrainerOptions:
     compilation_cache: bool | str = True
     distributed: str | None = None
     check_batches: bool = True
+    log_grad_norm: bool = False
 
     def __post_init__(self):
         _require(self, "steps_per_execution", self.steps_per_execution == "auto" or _is_int(self.steps_per_execution, 1),
                  "a positive int, or 'auto' (measured in the first epoch)")
         _require(self, "log_every_n_steps", _is_int(self.log_every_n_steps, 1), "a positive int")
+        _require(self, "log_grad_norm", isinstance(self.log_grad_norm, bool), "True or False")
         _require(self, "prefetch", _is_int(self.prefetch, 0), "an int >= 0 (0: no background loading)")
         for name in ("max_steps", "val_check_interval"):
             value = getattr(self, name)

@@ -77,6 +77,11 @@ def _cast_like(new, old):
     return jax.tree.map(lambda n, o: jnp.asarray(n).astype(o.dtype), new, old)
 
 
+def _global_norm(tree) -> jax.Array:
+    """The L2 norm of all the leaves of ``tree`` together (``optax.global_norm``, stable across optax versions)."""
+    return jnp.sqrt(sum(jnp.sum(jnp.square(jnp.asarray(leaf, jnp.float32))) for leaf in jax.tree.leaves(tree)))
+
+
 def apply_update(state: TrainState, grads, *, value, value_fn=None, **replace) -> TrainState:
     """One optimizer update, handing the loss to optimizers that take extra arguments.
 
@@ -121,7 +126,9 @@ class TrainStep:
     :func:`flaxlight.optim.make_l2_regularizer`; reported as the metric ``"penalty"``, not in
     ``"loss"``), ``precision`` (``"bf16"``: the loss function sees bf16 parameters and floating
     inputs, gradients and the optimizer stay fp32), ``eval_with_ema`` (evaluate with the
-    parameters' moving average when the optimizer keeps one, ``ema_decay``).
+    parameters' moving average when the optimizer keeps one, ``ema_decay``), ``log_grad_norm``
+    (add the metric ``"grad_norm"``: the global L2 norm of the step's gradients, before any
+    clipping in the optimizer).
 
     Examples:
         >>> def loss_fn(params, batch, *, train, rng, state):
@@ -133,7 +140,7 @@ class TrainStep:
 
     def __init__(self, loss_fn: LossFn | None = None, state: TrainState | None = None, *, jit: bool = True,
                  regularizer: Callable[[Any], Any] | None = None, precision: str = "fp32",
-                 eval_with_ema: bool = True):
+                 eval_with_ema: bool = True, log_grad_norm: bool = False):
         if precision not in PRECISIONS:
             raise ValueError(f"TrainStep precision must be one of {PRECISIONS}, got {precision!r}.")
         if regularizer is not None and not callable(regularizer):
@@ -141,6 +148,7 @@ class TrainStep:
         self.regularizer = regularizer
         self.precision = precision
         self.eval_with_ema = eval_with_ema
+        self.log_grad_norm = log_grad_norm
         if loss_fn is not None:
             self.loss_fn = loss_fn  # type: ignore[method-assign]
         elif type(self).loss_fn is TrainStep.loss_fn:
@@ -196,6 +204,8 @@ class TrainStep:
         metrics = _with_loss(metrics, loss)
         if penalty is not None:
             metrics.setdefault("penalty", penalty)
+        if self.log_grad_norm:
+            metrics.setdefault("grad_norm", _global_norm(grads))
         return state, metrics
 
     __call__ = step

@@ -154,7 +154,8 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
             self.loss_fn(None, None, train=True, rng=None, state=None)  # raises the explanation
         config = optim.as_optimizer_config(self.optimizer_hparams)  # the step's part: L2 term, precision
         regularizer = config.l2_regularizer() if config is not None else None
-        step = TrainStep(self.loss_fn, regularizer=regularizer, precision=config.precision if config else "fp32")
+        step = TrainStep(self.loss_fn, regularizer=regularizer, precision=config.precision if config else "fp32",
+                         log_grad_norm=self.options.log_grad_norm)
         self._l2_in_step = regularizer is not None
         return step.step, step.eval_step
 
@@ -162,6 +163,10 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
         """Build the loop's :class:`~flaxlight.engine.Engine` from :meth:`create_functions` (jitted
         once, state donated; ``debug=True``: un-jitted). ``self.train_step`` / ``self.eval_step``
         are the jitted single steps. An override may set just those two; the loop then runs them."""
+        if self.options.log_grad_norm and type(self).create_functions is not TrainerModule.create_functions:
+            raise ValueError(f"log_grad_norm=True needs flaxlight's train step, but {type(self).__name__}."
+                             f"create_functions builds its own: add optax.global_norm(grads) to its metrics as "
+                             f"'grad_norm' instead.")
         self.engine = self._make_engine(*check_step_pair(self.create_functions(),
                                                          f"{type(self).__name__}.create_functions() must return"))
         self.train_step, self.eval_step = self.engine.train_step, self.engine.eval_step
