@@ -219,13 +219,13 @@ class TrainerConfig(TrainerOptions):
     max_epochs: int = 500
     enable_progress_bar: bool = True
     debug: bool = False
-    check_val_every_n_epoch: int = 1
+    check_val_every_n_epoch: int | None = 1
     logger_params: LoggerParams = dataclasses.field(default_factory=LoggerParams)
 
     def __post_init__(self):
         super().__post_init__()
         for key in ("max_epochs", "check_val_every_n_epoch"):
-            if getattr(self, key) < 1:
+            if getattr(self, key) is not None and getattr(self, key) < 1:
                 raise ValueError(f"{key} must be a positive int, got {getattr(self, key)!r}.")
 
 

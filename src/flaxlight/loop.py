@@ -88,6 +88,7 @@ class LoopState:
     acc: Any = None
     train_metrics: dict = dataclasses.field(default_factory=dict)
     validated: bool = False  # the epoch's validation ran (phase "val": the epoch is not over yet)
+    validated_step: int | None = None  # the step of the last validation: never two at one step
     loader_position: Any = None  # after a resume mid-epoch: where a stateful loader continues
 
     def take_loader_position(self) -> Any:
@@ -260,15 +261,21 @@ class RunPlan:
 
     @classmethod
     def make(cls, train_loader, val_loader, *, num_epochs: int, steps_per_epoch: int | None,
-             check_val_every_n_epoch: int, limits: BatchLimits, max_steps: int | None) -> "RunPlan":
+             check_val_every_n_epoch: int | None, limits: BatchLimits, max_steps: int | None,
+             val_check_interval: int | None = None) -> "RunPlan":
         """Check the requested length against the loaders and settings; a readable error if off."""
         num_epochs = limits.max_epochs or num_epochs
         if not isinstance(num_epochs, int) or num_epochs < 1:
             raise ValueError(f"num_epochs must be a positive int, got {num_epochs!r}.")
-        if val_loader is not None and check_val_every_n_epoch > num_epochs and not limits.validate_every_epoch:
+        if check_val_every_n_epoch is None and val_check_interval is None and val_loader is not None:
+            raise ValueError("check_val_every_n_epoch=None validates only every val_check_interval steps, and "
+                             "val_check_interval is not set: no validation would run. Set val_check_interval=N, "
+                             "or check_val_every_n_epoch to an int.")
+        epochs_validate = check_val_every_n_epoch is not None and check_val_every_n_epoch <= num_epochs
+        if val_loader is not None and not (epochs_validate or val_check_interval or limits.validate_every_epoch):
             raise ValueError(f"check_val_every_n_epoch={check_val_every_n_epoch} > num_epochs={num_epochs}: no "
                              f"validation would run, so there would be no best model to test. Lower "
-                             f"check_val_every_n_epoch or train longer.")
+                             f"check_val_every_n_epoch, train longer, or set val_check_interval=N (steps).")
         steps_per_epoch = loader_length(train_loader) if steps_per_epoch is None else steps_per_epoch
         if isinstance(steps_per_epoch, bool) or not isinstance(steps_per_epoch, int):
             raise TypeError(f"steps_per_epoch must be an int (batches per epoch), got {steps_per_epoch!r}.")
@@ -279,6 +286,12 @@ class RunPlan:
         if max_steps is not None and max_steps < num_epochs * steps_per_epoch:
             return cls(num_epochs, steps_per_epoch, 1, max_steps)
         return cls(num_epochs, steps_per_epoch, num_epochs, steps_per_epoch)
+
+
+def epoch_validation_due(epoch: int, every: int | None, limits: "BatchLimits") -> bool:
+    """Whether ``epoch`` ends with a validation: every ``every`` epochs (None: never, step
+    validation only), or every epoch under ``fast_dev_run``."""
+    return (every is not None and epoch % every == 0) or limits.validate_every_epoch
 
 
 def loader_length(loader, name: str = "train_loader") -> int:

@@ -51,7 +51,8 @@ class TrainerOptions:
         max_steps: stop after this many optimizer steps (the schedule is fitted to it).
         max_time: stop after this much training time (seconds, ``timedelta`` or
             ``"DD:HH:MM:SS"``), via a :class:`Timer` callback.
-        val_check_interval: also validate every N steps, not only at epoch ends.
+        val_check_interval: also validate every N steps, not only at epoch ends; with
+            ``check_val_every_n_epoch=None``, only every N steps. Never twice at one step.
         limit_train_batches / limit_val_batches: batches per epoch / per validation (an int)
             or a fraction of the loader (a float in (0, 1]).
         fast_dev_run: one train batch and one validation batch, one epoch, nothing written:
@@ -203,8 +204,9 @@ def check_trainer_arguments(*, model_hparams: Any, enable_progress_bar: Any, deb
     for name, value, example in (("callbacks", callbacks, "ModelCheckpoint()"), ("loggers", loggers, "CSVLogger(dir)")):
         if value is not None and not isinstance(value, (list, tuple)):
             raise TypeError(f"{name} must be a list, got {type(value).__name__} {value!r}; e.g. {name}=[{example}].")
-    if not _is_int(check_val_every_n_epoch, 1):
-        raise ValueError(f"check_val_every_n_epoch must be a positive int, got {check_val_every_n_epoch!r}.")
+    if check_val_every_n_epoch is not None and not _is_int(check_val_every_n_epoch, 1):
+        raise ValueError(f"check_val_every_n_epoch must be a positive int, or None to validate only every "
+                         f"val_check_interval steps; got {check_val_every_n_epoch!r}.")
 
 
 def _is_int(value: Any, minimum: int) -> bool:

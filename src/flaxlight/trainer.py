@@ -22,12 +22,11 @@ from flaxlight.data import as_input_list, as_loader, fit_loaders
 from flaxlight.engine import Engine, Span, check_step_pair
 from flaxlight.loggers import LoggerCollection
 from flaxlight.loop import (BatchLimits, EventSchedule, Interrupted, LoopState, NonfiniteTally, RunPlan, SignalGuard,
-                            safe_len, warn_if_loader_ran_short)
+                            epoch_validation_due, safe_len, warn_if_loader_ran_short)
 from flaxlight.messages import logger as messages
 from flaxlight.metrics import batch_size, finite_now, read_means, to_host
 from flaxlight.models import make_adapter
 from flaxlight.options import TrainerOptions, check_trainer_arguments
-from flaxlight.progress import progress
 from flaxlight.state import TrainState
 from flaxlight.step import TrainStep
 from flaxlight.verbs import TrainerVerbsMixin
@@ -53,7 +52,7 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
 
     def __init__(self, model_class: type, model_hparams: Mapping[str, Any], optimizer_hparams: Mapping[str, Any] | Any,
                  exmp_input: Any, seed: int = 42, logger_params: Mapping[str, Any] | None = None,
-                 enable_progress_bar: bool = True, debug: bool = False, check_val_every_n_epoch: int = 1,
+                 enable_progress_bar: bool = True, debug: bool = False, check_val_every_n_epoch: int | None = 1,
                  **kwargs: Any):
         mesh, callbacks, loggers = kwargs.pop("mesh", None), kwargs.pop("callbacks", None), kwargs.pop("loggers", None)
         check_trainer_arguments(model_hparams=model_hparams, enable_progress_bar=enable_progress_bar, debug=debug,
@@ -242,6 +241,7 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
         """Check the run's length, build the optimizer for it, start a fresh loop state."""
         plan = RunPlan.make(train_loader, val_loader, num_epochs=num_epochs, steps_per_epoch=steps_per_epoch,
                             check_val_every_n_epoch=self.check_val_every_n_epoch, limits=self._limits,
+                            val_check_interval=self.options.val_check_interval,
                             max_steps=self.options.max_steps)
         self.num_epochs, self.steps_per_epoch = plan.num_epochs, plan.steps_per_epoch
         self.init_optimizer(plan.schedule_epochs, plan.schedule_steps_per_epoch)
@@ -269,16 +269,22 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
             self._log({**loop.train_metrics, "epoch": epoch_idx})
             self.on_training_epoch_end(epoch_idx)
             self._call_callbacks("on_train_epoch_end", epoch_idx, loop.train_metrics)
-        if val_loader is not None and not loop.validated and (epoch_idx % self.check_val_every_n_epoch == 0
-                                                              or self._limits.validate_every_epoch):
+        if val_loader is not None and not loop.validated and self._epoch_validation_due(epoch_idx):
             self._validate(val_loader)
         loop.phase = "epoch_end"
         self._call_callbacks("on_epoch_end", epoch_idx)
         getattr(self.logger, "flush_soon", self.logger.flush)()  # written behind the epoch's records
 
+    def _epoch_validation_due(self, epoch: int) -> bool:
+        return epoch_validation_due(epoch, self.check_val_every_n_epoch, self._limits)
+
     def _validate(self, val_loader) -> None:
-        """Evaluate, ask ``is_new_model_better`` once, tell hooks and callbacks."""
+        """Evaluate, ask ``is_new_model_better`` once, tell hooks and callbacks (once per step)."""
         loop = self._loop
+        if loop.validated_step == self.global_step:  # e.g. max_steps ended the epoch on an interval step
+            loop.validated = loop.validated or loop.phase == "val"
+            return
+        loop.validated_step = self.global_step
         if self._limits.val is not None:
             val_loader = itertools.islice(val_loader, self._limits.val_batches(safe_len(val_loader)))
         eval_metrics = self.eval_model(val_loader, log_prefix="val/")
@@ -349,7 +355,7 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
         if schedule.due(self.options.log_every_n_steps, step, steps):
             self._log_running(loop.running_log.mark(step, loop.acc))
         if schedule.due(self.options.val_check_interval, step, steps) and self._val_loader is not None \
-                and loop.batch_index < self.steps_per_epoch:
+                and (loop.batch_index < self.steps_per_epoch or not self._epoch_validation_due(loop.epoch)):
             self._validate(self._val_loader)
         for callback in self.callbacks:
             if schedule.due(callback.every_n_steps, step, steps):
@@ -413,10 +419,6 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
         """Write ``metrics`` to ``<log_dir>/metrics/<filename>.json`` (nothing in ``fast_dev_run``)."""
         if self.log_dir is not None and dist.is_main_process():
             runfiles.write_metrics(self.log_dir, filename, metrics)
-
-    def tracker(self, iterator: Iterable, **kwargs):
-        """``iterator`` with a progress bar when enabled (the seed's helper)."""
-        return progress(iterator, self.enable_progress_bar, **kwargs)
 
     # ------------------------------------------------------------------ checkpoints and resume
     def save_model(self, step: int | None = None) -> None:

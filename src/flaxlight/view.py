@@ -23,6 +23,7 @@ import jax
 from flaxlight.callbacks.history import History
 from flaxlight.data import check_first_batch
 from flaxlight.messages import logger as messages
+from flaxlight.progress import progress
 
 __all__ = ["TrainerViewMixin"]
 
@@ -98,6 +99,10 @@ class TrainerViewMixin:
         """Log host values the way the trainer logs its own: to the loggers, into
         ``callback_metrics`` and to every callback's ``on_log`` (``step`` default: now)."""
         self._log(metrics, step)
+
+    def tracker(self, iterator, **kwargs):
+        """``iterator`` with a progress bar when enabled (the seed's helper)."""
+        return progress(iterator, self.enable_progress_bar, **kwargs)
 
     def log_image(self, tag: str, image: Any, step: int | None = None) -> None:
         """Send an image (``(H, W)`` or ``(H, W, C)``, uint8 or float in [0, 1]) to every logger

@@ -1,0 +1,68 @@
+"""Validation by steps: ``check_val_every_n_epoch=None`` with ``val_check_interval``; never twice at one step."""
+
+import csv
+
+import numpy as np
+import pytest
+
+from conftest import RegressTrainer, TinyMLP, linear_data, quiet
+from flaxlight.callbacks import EarlyStopping
+
+
+def _trainer(tmp_path, **kwargs):
+    return RegressTrainer(model_class=TinyMLP, model_hparams={"hidden_dims": [16], "output_dim": 1},
+                          optimizer_hparams={"optimizer": "adam", "lr": 1e-2}, exmp_input=np.zeros((1, 4), np.float32),
+                          **quiet(tmp_path, **kwargs))
+
+
+def _val_steps(tmp_path):
+    with open(tmp_path / "run" / "metrics.csv", newline="") as f:
+        return [int(row["step"]) for row in csv.DictReader(f) if row.get("val/loss")]
+
+
+TRAIN, VAL = linear_data(40, 0), linear_data(16, 1)  # 5 batches of 8 per epoch
+
+
+def test_step_only_validation_runs_every_interval_and_never_at_epoch_ends(tmp_path):
+    trainer = _trainer(tmp_path, check_val_every_n_epoch=None, val_check_interval=4, max_steps=12)
+    result = trainer.train_model(TRAIN, VAL, num_epochs=10, batch_size=8)
+    assert _val_steps(tmp_path) == [4, 8, 12]  # not at steps 5 and 10 (epoch ends), once at 12 (the end)
+    assert result["val/loss"] == min(row["val/loss"] for row in trainer.history if "val/loss" in row)
+    assert trainer.checkpointer.all_steps()  # the best model was saved at a step validation
+
+
+def test_an_interval_step_at_an_epoch_end_is_validated_once(tmp_path):
+    trainer = _trainer(tmp_path, val_check_interval=5)  # every epoch end is also an interval step
+    trainer.train_model(TRAIN, VAL, num_epochs=2, batch_size=8)
+    assert _val_steps(tmp_path) == [5, 10]
+
+
+def test_max_steps_on_an_interval_step_mid_epoch_is_validated_once(tmp_path):
+    trainer = _trainer(tmp_path, val_check_interval=3, max_steps=6)
+    trainer.train_model(TRAIN, VAL, num_epochs=10, batch_size=8)
+    assert _val_steps(tmp_path) == [3, 5, 6]  # 5: the epoch end; 6: the interval and the last step, once
+
+
+def test_step_validation_also_runs_in_epochs_without_an_epoch_validation(tmp_path):
+    trainer = _trainer(tmp_path, check_val_every_n_epoch=2, val_check_interval=5)
+    trainer.train_model(TRAIN, VAL, num_epochs=3, batch_size=8)
+    assert _val_steps(tmp_path) == [5, 10, 15]
+
+
+def test_early_stopping_counts_step_validations(tmp_path):
+    stopper = EarlyStopping(monitor="val/loss", patience=2, min_delta=1e9)  # nothing counts as an improvement
+    trainer = _trainer(tmp_path, check_val_every_n_epoch=None, val_check_interval=2, callbacks=[stopper])
+    trainer.train_model(TRAIN, VAL, num_epochs=10, batch_size=8)
+    assert _val_steps(tmp_path) == [2, 4, 6] and trainer.global_step == 6
+
+
+def test_settings_with_no_validation_say_how_to_get_one(tmp_path):
+    with pytest.raises(ValueError, match="val_check_interval is not set: no validation would run"):
+        _trainer(tmp_path / "a", check_val_every_n_epoch=None).train_model(TRAIN, VAL, num_epochs=2, batch_size=8)
+    with pytest.raises(ValueError, match="check_val_every_n_epoch=5 > num_epochs=2.*val_check_interval"):
+        _trainer(tmp_path / "b", check_val_every_n_epoch=5).train_model(TRAIN, VAL, num_epochs=2, batch_size=8)
+    _trainer(tmp_path / "c", check_val_every_n_epoch=5, val_check_interval=5).train_model(TRAIN, VAL, num_epochs=2,
+                                                                                        batch_size=8)
+    assert _val_steps(tmp_path / "c") == [5, 10]
+    with pytest.raises(ValueError, match="positive int, or None"):
+        _trainer(tmp_path / "d", check_val_every_n_epoch=0)
