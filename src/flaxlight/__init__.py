@@ -11,6 +11,7 @@ from flaxlight import callbacks, loggers
 from flaxlight.callbacks import Callback, ModelCheckpoint
 from flaxlight.checkpoint import Checkpointer
 from flaxlight.data import ArrayLoader
+from flaxlight.export import load_exported
 from flaxlight.optim import (
     OptimizerConfig,
     OptimizerPlan,
@@ -45,6 +46,7 @@ __all__ = [
     "TrainerOptions",
     "current_learning_rate",
     "ema_params",
+    "load_exported",
     "load_config",
     "registry",
     "save_config",

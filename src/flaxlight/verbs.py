@@ -1,4 +1,5 @@
-"""``TrainerVerbsMixin``: what a trained model is for, as trainer methods: ``predict``, ``test``, ``bind_model``.
+"""``TrainerVerbsMixin``: what a trained model is for, as trainer methods: ``predict``, ``test``,
+``export``, ``bind_model``.
 
 :class:`~flaxlight.trainer.TrainerModule` inherits it. ``predict`` and ``test`` take a loader, or arrays and a
 ``batch_size`` (see :func:`flaxlight.data.as_loader`).
@@ -11,6 +12,7 @@ Examples:
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import jax
@@ -20,6 +22,15 @@ from flaxlight import resume
 from flaxlight.data import as_loader
 
 __all__ = ["TrainerVerbsMixin"]
+
+
+def _version() -> str:
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version("flaxlight")
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree
+        return "unknown"
 
 
 def _model_inputs(batch: Any) -> Any:
@@ -74,6 +85,33 @@ class TrainerVerbsMixin:
         self.save_metrics("test", test_metrics)
         self._call_callbacks("on_test_end", test_metrics)
         return test_metrics
+
+    def export(self, path: str | os.PathLike, *, which: str = "best", batch_size: int | None = None) -> str:
+        """Write the model's eval-mode forward pass with its trained variables to the folder
+        ``path`` as a ``jax.export`` artifact that serves without flaxlight (see
+        :mod:`flaxlight.export`); returns the file written.
+
+        ``which``: ``"best"`` (default), ``"last"`` or ``"current"``, as in :meth:`predict`.
+        The inputs are shaped like the trainer's ``exmp_input`` with any batch size, or exactly
+        ``batch_size`` when given (for a model whose shapes cannot be symbolic).
+
+        Examples:
+            >>> trainer.export("export")                                              # doctest: +SKIP
+            >>> exported = jax.export.deserialize(open("export/model.jax_exported", "rb").read())  # doctest: +SKIP
+            >>> exported.call(x_test)                                                 # doctest: +SKIP
+        """
+        from flaxlight.export import export_forward
+
+        try:
+            state = self._state_for(which)
+        except FileNotFoundError as exc:
+            raise FileNotFoundError(f"{exc} export(which={which!r}) needs a saved checkpoint; pass which='current' "
+                                    f"to export the trainer's state now.") from None
+        example = _model_inputs(self.exmp_input)
+        info = {"which": which, "step": int(np.asarray(state.step)), "model": type(self.model_adapter).__name__,
+                "flaxlight": _version()}
+        return export_forward(lambda inputs: state.apply_model(state.params, inputs, train=False)[0], example, path,
+                              batch_size=batch_size, info=info)
 
     def bind_model(self):
         """The model with the trained variables, for interactive use: ``model(x, train=False)``."""

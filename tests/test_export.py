@@ -1,0 +1,89 @@
+"""``trainer.export``: an artifact that plain JAX loads and calls, equal to ``trainer.predict``."""
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import flax.linen as nn
+import numpy as np
+import optax
+import pytest
+
+import flaxlight
+from conftest import ClassifyTrainer, TinyMLP, TinyNNX, quiet
+
+
+def _digits_like(n=96, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, 8)).astype(np.float32)
+    return x, (x[:, 0] > 0).astype(np.int32)
+
+
+class BatchNormNet(nn.Module):
+    @nn.compact
+    def __call__(self, x, train: bool = False):
+        x = nn.Dense(16)(x)
+        x = nn.BatchNorm(use_running_average=not train)(x)
+        x = nn.Dropout(0.5, deterministic=not train)(nn.relu(x))
+        return {"logits": nn.Dense(2)(x), "embedding": x}
+
+
+class DictOutputTrainer(flaxlight.TrainerModule):
+    def loss_fn(self, params, batch, *, train, rng, state):
+        x, y = batch
+        out, updates = state.apply_model(params, x, train=train, rng=rng)
+        return optax.softmax_cross_entropy_with_integer_labels(out["logits"], y).mean(), ({}, updates)
+
+
+def _train(tmp_path, trainer_class, model_class, model_hparams):
+    x, y = _digits_like()
+    trainer = trainer_class(model_class=model_class, model_hparams=model_hparams, exmp_input=x[:1],
+                            optimizer_hparams={"optimizer": "adam", "lr": 1e-2}, **quiet(tmp_path))
+    trainer.train_model((x, y), (x[:32], y[:32]), num_epochs=2, batch_size=16)
+    return trainer, x
+
+
+def test_plain_jax_serves_the_exported_model_at_any_batch_size(tmp_path):
+    trainer, x = _train(tmp_path, ClassifyTrainer, TinyMLP, {"hidden_dims": [16], "output_dim": 2})
+    written = trainer.export(tmp_path / "export")
+    np.save(tmp_path / "x.npy", x)
+    script = textwrap.dedent(f"""
+        import sys, jax, numpy as np
+        exported = jax.export.deserialize(bytearray(open({str(written)!r}, "rb").read()))
+        x = np.load({str(tmp_path / "x.npy")!r})
+        np.save({str(tmp_path / "y5.npy")!r}, np.asarray(exported.call(x[:5])))
+        np.save({str(tmp_path / "y96.npy")!r}, np.asarray(exported.call(x)))
+        assert "flaxlight" not in sys.modules
+    """)
+    subprocess.run([sys.executable, "-c", script], check=True)
+    expected = trainer.predict(x, batch_size=32, which="best")
+    np.testing.assert_allclose(np.load(tmp_path / "y96.npy"), expected, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(np.load(tmp_path / "y5.npy"), expected[:5], rtol=1e-5, atol=1e-6)
+    info = json.loads((tmp_path / "export" / "export.json").read_text())
+    assert info["inputs"] == [{"shape": [None, 8], "dtype": "float32"}] and info["which"] == "best"
+
+
+def test_batch_norm_dropout_and_dict_outputs_export_in_eval_mode(tmp_path):
+    trainer, x = _train(tmp_path, DictOutputTrainer, BatchNormNet, {})
+    predict = flaxlight.load_exported(trainer.export(tmp_path / "export", which="last"))
+    expected = trainer.predict(x, batch_size=32, which="last")
+    got = predict(x)
+    np.testing.assert_allclose(np.asarray(got["logits"]), expected["logits"], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(predict(x)["embedding"]), np.asarray(got["embedding"]))  # no dropout
+
+
+def test_an_nnx_model_exports(tmp_path):
+    trainer, x = _train(tmp_path, ClassifyTrainer, TinyNNX, {"din": 8, "hidden_dims": [16], "output_dim": 2, "batch_norm": True})
+    predict = flaxlight.load_exported(trainer.export(tmp_path / "export", which="current", batch_size=96))
+    np.testing.assert_allclose(np.asarray(predict(x)), trainer.predict(x, batch_size=96), rtol=1e-5, atol=1e-6)
+
+
+def test_export_errors_say_what_to_do(tmp_path):
+    x, y = _digits_like()
+    trainer = ClassifyTrainer(model_class=TinyMLP, model_hparams={"hidden_dims": [4], "output_dim": 2},
+                              optimizer_hparams={"optimizer": "adam"}, exmp_input=x[:1], **quiet(tmp_path))
+    with pytest.raises(FileNotFoundError, match="needs a saved checkpoint; pass which='current'"):
+        trainer.export(tmp_path / "export")
+    with pytest.raises(FileNotFoundError, match="No exported model"):
+        flaxlight.load_exported(tmp_path / "nothing")
