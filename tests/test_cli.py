@@ -47,6 +47,7 @@ def test_python_m_flaxlight_help():
 
 
 @pytest.mark.parametrize("command, option", [("fit", "--print-config"), ("validate", "--ckpt"), ("test", "--which"),
+                                             ("export", "--batch-size"),
                                              ("predict", "--output"), ("tune", "--n-trials"), ("plot", "--study")])
 def test_each_subcommand_has_help(capsys, command, option):
     with pytest.raises(SystemExit) as info:
@@ -147,6 +148,20 @@ def test_validate_and_predict(sine_run, tmp_path, capsys):
     np.testing.assert_allclose(predictions, np.asarray(expected), rtol=1e-5, atol=1e-6)
     fit_test_loss = yaml.safe_load((sine_run / "metrics" / "test.json").read_text())["test/loss"]
     assert float(np.mean((predictions - y_test) ** 2)) == pytest.approx(fit_test_loss, rel=1e-4)
+
+
+def test_export_writes_what_plain_jax_serves(sine_run, tmp_path, capsys):
+    import jax
+
+    code, out, _ = run(capsys, "export", "--ckpt", sine_run, "-o", tmp_path / "export")
+    assert code == 0 and str(tmp_path / "export") in out
+    exported = jax.export.deserialize(bytearray((tmp_path / "export" / "model.jax_exported").read_bytes()))
+    cfg = load_config(sine_run / "config.yaml")
+    _, _, test = build_data(cfg)
+    x_test = np.concatenate([np.asarray(batch[0]) for batch in test])
+    trainer = load_trainer(cfg, sine_run, example_input(test), which="best")
+    expected, _ = trainer.state.apply_model(trainer.state.params, x_test[:7], train=False)
+    np.testing.assert_allclose(np.asarray(exported.call(x_test[:7])), np.asarray(expected), rtol=1e-5, atol=1e-6)
 
 
 def test_print_config_applies_overrides_and_exits(tmp_path, capsys):

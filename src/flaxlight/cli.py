@@ -142,6 +142,16 @@ def _build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argumen
     predict.add_argument("-o", "--output", metavar="PATH",
                          help="the .npy file (default: RUN_DIR/predictions.npy; predictions_<split>.npy for val/train)")
 
+    export = add("export", "write a trained run's model as a jax.export artifact that serves without flaxlight",
+                 "Load a run's checkpoint and write its eval-mode forward pass, trained variables baked in, with "
+                 "jax.export (any batch size); plain JAX loads it: "
+                 "jax.export.deserialize(open(PATH/model.jax_exported, 'rb').read()).call(x).")
+    _add_config_arguments(export, config_required=False)
+    _add_checkpoint_arguments(export)
+    export.add_argument("-o", "--output", metavar="DIR", help="the folder to write (default: RUN_DIR/export)")
+    export.add_argument("--batch-size", type=int, metavar="N",
+                        help="export for exactly N examples (default: any batch size)")
+
     tune = add("tune", "search hyperparameters with Optuna (the config's tune: section)",
                "Run an Optuna study over the config's tune: section (see docs/tuning.md); delegates to "
                "flaxlight.tune.tune_from_config and prints the best trial.")
@@ -234,7 +244,7 @@ def _evaluate(args: argparse.Namespace) -> int:
         return _print_config(cfg)
     resolved = resolve_config(cfg, **_opt_in(args))
     train, val, test = build_data(cfg, resolved)
-    split = args.split if args.command == "predict" else {"validate": "val", "test": "test"}[args.command]
+    split = getattr(args, "split", None) or {"validate": "val", "test": "test", "export": "train"}[args.command]
     loader = {"train": train, "val": val, "test": test}[split]
     if loader is None:
         raise ConfigError(f"data {cfg.data.name!r} has no {split} split (its factory returned None for it).")
@@ -242,6 +252,11 @@ def _evaluate(args: argparse.Namespace) -> int:
                            **_opt_in(args))
     if args.command == "predict":
         return _write_predictions(trainer, loader, args, split)
+    if args.command == "export":
+        path = trainer.export(args.output or os.path.join(args.ckpt, "export"), which="current",
+                              batch_size=args.batch_size)
+        print(f"exported ({args.which} checkpoint of {args.ckpt}): {path}")
+        return 0
     metrics = trainer.eval_model(loader, log_prefix=f"{split}/")
     print(f"{args.command} ({args.which} checkpoint of {trainer.log_dir}):\n" + _format_metrics(metrics))
     return 0
@@ -375,7 +390,8 @@ _usage_error = _UsageError
 
 
 _COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
-    "fit": _fit, "validate": _evaluate, "test": _evaluate, "predict": _evaluate, "tune": _tune, "plot": _plot,
+    "fit": _fit, "validate": _evaluate, "test": _evaluate, "predict": _evaluate, "export": _evaluate, "tune": _tune,
+    "plot": _plot,
     "list": _list,
 }
 
