@@ -10,7 +10,10 @@ The same run from a config: flaxlight fit --config examples/configs/digits_mlp.y
 from __future__ import annotations
 
 import argparse
+import os
 from typing import Sequence
+
+import jax
 
 import flaxlight
 from flaxlight.zoo import ClassificationTrainer as MLPClassTrainer
@@ -48,6 +51,13 @@ def main(argv: Sequence[str] | None = None) -> dict:
     metrics = trainer.train_model(train, val, test_loader=test, num_epochs=args.epochs)
     print(f"test accuracy: {metrics['test/acc']:.4f}  (best val accuracy {metrics['val/acc']:.4f})")
     print(f"logs: {trainer.log_dir}\ncheckpoint: {trainer.checkpointer.directory}")
+
+    # The best model's class probabilities on the test images, and the same model as an artifact
+    # that plain JAX serves (jax.export.deserialize(...).call(x)), without flaxlight.
+    probabilities = jax.nn.softmax(trainer.predict(test_data[0], batch_size=256, which="best"))
+    print(f"predicted classes of the first test images: {probabilities[:8].argmax(-1).tolist()}")
+    exported = trainer.export(os.path.join(trainer.log_dir, "export"), which="best")
+    print(f"exported model: {exported}")
     return metrics
 
 

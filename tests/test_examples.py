@@ -23,3 +23,4 @@ def test_digits_mlp_fast(tmp_path):
     metrics = digits_mlp.main(["--epochs", "6", "--log-dir", str(tmp_path), "--no-progress-bar"])
     assert metrics["test/acc"] > 0.9
     assert (tmp_path / "checkpoints").is_dir() and (tmp_path / "hparams.yaml").is_file()
+    assert (tmp_path / "export" / "model.jax_exported").is_file()
