@@ -86,6 +86,8 @@ def test_yaml_builds_what_the_script_builds(example, epochs, monkeypatch, tmp_pa
     monkeypatch.setattr(flaxlight.TrainerModule, "train_model", fake_train_model)
     monkeypatch.setattr(flaxlight.TrainerModule, "init_model", lambda self, exmp_input: None)
     monkeypatch.setattr(flaxlight.TrainerModule, "print_tabulate", lambda self, exmp_input: None)
+    monkeypatch.setattr(flaxlight.TrainerModule, "predict", lambda self, data, **kwargs: np.zeros((len(data), 10)))
+    monkeypatch.setattr(flaxlight.TrainerModule, "export", lambda self, path, **kwargs: str(path))
     _import_example(example).main(["--log-dir", str(tmp_path / "script"), "--no-progress-bar"])
     assert cli.main(["fit", "-c", str(CONFIGS / f"{example}.yaml"), "trainer.enable_progress_bar=false",
                      "--log-dir", str(tmp_path / "cli")]) == 0

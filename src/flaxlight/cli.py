@@ -97,6 +97,19 @@ def _add_checkpoint_arguments(parser: argparse.ArgumentParser) -> None:
                         help="which checkpoint to load (default: %(default)s)")
 
 
+_EXPORT_TEXT = ("Load a run's checkpoint and write its eval-mode forward pass, trained variables baked in, with "
+                "jax.export (any batch size) to a folder that serves without flaxlight; plain JAX loads it: "
+                "jax.export.deserialize(open(DIR/model.jax_exported, 'rb').read()).call(x).")
+
+
+def _add_export_arguments(export: argparse.ArgumentParser) -> None:
+    _add_config_arguments(export, config_required=False)
+    _add_checkpoint_arguments(export)
+    export.add_argument("-o", "--output", metavar="DIR", help="the folder to write (default: RUN_DIR/export)")
+    export.add_argument("--batch-size", type=int, metavar="N",
+                        help="export for exactly N examples (default: any batch size)")
+
+
 def _build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
     from flaxlight import __version__
 
@@ -142,16 +155,7 @@ def _build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argumen
     predict.add_argument("-o", "--output", metavar="PATH",
                          help="the .npy file (default: RUN_DIR/predictions.npy; predictions_<split>.npy for val/train)")
 
-    export = add("export", "write a trained run's model as a jax.export artifact that serves without flaxlight",
-                 "Load a run's checkpoint and write its eval-mode forward pass, trained variables baked in, with "
-                 "jax.export (any batch size); plain JAX loads it: "
-                 "jax.export.deserialize(open(PATH/model.jax_exported, 'rb').read()).call(x).")
-    _add_config_arguments(export, config_required=False)
-    _add_checkpoint_arguments(export)
-    export.add_argument("-o", "--output", metavar="DIR", help="the folder to write (default: RUN_DIR/export)")
-    export.add_argument("--batch-size", type=int, metavar="N",
-                        help="export for exactly N examples (default: any batch size)")
-
+    _add_export_arguments(add("export", "write a trained run's model as a jax.export artifact", _EXPORT_TEXT))
     tune = add("tune", "search hyperparameters with Optuna (the config's tune: section)",
                "Run an Optuna study over the config's tune: section (see docs/tuning.md); delegates to "
                "flaxlight.tune.tune_from_config and prints the best trial.")

@@ -164,8 +164,8 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
         are the jitted single steps. An override may set just those two; the loop then runs them."""
         if self.options.log_grad_norm and type(self).create_functions is not TrainerModule.create_functions:
             raise ValueError(f"log_grad_norm=True needs flaxlight's train step, but {type(self).__name__}."
-                             f"create_functions builds its own: add optax.global_norm(grads) to its metrics as "
-                             f"'grad_norm' instead.")
+                             f"create_functions builds its own: add the gradients' global norm (optax.tree.norm("
+                             f"grads)) to its metrics as 'grad_norm' instead.")
         self.engine = self._make_engine(*check_step_pair(self.create_functions(),
                                                          f"{type(self).__name__}.create_functions() must return"))
         self.train_step, self.eval_step = self.engine.train_step, self.engine.eval_step
