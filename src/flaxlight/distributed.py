@@ -8,6 +8,12 @@
   largest dimension divisible by the device count; small tensors stay replicated.
 - ``auto``: ``fsdp`` when the parameters are large (over 64 MiB), else ``data_parallel``.
 
+``mesh=`` may be a :class:`jax.sharding.Mesh` or its shape, ``{"data": 2, "model": 2}``; batches
+are split over the ``data`` axis. Parameters annotated by the model (Linen
+``nn.with_partitioning`` / ``nn.with_logical_partitioning``, the latter mapped to mesh axes by
+``sharding_rules=[("embed", "model"), ...]``) are placed as annotated in every mode; the mode
+decides only for the others. The optimizer state follows its parameters.
+
 Across processes (hosts), :func:`initialize` starts JAX's distributed runtime; every process
 feeds its own slice of each global batch (``ArrayLoader(..., shard_index=jax.process_index(),
 num_shards=jax.process_count())``), only process 0 writes logs, all take part in checkpoints.
@@ -23,12 +29,14 @@ import math
 import os
 from typing import Any
 
+import flax.linen as nn
 import jax
 import numpy as np
+import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-__all__ = ["MODES", "make_mesh", "batch_sharding", "replicated", "state_shardings", "initialize",
-           "resolve_mode", "is_main_process", "to_global_batch"]
+__all__ = ["MODES", "make_mesh", "mesh_for", "batch_sharding", "replicated", "state_shardings", "initialize",
+           "resolve_mode", "is_main_process", "to_global_batch", "split_annotations"]
 
 MODES = ("data_parallel", "fsdp", "auto")
 DATA_AXIS = "data"
@@ -36,10 +44,76 @@ FSDP_MIN_ELEMENTS = 2**14  # smaller tensors are replicated: splitting them cost
 AUTO_FSDP_BYTES = 64 * 2**20
 
 
-def make_mesh(devices=None) -> Mesh:
-    """A 1-D mesh over ``devices`` (default: all, across processes) with the axis ``"data"``."""
+UNANNOTATED = "unannotated"  # a parameter the model did not annotate: the mode decides
+
+
+def make_mesh(devices=None, shape: dict[str, int] | None = None) -> Mesh:
+    """A mesh over ``devices`` (default: all, across processes): 1-D with the axis ``"data"``,
+    or shaped by ``shape`` (axis name -> size, in order), e.g. ``{"data": 2, "model": 2}``.
+
+    Examples:
+        >>> make_mesh().axis_names
+        ('data',)
+    """
     devices = list(jax.devices() if devices is None else devices)
-    return Mesh(np.array(devices), (DATA_AXIS,), axis_types=(jax.sharding.AxisType.Auto,))
+    shape = dict(shape or {DATA_AXIS: len(devices)})
+    if DATA_AXIS not in shape:
+        raise ValueError(f"mesh={shape} has no {DATA_AXIS!r} axis, which the batches are split over; add one, "
+                         f"e.g. {{'data': 2, 'model': 2}} (a 'data' axis of size 1 keeps whole batches).")
+    if math.prod(shape.values()) != len(devices):
+        raise ValueError(f"mesh={shape} needs {math.prod(shape.values())} devices, and there are {len(devices)}; "
+                         f"choose axis sizes whose product is {len(devices)}.")
+    grid = np.array(devices).reshape(tuple(shape.values()))
+    return Mesh(grid, tuple(shape), axis_types=(jax.sharding.AxisType.Auto,) * len(shape))
+
+
+def mesh_for(mesh: Mesh | dict[str, int] | None, distributed: str | None) -> Mesh | None:
+    """The trainer's mesh: ``mesh`` as given (a shape dict becomes a :func:`make_mesh`), or all
+    devices on ``data`` when only ``distributed`` is set, or None (one device)."""
+    if isinstance(mesh, dict):
+        return make_mesh(shape=mesh)
+    if mesh is None and distributed is not None:
+        return make_mesh()
+    if mesh is not None and DATA_AXIS not in mesh.axis_names:
+        raise ValueError(f"The mesh's axes are {mesh.axis_names}; it needs a {DATA_AXIS!r} axis to split batches over.")
+    return mesh
+
+
+def _data_size(mesh: Mesh) -> int:
+    return int(dict(mesh.shape).get(DATA_AXIS, 1))
+
+
+def split_annotations(params) -> tuple[Any, Any]:
+    """``(plain params, annotations)``: Linen partitioning boxes removed, and per parameter its
+    :class:`PartitionSpec` (``nn.with_partitioning``), its logical names as a tuple
+    (``nn.with_logical_partitioning``) or :data:`UNANNOTATED`; annotations is None when no
+    parameter is annotated."""
+    def is_box(x):
+        return isinstance(x, nn.meta.AxisMetadata)
+
+    if not any(is_box(x) for x in jax.tree.leaves(params, is_leaf=is_box)):
+        return params, None
+
+    def annotation(x):
+        if isinstance(x, nn.LogicallyPartitioned):
+            return tuple(x.names)
+        return PartitionSpec(*x.names) if isinstance(x, nn.Partitioned) else UNANNOTATED
+
+    return nn.unbox(params), jax.tree.map(annotation, params, is_leaf=is_box)
+
+
+def _mesh_spec(annotation, path: str, mesh: Mesh, rules) -> PartitionSpec:
+    """An annotation as a PartitionSpec of ``mesh``'s axes (logical names through ``rules``)."""
+    logical = not isinstance(annotation, PartitionSpec)  # a tuple of logical axis names
+    spec = PartitionSpec(*nn.logical_to_mesh_axes(annotation, rules)) if logical else annotation
+    for axes in spec:
+        for axis in (axes if isinstance(axes, tuple) else (axes,)):
+            if axis is not None and axis not in mesh.axis_names:
+                hint = ("map logical names to mesh axes with sharding_rules=[('embed', 'model'), ...]"
+                        if logical else "use the mesh's axis names")
+                raise ValueError(f"Parameter {path} is annotated {annotation}, and {axis!r} is not an axis of the "
+                                 f"mesh {tuple(mesh.axis_names)}: {hint}.")
+    return spec
 
 
 def replicated(mesh: Mesh) -> NamedSharding:
@@ -61,6 +135,8 @@ def resolve_mode(mode: str, params) -> str:
 
 
 def _fsdp_spec(shape: tuple[int, ...], devices: int) -> PartitionSpec:
+    if devices == 1:
+        return PartitionSpec()
     if math.prod(shape) < FSDP_MIN_ELEMENTS:
         return PartitionSpec()
     for dim in sorted(range(len(shape)), key=lambda d: -shape[d]):
@@ -71,10 +147,12 @@ def _fsdp_spec(shape: tuple[int, ...], devices: int) -> PartitionSpec:
     return PartitionSpec()
 
 
-def state_shardings(state, mesh: Mesh, mode: str):
-    """Shardings for every array of a TrainState: params and optimizer moments by ``mode``,
-    everything else (step, rng, batch statistics, scalars) replicated."""
-    devices = mesh.devices.size
+def state_shardings(state, mesh: Mesh, mode: str, annotations=None, rules=None):
+    """Shardings for every array of a TrainState: annotated params as annotated (see
+    :func:`split_annotations`), the others and their optimizer moments by ``mode`` (FSDP splits
+    over ``data``), everything else (step, rng, batch statistics, scalars) replicated. With
+    annotations, optimizer moments follow their parameters (``optax.tree_map_params``)."""
+    devices = _data_size(mesh)
     rep = replicated(mesh)
 
     def for_leaf(leaf):
@@ -84,10 +162,21 @@ def state_shardings(state, mesh: Mesh, mode: str):
         return rep
 
     shardings = jax.tree.map(lambda _: rep, state)
-    return shardings.replace(
-        params=jax.tree.map(for_leaf, state.params),
-        opt_state=jax.tree.map(for_leaf, state.opt_state),
-    )
+    if annotations is None:
+        return shardings.replace(params=jax.tree.map(for_leaf, state.params),
+                                 opt_state=jax.tree.map(for_leaf, state.opt_state))
+
+    def for_param(path, leaf, annotation):
+        if isinstance(annotation, str):
+            return for_leaf(leaf)
+        return NamedSharding(mesh, _mesh_spec(annotation, jax.tree_util.keystr(path), mesh, rules))
+
+    params = jax.tree_util.tree_map_with_path(for_param, state.params, annotations)  # annotations: a prefix tree
+    opt_state = state.opt_state
+    if state.tx is not None and opt_state is not None:
+        opt_state = optax.tree_map_params(state.tx, lambda _, sharding: sharding, opt_state, params,
+                                          transform_non_params=lambda _: rep)
+    return shardings.replace(params=params, opt_state=opt_state)
 
 
 def place(tree, shardings):
@@ -98,11 +187,11 @@ def place(tree, shardings):
 
 def check_batch_divisible(batch_size: int, mesh: Mesh) -> None:
     """Fail unless a (global) batch of ``batch_size`` examples splits evenly over the mesh."""
-    devices = mesh.devices.size
+    devices = _data_size(mesh)
     if batch_size % devices:
         raise ValueError(
-            f"A batch of {batch_size} examples cannot be split over {devices} devices: use a batch size that is "
-            f"a multiple of {devices} (global batch = per-device batch x {devices} devices)."
+            f"A batch of {batch_size} examples cannot be split over {devices} devices (the mesh's data axis): use "
+            f"a batch size that is a multiple of {devices} (global batch = per-device batch x {devices} devices)."
         )
 
 

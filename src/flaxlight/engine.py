@@ -214,12 +214,13 @@ class Engine:
                                  donate_argnums=1)
 
     # ------------------------------------------------------------------ placement and sums
-    def distribute(self, state, mesh, mode: str | None):
-        """Shard (or replicate) ``state`` over ``mesh`` and re-jit the loop to match; returns
+    def distribute(self, state, mesh, mode: str | None, annotations=None, rules=None):
+        """Shard (or replicate) ``state`` over ``mesh`` (annotated params as the model says, see
+        :func:`flaxlight.distributed.state_shardings`) and re-jit the loop to match; returns
         ``(state, mode)`` with the mode resolved (``"auto"`` -> what the params allow)."""
         self.mesh = mesh
         mode = dist.resolve_mode(mode or "data_parallel", state.params)
-        shardings = dist.state_shardings(state, mesh, mode)
+        shardings = dist.state_shardings(state, mesh, mode, annotations, rules)
         state = dist.place(state, shardings)
         if not self.debug:
             self._jit_loop(shardings)

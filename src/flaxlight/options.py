@@ -80,6 +80,9 @@ class TrainerOptions:
             otherwise is an error where flaxlight's own loss feeds it to the model; with your
             ``loss_fn`` it is accepted when the loss traces on it (it may reshape the batch
             first). False skips the check.
+        sharding_rules: logical axis rules for parameters annotated with Linen's
+            ``nn.with_logical_partitioning``: pairs ``(logical name, mesh axis or None)``, e.g.
+            ``[("embed", None), ("mlp", "model")]``, as flax defines them.
         log_grad_norm: add ``train/grad_norm``, the global L2 norm of each step's gradients
             before clipping (of each batch's gradient, before ``accumulate_grad_batches`` adds
             them up), computed in the step and averaged like the loss. It needs flaxlight's own
@@ -103,12 +106,17 @@ class TrainerOptions:
     distributed: str | None = None
     check_batches: bool = True
     log_grad_norm: bool = False
+    sharding_rules: Any = None
 
     def __post_init__(self):
         _require(self, "steps_per_execution", self.steps_per_execution == "auto" or _is_int(self.steps_per_execution, 1),
                  "a positive int, or 'auto' (measured in the first epoch)")
         _require(self, "log_every_n_steps", _is_int(self.log_every_n_steps, 1), "a positive int")
         _require(self, "log_grad_norm", isinstance(self.log_grad_norm, bool), "True or False")
+        _require(self, "sharding_rules", self.sharding_rules is None or (
+            isinstance(self.sharding_rules, (list, tuple)) and all(
+                isinstance(rule, (list, tuple)) and len(rule) == 2 and isinstance(rule[0], str)
+                for rule in self.sharding_rules)), "a list of (logical name, mesh axis or None) pairs")
         _require(self, "prefetch", _is_int(self.prefetch, 0), "an int >= 0 (0: no background loading)")
         for name in ("max_steps", "val_check_interval"):
             value = getattr(self, name)

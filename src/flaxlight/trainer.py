@@ -72,7 +72,7 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
         self.callbacks: list[Callback] = with_default_callbacks(callbacks, self.options, enable_progress_bar)
         self._checkpoint_callback = next((cb for cb in self.callbacks if isinstance(cb, ModelCheckpoint)), None)
         runfiles.enable_compilation_cache(self.options.compilation_cache)
-        self.mesh = dist.make_mesh() if mesh is None and self.options.distributed is not None else mesh
+        self.mesh = dist.mesh_for(mesh, self.options.distributed)
         self.model_adapter = make_adapter(self.model_class, self.model_hparams, seed=seed)
         self.model = self.model_adapter.module  # the Linen module, or the live NNX module
         if self.options.enable_model_summary:
@@ -113,7 +113,8 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
         """Initialise parameters (and batch stats) from ``exmp_input``; no optimizer yet."""
         model_rng, init_rng = jax.random.split(jax.random.PRNGKey(self.seed))
         variables = self.run_model_init(as_input_list(exmp_input), init_rng)
-        self.state = TrainState.create(apply_fn=self.model_adapter.apply, params=variables["params"],
+        params, self.param_annotations = dist.split_annotations(variables["params"])  # the model's own sharding
+        self.state = TrainState.create(apply_fn=self.model_adapter.apply, params=params,
                                        batch_stats=variables.get("batch_stats"), rng=model_rng, tx=None)
 
     def run_model_init(self, exmp_input: Sequence[Any], init_rng) -> dict:
@@ -182,7 +183,9 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
     def _place_state(self) -> None:
         """On a mesh: shard (or replicate) the state and re-jit the loop to match."""
         if self.mesh is not None:
-            self.state, self.distributed_mode = self.engine.distribute(self.state, self.mesh, self.options.distributed)
+            self.state, self.distributed_mode = self.engine.distribute(
+                self.state, self.mesh, self.options.distributed, getattr(self, "param_annotations", None),
+                self.options.sharding_rules)
 
     # ------------------------------------------------------------------ the loop
     def train_model(self, train_loader: Iterable, val_loader: Iterable | None, test_loader: Iterable | None = None,
@@ -269,14 +272,12 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
             self._log({**loop.train_metrics, "epoch": epoch_idx})
             self.on_training_epoch_end(epoch_idx)
             self._call_callbacks("on_train_epoch_end", epoch_idx, loop.train_metrics)
-        if val_loader is not None and not loop.validated and self._epoch_validation_due(epoch_idx):
+        if val_loader is not None and not loop.validated and epoch_validation_due(epoch_idx, self.check_val_every_n_epoch,
+                                                                                  self._limits):
             self._validate(val_loader)
         loop.phase = "epoch_end"
         self._call_callbacks("on_epoch_end", epoch_idx)
         getattr(self.logger, "flush_soon", self.logger.flush)()  # written behind the epoch's records
-
-    def _epoch_validation_due(self, epoch: int) -> bool:
-        return epoch_validation_due(epoch, self.check_val_every_n_epoch, self._limits)
 
     def _validate(self, val_loader) -> None:
         """Evaluate, ask ``is_new_model_better`` once, tell hooks and callbacks (once per step)."""
@@ -355,7 +356,8 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
         if schedule.due(self.options.log_every_n_steps, step, steps):
             self._log_running(loop.running_log.mark(step, loop.acc))
         if schedule.due(self.options.val_check_interval, step, steps) and self._val_loader is not None \
-                and (loop.batch_index < self.steps_per_epoch or not self._epoch_validation_due(loop.epoch)):
+                and (loop.batch_index < self.steps_per_epoch
+                     or not epoch_validation_due(loop.epoch, self.check_val_every_n_epoch, self._limits)):
             self._validate(self._val_loader)
         for callback in self.callbacks:
             if schedule.due(callback.every_n_steps, step, steps):

@@ -1,0 +1,60 @@
+"""Parameters placed as the model annotates them on a 2x2 mesh (tensor parallel), equal to one
+device, restored onto other device counts. Each run is a subprocess with forced CPU devices."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+SCRIPT = Path(__file__).with_name("tensor_parallel_script.py")
+
+
+def _run(*args):
+    env = dict(os.environ, CI="true")
+    env.pop("XLA_FLAGS", None)
+    done = subprocess.run([sys.executable, str(SCRIPT), *map(str, args)], env=env, text=True, capture_output=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+def _load(path):
+    with np.load(path) as data:
+        return str(data["shardings"]), str(data["mu_sharding"]), [data[k] for k in sorted(data.files, key=_order)
+                                                                    if k.startswith("p")]
+
+
+def _order(name):
+    return int(name[1:]) if name[1:].isdigit() else -1
+
+
+def test_a_2x2_mesh_shards_as_annotated_equals_one_device_and_restores_on_1_and_2(tmp_path):
+    _run(tmp_path / "one.npz", tmp_path / "one")
+    _run(tmp_path / "mesh.npz", tmp_path / "mesh", "--devices", 4, "--mesh", "data=2,model=2")
+    _, _, single = _load(tmp_path / "one.npz")
+    shardings, mu_sharding, sharded = _load(tmp_path / "mesh.npz")
+    assert "'Dense_0': \"NamedSharding(mesh=Mesh('data': 2, 'model': 2" in shardings
+    assert "spec=P(None, 'model')" in shardings.split("'Dense_1'")[0]  # columns over "model"
+    assert "spec=P('model', None)" in shardings.split("'Dense_1'")[1].split("'Dense_2'")[0]  # rows
+    assert "spec=P('model', None)" in shardings.split("'Dense_2'")[1]  # logical "hidden" -> "model"
+    assert "P(None, 'model')" in mu_sharding  # Adam's moment follows its parameter
+    for a, b in zip(sharded, single, strict=True):
+        np.testing.assert_allclose(a, b, rtol=2e-5, atol=1e-6)
+
+    _run(tmp_path / "r1.npz", tmp_path / "r1", "--restore-from", tmp_path / "mesh")
+    _run(tmp_path / "r2.npz", tmp_path / "r2", "--devices", 2, "--mesh", "data=1,model=2",
+         "--restore-from", tmp_path / "mesh")
+    for restored in (_load(tmp_path / "r1.npz")[2], _load(tmp_path / "r2.npz")[2]):
+        for a, b in zip(restored, sharded, strict=True):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_mesh_shapes_and_annotations_that_do_not_fit_say_why():
+    from flaxlight.distributed import make_mesh
+
+    with pytest.raises(ValueError, match="needs 4 devices, and there are 1"):
+        make_mesh(shape={"data": 2, "model": 2})
+    with pytest.raises(ValueError, match="has no 'data' axis"):
+        make_mesh(shape={"model": 1})
