@@ -14,10 +14,12 @@ parser.add_argument("--devices", type=int, default=1)
 parser.add_argument("--mesh", default="")
 parser.add_argument("--distributed", default="data_parallel")
 parser.add_argument("--restore-from")
+parser.add_argument("--nnx", action="store_true")
 args = parser.parse_args()
 os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={args.devices}"
 
 import flax.linen as nn  # noqa: E402
+from flax import nnx  # noqa: E402
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
@@ -40,6 +42,19 @@ class AnnotatedMLP(nn.Module):
         return nn.Dense(1, kernel_init=nn.with_logical_partitioning(init, ("hidden", "out")))(x)
 
 
+class AnnotatedNNX(nnx.Module):
+    """The same split in NNX: sharding metadata on the variables (nnx.with_partitioning)."""
+
+    def __init__(self, *, rngs: nnx.Rngs):
+        init = nnx.initializers.lecun_normal()
+        self.up = nnx.Linear(16, 64, kernel_init=nnx.with_partitioning(init, (None, "model")), rngs=rngs)
+        self.down = nnx.Linear(64, 32, kernel_init=nnx.with_partitioning(init, ("model", None)), rngs=rngs)
+        self.out = nnx.Linear(32, 1, rngs=rngs)
+
+    def __call__(self, x):
+        return self.out(nnx.relu(self.down(nnx.relu(self.up(x)))))
+
+
 class Regressor(flaxlight.TrainerModule):
     def loss_fn(self, params, batch, *, train, rng, state):
         x, y = batch
@@ -55,14 +70,15 @@ if args.restore_from:
     trainer = Regressor.load_from_checkpoint(args.restore_from, exmp_input=x[:1], which="last", with_optimizer=True,
                                              **options)
 else:
-    trainer = Regressor(model_class=AnnotatedMLP, model_hparams={}, exmp_input=x[:1],
+    trainer = Regressor(model_class=AnnotatedNNX if args.nnx else AnnotatedMLP, model_hparams={}, exmp_input=x[:1],
                         optimizer_hparams={"optimizer": "adam", "lr": 1e-2}, logger_params={"log_dir": args.log_dir},
                         enable_progress_bar=False, enable_model_summary=False,
                         callbacks=[flaxlight.ModelCheckpoint(every_n_epochs=1)], **options)
     trainer.train_model((x, y), None, num_epochs=2, batch_size=32)
 params = trainer.state.params
 shardings = {name: str(getattr(params[name]["kernel"], "sharding", "")) for name in params}
+first = "up" if args.nnx else "Dense_0"
 mu = next((leaf for path, leaf in jax.tree_util.tree_leaves_with_path(trainer.state.opt_state)
-           if all(part in jax.tree_util.keystr(path) for part in (".mu", "Dense_0", "kernel"))), None)
+           if all(part in jax.tree_util.keystr(path) for part in (".mu", first, "kernel"))), None)
 np.savez(args.out, shardings=repr(shardings), mu_sharding=str(getattr(mu, "sharding", "")),
          **{f"p{i}": leaf for i, leaf in enumerate(jax.tree.leaves(jax.device_get(params)))})

@@ -1,6 +1,7 @@
 """Parameters placed as the model annotates them on a 2x2 mesh (tensor parallel), equal to one
 device, restored onto other device counts. Each run is a subprocess with forced CPU devices."""
 
+import ast
 import os
 import subprocess
 import sys
@@ -49,6 +50,19 @@ def test_a_2x2_mesh_shards_as_annotated_equals_one_device_and_restores_on_1_and_
     for restored in (_load(tmp_path / "r1.npz")[2], _load(tmp_path / "r2.npz")[2]):
         for a, b in zip(restored, sharded, strict=True):
             np.testing.assert_array_equal(a, b)
+
+
+def test_an_nnx_model_with_sharding_metadata_is_placed_as_annotated(tmp_path):
+    _run(tmp_path / "one.npz", tmp_path / "one", "--nnx")
+    _run(tmp_path / "mesh.npz", tmp_path / "mesh", "--nnx", "--devices", 4, "--mesh", "data=2,model=2",
+         "--distributed", "fsdp")
+    shardings, mu_sharding, sharded = _load(tmp_path / "mesh.npz")
+    by_layer = ast.literal_eval(shardings)
+    assert "spec=P(None, 'model')" in by_layer["up"] and "spec=P('model', None)" in by_layer["down"]
+    assert "spec=P()" in by_layer["out"]  # unannotated and small: FSDP keeps it replicated
+    assert "P(None, 'model')" in mu_sharding
+    for a, b in zip(sharded, _load(tmp_path / "one.npz")[2], strict=True):
+        np.testing.assert_allclose(a, b, rtol=2e-5, atol=1e-6)
 
 
 def test_mesh_shapes_and_annotations_that_do_not_fit_say_why():

@@ -83,16 +83,17 @@ def _data_size(mesh: Mesh) -> int:
     return int(dict(mesh.shape).get(DATA_AXIS, 1))
 
 
-def split_annotations(params) -> tuple[Any, Any]:
+def split_annotations(params, given: Any = None) -> tuple[Any, Any]:
     """``(plain params, annotations)``: Linen partitioning boxes removed, and per parameter its
     :class:`PartitionSpec` (``nn.with_partitioning``), its logical names as a tuple
     (``nn.with_logical_partitioning``) or :data:`UNANNOTATED`; annotations is None when no
-    parameter is annotated."""
+    parameter is annotated. ``given``: annotations known otherwise (an NNX model's metadata),
+    used when ``params`` carry no Linen boxes."""
     def is_box(x):
         return isinstance(x, nn.meta.AxisMetadata)
 
     if not any(is_box(x) for x in jax.tree.leaves(params, is_leaf=is_box)):
-        return params, None
+        return params, given
 
     def annotation(x):
         if isinstance(x, nn.LogicallyPartitioned):

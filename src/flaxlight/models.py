@@ -16,6 +16,7 @@ Examples:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
 import inspect
@@ -85,6 +86,7 @@ class LinenAdapter:
     """A ``flax.linen`` module: ``init``/``apply`` as Flax defines them, ``train`` passed when taken."""
 
     kind = "linen"
+    annotations = None  # Linen's partitioning boxes come with the initial params (see flaxlight.distributed)
 
     def __init__(self, module: nn.Module):
         self.module = module
@@ -126,6 +128,26 @@ class LinenAdapter:
         return self.module.bind(variables)
 
 
+def _lazy_sharding():
+    """Build NNX variables unsharded even when annotated (flax 0.12 otherwise wants a mesh here)."""
+    use_eager_sharding = getattr(nnx, "use_eager_sharding", None)  # flax >= 0.12
+    return use_eager_sharding(False) if use_eager_sharding is not None else contextlib.nullcontext()
+
+
+def _nnx_annotations(params) -> Any:
+    """Per parameter its ``PartitionSpec`` (``nnx.with_partitioning`` metadata) or ``"unannotated"``
+    (a pure dict, as :func:`flaxlight.distributed.split_annotations` gives for Linen); None when none is."""
+    def annotation(variable):
+        metadata = variable.get_metadata()
+        names = next((metadata[key] for key in ("out_sharding", "sharding_names", "sharding") if metadata.get(key)),
+                     None)
+        return jax.sharding.PartitionSpec(*names) if names else "unannotated"
+
+    tree = nnx.to_pure_dict(jax.tree.map(annotation, params, is_leaf=lambda x: isinstance(x, nnx.Variable)))
+    specs = jax.tree.leaves(tree)
+    return tree if any(not isinstance(spec, str) for spec in specs) else None
+
+
 class NNXAdapter:
     """A ``flax.nnx`` module split once into graph definition + pure state.
 
@@ -142,8 +164,10 @@ class NNXAdapter:
 
     def __init__(self, model_class, model_hparams: dict, seed: int):
         self.model_class, self.model_hparams = model_class, model_hparams
-        self.module = model_class(**model_hparams, rngs=nnx.Rngs(seed))
+        with _lazy_sharding():  # annotations stay metadata: the trainer places the params on its mesh
+            self.module = model_class(**model_hparams, rngs=nnx.Rngs(seed))
         self.graphdef, params, batch_stats, self.rest = nnx.split(self.module, nnx.Param, nnx.BatchStat, ...)
+        self.annotations = _nnx_annotations(params)
         self.params_template, self.batch_stats_template = params, batch_stats
         self.has_batch_stats = bool(jax.tree.leaves(batch_stats))
         self.rng_streams = sorted({v.tag for v in jax.tree.leaves(self.rest, is_leaf=lambda v: isinstance(v, nnx.RngKey))

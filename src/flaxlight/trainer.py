@@ -113,7 +113,7 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
         """Initialise parameters (and batch stats) from ``exmp_input``; no optimizer yet."""
         model_rng, init_rng = jax.random.split(jax.random.PRNGKey(self.seed))
         variables = self.run_model_init(as_input_list(exmp_input), init_rng)
-        params, self.param_annotations = dist.split_annotations(variables["params"])  # the model's own sharding
+        params, self.param_annotations = dist.split_annotations(variables["params"], self.model_adapter.annotations)
         self.state = TrainState.create(apply_fn=self.model_adapter.apply, params=params,
                                        batch_stats=variables.get("batch_stats"), rng=model_rng, tx=None)
 
