@@ -72,3 +72,32 @@ def test_mesh_shapes_and_annotations_that_do_not_fit_say_why():
         make_mesh(shape={"data": 2, "model": 2})
     with pytest.raises(ValueError, match="has no 'data' axis"):
         make_mesh(shape={"model": 1})
+
+
+def test_the_tensor_parallel_transformer_example_matches_one_device(tmp_path):
+    examples = Path(__file__).resolve().parents[1] / "examples"
+
+    def run(devices, name):
+        script = (f"import sys, pickle; sys.path.insert(0, {str(examples)!r}); import transformer_tensor_parallel as t; "
+                  f"out = t.main(['--devices', '{devices}', '--epochs', '1', '--steps-per-epoch', '6', '--layers', '1',"
+                  f" '--log-dir', {str(tmp_path / name)!r}, '--no-progress-bar']); "
+                  f"import jax; out['shardings'] = jax.tree.map(str, out['shardings']); "
+                  f"pickle.dump(out, open({str(tmp_path / (name + '.pkl'))!r}, 'wb'))")
+        env = dict(os.environ, CI="true")
+        env.pop("XLA_FLAGS", None)
+        done = subprocess.run([sys.executable, "-c", script], env=env, text=True, capture_output=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+        import pickle
+
+        with open(tmp_path / (name + ".pkl"), "rb") as f:
+            return pickle.load(f)
+
+    sharded, single = run(4, "mesh"), run(1, "one")
+    attention = sharded["shardings"]["blocks"][0]["attention"]
+    assert "spec=P(None, 'model')" in attention["qkv"]["kernel"] and "spec=P('model', None)" in attention["out"]["kernel"]
+    assert "'data': 2, 'model': 2" in attention["qkv"]["kernel"]
+    import jax
+
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5), sharded["params"],
+                 single["params"])
+    assert sharded["metrics"]["val/bpc"] == pytest.approx(single["metrics"]["val/bpc"], rel=1e-4)
