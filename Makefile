@@ -49,7 +49,7 @@ docs-serve: $(PY)
 BENCH_VENV ?= .venv-bench
 BENCH_PY := $(BENCH_VENV)/bin/python
 BENCH_ARGS ?=
-BENCH_SCRIPTS := overhead fused full_featured keras_peer nnx_vs_linen checkpointing
+BENCH_SCRIPTS := overhead fused full_featured keras_peer nnx_vs_linen checkpointing scaling
 
 $(BENCH_PY):
 	$(PYTHON) -m venv $(BENCH_VENV)
