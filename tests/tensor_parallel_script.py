@@ -1,6 +1,7 @@
 """Runs for tests/test_tensor_parallel.py, as subprocesses (device counts are fixed at JAX import).
 
 python tensor_parallel_script.py OUT.npz LOG_DIR --devices N [--mesh data=2,model=2] [--restore-from DIR]
+    [--epochs E] [--resume] [--nnx]
 """
 
 import argparse
@@ -15,6 +16,9 @@ parser.add_argument("--mesh", default="")
 parser.add_argument("--distributed", default="data_parallel")
 parser.add_argument("--restore-from")
 parser.add_argument("--nnx", action="store_true")
+parser.add_argument("--epochs", type=int, default=2)
+parser.add_argument("--resume", action="store_true")
+parser.add_argument("--crash-after", type=int, help="raise at the end of this epoch, after its checkpoint is written")
 args = parser.parse_args()
 os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={args.devices}"
 
@@ -25,7 +29,7 @@ import numpy as np  # noqa: E402
 import optax  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from conftest import linear_data  # noqa: E402
+from conftest import CrashAfterEpoch, linear_data  # noqa: E402
 
 import flaxlight  # noqa: E402
 
@@ -73,8 +77,9 @@ else:
     trainer = Regressor(model_class=AnnotatedNNX if args.nnx else AnnotatedMLP, model_hparams={}, exmp_input=x[:1],
                         optimizer_hparams={"optimizer": "adam", "lr": 1e-2}, logger_params={"log_dir": args.log_dir},
                         enable_progress_bar=False, enable_model_summary=False,
-                        callbacks=[flaxlight.ModelCheckpoint(every_n_epochs=1)], **options)
-    trainer.train_model((x, y), None, num_epochs=2, batch_size=32)
+                        callbacks=[flaxlight.ModelCheckpoint(every_n_epochs=1)]
+                        + ([CrashAfterEpoch(args.crash_after)] if args.crash_after else []), **options)
+    trainer.train_model((x, y), None, num_epochs=args.epochs, batch_size=32, resume=args.resume)
 params = trainer.state.params
 shardings = {name: str(getattr(params[name]["kernel"], "sharding", "")) for name in params}
 first = "up" if args.nnx else "Dense_0"

@@ -13,12 +13,15 @@ import pytest
 SCRIPT = Path(__file__).with_name("tensor_parallel_script.py")
 
 
-def _run(*args):
+def _run(*args, fails=False):
     env = dict(os.environ, CI="true")
     env.pop("XLA_FLAGS", None)
     done = subprocess.run([sys.executable, str(SCRIPT), *map(str, args)], env=env, text=True, capture_output=True,
                           timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
+    if fails:
+        assert done.returncode != 0 and "crash after the save" in done.stderr, done.stderr[-3000:]
+    else:
+        assert done.returncode == 0, done.stderr[-3000:]
 
 
 def _load(path):
@@ -50,6 +53,18 @@ def test_a_2x2_mesh_shards_as_annotated_equals_one_device_and_restores_on_1_and_
     for restored in (_load(tmp_path / "r1.npz")[2], _load(tmp_path / "r2.npz")[2]):
         for a, b in zip(restored, sharded, strict=True):
             np.testing.assert_array_equal(a, b)
+
+
+def test_a_run_saved_on_a_2x2_mesh_resumes_on_two_devices_as_if_uninterrupted(tmp_path):
+    _run(tmp_path / "straight.npz", tmp_path / "straight", "--epochs", 3)
+    _run(tmp_path / "first.npz", tmp_path / "run", "--devices", 4, "--mesh", "data=2,model=2", "--epochs", 3,
+         "--crash-after", 2, fails=True)
+    _run(tmp_path / "rest.npz", tmp_path / "run", "--devices", 2, "--mesh", "data=1,model=2", "--epochs", 3,
+         "--resume")
+    shardings, _, resumed = _load(tmp_path / "rest.npz")
+    assert "'data': 1, 'model': 2" in shardings and "spec=P(None, 'model')" in shardings
+    for a, b in zip(resumed, _load(tmp_path / "straight.npz")[2], strict=True):
+        np.testing.assert_allclose(a, b, rtol=2e-5, atol=1e-6)
 
 
 def test_an_nnx_model_with_sharding_metadata_is_placed_as_annotated(tmp_path):
