@@ -3,6 +3,7 @@ device, restored onto other device counts. Each run is a subprocess with forced 
 
 import ast
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -55,16 +56,19 @@ def test_a_2x2_mesh_shards_as_annotated_equals_one_device_and_restores_on_1_and_
             np.testing.assert_array_equal(a, b)
 
 
-def test_a_run_saved_on_a_2x2_mesh_resumes_on_two_devices_as_if_uninterrupted(tmp_path):
+def test_a_run_saved_on_a_2x2_mesh_resumes_on_two_devices_and_on_one_as_if_uninterrupted(tmp_path):
     _run(tmp_path / "straight.npz", tmp_path / "straight", "--epochs", 3)
     _run(tmp_path / "first.npz", tmp_path / "run", "--devices", 4, "--mesh", "data=2,model=2", "--epochs", 3,
          "--crash-after", 2, fails=True)
+    shutil.copytree(tmp_path / "run", tmp_path / "run_on_one")
     _run(tmp_path / "rest.npz", tmp_path / "run", "--devices", 2, "--mesh", "data=1,model=2", "--epochs", 3,
          "--resume")
+    _run(tmp_path / "rest1.npz", tmp_path / "run_on_one", "--epochs", 3, "--resume")
     shardings, _, resumed = _load(tmp_path / "rest.npz")
     assert "'data': 1, 'model': 2" in shardings and "spec=P(None, 'model')" in shardings
-    for a, b in zip(resumed, _load(tmp_path / "straight.npz")[2], strict=True):
-        np.testing.assert_allclose(a, b, rtol=2e-5, atol=1e-6)
+    for run in (resumed, _load(tmp_path / "rest1.npz")[2]):
+        for a, b in zip(run, _load(tmp_path / "straight.npz")[2], strict=True):
+            np.testing.assert_allclose(a, b, rtol=2e-5, atol=1e-6)
 
 
 def test_an_nnx_model_with_sharding_metadata_is_placed_as_annotated(tmp_path):
