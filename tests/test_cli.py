@@ -315,11 +315,11 @@ def test_allow_import_and_trust_config_let_a_run_use_import_paths(run_copy, caps
     config["model"]["name"] = "flaxlight.zoo.models.MLPRegressor"
     config["data"]["name"] = "flaxlight.zoo.datasets:sine"
     (run_copy / "config.yaml").write_text(yaml.safe_dump(config))
-    code, _, err = run(capsys, "validate", "--ckpt", run_copy)
-    assert code == 2 and "model.name: 'flaxlight.zoo.models.MLPRegressor' is an import path" in err
-    code, _, err = run(capsys, "validate", "--ckpt", run_copy, "--allow-import", "flaxlight.zoo.datasets")
-    assert code == 2 and "not under the allowed import prefixes ('flaxlight.zoo.datasets')" in err
-    for opt_in in (["--allow-import", "flaxlight.zoo.models", "--allow-import", "flaxlight.zoo.datasets"],
+    code, _, err = run(capsys, "validate", "--ckpt", run_copy)  # flaxlight's own model class needs no opt-in
+    assert code == 2 and "data.name: 'flaxlight.zoo.datasets:sine' is an import path" in err
+    code, _, err = run(capsys, "validate", "--ckpt", run_copy, "--allow-import", "flaxlight.zoo.models")
+    assert code == 2 and "data.name: 'flaxlight.zoo.datasets:sine' is an import path" in err
+    for opt_in in (["--allow-import", "flaxlight.zoo.datasets"],
                    ["--allow-import", "flaxlight.zoo"], ["--trust-config"]):
         code, out, err = run(capsys, "validate", "--ckpt", run_copy, *opt_in)
         assert code == 0 and "val/loss:" in out, err
@@ -373,3 +373,34 @@ def test_help_lists_every_config_field_with_type_and_default(capsys):
     assert "config fields" in out
     for line in ("trainer.max_epochs", "int = 500"), ("optimizer.lr",), ("data.batch_size", "int = 64"):
         assert any(all(part in row for part in line) for row in out.splitlines()), line
+
+
+def test_class_path_and_init_args_as_lightning_cli_writes_them(tmp_path, capsys):
+    """LightningCLI's ``class_path`` / ``init_args`` spellings load as ``name`` / ``hparams`` / ``args``;
+    flaxlight's own classes may be named by their import path without an opt-in."""
+    (tmp_path / "lightning.yaml").write_text(
+        "trainer:\n  class_path: classification\n  init_args:\n    max_epochs: 2\n    monitor: val/acc\n    mode: max\n"
+        "model:\n  class_path: flaxlight.zoo.models.MLPClassifier\n  init_args:\n    hidden_dims: [16]\n    num_classes: 10\n"
+        "data:\n  class_path: digits\n  init_args: {}\n  batch_size: 64\n"
+        "callbacks:\n  - class_path: flaxlight.callbacks.EarlyStopping\n    init_args:\n      monitor: val/acc\n"
+        "      mode: max\n      patience: 7\n")
+    code, out, err = run(capsys, "fit", "--config", tmp_path / "lightning.yaml", "--print_config",
+                         "--callbacks.0.init_args.patience=3")
+    assert code == 0, err
+    printed = yaml.safe_load(out)  # saved in our own spelling
+    assert printed["trainer"]["name"] == "classification" and printed["trainer"]["max_epochs"] == 2
+    assert printed["model"] == {"name": "flaxlight.zoo.models.MLPClassifier",
+                                "hparams": {"hidden_dims": [16], "num_classes": 10}}
+    assert printed["callbacks"] == [{"name": "flaxlight.callbacks.EarlyStopping",
+                                     "args": {"monitor": "val/acc", "mode": "max", "patience": 3}}]
+    cfg = load_config(tmp_path / "lightning.yaml")  # resolves without trust_config: flaxlight's own classes
+    assert cfg.model.hparams["hidden_dims"] == [16]
+    (tmp_path / "both.yaml").write_text("trainer:\n  name: classification\n  max_epochs: 3\n"
+                                        "  init_args: {max_epochs: 2}\nmodel: {name: mlp_classifier}\n"
+                                        "data: {name: digits}\n")
+    code, _, err = run(capsys, "fit", "--config", tmp_path / "both.yaml", "--print_config")
+    assert code == 2 and "'trainer.max_epochs' is set both" in err
+    (tmp_path / "other.yaml").write_text("trainer: {name: classification}\ndata: {name: digits}\n"
+                                         "model: {class_path: mypkg.models.Net}\n")
+    code, _, err = run(capsys, "fit", "--config", tmp_path / "other.yaml")
+    assert code == 2 and "mypkg.models.Net" in err and "--allow-import" in err  # others still need the opt-in

@@ -555,10 +555,10 @@ def test_a_val_metric_without_validation_data_stops_before_training(tmp_path):
 
 def test_tune_from_config_import_paths_need_the_opt_in(tmp_path):
     config = sine_config(tmp_path, n_trials=1)
-    config["model"]["name"] = "flaxlight.zoo.models.MLPRegressor"
-    with pytest.raises(flaxlight.config.ConfigError, match="^model.name: 'flaxlight.zoo.models.MLPRegressor' is an "
+    config["data"]["name"] = "flaxlight.zoo.datasets.sine"
+    with pytest.raises(flaxlight.config.ConfigError, match="^data.name: 'flaxlight.zoo.datasets.sine' is an "
                                                            "import path, which was not imported"):
         tune_from_config(config)
     assert not (tmp_path / "cfg").exists()
-    study = tune_from_config(config, allow_imports=["flaxlight.zoo.models"])
+    study = tune_from_config(config, allow_imports=["flaxlight.zoo.datasets"])
     assert [t.state for t in study.trials] == [State.COMPLETE]

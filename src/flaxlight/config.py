@@ -149,8 +149,16 @@ def _import_paths(cfg: "Config") -> list[tuple[str, str, str]]:
              ("data.name", cfg.data.name, "dataset")]
     names += [(f"callbacks[{i}].name", item.name, "callback") for i, item in enumerate(cfg.callbacks)]
     names += [(f"loggers[{i}].name", item.name, "logger") for i, item in enumerate(cfg.loggers)]
-    found += [(key, value, kind) for key, value, kind in names if value is not None and registry.is_import_path(value)]
+    found += [(key, value, kind) for key, value, kind in names
+              if value is not None and registry.is_import_path(value) and not _is_own_class(value, kind)]
     return found
+
+
+def _is_own_class(name: str, kind: str) -> bool:
+    """flaxlight's own trainer / model / callback / logger classes named by import path, as
+    LightningCLI's ``class_path: lightning.pytorch.callbacks.EarlyStopping``: no opt-in needed
+    (flaxlight is imported already; the resolved object is still checked to be of the kind)."""
+    return kind in ("trainer", "model", "callback", "logger") and name.replace(":", ".").startswith("flaxlight.")
 
 
 def _check_import_policy(cfg: "Config", policy: _ImportPolicy) -> list[tuple[str, str, str]]:
@@ -288,7 +296,14 @@ class Config:
 
 
 # Other spellings accepted on load (key -> field); the saved config uses the field's name.
-_ALIASES: dict[type, dict[str, str]] = {TrainerConfig: {"num_epochs": "max_epochs"}}
+# ``class_path`` / ``init_args`` are LightningCLI's; a trainer's ``init_args`` are its section's own keys.
+_ALIASES: dict[type, dict[str, str]] = {
+    TrainerConfig: {"num_epochs": "max_epochs", "class_path": "name"},
+    ModelConfig: {"class_path": "name", "init_args": "hparams"},
+    DataConfig: {"class_path": "name", "init_args": "kwargs"},
+    CallbackConfig: {"class_path": "name", "init_args": "args"},
+    LoggerConfig: {"class_path": "name", "init_args": "args"},
+}
 _OPTIMIZER_ALIASES = {"warmup": "warmup_steps"}  # the seed's key, resolved by OptimizerConfig.from_dict
 # A bare string stands for {"name": ...} in these list items.
 _NAME_SHORTHAND = (CallbackConfig, LoggerConfig)
@@ -449,6 +464,12 @@ def _build(cls: type, data: Any, path: str) -> Any:
         return _build_optimizer(data, path)
     fields = {name: f for name, f in _ordered_fields(cls).items() if f.init}
     data = dict(data)
+    if cls is TrainerConfig and isinstance(data.get("init_args"), Mapping):
+        both = sorted(set(data) & set(data["init_args"]))
+        if both:
+            raise ConfigError(f"{_join(path, both[0])!r} is set both in {path} and in {_join(path, 'init_args')}; "
+                              f"keep one.")
+        data.update(data.pop("init_args"))
     for alias, key in _ALIASES.get(cls, {}).items():
         if alias in data:
             if key in data:
@@ -763,8 +784,9 @@ def _check_kwargs(target: Callable, kwargs: Mapping[str, Any], path: str, what: 
 
 
 def _resolve(kind: str, name: str, path: str, policy: _ImportPolicy) -> Any:
-    """A registered name, or an import path the policy allows (refused before any import otherwise)."""
-    if registry.is_import_path(name) and not policy.allows(name):
+    """A registered name, flaxlight's own class by import path, or an import path the policy
+    allows (refused before any import otherwise)."""
+    if registry.is_import_path(name) and not (_is_own_class(name, kind) or policy.allows(name)):
         raise _refused_import(path, name, kind, policy)
     try:
         return registry.resolve(kind, name)
