@@ -5,7 +5,8 @@ The :class:`Engine` takes the user's pure ``train_step(state, batch) -> (state, 
 
 * single steps, fused blocks (``lax.scan`` over ``steps_per_execution`` stacked batches) and
   indexed steps (a batch picked on the device from a :class:`~flaxlight.data.DeviceEpoch`),
-  each summing its metrics on the device, with the train state and the sums donated;
+  each summing its metrics on the device, with the train state donated (the sums are not:
+  a log point keeps the step's own sums and copies them to the host without launching work);
   the same functions with explicit shardings on a mesh;
 * the feed: a loader turned into ``(steps, payload)`` items (a device epoch, stacked blocks,
   a background prefetcher);
@@ -194,7 +195,7 @@ class Engine:
         self._lean: dict[str, LeanLoop] = {}  # per data path, found at its first step
         if state_shardings is None:
             self._train, self._block, self._train_at, self._block_at = (
-                self._jit(fn, donate_argnums=(0, 1)) for fn in (fns.train, fns.block, fns.train_at, fns.block_at))
+                self._jit(fn, donate_argnums=0) for fn in (fns.train, fns.block, fns.train_at, fns.block_at))
             self._evaluate = self._jit(fns.evaluate, donate_argnums=1)
             return
         rep, batch = dist.replicated(self.mesh), dist.batch_sharding(self.mesh)
@@ -207,7 +208,7 @@ class Engine:
                 return state, acc, state.step + 0
 
             return bounded(jax.jit(with_token, in_shardings=(state_shardings, rep, data_sharding),
-                                   out_shardings=(state_shardings, rep, rep), donate_argnums=(0, 1)))
+                                   out_shardings=(state_shardings, rep, rep), donate_argnums=0))
 
         self._train, self._block = jit_train(fns.train, batch), jit_train(fns.block, block)
         self._evaluate = jax.jit(fns.evaluate, in_shardings=(state_shardings, rep, batch), out_shardings=rep,
@@ -399,7 +400,7 @@ class Engine:
             else:
                 fields, lean_single, lean_fused = strip_idle_fields(*functions, span.state, span.acc,
                                                                      _first_step_input(head, path))
-                lean_jitted = [self._jit(fn, donate_argnums=(0, 1)) for fn in (lean_single, lean_fused)]
+                lean_jitted = [self._jit(fn, donate_argnums=0) for fn in (lean_single, lean_fused)]
                 self._lean[path] = LeanLoop(fields, *lean_jitted) if fields else LeanLoop((), *jitted)
         return self._lean[path]
 

@@ -20,7 +20,6 @@ Examples:
 
 from __future__ import annotations
 
-import math
 from typing import Any, Mapping
 
 import jax
@@ -168,54 +167,26 @@ def batch_size(batch) -> int:
     return int(leaves[0].shape[0])
 
 
-@jax.jit
-def _packed(tree) -> dict:
-    """The leaves of ``tree`` flattened into one new vector per dtype (in leaf order)."""
-    by_dtype: dict[str, list] = {}
-    for leaf in jax.tree.leaves(tree):
-        by_dtype.setdefault(np.dtype(leaf.dtype).name, []).append(jnp.ravel(leaf))
-    return {dtype: jnp.concatenate(parts) for dtype, parts in by_dtype.items()}
-
-
-def _layout(tree) -> tuple:
-    """``(treedef, [(dtype name, size, shape), ...])``: where :func:`_packed` puts each leaf."""
-    leaves, treedef = jax.tree.flatten(tree)
-    return treedef, [(np.dtype(leaf.dtype).name, math.prod(leaf.shape), tuple(leaf.shape))
-                     for leaf in leaves]
-
-
-def _unpacked(layout: tuple, packed: dict):
-    """Invert :func:`_packed` on the host: the tree of :func:`_layout` with numpy leaves."""
-    treedef, places = layout
-    arrays = {dtype: np.asarray(vector) for dtype, vector in packed.items()}
-    offsets = dict.fromkeys(arrays, 0)
-    out = []
-    for dtype, size, shape in places:
-        out.append(arrays[dtype][offsets[dtype]:offsets[dtype] + size].reshape(shape))
-        offsets[dtype] += size
-    return jax.tree.unflatten(treedef, out)
-
-
 class HostSnapshot:
     """A copy of an accumulator on its way to the host, started without waiting.
 
     Take one at a log point; by the next log point the values are on the host and reading them
-    costs no device sync on the training thread. The copy is one dispatch and one transfer per
-    dtype (packed vectors), however many metrics there are.
+    costs no device sync on the training thread. No device work is launched: the step's own
+    output arrays are kept and copied.
     """
 
     def __init__(self, acc: dict):
-        # New buffers (the training step donates the sums'), packed: few small device operations.
+        # The training step returns new sums every step (it does not donate them), so holding
+        # these arrays is enough: no device work, one small transfer per metric, started here.
         # Metric objects are read at epoch ends only: interval means are for the scalar sums.
-        acc = {key: value for key, value in acc.items() if key != "objects"}
-        self._layout, self._acc = _layout(acc), _packed(acc)
-        for leaf in self._acc.values():
+        self._acc = {key: value for key, value in acc.items() if key != "objects"}
+        for leaf in jax.tree.leaves(self._acc):
             copy = getattr(leaf, "copy_to_host_async", None)
             if copy is not None:
                 copy()
 
     def sums_and_count(self) -> tuple[dict[str, float], float, int]:
         """``(sums, examples, non-finite steps)`` on the host."""
-        host = _unpacked(self._layout, to_host(self._acc))
+        host = to_host(self._acc)
         sums = {k: float(np.asarray(v)) for k, v in host["sums"].items()}
         return sums, float(host["count"]), int(host.get("nonfinite", 0))
