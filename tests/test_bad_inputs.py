@@ -388,8 +388,8 @@ CASES = [
         lambda c: _classify(c, 1.0), TypeError, r"integer class labels.*dtype float32.*astype\(np\.int32\)"),
     # --- configs and the command line
     row("config-import-path-without-opt-in",
-        lambda c: _load_config("model.name=flaxlight.zoo.models.MLPRegressor"), ValueError,
-        r"model\.name: 'flaxlight\.zoo\.models\.MLPRegressor' is an import path.*--trust-config"),
+        lambda c: _load_config("model.name=mypkg.models.Net"), ValueError,
+        r"model\.name: 'mypkg\.models\.Net' is an import path.*--trust-config"),
     row("config-imports-without-opt-in",
         lambda c: _load_config(imports=["os"]), ValueError, r"imports\[0\]: 'os' was not imported.*--trust-config"),
     row("config-unknown-key",
