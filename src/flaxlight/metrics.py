@@ -174,6 +174,11 @@ def _arrays_in_host_memory() -> bool:
     return jax.devices()[0].platform == "cpu"
 
 
+@functools.cache
+def _one_process() -> bool:
+    return jax.process_count() == 1
+
+
 def _host_array(x: Any) -> np.ndarray:
     """One array on the host (a process's own copy of a replicated array spread over processes)."""
     if isinstance(x, jax.Array) and not x.is_fully_addressable:
@@ -201,6 +206,7 @@ class HostSnapshot:
 
     def sums_and_count(self) -> tuple[dict[str, float], float, int]:
         """``(sums, examples, non-finite steps)`` on the host."""
-        host = jax.tree.map(_host_array, self._acc)  # per leaf: cheaper than jax.device_get for a few scalars
-        sums = {k: float(np.asarray(v)) for k, v in host["sums"].items()}
+        leaves, treedef = jax.tree.flatten(self._acc)  # per leaf: cheaper than jax.device_get for a few scalars
+        host = treedef.unflatten([np.asarray(x) for x in leaves] if _one_process() else map(_host_array, leaves))
+        sums = {k: float(v) for k, v in host["sums"].items()}
         return sums, float(host["count"]), int(host.get("nonfinite", 0))
