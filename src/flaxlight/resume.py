@@ -260,7 +260,7 @@ def sums_from_json(sums: Mapping[str, Any] | None) -> dict | None:
         return None
     acc = {"sums": {k: jnp.asarray(v, jnp.float32) for k, v in sums["sums"].items()},
            "count": jnp.asarray(sums["count"], jnp.float32),
-           "nonfinite": jnp.asarray(sums.get("nonfinite", 0), jnp.int32)}
+           "nonfinite": jnp.asarray(sums.get("nonfinite", 0), jnp.float32)}
     if "objects" in sums:  # see flaxlight.metrics.with_saved_objects
         acc["saved_objects"] = sums["objects"]
     return acc
