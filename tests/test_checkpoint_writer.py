@@ -324,3 +324,27 @@ def test_all_steps_lists_a_queued_save_before_it_is_written(tmp_path):
     assert Checkpointer(folder, read_only=True).all_steps() == [5]  # another reader sees the same
     assert checkpointer.read_meta(5) == {"n": 5}
     checkpointer.close()
+
+
+def test_a_killed_runs_unfinished_write_is_removed_before_the_next_runs_first_write(tmp_path):
+    """A folder holding checkpoint 3 and the temporary folder of an unfinished write of step 7 (as
+    a SIGKILL leaves it): readers leave it alone; the next writer removes it, even when it never
+    writes step 7 again."""
+    state = _trainer(tmp_path, []).state
+    folder = tmp_path / "ckpt"
+    first = Checkpointer(folder, max_to_keep=None)
+    first.save(3, state, meta={"n": 3})
+    first.close()
+    (folder / f"7{TMP_SUFFIX}").mkdir()
+    (folder / f"7{TMP_SUFFIX}" / "half_written").write_bytes(b"\0" * 16)
+
+    assert Checkpointer(folder, read_only=True).all_steps() == [3]
+    assert (folder / f"7{TMP_SUFFIX}").is_dir()  # a reader changes nothing
+
+    second = Checkpointer(folder, max_to_keep=None)
+    assert second.all_steps() == [3]
+    second.save(5, state, meta={"n": 5})
+    second.wait()
+    assert sorted(os.listdir(folder)) == ["3", "5"]
+    assert second.read_meta(3) == {"n": 3}
+    second.close()

@@ -97,6 +97,7 @@ class Checkpointer:
         self.directory = os.path.abspath(os.fspath(directory))
         self.max_to_keep, self.async_save, self.read_only = max_to_keep, async_save, read_only
         self._manager_instance = None
+        self._swept = read_only  # a killed run's leftovers are removed once, before this object's first write
         self._writer = BackgroundWriter("checkpoints", max_overhead=max_overhead)
         self._steps: set[int] | None = None  # on disk or on their way there (the writer's queue)
         self._held: list[Job] = []  # deletions whose save was replaced: they wait for the next save
@@ -152,11 +153,20 @@ class Checkpointer:
             )
             handlers = {"state": ocp.PyTreeCheckpointHandler(), "meta": ocp.JsonCheckpointHandler()}
             self._manager_instance = ocp.CheckpointManager(self.directory, options=options, item_handlers=handlers)
-            if not self.read_only and os.path.isdir(self.directory):  # left over by a killed run
-                for name in os.listdir(self.directory):
-                    if name.startswith(".deleting-"):
-                        shutil.rmtree(os.path.join(self.directory, name), ignore_errors=True)
+            if not self._swept:
+                self._swept = True
+                self._sweep_leftovers()
         return self._manager_instance
+
+    def _sweep_leftovers(self) -> None:
+        """Remove what a killed run left half done: a deletion (renamed ``.deleting-...``) and
+        orbax's temporary folder of an unfinished write (``<step>.orbax-checkpoint-tmp``, never a
+        checkpoint). Runs before this object's first write, so none of its own writes is touched."""
+        if not os.path.isdir(self.directory):
+            return
+        for name in os.listdir(self.directory):
+            if name.startswith(".deleting-") or ".orbax-checkpoint-tmp" in name:
+                shutil.rmtree(os.path.join(self.directory, name), ignore_errors=True)
 
     def all_steps(self) -> list[int]:
         """The checkpoints' steps, those still being written included."""
