@@ -3,12 +3,14 @@ a logger's failure comes out on the training thread; the files are complete when
 
 import csv
 import threading
+import time
 
 import numpy as np
 import pytest
 from conftest import RegressTrainer, TinyMLP, linear_data, quiet
 
 from flaxlight.loggers import Logger, LoggerCollection
+from flaxlight.writer import BackgroundWriter
 
 
 class Recorder(Logger):
@@ -71,6 +73,48 @@ def test_flush_waits_for_everything_queued():
     collection.flush()
     assert [step for step, _ in recorder.records] == list(range(100))
     assert recorder.events == [("flush", 100)]
+    collection.finalize("success")
+
+
+def _wait_for(condition, seconds):
+    deadline = time.monotonic() + seconds
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return condition()
+
+
+def test_metric_records_are_written_together_with_the_next_call_or_within_the_idle_time(monkeypatch):
+    """Log points do not wake the writer thread (one wake-up per batch of records): records wait
+    for the next other call (here ``flush_soon``), or at most the writer's idle time."""
+    monkeypatch.setattr(BackgroundWriter, "idle_seconds", 2.0)
+    recorder = Recorder()
+    collection = LoggerCollection([recorder])
+    collection.log_hyperparams({"lr": 0.1})
+    collection.flush()  # the writer thread is up and waiting for work
+    idle_from = time.monotonic()
+    for step in (1, 2, 3):
+        collection.log_metrics({"x": float(step)}, step)
+    time.sleep(0.3)
+    assert recorder.records == []  # queued, the writer not woken for them
+    assert _wait_for(lambda: len(recorder.records) == 3, 10)
+    assert time.monotonic() - idle_from < 2.0 + 1.5  # written once the idle time ran out
+
+    for step in (4, 5):
+        collection.log_metrics({"x": float(step)}, step)
+    collection.flush_soon()  # another call wakes the writer: the records go with it, in order
+    assert _wait_for(lambda: recorder.events[-1:] == [("flush", 5)], 1.0), recorder.events
+    assert [step for step, _ in recorder.records] == [1, 2, 3, 4, 5]
+    collection.finalize("success")
+
+
+def test_flush_soon_flushes_at_most_once_per_flush_seconds():
+    recorder = Recorder()
+    collection = LoggerCollection([recorder])
+    for step in range(50):  # 50 short epochs in well under a second
+        collection.log_metrics({"x": float(step)}, step)
+        collection.flush_soon()
+    collection.flush()
+    assert recorder.events == [("flush", 1), ("flush", 50)]  # the first epoch's, then the explicit one
     collection.finalize("success")
 
 

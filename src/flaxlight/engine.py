@@ -244,7 +244,8 @@ class Engine:
             if not isinstance(metrics, Mapping):
                 raise TypeError(f"The {kind} step must return metrics as a dict; got {type(metrics).__name__}.")
             self._templates[key] = init_accumulator(metrics)
-        return fresh_zeros(self._templates[key])  # fresh buffers: the sums are donated
+        # The train loop does not donate its sums: the zeros are shared. Evaluation donates them.
+        return self._templates[key] if kind == "train" else fresh_zeros(self._templates[key])
 
     # ------------------------------------------------------------------ feeding
     def serves_device_epochs(self, loader) -> bool:

@@ -9,7 +9,9 @@ work); a flush runs everything at once. A job not started yet can be withdrawn
 (:meth:`~BackgroundWriter.withdraw`). The thread ends when the queue has been empty for
 ``idle_seconds`` (starting a thread per job would cost more than most jobs) and starts again
 with the next job, so an idle writer holds no thread; jobs still queued when the interpreter
-exits are run (unthrottled) before it ends, and an idle thread ends at once then.
+exits are run (unthrottled) before it ends, and an idle thread ends at once then. A *lazy* job
+(a log record) is queued without waking the thread: it is written with the next job that wakes
+it, at a flush, or within ``idle_seconds``.
 
 Examples:
     >>> writer = BackgroundWriter("demo")
@@ -62,15 +64,18 @@ class BackgroundWriter:
         _LIVE.add(self)
 
     # ------------------------------------------------------------------ the caller's side
-    def submit(self, fn: Callable, *args: Any, tag: Any = None, throttled: bool = False) -> Job:
-        """Queue ``fn(*args)`` behind the jobs already queued."""
+    def submit(self, fn: Callable, *args: Any, tag: Any = None, throttled: bool = False, lazy: bool = False) -> Job:
+        """Queue ``fn(*args)`` behind the jobs already queued. A ``lazy`` job does not wake the
+        writer: it runs with the next job that does, at a flush, or at the latest
+        ``idle_seconds`` later (many small jobs then cost the caller one thread wake-up)."""
         job = Job(fn, args, tag, throttled)
         with self._changed:
             self._queue.append(job)
             if self._thread is None:
                 self._thread = threading.Thread(target=self._work, name=f"flaxlight-{self.name}")
                 self._thread.start()
-            self._changed.notify_all()
+            if not lazy:
+                self._changed.notify_all()
         return job
 
     def pending(self) -> list[Job]:

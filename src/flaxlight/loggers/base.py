@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -59,8 +60,11 @@ class LoggerCollection(Logger):
 
     The caller's thread only queues the records (their values are already Python floats):
     formatting and writing (CSV rows, TensorBoard events, W&B, MLflow) happen on the writer, in
-    the order logged. :meth:`flush` and :meth:`finalize` wait until everything queued is
-    written; :meth:`flush_soon` asks for a flush without waiting. A logger's error comes out on
+    the order logged. Metric records do not wake the writer: it takes them in one go with the
+    next other call, at a flush, or within a second. :meth:`flush` and :meth:`finalize` wait
+    until everything queued is written; :meth:`flush_soon` (the trainer's call at each epoch
+    end) asks for a flush without waiting, at most once per ``flush_seconds``, so the files
+    hold every finished epoch about two seconds later at most. A logger's error comes out on
     the caller's thread at the next call. ``background=False`` calls the loggers directly.
     A record sent after :meth:`finalize` (``trainer.log_image`` after ``train_model``) goes to
     the same run, which is then finalized again with the same status (an MLflow run does not
@@ -70,25 +74,29 @@ class LoggerCollection(Logger):
         >>> logger = LoggerCollection([CSVLogger(log_dir)])   # doctest: +SKIP
     """
 
+    flush_seconds = 1.0  # flush_soon flushes at most this often (flush and finalize always do)
+
     def __init__(self, loggers: Sequence[Logger], background: bool = True):
         self.loggers = list(loggers)
         self._writer = BackgroundWriter("logs") if background and self.loggers else None
         self._final_status: str | None = None
+        self._flushed_at = -float("inf")  # time.monotonic() of the latest flush_soon that flushed
 
     def _each(self, method: str, *args: Any) -> None:
         for logger in self.loggers:
             getattr(logger, method)(*args)
 
-    def _send(self, method: str, *args: Any) -> None:
+    def _send(self, method: str, *args: Any, lazy: bool = False) -> None:
         calls = [(method, args)]
         if self._final_status is not None and method != "flush":  # after the run ended: close it again
             calls.append(("finalize", (self._final_status,)))
+            lazy = False
         for name, arguments in calls:
             if self._writer is None:
                 self._each(name, *arguments)
             else:
                 self._writer.raise_failure_as(self._failure)
-                self._writer.submit(self._each, name, *arguments)
+                self._writer.submit(self._each, name, *arguments, lazy=lazy)
 
     def _now(self, method: str, *args: Any) -> None:
         """Call ``method`` once everything queued is written (and raise a writer's failure)."""
@@ -107,7 +115,9 @@ class LoggerCollection(Logger):
         self._send("log_hyperparams", params)
 
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
-        self._send("log_metrics", _scalars(metrics), step)
+        # Lazy: the records of an epoch's log points are written together, when the epoch's end
+        # (flush_soon) wakes the writer or at the latest a second later.
+        self._send("log_metrics", _scalars(metrics), step, lazy=True)
 
     def log_image(self, tag: str, image: Any, step: int) -> None:
         self._send("log_image", tag, np.array(image), step)  # a copy: the caller may reuse its buffer
@@ -122,7 +132,13 @@ class LoggerCollection(Logger):
         self._now("flush")
 
     def flush_soon(self) -> None:
-        """Queue a flush behind the records logged so far; returns at once."""
+        """Queue a flush behind the records logged so far, unless one was queued less than
+        ``flush_seconds`` ago (a flush costs the writer ~0.1 ms per logger: epochs of a few
+        milliseconds would spend a few percent of a core on it); returns at once."""
+        now = time.monotonic()
+        if now - self._flushed_at < self.flush_seconds:
+            return
+        self._flushed_at = now
         self._send("flush")
 
     def finalize(self, status: str) -> None:
