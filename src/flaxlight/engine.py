@@ -310,7 +310,8 @@ class Engine:
     def choose_block_length(self, state, batch, budget: float = 0.3) -> int:
         """``steps_per_execution="auto"``: time single steps and blocks of 16 on ``batch`` (on
         a copy of ``state``: training is not changed), pick the block length with
-        :func:`block_length_for` and use it from the next span (epoch) on. Steps of 5 ms or
+        :func:`block_length_for` and use it from the next span (epoch) on; a length beyond 16
+        is timed too and kept only if its steps are at least 2% faster. Steps of 5 ms or
         more keep single steps without timing blocks. Takes about ``budget`` seconds, plus
         compiling a block. On a mesh, single steps are kept. Called after the first span of at
         least 64 batches (shorter epochs keep single steps until one is that long)."""
@@ -326,12 +327,11 @@ class Engine:
         if single < 5e-3:
             count = max(fused_length, min(512, int(budget / 2 / max(single, 1e-6))) // fused_length * fused_length)
             single, state, acc = _seconds_per_step(lambda s, a: self._train(s, a, batch), state, acc, count)
-            block = jax.tree.map(lambda x: jnp.stack([x] * fused_length), batch)
-            state, acc = jax.block_until_ready(self._block(state, acc, block))  # compiles the block
-            fused, state, acc = _seconds_per_step(lambda s, a: self._block(s, a, block), state, acc,
-                                                  count // fused_length)
-            fused /= fused_length
+            fused, state, acc = self._seconds_per_fused_step(state, acc, batch, fused_length, count)
             self.block_length = block_length_for(single, fused, fused_length)
+            if self.block_length > fused_length:  # beyond what was timed: longer blocks must prove faster
+                longer, state, acc = self._seconds_per_fused_step(state, acc, batch, self.block_length, count)
+                self.block_length = self.block_length if longer < 0.98 * fused else fused_length
             messages.info(f"steps_per_execution='auto': {self.block_length} step(s) per dispatch (measured "
                           f"{single * 1e6:.0f} us per single step, {fused * 1e6:.0f} us per step in blocks of "
                           f"{fused_length}).")
@@ -340,6 +340,15 @@ class Engine:
                                               guard=self.guard)
             self._jit_loop()
         return self.block_length
+
+    def _seconds_per_fused_step(self, state, acc, batch, length: int, count: int) -> tuple[float, Any, Any]:
+        """Seconds per step in blocks of ``length`` copies of ``batch``, over about ``count`` steps
+        (the block is compiled first, untimed)."""
+        block = jax.tree.map(lambda x: jnp.stack([x] * length), batch)
+        state, acc = jax.block_until_ready(self._block(state, acc, block))
+        seconds, state, acc = _seconds_per_step(lambda s, a: self._block(s, a, block), state, acc,
+                                                max(1, count // length))
+        return seconds / length, state, acc
 
     def _to_device(self, item: tuple[int, Any]) -> tuple[int, Any]:
         """``(steps, batch or block)`` on the device(s), split over the mesh if any. A batch
