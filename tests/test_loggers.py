@@ -84,6 +84,8 @@ def _wandb_records(run_dir):
             pos += left
             continue
         chunk = data[pos + 7:pos + 7 + length]
+        if len(chunk) < length:  # W&B's service is still writing this record: read again later
+            return
         pos += 7 + length
         pending = chunk if kind in (1, 2) else pending + chunk
         if kind in (1, 4):
