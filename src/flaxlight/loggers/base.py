@@ -115,8 +115,8 @@ class LoggerCollection(Logger):
         self._send("log_hyperparams", params)
 
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
-        # Lazy: the records of an epoch's log points are written together, when the epoch's end
-        # (flush_soon) wakes the writer or at the latest a second later.
+        # Lazy: records are written in batches, with the next call that wakes the writer (a flush,
+        # an image, hyperparameters) or at the latest a second later.
         self._send("log_metrics", _scalars(metrics), step, lazy=True)
 
     def log_image(self, tag: str, image: Any, step: int) -> None:
