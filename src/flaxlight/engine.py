@@ -32,6 +32,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import itertools
+import statistics
 import threading
 import time
 from typing import Any, Callable, Iterable, Mapping
@@ -311,10 +312,11 @@ class Engine:
         """``steps_per_execution="auto"``: time single steps and blocks of 16 on ``batch`` (on
         a copy of ``state``: training is not changed), pick the block length with
         :func:`block_length_for` and use it from the next span (epoch) on; a length beyond 16
-        is timed too and kept only if its steps are at least 2% faster. Steps of 5 ms or
-        more keep single steps without timing blocks. Takes about ``budget`` seconds, plus
-        compiling a block. On a mesh, single steps are kept. Called after the first span of at
-        least 64 batches (shorter epochs keep single steps until one is that long)."""
+        is timed against 16 and kept only if its steps are at least 2% faster. The timings are
+        medians of interleaved rounds (a busy machine slows them alike). Steps of 5 ms or more
+        keep single steps without timing blocks. Takes about ``budget`` seconds, plus compiling
+        the blocks. On a mesh, single steps are kept. Called after the first span of at least
+        64 batches (shorter epochs keep single steps until one is that long)."""
         self.choosing_block_length = False
         if self.mesh is not None:
             return self.block_length
@@ -325,13 +327,18 @@ class Engine:
         state, acc = jax.block_until_ready(self._train(state, acc, batch))
         single = time.perf_counter() - start
         if single < 5e-3:
-            count = max(fused_length, min(512, int(budget / 2 / max(single, 1e-6))) // fused_length * fused_length)
-            single, state, acc = _seconds_per_step(lambda s, a: self._train(s, a, batch), state, acc, count)
-            fused, state, acc = self._seconds_per_fused_step(state, acc, batch, fused_length, count)
+            rounds = 9
+            blocks = max(1, min(32, int(budget / (2 * rounds) / (fused_length * single))))  # per round
+            single_call = (lambda s, a: self._train(s, a, batch), 1, blocks * fused_length)
+            (single, fused), state, acc = _interleaved_seconds(
+                [single_call, self._block_call(state, acc, batch, fused_length, blocks)], state, acc, rounds)
             self.block_length = block_length_for(single, fused, fused_length)
+            longest = BLOCK_LENGTHS[-1]
             if self.block_length > fused_length:  # beyond what was timed: longer blocks must prove faster
-                longer, state, acc = self._seconds_per_fused_step(state, acc, batch, self.block_length, count)
-                self.block_length = self.block_length if longer < 0.98 * fused else fused_length
+                calls = [self._block_call(state, acc, batch, length, max(1, blocks * fused_length // length))
+                         for length in (fused_length, longest)]
+                (fused, longer), state, acc = _interleaved_seconds(calls, state, acc, rounds)
+                self.block_length = longest if longer < 0.98 * fused else fused_length
             messages.info(f"steps_per_execution='auto': {self.block_length} step(s) per dispatch (measured "
                           f"{single * 1e6:.0f} us per single step, {fused * 1e6:.0f} us per step in blocks of "
                           f"{fused_length}).")
@@ -341,14 +348,12 @@ class Engine:
             self._jit_loop()
         return self.block_length
 
-    def _seconds_per_fused_step(self, state, acc, batch, length: int, count: int) -> tuple[float, Any, Any]:
-        """Seconds per step in blocks of ``length`` copies of ``batch``, over about ``count`` steps
-        (the block is compiled first, untimed)."""
+    def _block_call(self, state, acc, batch, length: int, calls: int) -> tuple[Callable, int, int]:
+        """A timing variant for :func:`_interleaved_seconds`: blocks of ``length`` copies of
+        ``batch``, ``calls`` per round (compiled here, untimed)."""
         block = jax.tree.map(lambda x: jnp.stack([x] * length), batch)
-        state, acc = jax.block_until_ready(self._block(state, acc, block))
-        seconds, state, acc = _seconds_per_step(lambda s, a: self._block(s, a, block), state, acc,
-                                                max(1, count // length))
-        return seconds / length, state, acc
+        jax.block_until_ready(self._block(device_copy_of(state), acc, block))
+        return (lambda s, a: self._block(s, a, block)), length, calls
 
     def _to_device(self, item: tuple[int, Any]) -> tuple[int, Any]:
         """``(steps, batch or block)`` on the device(s), split over the mesh if any. A batch
@@ -550,13 +555,19 @@ def _in_flight_bound(mesh) -> Callable:
     return wrap
 
 
-def _seconds_per_step(run: Callable, state, acc, count: int) -> tuple[float, Any, Any]:
-    """Wall seconds per call of ``run(state, acc) -> (state, acc)`` over ``count`` calls."""
-    start = time.perf_counter()
-    for _ in range(count):
-        state, acc = run(state, acc)
-    state, acc = jax.block_until_ready((state, acc))
-    return (time.perf_counter() - start) / count, state, acc
+def _interleaved_seconds(variants: list[tuple[Callable, int, int]], state, acc,
+                         rounds: int) -> tuple[list[float], Any, Any]:
+    """Median seconds per step of each variant ``(run, steps per call, calls per round)``, with
+    ``run(state, acc) -> (state, acc)``, over ``rounds`` rounds that take the variants in turn."""
+    seconds: list[list[float]] = [[] for _ in variants]
+    for _ in range(rounds):
+        for times, (run, steps, calls) in zip(seconds, variants):
+            start = time.perf_counter()
+            for _ in range(calls):
+                state, acc = run(state, acc)
+            state, acc = jax.block_until_ready((state, acc))
+            times.append((time.perf_counter() - start) / (steps * calls))
+    return [statistics.median(times) for times in seconds], state, acc
 
 
 def _first_of(head: tuple[int, Any]):
