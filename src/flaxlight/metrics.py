@@ -111,7 +111,11 @@ def fresh_zeros(tree):
 
 
 def to_host(tree):
-    """``jax.device_get`` that also reads replicated arrays spread over several processes."""
+    """``jax.device_get`` that also reads replicated arrays spread over several processes (on
+    the CPU in one process, numpy reads the arrays in place: a few microseconds per leaf)."""
+    if _one_process() and _arrays_in_host_memory():
+        return jax.tree.map(lambda x: np.asarray(x) if isinstance(x, jax.Array) else x, tree)
+
     def get(x):
         if isinstance(x, jax.Array) and not x.is_fully_addressable:
             return np.asarray(x.addressable_data(0))
