@@ -313,7 +313,7 @@ class Engine:
         a copy of ``state``: training is not changed), pick the block length with
         :func:`block_length_for` and use it from the next span (epoch) on; a length beyond 16
         is timed against 16 and kept only if its steps are at least 2% faster. The timings are
-        medians of interleaved rounds (a busy machine slows them alike). Steps of 5 ms or more
+        medians of 3-9 interleaved rounds (a busy machine slows them alike). Steps of 5 ms or more
         keep single steps without timing blocks. Takes about ``budget`` seconds, plus compiling
         the blocks. On a mesh, single steps are kept. Called after the first span of at least
         64 batches (shorter epochs keep single steps until one is that long)."""
@@ -327,7 +327,7 @@ class Engine:
         state, acc = jax.block_until_ready(self._train(state, acc, batch))
         single = time.perf_counter() - start
         if single < 5e-3:
-            rounds = 9
+            rounds = max(3, min(9, int(budget / (2 * fused_length * single))))  # slow steps: fewer rounds
             blocks = max(1, min(32, int(budget / (2 * rounds) / (fused_length * single))))  # per round
             single_call = (lambda s, a: self._train(s, a, batch), 1, blocks * fused_length)
             (single, fused), state, acc = _interleaved_seconds(
