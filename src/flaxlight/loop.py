@@ -117,7 +117,7 @@ class NonfiniteTally:
 
     def now(self, loop: "LoopState") -> int:
         """Non-finite steps so far, reading the epoch's device count now (only when saving)."""
-        current = int(to_host(loop.acc["nonfinite"])) if loop.acc is not None and loop.phase == "train" else 0
+        current = int(to_host(loop.acc["totals"]).nonfinite) if loop.acc is not None and loop.phase == "train" else 0
         return max(self.steps, self.before_epoch + current)
 
 

@@ -1,8 +1,9 @@
 """On-device metric accumulation: per-example weighted means, read on the host only when asked.
 
-The accumulator is a small pytree ``{"sums": {name: f32}, "count": f32}`` that flows through the
-jitted step. Each step adds ``value * batch_size`` to the sums, so a smaller last batch counts for
-exactly its share. Nothing here touches the host until :func:`read_means`.
+The accumulator is a small pytree ``{"totals": Totals}`` that flows through the jitted step:
+one float32 vector of the scalar metrics' sums, the example count and the non-finite step count.
+Each step adds ``value * batch_size`` to the sums, so a smaller last batch counts for exactly its
+share. Nothing here touches the host until :func:`read_means`.
 
 A step may also return **metric objects** next to its scalar means: anything with ``merge(other)``
 and ``compute()`` that is a pytree (``clu.metrics``, metrax and the classes in
@@ -20,6 +21,7 @@ Examples:
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any, Mapping
 
@@ -27,13 +29,52 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["init_accumulator", "accumulate", "all_finite", "read_means", "to_host", "batch_size", "HostSnapshot",
+__all__ = ["Totals", "init_accumulator", "accumulate", "all_finite", "read_means", "to_host", "batch_size", "HostSnapshot",
            "is_metric_object", "with_saved_objects"]
 
 
 def is_metric_object(value: Any) -> bool:
     """True for a metric object: it has ``merge`` and ``compute`` methods (clu, metrax, flaxlight's)."""
     return callable(getattr(value, "merge", None)) and callable(getattr(value, "compute", None))
+
+
+@functools.partial(jax.tree_util.register_dataclass, data_fields=["values"], meta_fields=["names"])
+@dataclasses.dataclass(frozen=True)
+class Totals:
+    """An epoch's scalar metric sums, its example count and its count of non-finite steps, as
+    one float32 vector ``[sum of each of names..., examples, non-finite steps]``: one output of
+    the jitted step (on XLA's CPU runtime each output costs a call a few microseconds) and one
+    read on the host. ``names`` is static (part of the pytree's structure).
+
+    Examples:
+        >>> totals = Totals.zeros(["loss"])
+        >>> totals = Totals(totals.names, totals.values + jnp.array([6.0, 3.0, 0.0]))
+        >>> totals.read()
+        ({'loss': 6.0}, 3.0, 0)
+    """
+
+    names: tuple[str, ...]
+    values: Any
+
+    @classmethod
+    def zeros(cls, names) -> "Totals":
+        names = tuple(names)
+        return cls(names, jnp.zeros(len(names) + 2, jnp.float32))
+
+    @property
+    def count(self):
+        """The examples summed (an array element)."""
+        return self.values[-2]
+
+    @property
+    def nonfinite(self):
+        """The steps whose loss (or update) was not finite (an array element)."""
+        return self.values[-1]
+
+    def read(self) -> tuple[dict[str, float], float, int]:
+        """``(sums by name, examples, non-finite steps)`` as Python numbers (reads the vector)."""
+        values = np.asarray(self.values).tolist()
+        return dict(zip(self.names, values)), values[-2], int(values[-1])
 
 
 def init_accumulator(metrics_like: Mapping[str, Any]) -> dict:
@@ -47,11 +88,7 @@ def init_accumulator(metrics_like: Mapping[str, Any]) -> dict:
                 f"Metric {name!r} has shape {tuple(shape)}; step metrics must be scalars or metric objects. "
                 f"Reduce it in the step, e.g. `{name}.mean()`, or return an object with merge/compute such as "
                 f"flaxlight.metric_objects.ConfusionMatrix.")
-    acc = {
-        "sums": {name: jnp.zeros((), jnp.float32) for name in metrics_like if name not in objects},
-        "count": jnp.zeros((), jnp.float32),
-        "nonfinite": jnp.zeros((), jnp.float32),  # a count of steps; float32 like the others (see accumulate)
-    }
+    acc: dict[str, Any] = {"totals": Totals.zeros(name for name in metrics_like if name not in objects)}
     if objects:
         acc["objects"] = {name: jax.tree.map(lambda leaf: jnp.zeros(leaf.shape, leaf.dtype), value)
                           for name, value in objects.items()}
@@ -78,16 +115,16 @@ def accumulate(acc: dict, metrics: Mapping[str, Any], weight, finite=None) -> di
     """Pure: add ``metrics`` (batch means) weighted by ``weight`` examples; count non-finite steps
     (``finite``: the step's own verdict, e.g. loss and updated params; default: the metrics)."""
     weight = jnp.asarray(weight, jnp.float32)
-    sums = {name: acc["sums"][name] + jnp.asarray(metrics[name], jnp.float32) * weight for name in acc["sums"]}
+    totals = acc["totals"]
     finite = all_finite(metrics) if finite is None else finite
     bad = jnp.logical_not(finite).astype(jnp.float32)
-    # The count is made to depend on the step's result (plus 0 * 0-or-1, always exactly 0): a step
-    # output that does not depend on the rest of the step costs ~30 us per call on XLA's CPU
-    # runtime (measured with jax 0.10), a fifth of a small model's whole step. All sums are
-    # float32: an int32 output among them costs a few us more.
-    out = {"sums": sums, "count": acc["count"] + weight + 0.0 * bad, "nonfinite": acc["nonfinite"] + bad}
+    # One vector: each output of a call costs XLA's CPU runtime a few us (jax 0.10). The count
+    # depends on the step's result (plus 0 * 0-or-1, always exactly 0): an output that does not
+    # depend on the rest of the step costs ~30 us per call there, a fifth of a small model's step.
+    added = [jnp.asarray(metrics[name], jnp.float32) * weight for name in totals.names] + [weight + 0.0 * bad, bad]
+    out: dict[str, Any] = {"totals": Totals(totals.names, totals.values + jnp.stack(added))}
     if "objects" in acc:
-        first = acc["count"] == 0  # the epoch's first step: its object replaces the zeroed one
+        first = totals.count == 0  # the epoch's first step: its object replaces the zeroed one
         out["objects"] = {name: _merged(old, metrics[name], first) for name, old in acc["objects"].items()}
     return out
 
@@ -127,10 +164,10 @@ def to_host(tree):
 def read_means(acc: dict, prefix: str = "") -> dict[str, float]:
     """Host sync: the weighted means as Python floats, keys prefixed (``"train/"``)."""
     host = to_host(acc)  # a no-op for sums already on the host
-    count = float(host["count"])
+    sums, count, _ = host["totals"].read()
     if count == 0:
         return {}
-    means: dict[str, Any] = {prefix + name: float(total) / count for name, total in host["sums"].items()}
+    means: dict[str, Any] = {prefix + name: total / count for name, total in sums.items()}
     for name, value in host.get("objects", {}).items():
         _put_computed(means, prefix + name, value.compute())
     return means
@@ -207,14 +244,11 @@ class HostSnapshot:
         # these arrays is enough: no device work. On an accelerator their copies start here; on
         # the CPU they are in host memory already (a copy would only cost time).
         # Metric objects are read at epoch ends only: interval means are for the scalar sums.
-        self._acc = {key: value for key, value in acc.items() if key != "objects"}
+        self._totals: Totals = acc["totals"]
         if not _arrays_in_host_memory():
-            for leaf in jax.tree.leaves(self._acc):
-                leaf.copy_to_host_async()
+            self._totals.values.copy_to_host_async()
 
     def sums_and_count(self) -> tuple[dict[str, float], float, int]:
         """``(sums, examples, non-finite steps)`` on the host."""
-        leaves, treedef = jax.tree.flatten(self._acc)  # per leaf: cheaper than jax.device_get for a few scalars
-        host = treedef.unflatten([np.asarray(x) for x in leaves] if _one_process() else map(_host_array, leaves))
-        sums = {k: float(v) for k, v in host["sums"].items()}
-        return sums, float(host["count"]), int(host.get("nonfinite", 0))
+        totals = self._totals
+        return totals.read() if _one_process() else Totals(totals.names, _host_array(totals.values)).read()

@@ -28,7 +28,7 @@ import numpy as np
 from flaxlight.checkpoint import Checkpointer
 from flaxlight.loop import LoopState
 from flaxlight.messages import logger as messages
-from flaxlight.metrics import to_host
+from flaxlight.metrics import Totals, to_host
 from flaxlight.runfiles import CHECKPOINT_DIR, HPARAMS_FILE
 
 __all__ = ["CheckpointMeta", "choose_step", "pick_checkpoint", "restore_run", "run_length", "load_with_fallback",
@@ -246,8 +246,8 @@ def sums_to_json(acc: Mapping[str, Any] | None) -> dict | None:
     if acc is None:
         return None
     host = to_host(acc)
-    out = {"sums": {k: float(v) for k, v in host["sums"].items()}, "count": float(host["count"]),
-           "nonfinite": int(host["nonfinite"])}
+    sums, count, nonfinite = host["totals"].read()
+    out = {"sums": sums, "count": count, "nonfinite": nonfinite}
     if "objects" in host:  # metric objects: their leaves, rebuilt on the step's structure at resume
         out["objects"] = {name: [np.asarray(leaf).tolist() for leaf in jax.tree.leaves(value)]
                           for name, value in host["objects"].items()}
@@ -258,9 +258,8 @@ def sums_from_json(sums: Mapping[str, Any] | None) -> dict | None:
     """The inverse of :func:`sums_to_json`: device arrays again."""
     if sums is None:
         return None
-    acc = {"sums": {k: jnp.asarray(v, jnp.float32) for k, v in sums["sums"].items()},
-           "count": jnp.asarray(sums["count"], jnp.float32),
-           "nonfinite": jnp.asarray(sums.get("nonfinite", 0), jnp.float32)}
+    values = [*sums["sums"].values(), sums["count"], sums.get("nonfinite", 0)]
+    acc: dict[str, Any] = {"totals": Totals(tuple(sums["sums"]), jnp.asarray(values, jnp.float32))}
     if "objects" in sums:  # see flaxlight.metrics.with_saved_objects
         acc["saved_objects"] = sums["objects"]
     return acc

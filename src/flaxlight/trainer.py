@@ -331,7 +331,7 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
             warn_if_loader_ran_short(loop.batch_index, stop)
         self._log_running(loop.running_log.flush())
         loop.phase, host = "val", to_host(loop.acc)  # the epoch's one read of the sums
-        self._nonfinite.note(self.global_step, int(host["nonfinite"]))
+        self._nonfinite.note(self.global_step, int(host["totals"].nonfinite))
         return {**read_means(host, prefix="train/"), "epoch_time": time.time() - start}
 
     def _start_epoch_sums(self, batch) -> dict:
