@@ -29,8 +29,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["Totals", "init_accumulator", "accumulate", "all_finite", "read_means", "to_host", "batch_size", "HostSnapshot",
-           "is_metric_object", "with_saved_objects"]
+__all__ = ["Totals", "init_accumulator", "accumulate", "all_finite", "read_means", "to_host", "batch_size",
+           "HostSnapshot", "is_metric_object", "with_saved_objects"]
 
 
 def is_metric_object(value: Any) -> bool:
