@@ -119,6 +119,24 @@ def test_flush_soon_flushes_at_most_once_per_flush_seconds():
     collection.finalize("success")
 
 
+def test_a_skipped_flush_comes_with_the_first_record_after_flush_seconds(monkeypatch):
+    """Short epochs, then a long one: the last short epoch's records reach the files during the
+    long epoch (its first log point after ``flush_seconds``), not only at its end."""
+    monkeypatch.setattr(LoggerCollection, "flush_seconds", 0.2)
+    monkeypatch.setattr(BackgroundWriter, "idle_seconds", 0.3)
+    recorder = Recorder()
+    collection = LoggerCollection([recorder])
+    collection.log_metrics({"x": 0.0}, 0)
+    collection.flush_soon()  # flushes
+    collection.log_metrics({"x": 1.0}, 1)
+    collection.flush_soon()  # skipped: too soon after the first
+    time.sleep(0.25)
+    collection.log_metrics({"x": 2.0}, 2)  # a log point of the long epoch
+    assert _wait_for(lambda: ("flush", 3) in recorder.events, 5.0), recorder.events
+    assert recorder.events[:2] == [("flush", 1), ("flush", 3)]
+    collection.finalize("success")
+
+
 def test_without_background_the_loggers_are_called_at_once():
     recorder = Recorder()
     collection = LoggerCollection([recorder], background=False)

@@ -63,8 +63,9 @@ class LoggerCollection(Logger):
     the order logged. Metric records do not wake the writer: it takes them in one go with the
     next other call, at a flush, or within a second. :meth:`flush` and :meth:`finalize` wait
     until everything queued is written; :meth:`flush_soon` (the trainer's call at each epoch
-    end) asks for a flush without waiting, at most once per ``flush_seconds``, so the files
-    hold every finished epoch about two seconds later at most. A logger's error comes out on
+    end) asks for a flush without waiting, at most once per ``flush_seconds``; one it skipped
+    is queued with the first metric record after that time, so a long epoch after short ones
+    does not leave the files behind. A logger's error comes out on
     the caller's thread at the next call. ``background=False`` calls the loggers directly.
     A record sent after :meth:`finalize` (``trainer.log_image`` after ``train_model``) goes to
     the same run, which is then finalized again with the same status (an MLflow run does not
@@ -81,6 +82,7 @@ class LoggerCollection(Logger):
         self._writer = BackgroundWriter("logs") if background and self.loggers else None
         self._final_status: str | None = None
         self._flushed_at = -float("inf")  # time.monotonic() of the latest flush_soon that flushed
+        self._stale = False  # a flush_soon was skipped: the next record a flush_seconds later brings one
 
     def _each(self, method: str, *args: Any) -> None:
         for logger in self.loggers:
@@ -118,6 +120,9 @@ class LoggerCollection(Logger):
         # Lazy: records are written in batches, with the next call that wakes the writer (a flush,
         # an image, hyperparameters) or at the latest a second later.
         self._send("log_metrics", _scalars(metrics), step, lazy=True)
+        if self._stale and time.monotonic() - self._flushed_at >= self.flush_seconds:  # a long epoch after short ones
+            self._stale, self._flushed_at = False, time.monotonic()
+            self._send("flush", lazy=True)
 
     def log_image(self, tag: str, image: Any, step: int) -> None:
         self._send("log_image", tag, np.array(image), step)  # a copy: the caller may reuse its buffer
@@ -137,8 +142,9 @@ class LoggerCollection(Logger):
         milliseconds would spend a few percent of a core on it); returns at once."""
         now = time.monotonic()
         if now - self._flushed_at < self.flush_seconds:
+            self._stale = True  # the next metric record a flush_seconds later queues the flush
             return
-        self._flushed_at = now
+        self._stale, self._flushed_at = False, now
         self._send("flush")
 
     def finalize(self, status: str) -> None:
