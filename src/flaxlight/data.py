@@ -150,11 +150,26 @@ def _gather_epoch(data, rows):
     return jax.tree.map(lambda a: a[rows], data)
 
 
+def _device_gather(loader: ArrayLoader) -> Callable[[np.ndarray], Any]:
+    """Rows of the loader's device copy of the data, gathered on the device (an accelerator:
+    only the row indices cross to it)."""
+    data = loader.device_data()
+    return lambda rows: _gather_epoch(data, jax.device_put(rows))
+
+
+def _host_gather(loader: ArrayLoader) -> Callable[[np.ndarray], Any]:
+    """Rows of the loader's data gathered by numpy, then put on the device. On XLA's CPU backend
+    this beats a device gather: it runs on the training thread while the device still computes
+    the epoch's last steps, instead of taking the cores those steps need."""
+    return lambda rows: jax.device_put(jax.tree.map(lambda leaf: np.asarray(leaf)[rows], loader.data))
+
+
 class DeviceEpoch:
-    """An :class:`ArrayLoader` epoch on the device: its first ``stop`` batches gathered there in
-    one dispatch, in the epoch's order, from the loader's device copy of the data (made once),
-    as leaves of shape ``(batches, batch_size, ...)`` (the smaller last batch, when reached, as
-    a second array of one batch). The host only sends the permutation.
+    """An :class:`ArrayLoader` epoch on the device: its first ``stop`` batches in the epoch's
+    order, as leaves of shape ``(batches, batch_size, ...)`` (the smaller last batch, when
+    reached, as a second array of one batch). On an accelerator they are gathered there in one
+    dispatch from the loader's device copy of the data (made once; the host only sends the
+    permutation); on the CPU numpy gathers them and they are put on the device in one go.
 
     :meth:`items` yields ``(steps, (batches, index))``: ``steps`` batches starting at batch
     ``index`` (a device scalar); the jitted step slices them out (:func:`take_batches`), so a
@@ -177,13 +192,13 @@ class DeviceEpoch:
         size = loader.batch_size
         full = min(stop, loader.num_examples // size)
         order = loader.order(epoch).astype(np.int32)
-        data = loader.device_data()
+        gather = _host_gather(loader) if jax.default_backend() == "cpu" else _device_gather(loader)
         self.num_full = full
-        self.full = _gather_epoch(data, jax.device_put(order[: full * size].reshape(full, size))) if full else None
+        self.full = gather(order[: full * size].reshape(full, size)) if full else None
         self.index = _device_indices(full + 1)
         self.last = None
         if stop > full:  # the smaller last batch
-            self.last = _gather_epoch(data, jax.device_put(order[full * size :][None]))
+            self.last = gather(order[full * size :][None])
         self._first = (loader, order[: min(size, len(order))])
 
     @property
