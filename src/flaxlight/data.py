@@ -158,18 +158,16 @@ def _device_gather(loader: ArrayLoader) -> Callable[[np.ndarray], Any]:
 
 
 def _host_gather(loader: ArrayLoader) -> Callable[[np.ndarray], Any]:
-    """Rows of the loader's data gathered by numpy, then put on the device. On XLA's CPU backend
-    this beats a device gather: it runs on the training thread while the device still computes
-    the epoch's last steps, instead of taking the cores those steps need."""
+    """Rows of the loader's data gathered by numpy, then put on the device in one transfer."""
     return lambda rows: jax.device_put(jax.tree.map(lambda leaf: np.asarray(leaf)[rows], loader.data))
 
 
 class DeviceEpoch:
     """An :class:`ArrayLoader` epoch on the device: its first ``stop`` batches in the epoch's
     order, as leaves of shape ``(batches, batch_size, ...)`` (the smaller last batch, when
-    reached, as a second array of one batch). On an accelerator they are gathered there in one
-    dispatch from the loader's device copy of the data (made once; the host only sends the
-    permutation); on the CPU numpy gathers them and they are put on the device in one go.
+    reached, as a second array of one batch). They are gathered on the device in one dispatch
+    from the loader's device copy of the data (made once; the host only sends the permutation),
+    or with ``host_gather=True`` by numpy and put on the device in one transfer.
 
     :meth:`items` yields ``(steps, (batches, index))``: ``steps`` batches starting at batch
     ``index`` (a device scalar); the jitted step slices them out (:func:`take_batches`), so a
@@ -185,14 +183,14 @@ class DeviceEpoch:
         array([0., 1., 2., 3.])
     """
 
-    def __init__(self, loader: ArrayLoader, stop: int, epoch: int | None = None):
+    def __init__(self, loader: ArrayLoader, stop: int, epoch: int | None = None, *, host_gather: bool = False):
         stop = min(int(stop), len(loader))
         epoch = loader.epoch if epoch is None else int(epoch)
         self._key = (id(loader), id(loader.data), epoch, stop)
         size = loader.batch_size
         full = min(stop, loader.num_examples // size)
         order = loader.order(epoch).astype(np.int32)
-        gather = _host_gather(loader) if jax.default_backend() == "cpu" else _device_gather(loader)
+        gather = _host_gather(loader) if host_gather else _device_gather(loader)
         self.num_full = full
         self.full = gather(order[: full * size].reshape(full, size)) if full else None
         self.index = _device_indices(full + 1)

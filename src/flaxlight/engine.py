@@ -255,6 +255,16 @@ class Engine:
         return isinstance(loader, ArrayLoader) and loader.serves_device_epochs() and self.mesh is None \
             and not self.debug
 
+    def _gathers_on_host(self) -> bool:
+        """Where a device epoch is gathered: by numpy on the training thread with fused steps on
+        XLA's CPU backend, else on the device. The gather goes to the side that waits: fused
+        blocks keep the CPU's cores busy while the training thread waits (a device gather would
+        take cores from the steps it overlaps: the tiny MLP's epoch went from 7.4 to 8.9 ms),
+        single steps keep the training thread busy while the device has time (numpy on that
+        thread would stall the next dispatches: 0.94 against 1.00 of the hand loop on the wide
+        MLP). Measured in benchmarks/RESULTS.md, session 7."""
+        return self.block_length > 1 and jax.default_backend() == "cpu"
+
     def feed(self, loader: Iterable, start: int, stop: int | None, step: int, position: Any = None) -> Feed:
         """Batches ``start`` to ``stop`` of ``loader``'s current epoch as the loop consumes them
         (``step``: the global step before the first, so fused blocks end at its multiples).
@@ -263,7 +273,7 @@ class Engine:
         if self.serves_device_epochs(loader):
             epoch, self._epoch_ahead = self._epoch_ahead, None
             if epoch is None or not epoch.serves(loader, stop):
-                epoch = DeviceEpoch(loader, stop=stop)
+                epoch = DeviceEpoch(loader, stop=stop, host_gather=self._gathers_on_host())
             return Feed(epoch.items(start, self.block_length, step), "indexed", lambda head: epoch.first_batch)
         iterator, reader = positioned_iterator(loader, position)
         if position is not None:
@@ -304,7 +314,8 @@ class Engine:
             if self.choosing_block_length and span.batches >= 2 * BLOCK_LENGTHS[-1]:
                 self.choose_block_length(span.state, feed.first_batch)
             if feed.path == "indexed" and more_epochs():
-                self._epoch_ahead = DeviceEpoch(loader, stop=stop, epoch=loader.epoch + 1)
+                self._epoch_ahead = DeviceEpoch(loader, stop=stop, epoch=loader.epoch + 1,
+                                                host_gather=self._gathers_on_host())
         finally:
             feed.close()
 
