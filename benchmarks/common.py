@@ -436,11 +436,13 @@ def interleave(variants: Sequence[Variant], *, rounds: int, seconds: float, warm
         epochs = max(1, round(seconds / min(call(ref) for _ in range(3))))
     rates: dict[str, list[float]] = {v.name: [] for v in variants}
     best: dict[str, list[float]] = {v.name: [] for v in variants}
+    stint = min(stint, epochs)
+    stints = itertools.count()  # the order flips every stint, also across rounds of one stint
     for _ in range(rounds):
         taken: dict[str, list[float]] = {v.name: [] for v in variants}
-        for e in range(max(1, round(epochs / min(stint, epochs)))):
-            for v in variants if e % 2 == 0 else variants[::-1]:
-                taken[v.name] += [call(v) for _ in range(min(stint, epochs))]
+        for _ in range(max(1, round(epochs / stint))):
+            for v in variants if next(stints) % 2 == 0 else variants[::-1]:
+                taken[v.name] += [call(v) for _ in range(stint)]
         for v in variants:
             rates[v.name].append(len(taken[v.name]) * v.steps / sum(taken[v.name]))
             best[v.name].append(v.steps / min(taken[v.name]))
