@@ -8,7 +8,7 @@ Forced host devices measure correctness and overhead, not speed: the "devices" s
 machine's cores, so more of them cannot be faster here. Run it on GPUs or TPUs (``--real``) for
 a scaling figure.
 
-Run: python benchmarks/scaling.py [--epochs 3] [--real]
+Run: python benchmarks/scaling.py [--epochs 3] [--real] [--quick]
 """
 
 from __future__ import annotations
@@ -70,8 +70,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--real", action="store_true", help="use the machine's devices (GPU/TPU), not forced CPU ones")
+    parser.add_argument("--quick", action="store_true", help="smoke run: one epoch per layout (as `make bench` passes)")
     parser.add_argument("--worker", nargs=2, metavar=("DEVICES", "MESH"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.quick:
+        args.epochs = 1
     if args.worker:
         print(json.dumps(worker(int(args.worker[0]), args.worker[1], args.epochs, args.real)))
         return
