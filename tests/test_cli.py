@@ -404,3 +404,32 @@ def test_class_path_and_init_args_as_lightning_cli_writes_them(tmp_path, capsys)
                                          "model: {class_path: mypkg.models.Net}\n")
     code, _, err = run(capsys, "fit", "--config", tmp_path / "other.yaml")
     assert code == 2 and "mypkg.models.Net" in err and "--allow-import" in err  # others still need the opt-in
+
+
+def test_later_files_and_flags_win_whichever_spelling_each_uses(tmp_path, capsys):
+    """A LightningCLI-style file (``class_path`` / ``init_args``) takes ``--trainer.max_epochs=5``,
+    ``--model.init_args.x=`` / ``model.hparams.x=``, the seed's ``warmup`` under a later
+    ``warmup_steps``, and a second ``--config`` in our spelling: the later value wins; one
+    source setting a key both ways is still an error."""
+    (tmp_path / "lightning.yaml").write_text(
+        "trainer:\n  class_path: regression\n  init_args: {max_epochs: 9}\n"
+        "model:\n  class_path: mlp_regressor\n  init_args: {hidden_dims: [16], output_dim: 1}\n"
+        "data:\n  class_path: sine\n  init_args: {batch_size: 32, num_train: 256}\n"
+        "optimizer: {lr: 0.001, warmup: 20}\n")
+    (tmp_path / "short.yaml").write_text("trainer: {max_epochs: 2}\nmodel: {hparams: {hidden_dims: [8]}}\n")
+    code, out, err = run(capsys, "fit", "--config", tmp_path / "lightning.yaml", "--print_config",
+                         "--trainer.max_epochs=5", "--model.init_args.hidden_dims=[4, 4]", "optimizer.warmup_steps=5",
+                         "--data.init_args.batch_size=64")
+    assert code == 0, err
+    printed = yaml.safe_load(out)
+    assert printed["trainer"]["max_epochs"] == 5 and printed["optimizer"]["warmup_steps"] == 5
+    assert printed["model"]["hparams"] == {"hidden_dims": [4, 4], "output_dim": 1}
+    assert printed["data"]["batch_size"] == 64 and printed["data"]["kwargs"] == {"num_train": 256}
+    code, out, err = run(capsys, "fit", "-c", tmp_path / "lightning.yaml", "-c", tmp_path / "short.yaml",
+                         "--print_config", "trainer.num_epochs=3")
+    assert code == 0, err
+    printed = yaml.safe_load(out)
+    assert printed["trainer"]["max_epochs"] == 3 and printed["model"]["hparams"] == {"hidden_dims": [8], "output_dim": 1}
+    (tmp_path / "both.yaml").write_text("optimizer: {warmup: 3, warmup_steps: 4}\n")
+    code, _, err = run(capsys, "fit", "-c", tmp_path / "lightning.yaml", "-c", tmp_path / "both.yaml", "--print_config")
+    assert code == 2 and "both.yaml" in err and "'optimizer.warmup' and 'optimizer.warmup_steps'" in err

@@ -307,6 +307,72 @@ _ALIASES: dict[type, dict[str, str]] = {
 _OPTIMIZER_ALIASES = {"warmup": "warmup_steps"}  # the seed's key, resolved by OptimizerConfig.from_dict
 # A bare string stands for {"name": ...} in these list items.
 _NAME_SHORTHAND = (CallbackConfig, LoggerConfig)
+_SECTIONS = {"trainer": TrainerConfig, "model": ModelConfig, "data": DataConfig}
+_LIST_SECTIONS = {"callbacks": CallbackConfig, "loggers": LoggerConfig}
+# ``init_args`` keys that are the section's own settings (None: all of them; a trainer has no other).
+_LIFTED_INIT_ARGS: dict[type, tuple[str, ...] | None] = {
+    TrainerConfig: None, DataConfig: ("batch_size", "eval_batch_size", "seed")}
+
+
+def _renamed(data: Mapping, aliases: Mapping[str, str], path: str, section_keys: Iterable[str] | None = ()) -> dict:
+    """``data`` with each alias key spelled as its field; the ``init_args`` keys among
+    ``section_keys`` (all of them when None) are moved into the section (a trainer's settings, a
+    datamodule's ``batch_size``). A key set both ways in ``data`` is an error that names both."""
+    data = dict(data)
+    if section_keys != () and isinstance(data.get("init_args"), Mapping):
+        init_args = dict(data.pop("init_args"))
+        lifted = {k: init_args.pop(k) for k in list(init_args) if section_keys is None or k in section_keys}
+        both = sorted(set(data) & set(lifted))
+        if both:
+            raise ConfigError(f"{_join(path, both[0])!r} is set both in {path} and in {_join(path, 'init_args')}; "
+                              f"keep one.")
+        data.update(lifted)
+        if section_keys is not None:
+            data["init_args"] = init_args
+    for alias, key in aliases.items():
+        if alias in data:
+            if key in data:
+                raise ConfigError(f"{_join(path, alias)!r} and {_join(path, key)!r} are the same setting; keep "
+                                  f"{_join(path, key)!r}.")
+            data[key] = data.pop(alias)
+    return data
+
+
+def _canonical(data: Mapping[str, Any]) -> dict[str, Any]:
+    """One source's sections with every key in its saved spelling (``class_path`` -> ``name``,
+    ``init_args`` -> ``hparams`` / ``kwargs`` / ``args``, ``num_epochs`` -> ``max_epochs``,
+    ``warmup`` -> ``warmup_steps``), so that later files and overrides replace earlier values
+    whichever way each spelled them."""
+    out = dict(data)
+    for section, cls in _SECTIONS.items():
+        if isinstance(out.get(section), Mapping):
+            out[section] = _renamed(out[section], _ALIASES[cls], section, _LIFTED_INIT_ARGS.get(cls, ()))
+    for section, cls in _LIST_SECTIONS.items():
+        if isinstance(out.get(section), list):
+            out[section] = [_renamed(item, _ALIASES[cls], f"{section}[{i}]") if isinstance(item, Mapping) else item
+                             for i, item in enumerate(out[section])]
+    if isinstance(out.get("optimizer"), Mapping):
+        out["optimizer"] = _renamed(out["optimizer"], _OPTIMIZER_ALIASES, "optimizer")
+    return out
+
+
+def _canonical_override(key: str, value: Any) -> list[tuple[str, Any]]:
+    """An override's dotted key in its saved spelling (see :func:`_canonical`); ``trainer.init_args``
+    given a mapping sets each of its keys on the trainer."""
+    parts = key.split(".")
+    at = 2 if parts[0] in _LIST_SECTIONS and len(parts) > 2 and parts[1].isdigit() else 1
+    if len(parts) <= at:
+        return [(key, value)]
+    if parts[0] == "trainer" and parts[1] == "init_args":
+        if len(parts) == 2:
+            return [(f"trainer.{k}", v) for k, v in value.items()] if isinstance(value, Mapping) else [(key, value)]
+        del parts[1]
+    if parts[:2] == ["data", "init_args"] and len(parts) == 3 and parts[2] in _LIFTED_INIT_ARGS[DataConfig]:
+        del parts[1]
+    cls = _SECTIONS.get(parts[0]) or _LIST_SECTIONS.get(parts[0])
+    aliases = _ALIASES[cls] if cls is not None else _OPTIMIZER_ALIASES if parts[0] == "optimizer" else {}
+    parts[at] = aliases.get(parts[at], parts[at])
+    return [(".".join(parts), value)]
 
 
 # ---------------------------------------------------------------------------------------- checking
@@ -463,19 +529,7 @@ def _build(cls: type, data: Any, path: str) -> Any:
     if cls is OptimizerConfig:
         return _build_optimizer(data, path)
     fields = {name: f for name, f in _ordered_fields(cls).items() if f.init}
-    data = dict(data)
-    if cls is TrainerConfig and isinstance(data.get("init_args"), Mapping):
-        both = sorted(set(data) & set(data["init_args"]))
-        if both:
-            raise ConfigError(f"{_join(path, both[0])!r} is set both in {path} and in {_join(path, 'init_args')}; "
-                              f"keep one.")
-        data.update(data.pop("init_args"))
-    for alias, key in _ALIASES.get(cls, {}).items():
-        if alias in data:
-            if key in data:
-                raise ConfigError(f"{_join(path, alias)!r} and {_join(path, key)!r} are the same setting; keep "
-                                  f"{_join(path, key)!r}.")
-            data[key] = data.pop(alias)
+    data = _renamed(data, _ALIASES.get(cls, {}), path, _LIFTED_INIT_ARGS.get(cls, ()))
     for key in data:
         if key not in fields:
             raise _unknown_key(key, list(fields), path, what)
@@ -559,33 +613,38 @@ def apply_overrides(data: Mapping[str, Any], overrides: Iterable[str]) -> dict[s
     """A copy of ``data`` with each ``dotted.key=value`` set (list items by index: ``callbacks.0.args.x=1``)."""
     import copy
 
-    data = copy.deepcopy(dict(data or {}))
+    data = _canonical(copy.deepcopy(dict(data or {})))
     for text in overrides:
-        key, value = parse_override(text)
-        node: Any = data
-        parts = key.split(".")
-        for depth, part in enumerate(parts):
-            last = depth == len(parts) - 1
-            where = ".".join(parts[:depth]) or "the config"
-            if isinstance(node, list):
-                if not part.isdigit() or int(part) > len(node) or (int(part) == len(node) and not last):
-                    raise ConfigError(f"Override {text!r}: {where} is a list of {len(node)} items; "
-                                      f"{part!r} is not an index into it.")
-                index = int(part)
-                if last:
-                    node[index:index + 1] = [value]
-                else:
-                    node = node[index]
-            elif isinstance(node, dict):
-                if last:
-                    node[part] = value
-                else:
-                    if node.get(part) is None:
-                        node[part] = {}
-                    node = node[part]
-            else:
-                raise ConfigError(f"Override {text!r}: {where} is {_got(node)}, not a section with keys.")
+        for key, value in _canonical_override(*parse_override(text)):
+            _set_override(data, key, value, text)
     return data
+
+
+def _set_override(data: dict[str, Any], key: str, value: Any, text: str) -> None:
+    """Set the canonical dotted ``key`` of the override ``text`` in ``data`` (list items by index)."""
+    node: Any = data
+    parts = key.split(".")
+    for depth, part in enumerate(parts):
+        last = depth == len(parts) - 1
+        where = ".".join(parts[:depth]) or "the config"
+        if isinstance(node, list):
+            if not part.isdigit() or int(part) > len(node) or (int(part) == len(node) and not last):
+                raise ConfigError(f"Override {text!r}: {where} is a list of {len(node)} items; "
+                                  f"{part!r} is not an index into it.")
+            index = int(part)
+            if last:
+                node[index:index + 1] = [value]
+            else:
+                node = node[index]
+        elif isinstance(node, dict):
+            if last:
+                node[part] = value
+            else:
+                if node.get(part) is None:
+                    node[part] = {}
+                node = node[part]
+        else:
+            raise ConfigError(f"Override {text!r}: {where} is {_got(node)}, not a section with keys.")
 
 
 # ---------------------------------------------------------------------------------------- load / save
@@ -607,7 +666,7 @@ def load_config(source: str | os.PathLike | Sequence[str | os.PathLike] | Mappin
     if isinstance(source, Config):
         data = config_to_dict(source)
     elif isinstance(source, Mapping):
-        data = dict(source)
+        data = _canonical(source)
     elif source is None:
         data = {}
     else:
@@ -636,7 +695,10 @@ def _read_config_file(path: str) -> dict[str, Any]:
         return {}
     if not isinstance(data, Mapping):
         raise ConfigError(f"{path}: expected a mapping of sections (trainer:, model:, ...), got {_got(data)}.")
-    return dict(data)
+    try:
+        return _canonical(data)
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
 
 
 def _merged(base: Mapping[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
