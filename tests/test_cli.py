@@ -429,7 +429,37 @@ def test_later_files_and_flags_win_whichever_spelling_each_uses(tmp_path, capsys
                          "--print_config", "trainer.num_epochs=3")
     assert code == 0, err
     printed = yaml.safe_load(out)
-    assert printed["trainer"]["max_epochs"] == 3 and printed["model"]["hparams"] == {"hidden_dims": [8], "output_dim": 1}
+    assert printed["trainer"]["max_epochs"] == 3
+    assert printed["model"]["hparams"] == {"hidden_dims": [8], "output_dim": 1}
     (tmp_path / "both.yaml").write_text("optimizer: {warmup: 3, warmup_steps: 4}\n")
     code, _, err = run(capsys, "fit", "-c", tmp_path / "lightning.yaml", "-c", tmp_path / "both.yaml", "--print_config")
     assert code == 2 and "both.yaml" in err and "'optimizer.warmup' and 'optimizer.warmup_steps'" in err
+
+
+def test_a_run_that_fails_to_start_leaves_the_runs_config_alone(tmp_path):
+    """config.yaml is written once training starts: a second fit into a finished run's folder and
+    a resume with another model fail without touching it; a resume with changed settings writes
+    the new config and keeps the old one as config.1.yaml."""
+    from flaxlight.config import fit
+
+    run_dir = tmp_path / "run"
+    short = ["trainer.max_epochs=1", "trainer.check_val_every_n_epoch=1", "data.batch_size=100",
+             "data.eval_batch_size=500", *QUIET, f"trainer.logger_params.log_dir={run_dir}"]
+    fit(CONFIGS / "sine_regression.yaml", short)
+    saved = (run_dir / "config.yaml").read_text()
+    with pytest.raises(FileExistsError):
+        fit(CONFIGS / "sine_regression.yaml", [*short, "model.hparams.hidden_dims=[16]"])
+    with pytest.raises(ValueError, match="different model"):
+        fit(CONFIGS / "sine_regression.yaml", [*short, "model.hparams.hidden_dims=[16]"], resume=True)
+    assert (run_dir / "config.yaml").read_text() == saved and not (run_dir / "config.1.yaml").exists()
+    fit(CONFIGS / "sine_regression.yaml", [*short, "trainer.max_epochs=2"], resume=True)
+    assert (run_dir / "config.1.yaml").read_text() == saved
+    assert load_config(run_dir / "config.yaml").trainer.max_epochs == 2
+
+
+def test_fast_dev_run_smoke_tests_a_shipped_config_whose_warmup_is_longer_than_one_step(capsys):
+    """fast_dev_run runs one step of the configured run: the schedule (here 20 warmup steps)
+    still spans the requested epochs, so the warmup check does not refuse the smoke test."""
+    code, out, err = run(capsys, "fit", "--config", CONFIGS / "digits_mlp.yaml", "trainer.fast_dev_run=true", *QUIET)
+    assert code == 0, err
+    assert "warmup_steps" in (CONFIGS / "digits_mlp.yaml").read_text()

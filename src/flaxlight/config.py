@@ -30,6 +30,7 @@ import collections.abc
 import dataclasses
 import difflib
 import inspect
+import itertools
 import os
 import re
 import types
@@ -40,6 +41,7 @@ import numpy as np
 import yaml
 
 from flaxlight import registry
+from flaxlight.callbacks import Callback
 from flaxlight.optim import OptimizerConfig
 from flaxlight.options import TrainerOptions
 from flaxlight.runfiles import HPARAMS_FILE, LoggerParams, next_version_dir, read_hparams
@@ -57,6 +59,7 @@ __all__ = [
     "ModelConfig",
     "OptimizerConfig",
     "Resolved",
+    "SaveConfig",
     "TrainerConfig",
     "apply_overrides",
     "build_callbacks",
@@ -761,19 +764,51 @@ def config_to_dict(cfg: Config) -> dict[str, Any]:
 
 def save_config(cfg: Config | Mapping[str, Any], path: str | os.PathLike) -> str:
     """Write the config as YAML (safe dump) to ``path``; returns the path."""
-    data = config_to_dict(cfg) if isinstance(cfg, Config) else _plain(cfg)
     path = os.fspath(path)
     if os.path.dirname(path):
         os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w") as f:
-        f.write("# flaxlight run config, every default filled in. Re-run: flaxlight fit --config <this file>\n")
-        f.write(_yaml_dump(data))
+        f.write(_config_text(cfg))
     return path
+
+
+def _config_text(cfg: Config | Mapping[str, Any]) -> str:
+    data = config_to_dict(cfg) if isinstance(cfg, Config) else _plain(cfg)
+    return "# flaxlight run config, every default filled in. Re-run: flaxlight fit --config <this file>\n" + \
+        _yaml_dump(data)
 
 
 def dump_config(cfg: Config) -> str:
     """The config as a YAML string."""
     return _yaml_dump(config_to_dict(cfg))
+
+
+class SaveConfig(Callback):
+    """Write the run's config as ``<log_dir>/config.yaml`` when training starts: after the run's
+    folder is claimed and a resume matched its checkpoint, so a run that fails to start rewrites
+    no other run's config. A different config already there (a resume with changed settings) is
+    kept as ``config.1.yaml`` (``.2``, ...). :func:`build_run` adds one to every trainer it builds.
+
+    Examples:
+        >>> trainer = build_trainer(cfg, x0, callbacks=[SaveConfig(cfg)])  # doctest: +SKIP
+    """
+
+    def __init__(self, cfg: Config):
+        self.text = _config_text(cfg)
+
+    def on_fit_start(self, trainer) -> None:
+        if not trainer.log_dir:
+            return
+        path = os.path.join(trainer.log_dir, CONFIG_FILE)
+        if os.path.isfile(path):
+            with open(path) as f:
+                if f.read() == self.text:
+                    return
+            stem = os.path.splitext(path)[0]
+            kept = next(f"{stem}.{k}.yaml" for k in itertools.count(1) if not os.path.exists(f"{stem}.{k}.yaml"))
+            os.rename(path, kept)
+        with open(path, "w") as f:
+            f.write(self.text)
 
 
 # ---------------------------------------------------------------------------------------- resolving
@@ -1181,7 +1216,8 @@ def build_run(config: str | os.PathLike | Mapping[str, Any] | Config, *, log_dir
               mode: str | None = None, trust_config: bool = False,
               allow_imports: Iterable[str] = ()) -> dict[str, Any]:
     """Everything a run needs, built from a config: ``{"trainer", "train_loader", "val_loader",
-    "test_loader", "num_epochs", "config"}``; the resolved config is saved in the trainer's log dir.
+    "test_loader", "num_epochs", "config"}``; the resolved config is saved in the trainer's log dir when
+    training starts (:class:`SaveConfig`).
 
     ``log_dir`` replaces ``trainer.logger_params.log_dir``; ``callbacks``/``loggers`` (objects) are
     added after the config's; ``monitor``/``mode`` apply unless the config's trainer sets a monitor
@@ -1204,9 +1240,8 @@ def build_run(config: str | os.PathLike | Mapping[str, Any] | Config, *, log_dir
             raise ConfigError(f"trainer: {exc}") from None
     resolved = _resolve_config(cfg, policy)
     train, val, test = build_data(cfg, resolved)
-    trainer = build_trainer(cfg, example_input(train), resolved=resolved, callbacks=callbacks, loggers=loggers)
-    if trainer.log_dir:
-        save_config(cfg, os.path.join(trainer.log_dir, CONFIG_FILE))
+    trainer = build_trainer(cfg, example_input(train), resolved=resolved,
+                            callbacks=[*callbacks, SaveConfig(cfg)], loggers=loggers)
     return {"trainer": trainer, "train_loader": train, "val_loader": val, "test_loader": test,
             "num_epochs": cfg.trainer.max_epochs, "config": cfg}
 
@@ -1226,7 +1261,7 @@ def fit(config: str | os.PathLike | Mapping[str, Any] | Config, overrides: Itera
         allow_imports: Iterable[str] = ()) -> FitResult:
     """Train (and test, when the data has a test split) the run a config describes.
 
-    The resolved config is saved as ``config.yaml`` in the run's log dir before training starts.
+    The resolved config is saved as ``config.yaml`` in the run's log dir when training starts.
     ``callbacks``/``loggers`` are objects added after the config's (e.g. a pruning callback).
     ``resume=True`` continues from the newest checkpoint in ``trainer.logger_params.log_dir``.
     Import paths in the config run only with ``allow_imports=["mypkg"]`` or ``trust_config=True``

@@ -263,8 +263,9 @@ class RunPlan:
     def make(cls, train_loader, val_loader, *, num_epochs: int, steps_per_epoch: int | None,
              check_val_every_n_epoch: int | None, limits: BatchLimits, max_steps: int | None,
              val_check_interval: int | None = None) -> "RunPlan":
-        """Check the requested length against the loaders and settings; a readable error if off."""
-        num_epochs = limits.max_epochs or num_epochs
+        """Check the requested length against the loaders and settings; a readable error if off.
+        Under ``fast_dev_run`` the schedule still spans the requested run (one step of it runs)."""
+        requested_epochs, num_epochs = num_epochs, limits.max_epochs or num_epochs
         if not isinstance(num_epochs, int) or num_epochs < 1:
             raise ValueError(f"num_epochs must be a positive int, got {num_epochs!r}.")
         if check_val_every_n_epoch is None and val_check_interval is None and val_loader is not None:
@@ -282,7 +283,9 @@ class RunPlan:
         if steps_per_epoch < 1:
             raise ValueError("train_loader yielded no batches (its len() is 0): check the dataset size, "
                              "batch_size and drop_last.")
-        steps_per_epoch = limits.train_batches(steps_per_epoch)
+        full_steps_per_epoch, steps_per_epoch = steps_per_epoch, limits.train_batches(steps_per_epoch)
+        if limits.max_epochs is not None and isinstance(requested_epochs, int) and requested_epochs >= 1:
+            return cls(num_epochs, steps_per_epoch, requested_epochs, full_steps_per_epoch)
         if max_steps is not None and max_steps < num_epochs * steps_per_epoch:
             return cls(num_epochs, steps_per_epoch, 1, max_steps)
         return cls(num_epochs, steps_per_epoch, num_epochs, steps_per_epoch)
