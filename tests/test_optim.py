@@ -422,7 +422,7 @@ def test_lbfgs_gets_value_fn_and_solves_least_squares():
     x, y = _linear_problem(n=32)
     tx = make_optimizer({"optimizer": "lbfgs", "lr": None, "schedule": "constant", "gradient_clip": None}, 10)
     state = _linear_state(tx)
-    step = jax.jit(TrainStep(_linear_loss).step)
+    step = jax.jit(TrainStep(_linear_loss).step, donate_argnums=0)  # donated, as the trainer does
     for _ in range(12):
         state, metrics = step(state, (x, y))
     design = np.concatenate([x, np.ones((len(x), 1), np.float32)], axis=1)
@@ -600,10 +600,10 @@ def test_ema_of_parameters_is_tracked_and_used_for_evaluation():
     plan = make_optimizer_plan({"optimizer": "sgd", "lr": lr, "schedule": "constant", "gradient_clip": None,
                                 "ema_decay": decay, "weight_decay": 0}, 10)
     ts = TrainStep(_linear_loss)
-    state = _linear_state(plan.tx)
-    ema = state.params
+    state = _linear_state(plan.tx)  # the average starts as a copy: the donated step below takes both
+    ema = jax.tree.map(jnp.copy, state.params)
     for _ in range(3):
-        state, _ = jax.jit(ts.step)(state, (x, y))
+        state, _ = jax.jit(ts.step, donate_argnums=0)(state, (x, y))
         ema = jax.tree.map(lambda e, p: decay * e + (1 - decay) * p, ema, state.params)
     _assert_trees_close(ema_params(state), ema)
     expected = _linear_loss(ema, (x, y), train=False, rng=None, state=None)[0]

@@ -43,7 +43,7 @@ class TrainState(train_state.TrainState):
     @classmethod
     def create(cls, *, apply_fn, params, tx, **kwargs) -> "TrainState":
         """Build a state; ``tx`` may be None for inference-only states (no optimizer state)."""
-        opt_state = tx.init(params) if tx is not None else None
+        opt_state = _own_buffers(tx.init(params), params) if tx is not None else None
         kwargs.setdefault("epoch", jnp.zeros((), jnp.int32))
         step = kwargs.pop("step", 0)
         return cls(
@@ -117,3 +117,28 @@ def step_key(state: TrainState):
     if state.rng is None:
         raise ValueError("TrainState.rng is None; create the state with rng=jax.random.PRNGKey(seed).")
     return jax.random.fold_in(state.rng, state.step)
+
+
+def _buffer_key(x) -> Any:
+    try:
+        return x.unsafe_buffer_pointer()
+    except Exception:  # noqa: BLE001 - sharded or deleted arrays have no single buffer: their identity
+        return id(x)
+
+
+def _own_buffers(opt_state, params):
+    """``opt_state`` with a buffer of its own for each array that is one of ``params`` or an
+    earlier leaf (``optax.lbfgs``'s memories, an EMA started from the params): the train step
+    donates the state, and XLA refuses to donate one buffer twice."""
+    seen = {_buffer_key(x) for x in jax.tree.leaves(params) if isinstance(x, jax.Array)}
+
+    def own(x):
+        if not isinstance(x, jax.Array):
+            return x
+        key = _buffer_key(x)
+        if key in seen:
+            return jnp.copy(x)
+        seen.add(key)
+        return x
+
+    return jax.tree.map(own, opt_state)
