@@ -164,6 +164,8 @@ def test_export_writes_what_plain_jax_serves(sine_run, tmp_path, capsys):
     trainer = load_trainer(cfg, sine_run, example_input(test), which="best")
     expected, _ = trainer.state.apply_model(trainer.state.params, x_test[:7], train=False)
     np.testing.assert_allclose(np.asarray(exported.call(x_test[:7])), np.asarray(expected), rtol=1e-5, atol=1e-6)
+    info = yaml.safe_load((tmp_path / "export" / "export.json").read_text())  # JSON is YAML
+    assert info["which"] == "best" and info["model"] == "MLPRegressor"
 
 
 def test_print_config_applies_overrides_and_exits(tmp_path, capsys):

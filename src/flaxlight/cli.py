@@ -257,7 +257,7 @@ def _evaluate(args: argparse.Namespace) -> int:
     if args.command == "predict":
         return _write_predictions(trainer, loader, args, split)
     if args.command == "export":
-        path = trainer.export(args.output or os.path.join(args.ckpt, "export"), which="current",
+        path = trainer.export(args.output or os.path.join(args.ckpt, "export"), which=args.which,
                               batch_size=args.batch_size)
         print(f"exported ({args.which} checkpoint of {args.ckpt}): {path}")
         return 0

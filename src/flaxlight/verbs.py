@@ -108,7 +108,7 @@ class TrainerVerbsMixin:
             raise FileNotFoundError(f"{exc} export(which={which!r}) needs a saved checkpoint; pass which='current' "
                                     f"to export the trainer's state now.") from None
         example = _model_inputs(self.exmp_input)
-        info = {"which": which, "step": int(np.asarray(state.step)), "model": type(self.model_adapter).__name__,
+        info = {"which": which, "step": int(np.asarray(state.step)), "model": getattr(self.model_class, "__name__", type(self.model_adapter).__name__),
                 "flaxlight": _version()}
         return export_forward(lambda inputs: state.apply_model(state.params, inputs, train=False)[0], example, path,
                               batch_size=batch_size, info=info)
