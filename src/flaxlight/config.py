@@ -1268,7 +1268,7 @@ def fit(config: str | os.PathLike | Mapping[str, Any] | Config, overrides: Itera
     (see :func:`resolve_config`); registered names need neither.
 
     Examples:
-        >>> result = fit("examples/configs/sine_regression.yaml", ["trainer.max_epochs=2"])  # doctest: +SKIP
+        >>> result = fit("examples/configs/sine_regression.yaml", ["trainer.max_epochs=5"])  # doctest: +SKIP
         >>> result.metrics["test/loss"], result.log_dir                                        # doctest: +SKIP
     """
     opt_in = {"trust_config": trust_config, "allow_imports": allow_imports}

@@ -905,7 +905,7 @@ def tune(
             after the study is saved.
 
     Each trial's ``user_attrs``: ``log_dir``, ``best_checkpoint``, ``metrics``
-    (the best validation metrics), ``epochs``, ``stop_reason``, ``host``, and ``error`` for a
+    (the best validation metrics), ``epochs``, ``host``, ``stop_reason`` (when it stopped early), and ``error`` for a
     failed trial. Pruned and failed trials keep their files.
     """
     space = search_space if isinstance(search_space, SearchSpace) else SearchSpace(search_space)
