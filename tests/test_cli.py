@@ -465,3 +465,17 @@ def test_fast_dev_run_smoke_tests_a_shipped_config_whose_warmup_is_longer_than_o
     code, out, err = run(capsys, "fit", "--config", CONFIGS / "digits_mlp.yaml", "trainer.fast_dev_run=true", *QUIET)
     assert code == 0, err
     assert "warmup_steps" in (CONFIGS / "digits_mlp.yaml").read_text()
+
+
+def test_fit_into_a_finished_runs_folder_says_resume_or_overwrite(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    argv = ["fit", "--config", CONFIGS / "sine_regression.yaml", "trainer.max_epochs=1",
+            "trainer.check_val_every_n_epoch=1", "data.batch_size=100", "data.eval_batch_size=500", *QUIET,
+            "--log-dir", run_dir]
+    assert run(capsys, *argv)[0] == 0
+    metrics_before = (run_dir / "metrics.csv").read_text()
+    code, _, err = run(capsys, *argv)
+    assert code == 2 and f"--resume {run_dir} continues it, --overwrite replaces it" in err
+    assert "Traceback" not in err and (run_dir / "metrics.csv").read_text() == metrics_before
+    code, _, err = run(capsys, *argv, "--overwrite")
+    assert code == 0, err

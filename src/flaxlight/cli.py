@@ -137,6 +137,8 @@ def _build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argumen
     fit.add_argument("--log-dir", metavar="DIR", help="the run's log dir (same as trainer.logger_params.log_dir=DIR)")
     fit.add_argument("--resume", metavar="RUN_DIR",
                      help="continue the run in RUN_DIR from its newest checkpoint (its log dir becomes RUN_DIR)")
+    fit.add_argument("--overwrite", action="store_true",
+                     help="replace the run already in --log-dir (its checkpoints and metrics are deleted)")
 
     for name, split in (("validate", "validation"), ("test", "test")):
         parser = add(name, f"evaluate a trained run on the {split} split",
@@ -232,7 +234,15 @@ def _fit(args: argparse.Namespace) -> int:
         cfg.trainer.logger_params.log_dir = args.resume or args.log_dir
     if args.print_config:
         return _print_config(cfg)
-    result = fit(cfg, resume=bool(args.resume), **_opt_in(args))
+    try:
+        result = fit(cfg, resume=bool(args.resume), overwrite=args.overwrite, **_opt_in(args))
+    except FileExistsError as exc:
+        if "already holds a run" not in str(exc):
+            raise
+        run_dir = cfg.trainer.logger_params.log_dir
+        raise _UsageError(f"--log-dir {run_dir} already holds a run. --resume {run_dir} continues it, --overwrite "
+                          f"replaces it (its checkpoints and metrics are deleted), or give another --log-dir "
+                          f"(without one, each run gets a new version_N folder).") from None
     print("metrics:\n" + _format_metrics(result.metrics))
     if result.log_dir:
         print(f"config: {os.path.join(result.log_dir, CONFIG_FILE)}")

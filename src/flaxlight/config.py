@@ -1257,14 +1257,14 @@ class FitResult:
 
 
 def fit(config: str | os.PathLike | Mapping[str, Any] | Config, overrides: Iterable[str] = (), *,
-        callbacks: Sequence = (), loggers: Sequence = (), resume: bool = False, trust_config: bool = False,
-        allow_imports: Iterable[str] = ()) -> FitResult:
+        callbacks: Sequence = (), loggers: Sequence = (), resume: bool = False, overwrite: bool = False,
+        trust_config: bool = False, allow_imports: Iterable[str] = ()) -> FitResult:
     """Train (and test, when the data has a test split) the run a config describes.
 
     The resolved config is saved as ``config.yaml`` in the run's log dir when training starts.
     ``callbacks``/``loggers`` are objects added after the config's (e.g. a pruning callback).
-    ``resume=True`` continues from the newest checkpoint in ``trainer.logger_params.log_dir``.
-    Import paths in the config run only with ``allow_imports=["mypkg"]`` or ``trust_config=True``
+    ``resume=True`` continues from the newest checkpoint in ``trainer.logger_params.log_dir``;
+    ``overwrite=True`` replaces the run already there (else that is an error). Import paths in the config run only with ``allow_imports=["mypkg"]`` or ``trust_config=True``
     (see :func:`resolve_config`); registered names need neither.
 
     Examples:
@@ -1276,5 +1276,5 @@ def fit(config: str | os.PathLike | Mapping[str, Any] | Config, overrides: Itera
     run = build_run(cfg, callbacks=callbacks, loggers=loggers, **opt_in)
     trainer = run["trainer"]
     metrics = trainer.train_model(run["train_loader"], run["val_loader"], test_loader=run["test_loader"],
-                                  num_epochs=run["num_epochs"], resume=resume)
+                                  num_epochs=run["num_epochs"], resume=resume, overwrite=overwrite)
     return FitResult(trainer=trainer, metrics=metrics, log_dir=trainer.log_dir, config=run["config"])
