@@ -190,6 +190,11 @@ def test_wrong_type_names_expected_type(override, expected):
 def test_values_checked_by_the_dataclasses_themselves():
     assert error_of(minimal(), ["trainer.mode=maximum"]).startswith("trainer: mode must be 'min' or 'max'")
     assert "max_epochs must be a positive int" in error_of(minimal(), ["trainer.max_epochs=0"])
+    assert error_of(minimal(), ["data.batch_size=0"]) == "data: batch_size must be an int >= 1, got 0."
+    assert "eval_batch_size must be an int >= 1 or null, got -1" in error_of(minimal(), ["data.eval_batch_size=-1"])
+    assert "data: seed must be an int >= 0, got -1" in error_of(minimal(), ["data.seed=-1"])
+    assert error_of(minimal(), ["trainer.logger_params.logger_type=[csv, neptune]"]).startswith(
+        "trainer.logger_params: Unknown logger_type 'neptune'")
 
 
 @pytest.mark.parametrize("config, key", [

@@ -263,6 +263,13 @@ class DataConfig:
     seed: int = 0
     kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
 
+    def __post_init__(self):
+        for key, least in (("batch_size", 1), ("eval_batch_size", 1), ("seed", 0)):
+            value = getattr(self, key)
+            if isinstance(value, int) and value < least:
+                raise ValueError(f"{key} must be an int >= {least}{' or null' * (key == 'eval_batch_size')}, "
+                                 f"got {value!r}.")
+
 
 @dataclasses.dataclass(kw_only=True)
 class CallbackConfig:
@@ -677,7 +684,10 @@ def load_config(source: str | os.PathLike | Sequence[str | os.PathLike] | Mappin
         where, data = " + ".join(paths), {}
         for path in paths:
             data = _merged(data, _read_config_file(path))
+    overrides = list(overrides)
     data = apply_overrides(data, overrides)
+    if overrides and where != "the config":
+        where += " with the overrides"
     try:
         cfg = _build(Config, data, "")
         if check:

@@ -76,18 +76,26 @@ class LoggerParams:
         params = {k: v for k, v in params.items() if v is not None or k == "log_dir"}
         return cls(**params)
 
+    def __post_init__(self):
+        if self.logger_type is not None:
+            self._kinds(self.logger_type)  # an unknown type fails here, before any folder is made
+
+    @staticmethod
+    def _kinds(types: str | list[str]) -> list[str]:
+        types = [types] if isinstance(types, str) else list(types)
+        kinds = ["wandb" if str(kind).lower() == "w&b" else str(kind).lower() for kind in types]
+        for kind in kinds:
+            if kind not in LOGGER_TYPES:
+                raise ValueError(f"Unknown logger_type {kind!r} in logger_params; valid: {', '.join(LOGGER_TYPES)} "
+                                 f"(any case), or a list of them.")
+        return kinds
+
     def logger_kinds(self, extra_loggers: bool) -> list[str]:
         """The logger types to build, CSV first (``metrics.csv`` is always written)."""
         types = self.logger_type
         if types is None:
             types = ["csv", "tensorboard"] if tensorboard_available() and not extra_loggers else ["csv"]
-        types = [types] if isinstance(types, str) else list(types)
-        kinds = ["csv"] + ["wandb" if str(kind).lower() == "w&b" else str(kind).lower() for kind in types]
-        for kind in kinds:
-            if kind not in LOGGER_TYPES:
-                raise ValueError(f"Unknown logger_type {kind!r} in logger_params; valid: {', '.join(LOGGER_TYPES)} "
-                                 f"(any case), or a list of them.")
-        return list(dict.fromkeys(kinds))
+        return list(dict.fromkeys(["csv"] + self._kinds(types)))
 
 
 def next_version_dir(base: str | os.PathLike) -> str:
