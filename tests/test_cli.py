@@ -479,3 +479,13 @@ def test_fit_into_a_finished_runs_folder_says_resume_or_overwrite(tmp_path, caps
     assert "Traceback" not in err and (run_dir / "metrics.csv").read_text() == metrics_before
     code, _, err = run(capsys, *argv, "--overwrite")
     assert code == 0, err
+
+
+def test_a_run_whose_settings_fail_its_checks_is_a_one_line_config_error(tmp_path, capsys):
+    """Checks that need the data (validation never due, a warmup longer than the run) fail before
+    training as a config error: one line, exit 2, no config.yaml written."""
+    code, _, err = run(capsys, "fit", "--config", CONFIGS / "sine_regression.yaml", "trainer.max_epochs=2", *QUIET,
+                       "--log-dir", tmp_path / "run")
+    assert code == 2 and "Traceback" not in err
+    assert "the run cannot start: check_val_every_n_epoch=5 > num_epochs=2" in err and "Lower" in err
+    assert not (tmp_path / "run" / "config.yaml").exists()

@@ -805,8 +805,10 @@ class SaveConfig(Callback):
 
     def __init__(self, cfg: Config):
         self.text = _config_text(cfg)
+        self.started = False  # whether training started (the run's checks passed)
 
     def on_fit_start(self, trainer) -> None:
+        self.started = True
         if not trainer.log_dir:
             return
         path = os.path.join(trainer.log_dir, CONFIG_FILE)
@@ -1285,6 +1287,14 @@ def fit(config: str | os.PathLike | Mapping[str, Any] | Config, overrides: Itera
     cfg = config if isinstance(config, Config) and not overrides else load_config(config, overrides, **opt_in)
     run = build_run(cfg, callbacks=callbacks, loggers=loggers, **opt_in)
     trainer = run["trainer"]
-    metrics = trainer.train_model(run["train_loader"], run["val_loader"], test_loader=run["test_loader"],
-                                  num_epochs=run["num_epochs"], resume=resume, overwrite=overwrite)
+    saver = next(callback for callback in trainer.callbacks if isinstance(callback, SaveConfig))
+    try:
+        metrics = trainer.train_model(run["train_loader"], run["val_loader"], test_loader=run["test_loader"],
+                                      num_epochs=run["num_epochs"], resume=resume, overwrite=overwrite)
+    except ValueError as exc:
+        if saver.started or isinstance(exc, ConfigError):
+            raise
+        # The run's own checks before training (its length against the loaders, the schedule, a
+        # resume's checkpoint): the settings are wrong, so it is a config error.
+        raise ConfigError(f"the run cannot start: {exc}") from exc
     return FitResult(trainer=trainer, metrics=metrics, log_dir=trainer.log_dir, config=run["config"])
