@@ -151,6 +151,8 @@ def test_logger_collection_fans_out_images_and_the_base_ignores_them(tmp_path):
     collection.flush()  # the records are written on the collection's writer thread
     assert first.calls == second.calls == [("image", "x", 3, (2, 2))]
     Logger().log_image("x", np.zeros((2, 2)), step=3)  # the no-op default
+    with pytest.raises(ValueError, match=r"transpose\(1, 2, 0\)"):  # refused at the call, whatever the loggers
+        LoggerCollection([CSVLogger(tmp_path / "csv")]).log_image("x", np.zeros((3, 8, 8)), step=4)
 
 
 def test_tensorboard_logger_writes_scalars_images_and_hparams(tmp_path):

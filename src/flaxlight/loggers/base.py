@@ -125,7 +125,8 @@ class LoggerCollection(Logger):
             self._send("flush", lazy=True)
 
     def log_image(self, tag: str, image: Any, step: int) -> None:
-        self._send("log_image", tag, np.array(image), step)  # a copy: the caller may reuse its buffer
+        # Checked here, on the caller's thread (a CHW array fails at the call); a copy: the caller may reuse its buffer.
+        self._send("log_image", tag, np.array(as_image(image)), step)
 
     def log_best_metrics(self, metrics: Mapping[str, float], step: int) -> None:
         self._send("log_best_metrics", _scalars(metrics), step)
