@@ -579,6 +579,21 @@ def test_trainer_warns_when_a_custom_step_would_drop_the_l2_term(tmp_path, caplo
         trainer.init_optimizer(1, 1)
     assert any("weight_decay_mode='l2'" in r.getMessage() for r in caplog.records)
 
+    class WithPenalty(Regressor):  # docs/optimizers.md's recipe: no warning
+        def create_functions(self):
+            config = flaxlight.optim.as_optimizer_config(self.optimizer_hparams)
+            step = TrainStep(self.loss_fn, regularizer=config.l2_regularizer())
+            return step.step, step.eval_step
+
+    caplog.clear()
+    trainer = WithPenalty(model_class=Linear, model_hparams={}, exmp_input=x[:1], enable_progress_bar=False,
+                          enable_model_summary=False,
+                          logger_params={"log_dir": str(tmp_path / "b"), "logger_type": "csv"},
+                          optimizer_hparams={"optimizer": "sgd", "weight_decay": 0.1, "weight_decay_mode": "l2"})
+    with caplog.at_level(logging.WARNING, logger="flaxlight"):
+        trainer.init_optimizer(1, 1)
+    assert not any("weight_decay_mode='l2'" in r.getMessage() for r in caplog.records)
+
 
 # --------------------------------------------------------------------------- training tricks
 def test_gradient_accumulation_equals_one_big_batch():

@@ -156,7 +156,6 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
         regularizer = config.l2_regularizer() if config is not None else None
         step = TrainStep(self.loss_fn, regularizer=regularizer, precision=config.precision if config else "fp32",
                          log_grad_norm=self.options.log_grad_norm)
-        self._l2_in_step = regularizer is not None
         return step.step, step.eval_step
 
     def create_jitted_functions(self) -> None:
@@ -172,6 +171,7 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
         self.train_step, self.eval_step = self.engine.train_step, self.engine.eval_step
 
     def _make_engine(self, train_step: Callable, eval_step: Callable) -> Engine:
+        self._l2_in_step = getattr(getattr(train_step, "__self__", None), "regularizer", None) is not None
         if self.debug:
             messages.info("debug=True: the train and eval steps run un-jitted (prints and breakpoints work).")
         return Engine(train_step, eval_step, steps_per_execution=self.options.steps_per_execution,
