@@ -489,3 +489,26 @@ def test_a_run_whose_settings_fail_its_checks_is_a_one_line_config_error(tmp_pat
     assert code == 2 and "Traceback" not in err
     assert "the run cannot start: check_val_every_n_epoch=5 > num_epochs=2" in err and "Lower" in err
     assert not (tmp_path / "run" / "config.yaml").exists()
+
+
+def test_sigterm_during_a_config_run_says_how_to_resume_it_from_the_command_line(tmp_path, capsys):
+    import os
+    import signal
+
+    import flaxlight
+    from flaxlight.config import fit
+
+    class Terminate(flaxlight.Callback):
+        def on_train_epoch_end(self, trainer, epoch, metrics):
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    run_dir = tmp_path / "run"
+    with pytest.raises(SystemExit) as exited:
+        fit(CONFIGS / "sine_regression.yaml", ["trainer.max_epochs=5", "trainer.check_val_every_n_epoch=1", *QUIET,
+                                               f"trainer.logger_params.log_dir={run_dir}"], callbacks=[Terminate()])
+    assert exited.value.code == 128 + signal.SIGTERM
+    err = capsys.readouterr().err
+    assert "SIGTERM received" in err and f"flaxlight fit --config CONFIG --resume {run_dir}" in err
+    code, out, err = run(capsys, "fit", "--config", CONFIGS / "sine_regression.yaml", "trainer.max_epochs=5",
+                         "trainer.check_val_every_n_epoch=1", *QUIET, "--resume", run_dir)
+    assert code == 0, err

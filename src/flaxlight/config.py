@@ -42,6 +42,7 @@ import yaml
 
 from flaxlight import registry
 from flaxlight.callbacks import Callback
+from flaxlight.messages import logger as messages
 from flaxlight.optim import OptimizerConfig
 from flaxlight.options import TrainerOptions
 from flaxlight.runfiles import HPARAMS_FILE, LoggerParams, next_version_dir, read_hparams
@@ -1291,6 +1292,11 @@ def fit(config: str | os.PathLike | Mapping[str, Any] | Config, overrides: Itera
     try:
         metrics = trainer.train_model(run["train_loader"], run["val_loader"], test_loader=run["test_loader"],
                                       num_epochs=run["num_epochs"], resume=resume, overwrite=overwrite)
+    except SystemExit:  # SIGTERM / SIGINT: a checkpoint was saved; how to continue from a config
+        if trainer.log_dir:
+            messages.info(f"With a config: flaxlight fit --config CONFIG --resume {trainer.log_dir} (Python: "
+                          f"flaxlight.config.fit(config, resume=True) with trainer.logger_params.log_dir set to it).")
+        raise
     except ValueError as exc:
         if saver.started or isinstance(exc, ConfigError):
             raise
