@@ -512,3 +512,8 @@ def test_sigterm_during_a_config_run_says_how_to_resume_it_from_the_command_line
     code, out, err = run(capsys, "fit", "--config", CONFIGS / "sine_regression.yaml", "trainer.max_epochs=5",
                          "trainer.check_val_every_n_epoch=1", *QUIET, "--resume", run_dir)
     assert code == 0, err
+
+
+def test_ckpt_of_a_folder_that_does_not_exist_says_so(tmp_path, capsys):
+    code, _, err = run(capsys, "test", "--ckpt", tmp_path / "no_such_run")
+    assert code == 2 and f"--ckpt {tmp_path / 'no_such_run'}: no such folder" in err

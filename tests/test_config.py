@@ -429,3 +429,21 @@ def test_loading_a_run_never_imports_the_model_class_its_hparams_name(tmp_path):
     (tmp_path / "hparams.yaml").write_text(yaml.safe_dump(hparams))
     with pytest.raises(FileNotFoundError, match="No checkpoint"):
         load_trainer(cfg, tmp_path, exmp_input=None)
+
+
+def test_mistakes_a_lightning_user_makes_get_pointed_to_the_right_place(tmp_path):
+    """Lightning Trainer arguments that live in another section here, a key given twice in one
+    YAML mapping (PyYAML keeps the last silently), an override indexing a list the config does not
+    have, and a folder given as the config file."""
+    assert "In flaxlight that is optimizer.accumulate_grad_batches." in error_of(
+        minimal(), ["trainer.accumulate_grad_batches=4"])
+    assert "In flaxlight that is optimizer.gradient_clip." in error_of(minimal(), ["trainer.gradient_clip_val=1.0"])
+    assert "the top-level callbacks: list" in error_of(minimal(), ["trainer.callbacks=[]"])
+    twice = tmp_path / "twice.yaml"
+    twice.write_text("trainer: {name: regression}\nmodel: {name: mlp_regressor, hparams: {output_dim: 1}}\n"
+                     "data: {name: sine}\ntrainer: {max_epochs: 3}\n")
+    message = error_of(twice)
+    assert "the key 'trainer' is given twice" in message and "line 4" in message
+    assert error_of(minimal(), ["callbacks.0.args.patience=5"]).startswith(
+        "Override 'callbacks.0.args.patience=5': callbacks has no items to index; give the whole list")
+    assert "is a folder; give a YAML file" in error_of(tmp_path)

@@ -203,8 +203,12 @@ def _load(args: argparse.Namespace, default_config: str | None = None):
     path = args.config or default_config  # --config given: a list of files, merged in order
     if path is None:
         raise ConfigError("No config given: pass --config PATH.")
-    if args.config is None and not os.path.isfile(path):
-        raise ConfigError(f"No {os.path.basename(path)} in {os.path.dirname(path) or '.'} (runs started by "
+    run_dir = os.path.dirname(path) if args.config is None else None  # the default: RUN_DIR/config.yaml
+    if run_dir is not None and not os.path.isdir(run_dir):
+        raise ConfigError(f"--ckpt {run_dir}: no such folder; give the folder of a run (`flaxlight fit` prints its "
+                          f"log dir; it holds config.yaml, hparams.yaml and checkpoints/).")
+    if run_dir is not None and not os.path.isfile(path):
+        raise ConfigError(f"No {os.path.basename(path)} in {run_dir} (runs started by "
                           f"`flaxlight fit` save one there); pass --config PATH.")
     return load_config(path, args.overrides, check=not args.print_config, **_opt_in(args))
 

@@ -178,7 +178,18 @@ def _check_import_policy(cfg: "Config", policy: _ImportPolicy) -> list[tuple[str
 
 # ---------------------------------------------------------------------------------------- YAML
 class _SafeLoader(yaml.SafeLoader):
-    """PyYAML's safe loader, also reading ``1e-3`` as a float (YAML 1.1 would make it a string)."""
+    """PyYAML's safe loader, also reading ``1e-3`` as a float (YAML 1.1 would make it a string),
+    and refusing a key given twice in one mapping (PyYAML would keep the last silently)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if isinstance(key, collections.abc.Hashable) and key in seen:
+                raise yaml.constructor.ConstructorError(
+                    "while reading a mapping", node.start_mark, f"the key {key!r} is given twice", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
 
 
 _SafeLoader.add_implicit_resolver(
@@ -513,11 +524,19 @@ def _suggest(key: str, valid: Iterable[str], path: str) -> str:
     return f" Did you mean {_join(path, close[0])!r}?" if close else ""
 
 
+# Lightning Trainer arguments that are another section's keys here.
+_LIGHTNING_TRAINER_KEYS = {
+    "accumulate_grad_batches": "optimizer.accumulate_grad_batches", "gradient_clip_val": "optimizer.gradient_clip",
+    "precision": "optimizer.precision", "callbacks": "the top-level callbacks: list",
+    "logger": "trainer.logger_params.logger_type or the top-level loggers: list",
+    "default_root_dir": "trainer.logger_params.base_log_dir",
+}
+
+
 def _unknown_key(key: Any, valid: Sequence[str], path: str, what: str) -> ConfigError:
-    return ConfigError(
-        f"Unknown key {_join(path, key)!r}.{_suggest(str(key), valid, path)} "
-        f"Valid keys of {what}: {', '.join(valid)}."
-    )
+    elsewhere = _LIGHTNING_TRAINER_KEYS.get(str(key)) if path == "trainer" else None
+    hint = f" In flaxlight that is {elsewhere}." if elsewhere else _suggest(str(key), valid, path)
+    return ConfigError(f"Unknown key {_join(path, key)!r}.{hint} Valid keys of {what}: {', '.join(valid)}.")
 
 
 def _required(field: dataclasses.Field) -> bool:
@@ -652,6 +671,10 @@ def _set_override(data: dict[str, Any], key: str, value: Any, text: str) -> None
                 node[part] = value
             else:
                 if node.get(part) is None:
+                    if parts[depth + 1].isdigit():
+                        raise ConfigError(f"Override {text!r}: {'.'.join(parts[:depth + 1])} has no items to index; "
+                                          f"give the whole list ({'.'.join(parts[:depth + 1])}=[...]) or add it "
+                                          f"to the config file.")
                     node[part] = {}
                 node = node[part]
         else:
@@ -701,6 +724,9 @@ def load_config(source: str | os.PathLike | Sequence[str | os.PathLike] | Mappin
 
 
 def _read_config_file(path: str) -> dict[str, Any]:
+    if os.path.isdir(path):
+        raise ConfigError(f"Config file {path!r} is a folder; give a YAML file (a run's folder holds its "
+                          f"config.yaml).")
     if not os.path.isfile(path):
         raise ConfigError(f"Config file {path!r} does not exist.")
     with open(path) as f:
