@@ -182,6 +182,7 @@ def test_unknown_data_kwarg_and_callback_arg():
     ("model.hparams.hidden_dims=abc", "model.hparams.hidden_dims: expected a list of int, got str 'abc'"),
     ("model.hparams.hidden_dims=[8, x]", "model.hparams.hidden_dims[1]: expected int, got str 'x'"),
     ("data.kwargs.num_train=1.5", "data.kwargs.num_train: expected int, got float 1.5"),
+    ("optimizer.b2=x", "optimizer.b2: expected a number (optax's default is 0.999), got str 'x'"),
 ])
 def test_wrong_type_names_expected_type(override, expected):
     assert expected in error_of(minimal(), [override])

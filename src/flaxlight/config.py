@@ -598,6 +598,20 @@ def _optimizer_parameters(name: Any) -> Mapping[str, inspect.Parameter] | None:
     return inspect.signature(factory).parameters
 
 
+def _optax_value(value: Any, parameter: inspect.Parameter, path: str) -> Any:
+    """An optax argument's value, checked against the kind of its default (a number, a bool)."""
+    default = parameter.default
+    if isinstance(default, bool):
+        ok, wanted = isinstance(value, bool), "true or false"
+    elif isinstance(default, (int, float)):
+        ok, wanted = isinstance(value, (int, float)) and not isinstance(value, bool), "a number"
+    else:
+        return value
+    if not ok:
+        raise ConfigError(f"{path}: expected {wanted} (optax's default is {default!r}), got {_got(value)}.")
+    return value
+
+
 def _build_optimizer(data: Mapping, path: str) -> OptimizerConfig:
     """The optimizer section: ``OptimizerConfig`` keys, the seed's aliases, and the keyword
     arguments of the chosen optax optimizer (``b1``, ``momentum``, ...) in one mapping."""
@@ -612,7 +626,7 @@ def _build_optimizer(data: Mapping, path: str) -> OptimizerConfig:
         if field_name in fields:
             converted[key] = _convert(value, hints.get(field_name, Any), _join(path, key))
         elif optax_params is None or key in optax_params:
-            converted[key] = value  # checked by OptimizerConfig against optax's signature
+            converted[key] = value if optax_params is None else _optax_value(value, optax_params[key], _join(path, key))
         else:
             theirs = [k for k in optax_params if k not in ("learning_rate", "weight_decay", "mask")]
             raise ConfigError(
