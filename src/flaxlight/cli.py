@@ -265,7 +265,8 @@ def _evaluate(args: argparse.Namespace) -> int:
     split = getattr(args, "split", None) or {"validate": "val", "test": "test", "export": "train"}[args.command]
     loader = {"train": train, "val": val, "test": test}[split]
     if loader is None:
-        raise ConfigError(f"data {cfg.data.name!r} has no {split} split (its factory returned None for it).")
+        other = " Pick another with --split val or --split train." if args.command == "predict" else ""
+        raise ConfigError(f"data {cfg.data.name!r} has no {split} split (its factory returned None for it).{other}")
     trainer = load_trainer(cfg, args.ckpt, example_input(train), which=args.which, resolved=resolved,
                            **_opt_in(args))
     if args.command == "predict":
