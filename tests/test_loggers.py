@@ -392,11 +392,12 @@ def test_missing_packages_name_the_extra_to_install(tmp_path, monkeypatch):
             _trainer(tmp_path, logger_params={"log_dir": str(tmp_path / kind), "logger_type": kind})
 
 
-def test_bad_loggers_and_logger_types_are_rejected(tmp_path):
+def test_bad_loggers_and_logger_types_are_rejected_before_a_run_folder_is_made(tmp_path):
     with pytest.raises(TypeError, match="Logger instances; got dict"):
-        _trainer(tmp_path, loggers=[{"type": "csv"}])
+        _trainer(tmp_path, loggers=[{"type": "csv"}], logger_params={"base_log_dir": str(tmp_path / "runs")})
     with pytest.raises(ValueError, match="Unknown logger_type 'neptune'.*csv, tensorboard, wandb, mlflow"):
         _trainer(tmp_path, logger_params={"log_dir": str(tmp_path / "run"), "logger_type": ["csv", "Neptune"]})
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "run").exists()
 
 
 def test_importing_flaxlight_loggers_imports_neither_wandb_nor_mlflow():

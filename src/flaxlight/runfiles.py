@@ -137,11 +137,15 @@ def open_run(logger_params: Mapping[str, Any] | None, owner_name: str,
     """``(log_dir, loggers, checkpointer)`` of a new or named run folder (``logger_params``'s
     ``loggers`` and ``user_loggers`` are added after the ones ``logger_type`` picks)."""
     params = LoggerParams.from_mapping(logger_params)
+    given = [lg for lg in (logger_params or {}).get("loggers") or [] if not isinstance(lg, str)]  # str: a saved repr
+    extra = given + list(user_loggers)
+    for logger in extra:  # before the folder is made: a refused trainer leaves nothing behind
+        if not isinstance(logger, Logger):
+            raise TypeError(f"loggers must be flaxlight.loggers.Logger instances; got {type(logger).__name__}.")
     log_dir = run_dir(params, owner_name)
     check_folders(log_dir)
     os.makedirs(os.path.join(log_dir, METRICS_DIR), exist_ok=True)
-    given = [lg for lg in (logger_params or {}).get("loggers") or [] if not isinstance(lg, str)]  # str: a saved repr
-    loggers = make_loggers(params, log_dir, given + list(user_loggers))
+    loggers = make_loggers(params, log_dir, extra)
     return log_dir, loggers, Checkpointer(os.path.join(log_dir, CHECKPOINT_DIR), max_to_keep=None)
 
 
@@ -283,10 +287,8 @@ def no_run_files() -> tuple[None, LoggerCollection, Checkpointer]:
 
 
 def make_loggers(params: LoggerParams, log_dir: str, extra: list[Logger]) -> LoggerCollection:
-    """The loggers ``params.logger_type`` names, writing under ``log_dir``, then ``extra``."""
-    for logger in extra:
-        if not isinstance(logger, Logger):
-            raise TypeError(f"loggers must be flaxlight.loggers.Logger instances; got {type(logger).__name__}.")
+    """The loggers ``params.logger_type`` names, writing under ``log_dir``, then ``extra`` (checked
+    to be :class:`Logger` instances by :func:`open_run`)."""
     project = params.project_name or "flaxlight"
     run_name = params.run_name or run_display_name(log_dir)
     loggers: list[Logger] = []
