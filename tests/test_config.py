@@ -194,6 +194,7 @@ def test_values_checked_by_the_dataclasses_themselves():
     assert error_of(minimal(), ["data.batch_size=0"]) == "data: batch_size must be an int >= 1, got 0."
     assert "eval_batch_size must be an int >= 1 or null, got -1" in error_of(minimal(), ["data.eval_batch_size=-1"])
     assert "data: seed must be an int >= 0, got -1" in error_of(minimal(), ["data.seed=-1"])
+    assert "trainer: max_time must be seconds, a timedelta or 'HH:MM:SS'" in error_of(minimal(), ["trainer.max_time=abc"])
     assert error_of(minimal(), ["trainer.logger_params.logger_type=[csv, neptune]"]).startswith(
         "trainer.logger_params: Unknown logger_type 'neptune'")
 

@@ -42,6 +42,7 @@ import yaml
 
 from flaxlight import registry
 from flaxlight.callbacks import Callback
+from flaxlight.callbacks.timer import parse_duration
 from flaxlight.messages import logger as messages
 from flaxlight.optim import OptimizerConfig
 from flaxlight.options import TrainerOptions
@@ -250,6 +251,8 @@ class TrainerConfig(TrainerOptions):
         for key in ("max_epochs", "check_val_every_n_epoch"):
             if getattr(self, key) is not None and getattr(self, key) < 1:
                 raise ValueError(f"{key} must be a positive int, got {getattr(self, key)!r}.")
+        if self.max_time is not None:
+            parse_duration(self.max_time)
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -1045,7 +1048,6 @@ def _resolve_config(cfg: Config, policy: _ImportPolicy) -> Resolved:
     _check_dataset_kind(dataset, cfg.data.name, policy)
     _check_dataset(dataset, cfg.data)
 
-    from flaxlight.callbacks import Callback
     from flaxlight.loggers import Logger
 
     callback_classes = _resolve_classes(cfg.callbacks, "callbacks", "callback", Callback, "flaxlight.Callback",
