@@ -124,7 +124,9 @@ def _build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argumen
     parsers: dict[str, argparse.ArgumentParser] = {}
 
     def add(name: str, help_text: str, description: str) -> argparse.ArgumentParser:
-        parser = sub.add_parser(name, help=help_text, description=description, epilog=_EPILOG,
+        reads_config = name not in ("plot", "list")  # their --help shows no overrides / trust footer
+        parser = sub.add_parser(name, help=help_text, description=description,
+                                epilog=_EPILOG if reads_config else None,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
         parsers[name] = parser
         return parser
