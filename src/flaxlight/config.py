@@ -1319,8 +1319,10 @@ def fit(config: str | os.PathLike | Mapping[str, Any] | Config, overrides: Itera
     The resolved config is saved as ``config.yaml`` in the run's log dir when training starts.
     ``callbacks``/``loggers`` are objects added after the config's (e.g. a pruning callback).
     ``resume=True`` continues from the newest checkpoint in ``trainer.logger_params.log_dir``;
-    ``overwrite=True`` replaces the run already there (else that is an error). Import paths in the config run only with ``allow_imports=["mypkg"]`` or ``trust_config=True``
-    (see :func:`resolve_config`); registered names need neither.
+    ``overwrite=True`` replaces the run already there (else that is an error). Import paths in
+    the config run only with ``allow_imports=["mypkg"]`` or ``trust_config=True`` (see
+    :func:`resolve_config`); registered names need neither. A ``ValueError`` from the run's checks
+    before training (validation never due, a warmup longer than the run) comes as a :class:`ConfigError`.
 
     Examples:
         >>> result = fit("examples/configs/sine_regression.yaml", ["trainer.max_epochs=5"])  # doctest: +SKIP
