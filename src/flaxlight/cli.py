@@ -90,6 +90,15 @@ def _add_config_arguments(parser: argparse.ArgumentParser, *, config_required: b
                              "for configs you wrote or trust. --allow-import is the narrower choice")
 
 
+def _add_fit_arguments(fit: argparse.ArgumentParser) -> None:
+    _add_config_arguments(fit, config_required=True)
+    fit.add_argument("--log-dir", metavar="DIR", help="the run's log dir (same as trainer.logger_params.log_dir=DIR)")
+    fit.add_argument("--resume", metavar="RUN_DIR",
+                     help="continue the run in RUN_DIR from its newest checkpoint (its log dir becomes RUN_DIR)")
+    fit.add_argument("--overwrite", action="store_true",
+                     help="replace the run already in --log-dir (its checkpoints and metrics are deleted)")
+
+
 def _add_checkpoint_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ckpt", required=True, metavar="RUN_DIR",
                         help="a run's log dir (with hparams.yaml and checkpoints/), as printed by fit")
@@ -124,9 +133,8 @@ def _build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argumen
     parsers: dict[str, argparse.ArgumentParser] = {}
 
     def add(name: str, help_text: str, description: str) -> argparse.ArgumentParser:
-        reads_config = name not in ("plot", "list")  # their --help shows no overrides / trust footer
-        parser = sub.add_parser(name, help=help_text, description=description,
-                                epilog=_EPILOG if reads_config else None,
+        parser = sub.add_parser(name, help=help_text, description=description,  # plot, list: read no config
+                                epilog=None if name in ("plot", "list") else _EPILOG,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
         parsers[name] = parser
         return parser
@@ -135,12 +143,7 @@ def _build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argumen
               "Build data, model, trainer, callbacks and loggers from the config; train; test the best model "
               "when the data has a test split. The resolved config is saved as config.yaml in the run's log dir; "
               "the metrics and the log dir are printed.")
-    _add_config_arguments(fit, config_required=True)
-    fit.add_argument("--log-dir", metavar="DIR", help="the run's log dir (same as trainer.logger_params.log_dir=DIR)")
-    fit.add_argument("--resume", metavar="RUN_DIR",
-                     help="continue the run in RUN_DIR from its newest checkpoint (its log dir becomes RUN_DIR)")
-    fit.add_argument("--overwrite", action="store_true",
-                     help="replace the run already in --log-dir (its checkpoints and metrics are deleted)")
+    _add_fit_arguments(fit)
 
     for name, split in (("validate", "validation"), ("test", "test")):
         parser = add(name, f"evaluate a trained run on the {split} split",
