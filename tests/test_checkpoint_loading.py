@@ -60,3 +60,30 @@ def test_load_from_checkpoint_explains_a_wrong_directory(tmp_path):
     (tmp_path / "hparams.yaml").write_text("model_class: x.Y\nmodel_hparams: {}\n")
     with pytest.raises(FileNotFoundError, match="No checkpoint"):
         TrainerModule.load_from_checkpoint(tmp_path, exmp_input=X0)
+
+
+@pytest.mark.filterwarnings("ignore:Specifying a key will be required:UserWarning")  # optax's, on noisy_sgd
+def test_an_optimizer_state_holding_a_typed_prng_key_checkpoints_and_resumes_exactly(tmp_path, regression_loaders):
+    """optax.noisy_sgd keeps a ``jax.random.key`` in its state: saved as its raw data, restored as
+    a key of the same implementation, and a resumed run equals an uninterrupted one bitwise."""
+    import jax
+
+    train, val, _ = regression_loaders
+
+    def make(log_dir):
+        hparams = {"optimizer": "noisy_sgd", "lr": 1e-2, "schedule": "constant"}  # the same at any run length
+        return RegressTrainer(model_class=TinyMLP, model_hparams={"hidden_dims": [8], "output_dim": 1},
+                              optimizer_hparams=hparams, exmp_input=X0, seed=0,
+                              **quiet(tmp_path, logger_params={"log_dir": str(tmp_path / log_dir)}))
+
+    straight = make("straight")
+    straight.train_model(train, val, num_epochs=3)
+    first = make("resumed")
+    first.train_model(train, val, num_epochs=2)
+    resumed = make("resumed")
+    resumed.train_model(train, val, num_epochs=3, resume=True)
+    keys = [leaf for leaf in jax.tree.leaves(resumed.state.opt_state)
+            if jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key)]
+    assert keys, "noisy_sgd's state holds a typed key"
+    for a, b in zip(jax.tree.leaves(straight.state.params), jax.tree.leaves(resumed.state.params)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

@@ -47,6 +47,22 @@ def _abstract(tree):
     return jax.tree.map(ocp.utils.to_shape_dtype_struct, tree)
 
 
+def _is_typed_key(x) -> bool:
+    return isinstance(x, jax.Array) and jax.numpy.issubdtype(x.dtype, jax.dtypes.prng_key)
+
+
+def _key_data(tree):
+    """``tree`` with typed PRNG keys (``jax.random.key``, e.g. in ``optax.noisy_sgd``'s state) as
+    their raw data: what orbax stores; :func:`_typed_like` wraps them back on restore."""
+    return jax.tree.map(lambda x: jax.random.key_data(x) if _is_typed_key(x) else x, tree)
+
+
+def _typed_like(restored, target):
+    """``restored`` with the leaves that are typed keys in ``target`` wrapped as keys again."""
+    return jax.tree.map(lambda r, t: jax.random.wrap_key_data(r, impl=jax.random.key_impl(t)) if _is_typed_key(t)
+                        else r, restored, target)
+
+
 def _flat_shapes(tree) -> dict[str, tuple]:
     """``{"Dense_0/kernel": (4, 8), ...}`` for a tree of arrays or orbax array metadata."""
     flat = {}
@@ -190,6 +206,7 @@ class Checkpointer:
         arrays = {"params": state.params, "model_state": _model_state(state)}
         if state.opt_state is not None:
             arrays["opt_state"] = state.opt_state
+        arrays = _key_data(arrays)
         if not self._background:
             if step in self.all_steps():
                 self.delete(step, background=False)
@@ -277,7 +294,7 @@ class Checkpointer:
         restore_opt = with_opt_state and target.opt_state is not None
         if restore_opt:
             wanted["opt_state"] = target.opt_state
-        abstract = _abstract(wanted)
+        abstract = _abstract(_key_data(wanted))
         # partial_restore: the optimizer state stays on disk when it is not wanted.
         item = ocp.args.PyTreeRestore(abstract, restore_args=ocp.checkpoint_utils.construct_restore_args(abstract),
                                       partial_restore=True)
@@ -288,6 +305,7 @@ class Checkpointer:
                 f"Could not restore checkpoint {step} from {self.directory}: {exc}. The checkpoint "
                 f"does not match the model/optimizer built now (changed hyperparameters?), or it is damaged."
             ) from exc
+        restored = _typed_like(restored, wanted)
         replace = dict(restored.get("model_state") or {})
         replace["params"] = restored["params"]
         if restore_opt:
@@ -363,7 +381,7 @@ class Checkpointer:
         if target.opt_state is None or saved.get("opt_state") is None:
             return None
         got = sorted(_flat_shapes(saved["opt_state"]).values())
-        want = sorted(_flat_shapes(target.opt_state).values())
+        want = sorted(_flat_shapes(_key_data(target.opt_state)).values())
         if got != want:
             return (f"Checkpoint {step} in {self.directory} holds the state of a different optimizer ({len(got)} "
                     f"arrays; the optimizer built now has {len(want)}): optimizer_hparams changed (optimizer, "

@@ -135,10 +135,17 @@ def _merged(old: Any, new: Any, first) -> Any:
     return jax.tree.map(lambda m, n, o: jnp.where(first, n, m).astype(o.dtype), merged, new, old)
 
 
+def _copied(x):
+    if jnp.issubdtype(x.dtype, jax.dtypes.prng_key):  # typed keys take no arithmetic: copy their data
+        return jax.random.wrap_key_data(jax.random.key_data(x) + 0, impl=jax.random.key_impl(x))
+    return x + jnp.zeros_like(x)
+
+
 @jax.jit
 def device_copy(tree):
-    """A device-side copy in one dispatch (new buffers: safe from the step's donation)."""
-    return jax.tree.map(lambda x: x + jnp.zeros_like(x), tree)
+    """A device-side copy in one dispatch (new buffers: safe from the step's donation); typed
+    PRNG keys (``jax.random.key``, e.g. in ``optax.noisy_sgd``'s state) included."""
+    return jax.tree.map(_copied, tree)
 
 
 @jax.jit
