@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 from conftest import RegressTrainer, TinyMLP, quiet
 
+import flaxlight
 from flaxlight import TrainerModule
 
 
@@ -87,3 +88,28 @@ def test_an_optimizer_state_holding_a_typed_prng_key_checkpoints_and_resumes_exa
     assert keys, "noisy_sgd's state holds a typed key"
     for a, b in zip(jax.tree.leaves(straight.state.params), jax.tree.leaves(resumed.state.params)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_a_run_whose_optimizer_took_a_function_loads_for_inference_and_asks_for_it_to_train(tmp_path,
+                                                                                         regression_loaders):
+    """hparams.yaml records a schedule or weight-decay mask function by name only: loading for
+    inference works, loading with the optimizer asks for optimizer_hparams again (a recorded
+    mask string was taken as 'decay everything' before), and a string mask is refused."""
+    import jax
+    import optax
+
+    train, val, _ = regression_loaders
+    for key, function in (("weight_decay_mask", lambda p: jax.tree.map(lambda a: a.ndim > 1, p)),
+                          ("schedule", optax.linear_schedule(1e-2, 0.0, 16))):
+        hparams = {"optimizer": "sgd", "lr": 1e-2, "weight_decay": 0.1, key: function}
+        trainer = RegressTrainer(model_class=TinyMLP, model_hparams={"hidden_dims": [8]}, optimizer_hparams=hparams,
+                                 exmp_input=X0, **quiet(tmp_path, logger_params={"log_dir": str(tmp_path / key)}))
+        trainer.train_model(train, val, num_epochs=2)
+        loaded = RegressTrainer.load_from_checkpoint(trainer.log_dir, exmp_input=X0)
+        np.testing.assert_array_equal(loaded.predict(train), trainer.predict(train, which="best"))
+        with pytest.raises(ValueError, match=rf"optimizer_hparams\['{key}'\] was a function .* pass the optimizer"):
+            RegressTrainer.load_from_checkpoint(trainer.log_dir, exmp_input=X0, which="last", with_optimizer=True)
+        RegressTrainer.load_from_checkpoint(trainer.log_dir, exmp_input=X0, which="last", with_optimizer=True,
+                                            optimizer_hparams=hparams)
+    with pytest.raises(ValueError, match="weight_decay_mask'] must be a function"):
+        flaxlight.optim.make_optimizer({"weight_decay": 0.1, "weight_decay_mask": "all"}, 10)

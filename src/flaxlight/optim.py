@@ -246,6 +246,9 @@ class OptimizerConfig(Mapping):
         if self.lr is None and (self.schedule != "constant" or self.warmup_steps):
             raise ValueError("optimizer_hparams['lr'] is None (the optimizer picks its step), so a schedule cannot "
                              "scale it: set schedule='constant' and warmup_steps=0, or give lr.")
+        if isinstance(self.weight_decay_mask, str):  # a string leaf would be True: every parameter decayed
+            raise ValueError(f"optimizer_hparams['weight_decay_mask'] must be a function params -> pytree of bools "
+                             f"(True: decayed) or such a pytree, got the string {self.weight_decay_mask!r}.")
         self.gradient_clip = _optional_positive(self.gradient_clip, "gradient_clip")
         self.gradient_clip_value = _optional_positive(self.gradient_clip_value, "gradient_clip_value")
         self.weight_decay = _optional_positive(self.weight_decay, "weight_decay", allow_zero=True,
@@ -397,7 +400,8 @@ def as_optimizer_config(optimizer_hparams) -> OptimizerConfig | None:
     of one read back from ``hparams.yaml``."""
     if isinstance(optimizer_hparams, OptimizerConfig):
         return optimizer_hparams
-    if isinstance(optimizer_hparams, optax.GradientTransformation) or _recorded_ready(optimizer_hparams):
+    if isinstance(optimizer_hparams, optax.GradientTransformation) or _recorded_ready(optimizer_hparams) or \
+            _recorded_function(optimizer_hparams):
         return None
     if optimizer_hparams is None or isinstance(optimizer_hparams, Mapping):
         return OptimizerConfig.from_dict(optimizer_hparams or {})
@@ -418,6 +422,10 @@ def describe_optimizer(optimizer_hparams) -> str:
     """
     if _recorded_ready(optimizer_hparams):
         return f"a ready optax transformation ({optimizer_hparams['ready_optax']}), not saved with the run"
+    if _recorded_function(optimizer_hparams):
+        key = _recorded_function(optimizer_hparams)
+        name = optimizer_hparams.get("optimizer", "the run's optimizer")
+        return f"{name} with {key}={optimizer_hparams[key]} (a function, not saved with the run)"
     config = as_optimizer_config(optimizer_hparams)
     if config is not None:
         return config.describe()
@@ -427,7 +435,7 @@ def describe_optimizer(optimizer_hparams) -> str:
 def recorded_optimizer(optimizer_hparams) -> Any:
     """What ``hparams.yaml`` records: every setting of a dict or config as resolved (defaults
     included; a function by its name), and for a ready transformation its name and a note."""
-    if _recorded_ready(optimizer_hparams):  # read back from a run's hparams.yaml
+    if _recorded_ready(optimizer_hparams) or _recorded_function(optimizer_hparams):  # read back from hparams.yaml
         return dict(optimizer_hparams)
     config = as_optimizer_config(optimizer_hparams)
     if config is None:
@@ -439,6 +447,15 @@ def recorded_optimizer(optimizer_hparams) -> Any:
         if callable(record.get(key)):
             record[key] = f"<function {getattr(record[key], '__qualname__', type(record[key]).__name__)}>"
     return record
+
+
+def _recorded_function(optimizer_hparams) -> str | None:
+    """The key (``schedule``, ``weight_decay_mask``) whose function a record read back from
+    ``hparams.yaml`` holds by name only (``'<function f>'``, see :func:`recorded_optimizer`), if any."""
+    if not isinstance(optimizer_hparams, Mapping):
+        return None
+    return next((key for key in ("schedule", "weight_decay_mask") if isinstance(optimizer_hparams.get(key), str)
+                 and optimizer_hparams[key].startswith("<function ")), None)
 
 
 def _recorded_ready(optimizer_hparams) -> bool:
@@ -730,6 +747,11 @@ def make_optimizer_plan(optimizer_hparams, total_steps: int) -> OptimizerPlan:
         raise ValueError(f"This run was trained with a ready optax transformation ({optimizer_hparams['ready_optax']}), "
                          f"which hparams.yaml cannot hold: pass it again, e.g. load_from_checkpoint(run_dir, exmp_input, "
                          f"with_optimizer=True, optimizer_hparams=tx).")
+    if _recorded_function(optimizer_hparams):
+        key = _recorded_function(optimizer_hparams)
+        raise ValueError(f"This run's optimizer_hparams[{key!r}] was a function ({optimizer_hparams[key]}), which "
+                         f"hparams.yaml records by name only: pass the optimizer settings again, e.g. "
+                         f"load_from_checkpoint(run_dir, exmp_input, with_optimizer=True, optimizer_hparams={{...}}).")
     config = as_optimizer_config(optimizer_hparams)
     if config is None:
         return _ready_plan(optimizer_hparams, total_steps)
