@@ -41,6 +41,16 @@ def test_fused_steps_give_the_same_params_and_logs_as_single_steps(tmp_path):
     assert int(trainer.state.step) == 30
 
 
+def test_max_steps_ends_a_fused_run_exactly_there(tmp_path):
+    """max_steps=27 falls inside a block of 4 (epoch 3's blocks end at 24 and 28): the steps before
+    it run single, so the run ends at 27 exactly (its schedule was sized for 27; it ran to 28 before),
+    with the single-step run's params and checkpoint."""
+    single, _, _ = _run(tmp_path, "single", max_steps=27, prefetch=0)
+    fused, _, trainer = _run(tmp_path, "fused", max_steps=27, steps_per_execution=4)
+    assert int(trainer.state.step) == 27 and trainer.checkpointer.latest_step() == 27
+    jax.tree.map(np.testing.assert_array_equal, fused, single)
+
+
 @contextlib.contextmanager
 def count_host_reads():
     """Count device-to-host reads and waits: every path to a jax.Array's values (np.asarray,

@@ -291,6 +291,20 @@ class RunPlan:
         return cls(num_epochs, steps_per_epoch, num_epochs, steps_per_epoch)
 
 
+def epoch_stop(stop: int | None, batch_index: int, step: int, max_steps: int | None) -> int | None:
+    """The batch index an epoch stops at: its end ``stop``, or where ``max_steps`` ends the run
+    (so fused blocks never run past it: the last steps before it run single).
+
+    Examples:
+        >>> epoch_stop(22, batch_index=0, step=44, max_steps=50)
+        6
+    """
+    if max_steps is None:
+        return stop
+    last = batch_index + max(max_steps - step, 1)
+    return last if stop is None else min(stop, last)
+
+
 def epoch_validation_due(epoch: int, every: int | None, limits: "BatchLimits") -> bool:
     """Whether ``epoch`` ends with a validation: every ``every`` epochs (None: never, step
     validation only), or every epoch under ``fast_dev_run``."""

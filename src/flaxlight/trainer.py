@@ -22,7 +22,7 @@ from flaxlight.data import as_input_list, as_loader, fit_loaders
 from flaxlight.engine import Engine, Span, check_step_pair
 from flaxlight.loggers import LoggerCollection
 from flaxlight.loop import (BatchLimits, EventSchedule, Interrupted, LoopState, NonfiniteTally, RunPlan, SignalGuard,
-                            epoch_validation_due, safe_len, warn_if_loader_ran_short)
+                            epoch_stop, epoch_validation_due, safe_len, warn_if_loader_ran_short)
 from flaxlight.messages import logger as messages
 from flaxlight.metrics import batch_size, finite_now, read_means, to_host
 from flaxlight.models import make_adapter
@@ -306,14 +306,14 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
         Metrics are summed on the device; the only reads are asynchronous copies at log points
         and one read at the end of the epoch. After a resume mid-epoch, the batches already
         trained on are skipped (a grain / torchdata loader continues from its saved position) and
-        the epoch's sums continue from the checkpoint. The epoch ends
-        early at ``limit_train_batches``, ``max_steps`` or when a callback calls :meth:`stop`.
-        """
+        the epoch's sums continue from the checkpoint. The epoch ends early at ``limit_train_batches``,
+        ``max_steps`` (exactly, fused steps included) or when a callback calls :meth:`stop`."""
         start, loop = time.time(), self._loop
         if loop.phase != "train":  # a fresh epoch (not the rest of one interrupted mid-way)
             loop.start_epoch()
             self._nonfinite.start_epoch()
-        stop = self.steps_per_epoch if self.steps_per_epoch is not None else safe_len(train_loader)
+        stop = epoch_stop(self.steps_per_epoch if self.steps_per_epoch is not None else safe_len(train_loader),
+                          loop.batch_index, self.global_step, self.options.max_steps)
         self._plan_events()
         if stop is not None:
             self.engine.learning_rates.prepare(self.optimizer_plan, self.global_step, stop - loop.batch_index)
