@@ -246,22 +246,9 @@ class OptimizerConfig(Mapping):
         if self.lr is None and (self.schedule != "constant" or self.warmup_steps):
             raise ValueError("optimizer_hparams['lr'] is None (the optimizer picks its step), so a schedule cannot "
                              "scale it: set schedule='constant' and warmup_steps=0, or give lr.")
-        if isinstance(self.weight_decay_mask, str):  # a string leaf would be True: every parameter decayed
-            raise ValueError(f"optimizer_hparams['weight_decay_mask'] must be a function params -> pytree of bools "
-                             f"(True: decayed) or such a pytree, got the string {self.weight_decay_mask!r}.")
         self.gradient_clip = _optional_positive(self.gradient_clip, "gradient_clip")
         self.gradient_clip_value = _optional_positive(self.gradient_clip_value, "gradient_clip_value")
-        self.weight_decay = _optional_positive(self.weight_decay, "weight_decay", allow_zero=True,
-                                               none_means="the optax optimizer's default")
-        if self.weight_decay_mode not in WEIGHT_DECAY_MODES:
-            raise ValueError(
-                f"Unknown weight_decay_mode {self.weight_decay_mode!r} in optimizer_hparams."
-                f"{_suggest(self.weight_decay_mode, WEIGHT_DECAY_MODES)} Valid: {', '.join(WEIGHT_DECAY_MODES)} "
-                f"('decoupled': AdamW-style, in the optimizer; 'l2': 0.5 * weight_decay * |param|^2 in the loss)."
-            )
-        if isinstance(self.weight_decay_exclude, str):
-            self.weight_decay_exclude = (self.weight_decay_exclude,)
-        self.weight_decay_exclude = tuple(str(name) for name in self.weight_decay_exclude)
+        self._check_weight_decay()
         if self.reduce_on_plateau is not None:
             if not isinstance(self.reduce_on_plateau, Mapping):
                 raise ValueError("optimizer_hparams['reduce_on_plateau'] must be a dict of "
@@ -324,6 +311,22 @@ class OptimizerConfig(Mapping):
 
     def __len__(self):
         return len(self.to_dict())
+
+    def _check_weight_decay(self) -> None:
+        self.weight_decay = _optional_positive(self.weight_decay, "weight_decay", allow_zero=True,
+                                               none_means="the optax optimizer's default")
+        if self.weight_decay_mode not in WEIGHT_DECAY_MODES:
+            raise ValueError(
+                f"Unknown weight_decay_mode {self.weight_decay_mode!r} in optimizer_hparams."
+                f"{_suggest(self.weight_decay_mode, WEIGHT_DECAY_MODES)} Valid: {', '.join(WEIGHT_DECAY_MODES)} "
+                f"('decoupled': AdamW-style, in the optimizer; 'l2': 0.5 * weight_decay * |param|^2 in the loss)."
+            )
+        if isinstance(self.weight_decay_exclude, str):
+            self.weight_decay_exclude = (self.weight_decay_exclude,)
+        self.weight_decay_exclude = tuple(str(name) for name in self.weight_decay_exclude)
+        if isinstance(self.weight_decay_mask, str):  # a string leaf would be True: every parameter decayed
+            raise ValueError(f"optimizer_hparams['weight_decay_mask'] must be a function params -> pytree of bools "
+                             f"(True: decayed) or such a pytree, got the string {self.weight_decay_mask!r}.")
 
     def _unknown_key_message(self, key: str) -> str:
         ours = sorted({f.name for f in dataclasses.fields(self)} - {"optimizer_kwargs"} | set(_ALIASES))
