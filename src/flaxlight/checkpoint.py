@@ -26,7 +26,7 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
-from flaxlight.metrics import device_copy
+from flaxlight.metrics import device_copy, is_typed_key
 from flaxlight.writer import BackgroundWriter, Job
 
 __all__ = ["Checkpointer"]
@@ -47,19 +47,15 @@ def _abstract(tree):
     return jax.tree.map(ocp.utils.to_shape_dtype_struct, tree)
 
 
-def _is_typed_key(x) -> bool:
-    return isinstance(x, jax.Array) and jax.numpy.issubdtype(x.dtype, jax.dtypes.prng_key)
-
-
 def _key_data(tree):
     """``tree`` with typed PRNG keys (``jax.random.key``, e.g. in ``optax.noisy_sgd``'s state) as
     their raw data: what orbax stores; :func:`_typed_like` wraps them back on restore."""
-    return jax.tree.map(lambda x: jax.random.key_data(x) if _is_typed_key(x) else x, tree)
+    return jax.tree.map(lambda x: jax.random.key_data(x) if is_typed_key(x) else x, tree)
 
 
 def _typed_like(restored, target):
     """``restored`` with the leaves that are typed keys in ``target`` wrapped as keys again."""
-    return jax.tree.map(lambda r, t: jax.random.wrap_key_data(r, impl=jax.random.key_impl(t)) if _is_typed_key(t)
+    return jax.tree.map(lambda r, t: jax.random.wrap_key_data(r, impl=jax.random.key_impl(t)) if is_typed_key(t)
                         else r, restored, target)
 
 

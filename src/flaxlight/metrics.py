@@ -135,8 +135,13 @@ def _merged(old: Any, new: Any, first) -> Any:
     return jax.tree.map(lambda m, n, o: jnp.where(first, n, m).astype(o.dtype), merged, new, old)
 
 
+def is_typed_key(x) -> bool:
+    """Whether ``x`` is a typed PRNG key array (``jax.random.key``), which takes no arithmetic."""
+    return isinstance(x, jax.Array) and jnp.issubdtype(x.dtype, jax.dtypes.prng_key)
+
+
 def _copied(x):
-    if jnp.issubdtype(x.dtype, jax.dtypes.prng_key):  # typed keys take no arithmetic: copy their data
+    if is_typed_key(x):  # copy the key's data
         return jax.random.wrap_key_data(jax.random.key_data(x) + 0, impl=jax.random.key_impl(x))
     return x + jnp.zeros_like(x)
 

@@ -425,8 +425,7 @@ def describe_optimizer(optimizer_hparams) -> str:
     """
     if _recorded_ready(optimizer_hparams):
         return f"a ready optax transformation ({optimizer_hparams['ready_optax']}), not saved with the run"
-    if _recorded_function(optimizer_hparams):
-        key = _recorded_function(optimizer_hparams)
+    if key := _recorded_function(optimizer_hparams):
         name = optimizer_hparams.get("optimizer", "the run's optimizer")
         return f"{name} with {key}={optimizer_hparams[key]} (a function, not saved with the run)"
     config = as_optimizer_config(optimizer_hparams)
@@ -750,8 +749,7 @@ def make_optimizer_plan(optimizer_hparams, total_steps: int) -> OptimizerPlan:
         raise ValueError(f"This run was trained with a ready optax transformation ({optimizer_hparams['ready_optax']}), "
                          f"which hparams.yaml cannot hold: pass it again, e.g. load_from_checkpoint(run_dir, exmp_input, "
                          f"with_optimizer=True, optimizer_hparams=tx).")
-    if _recorded_function(optimizer_hparams):
-        key = _recorded_function(optimizer_hparams)
+    if key := _recorded_function(optimizer_hparams):
         raise ValueError(f"This run's optimizer_hparams[{key!r}] was a function ({optimizer_hparams[key]}), which "
                          f"hparams.yaml records by name only: pass the optimizer settings again, e.g. "
                          f"load_from_checkpoint(run_dir, exmp_input, with_optimizer=True, optimizer_hparams={{...}}).")
