@@ -377,7 +377,7 @@ def test_trainer_loggers_kwarg_adds_loggers_beside_csv(tmp_path, regression_load
 
 
 # ---------------------------------------------------------------------------- bad input
-def test_missing_packages_name_the_extra_to_install(tmp_path, monkeypatch):
+def test_missing_packages_name_the_extra_to_install_and_make_no_run_folder(tmp_path, monkeypatch):
     from flaxlight.loggers.mlflow import MLflowLogger
     from flaxlight.loggers.wandb import WandbLogger
 
@@ -390,6 +390,7 @@ def test_missing_packages_name_the_extra_to_install(tmp_path, monkeypatch):
     for kind, extra in (("wandb", "wandb"), ("MLflow", "mlflow")):
         with pytest.raises(ImportError, match=rf"flaxlight\[{extra}\]"):
             _trainer(tmp_path, logger_params={"log_dir": str(tmp_path / kind), "logger_type": kind})
+        assert not (tmp_path / kind).exists()  # refused before the run folder is made
 
 
 def test_bad_loggers_and_logger_types_are_rejected_before_a_run_folder_is_made(tmp_path):

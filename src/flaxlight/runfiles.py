@@ -144,8 +144,8 @@ def open_run(logger_params: Mapping[str, Any] | None, owner_name: str,
             raise TypeError(f"loggers must be flaxlight.loggers.Logger instances; got {type(logger).__name__}.")
     log_dir = run_dir(params, owner_name)
     check_folders(log_dir)
+    loggers = make_loggers(params, log_dir, extra)  # a missing extra (wandb, mlflow) fails before the folder is made
     os.makedirs(os.path.join(log_dir, METRICS_DIR), exist_ok=True)
-    loggers = make_loggers(params, log_dir, extra)
     return log_dir, loggers, Checkpointer(os.path.join(log_dir, CHECKPOINT_DIR), max_to_keep=None)
 
 
