@@ -188,6 +188,15 @@ def test_wrong_type_names_expected_type(override, expected):
     assert expected in error_of(minimal(), [override])
 
 
+def test_an_optax_argument_that_defaults_to_none_is_checked_against_its_annotation():
+    sgd = ["optimizer.optimizer=sgd", "optimizer.schedule=constant"]
+    assert error_of(minimal(), sgd + ["optimizer.momentum=fast"]) == (
+        "optimizer.momentum: expected a number or null (optax's default is None), got str 'fast'.")
+    assert load_config(minimal(), sgd + ["optimizer.momentum=0.9"]).optimizer.optimizer_kwargs == {"momentum": 0.9}
+    assert load_config(minimal(), sgd + ["optimizer.momentum=null"]).optimizer.optimizer_kwargs == {"momentum": None}
+    assert load_config(minimal(), ["optimizer.mu_dtype=bfloat16"]).optimizer.optimizer_kwargs == {"mu_dtype": "bfloat16"}
+
+
 def test_values_checked_by_the_dataclasses_themselves():
     assert error_of(minimal(), ["trainer.mode=maximum"]).startswith("trainer: mode must be 'min' or 'max'")
     assert "max_epochs must be a positive int" in error_of(minimal(), ["trainer.max_epochs=0"])

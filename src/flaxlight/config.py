@@ -601,13 +601,25 @@ def _optimizer_parameters(name: Any) -> Mapping[str, inspect.Parameter] | None:
     return inspect.signature(factory).parameters
 
 
+def _optional_number(annotation: Any) -> bool:
+    """Whether an optax annotation is a number or None only (``momentum: float | None``), not
+    also a schedule, a dtype or anything else."""
+    kinds = typing.get_args(annotation)
+    return bool({int, float} & set(kinds)) and all(
+        kind is type(None) or (isinstance(kind, type) and not issubclass(kind, str)) for kind in kinds)
+
+
 def _optax_value(value: Any, parameter: inspect.Parameter, path: str) -> Any:
-    """An optax argument's value, checked against the kind of its default (a number, a bool)."""
+    """An optax argument's value, checked against the kind of its default (a number, a bool) or,
+    for a default of None, its annotation (``momentum: float | None``)."""
     default = parameter.default
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
     if isinstance(default, bool):
         ok, wanted = isinstance(value, bool), "true or false"
     elif isinstance(default, (int, float)):
-        ok, wanted = isinstance(value, (int, float)) and not isinstance(value, bool), "a number"
+        ok, wanted = number, "a number"
+    elif default is None and _optional_number(parameter.annotation):
+        ok, wanted = value is None or number, "a number or null"
     else:
         return value
     if not ok:
