@@ -85,6 +85,14 @@ def test_yaml_exponent_floats_and_safe_loader(tmp_path):
     assert "not valid YAML" in error_of(path)
 
 
+def test_a_yaml_syntax_error_is_one_line_naming_the_file_line_and_column(tmp_path):
+    path = tmp_path / "cfg.yaml"
+    path.write_text("trainer:\n  name: regression\n  max_epochs: [2\nmodel: x\n")
+    assert error_of(path) == (f"{path} is not valid YAML: line 4, column 6: expected ',' or ']', but got ':' "
+                              f"(while parsing a flow sequence started at line 3, column 15).")
+    assert error_of(minimal(), ["optimizer.lr=[1"]).count("\n") == 0
+
+
 def test_missing_file_and_non_mapping(tmp_path):
     assert "does not exist" in error_of(tmp_path / "nope.yaml")
     path = tmp_path / "list.yaml"

@@ -220,7 +220,23 @@ def _yaml_load(text: str, where: str) -> Any:
     try:
         return yaml.load(text, Loader=_SafeLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{where} is not valid YAML: {exc}") from None
+        raise ConfigError(f"{where} is not valid YAML: {_yaml_problem(exc)}") from None
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """PyYAML's error on one line: ``line 4, column 6: expected ',' or ']', but got ':' (while
+    parsing a flow sequence started at line 3, column 15)``."""
+    def at(mark) -> str:
+        return f"line {mark.line + 1}, column {mark.column + 1}"
+
+    problem, mark = getattr(exc, "problem", None), getattr(exc, "problem_mark", None)
+    if not problem:
+        return " ".join(str(exc).split())
+    text = f"{at(mark)}: {problem}" if mark is not None else problem
+    context, context_mark = getattr(exc, "context", None), getattr(exc, "context_mark", None)
+    if context:
+        text += f" ({context}" + (f" started at {at(context_mark)})" if context_mark is not None else ")")
+    return text + "."
 
 
 # ---------------------------------------------------------------------------------------- schema
