@@ -2,6 +2,7 @@
 
 import flax.linen as nn
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import ClassifyTrainer, TinyMLP, TinyNNX, quiet
@@ -126,3 +127,50 @@ def test_linen_dropout_without_a_train_switch_is_explained(tmp_path):
         with pytest.raises(TypeError, match="no `train` argument"):
             ClassifyTrainer(model_class=NoSwitch, model_hparams={}, optimizer_hparams={},
                             exmp_input=np.zeros((1, 6), np.float32), **quiet(tmp_path, enable_model_summary=summary))
+
+
+class _DropoutFlagNNX(nnx.Module):
+    """Hands `deterministic` to its Dropout only and leaves BatchNorm to the module's mode (as
+    plain NNX code does): evaluation must still use the running statistics."""
+
+    def __init__(self, *, rngs: nnx.Rngs):
+        self.linear, self.norm = nnx.Linear(6, 16, rngs=rngs), nnx.BatchNorm(16, rngs=rngs)
+        self.drop, self.head = nnx.Dropout(0.2, rngs=rngs), nnx.Linear(16, 2, rngs=rngs)
+
+    def __call__(self, x, deterministic: bool = True):
+        return self.head(self.drop(nnx.relu(self.norm(self.linear(x))), deterministic=deterministic))
+
+
+def test_nnx_evaluation_is_in_eval_mode_when_call_takes_a_mode_argument(tmp_path):
+    train, val, x = _data()
+    trainer = ClassifyTrainer(model_class=_DropoutFlagNNX, model_hparams={}, optimizer_hparams={"lr": 1e-2},
+                              exmp_input=x[:1], **quiet(tmp_path))
+    trainer.train_model(train, val, num_epochs=2)
+    whole, fours = trainer.predict(x[256:], batch_size=64), trainer.predict(x[256:], batch_size=4)
+    np.testing.assert_allclose(whole, fours, atol=1e-5)  # batch statistics would make them differ
+    np.testing.assert_allclose(whole, trainer.bind_model()(x[256:]), atol=1e-5)
+
+
+class _Count(nnx.Variable):
+    pass
+
+
+class _CountingNNX(nnx.Module):
+    """A user's own variable type, updated in `__call__` (the NNX docs' `Count`)."""
+
+    def __init__(self, *, rngs: nnx.Rngs):
+        self.linear, self.calls = nnx.Linear(6, 2, rngs=rngs), _Count(jnp.zeros((), jnp.int32))
+
+    def __call__(self, x):
+        self.calls[...] = self.calls[...] + 1
+        return self.linear(x)
+
+
+def test_an_nnx_variable_type_of_the_users_is_updated_by_training_and_checkpointed(tmp_path):
+    train, val, x = _data()
+    trainer = ClassifyTrainer(model_class=_CountingNNX, model_hparams={}, optimizer_hparams={"lr": 1e-2},
+                              exmp_input=x[:1], **quiet(tmp_path))
+    trainer.train_model(train, val, num_epochs=2)
+    assert int(trainer.bind_model().calls[...]) == 2 * len(train)  # once per train step; evaluation reads it
+    loaded = ClassifyTrainer.load_from_checkpoint(tmp_path / "run", exmp_input=x[:1], which="last")
+    assert int(loaded.bind_model().calls[...]) == 2 * len(train)

@@ -148,12 +148,20 @@ def _nnx_annotations(params) -> Any:
     return tree if any(not isinstance(spec, str) for spec in specs) else None
 
 
+# An NNX module's state that training updates besides its params: BatchNorm's statistics and any
+# variable type of the user's (``class Count(nnx.Variable)``); not RNG state or sown intermediates.
+MODEL_STATE = nnx.All(nnx.Variable, nnx.Not(nnx.Any(nnx.Param, nnx.RngState, nnx.Intermediate)))
+
+
 class NNXAdapter:
     """A ``flax.nnx`` module split once into graph definition + pure state.
 
-    ``train``: passed to ``__call__`` when it takes ``train`` (or ``deterministic=not train``);
-    otherwise the module is switched with ``model.train()`` / ``model.eval()``, which sets
-    Dropout's ``deterministic`` and BatchNorm's ``use_running_average``. Dropout keys come from
+    ``train``: the module is switched with ``model.train()`` / ``model.eval()``, which sets
+    Dropout's ``deterministic`` and BatchNorm's ``use_running_average``, and ``train`` is also
+    passed to ``__call__`` when it takes it (or ``deterministic=not train``). Variables other
+    than params, RNG state and sown intermediates (``nnx.BatchStat``, a user's
+    ``class Count(nnx.Variable)``) are the model's state: the train step updates them, they are
+    checkpointed, and evaluation reads them without changing them. Dropout keys come from
     the trainer's RNG each step (``nnx.reseed``), so the step stays a pure function. A module
     whose ``__call__`` takes ``rngs`` (the NNX tutorial's ``nnx.Dropout(rate)`` given its keys
     at call time) gets ``nnx.Rngs(dropout=<the step's key>)`` in training and ``None`` in
@@ -166,7 +174,7 @@ class NNXAdapter:
         self.model_class, self.model_hparams = model_class, model_hparams
         with _lazy_sharding():  # annotations stay metadata: the trainer places the params on its mesh
             self.module = model_class(**model_hparams, rngs=nnx.Rngs(seed))
-        self.graphdef, params, batch_stats, self.rest = nnx.split(self.module, nnx.Param, nnx.BatchStat, ...)
+        self.graphdef, params, batch_stats, self.rest = nnx.split(self.module, nnx.Param, MODEL_STATE, ...)
         self.annotations = _nnx_annotations(params)
         self.params_template, self.batch_stats_template = params, batch_stats
         self.has_batch_stats = bool(jax.tree.leaves(batch_stats))
@@ -194,11 +202,11 @@ class NNXAdapter:
         return nnx.merge(self.graphdef, params, batch_stats, rest)
 
     def _call(self, model, inputs, train: bool, kwargs):
+        model.train() if train else model.eval()  # layers not handed the argument below follow the mode
         if self.mode_argument == "train":
             return model(*inputs, train=train, **kwargs)
         if self.mode_argument == "deterministic":
             return model(*inputs, deterministic=not train, **kwargs)
-        model.train() if train else model.eval()
         return model(*inputs, **kwargs)
 
     def apply(self, variables, *inputs, train: bool = False, rngs=None, mutable=False, model_rngs=None, **kwargs):
@@ -222,7 +230,7 @@ class NNXAdapter:
             return outputs
         updates = {}
         if self.has_batch_stats:
-            updates["batch_stats"] = nnx.to_pure_dict(nnx.state(model, nnx.BatchStat))
+            updates["batch_stats"] = nnx.to_pure_dict(nnx.state(model, MODEL_STATE))
         return outputs, updates
 
     def tabulate(self, inputs: Sequence[Any]) -> str:
