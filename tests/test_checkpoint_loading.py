@@ -113,3 +113,49 @@ def test_a_run_whose_optimizer_took_a_function_loads_for_inference_and_asks_for_
                                             optimizer_hparams=hparams)
     with pytest.raises(ValueError, match="weight_decay_mask'] must be a function"):
         flaxlight.optim.make_optimizer({"weight_decay": 0.1, "weight_decay_mask": "all"}, 10)
+
+
+def _csv_rows(run):
+    import csv
+
+    with open(run / "metrics.csv", newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_a_loaded_runs_test_adds_to_its_records_and_tests_the_checkpoint_it_loaded(tmp_path, regression_loaders):
+    pytest.importorskip("mlflow")
+    from mlflow.tracking import MlflowClient
+
+    train, val, _ = regression_loaders
+    run = tmp_path / "run"
+    trainer = RegressTrainer(model_class=TinyMLP, model_hparams={"hidden_dims": [8]}, optimizer_hparams={"lr": 1e-2},
+                             exmp_input=X0, monitor="val/loss", mode="max",  # the best is the first, worst epoch
+                             **quiet(tmp_path, logger_params={"log_dir": str(run), "logger_type": ["csv", "mlflow"]}))
+    trainer.train_model(train, val, num_epochs=3)
+    last_metrics, rows = trainer.eval_model(val, log_prefix="test/"), _csv_rows(run)
+
+    loaded = RegressTrainer.load_from_checkpoint(run, exmp_input=X0, which="last", enable_progress_bar=False)
+    assert loaded.test(val) == pytest.approx(last_metrics, rel=1e-6)  # the loaded (last) model, not the best
+    assert loaded.global_step == trainer.global_step
+    loaded.logger.flush()
+    after = _csv_rows(run)
+    assert [{k: v for k, v in r.items() if v} for r in after[:-1]] == [{k: v for k, v in r.items() if v} for r in rows]
+    assert float(after[-1]["test/loss"]) == pytest.approx(last_metrics["test/loss"], rel=1e-6)
+    client = MlflowClient(tracking_uri=(run / "mlruns").as_uri())
+    (only,) = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    assert only.info.status == "FINISHED" and "test/loss" in only.data.metrics  # the same run, ended again
+    assert loaded.test(val, which="best")["test/loss"] > last_metrics["test/loss"]  # asked for: the best (worst) one
+
+
+def test_load_from_checkpoint_with_another_log_dir_loads_the_run_and_logs_there(tmp_path, regression_loaders):
+    train, val, _ = regression_loaders
+    trainer = RegressTrainer(model_class=TinyMLP, model_hparams={"hidden_dims": [8]}, optimizer_hparams={"lr": 1e-2},
+                             exmp_input=X0, **quiet(tmp_path))
+    trainer.train_model(train, val, num_epochs=2)
+    rows = _csv_rows(tmp_path / "run")
+    loaded = RegressTrainer.load_from_checkpoint(tmp_path / "run", exmp_input=X0,
+                                                 logger_params={"log_dir": str(tmp_path / "eval")})
+    assert loaded.log_dir == str(tmp_path / "eval") and loaded.global_step == trainer.global_step
+    loaded.test(val)
+    loaded.logger.flush()
+    assert _csv_rows(tmp_path / "run") == rows and "test/loss" in _csv_rows(tmp_path / "eval")[0]

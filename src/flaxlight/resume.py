@@ -183,9 +183,12 @@ def run_length(checkpointer: Checkpointer) -> tuple[int, int]:
     return 1, 1
 
 
-def load_with_fallback(checkpointer: Checkpointer, state: Any, which: str, load: Callable[[int], Any]) -> Any:
-    """The ``which`` checkpoint loaded by ``load(step)``; past a damaged one, with a warning, the
-    newest that reads (a checkpoint of another model or optimizer still raises)."""
+def load_with_fallback(checkpointer: Checkpointer, state: Any, which: str,
+                       load: Callable[[int], Any] | None = None) -> Any:
+    """The ``which`` checkpoint loaded by ``load(step)`` (default: restored into ``state``); past a
+    damaged one, with a warning, the newest that reads (a checkpoint of another model or optimizer
+    still raises)."""
+    load = load or (lambda step: checkpointer.restore(state, step=step))
     step = pick_checkpoint(checkpointer, which)
     try:
         return load(step)

@@ -373,7 +373,9 @@ def trainer_kwargs(trainer_class: type, run: str | os.PathLike, which: str,
         raise FileNotFoundError(f"No checkpoint in {ckpt_dir}: this run saved no model yet.")
     model_class_path = hparams.pop("model_class")
     model_hparams = hparams.pop("model_hparams", {}) or {}
-    hparams["logger_params"] = {**(hparams.get("logger_params") or {}), "log_dir": log_dir}
+    # logger_params given are merged over the saved ones; a log_dir given logs there (the checkpoint is still this run's)
+    hparams["logger_params"] = {**(hparams.get("logger_params") or {}), "log_dir": log_dir,
+                                **(overrides.get("logger_params") or {})}
     hparams["enable_model_summary"] = False  # an override can ask for the table
     named = explicit_parameters(trainer_class.__init__)
     if "model_hparams" in named or not set(model_hparams) <= set(named):
@@ -382,7 +384,7 @@ def trainer_kwargs(trainer_class: type, run: str | os.PathLike, which: str,
             hparams["model_class"] = _import_model_class(model_class_path)
     else:  # the seed's pattern: MyTrainer(hidden_dims, output_dim, **kwargs)
         hparams.update(model_hparams)
-    return {**hparams, **overrides}
+    return {**hparams, **{key: value for key, value in overrides.items() if key != "logger_params"}}
 
 
 def _import_model_class(path: str) -> type:

@@ -61,8 +61,7 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
         self.options, self.extra_hparams = TrainerOptions.split_kwargs(kwargs, owner=type(self).__name__)
         self.model_class, self.model_hparams = model_class, dict(model_hparams or {})
         self.optimizer_hparams, self.seed, self.exmp_input = optimizer_hparams, seed, exmp_input
-        self.enable_progress_bar, self.debug = enable_progress_bar, debug
-        self.check_val_every_n_epoch = check_val_every_n_epoch
+        self.enable_progress_bar, self.debug, self.check_val_every_n_epoch = enable_progress_bar, debug, check_val_every_n_epoch
         self.config = {"model_class": runfiles.class_path(model_class), "model_hparams": self.model_hparams,
                        "optimizer_hparams": optim.recorded_optimizer(optimizer_hparams),
                        "logger_params": dict(logger_params or {}),
@@ -93,9 +92,8 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
         self.distributed_mode: str | None = None
         self._limits = BatchLimits.from_options(self.options)
         self._loop, self._schedule, self._nonfinite = LoopState(), EventSchedule(), NonfiniteTally()
-        self._best_eval_metrics: dict | None = None
-        self._is_best, self._val_loader = False, None
-        self._trained_here, self._run_lock = False, None
+        self._best_eval_metrics, self._is_best, self._val_loader = None, False, None
+        self._trained_here, self._run_lock, self._loaded = False, None, False  # _loaded: by load_from_checkpoint
 
     def _set_up_run_files(self, logger_params: Mapping[str, Any] | None) -> None:
         """The run's folder and loggers (``init_logger``); none in ``fast_dev_run``."""
@@ -303,11 +301,10 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
     def train_epoch(self, train_loader: Iterable) -> dict[str, float]:
         """One pass over ``train_loader``; returns ``train/...`` means and ``epoch_time``.
 
-        Metrics are summed on the device; the only reads are asynchronous copies at log points
-        and one read at the end of the epoch. After a resume mid-epoch, the batches already
-        trained on are skipped (a grain / torchdata loader continues from its saved position) and
-        the epoch's sums continue from the checkpoint. The epoch ends early at ``limit_train_batches``,
-        ``max_steps`` (exactly, fused steps included) or when a callback calls :meth:`stop`."""
+        Metrics are summed on the device; the only reads are asynchronous copies at log points and one read
+        at the end of the epoch. After a resume mid-epoch, the batches already trained on are skipped (a
+        grain / torchdata loader continues from its saved position) and the epoch's sums continue from the
+        checkpoint. It ends early at ``limit_train_batches``, ``max_steps`` (exactly) or :meth:`stop`."""
         start, loop = time.time(), self._loop
         if loop.phase != "train":  # a fresh epoch (not the rest of one interrupted mid-way)
             loop.start_epoch()
@@ -487,14 +484,17 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
                              with_optimizer: bool = False, **overrides: Any) -> "TrainerModule":
         """Rebuild a trainer from a run's log dir (``hparams.yaml`` + a checkpoint): ``which`` is
         ``"best"`` (the newest when no validation ran) or ``"last"``; ``with_optimizer=True`` also
-        restores the optimizer state; ``overrides`` replace saved settings. Example:
-        ``MyTrainer.load_from_checkpoint("checkpoints/MLP/version_0", exmp_input=x[:1])``."""
-        kwargs = runfiles.trainer_kwargs(cls, checkpoint, which, overrides)
-        trainer = cls(exmp_input=exmp_input, **kwargs)
-        trainer._hparams_written = True  # the file on disk describes this run already
+        restores the optimizer state; ``overrides`` replace saved settings (``logger_params`` are merged;
+        a ``log_dir`` there logs to that folder). ``test()`` and ``log_metrics`` add to the run's records.
+        Example: ``MyTrainer.load_from_checkpoint("checkpoints/MLP/version_0", exmp_input=x[:1])``."""
+        trainer = cls(exmp_input=exmp_input, **runfiles.trainer_kwargs(cls, checkpoint, which, overrides))
+        source = resume.checkpointer_for(checkpoint)  # the run's own, also when logger_params moves the logs
+        own = source.directory == trainer.checkpointer.directory
+        trainer._hparams_written, trainer._loaded = own, True  # its hparams.yaml describes this trainer already
         if with_optimizer:
-            trainer.init_optimizer(*resume.run_length(trainer.checkpointer))
+            trainer.init_optimizer(*resume.run_length(source))
         trainer._place_state()
-        trainer.state = resume.load_with_fallback(trainer.checkpointer, trainer.state, which, trainer._load_for_resume)
+        trainer.state = resume.load_with_fallback(source, trainer.state, which, trainer._load_for_resume if own else None)
         trainer.global_step = int(to_host(trainer.state.step))
+        trainer.logger.continue_run()  # test() and log_metrics add to the run's records
         return trainer

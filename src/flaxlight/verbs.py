@@ -69,17 +69,30 @@ class TrainerVerbsMixin:
             raise ValueError("predict's data yielded no batches: check its size and batch_size.")
         return jax.tree.map(lambda *parts: np.concatenate([np.asarray(p) for p in parts]), *jax.device_get(outputs))
 
-    def test(self, data: Any, *, batch_size: int | None = None) -> dict[str, float]:
-        """Evaluate the best checkpoint (the current state when none was saved) on ``data`` as
-        ``train_model(..., test_loader=...)`` does: ``test/...`` metrics, logged, saved to
-        ``metrics/test.json`` and returned; callbacks hear ``on_test_end``. ``data`` as in
-        :meth:`predict` (with labels: ``(x, y)`` plus ``batch_size``)."""
-        return self._test(as_loader(data, batch_size, what="test's data"))
+    def test(self, data: Any, *, batch_size: int | None = None, which: str | None = None) -> dict[str, float]:
+        """Evaluate a model on ``data`` as ``train_model(..., test_loader=...)`` does: ``test/...``
+        metrics, logged, saved to ``metrics/test.json`` and returned; callbacks hear ``on_test_end``.
+        ``data`` as in :meth:`predict` (with labels: ``(x, y)`` plus ``batch_size``).
 
-    def _test(self, test_loader) -> dict[str, float]:
-        """Restore the best checkpoint (when there is one) and evaluate it on ``test_loader``."""
-        if self.checkpointer.all_steps():
-            self.load_model()
+        ``which``: ``"best"`` or ``"last"`` restores that checkpoint into the trainer first (none
+        saved: the current state); ``"current"`` tests the state as it is. Default: ``"current"`` for
+        a trainer from :meth:`load_from_checkpoint` (the checkpoint it loaded), else ``"best"`` (as
+        Lightning's ``trainer.test()`` after ``fit``).
+
+        Examples:
+            >>> trainer.test((x_test, y_test), batch_size=256)                     # doctest: +SKIP
+        """
+        if which is None:
+            which = "current" if self._loaded and not self._trained_here else "best"
+        return self._test(as_loader(data, batch_size, what="test's data"), which)
+
+    def _test(self, test_loader, which: str = "best") -> dict[str, float]:
+        """Restore the ``which`` checkpoint (when there is one) and evaluate it on ``test_loader``."""
+        if which not in ("current", "best", "last"):
+            raise ValueError(f"which must be 'current', 'best' or 'last'; got {which!r}.")
+        if which != "current" and self.checkpointer.all_steps():
+            self.checkpointer.wait()
+            self.load_model(resume.pick_checkpoint(self.checkpointer, which))
         test_metrics = self.eval_model(test_loader, log_prefix="test/")
         self._log(test_metrics)
         self.save_metrics("test", test_metrics)

@@ -45,6 +45,10 @@ class Logger:
         """Continue a resumed run whose checkpoint was taken at ``step``: records logged after
         ``step`` by the interrupted run are dropped, so the history has no duplicates."""
 
+    def continue_run(self) -> None:
+        """Add to the records a run left in this logger's folder (a trainer rebuilt from it by
+        ``load_from_checkpoint``): nothing is dropped or rewritten. The default does nothing."""
+
     def flush(self) -> None:
         """Make everything logged so far readable by other processes."""
 
@@ -133,6 +137,13 @@ class LoggerCollection(Logger):
 
     def resume_from_step(self, step: int) -> None:
         self._now("resume_from_step", step)
+
+    def continue_run(self) -> None:
+        """Continue the records of the run in the folder (see :meth:`Logger.continue_run`); the
+        records sent from now on end the run again after each (an MLflow run goes back to its
+        status), as after :meth:`finalize`."""
+        self._now("continue_run")
+        self._final_status = "success"
 
     def flush(self) -> None:
         self._now("flush")

@@ -33,6 +33,13 @@ class CSVLogger(Logger):
 
     def resume_from_step(self, step: int) -> None:
         """Reload ``metrics.csv`` and keep the rows up to ``step``; later rows are dropped."""
+        self._reload(up_to=step)
+
+    def continue_run(self) -> None:
+        """Reload ``metrics.csv``: new rows are appended to every row it holds."""
+        self._reload(up_to=None)
+
+    def _reload(self, up_to: int | None) -> None:
         if not os.path.isfile(self.path):
             return
         with open(self.path, newline="") as f:
@@ -41,11 +48,12 @@ class CSVLogger(Logger):
             rows = [
                 {k: _parse(v) for k, v in row.items() if v != ""}
                 for row in reader
-                if row.get("step") and int(row["step"]) <= step
+                if row.get("step") and (up_to is None or int(row["step"]) <= up_to)
             ]
         self.columns, self.rows = columns, rows
-        self._written_rows = 0
-        self.flush(force=True)
+        self._written_rows = len(rows) if up_to is None else 0  # nothing dropped: the file stands as it is
+        if up_to is not None:
+            self.flush(force=True)
 
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
         row = {"step": int(step)}

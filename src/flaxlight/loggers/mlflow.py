@@ -104,6 +104,8 @@ class MLflowLogger(Logger):
         self._resumed_from_file = False
         self._experiment_id: str | None = None
         self._active = False
+        self._status_on_end: str | None = None  # a continued run's own status, given back at its end
+        self._continuing = False
 
     # ------------------------------------------------------------------ the run
     @property
@@ -137,6 +139,8 @@ class MLflowLogger(Logger):
         if self._run_id is not None:
             run = client.get_run(self._run_id)
             self._experiment_id = run.info.experiment_id
+            if self._continuing:
+                self._status_on_end = run.info.status
             client.update_run(self._run_id, status="RUNNING")
         else:
             experiment = client.get_experiment_by_name(self.experiment_name)
@@ -201,8 +205,18 @@ class MLflowLogger(Logger):
         if saved.get("tracking_uri") == self.tracking_uri and saved.get("run_id"):
             self._run_id, self._resumed_from_file = saved["run_id"], True
 
+    def continue_run(self) -> None:
+        """The next record goes to the run saved in ``<save_dir>/mlflow_run.json``, which then
+        gets back the status it had (a test of a finished run leaves it FINISHED)."""
+        self.resume_from_step(0)
+        self._continuing = True
+
     def finalize(self, status: str) -> None:
-        """Set the run's status: FINISHED (``"success"``), FAILED (``"failed"``), KILLED (``"interrupted"``)."""
+        """Set the run's status: FINISHED (``"success"``), FAILED (``"failed"``), KILLED
+        (``"interrupted"``); a continued run's own status when only late records were sent."""
         if self._active:
-            self.client.set_terminated(self._run_id, status=STATUS.get(status, "FINISHED"))
+            if self._status_on_end is not None:
+                self.client.update_run(self._run_id, status=self._status_on_end)
+            else:
+                self.client.set_terminated(self._run_id, status=STATUS.get(status, "FINISHED"))
             self._active = False

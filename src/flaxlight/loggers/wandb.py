@@ -146,6 +146,10 @@ class WandbLogger(Logger):
             with open(path) as f:
                 self._run_id = json.load(f).get("id")
 
+    def continue_run(self) -> None:
+        """The next record goes to the run saved in ``<save_dir>/wandb_run.json``."""
+        self.resume_from_step(0)
+
     def finalize(self, status: str) -> None:
         """A failed or interrupted run is finished now (exit code 1: W&B marks it failed); a
         successful one stays open for late records until :meth:`close` or the interpreter's exit."""
