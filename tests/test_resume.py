@@ -130,3 +130,124 @@ def test_resuming_with_a_loader_without_set_epoch_warns(tmp_path, regression_loa
     RegressTrainer(**kwargs).train_model(batches, val, num_epochs=1)
     with pytest.warns(RuntimeWarning, match="set_epoch"):
         RegressTrainer(**kwargs).train_model(batches, val, num_epochs=2, resume=True)
+
+
+class _SignalAtStep:
+    """A user's loader (``set_epoch``: resumes exactly) that sends SIGTERM to this process while it
+    hands out the batch of step ``at``: the signal arrives during that step, before its events."""
+
+    def __init__(self, x, y, at=None):
+        from resume_script import SeededLoader
+
+        self.inner, self.at, self.served = SeededLoader(x, y, 32), at, 0
+
+    def set_epoch(self, epoch):
+        self.inner.set_epoch(epoch)
+
+    def __len__(self):
+        return len(self.inner)
+
+    def __iter__(self):
+        for batch in self.inner:
+            self.served += 1
+            if self.served == self.at:
+                os.kill(os.getpid(), signal.SIGTERM)
+            yield batch
+
+
+class _SignalInValidation:
+    """A validation list that sends SIGTERM during its ``at``-th pass."""
+
+    def __init__(self, batches, at=None):
+        self.batches, self.at, self.passes = batches, at, 0
+
+    def __iter__(self):
+        self.passes += 1
+        for i, batch in enumerate(self.batches):
+            if self.passes == self.at and i == 1:
+                os.kill(os.getpid(), signal.SIGTERM)
+            yield batch
+
+
+def _step_events_run(log_dir, *, train_at=None, val_at=None, resume=False):
+    """8 steps per epoch; a log point, a step validation and an on_step callback every 5 steps."""
+    import flaxlight
+    from conftest import RegressTrainer, TinyMLP, linear_data
+
+    class Steps(flaxlight.Callback):
+        every_n_steps = 5
+
+        def __init__(self):
+            self.seen = []
+
+        def on_step(self, trainer, step):
+            self.seen.append(step)
+
+    x, y = linear_data(256, 0)
+    xv, yv = linear_data(96, 1)
+    steps = Steps()
+    trainer = RegressTrainer(
+        model_class=TinyMLP, model_hparams={"hidden_dims": [16]}, optimizer_hparams={"optimizer": "adam", "lr": 1e-2},
+        exmp_input=x[:1], logger_params={"log_dir": str(log_dir)}, enable_progress_bar=False,
+        enable_model_summary=False, callbacks=[steps], log_every_n_steps=5, val_check_interval=5)
+    val = _SignalInValidation([(xv[i:i + 32], yv[i:i + 32]) for i in range(0, 96, 32)], val_at)
+    trainer.train_model(_SignalAtStep(x, y, train_at), val, num_epochs=2, resume=resume)
+    return trainer, steps.seen
+
+
+def _rows_with(log_dir, key):
+    return [int(row["step"]) for row in _csv_rows(log_dir) if row.get(key)]
+
+
+@pytest.mark.parametrize("interrupt", [{"train_at": 10}, {"val_at": 3}], ids=["during-the-step", "in-its-validation"])
+def test_sigterm_at_a_step_with_events_runs_them_after_the_resume(tmp_path, interrupt):
+    """The step-10 log point, step validation and on_step callbacks are owed by the interrupt's
+    checkpoint and run first after the resume: the run's records equal an uninterrupted run's."""
+    import jax
+
+    reference, seen = _step_events_run(tmp_path / "ref")
+    with pytest.raises(SystemExit):
+        _step_events_run(tmp_path / "run", **interrupt)
+    resumed, seen_after = _step_events_run(tmp_path / "run", resume=True)
+    assert 10 in seen_after and seen[seen.index(10):] == seen_after
+    for key in ("val/loss", "train/loss_step"):
+        assert _rows_with(tmp_path / "run", key) == _rows_with(tmp_path / "ref", key) == \
+            ([5, 8, 10, 15, 16] if key == "val/loss" else [5, 10, 15])
+    assert [round(h["val/loss"], 6) for h in resumed.history] == [round(h["val/loss"], 6) for h in reference.history]
+    jax.tree.map(np.testing.assert_array_equal, resumed.state.params, reference.state.params)
+
+
+@pytest.mark.parametrize("how", ["max_steps", "stop"])
+def test_a_run_stopped_mid_epoch_continues_that_epoch_when_resumed(tmp_path, how):
+    """max_steps / stop() (max_time's path) mid-epoch, then a longer resumed run: the epoch's rest
+    is trained, as in an uninterrupted run (bitwise, with a schedule that does not depend on the
+    run's length)."""
+    import jax
+
+    import flaxlight
+    from conftest import RegressTrainer, TinyMLP, linear_data
+    from resume_script import SeededLoader
+
+    class StopAt(flaxlight.Callback):
+        every_n_steps = 1
+
+        def on_step(self, trainer, step):
+            if step == 11:
+                trainer.stop("time budget spent")
+
+    def run(log_dir, resume=False, **options):
+        x, y = linear_data(256, 0)
+        trainer = RegressTrainer(
+            model_class=TinyMLP, model_hparams={"hidden_dims": [16]},
+            optimizer_hparams={"optimizer": "adam", "lr": 1e-2, "schedule": "constant"}, exmp_input=x[:1],
+            logger_params={"log_dir": str(log_dir)}, enable_progress_bar=False, enable_model_summary=False, **options)
+        trainer.train_model(SeededLoader(x, y, 32), None, num_epochs=3, resume=resume)
+        return trainer
+
+    reference = run(tmp_path / "ref")
+    first = run(tmp_path / "run", **({"max_steps": 11} if how == "max_steps" else {"callbacks": [StopAt()]}))
+    assert first.global_step == 11
+    resumed = run(tmp_path / "run", resume=True)
+    assert resumed.global_step == 24 and [h["step"] for h in resumed.history] == [8, 11, 16, 24]  # 11: the stop's
+    assert resumed.history[-2]["train/loss"] == pytest.approx(reference.history[1]["train/loss"], rel=1e-6)
+    jax.tree.map(np.testing.assert_array_equal, resumed.state.params, reference.state.params)

@@ -90,6 +90,9 @@ class LoopState:
     validated: bool = False  # the epoch's validation ran (phase "val": the epoch is not over yet)
     validated_step: int | None = None  # the step of the last validation: never two at one step
     loader_position: Any = None  # after a resume mid-epoch: where a stateful loader continues
+    cut: bool = False  # the epoch ended before its last batch (max_steps, stop()): a resume continues it
+    owed_events: list = dataclasses.field(default_factory=list)  # this step's events not run yet ("log", "val", "callbacks")
+    owed_steps: int = 1  # the updates those events cover (a fused block's)
 
     def take_loader_position(self) -> Any:
         """The resumed loader position, once (the epoch after it starts from the beginning)."""
@@ -98,7 +101,8 @@ class LoopState:
 
     def start_epoch(self) -> None:
         """A fresh epoch (not the rest of one interrupted mid-way)."""
-        self.phase, self.batch_index, self.acc, self.validated = "train", 0, None, False
+        self.phase, self.batch_index, self.acc, self.validated, self.cut = "train", 0, None, False, False
+        self.owed_events = []
         self.running_log.reset()
 
 

@@ -55,6 +55,8 @@ class CheckpointMeta:
         best_step: the step of the best checkpoint kept (None before a validation).
         num_epochs, steps_per_epoch: the run's length (the optimizer's schedule needs it).
         callbacks: each stateful callback's ``state_dict()``, by :func:`named_callbacks` name.
+        owed_events, owed_steps: the events of ``step`` an interrupt came before (``"log"``,
+            ``"val"``, ``"callbacks"``) and the updates they cover: a resume runs them first.
     """
 
     step: int
@@ -71,6 +73,8 @@ class CheckpointMeta:
     num_epochs: int | None = None
     steps_per_epoch: int | None = None
     callbacks: dict = dataclasses.field(default_factory=dict)
+    owed_events: list = dataclasses.field(default_factory=list)
+    owed_steps: int = 1
 
     def to_json(self) -> dict[str, Any]:
         return _jsonable(dataclasses.asdict(self))  # a metric object's array result as nested lists
@@ -79,16 +83,20 @@ class CheckpointMeta:
     def capture(cls, step: int, loop: LoopState, *, callbacks: Sequence[Any], **run: Any) -> "CheckpointMeta":
         """The meta of a checkpoint taken now: the loop's position, the callbacks' states and
         ``run`` (``best_eval_metrics``, ``best_step``, ``num_epochs``, ``steps_per_epoch``)."""
-        return cls(step=step, epoch=loop.epoch, phase=loop.phase, batch_index=loop.batch_index,
-                   train_metrics=loop.train_metrics, validated=loop.validated, train_sums=sums_to_json(loop.acc),
-                   running_log=loop.running_log.state_dict(),
+        # An epoch cut short (max_steps, stop()) is saved as mid-epoch: a longer run continues it.
+        return cls(step=step, epoch=loop.epoch, phase="train" if loop.cut else loop.phase,
+                   batch_index=loop.batch_index, train_metrics=loop.train_metrics,
+                   validated=loop.validated and not loop.cut, train_sums=sums_to_json(loop.acc),
+                   running_log=loop.running_log.state_dict(), owed_events=list(loop.owed_events),
+                   owed_steps=loop.owed_steps,
                    callbacks={name: cb.state_dict() for name, cb in named_callbacks(callbacks)}, **run)
 
     def loop_state(self) -> LoopState:
         """Where the loop continues: the saved position, or the next epoch after an epoch's end."""
         loop = LoopState(epoch=self.epoch, phase=self.phase, batch_index=self.batch_index, validated=self.validated,
                          acc=sums_from_json(self.train_sums), train_metrics=dict(self.train_metrics),
-                         loader_position=self.loader_position if self.phase == "train" else None)
+                         loader_position=self.loader_position if self.phase == "train" else None,
+                         owed_events=list(self.owed_events), owed_steps=self.owed_steps)
         loop.running_log.load_state_dict(self.running_log)
         if loop.phase == "epoch_end":
             loop.epoch, loop.batch_index, loop.validated = loop.epoch + 1, 0, False

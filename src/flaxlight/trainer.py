@@ -309,8 +309,9 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
         if loop.phase != "train":  # a fresh epoch (not the rest of one interrupted mid-way)
             loop.start_epoch()
             self._nonfinite.start_epoch()
-        stop = epoch_stop(self.steps_per_epoch if self.steps_per_epoch is not None else safe_len(train_loader),
-                          loop.batch_index, self.global_step, self.options.max_steps)
+        length = self.steps_per_epoch if self.steps_per_epoch is not None else safe_len(train_loader)
+        stop = epoch_stop(length, loop.batch_index, self.global_step, self.options.max_steps)
+        self._run_owed_events()  # resumed from an interrupt that came before its step's events
         self._plan_events()
         if stop is not None:
             self.engine.learning_rates.prepare(self.optimizer_plan, self.global_step, stop - loop.batch_index)
@@ -327,6 +328,7 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
         if not (self._stopping() or self._schedule.interrupt_signal is not None):
             warn_if_loader_ran_short(loop.batch_index, stop)
         self._log_running(loop.running_log.flush())
+        loop.cut = length is not None and loop.batch_index < length and self._stopping()  # a longer run continues it
         loop.phase, host = "val", to_host(loop.acc)  # the epoch's one read of the sums
         self._nonfinite.note(self.global_step, int(host["totals"].nonfinite))
         return {**read_means(host, prefix="train/"), "epoch_time": time.time() - start}
@@ -349,20 +351,38 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
         end). Returns True when the epoch must end now (``max_steps`` or :meth:`stop`)."""
         self._take(span)
         step, loop, schedule = self.global_step, self._loop, self._schedule
-        schedule.raise_if_interrupted()
-        if schedule.due(self.options.log_every_n_steps, step, steps):
-            self._log_running(loop.running_log.mark(step, loop.acc))
-        if schedule.due(self.options.val_check_interval, step, steps) and self._val_loader is not None \
-                and (loop.batch_index < self.steps_per_epoch
-                     or not epoch_validation_due(loop.epoch, self.check_val_every_n_epoch, self._limits)):
-            self._validate(self._val_loader)
-        for callback in self.callbacks:
-            if schedule.due(callback.every_n_steps, step, steps):
-                callback.on_step(self, step)
+        val_due = schedule.due(self.options.val_check_interval, step, steps) and self._val_loader is not None and (
+            loop.batch_index < self.steps_per_epoch
+            or not epoch_validation_due(loop.epoch, self.check_val_every_n_epoch, self._limits))
+        loop.owed_events, loop.owed_steps = [name for name, due in (
+            ("log", schedule.due(self.options.log_every_n_steps, step, steps)), ("val", val_due),
+            ("callbacks", any(schedule.due(cb.every_n_steps, step, steps) for cb in self.callbacks))) if due], steps
+        schedule.raise_if_interrupted()  # the checkpoint owes this step's events: a resume runs them first
+        self._run_owed_events()
         schedule.raise_if_interrupted()  # arrived while the callbacks ran
         self._plan_events()
         span.state = self.state
         return self._stopping()
+
+    def _run_owed_events(self) -> None:
+        """Run the current step's events not run yet (each leaves the list as it starts; an
+        interrupted validation goes back, so the interrupt's checkpoint owes it)."""
+        loop, step = self._loop, self.global_step
+        while loop.owed_events:
+            event = loop.owed_events.pop(0)
+            if event == "log":
+                self._log_running(loop.running_log.mark(step, loop.acc))
+            elif event == "callbacks":
+                for callback in self.callbacks:
+                    if self._schedule.due(callback.every_n_steps, step, loop.owed_steps):
+                        callback.on_step(self, step)
+            else:
+                try:
+                    self._validate(self._val_loader)
+                except Interrupted:
+                    loop.owed_events.insert(0, "val")
+                    loop.validated_step = None
+                    raise
 
     def _plan_events(self) -> None:
         intervals = [self.options.log_every_n_steps, self.options.val_check_interval]
@@ -478,23 +498,3 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
     def _finish_files(self, status: str, best: dict | None = None) -> None:
         runfiles.finish_run(status, self.checkpointer, self.logger, self._run_lock, before=self.engine.close,
                             best=(best, self.global_step) if best else None)
-
-    @classmethod
-    def load_from_checkpoint(cls, checkpoint: str | os.PathLike, exmp_input: Any, which: str = "best",
-                             with_optimizer: bool = False, **overrides: Any) -> "TrainerModule":
-        """Rebuild a trainer from a run's log dir (``hparams.yaml`` + a checkpoint): ``which`` is
-        ``"best"`` (the newest when no validation ran) or ``"last"``; ``with_optimizer=True`` also
-        restores the optimizer state; ``overrides`` replace saved settings (``logger_params`` are merged;
-        a ``log_dir`` there logs to that folder). ``test()`` and ``log_metrics`` add to the run's records.
-        Example: ``MyTrainer.load_from_checkpoint("checkpoints/MLP/version_0", exmp_input=x[:1])``."""
-        trainer = cls(exmp_input=exmp_input, **runfiles.trainer_kwargs(cls, checkpoint, which, overrides))
-        source = resume.checkpointer_for(checkpoint)  # the run's own, also when logger_params moves the logs
-        own = source.directory == trainer.checkpointer.directory
-        trainer._hparams_written, trainer._loaded = own, True  # its hparams.yaml describes this trainer already
-        if with_optimizer:
-            trainer.init_optimizer(*resume.run_length(source))
-        trainer._place_state()
-        trainer.state = resume.load_with_fallback(source, trainer.state, which, trainer._load_for_resume if own else None)
-        trainer.global_step = int(to_host(trainer.state.step))
-        trainer.logger.continue_run()  # test() and log_metrics add to the run's records
-        return trainer

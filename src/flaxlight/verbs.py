@@ -1,10 +1,11 @@
-"""``TrainerVerbsMixin``: what a trained model is for, as trainer methods: ``predict``, ``test``,
-``export``, ``bind_model``.
+"""``TrainerVerbsMixin``: what a trained model is for, as trainer methods: ``load_from_checkpoint``,
+``predict``, ``test``, ``export``, ``bind_model``.
 
 :class:`~flaxlight.trainer.TrainerModule` inherits it. ``predict`` and ``test`` take a loader, or arrays and a
 ``batch_size`` (see :func:`flaxlight.data.as_loader`).
 
 Examples:
+    >>> trainer = MyTrainer.load_from_checkpoint("runs/mlp", exmp_input=x[:1])  # doctest: +SKIP
     >>> probabilities = trainer.predict(x_test, batch_size=256)          # doctest: +SKIP
     >>> trainer.test((x_test, y_test), batch_size=256)                   # doctest: +SKIP
     {'test/loss': 0.08, 'test/acc': 0.97}
@@ -18,8 +19,9 @@ from typing import Any
 import jax
 import numpy as np
 
-from flaxlight import resume
+from flaxlight import resume, runfiles
 from flaxlight.data import as_loader
+from flaxlight.metrics import to_host
 
 __all__ = ["TrainerVerbsMixin"]
 
@@ -39,7 +41,27 @@ def _model_inputs(batch: Any) -> Any:
 
 
 class TrainerVerbsMixin:
-    """``predict`` and ``test`` (see the module docstring)."""
+    """``load_from_checkpoint``, ``predict``, ``test``, ``export``, ``bind_model`` (see the module docstring)."""
+
+    @classmethod
+    def load_from_checkpoint(cls, checkpoint: str | os.PathLike, exmp_input: Any, which: str = "best",
+                             with_optimizer: bool = False, **overrides: Any) -> Any:
+        """Rebuild a trainer from a run's log dir (``hparams.yaml`` + a checkpoint): ``which`` is
+        ``"best"`` (the newest when no validation ran) or ``"last"``; ``with_optimizer=True`` also
+        restores the optimizer state; ``overrides`` replace saved settings (``logger_params`` are merged;
+        a ``log_dir`` there logs to that folder). ``test()`` and ``log_metrics`` add to the run's records.
+        Example: ``MyTrainer.load_from_checkpoint("checkpoints/MLP/version_0", exmp_input=x[:1])``."""
+        trainer = cls(exmp_input=exmp_input, **runfiles.trainer_kwargs(cls, checkpoint, which, overrides))
+        source = resume.checkpointer_for(checkpoint)  # the run's own, also when logger_params moves the logs
+        own = source.directory == trainer.checkpointer.directory
+        trainer._hparams_written, trainer._loaded = own, True  # its hparams.yaml describes this trainer already
+        if with_optimizer:
+            trainer.init_optimizer(*resume.run_length(source))
+        trainer._place_state()
+        trainer.state = resume.load_with_fallback(source, trainer.state, which, trainer._load_for_resume if own else None)
+        trainer.global_step = int(to_host(trainer.state.step))
+        trainer.logger.continue_run()  # test() and log_metrics add to the run's records
+        return trainer
 
     def predict(self, data: Any, *, batch_size: int | None = None, which: str = "current") -> Any:
         """The model's outputs on ``data`` in eval mode, stacked over batches (numpy arrays, in
