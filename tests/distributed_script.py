@@ -1,6 +1,7 @@
 """Training runs for the multi-device tests, started as subprocesses (device counts are fixed at
 JAX import). python distributed_script.py MODE OUT.npz LOG_DIR [--devices N] [--restore-from DIR]
-[--process-id I --num-processes P --port PORT]"""
+[--process-id I --num-processes P --port PORT] [--uneven: epochs and validation end on a batch that does not
+split over the devices]"""
 
 import argparse
 import os
@@ -16,6 +17,7 @@ parser.add_argument("--process-id", type=int)
 parser.add_argument("--num-processes", type=int, default=1)
 parser.add_argument("--port", type=int)
 parser.add_argument("--batch-size", type=int, default=32)
+parser.add_argument("--uneven", action="store_true")
 args = parser.parse_args()
 os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={args.devices}"
 
@@ -31,10 +33,11 @@ from flaxlight import distributed  # noqa: E402
 if args.num_processes > 1:
     distributed.initialize(f"127.0.0.1:{args.port}", args.num_processes, args.process_id)
 
-x, y = linear_data(512, 0, dim=16)
+num_train, num_val = (510, 130) if args.uneven else (512, 128)  # uneven: last batches of 30 and 2 examples
+x, y = linear_data(num_train, 0, dim=16)
 shard = {"shard_index": jax.process_index(), "num_shards": jax.process_count()} if args.num_processes > 1 else {}
 train = flaxlight.ArrayLoader(x, y, batch_size=args.batch_size, shuffle=True, seed=0, **shard)
-val = flaxlight.ArrayLoader(*linear_data(128, 1, dim=16), batch_size=32, **shard)
+val = flaxlight.ArrayLoader(*linear_data(num_val, 1, dim=16), batch_size=32, **shard)
 trainer = RegressTrainer(
     model_class=TinyMLP, model_hparams={"hidden_dims": [1024, 64], "batch_norm": True},
     optimizer_hparams={"optimizer": "sgd", "lr": 0.05}, exmp_input=x[:1],

@@ -81,6 +81,15 @@ def test_batch_that_does_not_split_over_the_devices(tmp_path):
     assert "A batch of 30 examples cannot be split over 4 devices" in err
 
 
+def test_an_epochs_smaller_last_batch_runs_whole_and_matches_one_device(tmp_path):
+    """510 training examples in batches of 32 end on 30, 130 validation examples on 2: neither splits
+    over 4 devices; those batches run on every device whole, and the run equals one device's."""
+    one = _run("none", tmp_path / "one.npz", tmp_path / "one", "--uneven")
+    four = _run("data_parallel", tmp_path / "four.npz", tmp_path / "four", "--devices", 4, "--uneven")
+    _finish(one), _finish(four)
+    _assert_close(_params(tmp_path / "four.npz"), _params(tmp_path / "one.npz"))
+
+
 def test_unknown_distributed_mode(tmp_path):
     from conftest import RegressTrainer, TinyMLP, quiet
 

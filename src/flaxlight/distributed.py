@@ -83,6 +83,18 @@ def _data_size(mesh: Mesh) -> int:
     return int(dict(mesh.shape).get(DATA_AXIS, 1))
 
 
+def splits(batch, mesh: Mesh) -> bool:
+    """Whether ``batch``'s leading dimension divides over the mesh's ``data`` axis."""
+    leaves = jax.tree.leaves(batch)
+    return not leaves or _leading(leaves[0]) % _data_size(mesh) == 0
+
+
+def _leading(leaf) -> int:
+    """The leading dimension of an array (or a ``jax.ShapeDtypeStruct``)."""
+    shape = getattr(leaf, "shape", None)
+    return int((shape if shape is not None else np.shape(leaf))[0])
+
+
 def split_annotations(params, given: Any = None) -> tuple[Any, Any]:
     """``(plain params, annotations)``: Linen partitioning boxes removed, and per parameter its
     :class:`PartitionSpec` (``nn.with_partitioning``), its logical names as a tuple
@@ -199,9 +211,15 @@ def check_batch_divisible(batch_size: int, mesh: Mesh) -> None:
 def to_global_batch(batch, mesh: Mesh, block: bool = False):
     """A process-local batch as a global array split along ``data`` (one process: a plain put).
 
-    ``block``: a stack of batches (steps first), split along its second axis.
+    ``block``: a stack of batches (steps first), split along its second axis. On one process, a
+    batch that does not divide (an epoch's smaller last batch) is put whole on every device
+    (:func:`splits`); with several, it fails with :func:`check_batch_divisible`'s message.
     """
     sharding = NamedSharding(mesh, PartitionSpec(None, DATA_AXIS)) if block else batch_sharding(mesh)
+    if not block and not splits(batch, mesh):
+        if jax.process_count() > 1:
+            check_batch_divisible(_leading(jax.tree.leaves(batch)[0]) * jax.process_count(), mesh)
+        sharding = replicated(mesh)
     if jax.process_count() == 1:
         return jax.device_put(batch, sharding)
     return jax.tree.map(lambda x: jax.make_array_from_process_local_data(sharding, np.asarray(x)), batch)

@@ -198,6 +198,7 @@ class Engine:
             self._train, self._block, self._train_at, self._block_at = (
                 self._jit(fn, donate_argnums=0) for fn in (fns.train, fns.block, fns.train_at, fns.block_at))
             self._evaluate = self._jit(fns.evaluate, donate_argnums=1)
+            self._evaluate_jit = lambda batch: self._evaluate  # the jitted eval step for a batch (its .lower)
             return
         rep, batch = dist.replicated(self.mesh), dist.batch_sharding(self.mesh)
         block = NamedSharding(self.mesh, PartitionSpec(None, dist.DATA_AXIS))
@@ -211,9 +212,14 @@ class Engine:
             return bounded(jax.jit(with_token, in_shardings=(state_shardings, rep, data_sharding),
                                    out_shardings=(state_shardings, rep, rep), donate_argnums=0))
 
-        self._train, self._block = jit_train(fns.train, batch), jit_train(fns.block, block)
-        self._evaluate = jax.jit(fns.evaluate, in_shardings=(state_shardings, rep, batch), out_shardings=rep,
-                                 donate_argnums=1)
+        # A batch that does not divide over the devices (an epoch's smaller last batch) runs whole
+        # on every device: the same numbers, without data parallelism for that one batch.
+        self._train = _by_batch_split(self.mesh, jit_train(fns.train, batch), jit_train(fns.train, rep))
+        self._block = jit_train(fns.block, block)
+        evaluate, evaluate_whole = (jax.jit(fns.evaluate, in_shardings=(state_shardings, rep, data),
+                                            out_shardings=rep, donate_argnums=1) for data in (batch, rep))
+        self._evaluate = _by_batch_split(self.mesh, evaluate, evaluate_whole)
+        self._evaluate_jit = lambda batch: evaluate if dist.splits(batch, self.mesh) else evaluate_whole
 
     # ------------------------------------------------------------------ placement and sums
     def distribute(self, state, mesh, mode: str | None, annotations=None, rules=None):
@@ -445,7 +451,6 @@ class Engine:
                 acc = self.zero_sums("eval", state, batch)
             if self.mesh is not None:
                 batch = dist.to_global_batch(batch, self.mesh)
-                dist.check_batch_divisible(batch_size(batch), self.mesh)
             acc = self._evaluate(state, acc, batch)
             after_batch()
         return acc
@@ -480,7 +485,7 @@ class Engine:
         def compile_all():
             for args in specs:
                 try:
-                    self._evaluate.lower(*args).compile()
+                    self._evaluate_jit(args[2]).lower(*args).compile()
                 except Exception:  # noqa: BLE001 - as above
                     return
 
@@ -544,6 +549,15 @@ class LearningRateTable:
         if not isinstance(table[2], np.ndarray):  # first use: the copy started in prepare
             table = self._table = (table[0], table[1], np.asarray(table[2]))
         return float(table[2][step - table[1]])
+
+
+def _by_batch_split(mesh, split: Callable, whole: Callable) -> Callable:
+    """``split(state, acc, batch)`` for a batch that divides over the mesh's ``data`` axis, else
+    ``whole`` (the batch on every device)."""
+    def call(state, acc, batch):
+        return (split if dist.splits(batch, mesh) else whole)(state, acc, batch)
+
+    return call
 
 
 def _in_flight_bound(mesh) -> Callable:
