@@ -1,3 +1,5 @@
+import warnings
+
 import numpy as np
 import pytest
 
@@ -44,3 +46,37 @@ def test_check_batch_names_the_bad_leaf():
         check_batch((np.zeros((2, 3)), "labels"))
     with pytest.raises(TypeError, match="list"):
         check_batch([[1, 2], [3, 4]])
+
+
+def test_sharded_loaders_serve_equal_shares_and_warn_about_a_last_batch_that_does_not_split():
+    x = np.arange(10)
+    with pytest.warns(UserWarning, match=r"last batch of 2 examples does not split over 4 shards.*drop_last=True"):
+        shards = [ArrayLoader(x, batch_size=4, shard_index=i, num_shards=4) for i in range(4)]
+    assert [[len(b) for b in shard] for shard in shards] == [[1, 1]] * 4  # no empty batch for the last 2
+    assert sorted(np.concatenate([b for shard in shards for b in shard]).tolist()) == list(range(8))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        halves = [ArrayLoader(x, batch_size=4, shard_index=i, num_shards=2) for i in range(2)]  # 2 splits over 2
+    assert sorted(np.concatenate([b for half in halves for b in half]).tolist()) == list(range(10))
+
+
+def test_a_subclass_that_overrides_take_is_what_training_sees(tmp_path):
+    """An augmenting ArrayLoader (its own ``take``) is not bypassed by the device-epoch path."""
+    import jax.numpy as jnp
+    from conftest import RegressTrainer, TinyMLP, linear_data, quiet
+
+    class Shifted(ArrayLoader):
+        def take(self, idx):
+            x, y = super().take(idx)
+            return x + 100.0, y
+
+    class MeanInput(RegressTrainer):
+        def loss_fn(self, params, batch, *, train, rng, state):
+            loss, (metrics, updates) = super().loss_fn(params, batch, train=train, rng=rng, state=state)
+            return loss, ({**metrics, "x_mean": jnp.mean(batch[0])}, updates)
+
+    x, y = linear_data(64, 0)
+    trainer = MeanInput(model_class=TinyMLP, model_hparams={}, optimizer_hparams={"lr": 1e-3}, exmp_input=x[:1],
+                        **quiet(tmp_path))
+    metrics = trainer.train_model(Shifted(x, y, batch_size=16, shuffle=True), None, num_epochs=1)
+    assert metrics["train/x_mean"] == pytest.approx(float(x.mean()) + 100.0, rel=1e-4)

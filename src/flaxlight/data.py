@@ -11,6 +11,7 @@ import functools
 import itertools
 import queue
 import threading
+import warnings
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import jax
@@ -74,6 +75,12 @@ class ArrayLoader:
                              f"and a batch_size ({self.batch_size}) divisible by num_shards.")
         self.shard_index, self.num_shards = shard_index, num_shards
         self.on_device = on_device
+        rest = self.num_examples % self.batch_size
+        if num_shards > 1 and not drop_last and rest % num_shards:
+            warnings.warn(f"ArrayLoader(num_shards={num_shards}): the last batch of {rest} examples does not split over "
+                          f"{num_shards} shards, so its last {rest % num_shards} example(s) are not served (every "
+                          f"process must take the same number). Pass drop_last=True to drop that batch, or give a "
+                          f"number of examples whose last batch splits.", UserWarning, stacklevel=2)
 
     @property
     def nbytes(self) -> int:
@@ -89,7 +96,8 @@ class ArrayLoader:
 
     def serves_device_epochs(self) -> bool:
         """Whether the trainer may move whole epochs to the device (see ``on_device``)."""
-        if self.on_device is False or self.num_shards > 1 or type(self).__iter__ is not ArrayLoader.__iter__:
+        if self.on_device is False or self.num_shards > 1 or type(self).__iter__ is not ArrayLoader.__iter__ \
+                or type(self).take is not ArrayLoader.take:  # a subclass's batches come from its own code
             return False
         return bool(self.on_device) or self.nbytes <= DEVICE_EPOCH_MAX_BYTES
 
@@ -105,9 +113,8 @@ class ArrayLoader:
         return np.random.default_rng([self.seed, epoch]).permutation(self.num_examples)
 
     def __len__(self) -> int:
-        if self.drop_last:
-            return self.num_examples // self.batch_size
-        return -(-self.num_examples // self.batch_size)
+        full, rest = divmod(self.num_examples, self.batch_size)
+        return full + (not self.drop_last and rest >= self.num_shards)  # sharded: a rest too small for a share is dropped
 
     def __iter__(self) -> Iterator[Any]:
         indices = self.order()
