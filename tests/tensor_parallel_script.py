@@ -18,6 +18,7 @@ parser.add_argument("--restore-from")
 parser.add_argument("--nnx", action="store_true")
 parser.add_argument("--epochs", type=int, default=2)
 parser.add_argument("--resume", action="store_true")
+parser.add_argument("--load-defaults", action="store_true", help="restore with load_from_checkpoint's defaults only")
 parser.add_argument("--crash-after", type=int, help="raise at the end of this epoch, after its checkpoint is written")
 args = parser.parse_args()
 os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={args.devices}"
@@ -72,7 +73,7 @@ options = dict(mesh=mesh, distributed=args.distributed if args.devices > 1 else 
 x, y = linear_data(256, 0, dim=16)
 if args.restore_from:
     trainer = Regressor.load_from_checkpoint(args.restore_from, exmp_input=x[:1], which="last", with_optimizer=True,
-                                             **options)
+                                             **({} if args.load_defaults else options))
 else:
     trainer = Regressor(model_class=AnnotatedNNX if args.nnx else AnnotatedMLP, model_hparams={}, exmp_input=x[:1],
                         optimizer_hparams={"optimizer": "adam", "lr": 1e-2}, logger_params={"log_dir": args.log_dir},

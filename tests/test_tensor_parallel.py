@@ -51,7 +51,11 @@ def test_a_2x2_mesh_shards_as_annotated_equals_one_device_and_restores_on_1_and_
     _run(tmp_path / "r1.npz", tmp_path / "r1", "--restore-from", tmp_path / "mesh")
     _run(tmp_path / "r2.npz", tmp_path / "r2", "--devices", 2, "--mesh", "data=1,model=2",
          "--restore-from", tmp_path / "mesh")
-    for restored in (_load(tmp_path / "r1.npz")[2], _load(tmp_path / "r2.npz")[2]):
+    # With load_from_checkpoint's defaults: the run's mesh where it fits (4 devices), one device where not
+    _run(tmp_path / "d1.npz", tmp_path / "d1", "--restore-from", tmp_path / "mesh", "--load-defaults")
+    _run(tmp_path / "d4.npz", tmp_path / "d4", "--devices", 4, "--restore-from", tmp_path / "mesh", "--load-defaults")
+    assert "'data': 2, 'model': 2" in _load(tmp_path / "d4.npz")[0]
+    for restored in (_load(tmp_path / name)[2] for name in ("r1.npz", "r2.npz", "d1.npz", "d4.npz")):
         for a, b in zip(restored, sharded, strict=True):
             np.testing.assert_array_equal(a, b)
 

@@ -79,6 +79,23 @@ def mesh_for(mesh: Mesh | dict[str, int] | None, distributed: str | None) -> Mes
     return mesh
 
 
+def mesh_record(mesh: Mesh | dict[str, int] | None) -> dict[str, Any]:
+    """``{"mesh": {"data": 2, "model": 2}}`` for a run's ``hparams.yaml`` (``{}`` without a mesh)."""
+    if mesh is None:
+        return {}
+    return {"mesh": {str(axis): int(size) for axis, size in dict(mesh if isinstance(mesh, dict) else mesh.shape).items()}}
+
+
+def fit_mesh(shape: dict[str, int], devices: int | None = None) -> dict[str, int] | None:
+    """A saved mesh shape for the ``devices`` present (default: all): its ``data`` axis resized to
+    what the other axes leave; None when they do not fit (the model then loads unsharded)."""
+    devices = jax.device_count() if devices is None else devices
+    others = math.prod(size for axis, size in shape.items() if axis != DATA_AXIS)
+    if devices % others:
+        return None
+    return {axis: devices // others if axis == DATA_AXIS else size for axis, size in shape.items()}
+
+
 def _data_size(mesh: Mesh) -> int:
     return int(dict(mesh.shape).get(DATA_AXIS, 1))
 
@@ -123,7 +140,7 @@ def _mesh_spec(annotation, path: str, mesh: Mesh, rules) -> PartitionSpec:
         for axis in (axes if isinstance(axes, tuple) else (axes,)):
             if axis is not None and axis not in mesh.axis_names:
                 hint = ("map logical names to mesh axes with sharding_rules=[('embed', 'model'), ...]"
-                        if logical else "use the mesh's axis names")
+                        if logical else "use the mesh's axis names (for a trainer that loads a run: pass its mesh=...)")
                 raise ValueError(f"Parameter {path} is annotated {annotation}, and {axis!r} is not an axis of the "
                                  f"mesh {tuple(mesh.axis_names)}: {hint}.")
     return spec

@@ -28,8 +28,10 @@ import numpy as np
 import yaml
 
 from flaxlight.checkpoint import Checkpointer
+from flaxlight.distributed import fit_mesh
 from flaxlight.loggers import CSVLogger, Logger, LoggerCollection, TensorBoardLogger, tensorboard_available
 from flaxlight.loggers.base import run_display_name
+from flaxlight.messages import logger as messages
 from flaxlight.registry import RegistryError, explicit_parameters, import_object
 
 __all__ = ["LoggerParams", "HPARAMS_FILE", "CHECKPOINT_DIR", "METRICS_DIR", "LOGGER_TYPES", "next_version_dir",
@@ -377,6 +379,12 @@ def trainer_kwargs(trainer_class: type, run: str | os.PathLike, which: str,
     hparams["logger_params"] = {**(hparams.get("logger_params") or {}), "log_dir": log_dir,
                                 **(overrides.get("logger_params") or {})}
     hparams["enable_model_summary"] = False  # an override can ask for the table
+    if "mesh" in hparams:  # the run's mesh, fitted to the devices here, unless mesh= or distributed= is given
+        hparams["mesh"] = None if {"mesh", "distributed"} & set(overrides) else fit_mesh(hparams["mesh"])
+        if hparams["mesh"] is None and not {"mesh", "distributed"} & set(overrides):
+            hparams["distributed"] = None
+            messages.info(f"The run's mesh does not fit the {jax.device_count()} device(s) here: the model loads on "
+                          f"one device (pass mesh=... to load_from_checkpoint to place it).")
     named = explicit_parameters(trainer_class.__init__)
     if "model_hparams" in named or not set(model_hparams) <= set(named):
         hparams["model_hparams"] = model_hparams

@@ -64,7 +64,7 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
         self.enable_progress_bar, self.debug, self.check_val_every_n_epoch = enable_progress_bar, debug, check_val_every_n_epoch
         self.config = {"model_class": runfiles.class_path(model_class), "model_hparams": self.model_hparams,
                        "optimizer_hparams": optim.recorded_optimizer(optimizer_hparams),
-                       "logger_params": dict(logger_params or {}),
+                       "logger_params": dict(logger_params or {}), **dist.mesh_record(mesh),
                        "enable_progress_bar": enable_progress_bar, "debug": debug,
                        "check_val_every_n_epoch": check_val_every_n_epoch, "seed": seed, **kwargs}
         self._start_fresh_run_state()
