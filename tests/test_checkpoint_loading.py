@@ -159,3 +159,24 @@ def test_load_from_checkpoint_with_another_log_dir_loads_the_run_and_logs_there(
     loaded.test(val)
     loaded.logger.flush()
     assert _csv_rows(tmp_path / "run") == rows and "test/loss" in _csv_rows(tmp_path / "eval")[0]
+
+
+def test_a_model_checkpoints_monitor_is_the_trainers_best_unless_the_trainer_names_another(tmp_path, regression_loaders):
+    import json
+
+    train, val, _ = regression_loaders
+
+    def trainer(**options):
+        return RegressTrainer(model_class=TinyMLP, model_hparams={"hidden_dims": [8]}, optimizer_hparams={"lr": 1e-2},
+                              exmp_input=X0, **quiet(tmp_path, **options))
+
+    worst = flaxlight.ModelCheckpoint(monitor="val/loss", mode="max")  # the first, worst epoch: not the default best
+    fitted = trainer(callbacks=[worst])
+    returned = fitted.train_model(train, val, num_epochs=3)
+    assert returned["val/loss"] == max(row["val/loss"] for row in fitted.history)
+    best_eval = json.loads((tmp_path / "run" / "metrics" / "best_eval.json").read_text())
+    loaded = RegressTrainer.load_from_checkpoint(tmp_path / "run", exmp_input=X0)
+    assert loaded.eval_model(val, log_prefix="val/")["val/loss"] == pytest.approx(best_eval["val/loss"], rel=1e-5)
+    with pytest.warns(UserWarning, match=r"ModelCheckpoint\(monitor='val/loss', mode='max'\).*monitor='val/loss' "
+                                         r"\(mode='min'\).*Give both the same monitor"):
+        trainer(monitor="val/loss", mode="min", callbacks=[flaxlight.ModelCheckpoint(monitor="val/loss", mode="max")])

@@ -19,6 +19,7 @@ import pytest
 optuna = pytest.importorskip("optuna")
 
 import flaxlight  # noqa: E402
+import flaxlight.loggers  # noqa: E402
 from flaxlight.callbacks import PruningCallback  # noqa: E402
 from flaxlight.tune import (  # noqa: E402
     Categorical,
@@ -562,3 +563,70 @@ def test_tune_from_config_import_paths_need_the_opt_in(tmp_path):
     assert not (tmp_path / "cfg").exists()
     study = tune_from_config(config, allow_imports=["flaxlight.zoo.datasets"])
     assert [t.state for t in study.trials] == [State.COMPLETE]
+
+
+# ----------------------------------------------------------------------------- session 9: reruns and refusals
+def test_a_journal_in_the_study_folder_is_created_and_found_by_the_folder(tmp_path, loaders):
+    x0 = classification_data()[0][:1]
+    journal = tmp_path / "studies" / "digits" / "journal.log"  # the folder does not exist yet
+    tune(ClassifyTrainer, LR_SPACE, hparams=tiny_hparams(x0), train_loader=loaders[0], val_loader=loaders[1],
+         num_epochs=1, metric="val/acc", n_trials=1, storage=str(journal), study_name="digits",
+         base_dir=tmp_path / "studies", seed=0)
+    assert len(load_study(tmp_path / "studies" / "digits").trials) == 1
+
+
+def test_a_seeded_rerun_continues_the_search_instead_of_replaying_it(tmp_path, loaders):
+    x0 = classification_data()[0][:1]
+    for _ in range(2):
+        study = tune(ClassifyTrainer, LR_SPACE, hparams=tiny_hparams(x0), train_loader=loaders[0],
+                     val_loader=loaders[1], num_epochs=1, metric="val/acc", n_trials=2, base_dir=tmp_path, seed=0)
+    rates = [t.params["optimizer_hparams.lr"] for t in study.trials]
+    assert len(rates) == 4 and len(set(rates)) == 4
+
+
+def test_a_trial_whose_loss_went_nan_fails_even_when_its_accuracy_is_finite(tmp_path, loaders):
+    x0 = classification_data()[0][:1]
+    hparams = {**tiny_hparams(x0), "optimizer_hparams": {"optimizer": "sgd", "lr": 1e30, "schedule": "constant",
+                                                         "gradient_clip": None}}
+    with pytest.raises(TuneError, match="FloatingPointError: the loss was NaN/Inf in"):
+        tune(ClassifyTrainer, {"seed": Int(0, 3)}, hparams=hparams, train_loader=loaders[0], val_loader=loaders[1],
+             num_epochs=2, metric="val/acc", n_trials=1, base_dir=tmp_path)
+    (trial,) = load_study(tmp_path / "study").trials
+    assert trial.state == State.FAIL and "NaN/Inf" in trial.user_attrs["error"]
+
+
+def test_shared_loggers_and_a_checkpoint_ranking_by_another_metric_are_refused(tmp_path, loaders):
+    x0 = classification_data()[0][:1]
+    common = dict(train_loader=loaders[0], val_loader=loaders[1], metric="val/acc", base_dir=tmp_path, n_trials=1)
+    with pytest.raises(ValueError, match=r"every trial would share.*logger_params=\{'logger_type'"):
+        tune(ClassifyTrainer, LR_SPACE, hparams={**tiny_hparams(x0), "loggers": [flaxlight.loggers.CSVLogger(tmp_path)]},
+             **common)
+    with pytest.raises(ValueError, match=r"ModelCheckpoint\(monitor='val/loss'\).*give it monitor='val/acc'"):
+        tune(ClassifyTrainer, LR_SPACE, **common,
+             hparams={**tiny_hparams(x0), "callbacks": [flaxlight.ModelCheckpoint(monitor="val/loss")]})
+    assert not (tmp_path / "study").exists()
+
+
+def test_a_new_study_over_an_earlier_ones_trial_folders_is_refused_before_any_trial(tmp_path, loaders):
+    x0 = classification_data()[0][:1]
+    common = dict(hparams=tiny_hparams(x0), train_loader=loaders[0], val_loader=loaders[1], num_epochs=1,
+                  metric="val/acc", n_trials=1, base_dir=tmp_path)
+    tune(ClassifyTrainer, LR_SPACE, **common)
+    os.remove(tmp_path / "study" / "study.db")  # started over: a new study in the same folder
+    with pytest.raises(TuneError, match=r"holds the trial folders of an earlier study \(trial_0000\).*another "
+                                        r"study_name or base_dir"):
+        tune(ClassifyTrainer, LR_SPACE, **common)
+
+
+@pytest.mark.parametrize("settings, message", [
+    ({"timeout": "10"}, "timeout must be a number of seconds > 0"),
+    ({"timeout": -5}, "timeout must be a number of seconds > 0"),
+    ({"seed": "zero"}, "seed must be an int >= 0"),
+    ({"base_dir": 5}, "base_dir must be a folder's path"),
+])
+def test_bad_study_settings_are_refused_before_any_trial(tmp_path, loaders, settings, message):
+    x0 = classification_data()[0][:1]
+    options = dict(hparams=tiny_hparams(x0), train_loader=loaders[0], val_loader=loaders[1], metric="val/acc",
+                   n_trials=1, base_dir=tmp_path)
+    with pytest.raises(ValueError, match=message):
+        tune(ClassifyTrainer, LR_SPACE, **{**options, **settings})

@@ -17,7 +17,7 @@ import jax
 
 from flaxlight import distributed as dist
 from flaxlight import optim, resume, runfiles
-from flaxlight.callbacks import Callback, FitResult, History, ModelCheckpoint, NaNGuard, with_default_callbacks
+from flaxlight.callbacks import Callback, FitResult, History, NaNGuard, one_best, with_default_callbacks
 from flaxlight.data import as_input_list, as_loader, fit_loaders
 from flaxlight.engine import Engine, Span, check_step_pair
 from flaxlight.loggers import LoggerCollection
@@ -69,7 +69,7 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
                        "check_val_every_n_epoch": check_val_every_n_epoch, "seed": seed, **kwargs}
         self._start_fresh_run_state()
         self.callbacks: list[Callback] = with_default_callbacks(callbacks, self.options, enable_progress_bar)
-        self._checkpoint_callback = next((cb for cb in self.callbacks if isinstance(cb, ModelCheckpoint)), None)
+        self.options, self._checkpoint_callback = one_best(self.options, self.callbacks)  # one meaning of "best"
         runfiles.enable_compilation_cache(self.options.compilation_cache)
         self.mesh = dist.mesh_for(mesh, self.options.distributed)
         self.model_adapter = make_adapter(self.model_class, self.model_hparams, seed=seed)

@@ -75,6 +75,7 @@ __all__ = [
 _log = logging.getLogger("flaxlight.tune")
 
 STORAGE_FILE = "study.db"
+JOURNAL_FILE = "journal.log"  # the journal storage docs/tuning.md suggests: base_dir/study_name/journal.log
 TRIAL_DIR = "trial_{number:04d}"
 DEFAULT_BASE_DIR = "studies"
 DEFAULT_STUDY_NAME = "study"
@@ -320,7 +321,12 @@ class SearchSpace(Mapping):
                 values[key] = trial.suggest_int(key, param.low, param.high, log=param.log, step=param.step)
             else:
                 labels = [_choice_label(key, c) for c in param.choices]
-                label = trial.suggest_categorical(key, labels)
+                try:
+                    label = trial.suggest_categorical(key, labels)
+                except ValueError as exc:  # a value given by study.enqueue_trial that is none of the labels
+                    raise ValueError(f"search_space[{key!r}]: {exc} The study stores the choices {labels}; give "
+                                     f"enqueue_trial one of them (a list or dict choice as its JSON text, e.g. "
+                                     f"{labels[-1]!r}).") from None
                 values[key] = param.choices[labels.index(label)]
         return values
 
@@ -522,6 +528,7 @@ def make_storage(storage: Any = None, default_path: str | os.PathLike | None = N
         path = os.path.abspath(text)
         if path.endswith((".log", ".jsonl", ".journal")):
             try:
+                os.makedirs(os.path.dirname(path), exist_ok=True)  # as for the default SQLite file
                 backend = optuna.storages.journal.JournalFileBackend(path)
                 return optuna.storages.JournalStorage(backend)
             except Exception as exc:  # noqa: BLE001 - reported with the path
@@ -631,15 +638,16 @@ def _open_study(storage, study_name: str, direction: str, metric: str, run_dir: 
 
 
 def load_study(storage: Any = None, study_name: str | None = None, base_dir: str | os.PathLike = DEFAULT_BASE_DIR):
-    """Open an existing study: by ``storage`` (URL, ``.db`` file, or a study's run dir holding
-    ``study.db``) or, by default, ``base_dir/study_name/study.db``. ``study_name`` may be left
+    """Open an existing study: by ``storage`` (URL, ``.db`` or ``.log`` file, or a study's run dir
+    holding ``study.db`` or ``journal.log``) or, by default, ``base_dir/study_name/study.db``. ``study_name`` may be left
     out when the storage holds exactly one study."""
     if storage is None:
         if study_name is None:
             raise ValueError("load_study needs a storage or a study_name.")
         storage = os.path.join(os.fspath(base_dir), study_name, STORAGE_FILE)
-    if isinstance(storage, (str, os.PathLike)) and os.path.isdir(storage):
-        storage = os.path.join(os.fspath(storage), STORAGE_FILE)
+    if isinstance(storage, (str, os.PathLike)) and os.path.isdir(storage):  # a run dir: its study.db or journal
+        found = [os.path.join(os.fspath(storage), name) for name in (STORAGE_FILE, JOURNAL_FILE)]
+        storage = next((path for path in found if os.path.exists(path)), found[0])
     if isinstance(storage, (str, os.PathLike)) and "://" not in os.fspath(storage) and not os.path.exists(storage):
         raise FileNotFoundError(f"No study storage at {os.fspath(storage)!r}.")
     storage = make_storage(storage)
@@ -818,6 +826,9 @@ class _Objective:
             pruning.raise_if_pruned()
             if pruning.nonfinite:
                 raise FloatingPointError(pruning.reason)
+            if getattr(trainer, "nonfinite_steps", 0):  # NaN params can still give a finite accuracy
+                raise FloatingPointError(f"the loss was NaN/Inf in {trainer.nonfinite_steps} step(s), so the "
+                                         f"trained model is damaged (its {self.metric} is not a result).")
             value = metrics.get(self.metric) if isinstance(metrics, Mapping) else None
             if value is None:
                 try:
@@ -942,8 +953,21 @@ def _check_data_arguments(train_loader: Iterable | None, val_loader: Iterable | 
 
 
 def _base_trial_hparams(hparams: Mapping[str, Any] | None, metric: str, direction: str) -> dict[str, Any]:
-    """``hparams`` with the trial defaults: no progress bar or model table; monitor a ``val/`` metric."""
+    """``hparams`` with the trial defaults: no progress bar or model table; monitor a ``val/`` metric.
+    Refused: logger objects (every trial would write into the same one) and a ``ModelCheckpoint``
+    ranking by another metric (the trial's best checkpoint would not be its value's)."""
     base = dict(hparams or {})
+    if base.get("loggers") or (base.get("logger_params") or {}).get("loggers"):
+        raise ValueError("hparams['loggers'] holds logger objects, which every trial would share (all trials in one "
+                         "file or run): pass logger_params={'logger_type': [...]} instead, so that each trial "
+                         "logs in its own folder.")
+    from flaxlight.callbacks import ModelCheckpoint
+
+    for callback in base.get("callbacks") or []:
+        if isinstance(callback, ModelCheckpoint) and callback.monitor not in (None, metric):
+            raise ValueError(f"ModelCheckpoint(monitor={callback.monitor!r}) ranks a trial's checkpoints by another "
+                             f"metric than the study's {metric!r}, so a trial's best checkpoint would not be the one "
+                             f"its value came from: give it monitor={metric!r} or no monitor.")
     trial_defaults = {"enable_progress_bar": False, "enable_model_summary": False}
     if metric.startswith("val/"):
         trial_defaults.update(monitor=metric, mode="max" if direction == "maximize" else "min")
@@ -1007,11 +1031,15 @@ def _run_study(build: Callable[..., tuple], space: SearchSpace, *, metric: str, 
     _check_study_name(study_name, base_dir)
     if max_failed_in_a_row is not None and (not isinstance(max_failed_in_a_row, int) or max_failed_in_a_row < 1):
         raise ValueError(f"max_failed_in_a_row must be a positive int or None, got {max_failed_in_a_row!r}.")
-    sampler, pruner = make_sampler(sampler, seed), make_pruner(pruner)
+    _check_study_settings(timeout, seed, base_dir)
+    sampler_spec, pruner = sampler, make_pruner(pruner)
     run_dir = os.path.abspath(os.path.join(os.fspath(base_dir), study_name))
     storage_obj = make_storage(storage, default_path=os.path.join(run_dir, STORAGE_FILE))
     os.makedirs(run_dir, exist_ok=True)
-    study = _open_study(storage_obj, study_name, direction, metric, run_dir, sampler, pruner)
+    study = _open_study(storage_obj, study_name, direction, metric, run_dir, make_sampler(sampler_spec, seed), pruner)
+    if seed is not None and study.trials:  # a seeded sampler made again would replay the study's first trials
+        study.sampler = make_sampler(sampler_spec, seed + len(study.trials))
+    _check_trial_dirs_free(study, run_dir)
     if n_trials == 0:
         return study
     objective = _Objective(build, space, metric, run_dir, catch)
@@ -1036,6 +1064,30 @@ def _run_study(build: Callable[..., tuple], space: SearchSpace, *, metric: str, 
                         f"user_attrs['error'], its files under {run_dir}); fix the set-up and run tune again: "
                         f"the study resumes.")
     return study
+
+
+def _check_study_settings(timeout: Any, seed: Any, base_dir: Any) -> None:
+    """``timeout`` (seconds > 0 or None), ``seed`` (an int >= 0 or None) and ``base_dir`` (a path)."""
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0):
+        raise ValueError(f"timeout must be a number of seconds > 0 (or null), got {timeout!r}.")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
+        raise ValueError(f"seed must be an int >= 0 (or null), got {seed!r}.")
+    if not isinstance(base_dir, (str, os.PathLike)) or not os.fspath(base_dir):
+        raise ValueError(f"base_dir must be a folder's path, got {base_dir!r}.")
+
+
+def _check_trial_dirs_free(study: "optuna.Study", run_dir: str) -> None:
+    """Refuse a study whose next trials' folders hold runs of an earlier study (started over in the
+    same place): those trials would fail one by one."""
+    from flaxlight.runfiles import run_files_present
+
+    taken = sorted(name for name in os.listdir(run_dir) if name.startswith("trial_") and name[6:].isdigit()
+                   and int(name[6:]) >= len(study.trials) and run_files_present(os.path.join(run_dir, name)))
+    if taken:
+        raise TuneError(f"{run_dir} holds the trial folders of an earlier study ({', '.join(taken[:3])}"
+                        f"{', ...' if len(taken) > 3 else ''}), which study {study.study_name!r} in this storage "
+                        f"({len(study.trials)} trials) would write into. Move or delete them, or use another "
+                        f"study_name or base_dir.")
 
 
 def _check_study_name(study_name: Any, base_dir: str | os.PathLike) -> None:
@@ -1188,6 +1240,8 @@ def parse_tune_config(section: Mapping[str, Any]) -> dict[str, Any]:
         flat = {_config_key(str(k)): v for k, v in flat.items()}
     out["search_space"] = SearchSpace(flat)
     out.setdefault("metric", "val/loss")
+    if not isinstance(out["metric"], str) or not out["metric"]:
+        raise ValueError(f"metric must be a logged metric's name such as val/acc, got {out['metric']!r}.")
     out.setdefault("n_trials", 20)
     out["direction"] = _check_direction(out.get("direction"), out["metric"])
     return out

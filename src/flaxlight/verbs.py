@@ -114,7 +114,7 @@ class TrainerVerbsMixin:
             raise ValueError(f"which must be 'current', 'best' or 'last'; got {which!r}.")
         if which != "current" and self.checkpointer.all_steps():
             self.checkpointer.wait()
-            self.load_model(resume.pick_checkpoint(self.checkpointer, which))
+            self.load_model(None if which == "best" else resume.pick_checkpoint(self.checkpointer, which))  # None: best
         test_metrics = self.eval_model(test_loader, log_prefix="test/")
         self._log(test_metrics)
         self.save_metrics("test", test_metrics)

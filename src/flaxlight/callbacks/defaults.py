@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import warnings
 from typing import Any
 
 from flaxlight import distributed as dist
@@ -11,7 +13,7 @@ from flaxlight.callbacks.model_checkpoint import ModelCheckpoint
 from flaxlight.callbacks.progress_bar import ProgressBar
 from flaxlight.callbacks.timer import Timer
 
-__all__ = ["with_default_callbacks"]
+__all__ = ["with_default_callbacks", "one_best"]
 
 
 def with_default_callbacks(callbacks: list[Callback], options: Any, enable_progress_bar: bool) -> list[Callback]:
@@ -44,3 +46,28 @@ def with_default_callbacks(callbacks: list[Callback], options: Any, enable_progr
     # checkpoint holds the other callbacks' state after that moment (an exact resume needs it).
     return [cb for cb in callbacks if not isinstance(cb, ModelCheckpoint)] + \
         [cb for cb in callbacks if isinstance(cb, ModelCheckpoint)]
+
+
+def one_best(options: Any, callbacks: list[Callback]) -> tuple[Any, ModelCheckpoint | None]:
+    """``(options, checkpoint callback)`` with one meaning of "best": a trainer without a
+    ``monitor`` takes its :class:`ModelCheckpoint`'s (as in Lightning, where the checkpoint
+    callback's monitor is the only one); when both are given and differ, a warning says that
+    ``which="best"`` / ``test()`` then follow the callback and the returned metrics the trainer.
+
+    Examples:
+        >>> options, _ = one_best(TrainerOptions(), [ModelCheckpoint(monitor="val/acc", mode="max")])  # doctest: +SKIP
+        >>> options.monitor, options.mode                                                             # doctest: +SKIP
+        ('val/acc', 'max')
+    """
+    chosen = next((cb for cb in callbacks if isinstance(cb, ModelCheckpoint)), None)
+    if chosen is None or chosen.monitor is None:
+        return options, chosen
+    if options.monitor is None:
+        return dataclasses.replace(options, monitor=chosen.monitor, mode=chosen.mode), chosen
+    if (options.monitor, options.mode) != (chosen.monitor, chosen.mode):
+        warnings.warn(f"ModelCheckpoint(monitor={chosen.monitor!r}, mode={chosen.mode!r}) ranks checkpoints by "
+                      f"another measure than the trainer's monitor={options.monitor!r} (mode={options.mode!r}): "
+                      f"load_from_checkpoint(which='best') and test() get the callback's best, while train_model's "
+                      f"returned metrics and metrics/best_eval.json follow the trainer's. Give both the same "
+                      f"monitor (a ModelCheckpoint without monitor follows the trainer's).", UserWarning, stacklevel=3)
+    return options, chosen
