@@ -175,6 +175,29 @@ def test_learning_rate_monitor_logs_the_schedule(tmp_path, regression_loaders):
     assert lrs[16] < lrs[12] < lrs[8]  # cosine decay after the warmup
 
 
+def test_learning_rate_monitor_logs_the_rate_in_effect_with_gradient_accumulation(tmp_path, regression_loaders):
+    """Accumulating 4 batches per update: the schedule runs over updates, and so does the logged rate."""
+    from flaxlight.optim import current_learning_rate
+
+    class Recorder(Callback):
+        every_n_steps = 4
+
+        def __init__(self):
+            self.rates = {}
+
+        def on_step(self, trainer, step):
+            self.rates[step] = float(current_learning_rate(trainer.state))
+
+    train, val, _ = regression_loaders
+    recorder = Recorder()
+    trainer = _trainer(tmp_path, callbacks=[LearningRateMonitor(), recorder], log_every_n_steps=4,
+                       optimizer_hparams={"optimizer": "sgd", "lr": 0.1, "schedule": "linear",
+                                          "accumulate_grad_batches": 4})
+    trainer.train_model(train, val, num_epochs=2)
+    logged = {int(r["step"]): float(r["train/lr"]) for r in _rows(tmp_path) if r.get("train/lr")}
+    assert logged == pytest.approx(recorder.rates) and len(set(logged.values())) == 4  # 4 updates, 4 rates
+
+
 class RiseThenFall(RegressTrainer):
     """Adds a ``score`` metric that depends only on the completed epochs: 1, 3, 2 at the
     validations of epochs 1, 2, 3 (the highest at epoch 2, the lowest at epoch 1)."""

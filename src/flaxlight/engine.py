@@ -517,8 +517,9 @@ class LearningRateTable:
 
     def prepare(self, plan: Any, start: int, count: int) -> None:
         """Start computing the rates of steps ``start .. start + count`` of ``plan``'s schedule
-        (an :class:`~flaxlight.optim.OptimizerPlan`, or a schedule; nothing without one)."""
-        schedule = getattr(plan, "schedule", plan)
+        (an :class:`~flaxlight.optim.OptimizerPlan`: its rate per train step, or a schedule;
+        nothing without one)."""
+        schedule = getattr(plan, "step_schedule", plan)
         if schedule is None or self._covers(schedule, start, max(count, 0)):
             return
         # Whole power-of-two chunks of at least 4096 steps: one dispatch serves many epochs, and
@@ -539,7 +540,7 @@ class LearningRateTable:
     def rate(self, plan: Any, step: int) -> float | None:
         """The rate at ``step`` (from the table when it covers ``step``, else computed now);
         None when ``plan`` has no schedule."""
-        schedule = getattr(plan, "schedule", plan)
+        schedule = getattr(plan, "step_schedule", plan)
         if schedule is None:
             return None
         table = self._table

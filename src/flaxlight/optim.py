@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import inspect
 import logging
 from collections.abc import Mapping
@@ -726,6 +727,16 @@ class OptimizerPlan:
     total_steps: int
     num_updates: int
     weight_decay: float
+
+    @functools.cached_property
+    def step_schedule(self) -> Callable[[Any], Any] | None:
+        """The learning rate after a number of train steps (batches): ``schedule`` at the updates
+        made by then, ``step // accumulate_grad_batches`` (what a log point at ``step`` shows)."""
+        every = self.config.accumulate_grad_batches if self.config is not None else 1
+        if self.schedule is None or every == 1:
+            return self.schedule
+        schedule = self.schedule
+        return lambda step: schedule(step // every)
 
 
 def warn_l2_outside_step(trainer_name: str) -> None:
