@@ -41,6 +41,16 @@ def test_mismatched_lengths_fail_with_shapes():
         ArrayLoader(np.zeros((5, 2)), np.zeros(4), batch_size=2)
 
 
+def test_check_batch_refuses_text_labels_and_leaves_of_different_lengths():
+    with pytest.raises(TypeError, match=r"leaf at \[1\].*holds <U1 values, not numbers.*np.unique"):
+        check_batch((np.zeros((2, 3)), np.array(["a", "b"])))
+    with pytest.raises(TypeError, match=r"leaf at \['y'\].*holds object values"):
+        check_batch({"x": np.zeros((2, 3)), "y": np.array([1, None], dtype=object)})
+    with pytest.raises(ValueError, match=r"different leading \(batch\) dimensions: \[0\] 16, \[1\] 15"):
+        check_batch((np.zeros((16, 3)), np.zeros(15)))
+    check_batch((np.zeros((4, 3)), None))  # None is an empty part of a pytree (a loss that ignores it works)
+
+
 def test_check_batch_names_the_bad_leaf():
     with pytest.raises(TypeError, match=r"\[1\].*str"):
         check_batch((np.zeros((2, 3)), "labels"))

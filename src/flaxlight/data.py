@@ -305,20 +305,28 @@ def check_batch(batch, where: str = "batch") -> None:
     leaves = jax.tree.leaves(batch)
     if not leaves:
         raise TypeError(f"The {where} is empty ({type(batch).__name__}); expected arrays, a tuple or a dict of arrays.")
-    for path, leaf in jax.tree_util.tree_leaves_with_path(batch):
+    sizes = {}
+    for path, leaf in jax.tree_util.tree_leaves_with_path(batch):  # None: an empty part, as in jit
+        location = jax.tree_util.keystr(path) or "(the whole batch)"
         if not isinstance(leaf, (np.ndarray, jax.Array)) and not (
             isinstance(leaf, np.generic) and np.issubdtype(type(leaf), np.number)
         ):
-            location = jax.tree_util.keystr(path) or "(the whole batch)"
             raise TypeError(
                 f"The {where} must be an array or a tuple/list/dict pytree of numpy/JAX arrays; "
                 f"the leaf at {location} is a {type(leaf).__name__}. Convert it with np.asarray, "
                 f"e.g. return (np.asarray(x), np.asarray(y)) from your loader."
             )
+        if np.dtype(leaf.dtype).kind not in "biufc":
+            raise TypeError(f"The leaf at {location} of the {where} holds {np.dtype(leaf.dtype)} values, not numbers; "
+                            f"convert it first (class names to ints: np.unique(labels, return_inverse=True)[1]).")
         if np.ndim(leaf) == 0:
-            what = f"The {where} is" if not path else f"The leaf at {jax.tree_util.keystr(path)} of the {where} is"
+            what = f"The {where} is" if not path else f"The leaf at {location} of the {where} is"
             raise ValueError(f"{what} a scalar ({leaf!r}); every array of a batch needs a leading batch dimension, "
                              f"e.g. shape (batch_size, ...). Yield whole batches, not single values.")
+        sizes[location] = int(np.shape(leaf)[0])
+    if len(set(sizes.values())) > 1:
+        raise ValueError(f"The arrays of the {where} have different leading (batch) dimensions: "
+                         f"{', '.join(f'{k} {v}' for k, v in sizes.items())}; every array needs one row per example.")
 
 
 def check_input_shapes(batch, exmp_input: Sequence[Any], where: str = "batch") -> None:
