@@ -49,7 +49,9 @@ if args.restore_from:
         args.restore_from, exmp_input=x[:1], which="last", with_optimizer=True,
         distributed=None if args.mode == "none" else args.mode)
     metrics = trainer.eval_model(val, log_prefix="val/")
+    before = metrics["val/loss"]
 else:
+    before = trainer.eval_model(val, log_prefix="val/")["val/loss"]  # before training: on the mesh too
     metrics = trainer.train_model(train, val, num_epochs=2)
 kernel = trainer.state.params["Dense_0"]["kernel"]
 sharding = str(getattr(kernel, "sharding", ""))
@@ -63,5 +65,5 @@ if jax.process_count() > 1:
 else:
     params = jax.device_get(trainer.state.params)
 if jax.process_index() == 0:
-    np.savez(args.out, loss=metrics["val/loss"], sharding=sharding,
+    np.savez(args.out, loss=metrics["val/loss"], before=before, sharding=sharding,
              **{f"p{i}": leaf for i, leaf in enumerate(jax.tree.leaves(params))})

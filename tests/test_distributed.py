@@ -37,7 +37,7 @@ def _params(path):
 def single_device(tmp_path_factory):
     root = tmp_path_factory.mktemp("single")
     _finish(_run("none", root / "out.npz", root / "run"))
-    return _params(root / "out.npz")
+    return (*_params(root / "out.npz"), root / "out.npz")
 
 
 def _assert_close(got, want):
@@ -72,6 +72,8 @@ def test_two_processes_on_localhost_match_one_process(single_device, tmp_path):
         _finish(worker)
     _assert_close(_params(tmp_path / "mp.npz"), single_device)
     assert (tmp_path / "mp" / "metrics.csv").is_file()  # written by process 0 only
+    with np.load(tmp_path / "mp.npz") as two, np.load(single_device[3]) as one:  # eval_model before train_model
+        assert float(two["before"]) == pytest.approx(float(one["before"]), rel=1e-5)
 
 
 def test_batch_that_does_not_split_over_the_devices(tmp_path):

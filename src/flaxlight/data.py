@@ -300,6 +300,30 @@ def _describe(batch) -> str:
     return str(jax.tree.map(lambda a: f"{type(a).__name__}{tuple(np.shape(a))}", batch))
 
 
+def is_iterator(loader: Any) -> bool:
+    """Whether ``loader`` is its own iterator (a generator, ``iter(list)``): one pass only."""
+    try:
+        return iter(loader) is loader
+    except TypeError:
+        return False
+
+
+def no_batches_error(name: str, loader: Any) -> ValueError:
+    """The error for a loader that yielded no batch: an iterator (a generator) that ran dry after
+    its one pass, or an empty dataset.
+
+    Examples:
+        >>> str(no_batches_error("train_loader", iter([])))[:60]
+        'train_loader yielded no batches: it is an iterator (a genera'
+    """
+    if is_iterator(loader):
+        return ValueError(f"{name} yielded no batches: it is an iterator (a generator?), which runs dry after one "
+                          f"pass. Give something that starts a new pass at each iter(): a list, an ArrayLoader, "
+                          f"or a class whose __iter__ makes the generator (for a stream that never ends, "
+                          f"steps_per_epoch=N takes N batches per epoch).")
+    return ValueError(f"{name} yielded no batches: check the dataset size, batch_size and drop_last.")
+
+
 def check_batch(batch, where: str = "batch") -> None:
     """Fail with a readable message unless ``batch`` is a pytree of arrays with a batch dim."""
     leaves = jax.tree.leaves(batch)

@@ -18,7 +18,7 @@ import jax
 from flaxlight import distributed as dist
 from flaxlight import optim, resume, runfiles
 from flaxlight.callbacks import Callback, FitResult, History, NaNGuard, one_best, with_default_callbacks
-from flaxlight.data import as_input_list, as_loader, fit_loaders
+from flaxlight.data import as_input_list, as_loader, fit_loaders, no_batches_error
 from flaxlight.engine import Engine, Span, check_step_pair
 from flaxlight.loggers import LoggerCollection
 from flaxlight.loop import (BatchLimits, EventSchedule, Interrupted, LoopState, NonfiniteTally, RunPlan, SignalGuard,
@@ -84,12 +84,12 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
             self.engine = self._make_engine(*check_step_pair(seed_steps, f"{type(self).__name__}.create_jitted_"
                                                              f"functions() must set self.train_step, self.eval_step:"))
         self.init_model(exmp_input)
+        self._place_state()  # on a mesh from the start: eval_model / test before training use it too
 
     def _start_fresh_run_state(self) -> None:
         self.global_step, self._hparams_written, self._l2_in_step = 0, False, False
         self.should_stop, self.stop_reason, self.callback_metrics = False, None, {}
-        self.batch_size = self.num_epochs = self.steps_per_epoch = self.optimizer_plan = None
-        self.distributed_mode: str | None = None
+        self.batch_size = self.num_epochs = self.steps_per_epoch = self.optimizer_plan = self.distributed_mode = None
         self._limits = BatchLimits.from_options(self.options)
         self._loop, self._schedule, self._nonfinite = LoopState(), EventSchedule(), NonfiniteTally()
         self._best_eval_metrics, self._is_best, self._val_loader = None, False, None
@@ -324,7 +324,7 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
         finally:
             self._take(span)
         if loop.acc is None:
-            raise ValueError("train_loader yielded no batches: check the dataset size, batch_size and drop_last.")
+            raise no_batches_error("train_loader", train_loader)
         if not (self._stopping() or self._schedule.interrupt_signal is not None):
             warn_if_loader_ran_short(loop.batch_index, stop)
         self._log_running(loop.running_log.flush())
@@ -397,7 +397,7 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
         acc = self.engine.evaluate(self.state, data_loader, after_batch=self._schedule.raise_if_interrupted,
                                    on_first_batch=lambda batch: self._check_first_batch(batch, "the evaluation loader"))
         if acc is None:
-            raise ValueError(f"The evaluation loader ({log_prefix or 'eval'}) yielded no batches.")
+            raise no_batches_error(f"The evaluation loader ({log_prefix or 'eval'})", data_loader)
         return read_means(acc, prefix=log_prefix)
 
     def is_new_model_better(self, new_metrics: Mapping[str, float], old_metrics: Mapping[str, float] | None) -> bool:
