@@ -377,7 +377,7 @@ def test_a_loader_shorter_than_steps_per_epoch_warns(tmp_path):
     assert int(trainer.state.step) == 3
 
 
-def _regressor(tmp_path, x, **kwargs):
+def _small_regressor(tmp_path, x, **kwargs):
     return RegressTrainer(model_class=TinyMLP, model_hparams={}, optimizer_hparams={"lr": 1e-2},
                           exmp_input=x[:1], **quiet(tmp_path, **kwargs))
 
@@ -389,7 +389,7 @@ def test_an_endless_stream_without_len_trains_to_max_steps(tmp_path):
         while True:
             yield x[:16], y[:16]
 
-    trainer = _regressor(tmp_path, x, max_steps=12)
+    trainer = _small_regressor(tmp_path, x, max_steps=12)
     trainer.train_model(endless(), None)
     assert trainer.global_step == 12
 
@@ -398,8 +398,8 @@ def test_generators_that_run_dry_are_explained(tmp_path):
     x, y = linear_data(64, 0)
     batches = [(x[i:i + 16], y[i:i + 16]) for i in range(0, 64, 16)]
     with pytest.raises(ValueError, match="val_loader is an iterator .* runs dry after the first validation"):
-        _regressor(tmp_path, x).train_model(batches, (b for b in batches), num_epochs=2)
-    trainer = _regressor(tmp_path, x)
+        _small_regressor(tmp_path, x).train_model(batches, (b for b in batches), num_epochs=2)
+    trainer = _small_regressor(tmp_path, x)
     with pytest.raises(ValueError, match=r"train_loader yielded no batches: it is an iterator .*a list, an ArrayLoader"):
         trainer.train_model((b for b in batches), None, num_epochs=2, steps_per_epoch=4)
     assert trainer.global_step == 4  # the first epoch trained
