@@ -180,3 +180,12 @@ def test_a_model_checkpoints_monitor_is_the_trainers_best_unless_the_trainer_nam
     with pytest.warns(UserWarning, match=r"ModelCheckpoint\(monitor='val/loss', mode='max'\).*monitor='val/loss' "
                                          r"\(mode='min'\).*Give both the same monitor"):
         trainer(monitor="val/loss", mode="min", callbacks=[flaxlight.ModelCheckpoint(monitor="val/loss", mode="max")])
+
+
+def test_a_max_steps_run_loaded_with_its_optimizer_keeps_its_schedule(tmp_path, regression_loaders):
+    train, val, _ = regression_loaders
+    trainer = RegressTrainer(model_class=TinyMLP, model_hparams={"hidden_dims": [8]}, optimizer_hparams={"lr": 1e-2},
+                             exmp_input=X0, max_steps=12, **quiet(tmp_path))  # 8 steps per epoch: stops in epoch 2
+    trainer.train_model(train, val, num_epochs=5)
+    loaded = RegressTrainer.load_from_checkpoint(tmp_path / "run", exmp_input=X0, which="last", with_optimizer=True)
+    assert [loaded.learning_rate(s) for s in (0, 6, 11)] == pytest.approx([trainer.learning_rate(s) for s in (0, 6, 11)])

@@ -53,7 +53,8 @@ class CheckpointMeta:
             torchdata; see :func:`flaxlight.data.positioned_iterator`).
         best_eval_metrics: the best validation so far (what ``train_model`` returns).
         best_step: the step of the best checkpoint kept (None before a validation).
-        num_epochs, steps_per_epoch: the run's length (the optimizer's schedule needs it).
+        num_epochs, steps_per_epoch: the run's length; schedule_steps: the train steps its optimizer's
+            schedule spans (``max_steps`` when that ends the run first).
         callbacks: each stateful callback's ``state_dict()``, by :func:`named_callbacks` name.
         owed_events, owed_steps: the events of ``step`` an interrupt came before (``"log"``,
             ``"val"``, ``"callbacks"``) and the updates they cover: a resume runs them first.
@@ -75,6 +76,7 @@ class CheckpointMeta:
     callbacks: dict = dataclasses.field(default_factory=dict)
     owed_events: list = dataclasses.field(default_factory=list)
     owed_steps: int = 1
+    schedule_steps: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         return _jsonable(dataclasses.asdict(self))  # a metric object's array result as nested lists
@@ -180,13 +182,16 @@ def restore_run(own: Checkpointer, resume_from: str | os.PathLike | None, state:
 
 
 def run_length(checkpointer: Checkpointer) -> tuple[int, int]:
-    """``(num_epochs, steps_per_epoch)`` of the run, from the newest checkpoint whose meta reads
-    (for an optimizer schedule of the same length), ``(1, 1)`` when unknown."""
+    """``(epochs, steps per epoch)`` whose product is the train steps the run's optimizer schedule
+    spans (for ``init_optimizer``: the same schedule again), from the newest checkpoint whose meta
+    reads; ``(1, 1)`` when unknown."""
     for step in sorted(checkpointer.all_steps(), reverse=True):
         try:
             meta = CheckpointMeta.from_json(checkpointer.read_meta(step))
         except Exception:  # noqa: BLE001 - a damaged checkpoint: try the one before
             continue
+        if meta.schedule_steps:
+            return 1, meta.schedule_steps
         return meta.num_epochs or 1, meta.steps_per_epoch or 1
     return 1, 1
 

@@ -459,7 +459,7 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
                                              best_step=chosen.best_step if chosen else None,
                                              loader_position=self.engine.loader_position(),
                                              best_eval_metrics=self._best_eval_metrics, num_epochs=self.num_epochs,
-                                             steps_per_epoch=self.steps_per_epoch)
+                                             steps_per_epoch=self.steps_per_epoch, schedule_steps=self._schedule_steps)
         self.checkpointer.save(step, self.state, meta=meta.to_json(), metrics=chosen.score_of(step) if chosen else None)
 
     def load_model(self, step: int | None = None) -> None:

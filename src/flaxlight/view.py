@@ -161,6 +161,11 @@ class TrainerViewMixin:
                              f"{str(exc)[:300]}") from exc
         return True
 
+    @property
+    def _schedule_steps(self) -> int | None:
+        """The train steps the optimizer's schedule spans (None before ``init_optimizer``)."""
+        return getattr(self.optimizer_plan, "total_steps", None)
+
     def _stopping(self) -> bool:
         """Whether the loop must end: :meth:`stop` was called or ``max_steps`` reached."""
         return self.should_stop or self.options.reached_max_steps(self.global_step)
