@@ -218,7 +218,7 @@ def test_sigterm_at_a_step_with_events_runs_them_after_the_resume(tmp_path, inte
 
 
 @pytest.mark.parametrize("how", ["max_steps", "stop"])
-def test_a_run_stopped_mid_epoch_continues_that_epoch_when_resumed(tmp_path, how):
+def test_a_run_stopped_mid_epoch_continues_that_epoch_when_resumed(tmp_path, how, capsys):
     """max_steps / stop() (max_time's path) mid-epoch, then a longer resumed run: the epoch's rest
     is trained, as in an uninterrupted run (bitwise, with a schedule that does not depend on the
     run's length)."""
@@ -247,7 +247,10 @@ def test_a_run_stopped_mid_epoch_continues_that_epoch_when_resumed(tmp_path, how
     reference = run(tmp_path / "ref")
     first = run(tmp_path / "run", **({"max_steps": 11} if how == "max_steps" else {"callbacks": [StopAt()]}))
     assert first.global_step == 11
+    capsys.readouterr()
     resumed = run(tmp_path / "run", resume=True)
+    said = capsys.readouterr().err
+    assert ("schedule spanned 11 steps and this run's spans 24" in said) == (how == "max_steps")
     assert resumed.global_step == 24 and [h["step"] for h in resumed.history] == [8, 11, 16, 24]  # 11: the stop's
     assert resumed.history[-2]["train/loss"] == pytest.approx(reference.history[1]["train/loss"], rel=1e-6)
     jax.tree.map(np.testing.assert_array_equal, resumed.state.params, reference.state.params)
