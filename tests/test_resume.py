@@ -250,7 +250,7 @@ def test_a_run_stopped_mid_epoch_continues_that_epoch_when_resumed(tmp_path, how
     capsys.readouterr()
     resumed = run(tmp_path / "run", resume=True)
     said = capsys.readouterr().err
-    assert ("schedule spanned 11 steps and this run's spans 24" in said) == (how == "max_steps")
+    assert "schedule spanned" not in said  # a constant rate: the run's length changes nothing
     assert resumed.global_step == 24 and [h["step"] for h in resumed.history] == [8, 11, 16, 24]  # 11: the stop's
     assert resumed.history[-2]["train/loss"] == pytest.approx(reference.history[1]["train/loss"], rel=1e-6)
     jax.tree.map(np.testing.assert_array_equal, resumed.state.params, reference.state.params)

@@ -410,8 +410,9 @@ def test_resume_message_is_a_flaxlight_info_message(tmp_path, regression_loaders
     assert _infos(flaxlight_messages) == []
     _build(RegressTrainer, tmp_path).train_model(train, val, num_epochs=2, resume=True)
     infos = _infos(flaxlight_messages)
-    assert len(infos) == 1 and infos[0].startswith("Resumed from checkpoint 8 in ")
+    assert len(infos) == 2 and infos[0].startswith("Resumed from checkpoint 8 in ")
     assert infos[0].endswith("(epoch 1, batch 8).")
+    assert infos[1].startswith("The run's learning-rate schedule spanned 8 steps and this run's spans 16")
     assert capsys.readouterr().out == ""
 
 

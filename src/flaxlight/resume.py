@@ -150,7 +150,7 @@ def restore_run(own: Checkpointer, resume_from: str | os.PathLike | None, state:
                 schedule_steps: int | None = None) -> tuple[Any, CheckpointMeta, int] | None:
     """Restore the checkpoint a run resumes from: ``(state, meta, step)``, or None for a fresh
     start (``resume=True`` into a run with no checkpoint yet). ``schedule_steps``: the length of
-    the resumed run's schedule; a change from the checkpoint's is said (the rates differ from then).
+    the resumed run's schedule when its rates depend on it; a change from the checkpoint's is said.
 
     Without ``resume_from``: the newest readable checkpoint of ``own`` (the run's own folder),
     restored by ``load(step)`` (the trainer's ``load_model``); damaged newer ones are skipped
@@ -182,8 +182,7 @@ def restore_run(own: Checkpointer, resume_from: str | os.PathLike | None, state:
                   position.epoch, position.batch_index)
     if schedule_steps and meta.schedule_steps and schedule_steps != meta.schedule_steps:
         messages.info("The run's learning-rate schedule spanned %d steps and this run's spans %d: from step %d on, "
-                      "the rates follow the new length (a schedule='constant' run is unchanged).",
-                      meta.schedule_steps, schedule_steps, step)
+                      "the rates follow the new length.", meta.schedule_steps, schedule_steps, step)
     return state, meta, step
 
 

@@ -166,6 +166,15 @@ class TrainerViewMixin:
         """The train steps the optimizer's schedule spans (None before ``init_optimizer``)."""
         return getattr(self.optimizer_plan, "total_steps", None)
 
+    @property
+    def _fitted_schedule_steps(self) -> int | None:
+        """:attr:`_schedule_steps` when the learning rates depend on it (a warmup/decay schedule of
+        flaxlight's), else None (a constant rate, an optax transformation of the user's)."""
+        config = getattr(self.optimizer_plan, "config", None)
+        fitted = config is not None and config.lr is not None and config.schedule in (
+            "warmup_cosine", "one_cycle", "linear", "exponential")  # fitted to the run's length
+        return self._schedule_steps if fitted else None
+
     def _stopping(self) -> bool:
         """Whether the loop must end: :meth:`stop` was called or ``max_steps`` reached."""
         return self.should_stop or self.options.reached_max_steps(self.global_step)
