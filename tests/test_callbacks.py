@@ -345,3 +345,23 @@ def test_bad_callback_settings_are_explained(tmp_path, regression_loaders):
     train, val, _ = regression_loaders
     with pytest.raises(KeyError, match=r"'val/acc', which was never logged.*Logged metrics: .*'val/loss'"):
         _trainer(tmp_path, callbacks=[EarlyStopping(monitor="val/acc")]).train_model(train, val, num_epochs=2)
+
+
+def test_a_callback_whose_on_exception_raises_does_not_stop_the_runs_cleanup(tmp_path, regression_loaders):
+    class Broken(Callback):
+        def on_validation_end(self, trainer, epoch, metrics):
+            if epoch == 2:
+                raise ValueError("a bug in my callback")
+
+    class Alerting(Callback):
+        def on_exception(self, trainer, exc):
+            raise ConnectionError("no network to send the alert")
+
+    train, val, _ = regression_loaders
+    with pytest.warns(RuntimeWarning, match="Alerting.on_exception raised ConnectionError"), \
+            pytest.raises(ValueError, match="a bug in my callback"):
+        _trainer(tmp_path, callbacks=[Broken(), Alerting(), ModelCheckpoint(every_n_epochs=1)]).train_model(
+            train, val, num_epochs=3)
+    resumed = _trainer(tmp_path)  # the folder is not locked: the run can be continued at once
+    resumed.train_model(train, val, num_epochs=3, resume=True)
+    assert resumed.current_epoch == 3

@@ -232,8 +232,7 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
         except Interrupted as interrupt:
             self._save_on_interrupt(interrupt)
         except BaseException as exc:
-            self._call_callbacks("on_exception", exc)
-            self._finish_files("failed")
+            self._end_failed_run(exc, "failed")
             raise
         self._finish_files("success", best=best_eval_metrics)
         return FitResult(best_eval_metrics, history=self.history)
@@ -490,8 +489,7 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
                     self.save_model(self.global_step)
                     self.checkpointer.wait()
         finally:  # also when the save failed: callbacks told, files closed, the lock released
-            self._call_callbacks("on_exception", interrupt)
-            self._finish_files("interrupted")
+            self._end_failed_run(interrupt, "interrupted")
         messages.info(interrupt.explain(self.global_step, self._loop.epoch, self.checkpointer.directory, self.log_dir))
         raise SystemExit(128 + interrupt.signum)
 

@@ -16,6 +16,7 @@ Examples:
 from __future__ import annotations
 
 import difflib
+import warnings
 from typing import Any, Mapping
 
 import jax
@@ -118,6 +119,19 @@ class TrainerViewMixin:
     def _call_callbacks(self, hook: str, *args) -> None:
         for callback in self.callbacks:
             getattr(callback, hook)(self, *args)
+
+    def _end_failed_run(self, exc: BaseException, status: str) -> None:
+        """Tell every callback ``on_exception`` (one that raises is warned about, and the others are
+        still told), then close the run's files with ``status``, whatever happened."""
+        try:
+            for callback in self.callbacks:
+                try:
+                    callback.on_exception(self, exc)
+                except Exception as failure:  # noqa: BLE001 - the run's own error is what the user must see
+                    warnings.warn(f"{type(callback).__name__}.on_exception raised {type(failure).__name__}: {failure} "
+                                  f"(while handling {type(exc).__name__}: {exc}).", RuntimeWarning, stacklevel=2)
+        finally:
+            self._finish_files(status)
 
     def _log_running(self, points: list[tuple[int, dict, int]]) -> None:
         """Log log points' interval means (:class:`~flaxlight.loop.RunningLog`), oldest first."""
