@@ -422,3 +422,19 @@ def test_model_table_is_the_only_stdout_and_only_when_asked(tmp_path, regression
     assert "Dense" in capsys.readouterr().out
     _build(RegressTrainer, tmp_path / "quiet").train_model(train, val, num_epochs=1)
     assert capsys.readouterr().out == ""
+
+
+def test_an_is_new_model_better_override_picks_the_best_checkpoint_also_with_a_monitor(tmp_path, regression_loaders):
+    """The default ModelCheckpoint asks the trainer's rule: the override's best is what loads."""
+
+    class FirstIsBest(RegressTrainer):
+        def is_new_model_better(self, new_metrics, old_metrics):
+            return old_metrics is None
+
+    train, val, _ = regression_loaders
+    trainer = _build(FirstIsBest, tmp_path, monitor="val/loss", mode="min")
+    returned = trainer.train_model(train, val, num_epochs=3)
+    assert returned["val/loss"] == trainer.history[0]["val/loss"]  # the first validation, by the override
+    loaded = FirstIsBest.load_from_checkpoint(trainer.log_dir, exmp_input=np.zeros((1, 4), np.float32))
+    assert loaded.global_step == trainer.history[0]["step"]
+    assert loaded.test(val)["test/loss"] == pytest.approx(returned["val/loss"], rel=1e-5)

@@ -18,7 +18,7 @@ __all__ = ["with_default_callbacks", "one_best"]
 
 def with_default_callbacks(callbacks: list[Callback], options: Any, enable_progress_bar: bool) -> list[Callback]:
     """The user's callbacks, in their order, then the defaults ``options`` ask for (a
-    :class:`ModelCheckpoint` on ``monitor``/``mode``, a :class:`Timer` for ``max_time``, a
+    :class:`ModelCheckpoint` that keeps the best by the trainer's ``is_new_model_better``, a :class:`Timer` for ``max_time``, a
     :class:`ProgressBar`, a :class:`History`) unless one of that kind was given. ``fast_dev_run`` writes no checkpoint.
     :class:`ModelCheckpoint` callbacks come last, so each hook reaches them after the others.
 
@@ -35,7 +35,7 @@ def with_default_callbacks(callbacks: list[Callback], options: Any, enable_progr
     if options.fast_dev_run:
         callbacks = [cb for cb in callbacks if not isinstance(cb, ModelCheckpoint)]
     elif not given(ModelCheckpoint) and options.enable_checkpointing:
-        callbacks = callbacks + [ModelCheckpoint(monitor=options.monitor, mode=options.mode)]
+        callbacks = callbacks + [ModelCheckpoint()]  # ranks by the trainer's is_new_model_better (an override too)
     if options.max_time is not None and not given(Timer):
         callbacks = callbacks + [Timer(options.max_time)]
     if enable_progress_bar and not given(ProgressBar) and dist.is_main_process():
