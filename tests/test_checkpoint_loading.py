@@ -189,3 +189,30 @@ def test_a_max_steps_run_loaded_with_its_optimizer_keeps_its_schedule(tmp_path, 
     trainer.train_model(train, val, num_epochs=5)
     loaded = RegressTrainer.load_from_checkpoint(tmp_path / "run", exmp_input=X0, which="last", with_optimizer=True)
     assert [loaded.learning_rate(s) for s in (0, 6, 11)] == pytest.approx([trainer.learning_rate(s) for s in (0, 6, 11)])
+
+
+def test_a_second_train_model_on_the_same_trainer_starts_its_ranking_afresh(tmp_path, regression_loaders):
+    train, val, _ = regression_loaders
+    trainer = RegressTrainer(model_class=TinyMLP, model_hparams={"hidden_dims": [8]}, optimizer_hparams={"lr": 1e-2},
+                             exmp_input=X0, monitor="val/loss", mode="max", **quiet(tmp_path))  # best: the worst
+    trainer.train_model(train, val, num_epochs=2)
+    again = trainer.train_model(train, val, num_epochs=2)  # a new run: its own best, not the first run's
+    assert trainer.test(val)["test/loss"] == pytest.approx(again["val/loss"], rel=1e-5)
+
+
+def test_resuming_with_another_monitor_ranks_the_new_validations_by_it(tmp_path, regression_loaders):
+    train, val, _ = regression_loaders
+
+    def run(mode, epochs, **kwargs):
+        trainer = RegressTrainer(model_class=TinyMLP, model_hparams={"hidden_dims": [8]},
+                                 optimizer_hparams={"lr": 1e-2, "schedule": "constant"}, exmp_input=X0,
+                                 **quiet(tmp_path, callbacks=[flaxlight.ModelCheckpoint(monitor="val/loss", mode=mode)]))
+        return trainer, trainer.train_model(train, val, num_epochs=epochs, **kwargs)
+
+    run("max", 2)  # the first epoch kept as best (the worst loss)
+    with pytest.warns(RuntimeWarning, match=r"ranked this run's checkpoints by 'val/loss' \(max\) and now by "
+                                            r"'val/loss' \(min\)"):
+        trainer, returned = run("min", 4, resume=True)
+    loaded = RegressTrainer.load_from_checkpoint(tmp_path / "run", exmp_input=X0)
+    assert loaded.test(val)["test/loss"] == pytest.approx(returned["val/loss"], rel=1e-5)
+    assert loaded.global_step in [row["step"] for row in trainer.history[2:]]  # one of the resumed run's

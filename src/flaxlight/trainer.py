@@ -17,7 +17,7 @@ import jax
 
 from flaxlight import distributed as dist
 from flaxlight import optim, resume, runfiles
-from flaxlight.callbacks import Callback, FitResult, History, NaNGuard, one_best, with_default_callbacks
+from flaxlight.callbacks import Callback, FitResult, NaNGuard, one_best, start_fresh, with_default_callbacks
 from flaxlight.data import as_input_list, as_loader, fit_loaders, no_batches_error
 from flaxlight.engine import Engine, Span, check_step_pair
 from flaxlight.loggers import LoggerCollection
@@ -247,7 +247,7 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
         self.init_optimizer(plan.schedule_epochs, plan.schedule_steps_per_epoch)
         self._place_state()
         self._loop, self._best_eval_metrics, self.should_stop, self.stop_reason = LoopState(), None, False, None
-        next(cb for cb in self.callbacks if isinstance(cb, History)).clear()
+        start_fresh(self.callbacks)  # a resume then restores the run's states
         return plan.num_epochs
 
     def _claim_run_folder(self, continuing: bool, overwrite: bool) -> None:

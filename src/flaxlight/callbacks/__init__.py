@@ -1,7 +1,7 @@
 """Callbacks: the :class:`Callback` interface and the built-in callbacks."""
 
 from flaxlight.callbacks.base import Callback, TrainerView
-from flaxlight.callbacks.defaults import one_best, with_default_callbacks
+from flaxlight.callbacks.defaults import one_best, start_fresh, with_default_callbacks
 from flaxlight.callbacks.early_stopping import EarlyStopping
 from flaxlight.callbacks.history import FitResult, History
 from flaxlight.callbacks.lr_monitor import LearningRateMonitor
@@ -26,5 +26,6 @@ __all__ = [
     "Timer",
     "TrainerView",
     "one_best",
+    "start_fresh",
     "with_default_callbacks",
 ]

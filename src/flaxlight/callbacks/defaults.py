@@ -8,12 +8,13 @@ from typing import Any
 
 from flaxlight import distributed as dist
 from flaxlight.callbacks.base import Callback
+from flaxlight.callbacks.early_stopping import EarlyStopping
 from flaxlight.callbacks.history import History
 from flaxlight.callbacks.model_checkpoint import ModelCheckpoint
 from flaxlight.callbacks.progress_bar import ProgressBar
 from flaxlight.callbacks.timer import Timer
 
-__all__ = ["with_default_callbacks", "one_best"]
+__all__ = ["with_default_callbacks", "one_best", "start_fresh"]
 
 
 def with_default_callbacks(callbacks: list[Callback], options: Any, enable_progress_bar: bool) -> list[Callback]:
@@ -71,3 +72,18 @@ def one_best(options: Any, callbacks: list[Callback]) -> tuple[Any, ModelCheckpo
                       f"returned metrics and metrics/best_eval.json follow the trainer's. Give both the same "
                       f"monitor (a ModelCheckpoint without monitor follows the trainer's).", UserWarning, stacklevel=3)
     return options, chosen
+
+
+def start_fresh(callbacks: list[Callback]) -> None:
+    """Forget what the built-in callbacks kept from an earlier ``train_model`` of the same trainer
+    (the history, the checkpoints' ranking, early stopping's patience): a new run starts afresh, and
+    a resume then restores the run's own states.
+
+    Examples:
+        >>> start_fresh(trainer.callbacks)   # doctest: +SKIP
+    """
+    for callback in callbacks:
+        if isinstance(callback, History):
+            callback.clear()
+        elif isinstance(callback, (ModelCheckpoint, EarlyStopping)):
+            callback.load_state_dict({})

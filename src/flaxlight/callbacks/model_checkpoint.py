@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 from typing import Any, Mapping
 
 from flaxlight.callbacks.base import Callback
@@ -190,9 +191,18 @@ class ModelCheckpoint(Callback):
 
     def state_dict(self) -> dict[str, Any]:
         return {"best": [[score, step] for score, step in self.best], "best_metrics": self.best_metrics,
-                "last_step": self.last_step}
+                "last_step": self.last_step, "monitor": self.monitor, "mode": self.mode}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue a run's ranking (``{}``: a fresh start). Ranked by another ``monitor`` or
+        ``mode`` than this callback's, the earlier checkpoints' scores do not count: the ranking
+        starts again (said with a warning), and they are pruned as the new ones come."""
         self.best = [(float(score), int(step)) for score, step in state.get("best", [])]
         self.best_metrics = state.get("best_metrics")
         self.last_step = state.get("last_step")
+        saved = (state.get("monitor", self.monitor), state.get("mode", self.mode))
+        if self.best and saved != (self.monitor, self.mode):
+            warnings.warn(f"ModelCheckpoint ranked this run's checkpoints by {saved[0]!r} ({saved[1]}) and now by "
+                          f"{self.monitor!r} ({self.mode}): the ranking starts again from the next validation.",
+                          RuntimeWarning, stacklevel=2)
+            self.best, self.best_metrics = [], None
