@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from conftest import CrashAfterEpoch, RegressTrainer, TinyMLP, quiet
 
-from flaxlight.callbacks import EarlyStopping, ModelCheckpoint, NaNGuard
+from flaxlight.callbacks import Callback, EarlyStopping, ModelCheckpoint, NaNGuard
 from flaxlight.runfiles import RunLock, next_version_dir
 
 X0 = np.zeros((1, 4), np.float32)
@@ -224,3 +224,36 @@ def test_resuming_with_gradient_accumulation_restores_without_calling_it_damaged
         resumed = _trainer(tmp_path / "run", optimizer_hparams=optimizer)
         resumed.train_model(train, val, num_epochs=2, resume=True)
     assert int(resumed.state.step) == 16
+
+
+def test_a_cut_metrics_row_and_loggers_failing_at_the_end_leave_the_run_continuable(tmp_path, regression_loaders):
+    """A full disk can cut metrics.csv's last row and make the loggers fail while the run ends: the
+    lock is still released, and the run loads and resumes."""
+    from flaxlight.loggers import Logger
+
+    class FailsAtTheEnd(Logger):
+        def log_metrics(self, metrics, step):
+            pass
+
+        def finalize(self, status):
+            raise OSError(28, "No space left on device")
+
+    class Crash(Callback):
+        def on_epoch_end(self, trainer, epoch):
+            if epoch == 2:
+                raise RuntimeError("crash")
+
+    train, val, _ = regression_loaders
+    kwargs = dict(model_class=TinyMLP, model_hparams={"hidden_dims": [8]}, optimizer_hparams={"lr": 1e-2},
+                  exmp_input=np.zeros((1, 4), np.float32))
+    with pytest.warns(RuntimeWarning, match="the loggers failed: .*No space left"), pytest.raises(RuntimeError):
+        RegressTrainer(**kwargs, **quiet(tmp_path, loggers=[FailsAtTheEnd()],
+                                         callbacks=[ModelCheckpoint(every_n_epochs=1), Crash()])
+                       ).train_model(train, val, num_epochs=3)
+    assert not (tmp_path / "run" / RunLock.FILE).exists()
+    metrics = tmp_path / "run" / "metrics.csv"
+    metrics.write_text(metrics.read_text().rstrip("\n")[:-7] + "\n")  # the last row cut mid-number
+    RegressTrainer.load_from_checkpoint(tmp_path / "run", exmp_input=kwargs["exmp_input"])
+    resumed = RegressTrainer(**kwargs, **quiet(tmp_path))
+    resumed.train_model(train, val, num_epochs=3, resume=True)
+    assert resumed.current_epoch == 3

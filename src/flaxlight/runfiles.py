@@ -277,9 +277,15 @@ def finish_run(status: str, checkpointer: Checkpointer, logger: LoggerCollection
             raise
         warnings.warn(f"While ending a failed run: {exc}", RuntimeWarning, stacklevel=3)
     finally:
-        logger.finalize(status)
-        if lock is not None:
-            lock.release()
+        try:
+            logger.finalize(status)
+        except Exception as exc:  # noqa: BLE001 - a failed run keeps its own error; the lock goes anyway
+            if status != "failed":
+                raise
+            warnings.warn(f"While ending a failed run, the loggers failed: {exc}", RuntimeWarning, stacklevel=3)
+        finally:
+            if lock is not None:
+                lock.release()
 
 
 def no_run_files() -> tuple[None, LoggerCollection, Checkpointer]:

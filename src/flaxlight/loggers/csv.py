@@ -45,10 +45,10 @@ class CSVLogger(Logger):
         with open(self.path, newline="") as f:
             reader = csv.DictReader(f)
             columns = list(reader.fieldnames or ["step"])
-            rows = [
-                {k: _parse(v) for k, v in row.items() if v != ""}
+            rows = [  # a row cut short (a full disk) keeps the values it has; the cells it lacks read None
+                {k: _parse(v) for k, v in row.items() if k is not None and v not in ("", None)}
                 for row in reader
-                if row.get("step") and (up_to is None or int(row["step"]) <= up_to)
+                if _step_of(row) is not None and (up_to is None or _step_of(row) <= up_to)
             ]
         self.columns, self.rows = columns, rows
         self._written_rows = len(rows) if up_to is None else 0  # nothing dropped: the file stands as it is
@@ -82,8 +82,18 @@ class CSVLogger(Logger):
         self._written_rows = len(self.rows)
 
 
+def _step_of(row: Mapping) -> int | None:
+    try:
+        return int(row.get("step") or "")
+    except ValueError:
+        return None
+
+
 def _parse(text: str):
     try:
         return int(text)
     except ValueError:
-        return float(text)
+        try:
+            return float(text)
+        except ValueError:  # a cell cut mid-number: kept as written
+            return text
