@@ -118,3 +118,17 @@ def test_pruned_checkpoints_are_gone_after_fit_also_those_a_killed_run_left(tmp_
     (leftover / "data").write_bytes(b"x" * 100)
     _trainer(tmp_path, callbacks=[ModelCheckpoint(save_top_k=0, save_last=True)]).train_model(train, val, num_epochs=4)
     assert os.listdir(checkpoints) == [str(4 * len(train))]  # only the last: three pruned, the leftover removed
+
+
+def test_a_damaged_meta_in_the_newest_checkpoint_still_loads_the_best(tmp_path, regression_loaders):
+    train, val, _ = regression_loaders
+    worst = ModelCheckpoint(monitor="val/loss", mode="max")  # best: the first epoch; the last: a later one
+    trainer = _trainer(tmp_path, callbacks=[worst])
+    trainer.train_model(train, val, num_epochs=3)
+    best, newest = worst.best_step, max(_steps(tmp_path / "run"))
+    assert best < newest
+    meta_file = next(p for p in (tmp_path / "run" / "checkpoints" / str(newest) / "meta").iterdir() if p.is_file())
+    meta_file.write_text(meta_file.read_text()[: len(meta_file.read_text()) // 2])
+    with pytest.warns(RuntimeWarning, match=f"Checkpoint {newest} .* damaged meta item"):
+        loaded = RegressTrainer.load_from_checkpoint(tmp_path / "run", exmp_input=np.zeros((1, 4), np.float32))
+    assert loaded.global_step == best

@@ -138,10 +138,15 @@ def pick_checkpoint(checkpointer: Checkpointer, which: str = "best") -> int:
     steps = checkpointer.all_steps()
     if not steps:
         raise FileNotFoundError(f"No checkpoint in {checkpointer.directory}: this run saved no model yet.")
-    try:
-        meta = CheckpointMeta.from_json(checkpointer.read_meta(max(steps)))
-    except Exception:  # noqa: BLE001 - a damaged newest checkpoint: fall back to the newest step
-        meta = None
+    meta = None
+    for step in sorted(steps, reverse=True):  # the newest meta that reads names the best step
+        try:
+            meta = CheckpointMeta.from_json(checkpointer.read_meta(step))
+            break
+        except Exception:  # noqa: BLE001 - a damaged checkpoint's meta: ask the one before
+            if which == "best":
+                warnings.warn(f"Checkpoint {step} in {checkpointer.directory} has a damaged meta item; the best "
+                              f"checkpoint is taken from an earlier one's.", RuntimeWarning, stacklevel=3)
     return choose_step(steps, meta, which)
 
 
