@@ -257,3 +257,15 @@ def test_a_cut_metrics_row_and_loggers_failing_at_the_end_leave_the_run_continua
     resumed = RegressTrainer(**kwargs, **quiet(tmp_path))
     resumed.train_model(train, val, num_epochs=3, resume=True)
     assert resumed.current_epoch == 3
+
+
+def test_overwrite_replaces_the_tensorboard_curves_too(tmp_path, regression_loaders):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    train, val, _ = regression_loaders
+    run = tmp_path / "run"
+    _trainer(run).train_model(train, val, num_epochs=2)  # CSV + TensorBoard, the default loggers
+    _trainer(run).train_model(train, val, num_epochs=1, overwrite=True)
+    events = EventAccumulator(str(run))
+    events.Reload()
+    assert [e.step for e in events.Scalars("val/loss")] == [8]  # the replaced run's two points are gone

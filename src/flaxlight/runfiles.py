@@ -165,8 +165,9 @@ def claim_run(log_dir: str, checkpointer: Checkpointer, *, continuing: bool, ove
     """Make sure training into ``log_dir`` overwrites no other run, and lock it for this process.
 
     A folder holding an earlier run's files is an error unless the run is continued (``resume``)
-    or replaced (``overwrite=True``: its checkpoints, ``hparams.yaml``, ``metrics.csv`` and
-    ``metrics/`` are deleted first); ``owned``: this trainer wrote them itself, in this process.
+    or replaced (``overwrite=True``: its checkpoints, ``hparams.yaml``, ``metrics.csv``,
+    ``metrics/``, TensorBoard event files and the W&B / MLflow run ids are deleted first, so the
+    loggers start new runs); ``owned``: this trainer wrote them itself, in this process.
     """
     lock = RunLock(log_dir)
     lock.acquire()
@@ -181,7 +182,9 @@ def claim_run(log_dir: str, checkpointer: Checkpointer, *, continuing: bool, ove
             checkpointer.wait()
             for path in (os.path.join(log_dir, CHECKPOINT_DIR), os.path.join(log_dir, METRICS_DIR)):
                 shutil.rmtree(path, ignore_errors=True)
-            for name in (HPARAMS_FILE, "metrics.csv"):
+            replaced = [HPARAMS_FILE, "metrics.csv", "wandb_run.json", "mlflow_run.json"]  # the last two: a new run
+            replaced += [name for name in os.listdir(log_dir) if name.startswith("events.out.tfevents.")]
+            for name in replaced:
                 if os.path.isfile(os.path.join(log_dir, name)):
                     os.remove(os.path.join(log_dir, name))
             os.makedirs(os.path.join(log_dir, METRICS_DIR), exist_ok=True)
