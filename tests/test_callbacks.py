@@ -365,3 +365,19 @@ def test_a_callback_whose_on_exception_raises_does_not_stop_the_runs_cleanup(tmp
     resumed = _trainer(tmp_path)  # the folder is not locked: the run can be continued at once
     resumed.train_model(train, val, num_epochs=3, resume=True)
     assert resumed.current_epoch == 3
+
+
+def test_a_loaded_model_training_on_logs_the_learning_rate_its_new_optimizer_applies(tmp_path, regression_loaders):
+    """The new optimizer counts its updates from 0 while the model's step goes on from the checkpoint's."""
+    train, val, _ = regression_loaders
+    optimizer = {"optimizer": "adam", "lr": 1e-2, "warmup": 4}
+    fresh = _trainer(tmp_path / "fresh", callbacks=[LearningRateMonitor()], log_every_n_steps=4,
+                     optimizer_hparams=optimizer)
+    fresh.train_model(train, val, num_epochs=2)
+    fresh_rates = {int(r["step"]): float(r["train/lr"]) for r in _rows(tmp_path / "fresh") if r.get("train/lr")}
+    loaded = RegressTrainer.load_from_checkpoint(tmp_path / "fresh" / "run", exmp_input=X0, which="last",
+                                                 logger_params={"log_dir": str(tmp_path / "tuned" / "run")},
+                                                 callbacks=[LearningRateMonitor()], log_every_n_steps=4)
+    loaded.train_model(train, val, num_epochs=2)
+    tuned = {int(r["step"]) - 16: float(r["train/lr"]) for r in _rows(tmp_path / "tuned") if r.get("train/lr")}
+    assert tuned == pytest.approx(fresh_rates)

@@ -727,16 +727,19 @@ class OptimizerPlan:
     total_steps: int
     num_updates: int
     weight_decay: float
+    first_step: int = 0
 
     @functools.cached_property
     def step_schedule(self) -> Callable[[Any], Any] | None:
         """The learning rate after a number of train steps (batches): ``schedule`` at the updates
-        made by then, ``step // accumulate_grad_batches`` (what a log point at ``step`` shows)."""
+        this optimizer made by then, ``(step - first_step) // accumulate_grad_batches`` (what a log
+        point at ``step`` shows; ``first_step``: the model's step when the optimizer was built, e.g.
+        a checkpoint's when a loaded model trains on)."""
         every = self.config.accumulate_grad_batches if self.config is not None else 1
-        if self.schedule is None or every == 1:
+        if self.schedule is None or (every == 1 and self.first_step == 0):
             return self.schedule
-        schedule = self.schedule
-        return lambda step: schedule(step // every)
+        schedule, first = self.schedule, self.first_step
+        return lambda step: schedule(jnp.maximum(step - first, 0) // every)
 
 
 def warn_l2_outside_step(trainer_name: str) -> None:
@@ -747,7 +750,7 @@ def warn_l2_outside_step(trainer_name: str) -> None:
         "TrainStep (or add the penalty to your loss), or use weight_decay_mode='decoupled'.", trainer_name)
 
 
-def make_optimizer_plan(optimizer_hparams, total_steps: int) -> OptimizerPlan:
+def make_optimizer_plan(optimizer_hparams, total_steps: int, first_step: int = 0) -> OptimizerPlan:
     """Build the optimizer for a run of ``total_steps`` train steps and say what the step must add.
 
     Examples:
@@ -777,7 +780,7 @@ def make_optimizer_plan(optimizer_hparams, total_steps: int) -> OptimizerPlan:
         tx=_assemble_tx(config, kwargs, tail, schedule), config=config, schedule=schedule,
         regularizer=config.l2_regularizer() if weight_decay > 0 else None,
         total_steps=total_steps, num_updates=num_updates,
-        weight_decay=weight_decay,
+        weight_decay=weight_decay, first_step=int(first_step),
     )
 
 

@@ -131,7 +131,8 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
     def init_optimizer(self, num_epochs: int, num_steps_per_epoch: int) -> None:
         """Build the optimizer for ``num_epochs * num_steps_per_epoch`` train steps; keep params.
         ``self.optimizer_plan`` keeps what was built (schedule, weight decay in effect)."""
-        plan = optim.make_optimizer_plan(self.optimizer_hparams, total_steps=num_epochs * num_steps_per_epoch)
+        plan = optim.make_optimizer_plan(self.optimizer_hparams, total_steps=num_epochs * num_steps_per_epoch,
+                                         first_step=self.global_step)  # the model's step: its first update
         if plan.regularizer is not None and not self._l2_in_step:
             optim.warn_l2_outside_step(type(self).__name__)
         self.optimizer_plan, state = plan, self.state
