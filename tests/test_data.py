@@ -90,3 +90,17 @@ def test_a_subclass_that_overrides_take_is_what_training_sees(tmp_path):
                         **quiet(tmp_path))
     metrics = trainer.train_model(Shifted(x, y, batch_size=16, shuffle=True), None, num_epochs=1)
     assert metrics["train/x_mean"] == pytest.approx(float(x.mean()) + 100.0, rel=1e-4)
+
+
+def test_limit_val_batches_hands_the_hook_a_loader_it_can_read_again(tmp_path, regression_loaders):
+    from conftest import RegressTrainer, TinyMLP, quiet
+
+    class Reader(RegressTrainer):
+        def on_validation_epoch_end(self, epoch_idx, eval_metrics, val_loader):
+            self.seen = [len(list(val_loader)), len(list(val_loader))]
+
+    train, val, _ = regression_loaders
+    trainer = Reader(model_class=TinyMLP, model_hparams={}, optimizer_hparams={"lr": 1e-2},
+                     exmp_input=np.zeros((1, 4), np.float32), **quiet(tmp_path, limit_val_batches=2))
+    trainer.train_model(train, val, num_epochs=1)
+    assert trainer.seen == [2, 2]

@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 import jax
 import numpy as np
 
-__all__ = ["ArrayLoader", "DeviceEpoch", "Prefetcher", "as_loader", "check_batch", "fit_loaders", "group_batches", "take_batches"]
+__all__ = ["FirstBatches", "ArrayLoader", "DeviceEpoch", "Prefetcher", "as_loader", "check_batch", "fit_loaders", "group_batches", "take_batches"]
 
 DEVICE_EPOCH_MAX_BYTES = 1 << 30
 
@@ -298,6 +298,34 @@ def take_batches(batches, index, count: int | None = None):
 
 def _describe(batch) -> str:
     return str(jax.tree.map(lambda a: f"{type(a).__name__}{tuple(np.shape(a))}", batch))
+
+
+class FirstBatches:
+    """The first ``n`` batches of ``loader``, as a loader: each ``iter()`` starts a new pass
+    (``limit_val_batches``; hooks that read the validation loader get all ``n`` again).
+
+    Examples:
+        >>> first = FirstBatches([1, 2, 3], 2)
+        >>> list(first), list(first), len(first)
+        ([1, 2], [1, 2], 2)
+    """
+
+    def __init__(self, loader: Iterable, n: int):
+        self.loader, self.n = loader, int(n)
+
+    def __iter__(self) -> Iterator[Any]:
+        return itertools.islice(iter(self.loader), self.n)
+
+    def __len__(self) -> int:
+        length = _safe_len(self.loader)
+        return self.n if length is None else min(self.n, length)
+
+
+def _safe_len(loader: Any) -> int | None:
+    try:
+        return len(loader)
+    except TypeError:
+        return None
 
 
 def is_iterator(loader: Any) -> bool:

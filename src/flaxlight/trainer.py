@@ -7,7 +7,6 @@ Override :meth:`TrainerModule.loss_fn` (the trainer builds the steps) or ``creat
 
 from __future__ import annotations
 
-import itertools
 import os
 import time
 import warnings
@@ -18,7 +17,7 @@ import jax
 from flaxlight import distributed as dist
 from flaxlight import optim, resume, runfiles
 from flaxlight.callbacks import Callback, FitResult, NaNGuard, one_best, start_fresh, with_default_callbacks
-from flaxlight.data import as_input_list, as_loader, fit_loaders, no_batches_error
+from flaxlight.data import FirstBatches, as_input_list, as_loader, fit_loaders, no_batches_error
 from flaxlight.engine import Engine, Span, check_step_pair
 from flaxlight.loggers import LoggerCollection
 from flaxlight.loop import (BatchLimits, EventSchedule, Interrupted, LoopState, NonfiniteTally, RunPlan, SignalGuard,
@@ -285,7 +284,7 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
             return
         loop.validated_step = self.global_step
         if self._limits.val is not None:
-            val_loader = itertools.islice(val_loader, self._limits.val_batches(safe_len(val_loader)))
+            val_loader = FirstBatches(val_loader, self._limits.val_batches(safe_len(val_loader)))
         eval_metrics = self.eval_model(val_loader, log_prefix="val/")
         self.on_validation_epoch_end(loop.epoch, eval_metrics, val_loader)
         self._log({**eval_metrics, "epoch": loop.epoch})
