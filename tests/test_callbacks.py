@@ -381,3 +381,16 @@ def test_a_loaded_model_training_on_logs_the_learning_rate_its_new_optimizer_app
     loaded.train_model(train, val, num_epochs=2)
     tuned = {int(r["step"]) - 16: float(r["train/lr"]) for r in _rows(tmp_path / "tuned") if r.get("train/lr")}
     assert tuned == pytest.approx(fresh_rates)
+
+
+def test_learning_rate_monitor_includes_the_plateau_reductions(tmp_path, regression_loaders):
+    from flaxlight.optim import current_learning_rate
+
+    train, val, _ = regression_loaders
+    trainer = _trainer(tmp_path, callbacks=[LearningRateMonitor()], log_every_n_steps=8,
+                       optimizer_hparams={"optimizer": "sgd", "lr": 0.5, "schedule": "constant",
+                                          "reduce_on_plateau": {"patience": 1, "factor": 0.5, "cooldown": 0}})
+    trainer.train_model(train, val, num_epochs=6)
+    rows = [r for r in _rows(tmp_path) if r.get("train/lr")]
+    assert float(rows[-1]["train/lr"]) == pytest.approx(float(current_learning_rate(trainer.state)), rel=1e-5)
+    assert float(rows[-1]["train/lr_scale"]) < 1.0  # the plateau reduced the rate

@@ -50,7 +50,8 @@ class LearningRateMonitor(Callback):
     """Logs ``train/lr`` next to the running train metrics.
 
     For the optimizers flaxlight builds, the rate comes from their schedule evaluated on the
-    host at the current step (no device read). For a ready-made optax transformation, it is
+    host at the current step (no device read); with ``reduce_on_plateau`` it is multiplied by the
+    factor the plateau applies, read from the device (``train/lr_scale`` is logged too). For a ready-made optax transformation, it is
     read from the optimizer state where the transformation exposes it: built with
     ``optax.inject_hyperparams`` (``train/lr``) or containing
     ``optax.contrib.reduce_on_plateau`` (``train/lr_scale``, the factor applied to the rate);
@@ -69,7 +70,13 @@ class LearningRateMonitor(Callback):
             return
         lr = trainer.learning_rate(step)
         if lr is not None:
-            trainer.log_metrics({"train/lr": lr}, step=step)
+            config = getattr(getattr(trainer, "optimizer_plan", None), "config", None)
+            if getattr(config, "reduce_on_plateau", None) is None:
+                trainer.log_metrics({"train/lr": lr}, step=step)
+                return
+            scale = rate_in_optimizer_state(trainer.state.opt_state).get("train/lr_scale")  # one device read
+            scale = 1.0 if scale is None else float(np.mean(jax.device_get(scale)))
+            trainer.log_metrics({"train/lr": lr * scale, "train/lr_scale": scale}, step=step)
             return
         exposed = rate_in_optimizer_state(getattr(trainer.state, "opt_state", None))
         if exposed:
