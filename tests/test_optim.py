@@ -658,3 +658,18 @@ def test_bf16_precision_computes_in_bf16_and_keeps_fp32_master_weights():
     assert m16["loss"].dtype == jnp.float32
     np.testing.assert_allclose(m16["loss"], m32["loss"], rtol=2e-2)
     _assert_trees_close(s16.params, s32.params, rtol=2e-2, atol=2e-3)
+
+
+def test_predict_export_and_bind_model_serve_the_ema_weights_evaluation_used(tmp_path, regression_loaders):
+    from conftest import RegressTrainer, TinyMLP, quiet
+
+    train, val, _ = regression_loaders
+    x, y = next(iter(val))
+    trainer = RegressTrainer(model_class=TinyMLP, model_hparams={"hidden_dims": [8]}, exmp_input=x[:1],
+                             optimizer_hparams={"optimizer": "adam", "lr": 1e-2, "ema_decay": 0.9}, **quiet(tmp_path))
+    trainer.train_model(train, val, num_epochs=2)
+    tested = trainer.test((x, y), batch_size=len(x), which="best")["test/loss"]  # evaluated with the EMA weights
+    exported = flaxlight.load_exported(trainer.export(tmp_path / "export", which="best"))
+    for outputs in (trainer.predict(x, batch_size=len(x), which="best"), trainer.predict(x, batch_size=len(x)),
+                    trainer.bind_model()(x, train=False), exported(x)):
+        assert float(np.mean((np.asarray(outputs) - y) ** 2)) == pytest.approx(tested, rel=1e-4)

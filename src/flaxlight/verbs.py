@@ -22,6 +22,7 @@ import numpy as np
 from flaxlight import resume, runfiles
 from flaxlight.data import as_loader
 from flaxlight.metrics import to_host
+from flaxlight.optim import ema_params
 
 __all__ = ["TrainerVerbsMixin"]
 
@@ -150,13 +151,22 @@ class TrainerVerbsMixin:
 
     def bind_model(self):
         """The model with the trained variables, for interactive use: ``model(x, train=False)``."""
-        return self.model_adapter.bind(self.state.variables())
+        return self.model_adapter.bind(_served(self.state).variables())
 
     def _state_for(self, which: str):
+        """The state ``which`` names, with the parameters evaluation uses (:func:`_served`)."""
         if which == "current":
-            return self.state
+            return _served(self.state)
         if which not in ("best", "last"):
             raise ValueError(f"which must be 'current', 'best' or 'last'; got {which!r}.")
         self.checkpointer.wait()
         step = resume.pick_checkpoint(self.checkpointer, which)
-        return self.checkpointer.restore(self.state, step=step, with_opt_state=False)
+        with_ema = ema_params(self.state) is not None  # the checkpoint's optimizer state holds the average
+        return _served(self.checkpointer.restore(self.state, step=step, with_opt_state=with_ema))
+
+
+def _served(state):
+    """``state`` with the parameters evaluation uses: their moving average when the optimizer keeps
+    one (``ema_decay``; as :meth:`flaxlight.TrainStep.eval_step`), else its own."""
+    averaged = ema_params(state) if state.opt_state is not None else None
+    return state if averaged is None else state.replace(params=averaged)
