@@ -193,7 +193,7 @@ def test_load_from_checkpoint_skips_a_damaged_newest_checkpoint(tmp_path, regres
     for path in newest.rglob("*"):
         if path.is_file() and path.stat().st_size > 0:
             path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
-    with pytest.warns(RuntimeWarning, match="Checkpoint 16 .* damaged or partial"):
+    with pytest.warns(RuntimeWarning, match="Checkpoint 16 .* damaged"):  # its arrays, or (best) its meta
         loaded = RegressTrainer.load_from_checkpoint(tmp_path / "run", exmp_input=X0, which=which)
     assert int(loaded.state.step) == 8
 
