@@ -49,3 +49,26 @@ def test_grad_norm_is_absent_unless_asked_for_and_refused_with_a_step_of_your_ow
                 exmp_input=x[:1], log_grad_norm=True, **quiet(tmp_path / "own"))
     with pytest.raises(ValueError, match="log_grad_norm"):
         _trainer(tmp_path / "bad", log_grad_norm="yes")
+
+
+def test_a_step_wrapped_around_super_create_functions_keeps_grad_norm_and_the_l2_term(tmp_path, caplog):
+    x, y = linear_data(32, 0)
+
+    class WithParamNorm(RegressTrainer):
+        def create_functions(self):
+            train_step, eval_step = super().create_functions()
+
+            def with_param_norm(state, batch):
+                state, metrics = train_step(state, batch)
+                norm = sum(jax.numpy.sum(p ** 2) for p in jax.tree.leaves(state.params))
+                return state, {**metrics, "param_norm": norm}
+
+            return with_param_norm, eval_step
+
+    trainer = WithParamNorm(model_class=TinyMLP, model_hparams={"hidden_dims": [4]}, exmp_input=x[:1],
+                            optimizer_hparams={"optimizer": "sgd", "lr": 0.1, "weight_decay": 1e-3,
+                                               "weight_decay_mode": "l2"},
+                            log_grad_norm=True, **quiet(tmp_path))
+    metrics = trainer.train_model((x, y), None, num_epochs=1, batch_size=32)
+    assert {"train/grad_norm", "train/param_norm"} <= set(metrics)
+    assert "weight_decay_mode='l2' adds its penalty" not in caplog.text  # the wrapped step applies it

@@ -29,7 +29,7 @@ import optax
 from flaxlight.optim import PRECISIONS, ema_params
 from flaxlight.state import TrainState, step_key
 
-__all__ = ["TrainStep", "apply_update", "make_train_step", "make_eval_step"]
+__all__ = ["TrainStep", "apply_update", "make_train_step", "make_eval_step", "step_owner"]
 
 LossFn = Callable[..., Any]
 
@@ -267,3 +267,25 @@ def make_eval_step(loss_fn: LossFn, **options: Any) -> Callable[[TrainState, Any
     """Pure ``(state, batch) -> metrics`` from a loss function, in eval mode (not yet jitted)."""
     return TrainStep(loss_fn, **options).eval_step
 
+
+
+def step_owner(fn: Callable, _depth: int = 0) -> "TrainStep | None":
+    """The :class:`TrainStep` whose ``step`` (or ``eval_step``) ``fn`` is or wraps: through
+    ``functools.wraps`` or a closure that calls it (``super().create_functions()``'s step wrapped
+    to add a metric); None for a step function of the user's own.
+
+    Examples:
+        >>> step = TrainStep(lambda params, batch, **kw: (0.0, {}))
+        >>> def wrap(inner):
+        ...     def with_a_metric(state, batch):
+        ...         return inner(state, batch)
+        ...     return with_a_metric
+        >>> step_owner(step.step) is step, step_owner(wrap(step.step)) is step, step_owner(print)
+        (True, True, None)
+    """
+    owner = getattr(fn, "__self__", None)
+    if isinstance(owner, TrainStep) or _depth > 4:
+        return owner if isinstance(owner, TrainStep) else None
+    inner = [getattr(fn, "__wrapped__", None)] + [cell.cell_contents for cell in getattr(fn, "__closure__", None) or ()
+                                                  if callable(getattr(cell, "cell_contents", None))]
+    return next((found for f in inner if f is not None and (found := step_owner(f, _depth + 1)) is not None), None)

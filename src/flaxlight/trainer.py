@@ -27,7 +27,7 @@ from flaxlight.metrics import batch_size, finite_now, read_means, to_host
 from flaxlight.models import make_adapter
 from flaxlight.options import TrainerOptions, check_trainer_arguments
 from flaxlight.state import TrainState
-from flaxlight.step import TrainStep
+from flaxlight.step import TrainStep, step_owner
 from flaxlight.verbs import TrainerVerbsMixin
 from flaxlight.view import TrainerViewMixin
 
@@ -160,16 +160,16 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
         """Build the loop's :class:`~flaxlight.engine.Engine` from :meth:`create_functions` (jitted
         once, state donated; ``debug=True``: un-jitted). ``self.train_step`` / ``self.eval_step``
         are the jitted single steps. An override may set just those two; the loop then runs them."""
-        if self.options.log_grad_norm and type(self).create_functions is not TrainerModule.create_functions:
-            raise ValueError(f"log_grad_norm=True needs flaxlight's train step, but {type(self).__name__}."
-                             f"create_functions builds its own: add the gradients' global norm (optax.tree.norm("
-                             f"grads)) to its metrics as 'grad_norm' instead.")
-        self.engine = self._make_engine(*check_step_pair(self.create_functions(),
-                                                         f"{type(self).__name__}.create_functions() must return"))
+        steps = check_step_pair(self.create_functions(), f"{type(self).__name__}.create_functions() must return")
+        if self.options.log_grad_norm and not getattr(step_owner(steps[0]), "log_grad_norm", False):
+            raise ValueError(f"log_grad_norm=True needs flaxlight's train step, but {type(self).__name__}.create_functions"
+                             f" returns another one: add the gradients' global norm (optax.tree.norm(grads)) to its "
+                             f"metrics as 'grad_norm', or build it from super().create_functions().")
+        self.engine = self._make_engine(*steps)
         self.train_step, self.eval_step = self.engine.train_step, self.engine.eval_step
 
     def _make_engine(self, train_step: Callable, eval_step: Callable) -> Engine:
-        self._l2_in_step = getattr(getattr(train_step, "__self__", None), "regularizer", None) is not None
+        self._l2_in_step = getattr(step_owner(train_step), "regularizer", None) is not None
         if self.debug:
             messages.info("debug=True: the train and eval steps run un-jitted (prints and breakpoints work).")
         return Engine(train_step, eval_step, steps_per_execution=self.options.steps_per_execution,
