@@ -196,12 +196,15 @@ class ModelCheckpoint(Callback):
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue a run's ranking (``{}``: a fresh start). Ranked by another ``monitor`` or
         ``mode`` than this callback's, the earlier checkpoints' scores do not count: the ranking
-        starts again (said with a warning), and they are pruned as the new ones come."""
+        starts again (said with a warning), and they are pruned as the new ones come. Without a
+        ``monitor``, the run's best so far stays the best until the trainer's rule finds a better."""
         self.best = [(float(score), int(step)) for score, step in state.get("best", [])]
         self.best_metrics = state.get("best_metrics")
         self.last_step = state.get("last_step")
         saved = (state.get("monitor", self.monitor), state.get("mode", self.mode))
-        if self.best and saved != (self.monitor, self.mode):
+        if self.monitor is None:  # the trainer's rule ranks from now on; its best so far is the run's
+            self.best = self.best[:1]
+        elif self.best and saved != (self.monitor, self.mode):
             warnings.warn(f"ModelCheckpoint ranked this run's checkpoints by {saved[0]!r} ({saved[1]}) and now by "
                           f"{self.monitor!r} ({self.mode}): the ranking starts again from the next validation.",
                           RuntimeWarning, stacklevel=2)
