@@ -49,6 +49,9 @@ def test_check_batch_refuses_text_labels_and_leaves_of_different_lengths():
     with pytest.raises(ValueError, match=r"different leading \(batch\) dimensions: \[0\] 16, \[1\] 15"):
         check_batch((np.zeros((16, 3)), np.zeros(15)))
     check_batch((np.zeros((4, 3)), None))  # None is an empty part of a pytree (a loss that ignores it works)
+    import jax.numpy as jnp
+
+    check_batch((jnp.zeros((4, 3), jnp.bfloat16), np.zeros(4, bool), np.zeros(4, np.uint8)))  # numbers all
 
 
 def test_check_batch_names_the_bad_leaf():

@@ -368,7 +368,7 @@ def check_batch(batch, where: str = "batch") -> None:
                 f"the leaf at {location} is a {type(leaf).__name__}. Convert it with np.asarray, "
                 f"e.g. return (np.asarray(x), np.asarray(y)) from your loader."
             )
-        if np.dtype(leaf.dtype).kind not in "biufc":
+        if not (jax.numpy.issubdtype(leaf.dtype, jax.numpy.number) or jax.numpy.issubdtype(leaf.dtype, np.bool_)):
             raise TypeError(f"The leaf at {location} of the {where} holds {np.dtype(leaf.dtype)} values, not numbers; "
                             f"convert it first (class names to ints: np.unique(labels, return_inverse=True)[1]).")
         if np.ndim(leaf) == 0:
