@@ -254,3 +254,30 @@ def test_a_run_stopped_mid_epoch_continues_that_epoch_when_resumed(tmp_path, how
     assert resumed.global_step == 24 and [h["step"] for h in resumed.history] == [8, 11, 16, 24]  # 11: the stop's
     assert resumed.history[-2]["train/loss"] == pytest.approx(reference.history[1]["train/loss"], rel=1e-6)
     jax.tree.map(np.testing.assert_array_equal, resumed.state.params, reference.state.params)
+
+
+def test_a_stop_asked_by_an_owed_validation_ends_the_resumed_run_there(tmp_path):
+    """EarlyStopping-like: the step-10 validation stops the run; a SIGTERM during step 10 owes it."""
+    import flaxlight
+    from conftest import RegressTrainer, TinyMLP, linear_data
+
+    class StopAtTen(flaxlight.Callback):
+        def on_validation_end(self, trainer, epoch, metrics):
+            if trainer.global_step == 10:
+                trainer.stop("enough")
+
+    def run(log_dir, at=None, resume=False):
+        x, y = linear_data(256, 0)
+        xv, yv = linear_data(96, 1)
+        trainer = RegressTrainer(model_class=TinyMLP, model_hparams={"hidden_dims": [16]},
+                                 optimizer_hparams={"lr": 1e-2}, exmp_input=x[:1], logger_params={"log_dir": str(log_dir)},
+                                 enable_progress_bar=False, enable_model_summary=False, callbacks=[StopAtTen()],
+                                 val_check_interval=5)
+        trainer.train_model(_SignalAtStep(x, y, at), [(xv, yv)], num_epochs=3, resume=resume)
+        return trainer
+
+    reference = run(tmp_path / "ref")
+    with pytest.raises(SystemExit):
+        run(tmp_path / "run", at=10)
+    resumed = run(tmp_path / "run", resume=True)
+    assert reference.global_step == resumed.global_step == 10

@@ -7,6 +7,7 @@ pytree of arrays that share a leading batch dimension.
 from __future__ import annotations
 
 import base64
+import collections.abc
 import functools
 import itertools
 import queue
@@ -329,11 +330,9 @@ def _safe_len(loader: Any) -> int | None:
 
 
 def is_iterator(loader: Any) -> bool:
-    """Whether ``loader`` is its own iterator (a generator, ``iter(list)``): one pass only."""
-    try:
-        return iter(loader) is loader
-    except TypeError:
-        return False
+    """Whether ``loader`` is an iterator (a generator, ``iter(list)``): one pass only. Asked
+    without calling ``iter`` (a torch or grain loader would start its workers)."""
+    return isinstance(loader, collections.abc.Iterator)
 
 
 def no_batches_error(name: str, loader: Any) -> ValueError:

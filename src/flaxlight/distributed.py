@@ -233,9 +233,9 @@ def to_global_batch(batch, mesh: Mesh, block: bool = False):
     (:func:`splits`); with several, it fails with :func:`check_batch_divisible`'s message.
     """
     sharding = NamedSharding(mesh, PartitionSpec(None, DATA_AXIS)) if block else batch_sharding(mesh)
-    if not block and not splits(batch, mesh):
-        if jax.process_count() > 1:
-            check_batch_divisible(_leading(jax.tree.leaves(batch)[0]) * jax.process_count(), mesh)
+    if not block and jax.process_count() > 1:  # process-local rows: the global batch must split
+        check_batch_divisible(_leading(jax.tree.leaves(batch)[0]) * jax.process_count(), mesh)
+    elif not block and not splits(batch, mesh):
         sharding = replicated(mesh)
     if jax.process_count() == 1:
         return jax.device_put(batch, sharding)

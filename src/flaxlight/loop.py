@@ -282,12 +282,13 @@ class RunPlan:
             raise ValueError(f"check_val_every_n_epoch={check_val_every_n_epoch} > num_epochs={num_epochs}: no "
                              f"validation would run, so there would be no best model to test. Lower "
                              f"check_val_every_n_epoch, train longer, or set val_check_interval=N (steps).")
-        if val_loader is not None and is_iterator(val_loader) and (num_epochs > 1 or val_check_interval):
+        validations = (num_epochs // check_val_every_n_epoch if check_val_every_n_epoch else 0)
+        if val_loader is not None and is_iterator(val_loader) and (validations > 1 or val_check_interval):
             raise ValueError("val_loader is an iterator (a generator?): it runs dry after the first validation. Give "
                              "something that starts a new pass at each iter(): a list of batches, an ArrayLoader, "
                              "or a class whose __iter__ makes the generator.")
         if steps_per_epoch is None:  # a stream without len() and max_steps: one epoch of max_steps batches
-            endless = max_steps is not None and safe_len(train_loader) is None
+            endless = max_steps is not None and is_iterator(train_loader) and safe_len(train_loader) is None
             steps_per_epoch = max_steps if endless else loader_length(train_loader)
         if isinstance(steps_per_epoch, bool) or not isinstance(steps_per_epoch, int):
             raise TypeError(f"steps_per_epoch must be an int (batches per epoch), got {steps_per_epoch!r}.")

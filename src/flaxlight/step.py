@@ -286,6 +286,13 @@ def step_owner(fn: Callable, _depth: int = 0) -> "TrainStep | None":
     owner = getattr(fn, "__self__", None)
     if isinstance(owner, TrainStep) or _depth > 4:
         return owner if isinstance(owner, TrainStep) else None
-    inner = [getattr(fn, "__wrapped__", None)] + [cell.cell_contents for cell in getattr(fn, "__closure__", None) or ()
-                                                  if callable(getattr(cell, "cell_contents", None))]
-    return next((found for f in inner if f is not None and (found := step_owner(f, _depth + 1)) is not None), None)
+    inner = [getattr(fn, "__wrapped__", None)] + [_cell_value(cell) for cell in getattr(fn, "__closure__", None) or ()]
+    return next((found for f in inner if callable(f) and (found := step_owner(f, _depth + 1)) is not None), None)
+
+
+def _cell_value(cell) -> Any:
+    """A closure cell's value, or None for a cell not bound yet."""
+    try:
+        return cell.cell_contents
+    except ValueError:
+        return None

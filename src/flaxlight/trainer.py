@@ -256,6 +256,7 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
             self._run_lock = runfiles.claim_run(self.log_dir, self.checkpointer, continuing=continuing,
                                                 overwrite=overwrite, owned=self._trained_here)
             self._trained_here = True
+            self.logger.start_run()  # a loaded trainer's records were late ones; overwrite deleted files
 
     def _run_epoch(self, epoch_idx: int, train_loader, val_loader) -> None:
         """Train one epoch (or its rest, after a resume), validate when due, run the epoch hooks."""
@@ -308,9 +309,10 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
         if loop.phase != "train":  # a fresh epoch (not the rest of one interrupted mid-way)
             loop.start_epoch()
             self._nonfinite.start_epoch()
+        self._run_owed_events()  # resumed from an interrupt that came before its step's events (they may stop)
         length = self.steps_per_epoch if self.steps_per_epoch is not None else safe_len(train_loader)
-        stop = epoch_stop(length, loop.batch_index, self.global_step, self.options.max_steps)
-        self._run_owed_events()  # resumed from an interrupt that came before its step's events
+        stop = loop.batch_index if self._stopping() else epoch_stop(length, loop.batch_index, self.global_step,
+                                                                     self.options.max_steps)
         self._plan_events()
         if stop is not None:
             self.engine.learning_rates.prepare(self.optimizer_plan, self.global_step, stop - loop.batch_index)

@@ -23,6 +23,7 @@ from flaxlight import resume, runfiles
 from flaxlight.data import as_loader
 from flaxlight.metrics import to_host
 from flaxlight.optim import ema_params
+from flaxlight.step import step_owner
 
 __all__ = ["TrainerVerbsMixin"]
 
@@ -151,18 +152,23 @@ class TrainerVerbsMixin:
 
     def bind_model(self):
         """The model with the trained variables, for interactive use: ``model(x, train=False)``."""
-        return self.model_adapter.bind(_served(self.state).variables())
+        return self.model_adapter.bind(self._serving(self.state).variables())
 
     def _state_for(self, which: str):
         """The state ``which`` names, with the parameters evaluation uses (:func:`_served`)."""
         if which == "current":
-            return _served(self.state)
+            return self._serving(self.state)
         if which not in ("best", "last"):
             raise ValueError(f"which must be 'current', 'best' or 'last'; got {which!r}.")
         self.checkpointer.wait()
         step = resume.pick_checkpoint(self.checkpointer, which)
         with_ema = ema_params(self.state) is not None  # the checkpoint's optimizer state holds the average
-        return _served(self.checkpointer.restore(self.state, step=step, with_opt_state=with_ema))
+        return self._serving(self.checkpointer.restore(self.state, step=step, with_opt_state=with_ema))
+
+    def _serving(self, state):
+        """``state`` with the parameters the eval step uses: :func:`_served`, unless the trainer's
+        :class:`~flaxlight.TrainStep` was built with ``eval_with_ema=False``."""
+        return _served(state) if getattr(step_owner(self.eval_step), "eval_with_ema", True) else state
 
 
 def _served(state):

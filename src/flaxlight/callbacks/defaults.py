@@ -76,7 +76,8 @@ def one_best(options: Any, callbacks: list[Callback]) -> tuple[Any, ModelCheckpo
 
 def start_fresh(callbacks: list[Callback]) -> None:
     """Forget what the built-in callbacks kept from an earlier ``train_model`` of the same trainer
-    (the history, the checkpoints' ranking, early stopping's patience): a new run starts afresh, and
+    (the history, the checkpoints' ranking, early stopping's patience, the time spent): a new run
+    starts afresh, and
     a resume then restores the run's own states.
 
     Examples:
@@ -85,5 +86,5 @@ def start_fresh(callbacks: list[Callback]) -> None:
     for callback in callbacks:
         if isinstance(callback, History):
             callback.clear()
-        elif isinstance(callback, (ModelCheckpoint, EarlyStopping)):
+        elif isinstance(callback, (ModelCheckpoint, EarlyStopping, Timer)):
             callback.load_state_dict({})

@@ -49,6 +49,10 @@ class Logger:
         """Add to the records a run left in this logger's folder (a trainer rebuilt from it by
         ``load_from_checkpoint``): nothing is dropped or rewritten. The default does nothing."""
 
+    def start_run(self) -> None:
+        """A training run starts writing (after its folder was claimed; ``overwrite=True`` may
+        have deleted the files a loaded run's records were read from). The default does nothing."""
+
     def flush(self) -> None:
         """Make everything logged so far readable by other processes."""
 
@@ -144,6 +148,11 @@ class LoggerCollection(Logger):
         status), as after :meth:`finalize`."""
         self._now("continue_run")
         self._final_status = "success"
+
+    def start_run(self) -> None:
+        """A training run starts: its records are not late ones (see :meth:`continue_run`)."""
+        self._final_status = None
+        self._now("start_run")
 
     def flush(self) -> None:
         self._now("flush")

@@ -35,6 +35,11 @@ class CSVLogger(Logger):
         """Reload ``metrics.csv`` and keep the rows up to ``step``; later rows are dropped."""
         self._reload(up_to=step)
 
+    def start_run(self) -> None:
+        """Rows read from a ``metrics.csv`` that ``overwrite=True`` then deleted are dropped."""
+        if self.rows and not os.path.isfile(self.path):
+            self.columns, self.rows, self._written_rows = ["step"], [], 0
+
     def continue_run(self) -> None:
         """Reload ``metrics.csv``: new rows are appended to every row it holds."""
         self._reload(up_to=None)
@@ -51,8 +56,10 @@ class CSVLogger(Logger):
                 if _step_of(row) is not None and (up_to is None or _step_of(row) <= up_to)
             ]
         self.columns, self.rows = columns, rows
-        self._written_rows = len(rows) if up_to is None else 0  # nothing dropped: the file stands as it is
-        if up_to is not None:
+        with open(self.path, "rb") as f:  # a last line cut short (no newline) is rewritten whole, not appended to
+            whole = f.seek(0, os.SEEK_END) == 0 or (f.seek(-1, os.SEEK_END) >= 0 and f.read(1) == b"\n")
+        self._written_rows = len(rows) if up_to is None and whole else 0  # nothing dropped: the file stands
+        if self._written_rows == 0:
             self.flush(force=True)
 
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:

@@ -205,11 +205,17 @@ class MLflowLogger(Logger):
         if saved.get("tracking_uri") == self.tracking_uri and saved.get("run_id"):
             self._run_id, self._resumed_from_file = saved["run_id"], True
 
+    def start_run(self) -> None:
+        """A training run ends with its own status; a run id whose file ``overwrite=True`` deleted is dropped."""
+        self._continuing, self._status_on_end = False, None
+        if self._resumed_from_file and not os.path.isfile(os.path.join(self.save_dir, RUN_FILE)):
+            self._run_id, self._resumed_from_file, self._active = None, False, False
+
     def continue_run(self) -> None:
         """The next record goes to the run saved in ``<save_dir>/mlflow_run.json``, which then
         gets back the status it had (a test of a finished run leaves it FINISHED)."""
         self.resume_from_step(0)
-        self._continuing = True
+        self._continuing = self._run_id is not None
 
     def finalize(self, status: str) -> None:
         """Set the run's status: FINISHED (``"success"``), FAILED (``"failed"``), KILLED

@@ -77,6 +77,10 @@ class TensorBoardLogger(Logger):
         event_pb2 = _tensorboardx("tensorboardX.proto.event_pb2")
         self.writer.write_event(event_pb2.Event(wall_time=time.time(), step=int(step), **fields))
 
+    def start_run(self) -> None:
+        """A training run writes a new event file (an open one may have been deleted by ``overwrite=True``)."""
+        self.finalize("start")
+
     def resume_from_step(self, step: int) -> None:
         """TensorBoard drops events after ``step`` written by the interrupted run (purge_step)."""
         self.finalize("resumed")
