@@ -670,6 +670,9 @@ def test_predict_export_and_bind_model_serve_the_ema_weights_evaluation_used(tmp
     trainer.train_model(train, val, num_epochs=2)
     tested = trainer.test((x, y), batch_size=len(x), which="best")["test/loss"]  # evaluated with the EMA weights
     exported = flaxlight.load_exported(trainer.export(tmp_path / "export", which="best"))
+    loaded = RegressTrainer.load_from_checkpoint(trainer.log_dir, exmp_input=x[:1])  # inference: the average too
+    assert loaded.test((x, y), batch_size=len(x))["test/loss"] == pytest.approx(tested, rel=1e-4)
     for outputs in (trainer.predict(x, batch_size=len(x), which="best"), trainer.predict(x, batch_size=len(x)),
-                    trainer.bind_model()(x, train=False), exported(x)):
+                    trainer.bind_model()(x, train=False), exported(x), loaded.predict(x, batch_size=len(x), which="best"),
+                    loaded.bind_model()(x, train=False)):
         assert float(np.mean((np.asarray(outputs) - y) ** 2)) == pytest.approx(tested, rel=1e-4)

@@ -22,7 +22,7 @@ import numpy as np
 from flaxlight import resume, runfiles
 from flaxlight.data import as_loader
 from flaxlight.metrics import to_host
-from flaxlight.optim import ema_params
+from flaxlight.optim import as_optimizer_config, ema_params
 from flaxlight.step import step_owner
 
 __all__ = ["TrainerVerbsMixin"]
@@ -50,17 +50,22 @@ class TrainerVerbsMixin:
                              with_optimizer: bool = False, **overrides: Any) -> Any:
         """Rebuild a trainer from a run's log dir (``hparams.yaml`` + a checkpoint): ``which`` is
         ``"best"`` (the newest when no validation ran) or ``"last"``; ``with_optimizer=True`` also
-        restores the optimizer state; ``overrides`` replace saved settings (``logger_params`` are merged;
+        restores the optimizer state (without it, a run with ``ema_decay`` loads its parameters'
+        moving average, which evaluation used); ``overrides`` replace saved settings (``logger_params`` are merged;
         a ``log_dir`` there logs to that folder). ``test()`` and ``log_metrics`` add to the run's records.
         Example: ``MyTrainer.load_from_checkpoint("checkpoints/MLP/version_0", exmp_input=x[:1])``."""
         trainer = cls(exmp_input=exmp_input, **runfiles.trainer_kwargs(cls, checkpoint, which, overrides))
         source = resume.checkpointer_for(checkpoint)  # the run's own, also when logger_params moves the logs
         own = source.directory == trainer.checkpointer.directory
         trainer._hparams_written, trainer._loaded = own, True  # its hparams.yaml describes this trainer already
-        if with_optimizer:
+        config = as_optimizer_config(trainer.optimizer_hparams)
+        averaged = not with_optimizer and getattr(config, "ema_decay", None) is not None  # the EMA is in its state
+        if with_optimizer or averaged:
             trainer.init_optimizer(*resume.run_length(source))
         trainer._place_state()
         trainer.state = resume.load_with_fallback(source, trainer.state, which, trainer._load_for_resume if own else None)
+        if averaged:  # an inference load serves the moving average the run was validated with
+            trainer.state = trainer._serving(trainer.state).replace(opt_state=None)
         trainer.global_step = int(to_host(trainer.state.step))
         trainer.logger.continue_run()  # test() and log_metrics add to the run's records
         return trainer
@@ -162,8 +167,12 @@ class TrainerVerbsMixin:
             raise ValueError(f"which must be 'current', 'best' or 'last'; got {which!r}.")
         self.checkpointer.wait()
         step = resume.pick_checkpoint(self.checkpointer, which)
-        with_ema = ema_params(self.state) is not None  # the checkpoint's optimizer state holds the average
-        return self._serving(self.checkpointer.restore(self.state, step=step, with_opt_state=with_ema))
+        template = self.state
+        if template.opt_state is None and template.tx is not None:  # loaded for inference: its optimizer's shape
+            template = template.replace(opt_state=template.tx.init(template.params))
+        with_ema = ema_params(template) is not None  # the checkpoint's optimizer state holds the average
+        restored = self.checkpointer.restore(template if with_ema else self.state, step=step, with_opt_state=with_ema)
+        return self._serving(restored)
 
     def _serving(self, state):
         """``state`` with the parameters the eval step uses: :func:`_served`, unless the trainer's
