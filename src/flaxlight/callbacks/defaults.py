@@ -19,9 +19,10 @@ __all__ = ["with_default_callbacks", "one_best", "start_fresh"]
 
 def with_default_callbacks(callbacks: list[Callback], options: Any, enable_progress_bar: bool) -> list[Callback]:
     """The user's callbacks, in their order, then the defaults ``options`` ask for (a
-    :class:`ModelCheckpoint` that keeps the best by the trainer's ``is_new_model_better``, a :class:`Timer` for ``max_time``, a
-    :class:`ProgressBar`, a :class:`History`) unless one of that kind was given. ``fast_dev_run`` writes no checkpoint.
-    :class:`ModelCheckpoint` callbacks come last, so each hook reaches them after the others.
+    :class:`ModelCheckpoint` that keeps the best by the trainer's ``is_new_model_better``, a
+    :class:`Timer` for ``max_time``, a :class:`ProgressBar`, a :class:`History`) unless one of
+    that kind was given. ``fast_dev_run`` writes no checkpoint. :class:`ModelCheckpoint`
+    callbacks come last, so each hook reaches them after the others.
 
     Examples:
         >>> [type(cb).__name__ for cb in with_default_callbacks([], TrainerOptions(), True)]   # doctest: +SKIP
@@ -77,8 +78,7 @@ def one_best(options: Any, callbacks: list[Callback]) -> tuple[Any, ModelCheckpo
 def start_fresh(callbacks: list[Callback]) -> None:
     """Forget what the built-in callbacks kept from an earlier ``train_model`` of the same trainer
     (the history, the checkpoints' ranking, early stopping's patience, the time spent): a new run
-    starts afresh, and
-    a resume then restores the run's own states.
+    starts afresh, and a resume then restores the run's own states.
 
     Examples:
         >>> start_fresh(trainer.callbacks)   # doctest: +SKIP

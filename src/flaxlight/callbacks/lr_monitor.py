@@ -51,9 +51,9 @@ class LearningRateMonitor(Callback):
 
     For the optimizers flaxlight builds, the rate comes from their schedule evaluated on the
     host at the current step (no device read); with ``reduce_on_plateau`` it is multiplied by the
-    factor the plateau applies, read from the device (``train/lr_scale`` is logged too). For a ready-made optax transformation, it is
-    read from the optimizer state where the transformation exposes it: built with
-    ``optax.inject_hyperparams`` (``train/lr``) or containing
+    factor the plateau applies, read from the device (``train/lr_scale`` is logged too). For a
+    ready-made optax transformation, it is read from the optimizer state where the
+    transformation exposes it: built with ``optax.inject_hyperparams`` (``train/lr``) or containing
     ``optax.contrib.reduce_on_plateau`` (``train/lr_scale``, the factor applied to the rate);
     that reads one scalar from the device per log point. When neither is known, it says so
     once and logs nothing.
