@@ -394,3 +394,12 @@ def test_learning_rate_monitor_includes_the_plateau_reductions(tmp_path, regress
     rows = [r for r in _rows(tmp_path) if r.get("train/lr")]
     assert float(rows[-1]["train/lr"]) == pytest.approx(float(current_learning_rate(trainer.state)), rel=1e-5)
     assert float(rows[-1]["train/lr_scale"]) < 1.0  # the plateau reduced the rate
+
+
+def test_start_fresh_forgets_the_time_a_resumed_run_had_spent():
+    from flaxlight.callbacks import Timer, start_fresh
+
+    timer = Timer(60)
+    timer.load_state_dict({"elapsed": 59.0})  # a resumed run that had almost spent its budget
+    start_fresh([timer])
+    assert timer.state_dict()["elapsed"] < 1.0

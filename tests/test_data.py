@@ -107,3 +107,14 @@ def test_limit_val_batches_hands_the_hook_a_loader_it_can_read_again(tmp_path, r
                      exmp_input=np.zeros((1, 4), np.float32), **quiet(tmp_path, limit_val_batches=2))
     trainer.train_model(train, val, num_epochs=1)
     assert trainer.seen == [2, 2]
+
+
+def test_is_iterator_asks_without_starting_the_loader():
+    from flaxlight.data import is_iterator
+
+    class StartsWorkers:
+        def __iter__(self):
+            raise AssertionError("iter() was called")
+
+    assert not is_iterator(StartsWorkers()) and not is_iterator([1, 2])
+    assert is_iterator(iter([1, 2])) and is_iterator(b for b in [1])

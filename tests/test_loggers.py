@@ -430,3 +430,17 @@ def test_tensorboard_hparams_tab_gets_the_hyperparameters_and_the_best_metrics(t
     assert "best/val/loss" in {info.name.tag for info in experiment.metric_infos}
     (point,) = events.Scalars("best/val/loss")
     assert point.value == pytest.approx(best["val/loss"]) and point.step == trainer.global_step
+
+
+def test_continuing_a_metrics_csv_whose_last_line_was_cut_rewrites_it_whole(tmp_path):
+    import csv
+
+    from flaxlight.loggers import CSVLogger
+
+    (tmp_path / "metrics.csv").write_text("step,train/loss\n1,0.5\n2,0.2")  # no newline: the last write was cut
+    logger = CSVLogger(tmp_path)
+    logger.continue_run()
+    logger.log_metrics({"train/loss": 0.1}, step=3)
+    logger.flush()
+    with open(tmp_path / "metrics.csv", newline="") as f:
+        assert [(r["step"], r["train/loss"]) for r in csv.DictReader(f)] == [("1", "0.5"), ("2", "0.2"), ("3", "0.1")]

@@ -78,3 +78,19 @@ def test_subclass_overrides_loss_fn_and_bad_aux_is_explained():
         bad.step(_state(TinyMLP(), x), (x, y))
     with pytest.raises(TypeError, match="loss function"):
         TrainStep()
+
+
+def test_step_owner_finds_a_trainstep_through_a_wrapper_and_ignores_unbound_cells():
+    from flaxlight.step import TrainStep, step_owner
+
+    step = TrainStep(lambda params, batch, **kwargs: (0.0, {}))
+
+    def wrap(inner):
+        def with_a_metric(state, batch):
+            return inner(state, batch), later
+
+        return with_a_metric
+
+    wrapped = wrap(step.step)
+    assert step_owner(wrapped) is step  # `later` is an empty cell when asked: no error
+    later = None  # noqa: F841 - bound after the question, as a user's code may
