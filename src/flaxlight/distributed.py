@@ -100,6 +100,16 @@ def _data_size(mesh: Mesh) -> int:
     return int(dict(mesh.shape).get(DATA_AXIS, 1))
 
 
+def data_axis_size(mesh: Mesh) -> int:
+    """Devices along the mesh's ``data`` axis (a batch is split into that many parts).
+
+    Examples:
+        >>> data_axis_size(make_mesh(jax.devices()[:1]))
+        1
+    """
+    return _data_size(mesh)
+
+
 def splits(batch, mesh: Mesh) -> bool:
     """Whether ``batch``'s leading dimension divides over the mesh's ``data`` axis."""
     leaves = jax.tree.leaves(batch)

@@ -554,9 +554,12 @@ class LearningRateTable:
 
 def _by_batch_split(mesh, split: Callable, whole: Callable) -> Callable:
     """``split(state, acc, batch)`` for a batch that divides over the mesh's ``data`` axis, else
-    ``whole`` (the batch on every device)."""
+    ``whole`` (the batch on every device). Per step: one shape read, no device read."""
+    devices = dist.data_axis_size(mesh)
+
     def call(state, acc, batch):
-        return (split if dist.splits(batch, mesh) else whole)(state, acc, batch)
+        leaves = jax.tree.leaves(batch)
+        return (split if not leaves or leaves[0].shape[0] % devices == 0 else whole)(state, acc, batch)
 
     return call
 
