@@ -26,7 +26,7 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
-from flaxlight.metrics import device_copy, is_typed_key
+from flaxlight.metrics import deliberate_reads, device_copy, is_typed_key
 from flaxlight.writer import BackgroundWriter, Job
 
 __all__ = ["Checkpointer"]
@@ -210,8 +210,9 @@ class Checkpointer:
             return
         self._track_steps().add(step)
         snapshot = device_copy(arrays)  # the training step donates (reuses) the state's buffers
-        for leaf in jax.tree.leaves(snapshot):
-            leaf.copy_to_host_async()
+        with deliberate_reads():
+            for leaf in jax.tree.leaves(snapshot):
+                leaf.copy_to_host_async()
         self._writer.wait_until(lambda: sum(job.tag[0] == "save" for job in self._writer.pending()) < 2)
         self._writer.submit(self._replace, step, snapshot, meta, metrics, tag=("save", step), throttled=True)
         for job in self._held:  # deletions of replaced saves go behind this one

@@ -47,8 +47,8 @@ from flaxlight.messages import logger as messages
 from flaxlight.data import (ArrayLoader, DeviceEpoch, Prefetcher, check_batch, group_batches, positioned_iterator,
                             same_shapes, take_batches)
 from flaxlight.lean import LeanLoop, strip_idle_fields
-from flaxlight.metrics import (accumulate, all_finite, batch_size, fresh_zeros, init_accumulator, tree_finite,
-                               with_saved_objects, device_copy as device_copy_of)
+from flaxlight.metrics import (accumulate, all_finite, batch_size, deliberate_reads, fresh_zeros, init_accumulator,
+                               tree_finite, with_saved_objects, device_copy as device_copy_of)
 
 __all__ = ["Engine", "Feed", "Span", "LearningRateTable", "check_step_pair", "block_length_for"]
 
@@ -529,7 +529,8 @@ class LearningRateTable:
             self._compiled = (schedule, self._jit(jax.vmap(schedule)))
         values = self._compiled[1](jax.device_put(np.arange(start, start + size, dtype=np.int32)))
         if hasattr(values, "copy_to_host_async"):
-            values.copy_to_host_async()
+            with deliberate_reads():
+                values.copy_to_host_async()
         self._table = (schedule, start, values)
 
     def _covers(self, schedule, start: int, count: int) -> bool:
@@ -548,7 +549,8 @@ class LearningRateTable:
             self.prepare(schedule, step, 1)
             table = self._table
         if not isinstance(table[2], np.ndarray):  # first use: the copy started in prepare
-            table = self._table = (table[0], table[1], np.asarray(table[2]))
+            with deliberate_reads():
+                table = self._table = (table[0], table[1], np.asarray(table[2]))
         return float(table[2][step - table[1]])
 
 

@@ -21,6 +21,7 @@ Examples:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 from typing import Any, Mapping
@@ -29,8 +30,26 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+try:  # marks a read as jax.device_get does, so that jax.transfer_guard counts it as explicit
+    from jax._src.config import explicit_device_get_scope as _explicit_scope
+except ImportError:  # pragma: no cover - a JAX without it: the guard sees every read as implicit
+    _explicit_scope = contextlib.nullcontext
+
 __all__ = ["Totals", "init_accumulator", "accumulate", "all_finite", "read_means", "to_host", "batch_size",
            "HostSnapshot", "is_metric_object", "with_saved_objects"]
+
+
+def deliberate_reads() -> contextlib.AbstractContextManager:
+    """A context whose device-to-host copies are the loop's own, deliberate reads (log points,
+    checkpoint snapshots, predictions): ``jax.transfer_guard("disallow")``, which users set to
+    catch accidental syncs, lets them pass as it lets ``jax.device_get`` pass, and still stops any
+    other read; ``"disallow_explicit"`` stops these too.
+
+    Examples:
+        >>> with deliberate_reads():
+        ...     host = np.asarray(jnp.arange(3))
+    """
+    return _explicit_scope()
 
 
 def is_metric_object(value: Any) -> bool:
@@ -73,7 +92,8 @@ class Totals:
 
     def read(self) -> tuple[dict[str, float], float, int]:
         """``(sums by name, examples, non-finite steps)`` as Python numbers (reads the vector)."""
-        values = np.asarray(self.values).tolist()
+        with deliberate_reads():
+            values = np.asarray(self.values).tolist()
         return dict(zip(self.names, values)), values[-2], int(values[-1])
 
 
@@ -162,15 +182,15 @@ def fresh_zeros(tree):
 def to_host(tree):
     """``jax.device_get`` that also reads replicated arrays spread over several processes (on
     the CPU in one process, numpy reads the arrays in place: a few microseconds per leaf)."""
-    if _one_process() and _arrays_in_host_memory():
-        return jax.tree.map(lambda x: np.asarray(x) if isinstance(x, jax.Array) else x, tree)
-
     def get(x):
         if isinstance(x, jax.Array) and not x.is_fully_addressable:
             return np.asarray(x.addressable_data(0))
         return x
 
-    return jax.device_get(jax.tree.map(get, tree))
+    with deliberate_reads():
+        if _one_process() and _arrays_in_host_memory():
+            return jax.tree.map(lambda x: np.asarray(x) if isinstance(x, jax.Array) else x, tree)
+        return jax.device_get(jax.tree.map(get, tree))
 
 
 def read_means(acc: dict, prefix: str = "") -> dict[str, float]:
@@ -240,7 +260,8 @@ def _host_array(x: Any) -> np.ndarray:
     """One array on the host (a process's own copy of a replicated array spread over processes)."""
     if isinstance(x, jax.Array) and not x.is_fully_addressable:
         x = x.addressable_data(0)
-    return np.asarray(x)
+    with deliberate_reads():
+        return np.asarray(x)
 
 
 class HostSnapshot:
@@ -258,7 +279,8 @@ class HostSnapshot:
         # Metric objects are read at epoch ends only: interval means are for the scalar sums.
         self._totals: Totals = acc["totals"]
         if not _arrays_in_host_memory():
-            self._totals.values.copy_to_host_async()
+            with deliberate_reads():
+                self._totals.values.copy_to_host_async()
 
     def sums_and_count(self) -> tuple[dict[str, float], float, int]:
         """``(sums, examples, non-finite steps)`` on the host."""

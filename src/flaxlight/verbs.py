@@ -21,7 +21,7 @@ import numpy as np
 
 from flaxlight import resume, runfiles
 from flaxlight.data import as_loader
-from flaxlight.metrics import to_host
+from flaxlight.metrics import deliberate_reads, to_host
 from flaxlight.optim import as_optimizer_config, ema_params
 from flaxlight.step import step_owner
 
@@ -91,12 +91,13 @@ class TrainerVerbsMixin:
         outputs = []
         for batch in loader:
             out = self._predict_step(state, _model_inputs(batch))
-            for leaf in jax.tree.leaves(out):
-                leaf.copy_to_host_async()
+            with deliberate_reads():
+                for leaf in jax.tree.leaves(out):
+                    leaf.copy_to_host_async()
             outputs.append(out)
         if not outputs:
             raise ValueError("predict's data yielded no batches: check its size and batch_size.")
-        return jax.tree.map(lambda *parts: np.concatenate([np.asarray(p) for p in parts]), *jax.device_get(outputs))
+        return jax.tree.map(lambda *parts: np.concatenate(parts), *jax.device_get(outputs))
 
     def test(self, data: Any, *, batch_size: int | None = None, which: str | None = None) -> dict[str, float]:
         """Evaluate a model on ``data`` as ``train_model(..., test_loader=...)`` does: ``test/...``
