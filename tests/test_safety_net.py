@@ -10,6 +10,7 @@ batch by its size, a resume keeps the best validation and ``EarlyStopping``'s co
 import csv
 import json
 import os
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -171,6 +172,31 @@ def test_nan_guard_skip_keeps_the_state_with_live_adam_moments(tmp_path, regress
     assert not np.allclose(jax.tree.leaves(good_run.state.params)[0], jax.tree.leaves(start)[0])  # it trained
     jax.tree.map(lambda got, want: np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7),
                  _host(nan_run.state.params), _host(good_run.state.params))
+
+
+class NaNMetricOnOddSteps(RegressTrainer):
+    """A metric that is NaN on some batches by its nature (0/0), with a finite loss and params."""
+
+    def loss_fn(self, params, batch, *, train, rng, state):
+        loss, (metrics, updates) = super().loss_fn(params, batch, train=train, rng=rng, state=state)
+        return loss, ({**metrics, "ratio": jnp.where(state.step % 2 == 1, jnp.nan, 1.0)}, updates)
+
+
+@pytest.mark.parametrize("guard", [None, "skip", "stop"])
+def test_a_metric_that_is_nan_on_some_batches_does_not_damage_the_step(tmp_path, regression_loaders, guard):
+    """Only the loss and the params make a step non-finite: the run trains every step, is not
+    stopped, and saves its checkpoints (it saved none, skipped half its updates or stopped)."""
+    train, val, _ = regression_loaders
+    callbacks = [NaNGuard(action=guard)] if guard else []
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # "Not saving checkpoint ...: the loss or the parameters were NaN"
+        trainer = _trainer(tmp_path / "run", NaNMetricOnOddSteps, callbacks=callbacks)
+        trainer.train_model(train, val, num_epochs=2)
+    assert trainer.nonfinite_steps == 0 and trainer.global_step == 2 * len(train)
+    assert trainer.checkpointer.latest_step() == trainer.global_step
+    plain = _trainer(tmp_path / "plain", enable_checkpointing=False)
+    plain.train_model(train, val, num_epochs=2)
+    _assert_trees_equal(trainer.state.params, plain.state.params)
 
 
 # --------------------------------------------------------------------------- optimizer

@@ -47,7 +47,7 @@ from flaxlight.messages import logger as messages
 from flaxlight.data import (ArrayLoader, DeviceEpoch, Prefetcher, check_batch, group_batches, positioned_iterator,
                             same_shapes, take_batches)
 from flaxlight.lean import LeanLoop, strip_idle_fields
-from flaxlight.metrics import (accumulate, all_finite, batch_size, deliberate_reads, fresh_zeros, init_accumulator,
+from flaxlight.metrics import (accumulate, batch_size, deliberate_reads, fresh_zeros, init_accumulator, step_finite,
                                tree_finite, with_saved_objects, device_copy as device_copy_of)
 
 __all__ = ["Engine", "Feed", "Span", "LearningRateTable", "check_step_pair", "block_length_for"]
@@ -126,12 +126,12 @@ class _LoopFunctions:
 def _loop_functions(train_step: Callable, eval_step: Callable, *, block_length: int,
                     guard: str | None) -> _LoopFunctions:
     """Wrap the user's steps: sum metrics per example; with a ``guard`` (a NaNGuard's action) a
-    step is non-finite when its metrics or its updated params are (a NaN gradient counts), and
+    step is non-finite when its loss or its updated params are (a NaN gradient counts), and
     ``"skip"`` keeps the params and optimizer state of such steps."""
 
     def train(state, acc, batch):
         new_state, metrics = train_step(state, batch)
-        finite = all_finite(metrics) & tree_finite(new_state.params) if guard else None
+        finite = step_finite(metrics) & tree_finite(new_state.params) if guard else None
         if guard == "skip":
             kept = state.replace(step=new_state.step)
             new_state = jax.tree.map(lambda new, old: jnp.where(finite, new, old), new_state, kept)

@@ -35,8 +35,8 @@ try:  # marks a read as jax.device_get does, so that jax.transfer_guard counts i
 except ImportError:  # pragma: no cover - a JAX without it: the guard sees every read as implicit
     _explicit_scope = contextlib.nullcontext
 
-__all__ = ["Totals", "init_accumulator", "accumulate", "all_finite", "read_means", "to_host", "batch_size",
-           "HostSnapshot", "is_metric_object", "with_saved_objects"]
+__all__ = ["Totals", "init_accumulator", "accumulate", "all_finite", "step_finite", "read_means", "to_host",
+           "batch_size", "HostSnapshot", "is_metric_object", "with_saved_objects"]
 
 
 def deliberate_reads() -> contextlib.AbstractContextManager:
@@ -121,6 +121,20 @@ def all_finite(metrics: Mapping[str, Any]):
     return jnp.all(jnp.stack(values)) if values else jnp.bool_(True)
 
 
+def step_finite(metrics: Mapping[str, Any]):
+    """Pure: True when the step's ``"loss"`` is finite (every scalar metric, when there is none).
+
+    Another metric may be NaN on a batch by its nature (a recall on a batch without the class);
+    that makes its mean NaN, not the step damaged.
+
+    Examples:
+        >>> bool(step_finite({"loss": jnp.float32(0.5), "recall": jnp.float32(jnp.nan)}))
+        True
+    """
+    loss = metrics.get("loss")
+    return all_finite({"loss": loss} if loss is not None and not is_metric_object(loss) else metrics)
+
+
 def tree_finite(tree) -> jax.Array:
     """Pure: True when every float leaf of ``tree`` (e.g. the params) is finite."""
     leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)
@@ -133,10 +147,10 @@ finite_now = jax.jit(tree_finite)  # the same, in one dispatch (e.g. the params 
 
 def accumulate(acc: dict, metrics: Mapping[str, Any], weight, finite=None) -> dict:
     """Pure: add ``metrics`` (batch means) weighted by ``weight`` examples; count non-finite steps
-    (``finite``: the step's own verdict, e.g. loss and updated params; default: the metrics)."""
+    (``finite``: the step's own verdict, e.g. loss and updated params; default: the loss)."""
     weight = jnp.asarray(weight, jnp.float32)
     totals = acc["totals"]
-    finite = all_finite(metrics) if finite is None else finite
+    finite = step_finite(metrics) if finite is None else finite
     bad = jnp.logical_not(finite).astype(jnp.float32)
     # One vector: each output of a call costs XLA's CPU runtime a few us (jax 0.10). The count
     # depends on the step's result (plus 0 * 0-or-1, always exactly 0): an output that does not

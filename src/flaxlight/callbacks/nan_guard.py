@@ -9,8 +9,9 @@ __all__ = ["NaNGuard"]
 
 class NaNGuard(Callback):
     """React to non-finite steps, counted on the device inside the step: a step is non-finite
-    when its loss or metrics are, or when its update makes a parameter NaN/Inf (a NaN gradient
-    with a finite loss counts).
+    when its loss is, or when its update makes a parameter NaN/Inf (a NaN gradient with a finite
+    loss counts). Another metric that is NaN on a batch (a recall on a batch without the class)
+    only makes its own mean NaN.
 
     ``action="stop"`` (default): at the next log point (or epoch end) training stops with the
     step range, and no checkpoint is written from the bad state. ``action="skip"``: non-finite
