@@ -10,6 +10,7 @@ import pytest
 from conftest import RegressTrainer, TinyMLP, linear_data, quiet
 
 import flaxlight
+import flaxlight.zoo
 from flaxlight.callbacks import LearningRateMonitor
 
 
@@ -232,3 +233,46 @@ def test_flax_mnist_settings_with_constant_schedule_and_no_clipping_train_as_the
         for i in range(0, 512, 64):
             params, opt_state = step(params, opt_state, x[i:i + 64], y[i:i + 64])
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5), trainer.state.params, params)
+
+
+def _zoo_trainer(tmp_path, trainer_class, model_class, **hparams):
+    import numpy as np
+
+    return trainer_class(model_class=model_class, model_hparams=hparams, exmp_input=np.zeros((1, 4), np.float32),
+                         optimizer_hparams={"optimizer": "sgd", "lr": 1e-3, "schedule": "constant"}, **quiet(tmp_path))
+
+
+def test_the_regression_trainer_compares_outputs_b1_with_targets_b_element_by_element(tmp_path):
+    """Outputs (B, 1) against targets (B,) broadcast to a (B, B) loss before: a wrong val/loss."""
+    import numpy as np
+
+    x, y = linear_data(40, 0)
+    target = y[:, 0] + 0.5
+    trainer = _zoo_trainer(tmp_path, flaxlight.zoo.RegressionTrainer, TinyMLP)
+    val_loss = trainer.eval_model(flaxlight.ArrayLoader(x, target, batch_size=40))["loss"]
+    pred = np.asarray(trainer.bind_model()(x))[:, 0]
+    assert val_loss == pytest.approx(float(np.mean((pred - target) ** 2)), rel=1e-5)
+    with pytest.raises(ValueError, match=r"outputs have shape \(40, 1\) but the batch's targets have shape \(40, 2\)"):
+        trainer.eval_model(flaxlight.ArrayLoader(x, np.zeros((40, 2), np.float32), batch_size=40))
+
+
+class TwoHeads(nn.Module):
+    @nn.compact
+    def __call__(self, x, train: bool = False):
+        return nn.Dense(3)(x), nn.Dense(1)(x)
+
+
+def test_the_classification_trainer_takes_b1_labels_and_names_other_shapes(tmp_path):
+    import numpy as np
+
+    x = np.random.default_rng(0).normal(size=(48, 4)).astype(np.float32)
+    y = np.arange(48) % 3
+    trainer = _zoo_trainer(tmp_path / "a", flaxlight.zoo.ClassificationTrainer, TinyMLP, output_dim=3)
+    flat = trainer.eval_model(flaxlight.ArrayLoader(x, y, batch_size=16))
+    column = trainer.eval_model(flaxlight.ArrayLoader(x, y[:, None], batch_size=16))
+    assert column == pytest.approx(flat)
+    with pytest.raises(ValueError, match=r"labels must have shape \(16,\).*One-hot labels: pass y.argmax\(-1\)"):
+        trainer.eval_model(flaxlight.ArrayLoader(x, np.eye(3, dtype=np.int32)[y], batch_size=16))
+    two_heads = _zoo_trainer(tmp_path / "b", flaxlight.zoo.ClassificationTrainer, TwoHeads)
+    with pytest.raises(TypeError, match="needs the model to return one array; it returned a tuple"):
+        two_heads.eval_model(flaxlight.ArrayLoader(x, y, batch_size=16))

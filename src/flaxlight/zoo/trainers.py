@@ -14,19 +14,50 @@ from flaxlight.trainer import TrainerModule
 __all__ = ["ClassificationTrainer", "RegressionTrainer"]
 
 
+def _one_array(out, trainer: str):
+    """The model's output, which these losses need to be one array."""
+    if not hasattr(out, "ndim"):
+        raise TypeError(f"{trainer}'s loss needs the model to return one array; it returned a {type(out).__name__}. "
+                        f"Return one array from the model, or subclass {trainer} and override loss_fn to pick "
+                        f"the output the loss is on.")
+    return out
+
+
+def _matched(pred, target, trainer: str, what: str):
+    """``(pred, target)`` with a trailing axis of size 1 dropped where only one has it (Keras'
+    losses do the same: outputs ``(B, 1)`` against targets ``(B,)``); other shapes must agree,
+    since broadcasting ``(B, 1)`` against ``(B,)`` would silently make a ``(B, B)`` loss."""
+    if pred.ndim == target.ndim + 1 and pred.shape[-1] == 1:
+        pred = pred[..., 0]
+    elif target.ndim == pred.ndim + 1 and target.shape[-1] == 1:
+        target = target[..., 0]
+    if pred.shape != target.shape:
+        raise ValueError(f"{trainer}: the model's outputs have shape {tuple(pred.shape)} but the batch's {what} have "
+                         f"shape {tuple(target.shape)}; they must match (a trailing axis of size 1 may differ). "
+                         f"Check the model's output size and the {what}' layout.")
+    return pred, target
+
+
 @register_trainer("regression")
 class RegressionTrainer(TrainerModule):
-    """Mean squared error on ``(inputs, targets)`` batches; BatchNorm updates returned if any."""
+    """Mean squared error on ``(inputs, targets)`` batches; BatchNorm updates returned if any.
+
+    Outputs and targets must have the same shape, except for a trailing axis of size 1: outputs
+    ``(B, 1)`` against targets ``(B,)`` are compared element by element, as in Keras.
+    """
 
     def loss_fn(self, params, batch, *, train, rng, state):
         x, y = batch
         pred, updates = state.apply_model(params, x, train=train, rng=rng)
+        pred, y = _matched(_one_array(pred, "RegressionTrainer"), jnp.asarray(y), "RegressionTrainer", "targets")
         return jnp.mean((pred - y) ** 2), ({}, updates)
 
 
 @register_trainer("classification")
 class ClassificationTrainer(TrainerModule):
     """Cross-entropy on integer labels, plus accuracy (``acc``); BatchNorm updates returned.
+
+    Labels are one class index per example: shape ``(B,)`` (or ``(B, 1)``) for logits ``(B, C)``.
 
     The labels of each epoch's first training batch are checked once, on the host: integers in
     ``[0, num_classes)``, ``num_classes`` being the model's number of outputs. (Inside the step
@@ -39,6 +70,13 @@ class ClassificationTrainer(TrainerModule):
     def loss_fn(self, params, batch, *, train, rng, state):
         images, labels = batch
         logits, updates = state.apply_model(params, images, train=train, rng=rng)
+        logits, labels = _one_array(logits, "ClassificationTrainer"), jnp.asarray(labels)
+        if labels.ndim == logits.ndim and labels.shape[-1] == 1:  # (B, 1) labels, as Keras takes them
+            labels = labels[..., 0]
+        if labels.shape != logits.shape[:-1]:
+            raise ValueError(f"ClassificationTrainer: the model's logits have shape {tuple(logits.shape)}, so the "
+                             f"labels must have shape {tuple(logits.shape[:-1])} (one class index per example); "
+                             f"they have shape {tuple(labels.shape)}. One-hot labels: pass y.argmax(-1).")
         loss = optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
         acc = (logits.argmax(-1) == labels).mean()
         return loss, ({"acc": acc}, updates)
