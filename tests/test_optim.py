@@ -546,9 +546,10 @@ def test_trainer_passes_loss_and_total_steps_to_a_learned_optimizer(tmp_path):
     assert float(state["value_sum"]) == pytest.approx(3 * metrics["train/loss"], rel=1e-5)
 
 
-def test_trainer_with_polyak_sgd_matches_the_hand_loop(tmp_path):
+@pytest.mark.parametrize("hp", [{"optimizer": "polyak_sgd", "lr": 1.0},  # docs/optimizers.md's recipe
+                                {"optimizer": "polyak_sgd", "lr": 1.0, "schedule": "constant", "gradient_clip": None}])
+def test_trainer_with_polyak_sgd_matches_the_hand_loop(tmp_path, hp):
     x, y = _linear_problem(n=16)
-    hp = {"optimizer": "polyak_sgd", "lr": 1.0, "schedule": "constant", "gradient_clip": None}
     trainer = _trainer(tmp_path, hp, x)
     params = jax.tree.map(jnp.array, trainer.state.params)
     trainer.train_model(flaxlight.ArrayLoader(x, y, batch_size=8), None, num_epochs=1)

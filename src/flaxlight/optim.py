@@ -90,6 +90,9 @@ OptimizerFactory = Callable[[int], optax.GradientTransformation]
 # Optimizers whose step size is a fixed number (optax does not take a schedule there).
 _FIXED_RATE = {"polyak_sgd": "max_learning_rate", "rprop": "learning_rate", "sm3": "learning_rate",
                "optimistic_adam": "learning_rate"}
+# Optimizers whose step is computed from the raw gradient (Polyak's f / |g|^2, L-BFGS' curvature
+# pairs): clipping it changes the method, so gradient_clip defaults to None for them.
+_RAW_GRADIENT = ("polyak_sgd", "lbfgs")
 # Keys of the optax factories that flaxlight sets itself, and the flaxlight key to use instead.
 _RESERVED = {"learning_rate": "lr", "max_learning_rate": "lr", "weight_decay": "weight_decay",
              "weight_decay_rate": "weight_decay", "mask": "weight_decay_mask",
@@ -183,7 +186,8 @@ class OptimizerConfig(Mapping):
         warmup_steps: optimizer updates of linear warmup from 0 (the seed's key ``warmup``).
         end_lr_factor: final learning rate as a fraction of ``lr`` (warmup_cosine, linear, exponential).
         boundaries_and_scales: ``{step: scale}`` for ``schedule="piecewise"``.
-        gradient_clip: clip gradients by global norm (None: off).
+        gradient_clip: clip gradients by global norm (None: off; the dict form's default is None
+            for ``polyak_sgd`` and ``lbfgs``, whose steps are computed from the raw gradient).
         gradient_clip_value: clip each gradient entry to ``[-v, v]`` (None: off); applied first.
         weight_decay: decay strength; None: the optax optimizer's own default (0.0001 for
             ``adamw``, logged), 0 for optimizers without one.
@@ -291,8 +295,11 @@ class OptimizerConfig(Mapping):
                 hparams[key] = hparams.pop(alias)
         fields = {f.name for f in dataclasses.fields(cls)} - {"optimizer_kwargs"}
         kwargs = {k: hparams.pop(k) for k in list(hparams) if k in fields}
-        if str(kwargs.get("optimizer", cls.optimizer)).lower() in _FIXED_RATE and "schedule" not in kwargs:
+        name = str(kwargs.get("optimizer", cls.optimizer)).lower()
+        if name in _FIXED_RATE and "schedule" not in kwargs:
             kwargs["schedule"] = "constant"  # it sets its own step size: no schedule unless one is asked for
+        if name in _RAW_GRADIENT and "gradient_clip" not in kwargs:
+            kwargs["gradient_clip"] = None  # its step is the raw gradient's: no clipping unless asked for
         extra = dict(hparams.pop("optimizer_kwargs", None) or {})
         extra.update(hparams)
         return cls(**kwargs, optimizer_kwargs=extra)
