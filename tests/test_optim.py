@@ -583,7 +583,7 @@ def test_trainer_warns_when_a_custom_step_would_drop_the_l2_term(tmp_path, caplo
     class WithPenalty(Regressor):  # docs/optimizers.md's recipe: no warning
         def create_functions(self):
             config = flaxlight.optim.as_optimizer_config(self.optimizer_hparams)
-            step = TrainStep(self.loss_fn, regularizer=config.l2_regularizer())
+            step = TrainStep(self.loss_fn, regularizer=config.l2_regularizer(), precision=config.precision)
             return step.step, step.eval_step
 
     caplog.clear()
@@ -597,6 +597,31 @@ def test_trainer_warns_when_a_custom_step_would_drop_the_l2_term(tmp_path, caplo
 
 
 # --------------------------------------------------------------------------- training tricks
+
+def test_trainer_warns_when_a_custom_step_would_drop_bf16(tmp_path, caplog):
+    """A TrainStep built without precision= computed in fp32 while hparams.yaml said bf16."""
+    class Custom(Regressor):
+        def create_functions(self):
+            return TrainStep(self.loss_fn).step, TrainStep(self.loss_fn).eval_step
+
+    class WithPrecision(Regressor):
+        def create_functions(self):
+            step = TrainStep(self.loss_fn, precision=flaxlight.optim.as_optimizer_config(self.optimizer_hparams).precision)
+            return step.step, step.eval_step
+
+    x, _ = _linear_problem(n=8)
+    warnings = {}
+    for trainer_class in (Custom, WithPrecision, Regressor):
+        caplog.clear()
+        trainer = trainer_class(model_class=Linear, model_hparams={}, exmp_input=x[:1], enable_progress_bar=False,
+                                enable_model_summary=False, optimizer_hparams={"optimizer": "sgd", "precision": "bf16"},
+                                logger_params={"log_dir": str(tmp_path / trainer_class.__name__), "logger_type": "csv"})
+        with caplog.at_level(logging.WARNING, logger="flaxlight"):
+            trainer.init_optimizer(1, 1)
+        warnings[trainer_class] = [r.getMessage() for r in caplog.records if "precision='bf16'" in r.getMessage()]
+    assert not warnings[WithPrecision] and not warnings[Regressor]
+    assert len(warnings[Custom]) == 1 and "computes in fp32: pass `precision='bf16'`" in warnings[Custom][0]
+
 def test_gradient_accumulation_equals_one_big_batch():
     x, y = _linear_problem(n=16)
     hp = {"optimizer": "adam", "lr": 0.01, "warmup": 2, "weight_decay": 0.1, "weight_decay_exclude": ()}

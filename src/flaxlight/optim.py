@@ -749,12 +749,21 @@ class OptimizerPlan:
         return lambda step: schedule(jnp.maximum(step - first, 0) // every)
 
 
-def warn_l2_outside_step(trainer_name: str) -> None:
-    """Tell the user that ``weight_decay_mode='l2'`` needs the penalty in their own step."""
-    logger.warning(
-        "weight_decay_mode='l2' adds its penalty inside the train step, but %s.create_functions() builds its own "
-        "step: pass `regularizer=flaxlight.optim.as_optimizer_config(self.optimizer_hparams).l2_regularizer()` to your "
-        "TrainStep (or add the penalty to your loss), or use weight_decay_mode='decoupled'.", trainer_name)
+def warn_settings_outside_step(trainer_name: str, plan: OptimizerPlan, step: Any) -> None:
+    """Tell the user when a setting applied inside the train step (the ``"l2"`` penalty, bf16
+    compute) is missing from the step their ``create_functions`` built (``step``: its
+    :class:`~flaxlight.step.TrainStep`, or None for a step function of their own)."""
+    if plan.regularizer is not None and getattr(step, "regularizer", None) is None:
+        logger.warning(
+            "weight_decay_mode='l2' adds its penalty inside the train step, but %s.create_functions() builds its own "
+            "step: pass `regularizer=flaxlight.optim.as_optimizer_config(self.optimizer_hparams).l2_regularizer()` to "
+            "your TrainStep (or add the penalty to your loss), or use weight_decay_mode='decoupled'.", trainer_name)
+    precision = plan.config.precision if plan.config is not None else "fp32"
+    if precision != "fp32" and getattr(step, "precision", None) != precision:
+        logger.warning(
+            "precision=%r is applied inside the train step, but %s.create_functions() builds its own step without it, "
+            "so the model computes in %s: pass `precision=%r` to your TrainStep (or cast in your loss).", precision,
+            trainer_name, getattr(step, "precision", None) or "the dtypes of your own step", precision)
 
 
 def make_optimizer_plan(optimizer_hparams, total_steps: int, first_step: int = 0) -> OptimizerPlan:

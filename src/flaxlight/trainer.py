@@ -86,7 +86,7 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
         self._place_state()  # on a mesh from the start: eval_model / test before training use it too
 
     def _start_fresh_run_state(self) -> None:
-        self.global_step, self._hparams_written, self._l2_in_step = 0, False, False
+        self.global_step, self._hparams_written, self._step_owner = 0, False, None
         self.should_stop, self.stop_reason, self.callback_metrics = False, None, {}
         self.batch_size = self.num_epochs = self.steps_per_epoch = self.optimizer_plan = self.distributed_mode = None
         self._limits = BatchLimits.from_options(self.options)
@@ -132,8 +132,7 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
         ``self.optimizer_plan`` keeps what was built (schedule, weight decay in effect)."""
         plan = optim.make_optimizer_plan(self.optimizer_hparams, total_steps=num_epochs * num_steps_per_epoch,
                                          first_step=self.global_step)  # the model's step: its first update
-        if plan.regularizer is not None and not self._l2_in_step:
-            optim.warn_l2_outside_step(type(self).__name__)
+        optim.warn_settings_outside_step(type(self).__name__, plan, self._step_owner)
         self.optimizer_plan, state = plan, self.state
         self.state = TrainState.create(apply_fn=state.apply_fn, params=state.params, batch_stats=state.batch_stats,
                                        rng=state.rng, epoch=state.epoch, step=state.step, tx=plan.tx)
@@ -169,7 +168,7 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
         self.train_step, self.eval_step = self.engine.train_step, self.engine.eval_step
 
     def _make_engine(self, train_step: Callable, eval_step: Callable) -> Engine:
-        self._l2_in_step = getattr(step_owner(train_step), "regularizer", None) is not None
+        self._step_owner = step_owner(train_step)  # what its TrainStep applies (the L2 penalty, bf16)
         if self.debug:
             messages.info("debug=True: the train and eval steps run un-jitted (prints and breakpoints work).")
         return Engine(train_step, eval_step, steps_per_execution=self.options.steps_per_execution,
