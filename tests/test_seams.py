@@ -10,6 +10,7 @@ import csv
 import json
 import logging
 import os
+import re
 
 import jax
 import jax.numpy as jnp
@@ -355,6 +356,23 @@ def test_callback_metrics_reach_loggers_callback_metrics_and_on_log(tmp_path, re
     lr_steps = [step for step, m in recorder.logged if "train/lr" in m]
     assert lr_steps == [int(r["step"]) for r in rows if r["train/lr"]] and lr_steps
     assert all(float(r["perf/step_time_ms"]) > 0 for r in rows if r["perf/step_time_ms"])
+
+
+@pytest.mark.parametrize("value, named", [(np.array([0.1, 0.2]), "an array of shape (2,)"),
+                                          ("resnet18", "'resnet18' (str)"), (None, "None (NoneType)")])
+def test_log_metrics_refuses_a_value_that_is_not_one_number_at_the_call(tmp_path, regression_loaders, value, named):
+    """An array was silently dropped by every logger; a string or None crashed a later log point
+    with a message naming neither the key nor the logger, and lost that epoch's records."""
+    train, val, _ = regression_loaders
+    trainer = _build(RegressTrainer, tmp_path)
+    trainer.train_model(train, val, num_epochs=1)
+    with pytest.raises(TypeError, match=f"log_metrics: 'my/value' is {re.escape(named)}; loggers take one number"):
+        trainer.log_metrics({"my/value": value, "my/ok": 1.0})
+    trainer.log_metrics({"my/np": np.float32(0.25), "my/jax": jnp.float32(0.5), "my/flag": True})
+    trainer.logger.flush()
+    last = _csv_rows(trainer.log_dir)[-1]
+    assert (float(last["my/np"]), float(last["my/jax"]), float(last["my/flag"])) == (0.25, 0.5, 1.0)
+    assert "my/value" not in trainer.callback_metrics and "my/ok" not in trainer.callback_metrics
 
 
 # ---------------------------------------------------------------------------------- messages

@@ -23,6 +23,7 @@ import jax
 
 from flaxlight.callbacks.history import History
 from flaxlight.data import check_first_batch
+from flaxlight.loggers.base import checked_scalars
 from flaxlight.messages import logger as messages
 from flaxlight.progress import progress
 
@@ -97,9 +98,10 @@ class TrainerViewMixin:
         return self.callback_metrics[name]
 
     def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
-        """Log host values the way the trainer logs its own: to the loggers, into
-        ``callback_metrics`` and to every callback's ``on_log`` (``step`` default: now)."""
-        self._log(metrics, step)
+        """Log numbers the way the trainer logs its own: to the loggers, into
+        ``callback_metrics`` and to every callback's ``on_log`` (``step`` default: now). Each value
+        must be one number; anything else fails here, naming its key."""
+        self._log(checked_scalars(metrics), step)
 
     def tracker(self, iterator, **kwargs):
         """``iterator`` with a progress bar when enabled (the seed's helper)."""

@@ -177,6 +177,27 @@ class LoggerCollection(Logger):
         self._now("close")
 
 
+def checked_scalars(metrics: Mapping[str, Any], where: str = "log_metrics") -> dict[str, float]:
+    """``metrics`` as Python floats, or an error naming the first key whose value is not one number.
+
+    Examples:
+        >>> checked_scalars({"lr": np.float32(0.5), "done": True})
+        {'lr': 0.5, 'done': 1.0}
+    """
+    out = {}
+    for key, value in metrics.items():
+        if not isinstance(key, str):
+            raise TypeError(f"{where}: metric names must be strings; got {key!r} ({type(key).__name__}).")
+        kind = np.asarray(value).dtype if np.ndim(value) == 0 else None
+        if kind is None or not any(np.issubdtype(kind, ok) for ok in (np.integer, np.floating, np.bool_)):
+            what = (f"an array of shape {np.shape(value)}" if np.ndim(value) else f"{value!r} ({type(value).__name__})")
+            raise TypeError(f"{where}: {key!r} is {what}; loggers take one number per name (a Python or numpy "
+                            f"scalar, or a 0-d array). Log a reduction such as float(x.mean()), or an image with "
+                            f"log_image.")
+        out[key] = float(value)
+    return out
+
+
 def _scalars(metrics: Mapping[str, Any]) -> dict[str, Any]:
     """The numbers of ``metrics``: a metric object's array result (a confusion matrix) is not a scalar series."""
     return {key: value for key, value in metrics.items() if np.ndim(value) == 0}
