@@ -11,6 +11,7 @@ from conftest import RegressTrainer, TinyMLP, linear_data, quiet
 
 import flaxlight
 from flaxlight import ArrayLoader
+from flaxlight.options import MetricNotLoggedError
 from flaxlight.callbacks import (Callback, EarlyStopping, LearningRateMonitor, ModelCheckpoint, NaNGuard,
                                  ThroughputMonitor, Timer)
 
@@ -343,8 +344,10 @@ def test_bad_callback_settings_are_explained(tmp_path, regression_loaders):
     with pytest.raises(ValueError, match="patience must be an int >= 0"):
         EarlyStopping(patience=-1)
     train, val, _ = regression_loaders
-    with pytest.raises(KeyError, match=r"'val/acc', which was never logged.*Logged metrics: .*'val/loss'"):
+    with pytest.raises(MetricNotLoggedError, match=r"'val/acc', which was never logged.*Logged metrics: .*'val/loss'") \
+            as info:  # a KeyError too, printed as written (a bare KeyError's message was printed in quotes)
         _trainer(tmp_path, callbacks=[EarlyStopping(monitor="val/acc")]).train_model(train, val, num_epochs=2)
+    assert isinstance(info.value, KeyError) and str(info.value).startswith("EarlyStopping monitors 'val/acc'")
 
 
 def test_a_callback_whose_on_exception_raises_does_not_stop_the_runs_cleanup(tmp_path, regression_loaders):

@@ -25,6 +25,7 @@ from flaxlight.callbacks.history import History
 from flaxlight.data import check_first_batch
 from flaxlight.loggers.base import checked_scalars
 from flaxlight.messages import logger as messages
+from flaxlight.options import MetricNotLoggedError
 from flaxlight.progress import progress
 
 __all__ = ["TrainerViewMixin"]
@@ -93,7 +94,7 @@ class TrainerViewMixin:
         if name not in self.callback_metrics:
             close = difflib.get_close_matches(name, list(self.callback_metrics), n=1)
             hint = f" Did you mean {close[0]!r}?" if close else ""
-            raise KeyError(f"{owner} monitors {name!r}, which was never logged.{hint} "
+            raise MetricNotLoggedError(f"{owner} monitors {name!r}, which was never logged.{hint} "
                            f"Logged metrics: {sorted(self.callback_metrics)}.")
         return self.callback_metrics[name]
 
