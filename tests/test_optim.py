@@ -432,6 +432,31 @@ def test_lbfgs_gets_value_fn_and_solves_least_squares():
     assert float(metrics["loss"]) < 1e-6
 
 
+
+def test_train_state_apply_gradients_drives_lbfgs_in_a_hand_loop():
+    """TrainState.apply_gradients passes grad= and value_fn= as well as value= (it passed value
+    only, and optax.lbfgs failed), so a hand-written step gets optax's own iterates."""
+    x, y = _linear_problem(n=32)
+    tx = optax.lbfgs()
+
+    def loss(params):
+        return _linear_loss(params, (x, y), train=True, rng=None, state=None)[0]
+
+    @jax.jit
+    def step(state):
+        value, grads = jax.value_and_grad(loss)(state.params)
+        return state.apply_gradients(grads=grads, value=value, value_fn=loss)
+
+    state = _linear_state(tx)
+    params, opt_state = state.params, tx.init(state.params)
+    for _ in range(5):
+        state = step(state)
+        value, grads = jax.value_and_grad(loss)(params)
+        updates, opt_state = tx.update(grads, opt_state, params, value=value, grad=grads, value_fn=loss)
+        params = optax.apply_updates(params, updates)
+    _assert_trees_close(state.params, params, rtol=1e-6)
+    assert float(loss(state.params)) < 1e-3 * float(loss(_linear_state(tx).params))
+
 def test_an_extra_args_transformation_without_extra_kwargs_still_gets_value():
     seen = []
 

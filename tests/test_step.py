@@ -80,6 +80,49 @@ def test_subclass_overrides_loss_fn_and_bad_aux_is_explained():
         TrainStep()
 
 
+def test_common_loss_fn_return_mistakes_are_named():
+    """Each failed deep inside the step: 'too many values to unpack', a TrainState keyword error."""
+    x, y = _batch()
+    state = _state(TinyMLP(), x)
+
+    def flat(params, batch, **kw):
+        loss, (metrics, updates) = _mse(params, batch, **kw)
+        return loss, metrics, updates
+
+    def swapped(params, batch, **kw):
+        loss, (metrics, updates) = _mse(params, batch, **kw)
+        return loss, (updates, metrics)
+
+    def per_example(params, batch, **kw):
+        pred, _ = kw["state"].apply_model(params, batch[0], train=True, rng=kw["rng"])
+        return (pred - batch[1]) ** 2
+
+    with pytest.raises(TypeError, match=r"returned a tuple of 3 items.*not `return loss, metrics, updates`"):
+        TrainStep(flat).step(state, (x, y))
+    with pytest.raises(TypeError, match=r"updates with keys \['mae'\].*Did you swap metrics and updates"):
+        TrainStep(swapped).step(state, (x, y))
+    with pytest.raises(TypeError, match=r"with a scalar loss; got .* of shape \(8, 1\) \(a loss per example"):
+        TrainStep(per_example).step(state, (x, y))
+    bare = TrainStep(lambda params, batch, **kw: _mse(params, batch, **kw)[0])  # a bare loss, as Lightning takes
+    _, metrics = bare.step(state, (x, y))
+    assert set(metrics) == {"loss"} and set(bare.eval_step(state, (x, y))) == {"loss"}
+
+
+def test_a_batchnorm_loss_that_returns_no_updates_is_warned_about(caplog):
+    """Its running statistics stayed at mean 0 / var 1 silently, and evaluation used them."""
+    import logging
+
+    x, y = _batch()
+    state = _state(TinyMLP(batch_norm=True), x)
+    without = TrainStep(lambda params, batch, **kw: (_mse(params, batch, **kw)[0], {}))
+    with caplog.at_level(logging.WARNING, logger="flaxlight"):
+        without.step(state, (x, y))
+        TrainStep(_mse).step(state, (x, y))  # returns the updates: no warning
+        TrainStep(lambda params, batch, **kw: (_mse(params, batch, **kw)[0], {})).step(_state(TinyMLP(), x), (x, y))
+    warned = [r.getMessage() for r in caplog.records if "batch_stats" in r.getMessage()]
+    assert len(warned) == 1 and "returned no updated 'batch_stats'" in warned[0]
+
+
 def test_step_owner_finds_a_trainstep_through_a_wrapper_and_ignores_unbound_cells():
     from flaxlight.step import TrainStep, step_owner
 

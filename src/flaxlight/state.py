@@ -55,14 +55,20 @@ class TrainState(train_state.TrainState):
             **kwargs,
         )
 
-    def apply_gradients(self, *, grads, value=None, **replace) -> "TrainState":
+    def apply_gradients(self, *, grads, value=None, value_fn=None, **replace) -> "TrainState":
         """One optimizer update; ``value`` (the loss) reaches optimizers that take extra args.
 
-        Optax's extra-args convention is used: ``tx.update(grads, opt_state, params, value=loss)``
-        for any :class:`optax.GradientTransformationExtraArgs` (every ``optax.chain``, learned
-        optimizers, ``optax.contrib.reduce_on_plateau``, ``optax.polyak_sgd``); plain
-        transformations are called without it. Other keyword arguments replace fields of the
-        state (``batch_stats=...``, ``rng=...``) in the same update.
+        Optax's extra-args convention is used: for any :class:`optax.GradientTransformationExtraArgs`
+        (every ``optax.chain``, learned optimizers, ``optax.contrib.reduce_on_plateau``,
+        ``optax.polyak_sgd``, ``optax.lbfgs``) the call is ``tx.update(grads, opt_state, params,
+        value=loss, grad=grads, value_fn=value_fn)`` (``value_fn``, ``params -> loss`` on the same
+        batch, when given: L-BFGS' line search needs it); a transformation whose ``update`` takes
+        ``value`` but not ``**extra_args`` gets ``value`` only; plain transformations get none.
+        Other keyword arguments replace fields of the state (``batch_stats=...``, ``rng=...``) in
+        the same update.
+
+        Examples:
+            >>> state = state.apply_gradients(grads=grads, value=loss)   # doctest: +SKIP
         """
         if self.tx is None:
             raise ValueError(
@@ -70,7 +76,13 @@ class TrainState(train_state.TrainState):
                 "inference. Call `trainer.init_optimizer(num_epochs, steps_per_epoch)` first."
             )
         if value is not None and isinstance(self.tx, optax.GradientTransformationExtraArgs):
-            updates, new_opt_state = self.tx.update(grads, self.opt_state, self.params, value=value)
+            extra = {"value": value, "grad": grads} | ({"value_fn": value_fn} if value_fn is not None else {})
+            try:
+                updates, new_opt_state = self.tx.update(grads, self.opt_state, self.params, **extra)
+            except TypeError as exc:  # an update(..., *, value) without **extra_args
+                if "unexpected keyword argument" not in str(exc):
+                    raise
+                updates, new_opt_state = self.tx.update(grads, self.opt_state, self.params, value=value)
         else:
             updates, new_opt_state = self.tx.update(grads, self.opt_state, self.params)
         new_params = optax.apply_updates(self.params, updates)

@@ -4,10 +4,13 @@ A *loss function* has the signature::
 
     loss_fn(params, batch, *, train: bool, rng, state) -> (loss, metrics)
                                                         | (loss, (metrics, updates))
+                                                        | loss
 
 ``metrics`` is a dict of scalars (the loss is added as ``"loss"`` unless given), ``updates`` a dict
 of changed model collections (``{"batch_stats": ...}``, as returned by
-:meth:`TrainState.apply_model`), which the step writes back into the state.
+:meth:`TrainState.apply_model`), which the step writes back into the state (a model with
+``batch_stats`` whose loss returns none gets a warning: its statistics would never change). A bare
+scalar loss means no metrics besides it.
 
 The optimizer minimises ``loss + regularizer(params)`` (the regulariser is the L2 weight-decay term
 in ``weight_decay_mode="l2"``, else absent). The metric ``"loss"`` is the loss function's value
@@ -20,12 +23,13 @@ on the same batch (what L-BFGS' line search needs).
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable, Mapping
 
 import jax
 import jax.numpy as jnp
-import optax
 
+from flaxlight.messages import logger as messages
 from flaxlight.optim import PRECISIONS, ema_params
 from flaxlight.state import TrainState, step_key
 
@@ -34,6 +38,38 @@ __all__ = ["TrainStep", "apply_update", "make_train_step", "make_eval_step", "st
 LossFn = Callable[..., Any]
 
 _EVAL_RNG_SEED = 0
+
+
+def _split_loss(out, where: str):
+    """``(loss, aux)`` from what a loss function returned (a bare scalar loss: no aux)."""
+    if isinstance(out, (tuple, list)):
+        if len(out) == 2:
+            return out[0], out[1]
+        raise TypeError(f"{where} returned a {type(out).__name__} of {len(out)} items; it must return (loss, metrics) "
+                        f"or (loss, (metrics, updates)): e.g. `return loss, (metrics, updates)`, not "
+                        f"`return loss, metrics, updates`.")
+    if getattr(out, "ndim", None) == 0 or isinstance(out, (int, float)):
+        return out, None
+    raise TypeError(f"{where} must return (loss, metrics) or (loss, (metrics, updates)) with a scalar loss; got "
+                    f"{type(out).__name__}{f' of shape {tuple(out.shape)}' if hasattr(out, 'shape') else ''} (a "
+                    f"loss per example? take its mean).")
+
+
+def _checked_updates(updates: dict, state: TrainState, where: str) -> dict:
+    """``updates`` when each key is a field of the state (``batch_stats``), else a clear error."""
+    fields = {field.name for field in dataclasses.fields(state)}
+    unknown = sorted(str(key) for key in updates if key not in fields)
+    if unknown:
+        raise TypeError(f"{where} returned updates with keys {unknown}, which are not model collections of the "
+                        f"state (such as 'batch_stats'). Did you swap metrics and updates? Return "
+                        f"(loss, (metrics, updates)), updates as state.apply_model(...) returns them.")
+    if state.batch_stats is not None and jax.tree.leaves(state.batch_stats) and "batch_stats" not in updates:
+        messages.warning(
+            "The model has batch_stats (e.g. BatchNorm running statistics), but %s returned no updated "
+            "'batch_stats', so they keep their initial values and evaluation uses those. Return "
+            "(loss, (metrics, updates)) with the updates from state.apply_model(params, x, train=train, rng=rng) "
+            "(ignore this if you keep them frozen on purpose).", where)
+    return updates
 
 
 def _split_aux(aux, where: str) -> tuple[dict, dict]:
@@ -89,20 +125,7 @@ def apply_update(state: TrainState, grads, *, value, value_fn=None, **replace) -
     ``optax.GradientTransformationExtraArgs`` (a transformation that accepts only ``value`` gets
     only that); plain transformations get no extras. ``replace`` sets other state fields.
     """
-    tx = state.tx
-    if not isinstance(tx, optax.GradientTransformationExtraArgs):
-        return state.apply_gradients(grads=grads, **replace)
-    extra = {"value": value, "grad": grads}
-    if value_fn is not None:
-        extra["value_fn"] = value_fn
-    try:
-        updates, opt_state = tx.update(grads, state.opt_state, state.params, **extra)
-    except TypeError as exc:  # an update(..., *, value) without **extra_args
-        if "unexpected keyword argument" not in str(exc):
-            raise
-        updates, opt_state = tx.update(grads, state.opt_state, state.params, value=value)
-    params = optax.apply_updates(state.params, updates)
-    return state.replace(step=state.step + 1, params=params, opt_state=opt_state, **replace)
+    return state.apply_gradients(grads=grads, value=value, value_fn=value_fn, **replace)
 
 
 class TrainStep:
@@ -173,7 +196,7 @@ class TrainStep:
 
         def objective(params):
             compute_params = params if dtype is None else _cast_floating(params, dtype)
-            loss, aux = self.loss_fn(compute_params, batch, train=train, rng=rng, state=state)
+            loss, aux = _split_loss(self.loss_fn(compute_params, batch, train=train, rng=rng, state=state), "loss_fn")
             if dtype is not None:
                 loss = jnp.asarray(loss, jnp.float32)
             if self.regularizer is None:
@@ -198,6 +221,7 @@ class TrainStep:
         objective = self.objective(state, batch, step_rng)
         (total, (loss, penalty, aux)), grads = jax.value_and_grad(objective, has_aux=True)(state.params)
         metrics, updates = _split_aux(aux, "loss_fn")
+        updates = _checked_updates(updates, state, "loss_fn")
         if "batch_stats" in updates:
             updates["batch_stats"] = _cast_like(updates["batch_stats"], state.batch_stats)
         state = apply_update(state, grads, value=total, value_fn=lambda p: objective(p)[0], **updates)
@@ -224,7 +248,7 @@ class TrainStep:
         dtype = self._compute_dtype()
         if dtype is not None:
             params, batch = _cast_floating(params, dtype), _cast_floating(batch, dtype)
-        loss, aux = self.loss_fn(params, batch, train=False, rng=rng, state=state)
+        loss, aux = _split_loss(self.loss_fn(params, batch, train=False, rng=rng, state=state), "loss_fn")
         metrics, _ = _split_aux(aux, "loss_fn")
         if dtype is not None:
             loss = jnp.asarray(loss, jnp.float32)
