@@ -177,7 +177,8 @@ def test_a_model_checkpoints_monitor_is_the_trainers_best_unless_the_trainer_nam
     best_eval = json.loads((tmp_path / "run" / "metrics" / "best_eval.json").read_text())
     loaded = RegressTrainer.load_from_checkpoint(tmp_path / "run", exmp_input=X0)
     assert loaded.eval_model(val, log_prefix="val/")["val/loss"] == pytest.approx(best_eval["val/loss"], rel=1e-5)
-    with pytest.warns(UserWarning, match=r"ModelCheckpoint\(monitor='val/loss', mode='max'\).*monitor='val/loss' "
+    # Both given and different: test() and best_eval.json would describe two models (a warning before).
+    with pytest.raises(ValueError, match=r"ModelCheckpoint\(monitor='val/loss', mode='max'\).*monitor='val/loss' "
                                          r"\(mode='min'\).*Give both the same monitor"):
         trainer(monitor="val/loss", mode="min", callbacks=[flaxlight.ModelCheckpoint(monitor="val/loss", mode="max")])
 

@@ -517,3 +517,21 @@ def test_sigterm_during_a_config_run_says_how_to_resume_it_from_the_command_line
 def test_ckpt_of_a_folder_that_does_not_exist_says_so(tmp_path, capsys):
     code, _, err = run(capsys, "test", "--ckpt", tmp_path / "no_such_run")
     assert code == 2 and f"--ckpt {tmp_path / 'no_such_run'}: no such folder" in err
+
+
+def test_a_checkpoint_callback_ranking_by_another_monitor_than_the_trainer_is_a_config_error(tmp_path, capsys):
+    """The run's summary showed the trainer's best val metrics next to test metrics of the
+    callback's best checkpoint (two models), and exited 0."""
+    code, _, err = run(capsys, "fit", "--config", CONFIGS / "digits_mlp.yaml", *QUIET, "--log-dir", tmp_path / "run",
+                       "callbacks=[{name: model_checkpoint, args: {monitor: val/loss, mode: min}}]")
+    assert code == 2 and "Traceback" not in err
+    assert "ModelCheckpoint(monitor='val/loss', mode='min') ranks checkpoints by another measure than the " \
+           "trainer's monitor='val/acc' (mode='max')" in err
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_config_for_another_model_than_the_run_is_a_config_error(sine_run, capsys):
+    """`test --ckpt RUN -c other.yaml` ended in a TypeError traceback (exit 1)."""
+    code, _, err = run(capsys, "test", "--ckpt", sine_run, "--config", CONFIGS / "digits_mlp.yaml")
+    assert code == 2 and "Traceback" not in err
+    assert "does not fit this config's model (a config for another model?)" in err and "not accepted by" in err

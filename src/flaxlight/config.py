@@ -44,6 +44,7 @@ from flaxlight import registry
 from flaxlight.callbacks import Callback
 from flaxlight.callbacks.timer import parse_duration
 from flaxlight.messages import logger as messages
+from flaxlight.models import ModelHparamsError
 from flaxlight.optim import OptimizerConfig
 from flaxlight.options import TrainerOptions
 from flaxlight.runfiles import HPARAMS_FILE, LoggerParams, next_version_dir, read_hparams
@@ -1259,7 +1260,12 @@ def build_trainer(cfg: Config, exmp_input: Any, *, resolved: Resolved | None = N
     else:
         kwargs.update(cfg.model.hparams)
     kwargs.update(overrides)
-    return resolved.trainer_class(**kwargs)
+    try:
+        return resolved.trainer_class(**kwargs)
+    except (ValueError, ModelHparamsError) as exc:  # the settings' checks: a config error, one line
+        if isinstance(exc, ConfigError):
+            raise
+        raise ConfigError(f"the trainer cannot be built from this config: {exc}") from exc
 
 
 def load_trainer(cfg: Config, run_dir: str | os.PathLike, exmp_input: Any, *, which: str = "best",
@@ -1277,7 +1283,11 @@ def load_trainer(cfg: Config, run_dir: str | os.PathLike, exmp_input: Any, *, wh
     else:
         _check_saved_model_class(resolved.trainer_class, run_dir, policy)
     overrides.setdefault("enable_progress_bar", False)
-    return resolved.trainer_class.load_from_checkpoint(run_dir, exmp_input=exmp_input, which=which, **overrides)
+    try:
+        return resolved.trainer_class.load_from_checkpoint(run_dir, exmp_input=exmp_input, which=which, **overrides)
+    except ModelHparamsError as exc:  # the run's hparams.yaml and the config's model disagree
+        raise ConfigError(f"the run in {os.fspath(run_dir)} does not fit this config's model (a config for another "
+                          f"model?): {exc}") from exc
 
 
 def _check_saved_model_class(trainer_class: type, run_dir: str | os.PathLike, policy: _ImportPolicy) -> None:

@@ -28,7 +28,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-__all__ = ["LinenAdapter", "NNXAdapter", "make_adapter", "is_nnx_model"]
+__all__ = ["LinenAdapter", "NNXAdapter", "make_adapter", "is_nnx_model", "ModelHparamsError"]
 
 
 def is_nnx_model(model_class) -> bool:
@@ -42,16 +42,20 @@ def _call_parameters(fn) -> set[str]:
         return set()
 
 
+class ModelHparamsError(TypeError):
+    """``model_hparams`` that the model class does not take (a setting, not a bug in the model)."""
+
+
 def _check_hparams(model_class, model_hparams: Mapping[str, Any], accepted: Sequence[str], extra_ok: bool) -> None:
     if not isinstance(model_hparams, Mapping):
-        raise TypeError(f"model_hparams must be a dict of {model_class.__name__}'s arguments, e.g. "
+        raise ModelHparamsError(f"model_hparams must be a dict of {model_class.__name__}'s arguments, e.g. "
                         f"{{{', '.join(repr(a) + ': ...' for a in list(accepted)[:2])}}}; got {model_hparams!r:.80} "
                         f"({type(model_hparams).__name__}).")
     unknown = [key for key in model_hparams if key not in accepted]
     if unknown and not extra_ok:
         close = difflib.get_close_matches(str(unknown[0]), list(accepted), n=1)
         hint = f" Did you mean {close[0]!r}?" if close else ""
-        raise TypeError(
+        raise ModelHparamsError(
             f"model_hparams key(s) {unknown} are not accepted by {model_class.__name__}.{hint} "
             f"It accepts: {sorted(accepted)}."
         )

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import warnings
 from typing import Any
 
 from flaxlight import distributed as dist
@@ -53,8 +52,9 @@ def with_default_callbacks(callbacks: list[Callback], options: Any, enable_progr
 def one_best(options: Any, callbacks: list[Callback]) -> tuple[Any, ModelCheckpoint | None]:
     """``(options, checkpoint callback)`` with one meaning of "best": a trainer without a
     ``monitor`` takes its :class:`ModelCheckpoint`'s (as in Lightning, where the checkpoint
-    callback's monitor is the only one); when both are given and differ, a warning says that
-    ``which="best"`` / ``test()`` then follow the callback and the returned metrics the trainer.
+    callback's monitor is the only one); when both are given and differ, an error: ``test()``,
+    ``which="best"`` and the exported model would be the callback's best while the returned
+    metrics and ``metrics/best_eval.json`` described the trainer's.
 
     Examples:
         >>> options, _ = one_best(TrainerOptions(), [ModelCheckpoint(monitor="val/acc", mode="max")])  # doctest: +SKIP
@@ -67,11 +67,11 @@ def one_best(options: Any, callbacks: list[Callback]) -> tuple[Any, ModelCheckpo
     if options.monitor is None:
         return dataclasses.replace(options, monitor=chosen.monitor, mode=chosen.mode), chosen
     if (options.monitor, options.mode) != (chosen.monitor, chosen.mode):
-        warnings.warn(f"ModelCheckpoint(monitor={chosen.monitor!r}, mode={chosen.mode!r}) ranks checkpoints by "
-                      f"another measure than the trainer's monitor={options.monitor!r} (mode={options.mode!r}): "
-                      f"load_from_checkpoint(which='best') and test() get the callback's best, while train_model's "
-                      f"returned metrics and metrics/best_eval.json follow the trainer's. Give both the same "
-                      f"monitor (a ModelCheckpoint without monitor follows the trainer's).", UserWarning, stacklevel=3)
+        raise ValueError(f"ModelCheckpoint(monitor={chosen.monitor!r}, mode={chosen.mode!r}) ranks checkpoints by "
+                         f"another measure than the trainer's monitor={options.monitor!r} (mode={options.mode!r}), "
+                         f"so test(), which='best' and export would use one model while train_model's metrics and "
+                         f"metrics/best_eval.json described another. Give both the same monitor and mode, or drop "
+                         f"the callback's monitor (it then follows the trainer's).")
     return options, chosen
 
 
