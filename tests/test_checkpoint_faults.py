@@ -132,3 +132,40 @@ def test_a_damaged_meta_in_the_newest_checkpoint_still_loads_the_best(tmp_path, 
     with pytest.warns(RuntimeWarning, match=f"Checkpoint {newest} .* damaged meta item"):
         loaded = RegressTrainer.load_from_checkpoint(tmp_path / "run", exmp_input=np.zeros((1, 4), np.float32))
     assert loaded.global_step == best
+
+
+def test_a_damaged_best_checkpoint_is_an_error_not_the_last_one_under_its_name(tmp_path, regression_loaders):
+    """which='best' loaded the newest checkpoint instead (another model) with only a warning, and
+    `flaxlight test` printed its numbers as the best checkpoint's."""
+    from flaxlight.checkpoint import DamagedCheckpointError
+
+    train, val, _ = regression_loaders
+    worst = ModelCheckpoint(monitor="val/loss", mode="max")  # keeps the first (worst) epoch as the best
+    _trainer(tmp_path, callbacks=[worst]).train_model(train, val, num_epochs=3)
+    best, last = _steps(tmp_path / "run")
+    assert best < last
+    for path in (tmp_path / "run" / "checkpoints" / str(best) / "state").rglob("*"):
+        if path.is_file() and path.stat().st_size > 0:
+            path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    with pytest.raises(DamagedCheckpointError, match=f"Checkpoint {best} .* damaged.*best checkpoint and no other "
+                                                     f"holds that model: load which='last' \\(step {last}\\)"):
+        RegressTrainer.load_from_checkpoint(tmp_path / "run", exmp_input=X0)
+    assert int(RegressTrainer.load_from_checkpoint(tmp_path / "run", exmp_input=X0, which="last").state.step) == last
+
+
+def test_flaxlight_test_of_a_damaged_best_checkpoint_fails_in_one_line(tmp_path, capsys):
+    from flaxlight import cli
+
+    configs = Path(__file__).resolve().parents[1] / "examples" / "configs"
+    run = tmp_path / "run"  # the best by val/loss, mode max: the first validation's, not the last
+    assert cli.main(["fit", "--config", str(configs / "sine_regression.yaml"), "trainer.max_epochs=2",
+                     "trainer.check_val_every_n_epoch=1", "trainer.monitor=val/loss", "trainer.mode=max",
+                     "trainer.enable_progress_bar=false", "--log-dir", str(run)]) == 0
+    best, last = _steps(run)
+    for path in (run / "checkpoints" / str(best) / "state").rglob("*"):
+        if path.is_file() and path.stat().st_size > 0:
+            path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    capsys.readouterr()
+    code = cli.main(["test", "--ckpt", str(run), "--which", "best"])
+    err = capsys.readouterr().err
+    assert code == 1 and "Traceback" not in err and f"Checkpoint {best}" in err and "which='last'" in err

@@ -29,7 +29,7 @@ import numpy as np
 from flaxlight.metrics import deliberate_reads, device_copy, is_typed_key
 from flaxlight.writer import BackgroundWriter, Job
 
-__all__ = ["Checkpointer"]
+__all__ = ["Checkpointer", "DamagedCheckpointError"]
 
 _MODEL_STATE_FIELDS = ("batch_stats", "rng", "step", "epoch")
 
@@ -86,6 +86,11 @@ def _first_metric(metrics: dict) -> float:
 
 def _model_state(state) -> dict:
     return {name: getattr(state, name) for name in _MODEL_STATE_FIELDS if getattr(state, name) is not None}
+
+
+class DamagedCheckpointError(RuntimeError):
+    """A checkpoint that cannot be read (a partial write, damaged files) where no other one will
+    do: the run's best model, whose weights no other checkpoint holds."""
 
 
 class Checkpointer:

@@ -439,6 +439,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command is None:
             top.print_help(sys.stderr)
             return 2
+    from flaxlight.checkpoint import DamagedCheckpointError
     from flaxlight.config import ConfigError
     from flaxlight.registry import RegistryError
 
@@ -450,7 +451,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except FileNotFoundError as exc:  # e.g. --ckpt pointing at no run
         print(f"flaxlight {args.command}: error: {exc}", file=sys.stderr)
         return 2
-    except _CommandFailed as exc:
+    except (_CommandFailed, DamagedCheckpointError) as exc:
         print(f"flaxlight {args.command}: error: {exc}", file=sys.stderr)
         return 1
 

@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from flaxlight.checkpoint import Checkpointer
+from flaxlight.checkpoint import DamagedCheckpointError, Checkpointer
 from flaxlight.loop import LoopState
 from flaxlight.messages import logger as messages
 from flaxlight.metrics import Totals, to_host
@@ -209,8 +209,9 @@ def run_length(checkpointer: Checkpointer) -> tuple[int, int]:
 def load_with_fallback(checkpointer: Checkpointer, state: Any, which: str,
                        load: Callable[[int], Any] | None = None) -> Any:
     """The ``which`` checkpoint loaded by ``load(step)`` (default: restored into ``state``); past a
-    damaged one, with a warning, the newest that reads (a checkpoint of another model or optimizer
-    still raises)."""
+    damaged one, with a warning, the newest that reads; a damaged best checkpoint kept for its
+    score (older than the newest) raises :class:`DamagedCheckpointError` instead: no other
+    checkpoint holds that model. A checkpoint of another model or optimizer raises its own error."""
     load = load or (lambda step: checkpointer.restore(state, step=step))
     step = pick_checkpoint(checkpointer, which)
     try:
@@ -218,10 +219,14 @@ def load_with_fallback(checkpointer: Checkpointer, state: Any, which: str,
     except Exception as exc:  # noqa: BLE001 - orbax, tensorstore and JSON raise many types
         if checkpointer.describe_mismatch(state, step):
             raise
-        warnings.warn(f"Checkpoint {step} in {checkpointer.directory} is damaged or partial ({type(exc).__name__}: "
-                      f"{str(exc)[:200]}); loading the newest readable checkpoint instead.", RuntimeWarning,
-                      stacklevel=3)
+        problem = (f"Checkpoint {step} in {checkpointer.directory} is damaged or partial ({type(exc).__name__}: "
+                   f"{str(exc)[:200]})")
         earlier = [s for s in checkpointer.all_steps() if s != step]
+        if which == "best" and earlier and step < max(earlier):  # a best kept for its score: no other is it
+            raise DamagedCheckpointError(f"{problem}. It is the run's best checkpoint and no other holds that model: "
+                                         f"load which='last' (step {max(earlier)}) for the newest one, or train "
+                                         f"again.") from exc
+        warnings.warn(f"{problem}; loading the newest readable checkpoint instead.", RuntimeWarning, stacklevel=3)
         if not earlier:
             raise
         return checkpointer.restore_latest_valid(state, load=load, before=max(earlier) + 1)[0]
