@@ -281,3 +281,23 @@ def test_a_stop_asked_by_an_owed_validation_ends_the_resumed_run_there(tmp_path)
         run(tmp_path / "run", at=10)
     resumed = run(tmp_path / "run", resume=True)
     assert reference.global_step == resumed.global_step == 10
+
+
+def test_a_ctrl_c_after_the_loops_last_check_still_stops_the_process(tmp_path):
+    """A SIGINT during the final test or on_fit_end was dropped: `tune` went on to its next trial
+    and `fit` exited 0. The run completes (its final checkpoint written), then the process stops."""
+    import flaxlight
+    from conftest import RegressTrainer, TinyMLP, linear_data, quiet
+
+    class CtrlCAtFitEnd(flaxlight.Callback):
+        def on_fit_end(self, trainer):
+            os.kill(os.getpid(), signal.SIGINT)
+
+    x, y = linear_data(64, 0)
+    trainer = RegressTrainer(model_class=TinyMLP, model_hparams={}, optimizer_hparams={}, exmp_input=x[:1],
+                             callbacks=[CtrlCAtFitEnd()], **quiet(tmp_path))
+    with pytest.raises(SystemExit) as stopped:
+        trainer.train_model(flaxlight.ArrayLoader(x, y, batch_size=16), None, num_epochs=2)
+    assert stopped.value.code == 128 + signal.SIGINT
+    assert trainer.checkpointer.latest_step() == 8 and trainer.global_step == 8
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handlers are back

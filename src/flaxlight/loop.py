@@ -183,6 +183,7 @@ class SignalGuard:
     def __init__(self, schedule: EventSchedule):
         self.schedule = schedule
         self.previous: dict = {}
+        self.received: int | None = None  # a signal the loop did not act on (it came after its last check)
 
     def _handle(self, signum, frame) -> None:
         self.schedule.interrupt(signum)
@@ -198,7 +199,13 @@ class SignalGuard:
     def __exit__(self, *exc) -> None:
         for signum, handler in self.previous.items():
             signal.signal(signum, handler)
-        self.schedule.interrupt_signal = None
+        self.received, self.schedule.interrupt_signal = self.schedule.interrupt_signal, None
+
+    def exit_if_received(self) -> None:
+        """``SystemExit(128 + signal)`` when a signal came after the loop's last check (during the
+        final test or ``on_fit_end``): the run is complete and saved, and the process stops as asked."""
+        if self.received is not None:
+            raise SystemExit(128 + self.received)
 
     @staticmethod
     @contextlib.contextmanager

@@ -215,7 +215,7 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
             self._train_loader, self._val_loader = train_loader, val_loader
             self._write_hparams()
             self.engine.compile_eval_ahead(self.state, val_loader)
-            with SignalGuard(self._schedule):
+            with SignalGuard(self._schedule) as guard:
                 self.on_training_start()
                 self._call_callbacks("on_fit_start")
                 for epoch_idx in range(self._loop.epoch, num_epochs + 1):
@@ -234,6 +234,7 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
             self._end_failed_run(exc, "failed")
             raise
         self._finish_files("success", best=best_eval_metrics)
+        guard.exit_if_received()  # a Ctrl-C during the final test or on_fit_end: the run is complete; stop
         return FitResult(best_eval_metrics, history=self.history)
 
     def _prepare_run(self, train_loader, val_loader, num_epochs: int, steps_per_epoch: int | None) -> int:
