@@ -535,3 +535,56 @@ def test_a_config_for_another_model_than_the_run_is_a_config_error(sine_run, cap
     code, _, err = run(capsys, "test", "--ckpt", sine_run, "--config", CONFIGS / "digits_mlp.yaml")
     assert code == 2 and "Traceback" not in err
     assert "does not fit this config's model (a config for another model?)" in err and "not accepted by" in err
+
+
+def test_predict_and_export_outputs_of_best_and_last_do_not_replace_each_other(sine_run, tmp_path, capsys):
+    """Default paths ignored --which (a later --which last replaced the best's files); `-o X` wrote
+    X.npy and printed X; train-split rows came in the shuffled order of epoch 0."""
+    import shutil
+
+    run_dir = tmp_path / "copy"
+    shutil.copytree(sine_run, run_dir)
+    for which, name in (("best", "predictions_train.npy"), ("last", "predictions_train_last.npy")):
+        code, out, _ = run(capsys, "predict", "--ckpt", run_dir, "--split", "train", "--which", which)
+        assert code == 0 and str(run_dir / name) in out
+    cfg = load_config(run_dir / "config.yaml")
+    train, _, _ = build_data(cfg)
+    x_train = np.asarray(train.data[0])
+    trainer = load_trainer(cfg, run_dir, example_input(train), which="best")
+    expected, _ = trainer.state.apply_model(trainer.state.params, x_train, train=False)
+    np.testing.assert_allclose(np.load(run_dir / "predictions_train.npy"), np.asarray(expected), rtol=1e-5, atol=1e-6)
+    code, out, _ = run(capsys, "predict", "--ckpt", run_dir, "-o", tmp_path / "preds")
+    assert code == 0 and out.rstrip().endswith(str(tmp_path / "preds.npy")) and (tmp_path / "preds.npy").exists()
+    for which, folder in (("best", "export"), ("last", "export_last")):
+        assert run(capsys, "export", "--ckpt", run_dir, "--which", which)[0] == 0
+        assert yaml.safe_load((run_dir / folder / "export.json").read_text())["which"] == which
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["export", "--batch-size", "0"], "argument --batch-size: expected a positive whole number, got '0'"),
+    (["export", "-o", "{file}"], "File exists"),
+    (["test", "data.kwargs.num_test=0"], "yielded no batches"),
+    (["predict", "data.kwargs.num_test=0"], "yielded no batches"),
+])
+def test_evaluation_verbs_turn_user_mistakes_into_one_line(sine_run, tmp_path, capsys, argv, message):
+    """Each ended in a traceback (ZeroDivisionError, FileExistsError, ValueError) with exit 1."""
+    (tmp_path / "file").write_text("x")
+    argv = [a.format(file=tmp_path / "file") for a in argv]
+    try:
+        code, _, err = run(capsys, argv[0], "--ckpt", sine_run, *argv[1:])
+    except SystemExit as usage:  # argparse's own: usage line, then the message
+        code, err = usage.code, capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err and message in err, err
+
+
+def test_a_config_that_is_not_text_and_a_missing_study_are_one_line_errors(tmp_path, capsys):
+    (tmp_path / "binary.yaml").write_bytes(bytes(range(256)))
+    code, _, err = run(capsys, "fit", "--config", tmp_path / "binary.yaml")
+    assert code == 2 and "cannot be read as UTF-8 text" in err and "Traceback" not in err
+    pytest.importorskip("optuna")
+    import optuna
+
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+    optuna.create_study(study_name="mine", storage=storage)
+    code, _, err = run(capsys, "plot", "--study", storage, "--study-name", "yours", "-o", tmp_path / "plots")
+    assert code == 2 and "No study named 'yours' in this storage; it holds ['mine']" in err

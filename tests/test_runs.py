@@ -6,6 +6,7 @@ import multiprocessing
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -13,10 +14,12 @@ import numpy as np
 import pytest
 from conftest import CrashAfterEpoch, RegressTrainer, TinyMLP, quiet
 
+from flaxlight import cli
 from flaxlight.callbacks import Callback, EarlyStopping, ModelCheckpoint, NaNGuard
-from flaxlight.runfiles import RunLock, next_version_dir
+from flaxlight.runfiles import RunInUseError, RunLock, next_version_dir
 
 X0 = np.zeros((1, 4), np.float32)
+CONFIGS = Path(__file__).resolve().parents[1] / "examples" / "configs"
 
 
 def _trainer(log_dir, **kwargs):
@@ -75,15 +78,20 @@ def test_the_same_trainer_may_train_again_into_its_own_run(tmp_path, regression_
     assert int(trainer.state.step) == 16
 
 
-def test_a_live_run_folder_is_refused_and_a_stale_lock_is_taken_over(tmp_path, regression_loaders):
+def test_a_live_run_folder_is_refused_and_a_stale_lock_is_taken_over(tmp_path, regression_loaders, capsys):
     train, val, _ = regression_loaders
     run = tmp_path / "run"
     run.mkdir()
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         (run / RunLock.FILE).write_text(f"{sleeper.pid} {os.uname().nodename}")
-        with pytest.raises(RuntimeError, match=rf"in use by process {sleeper.pid}.*delete the lock file"):
+        with pytest.raises(RunInUseError, match=rf"in use by process {sleeper.pid}.*delete the lock file") as busy:
             _trainer(run).train_model(train, val, num_epochs=1)
+        assert busy.value.__context__ is None  # one error shown, not the lock file's FileExistsError before it
+        code = cli.main(["fit", "--config", str(CONFIGS / "sine_regression.yaml"), "trainer.max_epochs=1",
+                         "trainer.check_val_every_n_epoch=1", "--log-dir", str(run)])
+        err = capsys.readouterr().err
+        assert code == 2 and "Traceback" not in err and f"in use by process {sleeper.pid}" in err
     finally:
         sleeper.kill()
         sleeper.wait()

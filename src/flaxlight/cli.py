@@ -114,9 +114,20 @@ _EXPORT_TEXT = ("Load a run's checkpoint and write its eval-mode forward pass, t
 def _add_export_arguments(export: argparse.ArgumentParser) -> None:
     _add_config_arguments(export, config_required=False)
     _add_checkpoint_arguments(export)
-    export.add_argument("-o", "--output", metavar="DIR", help="the folder to write (default: RUN_DIR/export)")
-    export.add_argument("--batch-size", type=int, metavar="N",
+    export.add_argument("-o", "--output", metavar="DIR",
+                        help="the folder to write (default: RUN_DIR/export, or RUN_DIR/export_last for --which last)")
+    export.add_argument("--batch-size", type=_positive_int, metavar="N",
                         help="export for exactly N examples (default: any batch size)")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive whole number, got {text!r}")
+    return value
 
 
 def _build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
@@ -154,13 +165,14 @@ def _build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argumen
 
     predict = add("predict", "write a trained run's predictions to an .npy file",
                   "Load a run's checkpoint and write the model's outputs (eval mode) on a split of the config's data, "
-                  "in the loader's order, to an .npy file.")
+                  "in the split's order (unshuffled), to an .npy file.")
     _add_config_arguments(predict, config_required=False)
     _add_checkpoint_arguments(predict)
     predict.add_argument("--split", choices=("test", "val", "train"), default="test",
                          help="which split to predict (default: %(default)s)")
     predict.add_argument("-o", "--output", metavar="PATH",
-                         help="the .npy file (default: RUN_DIR/predictions.npy; predictions_<split>.npy for val/train)")
+                         help="the .npy file (default: RUN_DIR/predictions[_<split>][_last].npy: the split unless test, "
+                              "_last for --which last); the rows follow the split's order")
 
     _add_export_arguments(add("export", "write a trained run's model as a jax.export artifact", _EXPORT_TEXT))
     tune = add("tune", "search hyperparameters with Optuna (the config's tune: section)",
@@ -277,35 +289,53 @@ def _evaluate(args: argparse.Namespace) -> int:
     if args.command == "predict":
         return _write_predictions(trainer, loader, args, split)
     if args.command == "export":
-        path = trainer.export(args.output or os.path.join(args.ckpt, "export"), which=args.which,
+        path = trainer.export(args.output or os.path.join(args.ckpt, "export" if args.which == "best" else
+                                                           f"export_{args.which}"), which=args.which,
                               batch_size=args.batch_size)
         print(f"exported ({args.which} checkpoint of {args.ckpt}): {path}")
         return 0
-    metrics = trainer.eval_model(loader, log_prefix=f"{split}/")
+    try:
+        metrics = trainer.eval_model(loader, log_prefix=f"{split}/")
+    except ValueError as exc:  # no batches: the data's settings
+        raise ConfigError(str(exc)) from None
     print(f"{args.command} ({args.which} checkpoint of {trainer.log_dir}):\n" + _format_metrics(metrics))
     return 0
+
+
+def _in_order(loader):
+    """``loader`` without shuffling (a shuffling train loader's rows would not match the split's)."""
+    from flaxlight.data import ArrayLoader
+
+    if isinstance(loader, ArrayLoader) and loader.shuffle:
+        return ArrayLoader(*(loader.data if isinstance(loader.data, tuple) else (loader.data,)),
+                           batch_size=loader.batch_size, on_device=loader.on_device)
+    return loader
 
 
 def _write_predictions(trainer, loader, args: argparse.Namespace, split: str) -> int:
     import jax
     import numpy as np
 
+    from flaxlight.config import ConfigError
+
     @jax.jit
     def apply(state, inputs):
         return state.apply_model(state.params, *inputs, train=False)[0]
 
     outputs = []
-    for batch in loader:
+    for batch in _in_order(loader):
         inputs = (batch[0],) if isinstance(batch, (tuple, list)) else (batch,)
         outputs.append(jax.device_get(apply(trainer.state, inputs)))
     if not outputs:
-        raise ValueError(f"The {split} loader yielded no batches.")
+        raise ConfigError(f"The {split} split yielded no batches: nothing to predict (check the data's settings).")
     if not all(isinstance(o, np.ndarray) for o in outputs):
         raise TypeError(f"predict writes one array per example, but the model returns "
                         f"{type(outputs[0]).__name__}; use the Python API (trainer.bind_model()) for other outputs.")
     predictions = np.concatenate(outputs)
-    default_name = "predictions.npy" if split == "test" else f"predictions_{split}.npy"
+    default_name = "predictions" + ("" if split == "test" else f"_{split}") + ("" if args.which == "best" else
+                                                                              f"_{args.which}") + ".npy"
     path = args.output or os.path.join(args.ckpt, default_name)
+    path = path if path.endswith(".npy") else path + ".npy"  # what np.save writes
     if os.path.dirname(path):
         os.makedirs(os.path.dirname(path), exist_ok=True)
     np.save(path, predictions)
@@ -371,7 +401,10 @@ def _plot(args: argparse.Namespace) -> int:
         if args.run_dirs:
             raise _usage_error("give either RUN_DIRs (learning curves) or --study (a study's plots), not both.")
         plot_study = _import_tune("plot_study")
-        written = plot_study(args.study, args.study_name, args.output or "study_plots")
+        try:
+            written = plot_study(args.study, args.study_name, args.output or "study_plots")
+        except (KeyError, ValueError) as exc:  # no such study, several studies and no name
+            raise _usage_error(str(exc.args[0]) if exc.args else str(exc)) from None
         if isinstance(written, (list, tuple)):
             for path in written:
                 print(path)
@@ -442,13 +475,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     from flaxlight.checkpoint import DamagedCheckpointError
     from flaxlight.config import ConfigError
     from flaxlight.registry import RegistryError
+    from flaxlight.runfiles import RunInUseError
 
     try:
         return _COMMANDS[args.command](args)
     except (ConfigError, RegistryError, _UsageError) as exc:
         print(f"flaxlight {args.command}: error: {exc}", file=sys.stderr)
         return 2
-    except FileNotFoundError as exc:  # e.g. --ckpt pointing at no run
+    except (FileNotFoundError, FileExistsError, RunInUseError) as exc:  # --ckpt at no run, -o at a file, a busy run
         print(f"flaxlight {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except (_CommandFailed, DamagedCheckpointError) as exc:

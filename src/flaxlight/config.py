@@ -775,8 +775,13 @@ def _read_config_file(path: str) -> dict[str, Any]:
                           f"config.yaml).")
     if not os.path.isfile(path):
         raise ConfigError(f"Config file {path!r} does not exist.")
-    with open(path) as f:
-        data = _yaml_load(f.read(), path)
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except (UnicodeDecodeError, OSError) as exc:
+        raise ConfigError(f"Config file {path!r} cannot be read as UTF-8 text ({type(exc).__name__}: {exc}); "
+                          f"give a YAML file.") from None
+    data = _yaml_load(text, path)
     if data is None:
         return {}
     if not isinstance(data, Mapping):

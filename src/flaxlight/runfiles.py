@@ -34,7 +34,7 @@ from flaxlight.loggers.base import run_display_name
 from flaxlight.messages import logger as messages
 from flaxlight.registry import RegistryError, explicit_parameters, import_object
 
-__all__ = ["LoggerParams", "HPARAMS_FILE", "CHECKPOINT_DIR", "METRICS_DIR", "LOGGER_TYPES", "next_version_dir",
+__all__ = ["RunInUseError", "LoggerParams", "HPARAMS_FILE", "CHECKPOINT_DIR", "METRICS_DIR", "LOGGER_TYPES", "next_version_dir",
            "open_run", "no_run_files", "finish_run", "claim_run", "RunLock", "run_files_present", "make_loggers",
            "write_hparams", "read_hparams", "trainer_kwargs", "write_metrics", "to_yaml_safe", "class_path",
            "enable_compilation_cache"]
@@ -98,6 +98,10 @@ class LoggerParams:
         if types is None:
             types = ["csv", "tensorboard"] if tensorboard_available() and not extra_loggers else ["csv"]
         return list(dict.fromkeys(["csv"] + self._kinds(types)))
+
+
+class RunInUseError(RuntimeError):
+    """Another live process holds the run folder's lock: two runs must not write into one folder."""
 
 
 def next_version_dir(base: str | os.PathLike) -> str:
@@ -217,6 +221,8 @@ class RunLock:
             try:
                 fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
             except FileExistsError:
+                fd = None
+            if fd is None:  # outside the except: the owner's error is the only one shown
                 self._check_owner()
                 continue
             with os.fdopen(fd, "w") as f:
@@ -239,7 +245,7 @@ class RunLock:
                               RuntimeWarning, stacklevel=4)
             os.remove(self.path)
             return
-        raise RuntimeError(
+        raise RunInUseError(
             f"{os.path.dirname(self.path)} is in use by process {pid_text or '?'} on {host or '?'} (lock file "
             f"{self.path}): two runs must not write into one folder. Wait for it to finish or choose another "
             f"log_dir; if that process is gone, delete the lock file.")
