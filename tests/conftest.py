@@ -20,10 +20,12 @@ import pytest
 
 import flaxlight
 
-if jax.default_backend() != "cpu":
+def pytest_configure(config):
     # Tests compare with references computed another way (unjitted, other batch sizes) at float32
-    # tolerances; a GPU's default matmul precision (TF32) makes such pairs differ by ~1e-3.
-    jax.config.update("jax_default_matmul_precision", "highest")
+    # tolerances; a GPU's default matmul precision (TF32) makes such pairs differ by ~1e-3. In a
+    # hook, not at import: the subprocess scripts that import this module set up JAX themselves.
+    if jax.default_backend() != "cpu":
+        jax.config.update("jax_default_matmul_precision", "highest")
 
 
 class TinyMLP(nn.Module):
