@@ -588,3 +588,15 @@ def test_a_config_that_is_not_text_and_a_missing_study_are_one_line_errors(tmp_p
     optuna.create_study(study_name="mine", storage=storage)
     code, _, err = run(capsys, "plot", "--study", storage, "--study-name", "yours", "-o", tmp_path / "plots")
     assert code == 2 and "No study named 'yours' in this storage; it holds ['mine']" in err
+
+
+def test_validate_uses_the_runs_limit_val_batches(tmp_path, capsys):
+    """`validate` evaluated the whole split, so it never reproduced the score the best was chosen by."""
+    run_dir = tmp_path / "run"
+    assert run(capsys, "fit", "--config", CONFIGS / "sine_regression.yaml", "trainer.max_epochs=2",
+               "trainer.check_val_every_n_epoch=1", "trainer.limit_val_batches=1", "data.eval_batch_size=50",
+               *QUIET, "--log-dir", run_dir)[0] == 0
+    code, out, _ = run(capsys, "validate", "--ckpt", run_dir)
+    best_val = yaml.safe_load((run_dir / "metrics" / "best_eval.json").read_text())["val/loss"]
+    assert code == 0 and "limit_val_batches=1 as in the run" in out
+    assert float(out.split("val/loss:")[1].split()[0]) == pytest.approx(best_val, rel=1e-5)

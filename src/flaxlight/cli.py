@@ -294,11 +294,18 @@ def _evaluate(args: argparse.Namespace) -> int:
                               batch_size=args.batch_size)
         print(f"exported ({args.which} checkpoint of {args.ckpt}): {path}")
         return 0
+    limit = trainer.options.limit_val_batches if args.command == "validate" else None
+    if limit is not None:  # the run's own validation: its best was chosen on these batches
+        from flaxlight.data import FirstBatches
+        from flaxlight.loop import limit_batches, safe_len
+
+        loader = FirstBatches(loader, limit_batches(safe_len(loader), limit, "limit_val_batches"))
     try:
         metrics = trainer.eval_model(loader, log_prefix=f"{split}/")
     except ValueError as exc:  # no batches: the data's settings
         raise ConfigError(str(exc)) from None
-    print(f"{args.command} ({args.which} checkpoint of {trainer.log_dir}):\n" + _format_metrics(metrics))
+    limited = f", limit_val_batches={limit} as in the run" if limit is not None else ""
+    print(f"{args.command} ({args.which} checkpoint of {trainer.log_dir}{limited}):\n" + _format_metrics(metrics))
     return 0
 
 
