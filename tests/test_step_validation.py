@@ -61,6 +61,11 @@ def test_settings_with_no_validation_say_how_to_get_one(tmp_path):
         _trainer(tmp_path / "a", check_val_every_n_epoch=None).train_model(TRAIN, VAL, num_epochs=2, batch_size=8)
     with pytest.raises(ValueError, match="check_val_every_n_epoch=5 > num_epochs=2.*val_check_interval"):
         _trainer(tmp_path / "b", check_val_every_n_epoch=5).train_model(TRAIN, VAL, num_epochs=2, batch_size=8)
+    with pytest.raises(ValueError, match=r"val_check_interval=1000 steps is longer than the run \(\d+ steps\), and "
+                                         r"check_val_every_n_epoch=None: no validation would run"):  # trained silently
+        _trainer(tmp_path / "d", check_val_every_n_epoch=None, val_check_interval=1000).train_model(
+            TRAIN, VAL, num_epochs=2, batch_size=8)
+    assert not (tmp_path / "d" / "checkpoints").exists()
     _trainer(tmp_path / "c", check_val_every_n_epoch=5, val_check_interval=5).train_model(TRAIN, VAL, num_epochs=2,
                                                                                         batch_size=8)
     assert _val_steps(tmp_path / "c") == [5, 10]

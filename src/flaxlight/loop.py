@@ -303,6 +303,12 @@ class RunPlan:
             raise ValueError("train_loader yielded no batches (its len() is 0): check the dataset size, "
                              "batch_size and drop_last.")
         full_steps_per_epoch, steps_per_epoch = steps_per_epoch, limits.train_batches(steps_per_epoch)
+        total = min(num_epochs * steps_per_epoch, max_steps or num_epochs * steps_per_epoch)
+        if val_loader is not None and val_check_interval and val_check_interval > total and not epochs_validate \
+                and not limits.validate_every_epoch:
+            raise ValueError(f"val_check_interval={val_check_interval} steps is longer than the run ({total} steps), "
+                             f"and check_val_every_n_epoch={check_val_every_n_epoch}: no validation would run. Lower "
+                             f"val_check_interval, train longer, or set check_val_every_n_epoch.")
         if limits.max_epochs is not None and isinstance(requested_epochs, int) and requested_epochs >= 1:
             return cls(num_epochs, steps_per_epoch, requested_epochs, full_steps_per_epoch)
         if max_steps is not None and max_steps < num_epochs * steps_per_epoch:
