@@ -277,6 +277,11 @@ def _evaluate(args: argparse.Namespace) -> int:
     cfg = _load(args, os.path.join(args.ckpt, CONFIG_FILE))
     if args.print_config:
         return _print_config(cfg)
+    ignored = [text for text in args.overrides if text.split("=", 1)[0].split(".", 1)[0] not in ("data", "imports")]
+    if ignored:
+        raise ConfigError(f"{args.command} loads the run's model with its saved settings (hparams.yaml), so only "
+                          f"data.* overrides apply; {', '.join(ignored)} would be ignored. To change the model or "
+                          f"its training, fit a new run.")
     resolved = resolve_config(cfg, **_opt_in(args))
     train, val, test = build_data(cfg, resolved)
     split = getattr(args, "split", None) or {"validate": "val", "test": "test", "export": "train"}[args.command]
