@@ -608,3 +608,15 @@ def test_evaluation_verbs_refuse_overrides_they_would_ignore(sine_run, capsys):
     assert code == 2 and "only data.* overrides apply; model.hparams.hidden_dims=[8] would be ignored" in err
     code, out, _ = run(capsys, "validate", "--ckpt", sine_run, "data.eval_batch_size=100")
     assert code == 0 and "val/loss:" in out
+
+
+def test_a_runs_saved_config_says_how_to_run_it_again(sine_run, tmp_path, capsys):
+    """The header said `fit --config <this file>`, which the log_dir saved in it refuses, and the
+    error blamed a --log-dir that was not given."""
+    saved = sine_run / "config.yaml"
+    header = saved.read_text().split("\ntrainer:")[0]
+    assert "--resume <its folder>" in header and "--log-dir NEW_DIR" in header
+    code, _, err = run(capsys, "fit", "--config", saved)
+    assert code == 2 and f"The config's trainer.logger_params.log_dir {sine_run} already holds a run" in err
+    assert "trainer.logger_params.log_dir=null" in err
+    assert run(capsys, "fit", "--config", saved, "--log-dir", tmp_path / "again")[0] == 0

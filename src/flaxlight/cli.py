@@ -261,9 +261,11 @@ def _fit(args: argparse.Namespace) -> int:
         if "already holds a run" not in str(exc):
             raise
         run_dir = cfg.trainer.logger_params.log_dir
-        raise _UsageError(f"--log-dir {run_dir} already holds a run. --resume {run_dir} continues it, --overwrite "
-                          f"replaces it (its checkpoints and metrics are deleted), or give another --log-dir "
-                          f"(without one, each run gets a new version_N folder).") from None
+        named = f"--log-dir {run_dir}" if args.log_dir else f"The config's trainer.logger_params.log_dir {run_dir}"
+        fresh = "" if args.log_dir else ", or trainer.logger_params.log_dir=null for a new version_N folder"
+        raise _UsageError(f"{named} already holds a run. --resume {run_dir} continues it, --overwrite "
+                          f"replaces it (its checkpoints and metrics are deleted), or give another --log-dir"
+                          f"{fresh or ' (without one, each run gets a new version_N folder)'}.") from None
     print("metrics:\n" + _format_metrics(result.metrics))
     if result.log_dir:
         print(f"config: {os.path.join(result.log_dir, CONFIG_FILE)}")

@@ -862,8 +862,9 @@ def save_config(cfg: Config | Mapping[str, Any], path: str | os.PathLike) -> str
 
 def _config_text(cfg: Config | Mapping[str, Any]) -> str:
     data = config_to_dict(cfg) if isinstance(cfg, Config) else _plain(cfg)
-    return "# flaxlight run config, every default filled in. Re-run: flaxlight fit --config <this file>\n" + \
-        _yaml_dump(data)
+    return ("# flaxlight run config, every default filled in. Continue this run: flaxlight fit --config <this file> "
+            "--resume <its folder>;\n# train it again elsewhere: add --log-dir NEW_DIR (or "
+            "trainer.logger_params.log_dir=null for a new version_N folder).\n") + _yaml_dump(data)
 
 
 def dump_config(cfg: Config) -> str:
