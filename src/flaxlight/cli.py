@@ -100,7 +100,7 @@ def _add_fit_arguments(fit: argparse.ArgumentParser) -> None:
 
 
 def _add_checkpoint_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--ckpt", required=True, metavar="RUN_DIR",
+    parser.add_argument("--ckpt", "--ckpt_path", "--ckpt-path", dest="ckpt", required=True, metavar="RUN_DIR",
                         help="a run's log dir (with hparams.yaml and checkpoints/), as printed by fit")
     parser.add_argument("--which", choices=("best", "last"), default="best",
                         help="which checkpoint to load (default: %(default)s)")
@@ -220,6 +220,12 @@ def _load(args: argparse.Namespace, default_config: str | None = None):
     path = args.config or default_config  # --config given: a list of files, merged in order
     if path is None:
         raise ConfigError("No config given: pass --config PATH.")
+    ckpt = getattr(args, "ckpt", None)
+    if ckpt and os.path.basename(os.path.normpath(ckpt)).isdigit() and \
+            os.path.basename(os.path.dirname(os.path.normpath(ckpt))) == "checkpoints":
+        run = os.path.dirname(os.path.dirname(os.path.normpath(ckpt)))
+        raise ConfigError(f"--ckpt {ckpt} is one checkpoint of the run in {run}; --ckpt takes the run's folder and "
+                          f"--which picks its best or last checkpoint: --ckpt {run} --which best|last.")
     run_dir = os.path.dirname(path) if args.config is None else None  # the default: RUN_DIR/config.yaml
     if run_dir is not None and not os.path.isdir(run_dir):
         raise ConfigError(f"--ckpt {run_dir}: no such folder; give the folder of a run (`flaxlight fit` prints its "
