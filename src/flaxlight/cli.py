@@ -171,8 +171,8 @@ def _build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argumen
     predict.add_argument("--split", choices=("test", "val", "train"), default="test",
                          help="which split to predict (default: %(default)s)")
     predict.add_argument("-o", "--output", metavar="PATH",
-                         help="the .npy file (default: RUN_DIR/predictions[_<split>][_last].npy: the split unless test, "
-                              "_last for --which last); the rows follow the split's order")
+                         help="the .npy file (default: RUN_DIR/predictions[_<split>][_last].npy: the split unless "
+                              "test, _last for --which last); the rows follow the split's order")
 
     _add_export_arguments(add("export", "write a trained run's model as a jax.export artifact", _EXPORT_TEXT))
     tune = add("tune", "search hyperparameters with Optuna (the config's tune: section)",

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import os
@@ -179,12 +180,27 @@ class MLflowLogger(Logger):
         for start in range(0, len(new), 100):  # MLflow's limit per batch
             self.client.log_batch(self._run_id, params=new[start:start + 100])
 
+    def _metric_key(self, name: str) -> str:
+        """MLflow's key for metric ``name``: said once when characters had to be replaced, and
+        made unique when two names would become the same key (one series would hold both)."""
+        keys = self.__dict__.setdefault("_metric_keys", {})
+        if name not in keys:
+            key = _key(name)
+            taken = set(keys.values())
+            unique = key if key not in taken else next(f"{key}_{i}" for i in itertools.count(2)
+                                                       if f"{key}_{i}" not in taken)
+            if unique != name:
+                _log.warning("MLflow does not take the characters of metric %r: it is logged there as %r.", name, unique)
+            keys[name] = unique
+        return keys[name]
+
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
         from mlflow.entities import Metric
 
         self._ensure_run()
         timestamp = int(time.time() * 1000)
-        records = [Metric(_key(key), float(value), timestamp, int(step)) for key, value in metrics.items()]
+        records = [Metric(self._metric_key(key), float(value), timestamp, int(step))
+                   for key, value in metrics.items()]
         for start in range(0, len(records), 1000):
             self.client.log_batch(self._run_id, metrics=records[start:start + 1000])
 
