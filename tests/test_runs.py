@@ -277,3 +277,22 @@ def test_overwrite_replaces_the_tensorboard_curves_too(tmp_path, regression_load
     events = EventAccumulator(str(run))
     events.Reload()
     assert [e.step for e in events.Scalars("val/loss")] == [8]  # the replaced run's two points are gone
+
+
+def test_a_baseline_test_before_training_stays_in_the_run_it_starts(tmp_path, regression_loaders):
+    """test() or log_metrics before train_model wrote metrics.csv, and train_model then refused the
+    trainer's own folder as "already holds a run" (a record not yet flushed was dropped instead)."""
+    train, val, test = regression_loaders
+    trainer = _trainer(tmp_path / "run")
+    baseline = trainer.test(test)["test/loss"]
+    trainer.log_metrics({"baseline/note": 1.0})  # not flushed before the run starts
+    trainer.train_model(train, val, num_epochs=1)
+    rows = list(csv.DictReader(open(tmp_path / "run" / "metrics.csv")))
+    assert float(rows[0]["test/loss"]) == pytest.approx(baseline) and rows[0]["step"] == "0"
+    assert any(r["baseline/note"] for r in rows) and any(r["val/loss"] for r in rows)
+
+    _trainer(tmp_path / "other").train_model(train, val, num_epochs=1)
+    before = (tmp_path / "other" / "metrics.csv").read_bytes()
+    with pytest.raises(FileExistsError, match="already holds a run .*would log into it before training"):
+        _trainer(tmp_path / "other").test(test)
+    assert (tmp_path / "other" / "metrics.csv").read_bytes() == before

@@ -92,7 +92,7 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
         self._limits = BatchLimits.from_options(self.options)
         self._loop, self._schedule, self._nonfinite = LoopState(), EventSchedule(), NonfiniteTally()
         self._best_eval_metrics, self._is_best, self._val_loader = None, False, None
-        self._trained_here, self._run_lock, self._loaded = False, None, False  # _loaded: by load_from_checkpoint
+        self._trained_here, self._wrote_here, self._run_lock, self._loaded = False, False, None, False
 
     def _set_up_run_files(self, logger_params: Mapping[str, Any] | None) -> None:
         """The run's folder and loggers (``init_logger``); none in ``fast_dev_run``."""
@@ -254,7 +254,7 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
         """Refuse to overwrite another run or to share a live one (:func:`flaxlight.runfiles.claim_run`)."""
         if self.log_dir is not None and dist.is_main_process():
             self._run_lock = runfiles.claim_run(self.log_dir, self.checkpointer, continuing=continuing,
-                                                overwrite=overwrite, owned=self._trained_here)
+                                                overwrite=overwrite, owned=self._trained_here or self._wrote_here)
             self._trained_here = True
             self.logger.start_run()  # a loaded trainer's records were late ones; overwrite deleted files
 

@@ -21,6 +21,7 @@ from typing import Any, Mapping
 
 import jax
 
+from flaxlight import runfiles
 from flaxlight.callbacks.history import History
 from flaxlight.data import check_first_batch
 from flaxlight.loggers.base import checked_scalars
@@ -111,9 +112,24 @@ class TrainerViewMixin:
     def log_image(self, tag: str, image: Any, step: int | None = None) -> None:
         """Send an image (``(H, W)`` or ``(H, W, C)``, uint8 or float in [0, 1]) to every logger
         that shows images (TensorBoard, W&B, MLflow); nothing in ``fast_dev_run``."""
+        self._claim_records()
         self.logger.log_image(tag, image, self.global_step if step is None else int(step))
 
+    def _claim_records(self) -> None:
+        """Before this trainer's first run or load: its first record (``test()``, ``log_metrics``
+        of a baseline) makes the log folder its own, so a later ``train_model`` continues the same
+        records; a folder holding another run's files is refused, as ``train_model`` refuses it."""
+        if self._wrote_here or self._trained_here or self._loaded or self.log_dir is None:
+            return
+        present = runfiles.run_files_present(self.log_dir)
+        if present:
+            raise FileExistsError(f"log_dir {self.log_dir} already holds a run ({', '.join(present)}): this trainer "
+                                  f"would log into it before training. Load that run to add to it "
+                                  f"(load_from_checkpoint), or choose another log_dir.")
+        self._wrote_here = True
+
     def _log(self, metrics: Mapping[str, float], step: int | None = None) -> None:
+        self._claim_records()
         step = self.global_step if step is None else step
         self.callback_metrics.update(metrics)
         self.logger.log_metrics(metrics, step=step)

@@ -30,15 +30,17 @@ class CSVLogger(Logger):
         self.columns: list[str] = ["step"]
         self.rows: list[dict] = []
         self._written_rows = 0
+        self._on_disk = False  # the rows were read from or written to the file
 
     def resume_from_step(self, step: int) -> None:
         """Reload ``metrics.csv`` and keep the rows up to ``step``; later rows are dropped."""
         self._reload(up_to=step)
 
     def start_run(self) -> None:
-        """Rows read from a ``metrics.csv`` that ``overwrite=True`` then deleted are dropped."""
-        if self.rows and not os.path.isfile(self.path):
-            self.columns, self.rows, self._written_rows = ["step"], [], 0
+        """Rows read from a ``metrics.csv`` that ``overwrite=True`` then deleted are dropped (rows
+        not written yet, such as a baseline test's before the run, stay)."""
+        if self._on_disk and not os.path.isfile(self.path):
+            self.columns, self.rows, self._written_rows, self._on_disk = ["step"], [], 0, False
 
     def continue_run(self) -> None:
         """Reload ``metrics.csv``: new rows are appended to every row it holds."""
@@ -55,7 +57,7 @@ class CSVLogger(Logger):
                 for row in reader
                 if _step_of(row) is not None and (up_to is None or _step_of(row) <= up_to)
             ]
-        self.columns, self.rows = columns, rows
+        self.columns, self.rows, self._on_disk = columns, rows, True
         with open(self.path, "rb") as f:  # a last line cut short (no newline) is rewritten whole, not appended to
             whole = f.seek(0, os.SEEK_END) == 0 or (f.seek(-1, os.SEEK_END) >= 0 and f.read(1) == b"\n")
         self._written_rows = len(rows) if up_to is None and whole else 0  # nothing dropped: the file stands
@@ -86,7 +88,7 @@ class CSVLogger(Logger):
             if mode == "w":
                 writer.writeheader()
             writer.writerows(self.rows[self._written_rows :])
-        self._written_rows = len(self.rows)
+        self._written_rows, self._on_disk = len(self.rows), True
 
 
 def _step_of(row: Mapping) -> int | None:
