@@ -32,6 +32,28 @@ def test_predict_on_arrays_stacks_the_eval_mode_outputs_of_every_row(tmp_path, r
     np.testing.assert_allclose(trainer.predict(linear_data(70, 5), batch_size=64), predictions, rtol=1e-6)
 
 
+def test_predict_computes_in_bf16_as_the_evaluation_of_a_bf16_run_does(tmp_path, regression_loaders):
+    """predict ran in float32 while validate and test ran in bf16: its outputs did not give the
+    reported test loss."""
+    train, val, test = regression_loaders
+    trainer = RegressTrainer(model_class=TinyMLP, model_hparams={"hidden_dims": [16]}, exmp_input=linear_data(1)[0],
+                             optimizer_hparams={"optimizer": "adam", "lr": 3e-2, "precision": "bf16"},
+                             **quiet(tmp_path))
+    trainer.train_model(train, val, num_epochs=2)
+    import jax.numpy as jnp
+
+    x = np.concatenate([np.asarray(b[0]) for b in test])
+    predictions = trainer.predict(x, batch_size=len(x))
+    state = trainer.state
+    bf16 = jax.tree.map(lambda p: p.astype(jnp.bfloat16), state.params)
+    in_bf16 = jax.jit(lambda p, x: state.apply_model(p, x, train=False)[0].astype(jnp.float32))(
+        bf16, jnp.asarray(x, jnp.bfloat16))  # as the eval step computes its loss: bf16 copies, float32 out
+    in_fp32, _ = state.apply_model(state.params, x, train=False)
+    assert predictions.dtype == np.float32
+    np.testing.assert_array_equal(predictions, np.asarray(in_bf16))
+    assert np.abs(predictions - np.asarray(in_fp32)).max() > 1e-4  # not the float32 forward pass
+
+
 def test_predict_with_an_nnx_model_in_eval_mode(tmp_path, regression_loaders):
     from conftest import TinyNNX
 

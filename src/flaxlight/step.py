@@ -95,8 +95,13 @@ def _with_loss(metrics: dict, loss) -> dict:
     return out
 
 
-def _cast_floating(tree, dtype):
-    """Floating-point arrays of ``tree`` cast to ``dtype``; integers and the rest unchanged."""
+def cast_floating(tree, dtype):
+    """Floating-point arrays of ``tree`` cast to ``dtype``; integers and the rest unchanged.
+
+    Examples:
+        >>> cast_floating({"w": jnp.ones(2), "n": jnp.arange(2)}, jnp.bfloat16)["w"].dtype
+        dtype(bfloat16)
+    """
 
     def cast(x):
         if hasattr(x, "dtype") and jnp.issubdtype(x.dtype, jnp.floating):
@@ -192,10 +197,10 @@ class TrainStep:
         """``params -> (loss + penalty, (loss, penalty, aux))``: what the optimizer minimises."""
         dtype = self._compute_dtype()
         if dtype is not None:
-            batch = _cast_floating(batch, dtype)
+            batch = cast_floating(batch, dtype)
 
         def objective(params):
-            compute_params = params if dtype is None else _cast_floating(params, dtype)
+            compute_params = params if dtype is None else cast_floating(params, dtype)
             loss, aux = _split_loss(self.loss_fn(compute_params, batch, train=train, rng=rng, state=state), "loss_fn")
             if dtype is not None:
                 loss = jnp.asarray(loss, jnp.float32)
@@ -247,7 +252,7 @@ class TrainStep:
             params = params if averaged is None else averaged
         dtype = self._compute_dtype()
         if dtype is not None:
-            params, batch = _cast_floating(params, dtype), _cast_floating(batch, dtype)
+            params, batch = cast_floating(params, dtype), cast_floating(batch, dtype)
         loss, aux = _split_loss(self.loss_fn(params, batch, train=False, rng=rng, state=state), "loss_fn")
         metrics, _ = _split_aux(aux, "loss_fn")
         if dtype is not None:

@@ -13,17 +13,19 @@ Examples:
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from flaxlight import resume, runfiles
 from flaxlight.data import as_loader
 from flaxlight.metrics import deliberate_reads, to_host
 from flaxlight.optim import as_optimizer_config, ema_params
-from flaxlight.step import step_owner
+from flaxlight.step import cast_floating, step_owner
 
 __all__ = ["TrainerVerbsMixin"]
 
@@ -87,7 +89,8 @@ class TrainerVerbsMixin:
         loader = as_loader(data, batch_size, what="predict's data")
         state = self._state_for(which)
         if getattr(self, "_predict_step", None) is None:
-            self._predict_step = jax.jit(lambda state, inputs: state.apply_model(state.params, inputs, train=False)[0])
+            precision = getattr(step_owner(self.eval_step), "precision", "fp32")  # as validation computes
+            self._predict_step = jax.jit(functools.partial(_forward, precision=precision))
         outputs = []
         for batch in loader:
             out = self._predict_step(state, _model_inputs(batch))
@@ -179,6 +182,15 @@ class TrainerVerbsMixin:
         """``state`` with the parameters the eval step uses: :func:`_served`, unless the trainer's
         :class:`~flaxlight.TrainStep` was built with ``eval_with_ema=False``."""
         return _served(state) if getattr(step_owner(self.eval_step), "eval_with_ema", True) else state
+
+
+def _forward(state, inputs, *, precision: str = "fp32"):
+    """Eval-mode outputs, computed as the eval step computes them: with ``precision="bf16"`` on
+    bfloat16 copies of the parameters and inputs, the floating outputs returned as float32."""
+    if precision != "bf16":
+        return state.apply_model(state.params, inputs, train=False)[0]
+    params, inputs = cast_floating(state.params, jnp.bfloat16), cast_floating(inputs, jnp.bfloat16)
+    return cast_floating(state.apply_model(params, inputs, train=False)[0], jnp.float32)
 
 
 def _served(state):
