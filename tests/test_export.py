@@ -62,6 +62,8 @@ def test_plain_jax_serves_the_exported_model_at_any_batch_size(tmp_path):
     np.testing.assert_allclose(np.load(tmp_path / "y5.npy"), expected[:5], rtol=1e-5, atol=1e-6)
     info = json.loads((tmp_path / "export" / "export.json").read_text())
     assert info["inputs"] == [{"shape": [None, 8], "dtype": "float32"}] and info["which"] == "best"
+    # the same notation for outputs (was ["b", "1"]: the symbolic name and numbers as strings)
+    assert info["outputs"] == [{"shape": [None, 2], "dtype": "float32"}]
 
 
 def test_batch_norm_dropout_and_dict_outputs_export_in_eval_mode(tmp_path):

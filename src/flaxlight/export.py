@@ -77,7 +77,8 @@ def export_forward(forward: Callable[[Any], Any], example: Any, path: str | os.P
     description = {
         "inputs": [{"shape": [None if batch_size is None and d == 0 else int(s) for d, s in enumerate(leaf.shape)],
                     "dtype": str(leaf.dtype)} for leaf in jax.tree.leaves(specs)],
-        "outputs": [{"shape": [str(s) for s in aval.shape], "dtype": str(aval.dtype)} for aval in exported.out_avals],
+        "outputs": [{"shape": [int(s) if isinstance(s, (int, np.integer)) else None for s in aval.shape],
+                     "dtype": str(aval.dtype)} for aval in exported.out_avals],  # None: any batch size
         "jax": jax.__version__, "load": "jax.export.deserialize(open(path, 'rb').read()).call(x)",
         **dict(info or {}),
     }
