@@ -21,6 +21,7 @@ from typing import Any, Mapping
 
 import jax
 
+from flaxlight import distributed as dist
 from flaxlight import runfiles
 from flaxlight.callbacks.history import History
 from flaxlight.data import check_first_batch
@@ -119,7 +120,8 @@ class TrainerViewMixin:
         """Before this trainer's first run or load: its first record (``test()``, ``log_metrics``
         of a baseline) makes the log folder its own, so a later ``train_model`` continues the same
         records; a folder holding another run's files is refused, as ``train_model`` refuses it."""
-        if self._wrote_here or self._trained_here or self._loaded or self.log_dir is None:
+        if self._wrote_here or self._trained_here or self._loaded or self.log_dir is None \
+                or not dist.is_main_process():  # the others write no records (and claim no folder)
             return
         present = runfiles.run_files_present(self.log_dir)
         if present:
