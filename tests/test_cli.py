@@ -629,3 +629,21 @@ def test_ckpt_of_one_checkpoint_folder_names_the_run_and_ckpt_path_is_accepted(s
     assert code == 2 and f"one checkpoint of the run in {sine_run}" in err and f"--ckpt {sine_run} --which" in err
     code, out, _ = run(capsys, "test", "--ckpt_path", sine_run)  # LightningCLI's spelling
     assert code == 0 and "test/loss:" in out
+
+
+def test_a_bug_in_the_users_model_keeps_its_traceback(tmp_path, monkeypatch):
+    """Only flaxlight's own checks become one-line config errors; a ValueError raised in the
+    user's model code is raised as it is."""
+    from flaxlight.config import ConfigError, fit
+
+    (tmp_path / "usermodels.py").write_text(
+        "import flax.linen as nn\n\n"
+        "class Broken(nn.Module):\n"
+        "    @nn.compact\n"
+        "    def __call__(self, x, train=False):\n"
+        "        raise ValueError('a bug in the model')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ValueError, match="a bug in the model") as info:
+        fit(CONFIGS / "sine_regression.yaml", ["model.name=usermodels.Broken", "model.hparams={}", *QUIET],
+            allow_imports=["usermodels"])
+    assert not isinstance(info.value, ConfigError)

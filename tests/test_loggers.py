@@ -308,25 +308,35 @@ def test_mlflow_logger_run_reads_back_with_the_mlflow_client(tmp_path):
 
 
 def test_mlflow_says_when_it_renames_a_metric_and_keeps_two_names_apart(tmp_path, caplog):
-    """'f1(macro)' became 'f1_macro_' silently, and 'f1[macro]' went into the same MLflow series."""
+    """'f1(macro)' became 'f1_macro_' silently, and 'f1[macro]' went into the same MLflow series.
+    The keys depend on the names only (not on their order: a resumed run keeps its series), and a
+    name MLflow takes is never changed."""
     pytest.importorskip("mlflow")
+    import hashlib
     import logging
 
     from flaxlight.loggers import MLflowLogger
 
-    logger = MLflowLogger(save_dir=tmp_path)
-    with caplog.at_level(logging.WARNING, logger="flaxlight"):
-        for step in (1, 2):
-            logger.log_metrics({"val/f1(macro)": 0.25, "val/f1[macro]": 0.75, "val/acc": 0.5}, step=step)
-    logger.finalize("success")
-    said = [r.getMessage() for r in caplog.records if "MLflow does not take" in r.getMessage()]
-    assert said == ["MLflow does not take the characters of metric 'val/f1(macro)': it is logged there as "
-                    "'val/f1_macro_'.", "MLflow does not take the characters of metric 'val/f1[macro]': it is "
-                    "logged there as 'val/f1_macro__2'."]
-    client = _mlflow_client(tmp_path)
-    history = {key: [m.value for m in client.get_metric_history(logger.run_id, key)]
-               for key in ("val/f1_macro_", "val/f1_macro__2", "val/acc")}
-    assert history == {"val/f1_macro_": [0.25, 0.25], "val/f1_macro__2": [0.75, 0.75], "val/acc": [0.5, 0.5]}
+    def key(name, bare):
+        return f"{bare}_{hashlib.sha1(name.encode()).hexdigest()[:6]}"
+
+    names = ["val/f1(macro)", "val/f1[macro]", "val/f1_macro_"]
+    keys = {name: key(name, "val/f1_macro_") for name in names[:2]} | {"val/f1_macro_": "val/f1_macro_"}
+    assert len(set(keys.values())) == 3
+    for order, run in ((names, "a"), (names[::-1], "b")):
+        logger = MLflowLogger(save_dir=tmp_path / run)
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="flaxlight"):
+            for step in (1, 2):
+                logger.log_metrics({name: 0.25 * (names.index(name) + 1) for name in order}, step=step)
+        logger.finalize("success")
+        said = sorted(r.getMessage() for r in caplog.records if "MLflow does not take" in r.getMessage())
+        assert said == sorted(f"MLflow does not take the characters of metric {name!r}: it is logged there as "
+                              f"{keys[name]!r}." for name in names[:2])
+        client = _mlflow_client(tmp_path / run)
+        for name in names:
+            history = [m.value for m in client.get_metric_history(logger.run_id, keys[name])]
+            assert history == [0.25 * (names.index(name) + 1)] * 2, (run, name)
 
 
 def test_mlflow_resume_keeps_the_run_and_its_params(tmp_path, caplog):

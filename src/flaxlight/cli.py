@@ -280,7 +280,8 @@ def _fit(args: argparse.Namespace) -> int:
 
 
 def _evaluate(args: argparse.Namespace) -> int:
-    from flaxlight.config import CONFIG_FILE, ConfigError, build_data, example_input, load_trainer, resolve_config
+    from flaxlight.config import (CONFIG_FILE, ConfigError, build_data, example_input, load_trainer,
+                                  raised_by_flaxlight, resolve_config)
 
     cfg = _load(args, os.path.join(args.ckpt, CONFIG_FILE))
     if args.print_config:
@@ -315,7 +316,9 @@ def _evaluate(args: argparse.Namespace) -> int:
         loader = FirstBatches(loader, limit_batches(safe_len(loader), limit, "limit_val_batches"))
     try:
         metrics = trainer.eval_model(loader, log_prefix=f"{split}/")
-    except ValueError as exc:  # no batches: the data's settings
+    except ValueError as exc:  # flaxlight's checks (no batches, a batch unlike the model's input)
+        if not raised_by_flaxlight(exc):
+            raise
         raise ConfigError(str(exc)) from None
     limited = f", limit_val_batches={limit} as in the run" if limit is not None else ""
     print(f"{args.command} ({args.which} checkpoint of {trainer.log_dir}{limited}):\n" + _format_metrics(metrics))

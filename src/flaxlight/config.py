@@ -33,6 +33,7 @@ import inspect
 import itertools
 import os
 import re
+import traceback
 import types
 import typing
 from typing import Any, Callable, Iterable, Literal, Mapping, Sequence, Union
@@ -1268,10 +1269,23 @@ def build_trainer(cfg: Config, exmp_input: Any, *, resolved: Resolved | None = N
     kwargs.update(overrides)
     try:
         return resolved.trainer_class(**kwargs)
-    except (ValueError, ModelHparamsError) as exc:  # the settings' checks: a config error, one line
-        if isinstance(exc, ConfigError):
-            raise
+    except (ValueError, ModelHparamsError) as exc:  # flaxlight's checks of the settings: a config error
+        if isinstance(exc, ConfigError) or not raised_by_flaxlight(exc):
+            raise  # an error in the user's own code keeps its traceback
         raise ConfigError(f"the trainer cannot be built from this config: {exc}") from exc
+
+
+def raised_by_flaxlight(exc: BaseException) -> bool:
+    """Whether ``exc`` was raised inside flaxlight's own code (a check of settings or data), not in
+    the user's model or loss, whose errors keep their traceback.
+
+    Examples:
+        >>> raised_by_flaxlight(ValueError("x"))   # never raised: no traceback
+        False
+    """
+    frames = traceback.extract_tb(exc.__traceback__)
+    package = os.path.dirname(os.path.abspath(__file__))
+    return bool(frames) and os.path.abspath(frames[-1].filename).startswith(package + os.sep)
 
 
 def load_trainer(cfg: Config, run_dir: str | os.PathLike, exmp_input: Any, *, which: str = "best",

@@ -7,6 +7,7 @@ import re
 import time
 from typing import Any, Mapping, Sequence
 
+import jax.numpy as jnp
 import numpy as np
 
 from flaxlight.writer import BackgroundWriter
@@ -181,15 +182,17 @@ def checked_scalars(metrics: Mapping[str, Any], where: str = "log_metrics") -> d
     """``metrics`` as Python floats, or an error naming the first key whose value is not one number.
 
     Examples:
-        >>> checked_scalars({"lr": np.float32(0.5), "done": True})
-        {'lr': 0.5, 'done': 1.0}
+        >>> checked_scalars({"lr": np.float32(0.5), "done": True, "scale": jnp.bfloat16(2)})
+        {'lr': 0.5, 'done': 1.0, 'scale': 2.0}
     """
     out = {}
     for key, value in metrics.items():
         if not isinstance(key, str):
             raise TypeError(f"{where}: metric names must be strings; got {key!r} ({type(key).__name__}).")
-        kind = np.asarray(value).dtype if np.ndim(value) == 0 else None
-        if kind is None or not any(np.issubdtype(kind, ok) for ok in (np.integer, np.floating, np.bool_)):
+        kind = np.asarray(value).dtype if np.ndim(value) == 0 and not isinstance(value, (str, bytes)) else None
+        real = kind is not None and (kind == np.bool_ or jnp.issubdtype(kind, jnp.integer)
+                                     or jnp.issubdtype(kind, jnp.floating))  # bfloat16 too (numpy alone says no)
+        if not real:
             what = (f"an array of shape {np.shape(value)}" if np.ndim(value) else f"{value!r} ({type(value).__name__})")
             raise TypeError(f"{where}: {key!r} is {what}; loggers take one number per name (a Python or numpy "
                             f"scalar, or a 0-d array). Log a reduction such as float(x.mean()), or an image with "

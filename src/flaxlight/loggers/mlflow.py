@@ -5,7 +5,7 @@
 
 from __future__ import annotations
 
-import itertools
+import hashlib
 import json
 import logging
 import os
@@ -181,17 +181,17 @@ class MLflowLogger(Logger):
             self.client.log_batch(self._run_id, params=new[start:start + 100])
 
     def _metric_key(self, name: str) -> str:
-        """MLflow's key for metric ``name``: said once when characters had to be replaced, and
-        made unique when two names would become the same key (one series would hold both)."""
+        """MLflow's key for metric ``name``: the name itself when MLflow takes it; else its
+        characters replaced by ``_`` and, so that two such names never share a series whatever
+        order they come in (another process, a resume), a short hash of the name appended.
+        Said once per name."""
         keys = self.__dict__.setdefault("_metric_keys", {})
         if name not in keys:
             key = _key(name)
-            taken = set(keys.values())
-            unique = key if key not in taken else next(f"{key}_{i}" for i in itertools.count(2)
-                                                       if f"{key}_{i}" not in taken)
-            if unique != name:
-                _log.warning("MLflow does not take the characters of metric %r: it is logged there as %r.", name, unique)
-            keys[name] = unique
+            if key != name:
+                key = f"{key}_{hashlib.sha1(name.encode()).hexdigest()[:6]}"
+                _log.warning("MLflow does not take the characters of metric %r: it is logged there as %r.", name, key)
+            keys[name] = key
         return keys[name]
 
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
