@@ -600,12 +600,16 @@ def test_validate_uses_the_runs_limit_val_batches(tmp_path, capsys):
     best_val = yaml.safe_load((run_dir / "metrics" / "best_eval.json").read_text())["val/loss"]
     assert code == 0 and "limit_val_batches=1 as in the run" in out
     assert float(out.split("val/loss:")[1].split()[0]) == pytest.approx(best_val, rel=1e-5)
+    code, out, _ = run(capsys, "validate", "--ckpt", run_dir, "trainer.limit_val_batches=null")  # the whole split
+    assert code == 0 and "limit_val_batches" not in out
+    assert float(out.split("val/loss:")[1].split()[0]) != pytest.approx(best_val, rel=1e-5)
 
 
 def test_evaluation_verbs_refuse_overrides_they_would_ignore(sine_run, capsys):
     """model.*, optimizer.* and trainer.* overrides were parsed, checked and dropped (exit 0)."""
     code, _, err = run(capsys, "validate", "--ckpt", sine_run, "model.hparams.hidden_dims=[8]", "data.batch_size=10")
-    assert code == 2 and "only data.* overrides apply; model.hparams.hidden_dims=[8] would be ignored" in err
+    assert code == 2 and "only data.* overrides apply (and trainer.limit_val_batches for validate); " \
+                         "model.hparams.hidden_dims=[8] would be ignored" in err
     code, out, _ = run(capsys, "validate", "--ckpt", sine_run, "data.eval_batch_size=100")
     assert code == 0 and "val/loss:" in out
 

@@ -293,6 +293,9 @@ def test_a_baseline_test_before_training_stays_in_the_run_it_starts(tmp_path, re
 
     _trainer(tmp_path / "other").train_model(train, val, num_epochs=1)
     before = (tmp_path / "other" / "metrics.csv").read_bytes()
+    stranger = _trainer(tmp_path / "other")
+    start = jax.device_get(stranger.state.params)
     with pytest.raises(FileExistsError, match="already holds a run .*would log into it before training"):
-        _trainer(tmp_path / "other").test(test)
+        stranger.test(test)
     assert (tmp_path / "other" / "metrics.csv").read_bytes() == before
+    jax.tree.map(np.testing.assert_array_equal, jax.device_get(stranger.state.params), start)  # not the run's

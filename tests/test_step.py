@@ -119,6 +119,9 @@ def test_a_batchnorm_loss_that_returns_no_updates_is_warned_about(caplog):
         without.step(state, (x, y))
         TrainStep(_mse).step(state, (x, y))  # returns the updates: no warning
         TrainStep(lambda params, batch, **kw: (_mse(params, batch, **kw)[0], {})).step(_state(TinyMLP(), x), (x, y))
+        buffer_only = _state(TinyMLP(), x).replace(batch_stats={"table": {"scale": jnp.ones(3)}})  # NNX: a buffer
+        TrainStep(lambda params, batch, **kw: (_mse(params, batch, **kw)[0], {})).step(buffer_only, (x, y))
+        without.step(state, (x, y))  # the same step object again (debug=True runs it every step): said once
     warned = [r.getMessage() for r in caplog.records if "batch_stats" in r.getMessage()]
     assert len(warned) == 1 and "returned no updated 'batch_stats'" in warned[0]
 

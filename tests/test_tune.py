@@ -604,6 +604,10 @@ def test_shared_loggers_and_a_checkpoint_ranking_by_another_metric_are_refused(t
     with pytest.raises(ValueError, match=r"ModelCheckpoint\(monitor='val/loss'\).*give it monitor='val/acc'"):
         tune(ClassifyTrainer, LR_SPACE, **common,
              hparams={**tiny_hparams(x0), "callbacks": [flaxlight.ModelCheckpoint(monitor="val/loss")]})
+    # its default mode 'min' against a maximised accuracy: every trial failed in the trainer's check
+    with pytest.raises(ValueError, match=r"ModelCheckpoint\(monitor='val/acc', mode='min'\) keeps the opposite"):
+        tune(ClassifyTrainer, LR_SPACE, **common, direction="maximize",
+             hparams={**tiny_hparams(x0), "callbacks": [flaxlight.ModelCheckpoint(monitor="val/acc")]})
     assert not (tmp_path / "study").exists()
 
 

@@ -286,11 +286,15 @@ def _evaluate(args: argparse.Namespace) -> int:
     cfg = _load(args, os.path.join(args.ckpt, CONFIG_FILE))
     if args.print_config:
         return _print_config(cfg)
-    ignored = [text for text in args.overrides if text.split("=", 1)[0].split(".", 1)[0] not in ("data", "imports")]
+    keys = [text.split("=", 1)[0] for text in args.overrides]
+    limit_given = args.command == "validate" and "trainer.limit_val_batches" in keys
+    ignored = [text for text, key in zip(args.overrides, keys) if key.split(".", 1)[0] not in ("data", "imports")
+               and not (limit_given and key == "trainer.limit_val_batches")]
     if ignored:
+        also = " (and trainer.limit_val_batches for validate)" if args.command == "validate" else ""
         raise ConfigError(f"{args.command} loads the run's model with its saved settings (hparams.yaml), so only "
-                          f"data.* overrides apply; {', '.join(ignored)} would be ignored. To change the model or "
-                          f"its training, fit a new run.")
+                          f"data.* overrides apply{also}; {', '.join(ignored)} would be ignored. To change the "
+                          f"model or its training, fit a new run.")
     resolved = resolve_config(cfg, **_opt_in(args))
     train, val, test = build_data(cfg, resolved)
     split = getattr(args, "split", None) or {"validate": "val", "test": "test", "export": "train"}[args.command]
@@ -308,7 +312,8 @@ def _evaluate(args: argparse.Namespace) -> int:
                               batch_size=args.batch_size)
         print(f"exported ({args.which} checkpoint of {args.ckpt}): {path}")
         return 0
-    limit = trainer.options.limit_val_batches if args.command == "validate" else None
+    limit = (cfg.trainer.limit_val_batches if limit_given else trainer.options.limit_val_batches) \
+        if args.command == "validate" else None
     if limit is not None:  # the run's own validation: its best was chosen on these batches
         from flaxlight.data import FirstBatches
         from flaxlight.loop import limit_batches, safe_len
@@ -320,41 +325,40 @@ def _evaluate(args: argparse.Namespace) -> int:
         if not raised_by_flaxlight(exc):
             raise
         raise ConfigError(str(exc)) from None
-    limited = f", limit_val_batches={limit} as in the run" if limit is not None else ""
+    limited = f", limit_val_batches={limit}" + ("" if limit_given else " as in the run") if limit is not None else ""
     print(f"{args.command} ({args.which} checkpoint of {trainer.log_dir}{limited}):\n" + _format_metrics(metrics))
     return 0
 
 
 def _in_order(loader):
-    """``loader`` without shuffling (a shuffling train loader's rows would not match the split's)."""
+    """``loader`` without shuffling (a shuffling train loader's rows would not match the split's):
+    a copy of an :class:`~flaxlight.ArrayLoader` (a subclass keeps its own batches) with
+    ``shuffle=False``; other loaders as they are."""
+    import copy
+
     from flaxlight.data import ArrayLoader
 
     if isinstance(loader, ArrayLoader) and loader.shuffle:
-        return ArrayLoader(*(loader.data if isinstance(loader.data, tuple) else (loader.data,)),
-                           batch_size=loader.batch_size, on_device=loader.on_device)
+        loader = copy.copy(loader)
+        loader.shuffle = False
     return loader
 
 
 def _write_predictions(trainer, loader, args: argparse.Namespace, split: str) -> int:
-    import jax
     import numpy as np
 
     from flaxlight.config import ConfigError
 
-    @jax.jit
-    def apply(state, inputs):
-        return state.apply_model(state.params, *inputs, train=False)[0]
-
-    outputs = []
-    for batch in _in_order(loader):
-        inputs = (batch[0],) if isinstance(batch, (tuple, list)) else (batch,)
-        outputs.append(jax.device_get(apply(trainer.state, inputs)))
-    if not outputs:
-        raise ConfigError(f"The {split} split yielded no batches: nothing to predict (check the data's settings).")
-    if not all(isinstance(o, np.ndarray) for o in outputs):
+    try:  # as trainer.predict computes them: eval mode, the run's precision
+        predictions = trainer.predict(_in_order(loader))
+    except ValueError as exc:
+        if "yielded no batches" not in str(exc):
+            raise
+        raise ConfigError(f"The {split} split yielded no batches: nothing to predict (check the data's settings).") \
+            from None
+    if not isinstance(predictions, np.ndarray):
         raise TypeError(f"predict writes one array per example, but the model returns "
-                        f"{type(outputs[0]).__name__}; use the Python API (trainer.bind_model()) for other outputs.")
-    predictions = np.concatenate(outputs)
+                        f"{type(predictions).__name__}; use the Python API (trainer.predict) for other outputs.")
     default_name = "predictions" + ("" if split == "test" else f"_{split}") + ("" if args.which == "best" else
                                                                               f"_{args.which}") + ".npy"
     path = args.output or os.path.join(args.ckpt, default_name)

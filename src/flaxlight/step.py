@@ -55,7 +55,7 @@ def _split_loss(out, where: str):
                     f"loss per example? take its mean).")
 
 
-def _checked_updates(updates: dict, state: TrainState, where: str) -> dict:
+def _checked_updates(updates: dict, state: TrainState, where: str, *, warn: bool = True) -> dict:
     """``updates`` when each key is a field of the state (``batch_stats``), else a clear error."""
     fields = {field.name for field in dataclasses.fields(state)}
     unknown = sorted(str(key) for key in updates if key not in fields)
@@ -63,13 +63,21 @@ def _checked_updates(updates: dict, state: TrainState, where: str) -> dict:
         raise TypeError(f"{where} returned updates with keys {unknown}, which are not model collections of the "
                         f"state (such as 'batch_stats'). Did you swap metrics and updates? Return "
                         f"(loss, (metrics, updates)), updates as state.apply_model(...) returns them.")
-    if state.batch_stats is not None and jax.tree.leaves(state.batch_stats) and "batch_stats" not in updates:
+    if warn and "batch_stats" not in updates and _has_running_statistics(state.batch_stats):
         messages.warning(
             "The model has batch_stats (e.g. BatchNorm running statistics), but %s returned no updated "
             "'batch_stats', so they keep their initial values and evaluation uses those. Return "
             "(loss, (metrics, updates)) with the updates from state.apply_model(params, x, train=train, rng=rng) "
             "(ignore this if you keep them frozen on purpose).", where)
     return updates
+
+
+def _has_running_statistics(batch_stats) -> bool:
+    """Whether ``batch_stats`` holds BatchNorm-style running statistics (leaves named ``mean`` and
+    ``var``, as Linen's and NNX's BatchNorm name them), not only other model state (an NNX buffer)."""
+    names = {str(getattr(path[-1], "key", path[-1])) for path, _ in jax.tree_util.tree_flatten_with_path(
+        batch_stats if batch_stats is not None else {})[0] if path}
+    return {"mean", "var"} <= names
 
 
 def _split_aux(aux, where: str) -> tuple[dict, dict]:
@@ -226,7 +234,8 @@ class TrainStep:
         objective = self.objective(state, batch, step_rng)
         (total, (loss, penalty, aux)), grads = jax.value_and_grad(objective, has_aux=True)(state.params)
         metrics, updates = _split_aux(aux, "loss_fn")
-        updates = _checked_updates(updates, state, "loss_fn")
+        updates = _checked_updates(updates, state, "loss_fn", warn=not getattr(self, "_said_statistics", False))
+        self._said_statistics = True  # once per step object (debug=True runs this every step)
         if "batch_stats" in updates:
             updates["batch_stats"] = _cast_like(updates["batch_stats"], state.batch_stats)
         state = apply_update(state, grads, value=total, value_fn=lambda p: objective(p)[0], **updates)

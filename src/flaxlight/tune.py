@@ -965,14 +965,19 @@ def _base_trial_hparams(hparams: Mapping[str, Any] | None, metric: str, directio
                          "logs in its own folder.")
     from flaxlight.callbacks import ModelCheckpoint
 
+    mode = "max" if direction == "maximize" else "min"
     for callback in base.get("callbacks") or []:
         if isinstance(callback, ModelCheckpoint) and callback.monitor not in (None, metric):
             raise ValueError(f"ModelCheckpoint(monitor={callback.monitor!r}) ranks a trial's checkpoints by another "
                              f"metric than the study's {metric!r}, so a trial's best checkpoint would not be the one "
                              f"its value came from: give it monitor={metric!r} or no monitor.")
+        if isinstance(callback, ModelCheckpoint) and callback.monitor == metric and callback.mode != mode \
+                and metric.startswith("val/"):
+            raise ValueError(f"ModelCheckpoint(monitor={metric!r}, mode={callback.mode!r}) keeps the opposite of the "
+                             f"study's best (direction={direction!r}): give it mode={mode!r}, or no monitor.")
     trial_defaults = {"enable_progress_bar": False, "enable_model_summary": False}
     if metric.startswith("val/"):
-        trial_defaults.update(monitor=metric, mode="max" if direction == "maximize" else "min")
+        trial_defaults.update(monitor=metric, mode=mode)
     for key, value in trial_defaults.items():
         base.setdefault(key, value)
     return base

@@ -123,6 +123,7 @@ class TrainerVerbsMixin:
         """Restore the ``which`` checkpoint (when there is one) and evaluate it on ``test_loader``."""
         if which not in ("current", "best", "last"):
             raise ValueError(f"which must be 'current', 'best' or 'last'; got {which!r}.")
+        self._claim_records()  # before loading anything: another run's folder is refused as it is
         if which != "current" and self.checkpointer.all_steps():
             self.checkpointer.wait()
             self.load_model(None if which == "best" else resume.pick_checkpoint(self.checkpointer, which))  # None: best
