@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from flaxlight.checkpoint import DamagedCheckpointError, Checkpointer
+from flaxlight.checkpoint import Checkpointer, DamagedCheckpointError
 from flaxlight.loop import LoopState
 from flaxlight.messages import logger as messages
 from flaxlight.metrics import Totals, to_host

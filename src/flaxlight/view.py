@@ -97,7 +97,7 @@ class TrainerViewMixin:
             close = difflib.get_close_matches(name, list(self.callback_metrics), n=1)
             hint = f" Did you mean {close[0]!r}?" if close else ""
             raise MetricNotLoggedError(f"{owner} monitors {name!r}, which was never logged.{hint} "
-                           f"Logged metrics: {sorted(self.callback_metrics)}.")
+                                       f"Logged metrics: {sorted(self.callback_metrics)}.")
         return self.callback_metrics[name]
 
     def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
