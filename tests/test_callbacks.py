@@ -339,6 +339,10 @@ def test_fast_dev_run_touches_one_batch_and_writes_nothing(tmp_path, regression_
 def test_bad_callback_settings_are_explained(tmp_path, regression_loaders):
     with pytest.raises(TypeError, match="Callback instances; got str"):
         _trainer(tmp_path, callbacks=["early_stopping"])
+    # two of them deleted each other's checkpoints, the best included, and test() got another model
+    with pytest.raises(ValueError, match="2 ModelCheckpoint callbacks; give one: they share the run's checkpoints"):
+        _trainer(tmp_path, callbacks=[ModelCheckpoint(monitor="val/loss", save_top_k=2),
+                                      ModelCheckpoint(every_n_epochs=1, save_top_k=0)])
     with pytest.raises(ValueError, match="mode must be 'min' or 'max'"):
         EarlyStopping(mode="lowest")
     with pytest.raises(ValueError, match="patience must be an int >= 0"):

@@ -651,3 +651,21 @@ def test_a_bug_in_the_users_model_keeps_its_traceback(tmp_path, monkeypatch):
         fit(CONFIGS / "sine_regression.yaml", ["model.name=usermodels.Broken", "model.hparams={}", *QUIET],
             allow_imports=["usermodels"])
     assert not isinstance(info.value, ConfigError)
+
+
+def test_predict_reads_an_array_loader_whole_and_in_order_keeping_its_class():
+    """A shuffling train loader gave rows in epoch 0's order; drop_last=True lost the last rows; a
+    subclass's own batches were replaced by plain ones."""
+    from flaxlight import ArrayLoader
+
+    class Scaled(ArrayLoader):
+        def __iter__(self):
+            for x, y in super().__iter__():
+                yield x * 10, y
+
+    x = np.arange(10, dtype=np.float32)[:, None]
+    loader = Scaled(x, x, batch_size=4, shuffle=True, drop_last=True, seed=3)
+    ordered = cli._in_order(loader)
+    rows = np.concatenate([batch[0] for batch in ordered])
+    np.testing.assert_array_equal(rows, x * 10)
+    assert loader.shuffle and loader.drop_last  # the run's loader itself is left alone

@@ -368,11 +368,13 @@ def test_log_metrics_refuses_a_value_that_is_not_one_number_at_the_call(tmp_path
     trainer.train_model(train, val, num_epochs=1)
     with pytest.raises(TypeError, match=f"log_metrics: 'my/value' is {re.escape(named)}; loggers take one number"):
         trainer.log_metrics({"my/value": value, "my/ok": 1.0})
+    with pytest.raises(TypeError, match="non-empty strings other than 'step'"):  # it replaced the CSV's step column
+        trainer.log_metrics({"step": 3.0})
     trainer.log_metrics({"my/np": np.float32(0.25), "my/jax": jnp.float32(0.5), "my/flag": True,
-                         "my/bf16": jnp.bfloat16(0.75)})
+                         "my/bf16": jnp.bfloat16(0.75), "my/one": np.array([2.0])})
     trainer.logger.flush()
     last = _csv_rows(trainer.log_dir)[-1]
-    assert [float(last[k]) for k in ("my/np", "my/jax", "my/flag", "my/bf16")] == [0.25, 0.5, 1.0, 0.75]
+    assert [float(last[k]) for k in ("my/np", "my/jax", "my/flag", "my/bf16", "my/one")] == [0.25, 0.5, 1.0, 0.75, 2.0]
     assert "my/value" not in trainer.callback_metrics and "my/ok" not in trainer.callback_metrics
 
 

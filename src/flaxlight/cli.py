@@ -331,16 +331,16 @@ def _evaluate(args: argparse.Namespace) -> int:
 
 
 def _in_order(loader):
-    """``loader`` without shuffling (a shuffling train loader's rows would not match the split's):
-    a copy of an :class:`~flaxlight.ArrayLoader` (a subclass keeps its own batches) with
-    ``shuffle=False``; other loaders as they are."""
+    """``loader`` read in order and whole (a shuffling train loader's rows would not match the
+    split's): a copy of an :class:`~flaxlight.ArrayLoader` (a subclass keeps its own batches) with
+    ``shuffle=False, drop_last=False``; other loaders as they are."""
     import copy
 
     from flaxlight.data import ArrayLoader
 
-    if isinstance(loader, ArrayLoader) and loader.shuffle:
+    if isinstance(loader, ArrayLoader) and (loader.shuffle or loader.drop_last):
         loader = copy.copy(loader)
-        loader.shuffle = False
+        loader.shuffle, loader.drop_last = False, False  # every row, in order
     return loader
 
 

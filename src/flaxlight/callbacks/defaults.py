@@ -33,6 +33,13 @@ def with_default_callbacks(callbacks: list[Callback], options: Any, enable_progr
     def given(kind: type) -> bool:  # a subclass counts: it replaces the default
         return any(isinstance(cb, kind) for cb in callbacks)
 
+    checkpointers = sum(isinstance(cb, ModelCheckpoint) for cb in callbacks)
+    if checkpointers > 1:
+        raise ValueError(f"callbacks hold {checkpointers} ModelCheckpoint callbacks; give one: they share the run's "
+                         f"checkpoints/ folder, and each would delete the checkpoints the others keep (a best one "
+                         f"included). One does both jobs: save_top_k=k keeps the best k, save_last=True the newest, "
+                         f"and every_n_epochs / every_n_steps / every_n_seconds set how often it saves.")
+
     if options.fast_dev_run:
         callbacks = [cb for cb in callbacks if not isinstance(cb, ModelCheckpoint)]
     elif not given(ModelCheckpoint) and options.enable_checkpointing:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import decimal
+import numbers
 import os
 import re
 import time
@@ -179,7 +181,9 @@ class LoggerCollection(Logger):
 
 
 def checked_scalars(metrics: Mapping[str, Any], where: str = "log_metrics") -> dict[str, float]:
-    """``metrics`` as Python floats, or an error naming the first key whose value is not one number.
+    """``metrics`` as Python floats, or an error naming the first key whose value is not one real
+    number (a Python number, a numpy or JAX scalar or one-element array, bf16 included; NaN and inf
+    are numbers) or whose name the loggers keep for themselves (``step``, an empty name).
 
     Examples:
         >>> checked_scalars({"lr": np.float32(0.5), "done": True, "scale": jnp.bfloat16(2)})
@@ -187,18 +191,25 @@ def checked_scalars(metrics: Mapping[str, Any], where: str = "log_metrics") -> d
     """
     out = {}
     for key, value in metrics.items():
-        if not isinstance(key, str):
-            raise TypeError(f"{where}: metric names must be strings; got {key!r} ({type(key).__name__}).")
-        kind = np.asarray(value).dtype if np.ndim(value) == 0 and not isinstance(value, (str, bytes)) else None
-        real = kind is not None and (kind == np.bool_ or jnp.issubdtype(kind, jnp.integer)
-                                     or jnp.issubdtype(kind, jnp.floating))  # bfloat16 too (numpy alone says no)
-        if not real:
-            what = (f"an array of shape {np.shape(value)}" if np.ndim(value) else f"{value!r} ({type(value).__name__})")
-            raise TypeError(f"{where}: {key!r} is {what}; loggers take one number per name (a Python or numpy "
-                            f"scalar, or a 0-d array). Log a reduction such as float(x.mean()), or an image with "
-                            f"log_image.")
-        out[key] = float(value)
+        if not isinstance(key, str) or key.strip() in ("", "step"):
+            raise TypeError(f"{where}: metric names must be non-empty strings other than 'step' (the step column "
+                            f"of every logger); got {key!r}.")
+        out[key] = _one_number(value, key, where)
     return out
+
+
+def _one_number(value: Any, key: str, where: str) -> float:
+    if isinstance(value, (numbers.Real, decimal.Decimal)):  # int, float, bool, Fraction, numpy scalars
+        return float(value)
+    kind = np.asarray(value).dtype if np.size(value) == 1 and not isinstance(value, (str, bytes)) else None
+    real = kind is not None and (kind == np.bool_ or jnp.issubdtype(kind, jnp.integer)
+                                 or jnp.issubdtype(kind, jnp.floating))  # bfloat16 too (numpy alone says no)
+    if not real:
+        what = f"an array of shape {np.shape(value)}" if np.size(value) != 1 else f"{value!r} ({type(value).__name__})"
+        raise TypeError(f"{where}: {key!r} is {what}; loggers take one number per name (a Python or numpy "
+                        f"number, or a one-element array). Log a reduction such as float(x.mean()), or an image "
+                        f"with log_image.")
+    return float(np.asarray(value).reshape(()))
 
 
 def _scalars(metrics: Mapping[str, Any]) -> dict[str, Any]:
