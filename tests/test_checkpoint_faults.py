@@ -150,7 +150,11 @@ def test_a_damaged_best_checkpoint_is_an_error_not_the_last_one_under_its_name(t
     with pytest.raises(DamagedCheckpointError, match=f"Checkpoint {best} .* damaged.*best checkpoint and no other "
                                                      f"holds that model: load which='last' \\(step {last}\\)"):
         RegressTrainer.load_from_checkpoint(tmp_path / "run", exmp_input=X0)
-    assert int(RegressTrainer.load_from_checkpoint(tmp_path / "run", exmp_input=X0, which="last").state.step) == last
+    loaded = RegressTrainer.load_from_checkpoint(tmp_path / "run", exmp_input=X0, which="last")
+    assert int(loaded.state.step) == last
+    # in process too: the error says damaged (it said "changed hyperparameters?" as a plain ValueError)
+    with pytest.raises(DamagedCheckpointError, match=f"Could not restore checkpoint {best} .* damaged or partial"):
+        loaded.predict(X0, batch_size=1, which="best")
 
 
 def test_flaxlight_test_of_a_damaged_best_checkpoint_fails_in_one_line(tmp_path, capsys):

@@ -88,9 +88,9 @@ def _model_state(state) -> dict:
     return {name: getattr(state, name) for name in _MODEL_STATE_FIELDS if getattr(state, name) is not None}
 
 
-class DamagedCheckpointError(RuntimeError):
-    """A checkpoint that cannot be read (a partial write, damaged files) where no other one will
-    do: the run's best model, whose weights no other checkpoint holds."""
+class DamagedCheckpointError(ValueError):
+    """A checkpoint whose files cannot be read (a partial write, damaged files), where no other
+    checkpoint will do: the one asked for, or the run's best model, whose weights no other holds."""
 
 
 class Checkpointer:
@@ -302,10 +302,11 @@ class Checkpointer:
                                       partial_restore=True)
         try:
             restored = self._manager.restore(step, args=ocp.args.Composite(state=item))["state"]
-        except Exception as exc:  # orbax raises several types; say which file and what to do
-            raise ValueError(
-                f"Could not restore checkpoint {step} from {self.directory}: {exc}. The checkpoint "
-                f"does not match the model/optimizer built now (changed hyperparameters?), or it is damaged."
+        except Exception as exc:  # orbax raises several types; the shapes matched above, so the files are bad
+            raise DamagedCheckpointError(
+                f"Could not restore checkpoint {step} from {self.directory}: it is damaged or partial (its "
+                f"structure matches the model and optimizer built now, its files do not read: "
+                f"{type(exc).__name__}: {str(exc)[:300]}). Load another checkpoint (which='last', or an earlier step)."
             ) from exc
         restored = _typed_like(restored, wanted)
         replace = dict(restored.get("model_state") or {})
