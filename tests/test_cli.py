@@ -612,6 +612,10 @@ def test_evaluation_verbs_refuse_overrides_they_would_ignore(sine_run, capsys):
                          "model.hparams.hidden_dims=[8] would be ignored" in err
     code, out, _ = run(capsys, "validate", "--ckpt", sine_run, "data.eval_batch_size=100")
     assert code == 0 and "val/loss:" in out
+    code, out, err = run(capsys, "test", "--ckpt", sine_run, "--print_config", "optimizer.lr=0.5")  # printed as if applied
+    assert code == 2 and "optimizer.lr=0.5 would be ignored" in err and not out
+    code, out, _ = run(capsys, "test", "--ckpt", sine_run, "--print_config", "data.eval_batch_size=100")
+    assert code == 0 and "eval_batch_size: 100" in out
 
 
 def test_a_runs_saved_config_says_how_to_run_it_again(sine_run, tmp_path, capsys):

@@ -284,8 +284,6 @@ def _evaluate(args: argparse.Namespace) -> int:
                                   raised_by_flaxlight, resolve_config)
 
     cfg = _load(args, os.path.join(args.ckpt, CONFIG_FILE))
-    if args.print_config:
-        return _print_config(cfg)
     keys = [text.split("=", 1)[0] for text in args.overrides]
     limit_given = args.command == "validate" and "trainer.limit_val_batches" in keys
     ignored = [text for text, key in zip(args.overrides, keys) if key.split(".", 1)[0] not in ("data", "imports")
@@ -295,6 +293,8 @@ def _evaluate(args: argparse.Namespace) -> int:
         raise ConfigError(f"{args.command} loads the run's model with its saved settings (hparams.yaml), so only "
                           f"data.* overrides apply{also}; {', '.join(ignored)} would be ignored. To change the "
                           f"model or its training, fit a new run.")
+    if args.print_config:
+        return _print_config(cfg)
     resolved = resolve_config(cfg, **_opt_in(args))
     train, val, test = build_data(cfg, resolved)
     split = getattr(args, "split", None) or {"validate": "val", "test": "test", "export": "train"}[args.command]
