@@ -157,6 +157,21 @@ def test_a_damaged_best_checkpoint_is_an_error_not_the_last_one_under_its_name(t
         loaded.predict(X0, batch_size=1, which="best")
 
 
+def test_a_best_checkpoint_removed_by_hand_is_said_before_the_newest_loads(tmp_path, regression_loaders):
+    """which='best' loaded the newest checkpoint without a word when the best's folder was gone."""
+    import shutil
+
+    train, val, _ = regression_loaders
+    worst = ModelCheckpoint(monitor="val/loss", mode="max")  # keeps the first (worst) epoch as the best
+    _trainer(tmp_path, callbacks=[worst]).train_model(train, val, num_epochs=3)
+    best, last = _steps(tmp_path / "run")
+    shutil.rmtree(tmp_path / "run" / "checkpoints" / str(best))
+    with pytest.warns(RuntimeWarning, match=f"The best checkpoint, step {best}, is not in .*checkpoints \\(removed\\?\\); "
+                                            f"loading the newest, step {last}, instead"):
+        loaded = RegressTrainer.load_from_checkpoint(tmp_path / "run", exmp_input=X0)
+    assert int(loaded.state.step) == last
+
+
 def test_flaxlight_test_of_a_damaged_best_checkpoint_fails_in_one_line(tmp_path, capsys):
     from flaxlight import cli
 

@@ -147,6 +147,9 @@ def pick_checkpoint(checkpointer: Checkpointer, which: str = "best") -> int:
             if which == "best":
                 warnings.warn(f"Checkpoint {step} in {checkpointer.directory} has a damaged meta item; the best "
                               f"checkpoint is taken from an earlier one's.", RuntimeWarning, stacklevel=3)
+    if which == "best" and meta is not None and meta.best_step is not None and meta.best_step not in steps:
+        warnings.warn(f"The best checkpoint, step {meta.best_step}, is not in {checkpointer.directory} (removed?); "
+                      f"loading the newest, step {max(steps)}, instead.", RuntimeWarning, stacklevel=3)
     return choose_step(steps, meta, which)
 
 
