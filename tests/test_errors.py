@@ -67,3 +67,42 @@ def test_loader_without_len_needs_steps_per_epoch(tmp_path):
     with pytest.raises(TypeError, match="steps_per_epoch"):
         _trainer(tmp_path).train_model(batches(), None, num_epochs=1)
     assert _trainer(tmp_path).train_model(batches(), None, num_epochs=1, steps_per_epoch=2)["train/loss"] >= 0
+
+
+class _Batches:
+    """A loader of the user's own: no len(), a new pass at each iter()."""
+
+    def __init__(self, batches):
+        self.batches = batches
+
+    def __iter__(self):
+        return iter(self.batches)
+
+
+def _fails_before_training(tmp_path, trainer, val, error, match):
+    with pytest.raises(error, match=match):
+        trainer.train_model(_loader(), val, num_epochs=2)
+    assert int(trainer.state.step) == 0 and not (tmp_path / "run" / "hparams.yaml").exists()  # nothing trained or written
+
+
+def test_a_validation_loader_that_cannot_work_fails_before_the_first_epoch(tmp_path):
+    """Found after a whole training epoch, with no checkpoint saved (Lightning's sanity check finds these first)."""
+    torch_like = _Batches([(np.zeros((8, 4), np.float32).tolist(), np.zeros((8, 1), np.float32))])  # a collate slip
+    _fails_before_training(tmp_path, _trainer(tmp_path), torch_like, TypeError,
+                           r"The first batch of val_loader must be an array .* the leaf at \[0\]\[0\]\[0\] is a float")
+    _fails_before_training(tmp_path, _trainer(tmp_path), _Batches([]), ValueError, "val_loader yielded no batches")
+    wrong_width = _Batches([(np.zeros((8, 5), np.float32), np.zeros((8, 1), np.float32))])
+    _fails_before_training(tmp_path, _trainer(tmp_path), wrong_width, ValueError, r"shape \(8, 5\)")
+    _fails_before_training(tmp_path, _trainer(tmp_path, limit_val_batches=0.5), _Batches(list(_loader())), TypeError,
+                           r"limit_val_batches=0.5 is a fraction, but val_loader has no len\(\)")
+
+    class EvalOnlyBug(RegressTrainer):
+        def loss_fn(self, params, batch, *, train, rng, state):
+            if not train:
+                raise RuntimeError("a bug in the evaluation branch")
+            return super().loss_fn(params, batch, train=train, rng=rng, state=state)
+
+    trainer = EvalOnlyBug(model_class=TinyMLP, model_hparams={}, exmp_input=X0, optimizer_hparams={"lr": 1e-2},
+                          **quiet(tmp_path))
+    _fails_before_training(tmp_path, trainer, _Batches(list(_loader())), RuntimeError, "evaluation branch")
+    assert _trainer(tmp_path).train_model(_loader(), _Batches(list(_loader())), num_epochs=2)["val/loss"] >= 0

@@ -44,8 +44,8 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from flaxlight import distributed as dist
 from flaxlight.messages import logger as messages
-from flaxlight.data import (ArrayLoader, DeviceEpoch, Prefetcher, check_batch, group_batches, positioned_iterator,
-                            same_shapes, take_batches)
+from flaxlight.data import (ArrayLoader, DeviceEpoch, Prefetcher, group_batches, is_iterator, no_batches_error,
+                            positioned_iterator, same_shapes, take_batches)
 from flaxlight.lean import LeanLoop, strip_idle_fields
 from flaxlight.metrics import (accumulate, batch_size, deliberate_reads, fresh_zeros, init_accumulator, step_finite,
                                tree_finite, with_saved_objects, device_copy as device_copy_of)
@@ -461,32 +461,40 @@ class Engine:
             self._eval_compiler.join()
             self._eval_compiler = None
 
-    def compile_eval_ahead(self, state, loader) -> None:
-        """Compile the eval step for ``loader``'s batch shapes in a background thread, while the
-        first epoch trains, so the first validation does not stall.
+    def compile_eval_ahead(self, state, loader, check: Callable[[Any], None] | None = None) -> None:
+        """Before the first epoch: check the validation loader's first batch with ``check`` and
+        trace the eval step for its batch shapes, so a validation that cannot work fails now,
+        not after an epoch of training (Lightning's sanity check, without logging anything);
+        then compile the step in a background thread while the first epoch trains.
 
-        The shapes come from ``loader.example_batches()`` (:class:`ArrayLoader`: the first and
-        the smaller last batch) or the first and last batch of a list; other loaders are not
-        touched (iterating them may draw random numbers) and compile at first use. A batch that
-        fails here fails again, with the readable message, when it is evaluated.
+        The batches: ``loader.example_batches()`` (:class:`ArrayLoader`: the first and the
+        smaller last batch), the first and last batch of a list, else (with ``check``) the first
+        batch of a fresh pass; a loader that is its own iterator (a generator) is left alone, as
+        its batches would be used up. A step that does not trace is run on those batches, so
+        only a real failure of the validation stops the run here.
         """
-        if loader is None or self.debug or self._eval_compiler is not None:
+        self.close()  # an earlier run's compile (e.g. one refused its folder) is done first
+        if loader is None:
+            return
+        examples = _example_batches(loader, peek=check is not None)
+        if check is not None and examples:
+            check(examples[0])
+        elif check is not None and not is_iterator(loader):
+            raise no_batches_error("val_loader", loader)
+        if self.debug or not examples:
             return
         try:
-            examples = _example_batches(loader)
-            for batch in examples:
-                check_batch(batch, where="validation batch")
-            specs = [self._eval_specs(state, batch) for batch in examples]
-        except Exception:  # noqa: BLE001 - reported by evaluate, where the batch is really used
-            return
-        if not specs:
+            lowered = [self._evaluate_jit(args[2]).lower(*args) for args in
+                       (self._eval_specs(state, batch) for batch in examples)]
+        except Exception:  # noqa: BLE001 - the real step on the same batches raises the real error, if any
+            self.evaluate(state, examples, on_first_batch=lambda batch: None, after_batch=lambda: None)
             return
 
         def compile_all():
-            for args in specs:
+            for step in lowered:
                 try:
-                    self._evaluate_jit(args[2]).lower(*args).compile()
-                except Exception:  # noqa: BLE001 - as above
+                    step.compile()
+                except Exception:  # noqa: BLE001 - reported by evaluate, where the batch is really used
                     return
 
         self._eval_compiler = threading.Thread(target=compile_all, daemon=True, name="flaxlight-eval-compile")
@@ -612,12 +620,15 @@ def _first_step_input(head: tuple[int, Any], path: str):
     return _first_of(head) if path == "batches" else head[1]
 
 
-def _example_batches(loader) -> list:
-    """A batch of each shape ``loader`` yields, when that is cheap to know (see
-    :meth:`Engine.compile_eval_ahead`)."""
+def _example_batches(loader, peek: bool = False) -> list:
+    """A batch of each shape ``loader`` yields when that is cheap to know, else (``peek``) its
+    first batch, from a pass of its own (see :meth:`Engine.compile_eval_ahead`)."""
     if hasattr(loader, "example_batches"):
         return list(loader.example_batches())
-    if isinstance(loader, (list, tuple)) and loader:  # other loaders may draw random numbers when iterated
+    if isinstance(loader, (list, tuple)) and loader:
         first, last = loader[0], loader[-1]
         return [first] if same_shapes(first, last) else [first, last]
+    if peek and not is_iterator(loader):
+        for batch in loader:
+            return [batch]
     return []

@@ -223,13 +223,15 @@ class SignalGuard:
                 signal.signal(signum, handler)
 
 
-def limit_batches(available: int | None, limit: int | float | None, name: str) -> int | None:
+def limit_batches(available: int | None, limit: int | float | None, name: str,
+                  loader_name: str = "the loader") -> int | None:
     """Batches to use given ``limit_*_batches`` (an int, or a fraction of ``available``)."""
     if limit is None:
         return available
     if isinstance(limit, float):
         if available is None:
-            raise TypeError(f"{name}={limit} is a fraction, but the loader has no len(); give a number of batches.")
+            raise TypeError(f"{name}={limit} is a fraction, but {loader_name} has no len(); give a number of "
+                            f"batches ({name}=N), or a loader with a __len__.")
         return max(1, int(available * limit))
     if available is not None and limit > available:
         warnings.warn(f"{name}={limit} is more than the loader's {available} batches; using {available}.",
@@ -254,10 +256,10 @@ class BatchLimits:
         return cls(train=options.limit_train_batches, val=options.limit_val_batches)
 
     def train_batches(self, available: int | None) -> int | None:
-        return limit_batches(available, self.train, "limit_train_batches")
+        return limit_batches(available, self.train, "limit_train_batches", "train_loader")
 
     def val_batches(self, available: int | None) -> int | None:
-        return limit_batches(available, self.val, "limit_val_batches")
+        return limit_batches(available, self.val, "limit_val_batches", "val_loader")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -294,6 +296,8 @@ class RunPlan:
             raise ValueError("val_loader is an iterator (a generator?): it runs dry after the first validation. Give "
                              "something that starts a new pass at each iter(): a list of batches, an ArrayLoader, "
                              "or a class whose __iter__ makes the generator.")
+        if val_loader is not None and isinstance(limits.val, float):  # checked now, not after an epoch
+            limits.val_batches(safe_len(val_loader))
         if steps_per_epoch is None:  # a stream without len() and max_steps: one epoch of max_steps batches
             endless = max_steps is not None and is_iterator(train_loader) and safe_len(train_loader) is None
             steps_per_epoch = max_steps if endless else loader_length(train_loader)

@@ -207,6 +207,7 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
         train_loader, val_loader, test_loader = fit_loaders(train_loader, val_loader, test_loader, batch_size,
                                                             seed=self.seed)
         num_epochs = self._prepare_run(train_loader, val_loader, num_epochs, steps_per_epoch)
+        self.engine.compile_eval_ahead(self.state, val_loader, check=self._val_batch_check())  # a bad one writes nothing
         self._claim_run_folder(continuing=resume or resume_from is not None, overwrite=overwrite)
         try:  # from here on, the run's folder is locked: every exit releases it
             if resume or resume_from is not None:
@@ -214,7 +215,6 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
             self.global_step = int(to_host(self.state.step))
             self._train_loader, self._val_loader = train_loader, val_loader
             self._write_hparams()
-            self.engine.compile_eval_ahead(self.state, val_loader)
             with SignalGuard(self._schedule) as guard:
                 self.on_training_start()
                 self._call_callbacks("on_fit_start")

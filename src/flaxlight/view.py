@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import difflib
 import warnings
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import jax
 
@@ -180,6 +180,11 @@ class TrainerViewMixin:
         except ValueError as mismatch:
             if type(self).loss_fn.__module__.startswith("flaxlight") or not self._loss_accepts(batch, mismatch):
                 raise
+
+    def _val_batch_check(self) -> Callable[[Any], None] | None:
+        """The check of the validation loader's first batch before training (None with
+        ``check_batches=False``: the loader is then not read ahead)."""
+        return (lambda batch: self._check_first_batch(batch, "val_loader")) if self.options.check_batches else None
 
     def _loss_accepts(self, batch, mismatch: ValueError) -> bool:
         """Whether ``loss_fn`` traces on ``batch`` (True), else raise ``mismatch`` with the trace's
