@@ -85,3 +85,28 @@ def test_a_failing_nnx_tabulate_says_its_own_error_once_and_leaves_the_model_tra
     train, val, _ = regression_loaders
     metrics = trainer.train_model(train, val, num_epochs=2)  # the model the trainer holds is intact
     assert np.isfinite(metrics["val/loss"])
+
+
+def test_the_model_summary_of_a_tutorial_style_module_and_of_a_broken_one(tmp_path, capsys):
+    """The default summary (nnx.tabulate) failed on a module taking call-time rngs, left flax's
+    classes patched, and the first train step died with "no attribute '_nnx_tabulate_id'"; a
+    module that does not fit the data broke every later NNX model in the process the same way."""
+    train = flaxlight.ArrayLoader(*linear_data(64, 0), batch_size=32)
+    trainer = Regressor(model_class=TutorialStyle, model_hparams={}, exmp_input=linear_data(1)[0],
+                        optimizer_hparams={"optimizer": "adam", "lr": 1e-2},
+                        **quiet(tmp_path / "a", enable_model_summary=True))
+    assert "TutorialStyle Summary" in capsys.readouterr().out
+    assert np.isfinite(trainer.train_model(train, None, num_epochs=1)["train/loss"])
+
+    class TooNarrow(TutorialStyle):
+        def __init__(self, *, rngs: nnx.Rngs):
+            super().__init__(rngs=rngs)
+            self.linear1 = nnx.Linear(3, 32, rngs=rngs)  # the data has 4 features
+
+    broken = Regressor(model_class=TooNarrow, model_hparams={}, exmp_input=linear_data(1)[0],
+                       optimizer_hparams={"optimizer": "adam", "lr": 1e-2}, **quiet(tmp_path / "b", enable_model_summary=True))
+    assert "TooNarrow (NNX): no table (TypeError: dot_general" in capsys.readouterr().out
+    with pytest.raises(TypeError, match="dot_general requires contracting dimensions"):  # its own error, not flax's patch
+        broken.train_model(train, None, num_epochs=1)
+    trainer, _ = _fit(tmp_path / "c")  # and the next model in this process trains
+    assert np.isfinite(float(trainer.state.step))

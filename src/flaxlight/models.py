@@ -238,10 +238,22 @@ class NNXAdapter:
         return outputs, updates
 
     def tabulate(self, inputs: Sequence[Any]) -> str:
+        """``nnx.tabulate``'s table, in eval mode (same shapes; a dropout built without rngs
+        needs none). ``nnx.tabulate`` patches the model's classes and leaves them patched when the
+        model fails; they are put back, so a failed table never breaks the training after it."""
         model = self.merge(self.init(None, inputs))
+        model.eval()
+        classes = {type(node) for _, node in nnx.iter_graph(model)}
+        saved = {cls: dict(vars(cls)) for cls in classes}
         try:
             return nnx.tabulate(model, *inputs, console_kwargs={"width": 120, "force_terminal": sys.stdout.isatty()})
         except Exception as exc:  # noqa: BLE001 - a summary must never stop training
+            for cls, attributes in saved.items():
+                for name in set(vars(cls)) - set(attributes):
+                    delattr(cls, name)
+                for name, value in attributes.items():
+                    if vars(cls).get(name) is not value:
+                        setattr(cls, name, value)
             return f"{self.model_class.__name__} (NNX): no table ({type(exc).__name__}: {exc})"
 
     def bind(self, variables):
