@@ -174,3 +174,33 @@ def test_an_nnx_variable_type_of_the_users_is_updated_by_training_and_checkpoint
     assert int(trainer.bind_model().calls[...]) == 2 * len(train)  # once per train step; evaluation reads it
     loaded = ClassifyTrainer.load_from_checkpoint(tmp_path / "run", exmp_input=x[:1], which="last")
     assert int(loaded.bind_model().calls[...]) == 2 * len(train)
+
+
+def test_an_nnx_loss_that_forgets_the_rng_is_stopped_like_linens(tmp_path):
+    """NNX: the same dropout mask every step, without a word (Linen raises InvalidRngError)."""
+
+    class ForgetsRng(ClassifyTrainer):
+        def loss_fn(self, params, batch, *, train, rng, state):
+            x, y = batch
+            logits, updates = state.apply_model(params, x, train=train)  # no rng=rng
+            return jnp.mean((logits - y[:, None]) ** 2), ({}, updates)
+
+    train, val, _ = _data()
+    for kind in ("linen", "nnx"):
+        model_class, hparams = MODELS[kind]
+        trainer = ForgetsRng(model_class=model_class, model_hparams=hparams, optimizer_hparams={"lr": 1e-2},
+                             exmp_input=np.zeros((1, 6), np.float32), **quiet(tmp_path / kind))
+        with pytest.raises(Exception, match="PRNG for \"dropout\"" if kind == "linen" else
+                           r"TinyNNX drew random numbers .* got no rng.* rng=rng\)"):
+            trainer.train_model(train, val, num_epochs=1)
+
+    class KeepsRngs(TinyNNX):  # holds its streams and never draws from them: no error
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.rngs = kwargs["rngs"]
+
+    trainer = ForgetsRng(model_class=KeepsRngs, model_hparams=dict(hparams, dropout_prob=0.0),
+                         optimizer_hparams={"lr": 1e-2}, exmp_input=np.zeros((1, 6), np.float32),
+                         **quiet(tmp_path / "plain"))
+    assert trainer.model.rngs is not None
+    assert np.isfinite(trainer.train_model(train, val, num_epochs=1)["val/loss"])

@@ -229,7 +229,14 @@ class NNXAdapter:
         elif model_rngs is not None:
             raise TypeError(f"{self.model_class.__name__}.__call__ takes no rngs argument, but rngs= was passed to "
                             f"apply_model; give the module its rngs at construction instead.")
+        unseeded = train and key is None and self.rng_streams  # the streams hold the keys they were built with
+        counts = jax.tree.leaves(nnx.state(model, nnx.RngCount)) if unseeded else []
         outputs = self._call(model, inputs, train, kwargs)
+        if any(now is not before for now, before in zip(jax.tree.leaves(nnx.state(model, nnx.RngCount)), counts)):
+            raise ValueError(
+                f"{self.model_class.__name__} drew random numbers (e.g. a dropout mask) from its nnx RNG streams "
+                f"{self.rng_streams} in training, but apply_model got no rng: every step would draw the same numbers. "
+                f"Pass the loss's key: state.apply_model(params, x, train=train, rng=rng).")
         if not mutable:
             return outputs
         updates = {}
