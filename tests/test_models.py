@@ -59,6 +59,9 @@ def test_train_validate_checkpoint_load_and_bind(kind, tmp_path):
     untrained = _trainer(kind, tmp_path / "untrained").state
     untrained_outputs, _ = untrained.apply_model(untrained.params, x[256:], train=False)
     assert not np.allclose(predictions, np.asarray(untrained_outputs), atol=1e-2)  # training changed the outputs
+    if kind == "nnx":  # trainer.model is the trained module (it was the untrained one, its arrays donated away)
+        for holder in (trainer, loaded):
+            np.testing.assert_allclose(np.asarray(holder.model(x[256:])), predictions, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("kind", ["linen", "nnx"])
