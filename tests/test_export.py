@@ -6,6 +6,7 @@ import sys
 import textwrap
 
 import flax.linen as nn
+import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
@@ -89,3 +90,46 @@ def test_export_errors_say_what_to_do(tmp_path):
         trainer.export(tmp_path / "export")
     with pytest.raises(FileNotFoundError, match="No exported model"):
         flaxlight.load_exported(tmp_path / "nothing")
+
+
+class TwoInputs(nn.Module):
+    """A model of two inputs: exmp_input=(a, b), batches (a, b, y)."""
+
+    @nn.compact
+    def __call__(self, a, b, train: bool = False):
+        return nn.Dense(2)(jnp.concatenate([nn.relu(nn.Dense(8)(a)), b], axis=-1))
+
+
+class TwoInputTrainer(flaxlight.TrainerModule):
+    def loss_fn(self, params, batch, *, train, rng, state):
+        a, b, y = batch
+        logits, updates = state.apply_model(params, a, b, train=train, rng=rng)
+        return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean(), ({}, updates)
+
+
+def test_a_model_of_two_inputs_predicts_and_exports(tmp_path):
+    """predict and export fed the model batch[0] only: "missing 1 required positional argument"."""
+    x, y = _digits_like()
+    a, b = x[:, :5], x[:, 5:]
+    trainer = TwoInputTrainer(model_class=TwoInputs, model_hparams={}, exmp_input=(a[:1], b[:1]),
+                              optimizer_hparams={"optimizer": "adam", "lr": 1e-2}, **quiet(tmp_path))
+    trainer.train_model((a, b, y), None, num_epochs=1, batch_size=16)
+    expected, _ = trainer.state.apply_model(trainer.state.params, a, b, train=False)
+    np.testing.assert_allclose(trainer.predict((a, b), batch_size=32), expected, rtol=1e-5, atol=1e-6)
+    by_loader = trainer.predict(flaxlight.ArrayLoader(a, b, y, batch_size=40))  # the labels are not inputs
+    np.testing.assert_allclose(by_loader, expected, rtol=1e-5, atol=1e-6)
+    served = flaxlight.load_exported(trainer.export(tmp_path / "export", which="current"))
+    np.testing.assert_allclose(np.asarray(served(a[:7], b[:7])), expected[:7], rtol=1e-5, atol=1e-6)
+    info = json.loads((tmp_path / "export" / "export.json").read_text())
+    assert info["inputs"] == [{"shape": [None, 5], "dtype": "float32"}, {"shape": [None, 3], "dtype": "float32"}]
+
+
+def test_a_model_that_fails_on_its_inputs_gets_its_own_error_from_export(tmp_path):
+    """Any failure was blamed on the symbolic batch size, with advice (batch_size=N) that failed too."""
+    x, y = _digits_like()
+    trainer = ClassifyTrainer(model_class=TinyMLP, model_hparams={"hidden_dims": [4], "output_dim": 2},
+                              optimizer_hparams={"optimizer": "adam"}, exmp_input=x[:1], **quiet(tmp_path))
+    trainer.exmp_input = x[:1, :5]  # the model's first layer was built for 8 features
+    with pytest.raises(Exception, match="expected to generate shape \\(5, 4\\)") as raised:
+        trainer.export(tmp_path / "export", which="current")
+    assert "batch_size=N" not in str(raised.value)

@@ -51,23 +51,36 @@ def _input_specs(example: Any, batch_size: int | None) -> Any:
 
 
 def export_forward(forward: Callable[[Any], Any], example: Any, path: str | os.PathLike, *,
-                   batch_size: int | None = None, info: dict[str, Any] | None = None) -> str:
+                   batch_size: int | None = None, info: dict[str, Any] | None = None,
+                   several_inputs: bool = False) -> str:
     """Serialize ``forward`` (inputs -> outputs, variables closed over) for inputs shaped like
-    ``example`` into the folder ``path``; returns the file written.
+    ``example`` into the folder ``path``; returns the file written. ``several_inputs``:
+    ``example`` is a tuple of inputs, ``forward`` takes that tuple, and the artifact takes them
+    as separate arguments (``call(a, b)``).
 
     Examples:
         >>> export_forward(lambda x: x * 2.0, np.zeros((1, 3), np.float32), "doubler")   # doctest: +SKIP
         'doubler/model.jax_exported'
     """
-    specs = _input_specs(example, batch_size)
+    def export(size: int | None):
+        specs = _input_specs(example, size)  # one batch dimension, shared by every input
+        if several_inputs:
+            return jax.export.export(jax.jit(lambda *inputs: forward(inputs)))(*specs)
+        return jax.export.export(jax.jit(forward))(specs)
+
     try:
-        exported = jax.export.export(jax.jit(forward))(specs)
+        exported = export(batch_size)
     except Exception as exc:  # noqa: BLE001 - jax raises several kinds for shapes it cannot make symbolic
         if batch_size is not None:
             raise
+        try:
+            export(max(1, int(np.shape(jax.tree.leaves(example)[0])[0])))
+        except Exception:  # noqa: BLE001 - it fails at a fixed batch size too: the model's own error
+            raise exc from None
         raise ValueError(f"The model could not be exported for any batch size ({type(exc).__name__}: "
                          f"{str(exc).splitlines()[0]}). Export a fixed batch size instead: "
                          f"trainer.export(path, batch_size=N).") from exc
+    specs = jax.tree.leaves(exported.in_avals)
     folder = os.fspath(path)
     serialized = _serialization(exported.serialize)
     os.makedirs(folder, exist_ok=True)
@@ -76,7 +89,7 @@ def export_forward(forward: Callable[[Any], Any], example: Any, path: str | os.P
         f.write(serialized)
     description = {
         "inputs": [{"shape": [None if batch_size is None and d == 0 else int(s) for d, s in enumerate(leaf.shape)],
-                    "dtype": str(leaf.dtype)} for leaf in jax.tree.leaves(specs)],
+                    "dtype": str(leaf.dtype)} for leaf in specs],
         "outputs": [{"shape": [int(s) if isinstance(s, (int, np.integer)) else None for s in aval.shape],
                      "dtype": str(aval.dtype)} for aval in exported.out_avals],  # None: any batch size
         "jax": jax.__version__, "load": "jax.export.deserialize(open(path, 'rb').read()).call(x)",

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from flaxlight import resume, runfiles
-from flaxlight.data import as_loader
+from flaxlight.data import as_input_list, as_loader
 from flaxlight.metrics import deliberate_reads, to_host
 from flaxlight.optim import as_optimizer_config, ema_params
 from flaxlight.step import cast_floating, step_owner
@@ -39,9 +39,10 @@ def _version() -> str:
         return "unknown"
 
 
-def _model_inputs(batch: Any) -> Any:
-    """The part of a batch the model takes: the first element of a tuple / list, else the batch."""
-    return batch[0] if isinstance(batch, (tuple, list)) else batch
+def _model_inputs(batch: Any, count: int = 1) -> tuple:
+    """The model's inputs in a batch: its first ``count`` elements (the model's inputs, as many as
+    ``exmp_input`` holds) when it is a tuple / list, else the whole batch as the one input."""
+    return tuple(batch[:count]) if isinstance(batch, (tuple, list)) else (batch,)
 
 
 class TrainerVerbsMixin:
@@ -76,8 +77,9 @@ class TrainerVerbsMixin:
         """The model's outputs on ``data`` in eval mode, stacked over batches (numpy arrays, in
         the structure the model returns).
 
-        ``data``: a loader (its batches' first element, or the whole batch when it is not a
-        tuple, is the model's input), or an array / a tuple of arrays with ``batch_size``.
+        ``data``: a loader (its batches' first element, or the first ``len(exmp_input)`` for a
+        model of several inputs, or the whole batch when it is not a tuple, is what the model
+        takes), or an array / a tuple of arrays with ``batch_size``.
         ``which``: ``"current"`` (the trainer's state now), ``"best"`` or ``"last"`` (that
         checkpoint, restored for this call; ``self.state`` is not changed). One jitted call per
         batch (the shorter last batch compiles once); outputs are copied to the host as they
@@ -93,7 +95,7 @@ class TrainerVerbsMixin:
             self._predict_step = jax.jit(functools.partial(_forward, precision=precision))
         outputs = []
         for batch in loader:
-            out = self._predict_step(state, _model_inputs(batch))
+            out = self._predict_step(state, _model_inputs(batch, self._input_count))
             with deliberate_reads():
                 for leaf in jax.tree.leaves(out):
                     leaf.copy_to_host_async()
@@ -154,11 +156,18 @@ class TrainerVerbsMixin:
         except FileNotFoundError as exc:
             raise FileNotFoundError(f"{exc} export(which={which!r}) needs a saved checkpoint; pass which='current' "
                                     f"to export the trainer's state now.") from None
-        example = _model_inputs(self.exmp_input)
+        example = _model_inputs(self.exmp_input, self._input_count)
         info = {"which": which, "step": int(np.asarray(state.step)), "model": getattr(self.model_class, "__name__", type(self.model_adapter).__name__),
                 "flaxlight": _version()}
-        return export_forward(lambda inputs: state.apply_model(state.params, inputs, train=False)[0], example, path,
-                              batch_size=batch_size, info=info)
+        forward = functools.partial(_forward, state)
+        if len(example) == 1:  # one input: the artifact is called as f(x)
+            return export_forward(lambda x: forward((x,)), example[0], path, batch_size=batch_size, info=info)
+        return export_forward(forward, example, path, batch_size=batch_size, info=info, several_inputs=True)
+
+    @property
+    def _input_count(self) -> int:
+        """How many inputs the model takes: ``exmp_input``'s (a tuple / list holds several)."""
+        return len(as_input_list(self.exmp_input))
 
     def bind_model(self):
         """The model with the trained variables, for interactive use: ``model(x, train=False)``."""
@@ -189,9 +198,9 @@ def _forward(state, inputs, *, precision: str = "fp32"):
     """Eval-mode outputs, computed as the eval step computes them: with ``precision="bf16"`` on
     bfloat16 copies of the parameters and inputs, the floating outputs returned as float32."""
     if precision != "bf16":
-        return state.apply_model(state.params, inputs, train=False)[0]
+        return state.apply_model(state.params, *inputs, train=False)[0]
     params, inputs = cast_floating(state.params, jnp.bfloat16), cast_floating(inputs, jnp.bfloat16)
-    return cast_floating(state.apply_model(params, inputs, train=False)[0], jnp.float32)
+    return cast_floating(state.apply_model(params, *inputs, train=False)[0], jnp.float32)
 
 
 def _served(state):
