@@ -106,3 +106,20 @@ def test_a_validation_loader_that_cannot_work_fails_before_the_first_epoch(tmp_p
                           **quiet(tmp_path))
     _fails_before_training(tmp_path, trainer, _Batches(list(_loader())), RuntimeError, "evaluation branch")
     assert _trainer(tmp_path).train_model(_loader(), _Batches(list(_loader())), num_epochs=2)["val/loss"] >= 0
+
+
+def test_a_batch_of_zero_rows_is_passed_over_not_a_nan_in_the_metrics(tmp_path):
+    """mean([]) is NaN, and NaN * weight 0 is NaN: one empty batch made the epoch's train/loss and
+    val/loss NaN and counted as a non-finite step (a NaNGuard would have stopped a healthy run)."""
+    batches = list(_loader(num=48))
+    empty = (batches[0][0][:0], batches[0][1][:0])
+    with pytest.warns(RuntimeWarning) as said:
+        trainer = _trainer(tmp_path)
+        metrics = trainer.train_model(batches[:2] + [empty] + batches[2:], batches + [empty], num_epochs=2)
+    messages = " ".join(str(w.message) for w in said)
+    assert "A training batch has 0 rows" in messages and "A evaluation batch has 0 rows" in messages
+    assert trainer.global_step == int(trainer.state.step) == 2 * 7  # the empty batch still counts as a step
+    assert np.isfinite(metrics["train/loss"]) and trainer.nonfinite_steps == 0
+    assert trainer.eval_model(batches[:1] + [empty] + batches[1:]) == trainer.eval_model(batches)
+    with pytest.raises(ValueError, match=r"The first batch of train_loader has 0 rows .* drop empty batches"):
+        _trainer(tmp_path / "again").train_model([empty] + batches, None, num_epochs=1)

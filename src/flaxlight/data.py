@@ -420,6 +420,11 @@ def as_input_list(exmp_input: Any) -> list:
 def check_first_batch(batch, exmp_input: Any, loader_name: str) -> None:
     """:func:`check_batch` and :func:`check_input_shapes` for a loader's first batch."""
     check_batch(batch, where=f"first batch of {loader_name}")
+    rows = np.shape(jax.tree.leaves(batch)[0])[0]
+    if rows == 0:  # the step is traced on it (its metric names): the loss would see no examples
+        raise ValueError(f"The first batch of {loader_name} has 0 rows (shapes "
+                         f"{[np.shape(leaf) for leaf in jax.tree.leaves(batch)]}); drop empty batches in the loader "
+                         f"(later ones are passed over with a warning).")
     check_input_shapes(batch, as_input_list(exmp_input), where=f"first batch of {loader_name}")
 
 

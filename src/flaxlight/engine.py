@@ -35,6 +35,7 @@ import itertools
 import statistics
 import threading
 import time
+import warnings
 from typing import Any, Callable, Iterable, Mapping
 
 import jax
@@ -130,6 +131,9 @@ def _loop_functions(train_step: Callable, eval_step: Callable, *, block_length: 
     ``"skip"`` keeps the params and optimizer state of such steps."""
 
     def train(state, acc, batch):
+        if batch_size(batch) == 0:  # known when tracing: a step that changes nothing and weighs nothing
+            _say_empty_batch("training", batch)
+            return state.replace(step=state.step + 1), acc
         new_state, metrics = train_step(state, batch)
         finite = step_finite(metrics) & tree_finite(new_state.params) if guard else None
         if guard == "skip":
@@ -141,6 +145,9 @@ def _loop_functions(train_step: Callable, eval_step: Callable, *, block_length: 
         return jax.lax.scan(lambda carry, batch: (train(*carry, batch), None), (state, acc), batches)[0]
 
     def evaluate(state, acc, batch):
+        if batch_size(batch) == 0:
+            _say_empty_batch("evaluation", batch)
+            return acc
         return accumulate(acc, eval_step(state, batch), batch_size(batch))
 
     return _LoopFunctions(
@@ -607,6 +614,14 @@ def _interleaved_seconds(variants: list[tuple[Callable, int, int]], state, acc,
             state, acc = jax.block_until_ready((state, acc))
             times.append((time.perf_counter() - start) / (steps * calls))
     return [statistics.median(times) for times in seconds], state, acc
+
+
+def _say_empty_batch(where: str, batch) -> None:
+    """Warn (when a step is traced for it) that a batch of 0 rows is passed over."""
+    shapes = [np.shape(leaf) for leaf in jax.tree.leaves(batch)]
+    warnings.warn(f"A {where} batch has 0 rows (shapes {shapes}): it is passed over (a training batch still counts as "
+                  f"a step, which changes nothing; it weighs nothing in the metrics). Drop empty batches in your loader "
+                  f"to silence this.", RuntimeWarning, stacklevel=2)
 
 
 def _first_of(head: tuple[int, Any]):
