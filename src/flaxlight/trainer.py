@@ -72,7 +72,6 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
         runfiles.enable_compilation_cache(self.options.compilation_cache)
         self.mesh = dist.mesh_for(mesh, self.options.distributed)
         self.model_adapter = make_adapter(self.model_class, self.model_hparams, seed=seed)
-        self.model = self.model_adapter.module  # the Linen module, or the live NNX module
         if self.options.enable_model_summary:
             self.print_tabulate(exmp_input)
         self._set_up_run_files(logger_params)

@@ -169,6 +169,20 @@ class TrainerVerbsMixin:
         """How many inputs the model takes: ``exmp_input``'s (a tuple / list holds several)."""
         return len(as_input_list(self.exmp_input))
 
+    @property
+    def model(self):
+        """The model: the Linen module (its variables are in ``state``), or for NNX a live module
+        with the weights of this moment (:meth:`bind_model`, in eval mode). An NNX module is a new
+        one at each access: take it again after training, as training reuses the old one's arrays.
+
+        Examples:
+            >>> trainer.model.head.kernel[...]  # NNX: the trained weights  # doctest: +SKIP
+        """
+        adapter = self.model_adapter
+        if adapter.kind == "nnx" and getattr(self, "state", None) is not None:
+            return self.bind_model()
+        return adapter.module
+
     def bind_model(self):
         """The model with the trained variables, for interactive use: ``model(x, train=False)``."""
         return self.model_adapter.bind(self._serving(self.state).variables())
