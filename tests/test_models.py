@@ -112,6 +112,22 @@ def test_models_that_are_neither_linen_nor_nnx_are_refused(tmp_path):
                         **quiet(tmp_path))
 
 
+def test_an_nnx_model_without_rngs_in_init_is_told_how_it_is_built(tmp_path):
+    """The user saw only "__init__() got an unexpected keyword argument 'rngs'"."""
+
+    class NoRngs(nnx.Module):
+        def __init__(self, din: int):
+            self.linear = nnx.Linear(din, 2, rngs=nnx.Rngs(0))
+
+        def __call__(self, x):
+            return self.linear(x)
+
+    with pytest.raises(TypeError, match=r"NoRngs.__init__ takes no rngs argument: .* NoRngs\(\*\*model_hparams, "
+                                        r"rngs=nnx.Rngs\(seed\)\).* Add `\*, rngs: nnx.Rngs`"):
+        ClassifyTrainer(model_class=NoRngs, model_hparams={"din": 6}, optimizer_hparams={},
+                        exmp_input=np.zeros((1, 6), np.float32), **quiet(tmp_path))
+
+
 @pytest.mark.parametrize("kind", ["linen", "nnx"])
 def test_unknown_model_hparam_is_named_with_the_accepted_ones(kind, tmp_path):
     model_class, hparams = MODELS[kind]

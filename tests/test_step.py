@@ -103,6 +103,8 @@ def test_common_loss_fn_return_mistakes_are_named():
         TrainStep(swapped).step(state, (x, y))
     with pytest.raises(TypeError, match=r"with a scalar loss; got .* of shape \(8, 1\) \(a loss per example"):
         TrainStep(per_example).step(state, (x, y))
+    with pytest.raises(TypeError, match=r"returned a loss of shape \(8, 1\).*take its mean"):  # it was jax's own error
+        TrainStep(lambda params, batch, **kw: (per_example(params, batch, **kw), {})).step(state, (x, y))
     bare = TrainStep(lambda params, batch, **kw: _mse(params, batch, **kw)[0])  # a bare loss, as Lightning takes
     _, metrics = bare.step(state, (x, y))
     assert set(metrics) == {"loss"} and set(bare.eval_step(state, (x, y))) == {"loss"}

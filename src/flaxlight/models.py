@@ -76,6 +76,11 @@ def make_adapter(model_class, model_hparams: Mapping[str, Any], seed: int = 0):
         params = inspect.signature(model_class.__init__).parameters
         extra_ok = any(p.kind is p.VAR_KEYWORD for p in params.values())
         _check_hparams(model_class, model_hparams, [n for n in params if n not in ("self", "rngs")], extra_ok)
+        if "rngs" not in params and not extra_ok:
+            raise ModelHparamsError(
+                f"{model_class.__name__}.__init__ takes no rngs argument: flaxlight builds an NNX model as "
+                f"{model_class.__name__}(**model_hparams, rngs=nnx.Rngs(seed)), as NNX layers take their keys at "
+                f"construction. Add `*, rngs: nnx.Rngs` to its __init__ and build its layers with it.")
         return NNXAdapter(model_class, dict(model_hparams), seed)
     what = (f"the class {model_class.__name__!r}, which is not a flax Module" if isinstance(model_class, type)
             else f"{model_class!r:.80} ({type(model_class).__name__})")

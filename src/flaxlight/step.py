@@ -43,6 +43,9 @@ _EVAL_RNG_SEED = 0
 def _split_loss(out, where: str):
     """``(loss, aux)`` from what a loss function returned (a bare scalar loss: no aux)."""
     if isinstance(out, (tuple, list)):
+        if len(out) == 2 and getattr(out[0], "ndim", 0) != 0:
+            raise TypeError(f"{where} returned a loss of shape {tuple(out[0].shape)}; the loss must be a scalar "
+                            f"(a loss per example? take its mean: `return loss.mean(), (metrics, updates)`).")
         if len(out) == 2:
             return out[0], out[1]
         raise TypeError(f"{where} returned a {type(out).__name__} of {len(out)} items; it must return (loss, metrics) "
