@@ -9,7 +9,8 @@ appear on stderr as plain lines. To route them through your own logging set-up i
     flaxlight_logger.handlers.clear()
     flaxlight_logger.propagate = True
 
-and ``logging.getLogger("flaxlight").setLevel(logging.WARNING)`` silences the information.
+and ``logging.getLogger("flaxlight").setLevel(logging.WARNING)`` silences the information, set
+before or after ``import flaxlight`` (the import sets INFO only on a logger with no level).
 
 Examples:
     >>> from flaxlight.messages import logger
@@ -46,5 +47,6 @@ if not logger.handlers:
     _handler = _CurrentStderr()
     _handler.setFormatter(logging.Formatter("%(message)s"))
     logger.addHandler(_handler)
-    logger.setLevel(logging.INFO)
+    if logger.level == logging.NOTSET:  # a level set before ``import flaxlight`` is kept
+        logger.setLevel(logging.INFO)
     logger.propagate = False
