@@ -618,6 +618,19 @@ def test_evaluation_verbs_refuse_overrides_they_would_ignore(sine_run, capsys):
     assert code == 0 and "eval_batch_size: 100" in out
 
 
+@pytest.mark.parametrize("command", ["validate", "test", "predict", "export"])
+def test_evaluation_verbs_help_suggests_overrides_they_accept(sine_run, capsys, command):
+    """Their --help suggested optimizer.lr=3e-4 trainer.max_epochs=20, which they refuse."""
+    with pytest.raises(SystemExit):
+        cli.main([command, "--help"])
+    help_text = capsys.readouterr().out.split("\nconfig fields")[0]
+    assert "optimizer.lr=" not in help_text and "max_epochs=" not in help_text
+    example = help_text.split("overrides apply, e.g.")[1].split(";")[0].split()
+    assert example and all("=" in pair for pair in example)
+    code, _, err = run(capsys, command, "--ckpt", sine_run, "--print_config", *example)
+    assert code == 0, err
+
+
 def test_a_runs_saved_config_says_how_to_run_it_again(sine_run, tmp_path, capsys):
     """The header said `fit --config <this file>`, which the log_dir saved in it refuses, and the
     error blamed a --log-dir that was not given."""

@@ -4,6 +4,7 @@ may use what an earlier one defined), in a fresh working directory."""
 
 import os
 import re
+import subprocess
 import sys
 import types
 from pathlib import Path
@@ -67,3 +68,34 @@ def test_the_api_reference_names_every_public_symbol():
     missing += [name for name in flaxlight.callbacks.__all__ if name not in listed]
     assert not missing, f"not in docs/api/*.md: {missing}"
     assert whole_modules <= listed
+
+
+QUIET_FIRST = """
+import logging
+{set_level}
+import flaxlight
+from flaxlight.messages import logger
+logger.info("an information")
+logger.warning("a warning")
+print(logging.getLevelName(logger.level))
+"""
+
+
+@pytest.mark.parametrize("set_level, level, informs", [
+    ('logging.getLogger("flaxlight").setLevel(logging.WARNING)', "WARNING", False),
+    ("", "INFO", True),  # flaxlight's default: its information is shown
+])
+def test_setting_the_flaxlight_loggers_level_before_the_import_is_kept(set_level, level, informs):
+    """docs/logging.md: ``logging.getLogger("flaxlight").setLevel(logging.WARNING)`` silences
+    flaxlight's information. Done at the top of a script, before ``import flaxlight``, the import
+    set INFO again. Run in a fresh interpreter: the import must happen here for the first time."""
+    import flaxlight
+
+    source = str(Path(flaxlight.__file__).resolve().parents[1])  # this flaxlight, not another installed one
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [source, os.environ.get("PYTHONPATH")]))}
+    result = subprocess.run([sys.executable, "-c", QUIET_FIRST.format(set_level=set_level)], capture_output=True,
+                            text=True, timeout=300, env=env)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == [level]
+    assert "a warning" in result.stderr
+    assert ("an information" in result.stderr) == informs, result.stderr

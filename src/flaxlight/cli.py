@@ -20,14 +20,36 @@ from typing import Any, Callable, Sequence
 
 __all__ = ["main"]
 
-_EPILOG = """\
-overrides: any number of dotted KEY=VALUE pairs after the options; values are read as YAML, e.g.
-  optimizer.lr=3e-4 trainer.max_epochs=20 model.hparams.hidden_dims=[256,256] callbacks.0.args.patience=5
-
+_TRUST_EPILOG = """\
 trust: a config (and a run folder's config.yaml) is data: its name: keys resolve to registered
   names only. Import paths (mypkg.models.ResNet) and imports: are refused unless you pass
   --allow-import mypkg (modules under that prefix) or --trust-config (any module).
 """
+
+_EPILOG = """\
+overrides: any number of dotted KEY=VALUE pairs after the options; values are read as YAML, e.g.
+  optimizer.lr=3e-4 trainer.max_epochs=20 model.hparams.hidden_dims=[256,256] callbacks.0.args.patience=5
+
+""" + _TRUST_EPILOG
+
+# validate, test, predict and export load the run's model with its saved settings (hparams.yaml):
+# they take data.* overrides only (validate also trainer.limit_val_batches) and refuse the others.
+_EVAL_OVERRIDES = {  # command: (what it accepts, an example)
+    "validate": ("data.* and trainer.limit_val_batches", "data.eval_batch_size=256 trainer.limit_val_batches=10"),
+    "test": ("data.*", "data.eval_batch_size=256"),
+    "predict": ("data.*", "data.eval_batch_size=256"),
+    "export": ("data.*", "data.kwargs.KEY=VALUE"),  # the data gives only the example input (its train split)
+}
+
+
+def _eval_epilog(command: str) -> str:
+    import textwrap
+
+    accepted, example = _EVAL_OVERRIDES[command]
+    text = (f"overrides: dotted KEY=VALUE pairs after the options; values are read as YAML. {command} loads the "
+            f"run's model with its saved settings (hparams.yaml), so only {accepted} overrides apply, e.g. "
+            f"{example}; others (optimizer.*, model.*, trainer.max_epochs, ...) are refused.")
+    return textwrap.fill(text, width=100, subsequent_indent="  ", break_on_hyphens=False) + "\n\n" + _TRUST_EPILOG
 
 
 class _Parser(argparse.ArgumentParser):
@@ -67,7 +89,8 @@ def _dotted_flags(argv: Sequence[str]) -> list[str]:
     return out
 
 
-def _add_config_arguments(parser: argparse.ArgumentParser, *, config_required: bool) -> None:
+def _add_config_arguments(parser: argparse.ArgumentParser, *, config_required: bool,
+                          evaluates: str | None = None) -> None:
     parser.lists_config_fields = True
     more = "; repeatable: later files are merged over earlier ones, section by section"
     if config_required:
@@ -76,9 +99,15 @@ def _add_config_arguments(parser: argparse.ArgumentParser, *, config_required: b
     else:
         parser.add_argument("-c", "--config", action="append", metavar="PATH",
                             help="the run's YAML config (default: RUN_DIR/config.yaml, saved by fit)" + more)
-    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
-                        help="dotted overrides, e.g. optimizer.lr=3e-4 trainer.max_epochs=20 (or, as in "
-                             "LightningCLI, --optimizer.lr=3e-4 --trainer.max_epochs 20)")
+    if evaluates is None:
+        overrides_help = ("dotted overrides, e.g. optimizer.lr=3e-4 trainer.max_epochs=20 (or, as in "
+                          "LightningCLI, --optimizer.lr=3e-4 --trainer.max_epochs 20)")
+    else:
+        accepted, example = _EVAL_OVERRIDES[evaluates]
+        first = example.split()[0]
+        overrides_help = (f"dotted overrides, {accepted} only (the model keeps its saved settings), e.g. "
+                          f"{example} (or, as in LightningCLI, --{first.replace('=', ' ', 1)})")
+    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help=overrides_help)
     parser.add_argument("--print-config", "--print_config", action="store_true",
                         help="print the resolved config (defaults filled in, overrides applied) and exit; "
                              "imports nothing")
@@ -112,7 +141,7 @@ _EXPORT_TEXT = ("Load a run's checkpoint and write its eval-mode forward pass, t
 
 
 def _add_export_arguments(export: argparse.ArgumentParser) -> None:
-    _add_config_arguments(export, config_required=False)
+    _add_config_arguments(export, config_required=False, evaluates="export")
     _add_checkpoint_arguments(export)
     export.add_argument("-o", "--output", metavar="DIR",
                         help="the folder to write (default: RUN_DIR/export, or RUN_DIR/export_last for --which last)")
@@ -136,7 +165,9 @@ def _build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argumen
     top = argparse.ArgumentParser(
         prog="flaxlight",
         description="Train, evaluate, tune and plot flaxlight runs from YAML configs.",
-        epilog="Run 'flaxlight COMMAND --help' for a command's options.\n\n" + _EPILOG,
+        epilog=("Run 'flaxlight COMMAND --help' for a command's options.\n\n" + _EPILOG.replace(
+            "\n\ntrust:", "\n  (validate, test, predict and export take data.* overrides only; validate also "
+                          "trainer.limit_val_batches)\n\ntrust:", 1)),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     top.add_argument("--version", action="version", version=f"flaxlight {__version__}")
@@ -144,8 +175,9 @@ def _build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argumen
     parsers: dict[str, argparse.ArgumentParser] = {}
 
     def add(name: str, help_text: str, description: str) -> argparse.ArgumentParser:
-        parser = sub.add_parser(name, help=help_text, description=description,  # plot, list: read no config
-                                epilog=None if name in ("plot", "list") else _EPILOG,
+        parser = sub.add_parser(name, help=help_text, description=description,
+                                epilog=(None if name in ("plot", "list")  # plot, list: read no config
+                                        else _eval_epilog(name) if name in _EVAL_OVERRIDES else _EPILOG),
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
         parsers[name] = parser
         return parser
@@ -160,13 +192,13 @@ def _build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argumen
         parser = add(name, f"evaluate a trained run on the {split} split",
                      f"Load a run's checkpoint (load_from_checkpoint) and evaluate it on the {split} split of the "
                      f"config's data; print the metrics.")
-        _add_config_arguments(parser, config_required=False)
+        _add_config_arguments(parser, config_required=False, evaluates=name)
         _add_checkpoint_arguments(parser)
 
     predict = add("predict", "write a trained run's predictions to an .npy file",
                   "Load a run's checkpoint and write the model's outputs (eval mode) on a split of the config's data, "
                   "in the split's order (unshuffled), to an .npy file.")
-    _add_config_arguments(predict, config_required=False)
+    _add_config_arguments(predict, config_required=False, evaluates="predict")
     _add_checkpoint_arguments(predict)
     predict.add_argument("--split", choices=("test", "val", "train"), default="test",
                          help="which split to predict (default: %(default)s)")

@@ -43,6 +43,8 @@ class ArrayLoader:
     in one transfer, and the jitted step picks its batch there (see :class:`DeviceEpoch`): the
     same batches in the same order, without a host-to-device copy per step. ``None`` (the
     default) does so when the data take at most 1 GiB; ``False`` always goes batch by batch.
+    Once training has started, do not edit the arrays in place (the device copy is made once, so
+    the edit is not trained on); assign ``loader.data = (x_new, y_new)`` with as many examples.
 
     Examples:
         >>> import numpy as np

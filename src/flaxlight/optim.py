@@ -429,6 +429,8 @@ def describe_optimizer(optimizer_hparams) -> str:
 
     Examples:
         >>> describe_optimizer({"optimizer": "polyak_sgd", "lr": 1.0})
+        'polyak_sgd(lr=1)'
+        >>> describe_optimizer({"optimizer": "polyak_sgd", "lr": 1.0, "gradient_clip": 1.0})
         'polyak_sgd(lr=1) + clip_by_global_norm(1)'
     """
     if _recorded_ready(optimizer_hparams):

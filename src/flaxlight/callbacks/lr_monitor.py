@@ -30,9 +30,9 @@ def rate_in_optimizer_state(opt_state: Any) -> dict[str, Any]:
 
     Examples:
         >>> import optax, jax.numpy as jnp
-        >>> tx = optax.inject_hyperparams(optax.sgd)(learning_rate=0.1)
+        >>> tx = optax.inject_hyperparams(optax.sgd)(learning_rate=0.125)
         >>> float(rate_in_optimizer_state(tx.init(jnp.zeros(2)))["train/lr"])
-        0.1
+        0.125
     """
     found: dict[str, Any] = {}
     for node in _nodes(opt_state):
