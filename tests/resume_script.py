@@ -53,14 +53,18 @@ class Saboteur(flaxlight.Callback):
 
 
 class SignalDuringEval:
+    """SIGTERM at the second batch of the ``epoch``-th validation (passes that reach a second batch:
+    the trainer's look at the first batch before training is not one)."""
+
     def __init__(self, loader, epoch, trainer_ref):
-        self.loader, self.epoch, self.trainer_ref, self.calls = loader, epoch, trainer_ref, 0
+        self.loader, self.epoch, self.trainer_ref, self.passes = loader, epoch, trainer_ref, 0
 
     def __iter__(self):
-        self.calls += 1
         for i, batch in enumerate(self.loader):
-            if self.calls == self.epoch and i == 1:
-                os.kill(os.getpid(), signal.SIGTERM)
+            if i == 1:
+                self.passes += 1
+                if self.passes == self.epoch:
+                    os.kill(os.getpid(), signal.SIGTERM)
             yield batch
 
 
