@@ -118,3 +118,15 @@ def test_is_iterator_asks_without_starting_the_loader():
 
     assert not is_iterator(StartsWorkers()) and not is_iterator([1, 2])
     assert is_iterator(iter([1, 2])) and is_iterator(b for b in [1])
+
+
+def test_assigning_new_data_resizes_the_loader_and_keeps_its_structure():
+    """loader.data = ... with fewer examples raised IndexError (the length was fixed at construction)."""
+    loader = ArrayLoader(np.arange(10), np.arange(10), batch_size=4, shuffle=True, seed=1)
+    loader.data = (np.arange(6) + 100, np.arange(6))
+    assert loader.num_examples == 6 and len(loader) == 2
+    assert sorted(np.concatenate([b[0] for b in loader]).tolist()) == list(range(100, 106))
+    with pytest.raises(ValueError, match="share a leading dimension"):
+        loader.data = (np.arange(6), np.arange(5))
+    with pytest.raises(ValueError, match="give the same structure"):
+        loader.data = {"x": np.arange(6), "y": np.arange(6)}

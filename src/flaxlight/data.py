@@ -44,7 +44,7 @@ class ArrayLoader:
     same batches in the same order, without a host-to-device copy per step. ``None`` (the
     default) does so when the data take at most 1 GiB; ``False`` always goes batch by batch.
     Once training has started, do not edit the arrays in place (the device copy is made once, so
-    the edit is not trained on); assign ``loader.data = (x_new, y_new)`` with as many examples.
+    the edit is not trained on); assign ``loader.data = (x_new, y_new)`` instead.
 
     Examples:
         >>> import numpy as np
@@ -62,12 +62,6 @@ class ArrayLoader:
         if not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive int, got {batch_size!r}.")
         self.data = arrays[0] if len(arrays) == 1 else tuple(arrays)
-        leaves = jax.tree.leaves(self.data)
-        sizes = {tuple(np.shape(leaf))[:1] for leaf in leaves}
-        if len(sizes) != 1 or () in sizes:
-            shapes = [tuple(np.shape(leaf)) for leaf in leaves]
-            raise ValueError(f"ArrayLoader arrays must share a leading dimension; got shapes {shapes}.")
-        self.num_examples = _leading_dim(self.data)
         self.batch_size = int(batch_size)
         self.shuffle = shuffle
         self.seed = int(seed)
@@ -84,6 +78,24 @@ class ArrayLoader:
                           f"{num_shards} shards, so its last {rest % num_shards} example(s) are not served (every "
                           f"process must take the same number). Pass drop_last=True to drop that batch, or give a "
                           f"number of examples whose last batch splits.", UserWarning, stacklevel=2)
+
+    @property
+    def data(self) -> Any:
+        """The arrays (one, a tuple or a dict). Assigning new ones (the same structure) takes
+        effect from the next epoch; ``num_examples`` and ``len()`` follow them."""
+        return self._data
+
+    @data.setter
+    def data(self, data: Any) -> None:
+        leaves = jax.tree.leaves(data)
+        sizes = {tuple(np.shape(leaf))[:1] for leaf in leaves}
+        if len(sizes) != 1 or () in sizes:
+            shapes = [tuple(np.shape(leaf)) for leaf in leaves]
+            raise ValueError(f"ArrayLoader arrays must share a leading dimension; got shapes {shapes}.")
+        if hasattr(self, "_data") and jax.tree.structure(data) != jax.tree.structure(self._data):
+            raise ValueError(f"ArrayLoader.data: the new arrays are a {jax.tree.structure(data)}, the loader's a "
+                             f"{jax.tree.structure(self._data)}; give the same structure (e.g. (x, y)).")
+        self._data, self.num_examples = data, _leading_dim(data)
 
     @property
     def nbytes(self) -> int:
