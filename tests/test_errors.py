@@ -123,3 +123,23 @@ def test_a_batch_of_zero_rows_is_passed_over_not_a_nan_in_the_metrics(tmp_path):
     assert trainer.eval_model(batches[:1] + [empty] + batches[1:]) == trainer.eval_model(batches)
     with pytest.raises(ValueError, match=r"The first batch of train_loader has 0 rows .* drop empty batches"):
         _trainer(tmp_path / "again").train_model([empty] + batches, None, num_epochs=1)
+
+
+def test_the_check_before_training_never_takes_a_batch_from_a_shared_stream(tmp_path):
+    """A validation loader whose iter() hands out one shared stream lost its first batch to the look ahead."""
+    val_batches = [(np.full((8, 4), i, np.float32), np.full((8, 1), i, np.float32)) for i in range(4)]
+
+    class SharedStream:
+        def __init__(self):
+            self.stream = iter(val_batches)
+
+        def __iter__(self):
+            return self.stream
+
+    trainer = _trainer(tmp_path)
+    metrics = trainer.train_model(_loader(), SharedStream(), num_epochs=1)
+    assert metrics["val/loss"] == pytest.approx(trainer.eval_model(val_batches, log_prefix="val/")["val/loss"])
+    from flaxlight.data import FirstBatches
+
+    metrics = _trainer(tmp_path / "b").train_model(_loader(), FirstBatches(iter(val_batches), 4), num_epochs=1)
+    assert metrics["val/loss"] == pytest.approx(trainer.eval_model(val_batches, log_prefix="val/")["val/loss"])

@@ -223,3 +223,29 @@ def test_an_nnx_loss_that_forgets_the_rng_is_stopped_like_linens(tmp_path):
                          **quiet(tmp_path / "plain"))
     assert trainer.model.rngs is not None
     assert np.isfinite(trainer.train_model(train, val, num_epochs=1)["val/loss"])
+
+
+def test_a_trainer_that_sets_self_model_keeps_it(tmp_path):
+    """The UvA guide's trainers assign self.model; trainer.model became a read-only property."""
+
+    class SetsModel(ClassifyTrainer):
+        def init_model(self, exmp_input):
+            self.model = "the user's own"
+            super().init_model(exmp_input)
+
+    trainer = SetsModel(model_class=TinyMLP, model_hparams={"hidden_dims": [4], "output_dim": 2},
+                        optimizer_hparams={}, exmp_input=np.zeros((1, 6), np.float32), **quiet(tmp_path))
+    assert trainer.model == "the user's own"
+
+
+def test_the_nnx_summary_of_a_module_whose_train_argument_has_no_default(tmp_path, capsys):
+    class NeedsTrain(nnx.Module):
+        def __init__(self, *, rngs: nnx.Rngs):
+            self.linear, self.drop = nnx.Linear(6, 2, rngs=rngs), nnx.Dropout(0.1, rngs=rngs)
+
+        def __call__(self, x, train: bool):
+            return self.drop(self.linear(x), deterministic=not train)
+
+    ClassifyTrainer(model_class=NeedsTrain, model_hparams={}, optimizer_hparams={},
+                    exmp_input=np.zeros((1, 6), np.float32), **quiet(tmp_path, enable_model_summary=True))
+    assert "NeedsTrain Summary" in capsys.readouterr().out

@@ -346,6 +346,8 @@ def _safe_len(loader: Any) -> int | None:
 def is_iterator(loader: Any) -> bool:
     """Whether ``loader`` is an iterator (a generator, ``iter(list)``): one pass only. Asked
     without calling ``iter`` (a torch or grain loader would start its workers)."""
+    if isinstance(loader, FirstBatches):  # the first n batches of a stream: a pass of its own each time, n batches on
+        return is_iterator(loader.loader)
     return isinstance(loader, collections.abc.Iterator)
 
 

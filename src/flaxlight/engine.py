@@ -131,7 +131,7 @@ def _loop_functions(train_step: Callable, eval_step: Callable, *, block_length: 
     ``"skip"`` keeps the params and optimizer state of such steps."""
 
     def train(state, acc, batch):
-        if batch_size(batch) == 0:  # known when tracing: a step that changes nothing and weighs nothing
+        if _no_rows(batch):  # known when tracing: a step that changes nothing and weighs nothing
             _say_empty_batch("training", batch)
             return state.replace(step=state.step + 1), acc
         new_state, metrics = train_step(state, batch)
@@ -145,7 +145,7 @@ def _loop_functions(train_step: Callable, eval_step: Callable, *, block_length: 
         return jax.lax.scan(lambda carry, batch: (train(*carry, batch), None), (state, acc), batches)[0]
 
     def evaluate(state, acc, batch):
-        if batch_size(batch) == 0:
+        if _no_rows(batch):
             _say_empty_batch("evaluation", batch)
             return acc
         return accumulate(acc, eval_step(state, batch), batch_size(batch))
@@ -486,7 +486,7 @@ class Engine:
         examples = _example_batches(loader, peek=check is not None)
         if check is not None and examples:
             check(examples[0])
-        elif check is not None and not is_iterator(loader):
+        elif check is not None and examples is not None:
             raise no_batches_error("val_loader", loader)
         if self.debug or not examples:
             return
@@ -616,6 +616,11 @@ def _interleaved_seconds(variants: list[tuple[Callable, int, int]], state, acc,
     return [statistics.median(times) for times in seconds], state, acc
 
 
+def _no_rows(batch) -> bool:
+    """Whether every array of ``batch`` has 0 rows (static: shapes are known when tracing)."""
+    return all(np.ndim(leaf) and np.shape(leaf)[0] == 0 for leaf in jax.tree.leaves(batch))
+
+
 def _say_empty_batch(where: str, batch) -> None:
     """Warn (when a step is traced for it) that a batch of 0 rows is passed over."""
     shapes = [np.shape(leaf) for leaf in jax.tree.leaves(batch)]
@@ -635,15 +640,28 @@ def _first_step_input(head: tuple[int, Any], path: str):
     return _first_of(head) if path == "batches" else head[1]
 
 
-def _example_batches(loader, peek: bool = False) -> list:
+def _example_batches(loader, peek: bool = False) -> list | None:
     """A batch of each shape ``loader`` yields when that is cheap to know, else (``peek``) its
-    first batch, from a pass of its own (see :meth:`Engine.compile_eval_ahead`)."""
+    first batch, from a pass of its own (see :meth:`Engine.compile_eval_ahead`); ``[]``: it has
+    none; None: not looked at (a stream, whose batch would be used up)."""
     if hasattr(loader, "example_batches"):
         return list(loader.example_batches())
-    if isinstance(loader, (list, tuple)) and loader:
+    if isinstance(loader, (list, tuple)):
+        if not loader:
+            return []
         first, last = loader[0], loader[-1]
         return [first] if same_shapes(first, last) else [first, last]
-    if peek and not is_iterator(loader):
-        for batch in loader:
-            return [batch]
+    if not peek or is_iterator(loader) or not _starts_new_passes(loader):
+        return None
+    for batch in loader:
+        return [batch]
     return []
+
+
+def _starts_new_passes(loader) -> bool:
+    """Whether each ``iter(loader)`` starts a new pass, so a batch read ahead is not lost to the
+    validation: torch's and grain's loaders do (their ``iter`` starts workers: not asked); another
+    loader does when two ``iter()`` calls give two iterators (not one shared stream)."""
+    if type(loader).__module__.split(".")[0] in ("torch", "grain"):
+        return True
+    return iter(loader) is not iter(loader)

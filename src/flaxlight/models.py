@@ -240,8 +240,9 @@ class NNXAdapter:
         if any(now is not before for now, before in zip(jax.tree.leaves(nnx.state(model, nnx.RngCount)), counts)):
             raise ValueError(
                 f"{self.model_class.__name__} drew random numbers (e.g. a dropout mask) from its nnx RNG streams "
-                f"{self.rng_streams} in training, but apply_model got no rng: every step would draw the same numbers. "
-                f"Pass the loss's key: state.apply_model(params, x, train=train, rng=rng).")
+                f"{self.rng_streams} with train=True, but apply_model got no rng: every call would draw the same "
+                f"numbers. Pass a key: state.apply_model(params, x, train=train, rng=rng) (in loss_fn, its rng "
+                f"argument), or train=False for outputs without dropout.")
         if not mutable:
             return outputs
         updates = {}
@@ -257,8 +258,10 @@ class NNXAdapter:
         model.eval()
         classes = {type(node) for _, node in nnx.iter_graph(model)}
         saved = {cls: dict(vars(cls)) for cls in classes}
+        mode = {"train": {"train": False}, "deterministic": {"deterministic": True}}.get(self.mode_argument, {})
         try:
-            return nnx.tabulate(model, *inputs, console_kwargs={"width": 120, "force_terminal": sys.stdout.isatty()})
+            return nnx.tabulate(model, *inputs, **mode,
+                                console_kwargs={"width": 120, "force_terminal": sys.stdout.isatty()})
         except Exception as exc:  # noqa: BLE001 - a summary must never stop training
             for cls, attributes in saved.items():
                 for name in set(vars(cls)) - set(attributes):

@@ -178,10 +178,16 @@ class TrainerVerbsMixin:
         Examples:
             >>> trainer.model.head.kernel[...]  # NNX: the trained weights  # doctest: +SKIP
         """
+        if "_model" in vars(self):  # set by the user's code (``self.model = ...``): theirs
+            return self._model
         adapter = self.model_adapter
         if adapter.kind == "nnx" and getattr(self, "state", None) is not None:
             return self.bind_model()
         return adapter.module
+
+    @model.setter
+    def model(self, model) -> None:
+        self._model = model
 
     def bind_model(self):
         """The model with the trained variables, for interactive use: ``model(x, train=False)``."""
