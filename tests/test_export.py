@@ -133,3 +133,14 @@ def test_a_model_that_fails_on_its_inputs_gets_its_own_error_from_export(tmp_pat
     with pytest.raises(Exception, match="expected to generate shape \\(5, 4\\)") as raised:
         trainer.export(tmp_path / "export", which="current")
     assert "batch_size=N" not in str(raised.value)
+
+
+def test_predict_on_batches_unlike_the_models_input_says_what_to_give(tmp_path):
+    """Dict batches {"x", "y"} for a model of one array gave "IndexError: tuple index out of range"."""
+    x, y = _digits_like()
+    trainer = ClassifyTrainer(model_class=TinyMLP, model_hparams={"hidden_dims": [4], "output_dim": 2},
+                              optimizer_hparams={"optimizer": "adam"}, exmp_input=x[:1], **quiet(tmp_path))
+    with pytest.raises(TypeError, match=r"its batches give \[PyTreeDef\(\{'x': \*, 'y': \*\}\)\].*exmp_input: "
+                                        r"\[PyTreeDef\(\*\)\]. Give predict the inputs only"):
+        trainer.predict([{"x": x[:8], "y": y[:8]}])
+    assert trainer.predict([{"x": x[:8], "y": y[:8]}[k] for k in ["x"]]).shape == (8, 2)

@@ -94,8 +94,11 @@ class TrainerVerbsMixin:
             precision = getattr(step_owner(self.eval_step), "precision", "fp32")  # as validation computes
             self._predict_step = jax.jit(functools.partial(_forward, precision=precision))
         outputs = []
-        for batch in loader:
-            out = self._predict_step(state, _model_inputs(batch, self._input_count))
+        for i, batch in enumerate(loader):
+            inputs = _model_inputs(batch, self._input_count)
+            if i == 0:
+                _check_like_example(inputs, as_input_list(self.exmp_input))
+            out = self._predict_step(state, inputs)
             with deliberate_reads():
                 for leaf in jax.tree.leaves(out):
                     leaf.copy_to_host_async()
@@ -212,6 +215,17 @@ class TrainerVerbsMixin:
         """``state`` with the parameters the eval step uses: :func:`_served`, unless the trainer's
         :class:`~flaxlight.TrainStep` was built with ``eval_with_ema=False``."""
         return _served(state) if getattr(step_owner(self.eval_step), "eval_with_ema", True) else state
+
+
+def _check_like_example(inputs: tuple, examples: list) -> None:
+    """Fail with a readable message when predict's inputs are not structured as ``exmp_input``
+    (e.g. dict batches ``{"x", "y"}`` for a model of one array)."""
+    want, got = [jax.tree.structure(x) for x in examples], [jax.tree.structure(x) for x in inputs]
+    if want != got:
+        raise TypeError(f"predict feeds the model the first {len(examples)} element(s) of a tuple batch, or the whole "
+                        f"batch otherwise; its batches give {got}, but the model takes inputs like exmp_input: {want}. "
+                        f"Give predict the inputs only, e.g. trainer.predict(x, batch_size=256) (for dict batches: "
+                        f"[batch['x'] for batch in batches]).")
 
 
 def _forward(state, inputs, *, precision: str = "fp32"):
