@@ -686,3 +686,18 @@ def test_predict_reads_an_array_loader_whole_and_in_order_keeping_its_class():
     rows = np.concatenate([batch[0] for batch in ordered])
     np.testing.assert_array_equal(rows, x * 10)
     assert loader.shuffle and loader.drop_last  # the run's loader itself is left alone
+
+
+def test_a_refused_run_folder_exits_2_in_a_fresh_process(sine_run, tmp_path):
+    """The eval steps compiling in a background thread when the refusal ended the process aborted
+    it ("terminate called after throwing", exit 134)."""
+    config = tmp_path / "uneven_val.yaml"  # two validation batch shapes: two eval steps to compile
+    config.write_text(yaml.safe_dump({
+        "trainer": {"name": "regression", "max_epochs": 4, "enable_progress_bar": False, "enable_model_summary": False},
+        "model": {"name": "mlp_regressor", "hparams": {"hidden_dims": [64, 64], "output_dim": 1}},
+        "optimizer": {"optimizer": "adamw", "lr": 4e-3},
+        "data": {"name": "sine", "batch_size": 64, "eval_batch_size": 36, "seed": 0,
+                 "kwargs": {"num_train": 1000, "num_val": 203, "num_test": 101}}}))
+    done = subprocess.run([sys.executable, "-m", "flaxlight", "fit", "--config", str(config), "--log-dir", str(sine_run)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and "already holds a run" in done.stderr, done.stderr[-2000:]

@@ -81,6 +81,8 @@ def test_batch_that_does_not_split_over_the_devices(tmp_path):
     _, err = process.communicate(timeout=240)
     assert process.returncode != 0
     assert "A batch of 30 examples cannot be split over 4 devices" in err
+    # found before the run's folder is claimed: the corrected run goes into the same folder
+    assert not (tmp_path / "x" / "hparams.yaml").exists()
 
 
 def test_an_epochs_smaller_last_batch_runs_whole_and_matches_one_device(tmp_path):

@@ -235,6 +235,17 @@ def check_batch_divisible(batch_size: int, mesh: Mesh) -> None:
         )
 
 
+def check_loader_divisible(loader: Any, mesh: Mesh | None) -> None:
+    """:func:`check_batch_divisible` before a run, for a loader that says its batch size (an
+    :class:`~flaxlight.ArrayLoader`, a torch ``DataLoader``) on one process; others are checked
+    at their first batch."""
+    size = getattr(loader, "batch_size", None)
+    if mesh is None or jax.process_count() > 1 or isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        return
+    examples = getattr(loader, "num_examples", None)
+    check_batch_divisible(min(size, examples) if isinstance(examples, int) and examples > 0 else size, mesh)
+
+
 def to_global_batch(batch, mesh: Mesh, block: bool = False):
     """A process-local batch as a global array split along ``data`` (one process: a plain put).
 

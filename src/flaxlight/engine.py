@@ -188,6 +188,7 @@ class Engine:
                                           guard=nonfinite_guard)
         self._templates: dict = {}
         self._eval_compiler: threading.Thread | None = None
+        self._eval_lowered: list = []  # eval steps traced before the run, compiled once it trains
         self._epoch_ahead: DeviceEpoch | None = None
         self._position: Callable[[], Any] | None = None
         self.train_step = self._jit(train_step, donate_argnums=0)
@@ -315,6 +316,7 @@ class Engine:
         fresh epoch); when ``more_epochs()`` after the span, the next epoch's device data are
         gathered before this epoch's end waits for its last steps.
         """
+        self._start_eval_compile()
         feed = self.feed(loader, span.batches, stop, span.step, position)
         try:
             if feed.empty:
@@ -464,6 +466,7 @@ class Engine:
 
     def close(self) -> None:
         """Wait for background work (the eval step compiling ahead) before the run ends."""
+        self._eval_lowered = []
         if self._eval_compiler is not None:
             self._eval_compiler.join()
             self._eval_compiler = None
@@ -472,7 +475,7 @@ class Engine:
         """Before the first epoch: check the validation loader's first batch with ``check`` and
         trace the eval step for its batch shapes, so a validation that cannot work fails now,
         not after an epoch of training (Lightning's sanity check, without logging anything);
-        then compile the step in a background thread while the first epoch trains.
+        the step is then compiled in a background thread while the first epoch trains.
 
         The batches: ``loader.example_batches()`` (:class:`ArrayLoader`: the first and the
         smaller last batch), the first and last batch of a list, else (with ``check``) the first
@@ -495,6 +498,14 @@ class Engine:
                        (self._eval_specs(state, batch) for batch in examples)]
         except Exception:  # noqa: BLE001 - the real step on the same batches raises the real error, if any
             self.evaluate(state, examples, on_first_batch=lambda batch: None, after_batch=lambda: None)
+            return
+
+        self._eval_lowered = lowered  # compiled while the first epoch trains (the run's folder is claimed then)
+
+    def _start_eval_compile(self) -> None:
+        """Start compiling the eval steps :meth:`compile_eval_ahead` traced, in a background thread."""
+        lowered, self._eval_lowered = self._eval_lowered, []
+        if not lowered:
             return
 
         def compile_all():

@@ -243,6 +243,7 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
                             val_check_interval=self.options.val_check_interval,
                             max_steps=self.options.max_steps)
         self.num_epochs, self.steps_per_epoch = plan.num_epochs, plan.steps_per_epoch
+        dist.check_loader_divisible(train_loader, self.mesh)  # before the run's folder is claimed
         self.init_optimizer(plan.schedule_epochs, plan.schedule_steps_per_epoch)
         self._place_state()
         self._loop, self._best_eval_metrics, self.should_stop, self.stop_reason = LoopState(), None, False, None
