@@ -701,3 +701,15 @@ def test_a_refused_run_folder_exits_2_in_a_fresh_process(sine_run, tmp_path):
     done = subprocess.run([sys.executable, "-m", "flaxlight", "fit", "--config", str(config), "--log-dir", str(sine_run)],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 2 and "already holds a run" in done.stderr, done.stderr[-2000:]
+
+
+def test_a_2d_mesh_from_the_config(tmp_path):
+    """trainer.mesh was an unknown key: the CLI could not make a {data, model} mesh."""
+    env = dict(__import__("os").environ, XLA_FLAGS="--xla_force_host_platform_device_count=4")
+    done = subprocess.run([sys.executable, "-m", "flaxlight", "fit", "--config", str(CONFIGS / "sine_regression.yaml"),
+                           "trainer.max_epochs=1", "trainer.check_val_every_n_epoch=1",
+                           "trainer.mesh={data: 2, model: 2}", *QUIET, "--log-dir", str(tmp_path / "run")],
+                          capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    hparams = yaml.safe_load((tmp_path / "run" / "hparams.yaml").read_text())
+    assert "{'data': 2, 'model': 2}" in str(hparams), hparams

@@ -97,6 +97,51 @@ def test_mesh_shapes_and_annotations_that_do_not_fit_say_why():
         make_mesh(shape={"model": 1})
 
 
+def test_annotations_that_do_not_split_or_name_no_rule_are_said(tmp_path):
+    """A model axis that does not divide a parameter gave JAX's bare IndivisibleError; a logical
+    name without a sharding rule left its dimension whole on every device without a word."""
+    script = f"""
+import os, warnings
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+import numpy as np, flax.linen as nn
+from conftest import ClassifyTrainer, quiet
+from pathlib import Path
+
+class M(nn.Module):
+    hidden: int = 8
+    logical: bool = False
+
+    @nn.compact
+    def __call__(self, x, train: bool = False):
+        init = nn.initializers.lecun_normal()
+        kernel_init = (nn.with_logical_partitioning(init, (None, "hidden")) if self.logical
+                       else nn.with_partitioning(init, (None, "model")))
+        return nn.Dense(2)(nn.relu(nn.Dense(self.hidden, kernel_init=kernel_init)(x)))
+
+def build(tag, **kwargs):
+    return ClassifyTrainer(model_class=M, optimizer_hparams={{}}, exmp_input=np.zeros((1, 4), np.float32),
+                           mesh={{"data": 1, "model": 4}}, **quiet(Path({str(tmp_path)!r}) / tag, **kwargs))
+
+try:
+    build("six", model_hparams={{"hidden": 6}})
+except ValueError as exc:
+    print("SPLIT:", exc)
+with warnings.catch_warnings(record=True) as said:
+    warnings.simplefilter("always")
+    build("typo", model_hparams={{"logical": True}}, sharding_rules=[("hiden", "model")])
+    build("mapped", model_hparams={{"logical": True}}, sharding_rules=[("hidden", "model")])
+print("WARNED:", [str(w.message) for w in said if "sharding rule" in str(w.message)])
+"""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]))
+    env.pop("XLA_FLAGS", None)
+    done = subprocess.run([sys.executable, "-c", script], env=env, text=True, capture_output=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert ("SPLIT: Parameter ['Dense_1']['kernel'] of shape (4, 6) is annotated P(None, 'model')" in done.stdout
+            and "its dimension 1 (6) does not split over ('model',) (4 devices)" in done.stdout), done.stdout
+    warned = ast.literal_eval(done.stdout.split("WARNED: ")[1])
+    assert len(warned) == 1 and "['hidden'] of the parameters' annotations have no sharding rule" in warned[0]
+
+
 def test_the_tensor_parallel_transformer_example_matches_one_device(tmp_path):
     examples = Path(__file__).resolve().parents[1] / "examples"
 

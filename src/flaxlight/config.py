@@ -253,6 +253,7 @@ class TrainerConfig(TrainerOptions):
         seed: model initialisation and dropout seed.
         max_epochs: epochs to train (``train_model(num_epochs=...)``; ``num_epochs`` is accepted too).
         enable_progress_bar, debug, check_val_every_n_epoch: as the constructor's arguments.
+        mesh: the device mesh's shape, e.g. ``{data: 2, model: 2}`` (the constructor's ``mesh=``).
         logger_params: see :class:`LoggerParams`.
     """
 
@@ -262,6 +263,7 @@ class TrainerConfig(TrainerOptions):
     enable_progress_bar: bool = True
     debug: bool = False
     check_val_every_n_epoch: int | None = 1
+    mesh: dict[str, int] | None = None
     logger_params: LoggerParams = dataclasses.field(default_factory=LoggerParams)
 
     def __post_init__(self):
@@ -1256,6 +1258,8 @@ def build_trainer(cfg: Config, exmp_input: Any, *, resolved: Resolved | None = N
         debug=trainer_cfg.debug,
         check_val_every_n_epoch=trainer_cfg.check_val_every_n_epoch,
     )
+    if trainer_cfg.mesh is not None:
+        kwargs["mesh"] = dict(trainer_cfg.mesh)
     all_callbacks = build_callbacks(cfg, resolved) + list(callbacks)
     if all_callbacks:
         kwargs["callbacks"] = all_callbacks

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 import os
+import warnings
 from typing import Any
 
 import flax.linen as nn
@@ -142,18 +143,35 @@ def split_annotations(params, given: Any = None) -> tuple[Any, Any]:
     return nn.unbox(params), jax.tree.map(annotation, params, is_leaf=is_box)
 
 
-def _mesh_spec(annotation, path: str, mesh: Mesh, rules) -> PartitionSpec:
-    """An annotation as a PartitionSpec of ``mesh``'s axes (logical names through ``rules``)."""
+def _mesh_spec(annotation, path: str, shape: tuple[int, ...], mesh: Mesh, rules) -> PartitionSpec:
+    """An annotation as a PartitionSpec of ``mesh``'s axes (logical names through ``rules``),
+    checked: known axes, and each split dimension a multiple of its axes' devices."""
     logical = not isinstance(annotation, PartitionSpec)  # a tuple of logical axis names
     spec = PartitionSpec(*nn.logical_to_mesh_axes(annotation, rules)) if logical else annotation
-    for axes in spec:
-        for axis in (axes if isinstance(axes, tuple) else (axes,)):
-            if axis is not None and axis not in mesh.axis_names:
+    for dim, axes in enumerate(spec):
+        axes = tuple(a for a in (axes if isinstance(axes, tuple) else (axes,)) if a is not None)
+        for axis in axes:
+            if axis not in mesh.axis_names:
                 hint = ("map logical names to mesh axes with sharding_rules=[('embed', 'model'), ...]"
                         if logical else "use the mesh's axis names (for a trainer that loads a run: pass its mesh=...)")
                 raise ValueError(f"Parameter {path} is annotated {annotation}, and {axis!r} is not an axis of the "
                                  f"mesh {tuple(mesh.axis_names)}: {hint}.")
+        devices = math.prod(mesh.shape[axis] for axis in axes)
+        if dim < len(shape) and shape[dim] % devices:
+            raise ValueError(f"Parameter {path} of shape {shape} is annotated {annotation} ({spec} on the mesh "
+                             f"{dict(mesh.shape)}): its dimension {dim} ({shape[dim]}) does not split over {axes} "
+                             f"({devices} devices). Give the mesh axis a size that divides {shape[dim]}, or change "
+                             f"the annotation{' or sharding_rules' if logical else ''}.")
     return spec
+
+
+def _unmapped_names(annotations, rules) -> list[str]:
+    """The logical axis names of ``annotations`` that no rule maps (their dimension is not split)."""
+    mapped = {rule[0] for rule in rules or ()}
+    names = {name for annotation in jax.tree.leaves(annotations, is_leaf=lambda a: isinstance(a, (tuple, PartitionSpec)))
+             if isinstance(annotation, tuple) and not isinstance(annotation, PartitionSpec)
+             for name in annotation if isinstance(name, str)}
+    return sorted(names - mapped)
 
 
 def replicated(mesh: Mesh) -> NamedSharding:
@@ -209,7 +227,14 @@ def state_shardings(state, mesh: Mesh, mode: str, annotations=None, rules=None):
     def for_param(path, leaf, annotation):
         if isinstance(annotation, str):
             return for_leaf(leaf)
-        return NamedSharding(mesh, _mesh_spec(annotation, jax.tree_util.keystr(path), mesh, rules))
+        return NamedSharding(mesh, _mesh_spec(annotation, jax.tree_util.keystr(path), tuple(np.shape(leaf)), mesh, rules))
+
+    unmapped = _unmapped_names(annotations, rules)
+    if unmapped and set(mesh.axis_names) - {DATA_AXIS}:  # a model axis to split over, and names that never reach it
+        warnings.warn(f"The logical axis name(s) {unmapped} of the parameters' annotations have no sharding rule, so "
+                      f"those dimensions are not split (copied on every device). Map each to a mesh axis "
+                      f"(sharding_rules=[({unmapped[0]!r}, 'model'), ...]) or, to keep it whole, to None.",
+                      RuntimeWarning, stacklevel=4)
 
     params = jax.tree_util.tree_map_with_path(for_param, state.params, annotations)  # annotations: a prefix tree
     opt_state = state.opt_state
