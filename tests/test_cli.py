@@ -705,7 +705,7 @@ def test_a_refused_run_folder_exits_2_in_a_fresh_process(sine_run, tmp_path):
 
 def test_a_2d_mesh_from_the_config(tmp_path):
     """trainer.mesh was an unknown key: the CLI could not make a {data, model} mesh."""
-    env = dict(__import__("os").environ, XLA_FLAGS="--xla_force_host_platform_device_count=4")
+    env = dict(__import__("os").environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu")
     done = subprocess.run([sys.executable, "-m", "flaxlight", "fit", "--config", str(CONFIGS / "sine_regression.yaml"),
                            "trainer.max_epochs=1", "trainer.check_val_every_n_epoch=1",
                            "trainer.mesh={data: 2, model: 2}", *QUIET, "--log-dir", str(tmp_path / "run")],

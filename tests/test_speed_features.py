@@ -300,7 +300,8 @@ def test_steps_per_execution_auto_measures_picks_a_block_length_and_trains_the_s
     chosen = trainer.engine.block_length
     assert chosen in (1, 2, 4, 8, 16, 32)
     said = [r.getMessage() for r in caplog.records if "steps_per_execution='auto'" in r.getMessage()]
-    assert len(said) == 1 and f"{chosen} step(s) per dispatch" in said[0], said
+    assert len(said) == 1 and (f"{chosen} step(s) per dispatch" in said[0] or  # a loaded machine: slow steps
+                               chosen == 1 and "1 step per dispatch (a single step takes" in said[0]), said
     # The measurement trains a copy: every step of the run is trained once, in order.
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), auto, single)
     assert [row["step"] for row in auto_rows] == [row["step"] for row in single_rows]

@@ -134,6 +134,7 @@ print("WARNED:", [str(w.message) for w in said if "sharding rule" in str(w.messa
 """
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]))
     env.pop("XLA_FLAGS", None)
+    env["JAX_PLATFORMS"] = "cpu"  # the forced devices are CPU devices
     done = subprocess.run([sys.executable, "-c", script], env=env, text=True, capture_output=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert ("SPLIT: Parameter ['Dense_1']['kernel'] of shape (4, 6) is annotated P(None, 'model')" in done.stdout

@@ -368,6 +368,9 @@ class Engine:
             messages.info(f"steps_per_execution='auto': {self.block_length} step(s) per dispatch (measured "
                           f"{single * 1e6:.0f} us per single step, {fused * 1e6:.0f} us per step in blocks of "
                           f"{fused_length}).")
+        else:
+            messages.info(f"steps_per_execution='auto': 1 step per dispatch (a single step takes "
+                          f"{single * 1e3:.1f} ms: dispatch costs little next to it).")
         if self.block_length > 1:
             self._functions = _loop_functions(*self.step_functions.values(), block_length=self.block_length,
                                               guard=self.guard)
