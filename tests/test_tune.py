@@ -29,6 +29,7 @@ from flaxlight.tune import (  # noqa: E402
     SearchSpace,
     StorageError,
     TuneError,
+    _check_direction,
     infer_direction,
     load_best,
     load_study,
@@ -552,6 +553,26 @@ def test_a_val_metric_without_validation_data_stops_before_training(tmp_path):
         tune(lambda hparams: Recording(hparams, [0.5]), LR_SPACE, train_loader=[], val_loader=None, num_epochs=1,
              metric="val/loss", base_dir=tmp_path, n_trials=2, pruner="none")
     assert trained == [] and [t.state for t in load_study(tmp_path / "study").trials] == [State.FAIL]
+
+
+def test_a_train_metric_with_validation_data_stops_before_training_and_a_contradicting_direction_warns(tmp_path):
+    """metric='train/loss' got the train/loss of the best validation's epoch (not the best, nor the
+    last); direction='minimize' for 'val/acc' silently kept each trial's worst model."""
+    trained = []
+
+    class Recording(StandInTrainer):
+        def train_model(self, *args, **kwargs):
+            trained.append(True)
+            return super().train_model(*args, **kwargs)
+
+    with pytest.raises(TuneError, match=r"tune\(metric='train/loss'\) with validation data: .* give no validation "
+                                        r"data to optimise the last epoch's train/loss"):
+        tune(lambda hparams: Recording(hparams, [0.5]), LR_SPACE, train_loader=[], val_loader=[], num_epochs=1,
+             metric="train/loss", base_dir=tmp_path, n_trials=3, pruner="none")
+    assert trained == [] and [t.state for t in load_study(tmp_path / "study").trials] == [State.FAIL]
+    with pytest.warns(UserWarning, match=r"direction='minimize' for 'val/acc', whose name reads as a metric to "
+                                         r"maximize: the study will keep each trial's lowest val/acc"):
+        _check_direction("minimize", "val/acc")
 
 
 def test_tune_from_config_import_paths_need_the_opt_in(tmp_path):

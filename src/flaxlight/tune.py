@@ -86,7 +86,8 @@ GRACE_PERIOD_S = 180
 
 
 class TuneError(RuntimeError):
-    """The study cannot go on (too many trials in a row failed), or a call's every trial failed."""
+    """The study cannot go on (too many trials in a row failed, or its settings cannot give trial
+    values), or a call's every trial failed."""
 
 
 class StorageError(ConnectionError):
@@ -610,6 +611,15 @@ def _check_direction(direction: str | None, metric: str) -> str:
     value = {"max": "maximize", "min": "minimize"}.get(value, value)
     if value not in ("maximize", "minimize"):
         raise ValueError(f"direction must be 'maximize' or 'minimize', got {direction!r}.")
+    try:
+        named = infer_direction(metric)
+    except ValueError:
+        named = value
+    if named != value:  # a slip keeps each trial's worst model: said, not refused (the name may mislead)
+        warnings.warn(f"direction={value!r} for {metric!r}, whose name reads as a metric to {named}: the study "
+                      f"will keep each trial's {'lowest' if value == 'minimize' else 'highest'} {metric} as its best. "
+                      f"If that is not meant, pass direction={named!r} (or leave direction out).",
+                      UserWarning, stacklevel=3)
     return value
 
 
@@ -815,6 +825,12 @@ class _Objective:
                     f"trial {trial.number} has no validation data (val_loader is None), so the trainer never logs "
                     f"{self.metric!r}. Give validation data (val_loader=, loaders= returning one, or a dataset with "
                     f"a val split), or optimise a metric logged without it.")
+            if val_loader is not None and not self.metric.startswith("val/"):  # its value would be another's pick
+                raise TuneError(
+                    f"tune(metric={self.metric!r}) with validation data: a trial's value and best checkpoint come "
+                    f"from its best validation (ranked by the trainer's monitor), where {self.metric} is not what "
+                    f"was optimised. Optimise a validation metric (e.g. 'val/loss'), or give no validation data to "
+                    f"optimise the last epoch's {self.metric}.")
             stage = "train"
             metrics = trainer.train_model(train_loader, val_loader, num_epochs=num_epochs)
             stage = "trained"
@@ -842,6 +858,9 @@ class _Objective:
                 raise FloatingPointError(f"The objective {self.metric} is {value}.")
             return value
         except optuna.TrialPruned:
+            raise
+        except TuneError as exc:  # a setting of the study: every trial would fail alike
+            trial.set_user_attr("error", _short_error(exc))
             raise
         except MetricNotLoggedError as exc:
             message = _metric_not_logged(self.metric, trainer, trial.number, stage, exc)
