@@ -319,6 +319,49 @@ def test_failed_trials_are_recorded_and_the_study_goes_on(tmp_path):
     assert study.best_value == 0.3 and study.best_trial.number == 3
 
 
+def test_sigterm_while_a_trial_is_built_marks_it_failed_and_saves_the_study(tmp_path, caplog):
+    """The process died at once, leaving the trial RUNNING until a later run's heartbeat check."""
+    import os
+    import signal
+
+    def factory(hparams):
+        if len(load_study(tmp_path / "study").trials) == 2:  # trial 1, while it is being built
+            os.kill(os.getpid(), signal.SIGTERM)
+        return StandInTrainer(hparams, [0.5])
+
+    with pytest.raises(SystemExit) as exited:
+        tune(factory, LR_SPACE, train_loader=[], val_loader=[], num_epochs=1, metric="val/loss", base_dir=tmp_path,
+             n_trials=3, pruner="none")
+    assert exited.value.code == 128 + signal.SIGTERM
+    trials = load_study(tmp_path / "study").trials
+    assert [t.state for t in trials] == [State.COMPLETE, State.FAIL]
+    assert trials[1].user_attrs["error"].startswith("interrupted: SystemExit")
+    said = caplog.text
+    assert "Interrupted while trial 1 was being built: tune does not resume a trial: trial 1 is marked failed" in said
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # put back
+
+
+def test_sigterm_while_a_trial_trains_says_tune_does_not_resume_it(tmp_path, loaders, caplog):
+    """The trainer's message said "build the same trainer ... train_model(resume=True)", which tune never does."""
+    import os
+    import signal
+
+    class TermAtStep(flaxlight.Callback):
+        every_n_steps = 2
+
+        def on_step(self, trainer, step):
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    train, val = loaders
+    hparams = dict(tiny_hparams(train.data[0][:1]), callbacks=[TermAtStep()], logger_params={"logger_type": "csv"})
+    with pytest.raises(SystemExit):
+        tune(ClassifyTrainer, LR_SPACE, hparams=hparams, train_loader=train, val_loader=val, num_epochs=2,
+             metric="val/acc", base_dir=tmp_path, n_trials=2, pruner="none")
+    assert [t.state for t in load_study(tmp_path / "study").trials] == [State.FAIL]
+    assert "SIGTERM received: stopped after step 2" in caplog.text
+    assert "tune does not resume a trial: trial 0 is marked failed" in caplog.text and "To resume" not in caplog.text
+
+
 def test_too_many_failures_in_a_row_stop_the_study_and_uncaught_errors_propagate(tmp_path):
     with pytest.raises(TuneError, match="3 trials in a row failed.*boom"):
         stand_in_tune(tmp_path, [(None, RuntimeError("boom"))] * 5, max_failed_in_a_row=3, study_name="a")

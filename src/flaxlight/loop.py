@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import contextvars
 import dataclasses
 import signal
 import threading
@@ -126,6 +127,10 @@ class NonfiniteTally:
         return max(self.steps, self.before_epoch + current)
 
 
+# What to tell a user whose run was interrupted, when the caller knows better than "resume it" (tune).
+RESUME_ADVICE: contextvars.ContextVar[str | None] = contextvars.ContextVar("flaxlight_resume_advice", default=None)
+
+
 class Interrupted(Exception):
     """Raised inside the loop after a SIGTERM/SIGINT, once the current step has finished."""
 
@@ -134,10 +139,11 @@ class Interrupted(Exception):
         self.signum = signum
 
     def explain(self, step: int, epoch: int, checkpoints: str, log_dir: str | None) -> str:
-        """What happened and how to resume, for the user."""
+        """What happened and how to resume, for the user (:data:`RESUME_ADVICE` when set)."""
+        advice = RESUME_ADVICE.get() or (f"To resume, build the same trainer with logger_params={{'log_dir': "
+                                         f"{log_dir!r}}} and call train_model(..., resume=True).")
         return (f"\n{signal.Signals(self.signum).name} received: stopped after step {step} (epoch {epoch}) and saved a "
-                f"checkpoint in {checkpoints}.\nTo resume, build the same trainer with logger_params={{'log_dir': "
-                f"{log_dir!r}}} and call train_model(..., resume=True).")
+                f"checkpoint in {checkpoints}.\n{advice}")
 
 
 class EventSchedule:

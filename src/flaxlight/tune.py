@@ -28,6 +28,7 @@ See docs/tuning.md.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import difflib
@@ -36,14 +37,18 @@ import json
 import logging
 import math
 import os
+import signal
 import socket
 import sys
+import threading
 import time
 import warnings
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from flaxlight.callbacks.nan_guard import NaNGuard
 from flaxlight.callbacks.pruning import MetricNotLoggedError, PruningCallback
+from flaxlight.loop import RESUME_ADVICE
+from flaxlight.messages import logger as messages
 from flaxlight.registry import explicit_parameters, takes_var_keyword
 
 try:
@@ -687,6 +692,27 @@ class _Interrupted(KeyboardInterrupt):
         self.original = original
 
 
+@contextlib.contextmanager
+def _sigterm_ends_the_trial():
+    """SIGTERM during a study, outside ``train_model`` (whose own handler saves the trial's
+    checkpoint), raises ``SystemExit(143)`` as Ctrl-C raises ``KeyboardInterrupt``: the trial is
+    marked failed and the study saved, instead of the process ending with the trial RUNNING. A
+    handler of the user's own, or a thread other than the main one, is left alone."""
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        yield
+        return
+
+    def end(signum, frame):
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, end)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 class _NoTracebackFor(logging.Filter):
     """Drops the traceback from optuna's "Trial N failed" log record for these exception types
     (flaxlight's own set-up errors, whose message says everything and which are raised anyway)."""
@@ -813,6 +839,8 @@ class _Objective:
         trial.set_user_attr("host", socket.gethostname())
         pruning = PruningCallback(trial, monitor=self.metric)
         trainer, stage = None, "build"
+        advice = RESUME_ADVICE.set(f"tune does not resume a trial: trial {trial.number} is marked failed, and the "
+                                   f"study is saved ({self.run_dir}): run tune again to add trials.")
         try:
             trainer, train_loader, val_loader, num_epochs = self.build(self.space.suggest(trial), log_dir, [pruning])
             if not any(cb is pruning for cb in trainer.callbacks):
@@ -868,6 +896,9 @@ class _Objective:
             raise MetricNotLoggedError(f"tune(metric={self.metric!r}): {message}") from None
         except (SystemExit, KeyboardInterrupt) as exc:
             trial.set_user_attr("error", f"interrupted: {_short_error(exc)}")
+            if stage != "train":  # the trainer's own message covers an interrupt of its training
+                messages.info("Interrupted while trial %d was %s: %s", trial.number,
+                              "being built" if stage == "build" else "ending", RESUME_ADVICE.get())
             raise _Interrupted(exc) from exc
         except Exception as exc:  # noqa: BLE001 - recorded; the study goes on when `catch` allows it
             trial.set_user_attr("error", _short_error(exc))
@@ -875,6 +906,7 @@ class _Objective:
                 raise _TrialFailed(_short_error(exc)) from exc
             raise
         finally:
+            RESUME_ADVICE.reset(advice)
             close_loggers = getattr(getattr(trainer, "logger", None), "close", None)
             if close_loggers is not None:
                 close_loggers()  # a W&B run stays open after a successful train_model until closed
@@ -1070,11 +1102,12 @@ def _run_study(build: Callable[..., tuple], space: SearchSpace, *, metric: str, 
         return study
     objective = _Objective(build, space, metric, run_dir, catch)
     limit = _FailureLimit(max_failed_in_a_row)
-    quiet = _NoTracebackFor(MetricNotLoggedError)  # a set-up error, reported whole when it stops the study
+    quiet = _NoTracebackFor(MetricNotLoggedError, _Interrupted)  # said whole when it stops the study
     optuna_log = logging.getLogger("optuna.study._optimize")
     optuna_log.addFilter(quiet)
     try:
-        study.optimize(objective, n_trials=n_trials, timeout=timeout, catch=(_TrialFailed,), callbacks=[limit])
+        with _sigterm_ends_the_trial():
+            study.optimize(objective, n_trials=n_trials, timeout=timeout, catch=(_TrialFailed,), callbacks=[limit])
     except _Interrupted as interrupt:
         raise interrupt.original from None
     finally:
