@@ -362,6 +362,21 @@ def test_sigterm_while_a_trial_trains_says_tune_does_not_resume_it(tmp_path, loa
     assert "tune does not resume a trial: trial 0 is marked failed" in caplog.text and "To resume" not in caplog.text
 
 
+def test_a_misspelt_metric_can_be_fixed_on_the_same_study(tmp_path):
+    """The error said "set metric= to a logged metric"; doing so was refused: "Study optimises 'val/los'"."""
+    def run(metric):
+        return tune(lambda hparams: StandInTrainer(hparams, [0.5]), LR_SPACE, train_loader=[], val_loader=[],
+                    num_epochs=1, metric=metric, direction="minimize", base_dir=tmp_path, n_trials=1, pruner="none")
+
+    with pytest.raises(MetricNotLoggedError, match="Did you mean 'val/loss'"):
+        run("val/los")
+    study = run("val/loss")  # the study had no value of 'val/los': it now optimises val/loss
+    assert [t.state for t in study.trials] == [State.FAIL, State.COMPLETE] and study.user_attrs["metric"] == "val/loss"
+    with pytest.raises(ValueError, match=r"optimises 'val/loss' \(1 trial\(s\) have values of it\); this call asks "
+                                         r"for 'val/mse'"):
+        run("val/mse")
+
+
 def test_too_many_failures_in_a_row_stop_the_study_and_uncaught_errors_propagate(tmp_path):
     with pytest.raises(TuneError, match="3 trials in a row failed.*boom"):
         stand_in_tune(tmp_path, [(None, RuntimeError("boom"))] * 5, max_failed_in_a_row=3, study_name="a")

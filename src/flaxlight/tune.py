@@ -645,8 +645,15 @@ def _open_study(storage, study_name: str, direction: str, metric: str, run_dir: 
                          f"asks to {direction}. Use another study_name (or the same direction).")
     attrs = study.user_attrs
     if attrs.get("metric") not in (None, metric):
-        raise ValueError(f"Study {study_name!r} optimises {attrs['metric']!r}; this call asks for {metric!r}. "
-                         f"Use another study_name to optimise a different metric.")
+        valued = [t for t in study.get_trials(deepcopy=False)
+                  if t.state in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)]
+        if valued:
+            raise ValueError(f"Study {study_name!r} optimises {attrs['metric']!r} ({len(valued)} trial(s) have values "
+                             f"of it); this call asks for {metric!r}. Use another study_name to optimise a different "
+                             f"metric.")
+        messages.info("Study %r had no trial with a value of %r (they failed): it optimises %r from now on.",
+                      study_name, attrs["metric"], metric)  # e.g. a misspelt metric, fixed
+        study.set_user_attr("metric", metric)
     for name, value in (("metric", metric), ("run_dir", run_dir)):
         if name not in attrs:
             study.set_user_attr(name, value)
