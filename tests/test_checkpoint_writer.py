@@ -348,3 +348,32 @@ def test_a_killed_runs_unfinished_write_is_removed_before_the_next_runs_first_wr
     assert sorted(os.listdir(folder)) == ["3", "5"]
     assert second.read_meta(3) == {"n": 3}
     second.close()
+
+
+def test_a_step_saved_again_keeps_the_first_until_the_second_is_written(tmp_path):
+    """A periodic save of step 8, then step 8's validation made it the best: the finished
+    checkpoint was deleted before its replacement was written, and a SIGKILL in between left the run
+    with no checkpoint at all."""
+    state = _trainer(tmp_path, []).state
+    folder = tmp_path / "ckpt"
+    first = Checkpointer(folder, max_to_keep=None)
+    first.save(8, state, meta={"n": "periodic"})
+    first.wait()
+
+    def failing_write(step, arrays, meta, metrics):
+        raise OSError(28, "No space left on device")
+
+    first._write = failing_write  # the replacement fails: the first save is there again
+    first.save(8, state, meta={"n": "best"})
+    with pytest.raises(RuntimeError, match="the earlier checkpoints are kept"):
+        first.wait()
+    assert sorted(os.listdir(folder)) == ["8"] and Checkpointer(folder, read_only=True).read_meta(8) == {"n": "periodic"}
+    first.close()
+
+    os.rename(folder / "8", folder / ".replacing-8-0123abcd")  # what a kill during the replacement leaves
+    second = Checkpointer(folder, max_to_keep=None)
+    assert second.all_steps() == [8] and second.read_meta(8) == {"n": "periodic"}  # put back
+    second.save(8, state, meta={"n": "best"})
+    second.wait()
+    assert sorted(os.listdir(folder)) == ["8"] and second.read_meta(8) == {"n": "best"}
+    second.close()

@@ -301,3 +301,25 @@ def test_a_ctrl_c_after_the_loops_last_check_still_stops_the_process(tmp_path):
     assert stopped.value.code == 128 + signal.SIGINT
     assert trainer.checkpointer.latest_step() == 8 and trainer.global_step == 8
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handlers are back
+
+
+def test_resume_that_finds_no_checkpoint_hides_the_killed_runs_tensorboard_events(tmp_path):
+    """A run killed before its first checkpoint, continued with resume=True (a fresh start): the
+    killed run's event file stayed visible, and TensorBoard showed each of its points twice."""
+    from conftest import RegressTrainer, TinyMLP, linear_data
+
+    import flaxlight
+
+    def run(resume, **kwargs):
+        trainer = RegressTrainer(model_class=TinyMLP, model_hparams={"hidden_dims": [8]},
+                                 optimizer_hparams={"optimizer": "adam", "lr": 1e-2}, exmp_input=linear_data(1)[0],
+                                 logger_params={"log_dir": str(tmp_path / "run"), "logger_type": ["csv", "tensorboard"]},
+                                 enable_progress_bar=False, enable_model_summary=False, log_every_n_steps=2, **kwargs)
+        trainer.train_model(flaxlight.ArrayLoader(*linear_data(64, 0), batch_size=16), None, num_epochs=2,
+                            resume=resume)
+
+    run(False, enable_checkpointing=False)  # as a run killed before it saved anything leaves its folder
+    with pytest.warns(RuntimeWarning, match="there is no checkpoint .* starting from scratch"):
+        run(True)
+    steps = [step for step, _ in _tb_steps(tmp_path / "run", "train/loss_step")]
+    assert steps == [2, 4, 6, 8]

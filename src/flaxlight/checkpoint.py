@@ -169,21 +169,30 @@ class Checkpointer:
                 read_only=self.read_only,
             )
             handlers = {"state": ocp.PyTreeCheckpointHandler(), "meta": ocp.JsonCheckpointHandler()}
-            self._manager_instance = ocp.CheckpointManager(self.directory, options=options, item_handlers=handlers)
-            if not self._swept:
+            if not self._swept:  # before the manager lists the steps: a checkpoint put back is among them
                 self._swept = True
                 self._sweep_leftovers()
+            self._manager_instance = ocp.CheckpointManager(self.directory, options=options, item_handlers=handlers)
         return self._manager_instance
 
     def _sweep_leftovers(self) -> None:
-        """Remove what a killed run left half done: a deletion (renamed ``.deleting-...``) and
-        orbax's temporary folder of an unfinished write (``<step>.orbax-checkpoint-tmp``, never a
-        checkpoint). Runs before this object's first write, so none of its own writes is touched."""
+        """Finish what a killed run left half done: remove a deletion (renamed ``.deleting-...``)
+        and orbax's temporary folder of an unfinished write (``<step>.orbax-checkpoint-tmp``, never
+        a checkpoint); put back a checkpoint set aside for a replacement that never finished
+        (``.replacing-<step>-...``). Runs before this object's first write, so none of its own
+        writes is touched."""
         if not os.path.isdir(self.directory):
             return
         for name in os.listdir(self.directory):
             if name.startswith(".deleting-") or ".orbax-checkpoint-tmp" in name:
                 shutil.rmtree(os.path.join(self.directory, name), ignore_errors=True)
+        for name in os.listdir(self.directory):  # a replaced checkpoint whose replacement never finished
+            if name.startswith(".replacing-"):
+                step = os.path.join(self.directory, name.split("-")[1])
+                if os.path.isdir(step):
+                    shutil.rmtree(os.path.join(self.directory, name), ignore_errors=True)
+                else:
+                    os.rename(os.path.join(self.directory, name), step)
 
     def all_steps(self) -> list[int]:
         """The checkpoints' steps, those still being written included."""
@@ -230,12 +239,35 @@ class Checkpointer:
         self._manager.save(step, args=ocp.args.Composite(**items), metrics=metrics or None, force=True)
 
     def _replace(self, step: int, arrays, meta, metrics) -> None:  # on the writer thread
+        """Write checkpoint ``step``; one of that step already on disk (a periodic save, then the
+        step's validation made it the best) is set aside until the new one is written, so a kill
+        in between leaves it to be put back (:meth:`_sweep_leftovers`), never no checkpoint."""
         start = time.monotonic()
-        if step in self._manager.all_steps():
-            self._manager.delete(step)
-        self._write(step, arrays, meta, metrics)
-        self._manager.wait_until_finished()
+        aside = self._set_aside(step) if step in self._manager.all_steps() else None
+        try:
+            self._write(step, arrays, meta, metrics)
+            self._manager.wait_until_finished()
+        except BaseException:
+            folder = os.path.join(self.directory, str(step))
+            if aside is not None and not os.path.isdir(folder):
+                os.rename(aside, folder)  # the failed write's step: the one it replaced again
+                self._reopen()
+            raise
+        if aside is not None:
+            shutil.rmtree(aside, ignore_errors=True)
         Checkpointer.typical_write_seconds = time.monotonic() - start
+
+    def _set_aside(self, step: int) -> str:
+        """Rename checkpoint ``step`` to ``.replacing-<step>-<id>`` (atomic) and return that path."""
+        aside = os.path.join(self.directory, f".replacing-{step}-{uuid.uuid4().hex[:8]}")
+        os.rename(os.path.join(self.directory, str(step)), aside)
+        self._reopen()
+        return aside
+
+    def _reopen(self) -> None:
+        """Close the orbax manager; it is opened again (lightly) at the next use and lists the folder anew."""
+        self._manager_instance.close()
+        self._manager_instance = None
 
     def _delete_now(self, step: int) -> None:  # on the writer thread
         """Rename the step's folder out of the way first (atomic: a kill mid-deletion never leaves
@@ -245,8 +277,7 @@ class Checkpointer:
             return
         doomed = os.path.join(self.directory, f".deleting-{step}-{uuid.uuid4().hex[:8]}")
         os.rename(folder, doomed)
-        self._manager_instance.close()  # opened again (lightly) at the next use: it lists the folder anew
-        self._manager_instance = None
+        self._reopen()
         shutil.rmtree(doomed, ignore_errors=True)
 
     def _track_steps(self) -> set[int]:

@@ -54,6 +54,7 @@ class TensorBoardLogger(Logger):
             raise ImportError("TensorBoardLogger needs tensorboardX: pip install 'flaxlight[tensorboard]'.")
         self.log_dir = os.fspath(log_dir)
         self._writer = None
+        self._opened = False  # whether this logger has written an event file
         self._purge_step: int | None = None
         self._hparams: dict[str, Any] = {}
 
@@ -66,6 +67,7 @@ class TensorBoardLogger(Logger):
             os.makedirs(self.log_dir, exist_ok=True)
             self._writer = event_file.EventsWriter(os.path.join(self.log_dir, "events"),
                                                    filename_suffix=f".{os.getpid()}.{uuid.uuid4().hex[:6]}")
+            self._opened = True
             if self._purge_step is not None:  # TensorBoard hides the earlier files' events from this step on
                 event_pb2 = _tensorboardx("tensorboardX.proto.event_pb2")
                 self._write_event(step=self._purge_step,
@@ -78,8 +80,14 @@ class TensorBoardLogger(Logger):
         self.writer.write_event(event_pb2.Event(wall_time=time.time(), step=int(step), **fields))
 
     def start_run(self) -> None:
-        """A training run writes a new event file (an open one may have been deleted by ``overwrite=True``)."""
+        """A training run writes a new event file (an open one may have been deleted by ``overwrite=True``).
+        Event files another process left in the folder (a run killed before its first checkpoint,
+        continued by ``resume=True`` as a fresh start) are hidden from step 0, unless a resume
+        then says from which step (:meth:`resume_from_step`)."""
         self.finalize("start")
+        if not self._opened and os.path.isdir(self.log_dir) and any(
+                name.startswith("events.out.tfevents.") for name in os.listdir(self.log_dir)):
+            self._purge_step = 0
 
     def resume_from_step(self, step: int) -> None:
         """TensorBoard drops events after ``step`` written by the interrupted run (purge_step)."""
