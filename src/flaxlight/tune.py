@@ -840,6 +840,47 @@ class _Objective:
         self.build, self.space, self.metric = build, space, metric
         self.run_dir, self.catch = run_dir, catch
 
+    def _check_data(self, number: int, val_loader) -> None:
+        """Before a trial trains: the metric can come from its data, and is what its value would be."""
+        if val_loader is None and self.metric.startswith("val/"):  # it could only fail after the whole trial
+            raise MetricNotLoggedError(
+                f"trial {number} has no validation data (val_loader is None), so the trainer never logs "
+                f"{self.metric!r}. Give validation data (val_loader=, loaders= returning one, or a dataset with "
+                f"a val split), or optimise a metric logged without it.")
+        if val_loader is not None and not self.metric.startswith("val/"):  # its value would be another's pick
+            raise TuneError(
+                f"tune(metric={self.metric!r}) with validation data: a trial's value and best checkpoint come "
+                f"from its best validation (ranked by the trainer's monitor), where {self.metric} is not what "
+                f"was optimised. Optimise a validation metric (e.g. 'val/loss'), or give no validation data to "
+                f"optimise the last epoch's {self.metric}.")
+
+    def _value(self, trial, trainer, metrics, pruning: PruningCallback) -> float:
+        """A trained trial's value (its best model's metric), its results recorded in its user attrs;
+        pruned or damaged (NaN) trials raise."""
+        checkpoint, _ = _best_checkpoint(trainer)
+        trial.set_user_attr("best_checkpoint", checkpoint)
+        trial.set_user_attr("metrics", _jsonable_metrics(metrics))
+        trial.set_user_attr("epochs", int(trainer.current_epoch))
+        if trainer.stop_reason:
+            trial.set_user_attr("stop_reason", trainer.stop_reason)
+        pruning.raise_if_pruned()
+        if pruning.nonfinite:
+            raise FloatingPointError(pruning.reason)
+        if getattr(trainer, "nonfinite_steps", 0) and not any(isinstance(cb, NaNGuard) and cb.action == "skip"
+                                                              for cb in getattr(trainer, "callbacks", ())):
+            raise FloatingPointError(f"the loss was NaN/Inf in {trainer.nonfinite_steps} step(s), so the "
+                                     f"trained model is damaged (its {self.metric} is not a result).")
+        value = metrics.get(self.metric) if isinstance(metrics, Mapping) else None
+        if value is None:
+            try:
+                value = trainer.monitored_value(self.metric, owner="tune(metric=...)")
+            except KeyError as exc:
+                raise MetricNotLoggedError(exc.args[0] if exc.args else str(exc)) from None
+        value = float(value)
+        if not math.isfinite(value):
+            raise FloatingPointError(f"The objective {self.metric} is {value}.")
+        return value
+
     def __call__(self, trial) -> float:
         log_dir = os.path.join(self.run_dir, TRIAL_DIR.format(number=trial.number))
         trial.set_user_attr("log_dir", log_dir)
@@ -855,43 +896,11 @@ class _Objective:
             actual_dir = getattr(trainer, "log_dir", None)
             if actual_dir and os.path.abspath(actual_dir) != os.path.abspath(log_dir):
                 trial.set_user_attr("log_dir", os.path.abspath(actual_dir))
-            if val_loader is None and self.metric.startswith("val/"):  # it could only fail after the whole trial
-                raise MetricNotLoggedError(
-                    f"trial {trial.number} has no validation data (val_loader is None), so the trainer never logs "
-                    f"{self.metric!r}. Give validation data (val_loader=, loaders= returning one, or a dataset with "
-                    f"a val split), or optimise a metric logged without it.")
-            if val_loader is not None and not self.metric.startswith("val/"):  # its value would be another's pick
-                raise TuneError(
-                    f"tune(metric={self.metric!r}) with validation data: a trial's value and best checkpoint come "
-                    f"from its best validation (ranked by the trainer's monitor), where {self.metric} is not what "
-                    f"was optimised. Optimise a validation metric (e.g. 'val/loss'), or give no validation data to "
-                    f"optimise the last epoch's {self.metric}.")
+            self._check_data(trial.number, val_loader)
             stage = "train"
             metrics = trainer.train_model(train_loader, val_loader, num_epochs=num_epochs)
             stage = "trained"
-            checkpoint, _ = _best_checkpoint(trainer)
-            trial.set_user_attr("best_checkpoint", checkpoint)
-            trial.set_user_attr("metrics", _jsonable_metrics(metrics))
-            trial.set_user_attr("epochs", int(trainer.current_epoch))
-            if trainer.stop_reason:
-                trial.set_user_attr("stop_reason", trainer.stop_reason)
-            pruning.raise_if_pruned()
-            if pruning.nonfinite:
-                raise FloatingPointError(pruning.reason)
-            if getattr(trainer, "nonfinite_steps", 0) and not any(isinstance(cb, NaNGuard) and cb.action == "skip"
-                                                   for cb in getattr(trainer, "callbacks", ())):  # NaN weights, finite acc
-                raise FloatingPointError(f"the loss was NaN/Inf in {trainer.nonfinite_steps} step(s), so the "
-                                         f"trained model is damaged (its {self.metric} is not a result).")
-            value = metrics.get(self.metric) if isinstance(metrics, Mapping) else None
-            if value is None:
-                try:
-                    value = trainer.monitored_value(self.metric, owner="tune(metric=...)")
-                except KeyError as exc:
-                    raise MetricNotLoggedError(exc.args[0] if exc.args else str(exc)) from None
-            value = float(value)
-            if not math.isfinite(value):
-                raise FloatingPointError(f"The objective {self.metric} is {value}.")
-            return value
+            return self._value(trial, trainer, metrics, pruning)
         except optuna.TrialPruned:
             raise
         except TuneError as exc:  # a setting of the study: every trial would fail alike

@@ -6,7 +6,6 @@ import importlib.util
 import os
 import sys
 import time
-import uuid
 from typing import Any, Mapping
 
 from flaxlight.loggers.base import Logger, as_image, flatten_params
@@ -66,7 +65,9 @@ class TensorBoardLogger(Logger):
             event_file = _tensorboardx("tensorboardX.event_file_writer")
             os.makedirs(self.log_dir, exist_ok=True)
             self._writer = event_file.EventsWriter(os.path.join(self.log_dir, "events"),
-                                                   filename_suffix=f".{os.getpid()}.{uuid.uuid4().hex[:6]}")
+                                                   # after the second in the name: the files of one second
+                                                   # sort in the order they were made (a purge needs that)
+                                                   filename_suffix=f".{time.time_ns()}.{os.getpid()}")
             self._opened = True
             if self._purge_step is not None:  # TensorBoard hides the earlier files' events from this step on
                 event_pb2 = _tensorboardx("tensorboardX.proto.event_pb2")
