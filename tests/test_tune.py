@@ -480,6 +480,10 @@ def test_tune_from_config_checks_its_section_and_keys_before_any_trial(tmp_path)
     bad["tune"]["search_space"] = {"model.hparams.hiden_dims": {"type": "categorical", "choices": [[8], [16]]}}
     with pytest.raises(ConfigError, match="hiden_dims"):
         tune_from_config(bad)
+    later = sine_config(tmp_path)  # only the first choice was checked: every trial drawing 'adamz' failed
+    later["tune"]["search_space"] = {"optimizer.optimizer": {"type": "categorical", "choices": ["adamw", "adamz"]}}
+    with pytest.raises(ConfigError, match="Unknown optimizer 'adamz'.*Did you mean 'adam'"):
+        tune_from_config(later)
     empty = sine_config(tmp_path)
     empty["tune"]["search_space"] = {}
     with pytest.raises(ValueError, match="search_space is empty"):

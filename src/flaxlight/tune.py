@@ -1322,9 +1322,15 @@ def parse_tune_config(section: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _sample_values(space: SearchSpace) -> dict[str, Any]:
-    """One valid value per parameter (its low end / first choice), to check keys before trial 0."""
-    return {key: (param.choices[0] if isinstance(param, Categorical) else param.low) for key, param in space.items()}
+def _sample_values(space: SearchSpace) -> list[dict[str, Any]]:
+    """Value sets that, together, give every parameter each of its choices and both ends of its
+    range (the others at their first choice / low end), to check them all before trial 0."""
+    first = {key: (param.choices[0] if isinstance(param, Categorical) else param.low) for key, param in space.items()}
+    samples = [first]
+    for key, param in space.items():
+        for value in (param.choices[1:] if isinstance(param, Categorical) else [param.high]):
+            samples.append({**first, key: value})
+    return samples
 
 
 def tune_from_config(config: Mapping[str, Any], n_trials: int | None = None, *, trust_config: bool = False,
@@ -1408,7 +1414,8 @@ def _check_tune_config(config: Mapping[str, Any], opt_in: Mapping[str, Any]) -> 
     base_config = {k: v for k, v in config.items() if k != "tune"}
     space: SearchSpace = settings["search_space"]
     try:
-        config_module.load_config(_with_overrides(base_config, _sample_values(space)), **opt_in)
+        for values in _sample_values(space):
+            config_module.load_config(_with_overrides(base_config, values), **opt_in)
     except config_module.ConfigError as exc:
         if not any(key in str(exc) for key in space):
             raise  # the config's own mistake (an import path without the opt-in, ...), not the search space's
