@@ -102,6 +102,8 @@ def test_search_space_python_yaml_and_nested_forms_agree():
     ({"optimizer_hparams.lr": 0.1}, "is not a parameter"),
     ({"optimizer_hparams.lr": {"low": 0.1, "high": 1.0}}, "no 'type'"),
     ({"optimizer_hparams.lr": {"type": "uniform_float", "low": 0.1, "high": 1.0}}, "unknown type"),
+    ({"optimizer_hparams.lr": {"type": "loguniform", "low": 0.1, "high": 1.0}},  # was "did you mean 'uniform'"
+     r"unknown type 'loguniform'. A log scale is \{type: float, low: ..., high: ..., log: true\}"),
     ({"optimizer_hparams.lr": {"type": "float", "low": 0.1, "hihg": 1.0}}, "Did you mean 'high'"),
     ({"optimizer_hparams.lr": {"type": "float", "low": 0.1}}, "needs high"),
     ({"optimizer_hparams.lr": Float(1e-2, 1e-4, log=True)}, r"low=0.01 > high=0.0001"),
@@ -710,6 +712,7 @@ def test_a_new_study_over_an_earlier_ones_trial_folders_is_refused_before_any_tr
     ({"timeout": -5}, "timeout must be a number of seconds > 0"),
     ({"seed": "zero"}, "seed must be an int >= 0"),
     ({"base_dir": 5}, "base_dir must be a folder's path"),
+    ({"sampler": "tpes"}, "Unknown sampler 'tpes'. Did you mean 'tpe'"),  # it left an empty study.db behind
 ])
 def test_bad_study_settings_are_refused_before_any_trial(tmp_path, loaders, settings, message):
     x0 = classification_data()[0][:1]
@@ -717,3 +720,4 @@ def test_bad_study_settings_are_refused_before_any_trial(tmp_path, loaders, sett
                    n_trials=1, base_dir=tmp_path)
     with pytest.raises(ValueError, match=message):
         tune(ClassifyTrainer, LR_SPACE, **{**options, **settings})
+    assert not (tmp_path / "study").exists()

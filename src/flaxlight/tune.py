@@ -240,8 +240,11 @@ def _parse_spec(key: str, spec: Any) -> Param | None:
         return None  # a nested section: {optimizer_hparams: {lr: {...}}}
     kind = _TYPE_ALIASES.get(str(spec["type"]).lower())
     if kind is None:
-        close = difflib.get_close_matches(str(spec["type"]).lower(), list(_TYPE_ALIASES), n=1)
+        name = str(spec["type"]).lower()
+        close = difflib.get_close_matches(name, list(_TYPE_ALIASES), n=1)
         hint = f" Did you mean {close[0]!r}?" if close else ""
+        if name.startswith("log") or name.endswith("log"):  # Optuna's old loguniform: a float on a log scale
+            hint = " A log scale is {type: float, low: ..., high: ..., log: true} (or int with log: true)."
         raise ValueError(f"search_space[{key!r}]: unknown type {spec['type']!r}.{hint} Valid: float, int, categorical.")
     allowed = _SPEC_KEYS[kind]
     unknown = sorted(set(spec) - set(allowed) - {"type"})
@@ -1107,10 +1110,11 @@ def _run_study(build: Callable[..., tuple], space: SearchSpace, *, metric: str, 
         raise ValueError(f"max_failed_in_a_row must be a positive int or None, got {max_failed_in_a_row!r}.")
     _check_study_settings(timeout, seed, base_dir)
     sampler_spec, pruner = sampler, make_pruner(pruner)
+    first_sampler = make_sampler(sampler_spec, seed)  # a bad spec fails before any file is made
     run_dir = os.path.abspath(os.path.join(os.fspath(base_dir), study_name))
     storage_obj = make_storage(storage, default_path=os.path.join(run_dir, STORAGE_FILE))
     os.makedirs(run_dir, exist_ok=True)
-    study = _open_study(storage_obj, study_name, direction, metric, run_dir, make_sampler(sampler_spec, seed), pruner)
+    study = _open_study(storage_obj, study_name, direction, metric, run_dir, first_sampler, pruner)
     if seed is not None and study.trials:  # a seeded sampler made again would replay the study's first trials
         study.sampler = make_sampler(sampler_spec, seed + len(study.trials))
     _check_trial_dirs_free(study, run_dir)
