@@ -673,11 +673,14 @@ def test_a_trial_whose_loss_went_nan_fails_even_when_its_accuracy_is_finite(tmp_
     x0 = classification_data()[0][:1]
     hparams = {**tiny_hparams(x0), "optimizer_hparams": {"optimizer": "sgd", "lr": 1e30, "schedule": "constant",
                                                          "gradient_clip": None}}
-    with pytest.raises(TuneError, match="FloatingPointError: the loss was NaN/Inf in"):
+    with pytest.raises(TuneError, match=r"FloatingPointError: PruningCallback: the loss was NaN/Inf in \d+ step\(s\) "
+                                        r"by epoch 1, so the model is damaged"):
         tune(ClassifyTrainer, {"seed": Int(0, 3)}, hparams=hparams, train_loader=loaders[0], val_loader=loaders[1],
-             num_epochs=2, metric="val/acc", n_trials=1, base_dir=tmp_path)
+             num_epochs=3, metric="val/acc", n_trials=1, base_dir=tmp_path)
     (trial,) = load_study(tmp_path / "study").trials
     assert trial.state == State.FAIL and "NaN/Inf" in trial.user_attrs["error"]
+    # stopped at its first validation, its chance-level accuracy never reported to the pruner (it trained on)
+    assert trial.user_attrs["epochs"] == 1 and trial.intermediate_values == {}
 
 
 def test_shared_loggers_and_a_checkpoint_ranking_by_another_metric_are_refused(tmp_path, loaders):

@@ -24,7 +24,9 @@ class PruningCallback(Callback):
     callback asks the trainer to stop cleanly (``trainer.stop``: the epoch ends, its checkpoint
     is written, loggers are closed) and remembers it; call :meth:`raise_if_pruned` after
     ``train_model`` returns to mark the trial pruned. A NaN/Inf value is not reported: the run is
-    stopped and :attr:`nonfinite` says so (``flaxlight.tune`` records such a trial as failed).
+    stopped and :attr:`nonfinite` says so (``flaxlight.tune`` records such a trial as failed); so
+    is a run whose loss was NaN/Inf in a step (its weights are damaged, whatever the metric says),
+    unless a ``NaNGuard("skip")`` skipped those steps.
 
     A metric the trainer never logs raises :class:`MetricNotLoggedError` at the first validation,
     listing the metrics that are logged.
@@ -62,9 +64,14 @@ class PruningCallback(Callback):
             raise MetricNotLoggedError(exc.args[0] if exc.args else str(exc)) from None
         number = getattr(self.trial, "number", "?")
         self.last_value = value
-        if not math.isfinite(value):
+        damaged = getattr(trainer, "nonfinite_steps", 0) and not any(
+            type(cb).__name__ == "NaNGuard" and getattr(cb, "action", None) == "skip" for cb in trainer.callbacks)
+        if not math.isfinite(value) or damaged:  # NaN weights give a finite, chance-level accuracy: not a result
             self.nonfinite = True
-            self.reason = f"PruningCallback: {self.monitor} is {value} at epoch {epoch}; trial {number} stopped."
+            self.reason = (f"PruningCallback: {self.monitor} is {value} at epoch {epoch}; trial {number} stopped."
+                           if not math.isfinite(value) else
+                           f"PruningCallback: the loss was NaN/Inf in {trainer.nonfinite_steps} step(s) by epoch "
+                           f"{epoch}, so the model is damaged; trial {number} stopped.")
             trainer.stop(self.reason)
             return
         self.trial.report(value, self._step(trainer, epoch))
