@@ -342,6 +342,20 @@ def test_sigterm_while_a_trial_is_built_marks_it_failed_and_saves_the_study(tmp_
     assert "Interrupted while trial 1 was being built: tune does not resume a trial: trial 1 is marked failed" in said
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # put back
 
+    def own_handler(signum, frame):
+        pass
+
+    def sets_a_handler(hparams):  # the user's own handler, set during the study, stays after it
+        signal.signal(signal.SIGTERM, own_handler)
+        return StandInTrainer(hparams, [0.5])
+
+    try:
+        tune(sets_a_handler, LR_SPACE, train_loader=[], val_loader=[], num_epochs=1, metric="val/loss",
+             base_dir=tmp_path, study_name="own", n_trials=1, pruner="none")
+        assert signal.getsignal(signal.SIGTERM) is own_handler
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
 
 def test_sigterm_while_a_trial_trains_says_tune_does_not_resume_it(tmp_path, loaders, caplog):
     """The trainer's message said "build the same trainer ... train_model(resume=True)", which tune never does."""
@@ -374,8 +388,8 @@ def test_a_misspelt_metric_can_be_fixed_on_the_same_study(tmp_path):
         run("val/los")
     study = run("val/loss")  # the study had no value of 'val/los': it now optimises val/loss
     assert [t.state for t in study.trials] == [State.FAIL, State.COMPLETE] and study.user_attrs["metric"] == "val/loss"
-    with pytest.raises(ValueError, match=r"optimises 'val/loss' \(1 trial\(s\) have values of it\); this call asks "
-                                         r"for 'val/mse'"):
+    with pytest.raises(ValueError, match=r"optimises 'val/loss' \(1 trial\(s\) have values of it or are running\); "
+                                         r"this call asks for 'val/mse'"):
         run("val/mse")
 
 
@@ -482,6 +496,9 @@ def test_tune_from_config_checks_its_section_and_keys_before_any_trial(tmp_path)
     bad["tune"]["search_space"] = {"model.hparams.hiden_dims": {"type": "categorical", "choices": [[8], [16]]}}
     with pytest.raises(ConfigError, match="hiden_dims"):
         tune_from_config(bad)
+    from flaxlight.tune import _top
+
+    assert _top(Float(0.95, 1.0, step=0.02)) == 0.99 and _top(Int(2, 9, step=2)) == 8  # the grid's top, not high
     later = sine_config(tmp_path)  # only the first choice was checked: every trial drawing 'adamz' failed
     later["tune"]["search_space"] = {"optimizer.optimizer": {"type": "categorical", "choices": ["adamw", "adamz"]}}
     with pytest.raises(ConfigError, match="Unknown optimizer 'adamz'.*Did you mean 'adam'"):
@@ -634,6 +651,9 @@ def test_a_train_metric_with_validation_data_stops_before_training_and_a_contrad
         tune(lambda hparams: Recording(hparams, [0.5]), LR_SPACE, train_loader=[], val_loader=[], num_epochs=1,
              metric="train/loss", base_dir=tmp_path, n_trials=3, pruner="none")
     assert trained == [] and [t.state for t in load_study(tmp_path / "study").trials] == [State.FAIL]
+    with pytest.raises(MetricNotLoggedError, match=r"Did you mean 'val/loss'"):  # a typo, not a train/ metric
+        tune(lambda hparams: Recording(hparams, [0.5]), LR_SPACE, train_loader=[], val_loader=[], num_epochs=1,
+             metric="loss", base_dir=tmp_path, study_name="typo", n_trials=1, pruner="none")
     with pytest.warns(UserWarning, match=r"direction='minimize' for 'val/acc', whose name reads as a metric to "
                                          r"maximize: the study will keep each trial's lowest val/acc"):
         _check_direction("minimize", "val/acc")

@@ -192,7 +192,10 @@ class Checkpointer:
                 if os.path.isdir(step):
                     shutil.rmtree(os.path.join(self.directory, name), ignore_errors=True)
                 else:
-                    os.rename(os.path.join(self.directory, name), step)
+                    try:
+                        os.rename(os.path.join(self.directory, name), step)
+                    except OSError:  # another process put it back first
+                        pass
 
     def all_steps(self) -> list[int]:
         """The checkpoints' steps, those still being written included."""
@@ -266,8 +269,9 @@ class Checkpointer:
 
     def _reopen(self) -> None:
         """Close the orbax manager; it is opened again (lightly) at the next use and lists the folder anew."""
-        self._manager_instance.close()
-        self._manager_instance = None
+        if self._manager_instance is not None:
+            self._manager_instance.close()
+            self._manager_instance = None
 
     def _delete_now(self, step: int) -> None:  # on the writer thread
         """Rename the step's folder out of the way first (atomic: a kill mid-deletion never leaves

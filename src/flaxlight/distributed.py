@@ -267,7 +267,9 @@ def check_loader_divisible(loader: Any, mesh: Mesh | None) -> None:
     size = getattr(loader, "batch_size", None)
     if mesh is None or jax.process_count() > 1 or isinstance(size, bool) or not isinstance(size, int) or size < 1:
         return
-    examples = getattr(loader, "num_examples", None)
+    examples = getattr(loader, "num_examples", None)  # an ArrayLoader's; a torch DataLoader's dataset length
+    if examples is None and hasattr(getattr(loader, "dataset", None), "__len__"):
+        examples = len(loader.dataset)
     check_batch_divisible(min(size, examples) if isinstance(examples, int) and examples > 0 else size, mesh)
 
 

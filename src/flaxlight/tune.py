@@ -648,12 +648,12 @@ def _open_study(storage, study_name: str, direction: str, metric: str, run_dir: 
                          f"asks to {direction}. Use another study_name (or the same direction).")
     attrs = study.user_attrs
     if attrs.get("metric") not in (None, metric):
-        valued = [t for t in study.get_trials(deepcopy=False)
-                  if t.state in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)]
+        states = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED, optuna.trial.TrialState.RUNNING)
+        valued = [t for t in study.get_trials(deepcopy=False) if t.state in states]
         if valued:
             raise ValueError(f"Study {study_name!r} optimises {attrs['metric']!r} ({len(valued)} trial(s) have values "
-                             f"of it); this call asks for {metric!r}. Use another study_name to optimise a different "
-                             f"metric.")
+                             f"of it or are running); this call asks for {metric!r}. Use another study_name to "
+                             f"optimise a different metric.")
         messages.info("Study %r had no trial with a value of %r (they failed): it optimises %r from now on.",
                       study_name, attrs["metric"], metric)  # e.g. a misspelt metric, fixed
         study.set_user_attr("metric", metric)
@@ -720,7 +720,8 @@ def _sigterm_ends_the_trial():
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        if signal.getsignal(signal.SIGTERM) is end:  # a handler the user set meanwhile stays
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 class _NoTracebackFor(logging.Filter):
@@ -850,7 +851,7 @@ class _Objective:
                 f"trial {number} has no validation data (val_loader is None), so the trainer never logs "
                 f"{self.metric!r}. Give validation data (val_loader=, loaders= returning one, or a dataset with "
                 f"a val split), or optimise a metric logged without it.")
-        if val_loader is not None and not self.metric.startswith("val/"):  # its value would be another's pick
+        if val_loader is not None and self.metric.startswith("train/"):  # its value would be another's pick
             raise TuneError(
                 f"tune(metric={self.metric!r}) with validation data: a trial's value and best checkpoint come "
                 f"from its best validation (ranked by the trainer's monitor), where {self.metric} is not what "
@@ -1332,9 +1333,18 @@ def _sample_values(space: SearchSpace) -> list[dict[str, Any]]:
     first = {key: (param.choices[0] if isinstance(param, Categorical) else param.low) for key, param in space.items()}
     samples = [first]
     for key, param in space.items():
-        for value in (param.choices[1:] if isinstance(param, Categorical) else [param.high]):
+        for value in (param.choices[1:] if isinstance(param, Categorical) else [_top(param)]):
             samples.append({**first, key: value})
     return samples
+
+
+def _top(param: Float | Int) -> Any:
+    """The highest value a range gives: ``high``, or the last point of its step grid below it."""
+    step = getattr(param, "step", None)
+    if not step:
+        return param.high
+    top = param.low + math.floor((param.high - param.low) / step + 1e-9) * step
+    return int(round(top)) if isinstance(param, Int) else float(round(top, 12))
 
 
 def tune_from_config(config: Mapping[str, Any], n_trials: int | None = None, *, trust_config: bool = False,

@@ -10,6 +10,7 @@ import math
 from typing import Any, Mapping
 
 from flaxlight.callbacks.base import Callback
+from flaxlight.callbacks.nan_guard import NaNGuard
 from flaxlight.options import MetricNotLoggedError
 
 __all__ = ["MetricNotLoggedError", "PruningCallback"]
@@ -65,7 +66,7 @@ class PruningCallback(Callback):
         number = getattr(self.trial, "number", "?")
         self.last_value = value
         damaged = getattr(trainer, "nonfinite_steps", 0) and not any(
-            type(cb).__name__ == "NaNGuard" and getattr(cb, "action", None) == "skip" for cb in trainer.callbacks)
+            isinstance(cb, NaNGuard) and cb.action == "skip" for cb in trainer.callbacks)
         if not math.isfinite(value) or damaged:  # NaN weights give a finite, chance-level accuracy: not a result
             self.nonfinite = True
             self.reason = (f"PruningCallback: {self.monitor} is {value} at epoch {epoch}; trial {number} stopped."
