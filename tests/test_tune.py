@@ -621,14 +621,19 @@ def test_a_metric_never_logged_names_the_closest_and_stops_at_the_first_validati
     assert f"flaxlight tune: error: {path}: tune(metric='val/accuracy')" in err and "'val/loss'" in err
 
 
+class RecordingStandIn(StandInTrainer):
+    """A stand-in that records each train_model call (in ``trained``, shared by the class)."""
+
+    trained: list = []
+
+    def train_model(self, *args, **kwargs):
+        self.trained.append(True)
+        return super().train_model(*args, **kwargs)
+
+
 def test_a_val_metric_without_validation_data_stops_before_training(tmp_path):
-    trained = []
-
-    class Recording(StandInTrainer):
-        def train_model(self, *args, **kwargs):
-            trained.append(True)
-            return super().train_model(*args, **kwargs)
-
+    trained = RecordingStandIn.trained = []
+    Recording = RecordingStandIn
     with pytest.raises(MetricNotLoggedError, match=r"trial 0 has no validation data \(val_loader is None\), so "
                                                    r"the trainer never logs 'val/loss'"):
         tune(lambda hparams: Recording(hparams, [0.5]), LR_SPACE, train_loader=[], val_loader=None, num_epochs=1,
@@ -639,13 +644,8 @@ def test_a_val_metric_without_validation_data_stops_before_training(tmp_path):
 def test_a_train_metric_with_validation_data_stops_before_training_and_a_contradicting_direction_warns(tmp_path):
     """metric='train/loss' got the train/loss of the best validation's epoch (not the best, nor the
     last); direction='minimize' for 'val/acc' silently kept each trial's worst model."""
-    trained = []
-
-    class Recording(StandInTrainer):
-        def train_model(self, *args, **kwargs):
-            trained.append(True)
-            return super().train_model(*args, **kwargs)
-
+    trained = RecordingStandIn.trained = []
+    Recording = RecordingStandIn
     with pytest.raises(TuneError, match=r"tune\(metric='train/loss'\) with validation data: .* give no validation "
                                         r"data to optimise the last epoch's train/loss"):
         tune(lambda hparams: Recording(hparams, [0.5]), LR_SPACE, train_loader=[], val_loader=[], num_epochs=1,
