@@ -237,7 +237,8 @@ class NNXAdapter:
         unseeded = train and key is None and self.rng_streams  # the streams hold the keys they were built with
         counts = jax.tree.leaves(nnx.state(model, nnx.RngCount)) if unseeded else []
         outputs = self._call(model, inputs, train, kwargs)
-        if any(now is not before for now, before in zip(jax.tree.leaves(nnx.state(model, nnx.RngCount)), counts)):
+        if unseeded and any(now is not before
+                            for now, before in zip(jax.tree.leaves(nnx.state(model, nnx.RngCount)), counts)):
             raise ValueError(
                 f"{self.model_class.__name__} drew random numbers (e.g. a dropout mask) from its nnx RNG streams "
                 f"{self.rng_streams} with train=True, but apply_model got no rng: every call would draw the same "
