@@ -1,7 +1,7 @@
 """A training run for the resume tests, started as a real subprocess.
 
 python resume_script.py LOG_DIR OUT.npz [--resume] [--kill-at STEP] [--sigterm-at STEP]
-                        [--sigterm-in-eval EPOCH] [--loader array|custom]
+                        [--sigterm-in-eval EPOCH] [--kill-after-epoch EPOCH] [--loader array|custom]
 Trains a BatchNorm + dropout MLP for 6 epochs (8 steps each), checkpointing every 5 steps and
 every epoch, and saves the final parameters to OUT.npz.
 """
@@ -52,6 +52,19 @@ class Saboteur(flaxlight.Callback):
             os.kill(os.getpid(), self.signum)
 
 
+class KillAfterEpochRecords(flaxlight.Callback):
+    """SIGKILL at the end of an epoch, once its records and the checkpoints queued so far are on disk."""
+
+    def __init__(self, epoch):
+        self.epoch = epoch
+
+    def on_epoch_end(self, trainer, epoch):
+        if epoch == self.epoch:
+            trainer.logger.flush()
+            trainer.checkpointer.wait()
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
 class SignalDuringEval:
     """SIGTERM at the second batch of the ``epoch``-th validation (passes that reach a second batch:
     the trainer's look at the first batch before training is not one)."""
@@ -76,6 +89,7 @@ def main():
     parser.add_argument("--kill-at", type=int)
     parser.add_argument("--sigterm-at", type=int)
     parser.add_argument("--sigterm-in-eval", type=int)
+    parser.add_argument("--kill-after-epoch", type=int)
     parser.add_argument("--loader", default="array")
     args = parser.parse_args()
 
@@ -90,6 +104,8 @@ def main():
         callbacks.append(Saboteur(args.kill_at, signal.SIGKILL))
     if args.sigterm_at:
         callbacks.append(Saboteur(args.sigterm_at, signal.SIGTERM))
+    if args.kill_after_epoch:
+        callbacks.append(KillAfterEpochRecords(args.kill_after_epoch))
     if args.sigterm_in_eval:
         val = SignalDuringEval(val, args.sigterm_in_eval, None)
     trainer = RegressTrainer(

@@ -323,3 +323,14 @@ def test_resume_that_finds_no_checkpoint_hides_the_killed_runs_tensorboard_event
         run(True)
     steps = [step for step, _ in _tb_steps(tmp_path / "run", "train/loss_step")]
     assert steps == [2, 4, 6, 8]
+
+
+def test_a_kill_after_an_epochs_records_resumes_without_logging_them_twice(straight, tmp_path):
+    """Epoch 5 ends at step 40, a multiple of every_n_steps=5: the step save there is made at the
+    epoch's end, after the epoch's rows and validation at that step, so a kill once they are on disk
+    resumes without logging them twice (params, metrics.csv and TensorBoard as uninterrupted)."""
+    killed = _run(tmp_path / "run", tmp_path / "unused.npz", "--kill-after-epoch", "5")
+    assert killed.returncode == -signal.SIGKILL
+    resumed = _run(tmp_path / "run", tmp_path / "final.npz", "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+    _assert_same_run(straight, tmp_path / "run", tmp_path / "final.npz")

@@ -77,6 +77,7 @@ class ModelCheckpoint(Callback):
         self.last_step: int | None = None
         self._last_save_time = time.monotonic()
         self._scored: tuple[int, dict[str, float]] | None = None  # the step being saved for its score
+        self._owed_at_epoch_end = False  # a step save deferred to the epoch's end (see on_step)
 
     # ---------------------------------------------------------------- decisions
     @property
@@ -131,23 +132,35 @@ class ModelCheckpoint(Callback):
     def on_fit_start(self, trainer) -> None:
         trainer.checkpointer.budget_writes(self.max_overhead)
         self._last_save_time = time.monotonic()
+        self._owed_at_epoch_end = False
 
     def on_step(self, trainer, step: int) -> None:
         if self.save_last and (self.every_n_steps is not None or self._seconds_due()):
+            if self._epoch_ends_at(trainer, step):  # its rows and validation at this step come later: saved after them
+                self._owed_at_epoch_end = True
+                return
             self._save(trainer, step, best_metrics=None)
+
+    @staticmethod
+    def _epoch_ends_at(trainer, step: int) -> bool:
+        """Whether the epoch's training ends with ``step`` (its epoch-end records, at the same step,
+        are still to come: a checkpoint taken now would have a resume log them twice)."""
+        return ((trainer.steps_per_epoch is not None and trainer.batch_in_epoch >= trainer.steps_per_epoch)
+                or trainer.options.reached_max_steps(step) or trainer.should_stop)
 
     def on_validation_end(self, trainer, epoch: int, metrics: Mapping[str, float]) -> None:
         if self._is_top_k(trainer, metrics):
             self._save(trainer, trainer.global_step, best_metrics=metrics)
 
     def on_epoch_end(self, trainer, epoch: int) -> None:
+        owed, self._owed_at_epoch_end = self._owed_at_epoch_end, False
         if not self.save_last or self.last_step == trainer.global_step:
             return
         if self.spaced:
             due = not trainer.checkpointer.busy
         else:
             due = (self.every_n_epochs is not None and epoch % self.every_n_epochs == 0) or self._seconds_due()
-        if due or self._is_final(trainer, epoch):
+        if due or owed or self._is_final(trainer, epoch):
             self._save(trainer, trainer.global_step, best_metrics=None)
 
     def on_fit_end(self, trainer) -> None:
