@@ -1140,9 +1140,9 @@ def _run_study(build: Callable[..., tuple], space: SearchSpace, *, metric: str, 
     if limit.all_failed:
         number, error = limit.first_failure
         raise TuneError(f"Every trial of study {study_name!r} failed ({limit.failed} of {limit.failed} run by this "
-                        f"call); the first, trial {number}: {error}. The study is saved (each failed trial's "
-                        f"user_attrs['error'], its files under {run_dir}); fix the set-up and run tune again: "
-                        f"the study resumes.")
+                        f"call); the first, trial {number}: {error.rstrip('.')}. The study is saved (each failed "
+                        f"trial's user_attrs['error'], its files under {run_dir}); fix the set-up and run tune "
+                        f"again: the study resumes.")
     return study
 
 
