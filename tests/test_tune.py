@@ -572,11 +572,12 @@ def test_a_study_name_must_be_a_plain_name(tmp_path, name):
 
 def test_a_study_whose_every_trial_failed_raises_after_it_is_saved(tmp_path):
     with pytest.raises(TuneError) as info:
-        stand_in_tune(tmp_path, [(None, RuntimeError("boom in the factory")), (None, ValueError("bad batch"))],
+        stand_in_tune(tmp_path, [(None, RuntimeError("boom in the factory.")), (None, ValueError("bad batch"))],
                       study_name="broken")
     message = str(info.value)
     assert "Every trial of study 'broken' failed (2 of 2" in message
-    assert "the first, trial 0: RuntimeError: boom in the factory" in message and "run tune again" in message
+    assert "the first, trial 0: RuntimeError: boom in the factory. The study is saved" in message  # one period
+    assert "run tune again" in message
     study = load_study(tmp_path / "broken")  # saved: both trials, with their errors
     assert [t.state for t in study.trials] == [State.FAIL, State.FAIL]
     assert study.trials[1].user_attrs["error"] == "ValueError: bad batch"
