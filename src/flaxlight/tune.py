@@ -45,7 +45,6 @@ import time
 import warnings
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from flaxlight.callbacks.nan_guard import NaNGuard
 from flaxlight.callbacks.pruning import MetricNotLoggedError, PruningCallback
 from flaxlight.loop import RESUME_ADVICE
 from flaxlight.messages import logger as messages
@@ -870,8 +869,7 @@ class _Objective:
         pruning.raise_if_pruned()
         if pruning.nonfinite:
             raise FloatingPointError(pruning.reason)
-        if getattr(trainer, "nonfinite_steps", 0) and not any(isinstance(cb, NaNGuard) and cb.action == "skip"
-                                                              for cb in getattr(trainer, "callbacks", ())):
+        if PruningCallback.damaged(trainer):  # NaN steps after the last validation
             raise FloatingPointError(f"the loss was NaN/Inf in {trainer.nonfinite_steps} step(s), so the "
                                      f"trained model is damaged (its {self.metric} is not a result).")
         value = metrics.get(self.metric) if isinstance(metrics, Mapping) else None

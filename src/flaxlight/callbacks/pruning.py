@@ -65,8 +65,7 @@ class PruningCallback(Callback):
             raise MetricNotLoggedError(exc.args[0] if exc.args else str(exc)) from None
         number = getattr(self.trial, "number", "?")
         self.last_value = value
-        damaged = getattr(trainer, "nonfinite_steps", 0) and not any(
-            isinstance(cb, NaNGuard) and cb.action == "skip" for cb in trainer.callbacks)
+        damaged = self.damaged(trainer)
         if not math.isfinite(value) or damaged:  # NaN weights give a finite, chance-level accuracy: not a result
             self.nonfinite = True
             self.reason = (f"PruningCallback: {self.monitor} is {value} at epoch {epoch}; trial {number} stopped."
@@ -80,6 +79,13 @@ class PruningCallback(Callback):
             self.pruned, self.pruned_epoch = True, epoch
             self.reason = f"PruningCallback: trial {number} pruned at epoch {epoch} ({self.monitor}={value:.6g})."
             trainer.stop(self.reason)
+
+    @staticmethod
+    def damaged(trainer) -> bool:
+        """Whether the trainer's loss was NaN/Inf in a step that a ``NaNGuard("skip")`` did not
+        skip: its weights are damaged, whatever its metrics say."""
+        return bool(getattr(trainer, "nonfinite_steps", 0)) and not any(
+            isinstance(cb, NaNGuard) and cb.action == "skip" for cb in getattr(trainer, "callbacks", ()))
 
     def raise_if_pruned(self) -> None:
         """Raise :class:`optuna.TrialPruned` when the pruner stopped this run (call after training)."""
