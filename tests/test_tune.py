@@ -146,8 +146,10 @@ def test_direction_sampler_pruner_and_storage_specs(tmp_path):
     assert make_pruner({"name": "median", "n_warmup_steps": 2})._n_warmup_steps == 2
     with pytest.raises(ValueError, match="Unknown sampler 'tpee'. Did you mean 'tpe'"):
         make_sampler("tpee")
-    with pytest.raises(ValueError, match="pruner 'median'.*n_warmup"):
+    with pytest.raises(ValueError, match="pruner 'median'.*n_warmup.*Did you mean 'n_warmup_steps'.*takes: n_startup"):
         make_pruner({"name": "median", "n_warmup": 2})
+    with pytest.raises(ValueError, match="sampler 'tpe'.*Did you mean 'n_startup_trials'"):
+        make_sampler({"name": "tpe", "n_startup_trial": 2})
     assert isinstance(make_storage(tmp_path / "a.db"), optuna.storages.RDBStorage)
     assert isinstance(make_storage(str(tmp_path / "a.log")), optuna.storages.JournalStorage)
 

@@ -14,6 +14,7 @@ Examples:
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import os
@@ -31,7 +32,7 @@ from flaxlight.writer import BackgroundWriter, Job
 
 __all__ = ["Checkpointer", "DamagedCheckpointError"]
 
-_MODEL_STATE_FIELDS = ("batch_stats", "rng", "step", "epoch")
+_OWN_ITEMS = ("params", "opt_state")  # the checkpoint's other items; every other array field is "model_state"
 
 
 def _ocp():
@@ -85,7 +86,11 @@ def _first_metric(metrics: dict) -> float:
 
 
 def _model_state(state) -> dict:
-    return {name: getattr(state, name) for name in _MODEL_STATE_FIELDS if getattr(state, name) is not None}
+    """The state's fields besides params and optimizer state that hold arrays: step, epoch, rng,
+    batch_stats, ``metrics`` and a ``TrainState`` subclass's own fields (an EMA, a counter)."""
+    return {field.name: getattr(state, field.name) for field in dataclasses.fields(state)
+            if field.metadata.get("pytree_node", True) and field.name not in _OWN_ITEMS
+            and getattr(state, field.name) is not None}
 
 
 class DamagedCheckpointError(ValueError):
@@ -327,7 +332,7 @@ class Checkpointer:
         mismatch = self.describe_mismatch(target, step)
         if mismatch:
             raise ValueError(mismatch)
-        wanted = {"params": target.params, "model_state": _model_state(target)}
+        wanted = {"params": target.params, "model_state": self._saved_part(_model_state(target), step)}
         restore_opt = with_opt_state and target.opt_state is not None
         if restore_opt:
             wanted["opt_state"] = target.opt_state
@@ -349,6 +354,21 @@ class Checkpointer:
         if restore_opt:
             replace["opt_state"] = restored["opt_state"]
         return target.replace(**replace)
+
+    def _saved_part(self, model_state: dict, step: int) -> dict:
+        """The fields of ``model_state`` that checkpoint ``step`` holds; the others (a field added to
+        the state after the run was saved) keep their values, said with a warning."""
+        try:
+            saved = self._manager.item_metadata(step)["state"]
+            saved = set(getattr(saved, "tree", saved).get("model_state") or {})
+        except Exception:  # noqa: BLE001 - unreadable metadata is reported by the restore itself
+            return model_state
+        missing = sorted(set(model_state) - saved)
+        if missing:
+            warnings.warn(f"Checkpoint {step} in {self.directory} holds no {', '.join(missing)} (a state field it was "
+                          f"not saved with): {'it keeps its' if len(missing) == 1 else 'they keep their'} value from "
+                          f"the state built now.", RuntimeWarning, stacklevel=3)
+        return {name: value for name, value in model_state.items() if name in saved}
 
     def delete(self, step: int, background: bool = True) -> None:
         """Remove checkpoint ``step``: a save of it still queued is taken out unwritten; one on

@@ -20,9 +20,11 @@ import contextlib
 import dataclasses
 import difflib
 import inspect
+import re
 import sys
 from typing import Any, Mapping, Sequence
 
+import flax.errors
 import flax.linen as nn
 import jax
 import numpy as np
@@ -121,7 +123,16 @@ class LinenAdapter:
             raise
 
     def apply(self, variables, *inputs, train: bool = False, **kwargs):
-        return self.module.apply(variables, *inputs, **self._train_kwargs(train), **kwargs)
+        try:
+            return self.module.apply(variables, *inputs, **self._train_kwargs(train), **kwargs)
+        except flax.errors.ScopeCollectionNotFound as exc:  # raised while tracing: costs the step nothing
+            found = re.search(r'access "([^"]+)" from collection "([^"]+)"', str(exc))
+            name, collection = found.groups() if found else ("...", "...")
+            raise ValueError(
+                f"{type(self.module).__name__} reads the variable collection {collection!r}, which flaxlight does not "
+                f"keep: the train state holds 'params' and 'batch_stats' (the model's mutable state: train steps "
+                f"update it through loss_fn's updates, checkpoints save it). Keep such state in 'batch_stats', e.g. "
+                f"self.variable('batch_stats', {name!r}, ...).") from exc
 
     def tabulate(self, inputs: Sequence[Any]) -> str:
         rngs = {"params": jax.random.PRNGKey(0), "dropout": jax.random.PRNGKey(1)}

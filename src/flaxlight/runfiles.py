@@ -401,7 +401,7 @@ def trainer_kwargs(trainer_class: type, run: str | os.PathLike, which: str,
             messages.info(f"The run's mesh does not fit the {jax.device_count()} device(s) here: the model loads on "
                           f"one device (pass mesh=... to load_from_checkpoint to place it).")
     named = explicit_parameters(trainer_class.__init__)
-    if "model_hparams" in named or not set(model_hparams) <= set(named):
+    if "model_hparams" in named or not model_hparams or not set(model_hparams) <= set(named):
         hparams["model_hparams"] = model_hparams
         if "model_class" not in overrides:
             hparams["model_class"] = _import_model_class(model_class_path)

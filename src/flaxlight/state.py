@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Mapping
 
 import jax
@@ -54,6 +55,20 @@ class TrainState(train_state.TrainState):
             opt_state=opt_state,
             **kwargs,
         )
+
+    def with_optimizer(self, tx) -> "TrainState":
+        """This state with the optimizer ``tx`` and a fresh optimizer state for its params; every
+        other field (a subclass's own ones, ``metrics``) is kept. A field that shares arrays with the
+        params (an EMA started as ``ema=params``) gets copies: the train step donates the state,
+        and XLA cannot donate one buffer twice.
+
+        Examples:
+            >>> state = state.with_optimizer(optax.adam(1e-3))   # doctest: +SKIP
+        """
+        fields = {field.name: getattr(self, field.name) for field in dataclasses.fields(self)
+                  if field.metadata.get("pytree_node", True) and field.name not in ("params", "opt_state")}
+        fields["opt_state"] = tx.init(self.params) if tx is not None else None
+        return self.replace(tx=tx, **_own_buffers(fields, self.params))
 
     def apply_gradients(self, *, grads, value=None, value_fn=None, **replace) -> "TrainState":
         """One optimizer update; ``value`` (the loss) reaches optimizers that take extra args.

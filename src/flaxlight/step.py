@@ -192,6 +192,10 @@ class TrainStep:
             self.loss_fn = loss_fn  # type: ignore[method-assign]
         elif type(self).loss_fn is TrainStep.loss_fn:
             raise TypeError("TrainStep needs a loss function: TrainStep(loss_fn) or override `loss_fn`.")
+        if type(self).backward is not TrainStep.backward and type(self).compute_gradients is TrainStep.compute_gradients:
+            raise TypeError(f"{type(self).__name__} overrides backward, which only the stateful form calls: the "
+                            f"step the trainer runs would not use it. Override compute_gradients(state, batch, rng) "
+                            f"instead (step and backward both get their gradients from it).")
         self.state = state
         self._jit = jit
         self._compiled_train_step = None
@@ -223,7 +227,9 @@ class TrainStep:
         return objective
 
     def compute_gradients(self, state: TrainState, batch, rng):
-        """``((loss, aux), grads)`` for one batch, via a single ``jax.value_and_grad``.
+        """``((loss, aux), grads)`` for one batch, via a single ``jax.value_and_grad``: the backward
+        pass of :meth:`step` and of :meth:`backward`. Override it to change the gradients (a custom
+        transformation, a frozen part); the optimizer then applies what it returns.
 
         ``grads`` is the gradient of ``loss + penalty`` when there is a regulariser; ``loss`` is
         the loss function's own value.
@@ -232,10 +238,12 @@ class TrainStep:
         return (loss, aux), grads
 
     def step(self, state: TrainState, batch) -> tuple[TrainState, dict]:
-        """Pure ``(state, batch) -> (state, metrics)``: this step's key, backward, update."""
+        """Pure ``(state, batch) -> (state, metrics)``: this step's key, :meth:`compute_gradients`, update."""
         step_rng = step_key(state)
         objective = self.objective(state, batch, step_rng)
-        (total, (loss, penalty, aux)), grads = jax.value_and_grad(objective, has_aux=True)(state.params)
+        (loss, aux), grads = self.compute_gradients(state, batch, step_rng)
+        penalty = self.regularizer(state.params) if self.regularizer is not None else None  # as in the objective
+        total = loss if penalty is None else loss + penalty
         metrics, updates = _split_aux(aux, "loss_fn")
         updates = _checked_updates(updates, state, "loss_fn", warn=not getattr(self, "_said_statistics", False))
         self._said_statistics = True  # once per step object (debug=True runs this every step)
@@ -278,7 +286,8 @@ class TrainStep:
         return self.state
 
     def backward(self, batch, rng=None):
-        """``((loss, aux), grads)`` at ``self.state`` (rng defaults to the next step's key)."""
+        """``((loss, aux), grads)`` at ``self.state`` (rng defaults to the next step's key):
+        :meth:`compute_gradients`, which is what to override."""
         state = self._require_state()
         if rng is None:
             rng = step_key(state)

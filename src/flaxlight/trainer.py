@@ -68,7 +68,8 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
                        "check_val_every_n_epoch": check_val_every_n_epoch, "seed": seed, **kwargs}
         self._start_fresh_run_state()
         self.callbacks: list[Callback] = with_default_callbacks(callbacks, self.options, enable_progress_bar)
-        self.options, self._checkpoint_callback = one_best(self.options, self.callbacks)  # one meaning of "best"
+        own_rule = next((c.__name__ for c in type(self).__mro__ if "is_new_model_better" in vars(c) and c is not TrainerModule), None)
+        self.options, self._checkpoint_callback = one_best(self.options, self.callbacks, own_rule)  # one meaning of "best"
         runfiles.enable_compilation_cache(self.options.compilation_cache)
         self.mesh = dist.mesh_for(mesh, self.options.distributed)
         self.model_adapter = make_adapter(self.model_class, self.model_hparams, seed=seed)
@@ -132,9 +133,7 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
         plan = optim.make_optimizer_plan(self.optimizer_hparams, total_steps=num_epochs * num_steps_per_epoch,
                                          first_step=self.global_step)  # the model's step: its first update
         optim.warn_settings_outside_step(type(self).__name__, plan, self._step_owner)
-        self.optimizer_plan, state = plan, self.state
-        self.state = TrainState.create(apply_fn=state.apply_fn, params=state.params, batch_stats=state.batch_stats,
-                                       rng=state.rng, epoch=state.epoch, step=state.step, tx=plan.tx)
+        self.optimizer_plan, self.state = plan, self.state.with_optimizer(plan.tx)  # a TrainState subclass kept
 
     # ------------------------------------------------------------------ steps
     def loss_fn(self, params, batch, *, train: bool, rng, state: TrainState):
@@ -190,7 +189,8 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
                     batch_size: int | None = None) -> dict[str, float]:
         """Train ``num_epochs``, validate every ``check_val_every_n_epoch``, keep the best model.
 
-        Returns the best validation metrics merged with that epoch's train metrics and, when a
+        Returns the best validation metrics merged with the train metrics of the last epoch finished by then
+        (for a validation within an epoch: the epoch before; none in the first) and, when a
         ``test_loader`` is given, the best model's ``test/...`` metrics; its ``.history`` is
         :attr:`history`. Loaders may be arrays instead: ``train_model((x, y), (xv, yv),
         batch_size=64)`` (training arrays shuffled by the seed, see :func:`flaxlight.data.fit_loaders`).

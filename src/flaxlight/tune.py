@@ -484,7 +484,17 @@ def _make_named(kind: str, table: Mapping[str, str], module, spec: Any, seed: in
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             return cls(**kwargs)
     except TypeError as exc:
-        raise ValueError(f"{kind} {name!r}: {exc}") from None
+        raise ValueError(f"{kind} {name!r}: {exc}.{_argument_hint(cls, kwargs)}") from None
+
+
+def _argument_hint(cls: type, kwargs: Mapping[str, Any]) -> str:
+    """' Did you mean ...?' for the first argument ``cls`` does not take, with the ones it does."""
+    takes = [p for p in inspect.signature(cls).parameters if p not in ("self", "args", "kwargs")]
+    for key in kwargs:
+        if key not in takes:
+            close = difflib.get_close_matches(key, takes, n=1)
+            return (f" Did you mean {close[0]!r}?" if close else "") + f" {cls.__name__} takes: {', '.join(takes)}."
+    return ""
 
 
 def make_sampler(spec: Any = None, seed: int | None = None) -> "optuna.samplers.BaseSampler":

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import functools
 import os
-from typing import Any
+from typing import Any, Mapping
 
 import jax
 import jax.numpy as jnp
@@ -45,6 +45,19 @@ def _model_inputs(batch: Any, count: int = 1) -> tuple:
     return tuple(batch[:count]) if isinstance(batch, (tuple, list)) else (batch,)
 
 
+def _construct(cls: type, exmp_input: Any, kwargs: dict, overrides: Mapping[str, Any]):
+    """``cls(exmp_input=..., **kwargs)``; a constructor that names its model itself (the seed's
+    pattern, no model hyperparameters saved to tell) is called again without ``model_class`` /
+    ``model_hparams``, unless the caller passed them."""
+    try:
+        return cls(exmp_input=exmp_input, **kwargs)
+    except TypeError as exc:
+        added = [key for key in ("model_class", "model_hparams") if key in kwargs and key not in overrides]
+        if not added or not any(f"argument '{key}'" in str(exc) for key in added):
+            raise
+        return cls(exmp_input=exmp_input, **{key: value for key, value in kwargs.items() if key not in added})
+
+
 class TrainerVerbsMixin:
     """``load_from_checkpoint``, ``predict``, ``test``, ``export``, ``bind_model`` (see the module docstring)."""
 
@@ -57,7 +70,7 @@ class TrainerVerbsMixin:
         moving average, which evaluation used); ``overrides`` replace saved settings (``logger_params`` are merged;
         a ``log_dir`` there logs to that folder). ``test()`` and ``log_metrics`` add to the run's records.
         Example: ``MyTrainer.load_from_checkpoint("checkpoints/MLP/version_0", exmp_input=x[:1])``."""
-        trainer = cls(exmp_input=exmp_input, **runfiles.trainer_kwargs(cls, checkpoint, which, overrides))
+        trainer = _construct(cls, exmp_input, runfiles.trainer_kwargs(cls, checkpoint, which, overrides), overrides)
         source = resume.checkpointer_for(checkpoint)  # the run's own, also when logger_params moves the logs
         own = source.directory == trainer.checkpointer.directory
         trainer._hparams_written, trainer._loaded = own, True  # its hparams.yaml describes this trainer already

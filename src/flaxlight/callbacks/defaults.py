@@ -56,12 +56,14 @@ def with_default_callbacks(callbacks: list[Callback], options: Any, enable_progr
         [cb for cb in callbacks if isinstance(cb, ModelCheckpoint)]
 
 
-def one_best(options: Any, callbacks: list[Callback]) -> tuple[Any, ModelCheckpoint | None]:
+def one_best(options: Any, callbacks: list[Callback], own_rule: str | None = None) -> tuple[Any, ModelCheckpoint | None]:
     """``(options, checkpoint callback)`` with one meaning of "best": a trainer without a
     ``monitor`` takes its :class:`ModelCheckpoint`'s (as in Lightning, where the checkpoint
     callback's monitor is the only one); when both are given and differ, an error: ``test()``,
     ``which="best"`` and the exported model would be the callback's best while the returned
-    metrics and ``metrics/best_eval.json`` described the trainer's.
+    metrics and ``metrics/best_eval.json`` described the trainer's. So is a callback ``monitor``
+    next to the trainer's own rule (``own_rule``: the name of the class overriding
+    ``is_new_model_better``).
 
     Examples:
         >>> options, _ = one_best(TrainerOptions(), [ModelCheckpoint(monitor="val/acc", mode="max")])  # doctest: +SKIP
@@ -71,6 +73,12 @@ def one_best(options: Any, callbacks: list[Callback]) -> tuple[Any, ModelCheckpo
     chosen = next((cb for cb in callbacks if isinstance(cb, ModelCheckpoint)), None)
     if chosen is None or chosen.monitor is None:
         return options, chosen
+    if own_rule is not None:
+        raise ValueError(f"{own_rule} overrides is_new_model_better, and ModelCheckpoint(monitor={chosen.monitor!r}) "
+                         f"ranks checkpoints by its monitor: test(), which='best' and export would use the callback's "
+                         f"best while train_model's metrics and metrics/best_eval.json described the override's. Drop "
+                         f"the callback's monitor (it then keeps the checkpoint is_new_model_better picks), or the "
+                         f"override.")
     if options.monitor is None:
         return dataclasses.replace(options, monitor=chosen.monitor, mode=chosen.mode), chosen
     if (options.monitor, options.mode) != (chosen.monitor, chosen.mode):
