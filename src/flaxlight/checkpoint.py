@@ -296,8 +296,11 @@ class Checkpointer:
 
     def _failure_message(self, exc: BaseException) -> RuntimeError:
         self._steps, self._held = None, []  # what is on disk is what orbax lists again
+        steps = sorted(self.all_steps())
+        kept = f"the earlier checkpoints are kept (steps {', '.join(map(str, steps))})" if steps else "no earlier checkpoint is on disk"
+        advice = " Check the disk (space, permissions)." if isinstance(exc, OSError) else ""
         return RuntimeError(f"Writing a checkpoint to {self.directory} failed ({type(exc).__name__}: {exc}); "
-                            f"the earlier checkpoints are kept. Check the disk (space, permissions).")
+                            f"{kept}.{advice}")
 
     def _withdraw_save(self, step: int) -> bool:
         """Take the queued, unstarted save of ``step`` out of the queue; the deletions queued

@@ -34,7 +34,7 @@ from flaxlight.runfiles import CHECKPOINT_DIR, HPARAMS_FILE
 __all__ = ["CheckpointMeta", "choose_step", "pick_checkpoint", "restore_run", "run_length", "load_with_fallback",
            "checkpointer_for",
            "step_in_path", "named_callbacks",
-           "sums_to_json", "sums_from_json", "epoch_setter", "set_loader_epoch"]
+           "sums_to_json", "sums_from_json", "encode_state", "decode_state", "epoch_setter", "set_loader_epoch"]
 
 
 @dataclasses.dataclass
@@ -91,7 +91,8 @@ class CheckpointMeta:
                    validated=loop.validated and not loop.cut, train_sums=sums_to_json(loop.acc),
                    running_log=loop.running_log.state_dict(), owed_events=list(loop.owed_events),
                    owed_steps=loop.owed_steps,
-                   callbacks={name: cb.state_dict() for name, cb in named_callbacks(callbacks)}, **run)
+                   callbacks={name: encode_state(cb.state_dict(), f"{type(cb).__name__}.state_dict()")
+                              for name, cb in named_callbacks(callbacks)}, **run)
 
     def loop_state(self) -> LoopState:
         """Where the loop continues: the saved position, or the next epoch after an epoch's end."""
@@ -107,7 +108,7 @@ class CheckpointMeta:
     def restore_callbacks(self, callbacks: Sequence[Any]) -> None:
         for name, callback in named_callbacks(callbacks):
             if name in self.callbacks:
-                callback.load_state_dict(self.callbacks[name])
+                callback.load_state_dict(decode_state(self.callbacks[name]))
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> "CheckpointMeta":
@@ -150,6 +151,10 @@ def pick_checkpoint(checkpointer: Checkpointer, which: str = "best") -> int:
     if which == "best" and meta is not None and meta.best_step is not None and meta.best_step not in steps:
         warnings.warn(f"The best checkpoint, step {meta.best_step}, is not in {checkpointer.directory} (removed?); "
                       f"loading the newest, step {max(steps)}, instead.", RuntimeWarning, stacklevel=3)
+    elif which == "best" and meta is not None and meta.best_step is None and meta.best_eval_metrics:
+        warnings.warn(f"The run validated, but kept no checkpoint for its best validation (ModelCheckpoint("
+                      f"save_top_k=0)): loading the newest, step {max(steps)}, which the run's best metrics do not "
+                      f"describe.", RuntimeWarning, stacklevel=3)
     return choose_step(steps, meta, which)
 
 
@@ -265,6 +270,58 @@ def named_callbacks(callbacks: Sequence[Any]) -> list[tuple[str, Any]]:
         counts[base] = counts.get(base, 0) + 1
         named.append((base if counts[base] == 1 else f"{base}_{counts[base]}", callback))
     return named
+
+
+_TAGS = ("__tuple__", "__set__", "__items__", "__array__")  # how a callback state's non-JSON parts are kept
+
+
+def encode_state(value: Any, where: str = "state") -> Any:
+    """A callback's ``state_dict()`` as JSON that :func:`decode_state` turns back into the same
+    values: tuples, sets, dicts with keys that are not strings, numpy/JAX arrays and scalars are
+    tagged; anything else that JSON cannot hold is an error naming its place.
+
+    Examples:
+        >>> decode_state(encode_state({1: (2, 3), "best": np.float32(0.5)}))
+        {1: (2, 3), 'best': np.float32(0.5)}
+    """
+    if isinstance(value, (str, bool, int, float)) or value is None:
+        return value
+    if isinstance(value, Mapping):
+        if all(isinstance(key, str) for key in value) and not set(value) & set(_TAGS):
+            return {key: encode_state(item, f"{where}[{key!r}]") for key, item in value.items()}
+        return {"__items__": [[encode_state(key, f"{where} key"), encode_state(item, f"{where}[{key!r}]")]
+                              for key, item in value.items()]}
+    if isinstance(value, (tuple, list, set, frozenset)):
+        items = [encode_state(item, f"{where}[{i}]") for i, item in enumerate(value)]
+        return items if isinstance(value, list) else {"__tuple__" if isinstance(value, tuple) else "__set__": items}
+    if isinstance(value, (np.ndarray, np.generic, jax.Array)):
+        array = np.asarray(value)
+        return {"__array__": array.tolist(), "dtype": str(array.dtype), "scalar": isinstance(value, np.generic)}
+    raise TypeError(f"{where} holds a {type(value).__module__}.{type(value).__qualname__} ({value!r:.60}), which a "
+                    f"checkpoint cannot keep: a callback's state may hold numbers, strings, None, lists, tuples, sets, "
+                    f"dicts and numpy/JAX arrays. Convert it in state_dict() (and back in load_state_dict()).")
+
+
+def decode_state(value: Any) -> Any:
+    """The inverse of :func:`encode_state` (a state saved before it was used reads as it was saved)."""
+    if isinstance(value, list):
+        return [decode_state(item) for item in value]
+    if not isinstance(value, Mapping):
+        return value
+    if "__array__" in value:
+        array = np.asarray(value["__array__"], dtype=value["dtype"])
+        return array[()] if value.get("scalar") else array
+    if "__items__" in value:
+        return {_hashable(decode_state(key)): decode_state(item) for key, item in value["__items__"]}
+    if "__tuple__" in value:
+        return tuple(decode_state(item) for item in value["__tuple__"])
+    if "__set__" in value:
+        return {_hashable(decode_state(item)) for item in value["__set__"]}
+    return {key: decode_state(item) for key, item in value.items()}
+
+
+def _hashable(value: Any) -> Any:
+    return value.item() if isinstance(value, np.ndarray) and value.ndim == 0 else value
 
 
 def _jsonable(value: Any) -> Any:

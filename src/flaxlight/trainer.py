@@ -68,8 +68,8 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
                        "check_val_every_n_epoch": check_val_every_n_epoch, "seed": seed, **kwargs}
         self._start_fresh_run_state()
         self.callbacks: list[Callback] = with_default_callbacks(callbacks, self.options, enable_progress_bar)
-        own_rule = next((c.__name__ for c in type(self).__mro__ if "is_new_model_better" in vars(c) and c is not TrainerModule), None)
-        self.options, self._checkpoint_callback = one_best(self.options, self.callbacks, own_rule)  # one meaning of "best"
+        self.options, self._checkpoint_callback = one_best(self.options, self.callbacks, next(  # one meaning of "best"
+            (c.__name__ for c in type(self).__mro__ if "is_new_model_better" in vars(c) and c is not TrainerModule), None))
         runfiles.enable_compilation_cache(self.options.compilation_cache)
         self.mesh = dist.mesh_for(mesh, self.options.distributed)
         self.model_adapter = make_adapter(self.model_class, self.model_hparams, seed=seed)
@@ -189,19 +189,18 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
                     batch_size: int | None = None) -> dict[str, float]:
         """Train ``num_epochs``, validate every ``check_val_every_n_epoch``, keep the best model.
 
-        Returns the best validation metrics merged with the train metrics of the last epoch finished by then
-        (for a validation within an epoch: the epoch before; none in the first) and, when a
-        ``test_loader`` is given, the best model's ``test/...`` metrics; its ``.history`` is
-        :attr:`history`. Loaders may be arrays instead: ``train_model((x, y), (xv, yv),
-        batch_size=64)`` (training arrays shuffled by the seed, see :func:`flaxlight.data.fit_loaders`).
+        Returns the best validation metrics merged with the train metrics of the last epoch finished by then (for a
+        validation within an epoch: the epoch before; none in the first) and, when a ``test_loader`` is given, the
+        best model's ``test/...`` metrics; its ``.history`` is :attr:`history`. Loaders may be arrays instead:
+        ``train_model((x, y), (xv, yv), batch_size=64)`` (training arrays shuffled by the seed, see
+        :func:`flaxlight.data.fit_loaders`).
 
-        ``resume=True`` continues from the newest readable checkpoint in this run's log dir (a
-        fresh start when there is none); ``resume_from`` names a run dir, its ``checkpoints``
-        dir or one ``checkpoints/<step>`` dir. A resumed run ends exactly as an uninterrupted one
-        when the data order is a pure function of the epoch (see :class:`ArrayLoader`; a loader
-        of your own needs a ``set_epoch(epoch)`` method or an order that never changes).
-        SIGTERM/SIGINT make the loop finish the current step, save a checkpoint and exit. A
-        ``log_dir`` holding another run is an error unless resumed or ``overwrite=True`` (replace it).
+        ``resume=True`` continues from the newest readable checkpoint in this run's log dir (a fresh start when
+        there is none); ``resume_from`` names a run dir, its ``checkpoints`` dir or one ``checkpoints/<step>`` dir.
+        A resumed run ends exactly as an uninterrupted one when the data order is a pure function of the epoch (see
+        :class:`ArrayLoader`; a loader of your own needs a ``set_epoch(epoch)`` method or an order that never
+        changes). SIGTERM/SIGINT make the loop finish the current step, save a checkpoint and exit. A ``log_dir``
+        holding another run is an error unless resumed or ``overwrite=True`` (replace it).
         """
         train_loader, val_loader, test_loader = fit_loaders(train_loader, val_loader, test_loader, batch_size,
                                                             seed=self.seed)
@@ -265,6 +264,9 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
         if loop.phase != "val":  # "val": resumed after this epoch's training, before its validation
             resume.set_loader_epoch(train_loader, epoch_idx)
             self._call_callbacks("on_train_epoch_start", epoch_idx)
+            if self._stopping() and loop.phase != "train":  # stop() before the epoch's first batch: no epoch
+                loop.epoch = epoch_idx - 1
+                return
             loop.train_metrics = self.train_epoch(train_loader)
             self.state = self.state.replace(epoch=self.engine.device_scalar(epoch_idx))
             self._log({**loop.train_metrics, "epoch": epoch_idx})
@@ -390,8 +392,7 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
         self._schedule.plan(self.global_step, intervals + [cb.every_n_steps for cb in self.callbacks],
                             self.options.max_steps)
 
-    def eval_model(self, data_loader: Iterable, log_prefix: str = "", *,
-                   batch_size: int | None = None) -> dict[str, float]:
+    def eval_model(self, data_loader: Iterable, log_prefix: str = "", *, batch_size: int | None = None) -> dict[str, float]:
         """Evaluate on ``data_loader`` (or arrays with ``batch_size``); per-example weighted means
         keyed ``log_prefix + name``."""
         data_loader = as_loader(data_loader, batch_size, what="eval_model's data")
@@ -423,10 +424,9 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
 
     # ------------------------------------------------------------------ logging and files
     def init_logger(self, logger_params: Mapping[str, Any] | None = None) -> None:
-        """Pick the log dir (``base_log_dir/<Model>/version_N`` unless ``log_dir``), the loggers
-        and the checkpoint folder. Keys: see :class:`flaxlight.runfiles.LoggerParams` and
-        docs/logging.md; ``loggers`` adds logger objects (as the trainer's ``loggers=[...]``).
-        A :class:`CSVLogger` (``metrics.csv``) is always kept."""
+        """Pick the log dir (``base_log_dir/<Model>/version_N`` unless ``log_dir``), the loggers and the checkpoint
+        folder. Keys: see :class:`flaxlight.runfiles.LoggerParams` and docs/logging.md; ``loggers`` adds logger
+        objects (as the trainer's ``loggers=[...]``). A :class:`CSVLogger` (``metrics.csv``) is always kept."""
         self.log_dir, self.logger, self.checkpointer = runfiles.open_run(logger_params, self.model_class.__name__,
                                                                          self._user_loggers)
 

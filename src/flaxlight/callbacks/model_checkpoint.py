@@ -164,6 +164,8 @@ class ModelCheckpoint(Callback):
             self._save(trainer, trainer.global_step, best_metrics=None)
 
     def on_fit_end(self, trainer) -> None:
+        if self.save_last and self.last_step != trainer.global_step:  # no epoch end saved it: stop() at an epoch's start
+            self._save(trainer, trainer.global_step, best_metrics=None)
         trainer.checkpointer.wait()
         self._prune(trainer)
 

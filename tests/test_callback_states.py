@@ -1,0 +1,120 @@
+"""Callbacks' own states in checkpoints, stopping before an epoch, and a run that kept no best."""
+
+from __future__ import annotations
+
+import datetime
+import os
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import flaxlight
+from conftest import RegressTrainer, TinyMLP, linear_data, quiet
+from flaxlight.callbacks import ModelCheckpoint
+
+
+def _trainer(tmp_path, callbacks, **kwargs):
+    x, _ = linear_data(8)
+    return RegressTrainer(model_class=TinyMLP, model_hparams={"hidden_dims": [8]},
+                          optimizer_hparams={"optimizer": "adam", "lr": 1e-2}, exmp_input=x[:1],
+                          callbacks=callbacks, **quiet(tmp_path, **kwargs))
+
+
+class Remembers(flaxlight.Callback):
+    """A state with the types a user keeps: int keys, tuples, sets, a JAX scalar."""
+
+    def __init__(self):
+        self.per_epoch, self.seen_steps, self.last = {}, set(), None
+
+    def on_validation_end(self, trainer, epoch, metrics):
+        self.per_epoch[epoch] = (trainer.global_step, round(float(metrics["val/loss"]), 3))
+        self.seen_steps.add(trainer.global_step)
+        self.last = jnp.float32(metrics["val/loss"])
+
+    def state_dict(self):
+        return {"per_epoch": self.per_epoch, "seen_steps": self.seen_steps, "last": self.last}
+
+    def load_state_dict(self, state):
+        self.per_epoch, self.seen_steps, self.last = state["per_epoch"], state["seen_steps"], state["last"]
+
+
+class CrashAfterEpoch(flaxlight.Callback):
+    def __init__(self, epoch):
+        self.epoch = epoch
+
+    def on_epoch_end(self, trainer, epoch):
+        if epoch == self.epoch:
+            raise RuntimeError("crash")
+
+
+def test_a_callback_state_comes_back_from_a_resume_with_its_types(tmp_path, regression_loaders):
+    train, val, _ = regression_loaders
+    whole = Remembers()
+    _trainer(tmp_path / "whole", [whole]).train_model(train, val, num_epochs=3)
+
+    with pytest.raises(RuntimeError, match="crash"):
+        _trainer(tmp_path / "resumed", [Remembers(), CrashAfterEpoch(2)], logger_params={
+            "log_dir": str(tmp_path / "resumed")}).train_model(train, val, num_epochs=3)
+    resumed = Remembers()
+    _trainer(tmp_path / "resumed", [resumed], logger_params={"log_dir": str(tmp_path / "resumed")}).train_model(
+        train, val, num_epochs=3, resume=True)
+    assert resumed.per_epoch == whole.per_epoch and sorted(resumed.per_epoch) == [1, 2, 3]
+    assert all(isinstance(value, tuple) for value in resumed.per_epoch.values())
+    assert resumed.seen_steps == whole.seen_steps == {8, 16, 24}
+    assert float(resumed.last) == float(whole.last)
+
+
+class KeepsADate(flaxlight.Callback):
+    def __init__(self):
+        self.started = None
+
+    def on_fit_start(self, trainer):
+        self.started = datetime.datetime(2026, 1, 1)
+
+    def state_dict(self):
+        return {"started": self.started}
+
+
+def test_a_callback_state_a_checkpoint_cannot_keep_fails_at_the_save_naming_it(tmp_path, regression_loaders):
+    train, val, _ = regression_loaders
+    trainer = _trainer(tmp_path, [KeepsADate()])
+    with pytest.raises(TypeError, match=r"KeepsADate.state_dict\(\)\['started'\] holds a datetime.datetime"):
+        trainer.train_model(train, val, num_epochs=2)
+    assert trainer.global_step == 8  # the first save, at the first epoch's end: not after the whole run
+
+
+class StopsBeforeEpoch(flaxlight.Callback):
+    def __init__(self, epoch):
+        self.epoch = epoch
+
+    def on_train_epoch_start(self, trainer, epoch):
+        if epoch == self.epoch:
+            trainer.stop("no time for another epoch")
+
+
+def test_stop_at_an_epochs_start_ends_the_run_with_its_state_saved(tmp_path, regression_loaders):
+    train, val, _ = regression_loaders
+    trainer = _trainer(tmp_path, [StopsBeforeEpoch(2)])
+    trainer.train_model(train, val, num_epochs=4)
+    assert trainer.global_step == 8 and trainer.stop_reason == "no time for another epoch"
+    assert trainer.checkpointer.latest_step() == 8
+    again = _trainer(tmp_path, [])
+    again.train_model(train, val, num_epochs=3, resume=True)  # continues with epoch 2
+    assert again.global_step == 24 and [row["epoch"] for row in again.history if "val/loss" in row] == [1, 2, 3]
+
+
+def test_stop_before_the_first_epoch_trains_nothing(tmp_path, regression_loaders):
+    train, val, _ = regression_loaders
+    trainer = _trainer(tmp_path, [StopsBeforeEpoch(1)])
+    trainer.train_model(train, val, num_epochs=2)
+    assert trainer.global_step == 0
+
+
+def test_best_asked_for_when_none_was_kept_warns_that_the_newest_is_used(tmp_path, regression_loaders):
+    train, val, test = regression_loaders
+    trainer = _trainer(tmp_path, [ModelCheckpoint(save_top_k=0)])
+    with pytest.warns(RuntimeWarning, match=r"kept no checkpoint for its best validation \(ModelCheckpoint\(save_top_k=0"):
+        trainer.train_model(train, val, test, num_epochs=2)
+    with pytest.warns(RuntimeWarning, match="kept no checkpoint for its best validation"):
+        RegressTrainer.load_from_checkpoint(trainer.log_dir, exmp_input=linear_data(8)[0][:1])
