@@ -221,10 +221,10 @@ class TrainerOptions:
         if not _is_nan(metrics[key]):
             return None
         return (f"The monitored metric {key} is NaN at the validation of epoch {epoch} (step {step}). A NaN ranks "
-                f"below every number, so the next finite value becomes the best model (test(), which='best' and "
-                f"metrics/best_eval.json follow); while every validation gives NaN, the newest one counts as the "
-                f"best. Check how {key} is computed (a 0/0, such as the precision of a class the model never "
-                f"predicts, is NaN) or monitor another metric. (Said once.)")
+                f"below every number: it never replaces a best model whose {key} is a number, and the next number "
+                f"beats it; only while every validation gives NaN does the newest count as the best (test(), "
+                f"which='best' and metrics/best_eval.json follow). Check how {key} is computed (a 0/0, such as the "
+                f"precision of a class the model never predicts, is NaN) or monitor another metric. (Said once.)")
 
 
 def check_trainer_arguments(*, model_hparams: Any, enable_progress_bar: Any, debug: Any, callbacks: Any,
