@@ -4,6 +4,7 @@ computed from all the epoch's predictions, equal to scikit-learn / numpy on the 
 import csv
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
@@ -12,7 +13,7 @@ from sklearn.metrics import confusion_matrix, f1_score
 
 import flaxlight
 from flaxlight.metric_objects import F1, ConfusionMatrix, Max, Min, Std, Sum
-from conftest import TinyMLP, quiet
+from conftest import TinyMLP, linear_data, quiet
 
 
 class DigitsTrainer(flaxlight.TrainerModule):
@@ -118,3 +119,35 @@ def test_metric_objects_merge_like_one_big_batch():
         F1.of(labels, predictions, 3, average="weighted")
     with pytest.raises(ValueError, match="shaped like the labels"):
         ConfusionMatrix.of(labels, predictions[:4], 3)
+
+
+@pytest.mark.parametrize("mean, spread", [(0.0, 1.0), (1000.0, 0.1), (1e4, 1.0), (300.0, 0.05)])
+def test_std_of_values_with_a_large_mean_and_a_small_spread_equals_numpy(mean, spread):
+    values = (mean + spread * np.random.default_rng(0).standard_normal(1280)).astype(np.float32)
+    merge = jax.jit(lambda a, b: a.merge(b))  # as the trainer merges: inside jit
+    total = Std.of(jnp.zeros(3), mask=jnp.zeros(3))  # an empty batch (everything masked out) changes nothing
+    for batch in np.split(values, 10):
+        total = merge(total, jax.jit(Std.of)(batch))
+    assert float(total.compute()) == pytest.approx(values.std(dtype=np.float64), rel=1e-3)
+
+
+def test_std_leaves_masked_out_values_out_even_when_they_are_nan():
+    values = np.random.default_rng(0).standard_normal(128).astype(np.float32)
+    masked = Std.of(np.append(values, [np.nan, 1e9]).astype(np.float32), mask=np.arange(130) < 128)
+    assert float(masked.compute()) == pytest.approx(values.std(dtype=np.float64), rel=1e-5)
+
+
+def test_std_in_a_run_with_fused_steps_equals_numpy_over_the_epoch(tmp_path):
+    class OffsetTrainer(flaxlight.TrainerModule):  # targets around 10000 (a price, a temperature in K)
+        def loss_fn(self, params, batch, *, train, rng, state):
+            x, y = batch
+            pred, _ = state.apply_model(params, x, train=train, rng=rng)
+            return ((pred - y) ** 2).mean(), {"target_std": Std.of(y + 10000.0)}
+
+    (x, y), (xv, yv) = linear_data(256, 0), linear_data(70, 1)
+    trainer = OffsetTrainer(model_class=TinyMLP, model_hparams={}, optimizer_hparams={"optimizer": "adam", "lr": 1e-2},
+                            exmp_input=x[:1], **quiet(tmp_path, steps_per_execution=4))
+    trainer.train_model((x, y), (xv, yv), num_epochs=2, batch_size=32)
+    expected, expected_val = (y + np.float32(10000.0)).std(dtype=np.float64), (yv + np.float32(10000.0)).std(dtype=np.float64)
+    assert [row["train/target_std"] for row in trainer.history] == pytest.approx([expected] * 2, rel=1e-3)
+    assert trainer.history[-1]["val/target_std"] == pytest.approx(expected_val, rel=1e-3)  # 32 + 32 + 6 rows

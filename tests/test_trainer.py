@@ -109,6 +109,76 @@ def test_monitor_and_mode_choose_the_best_model(tmp_path):
         seed_default.is_new_model_better({"val/mae": 1.0}, {"val/mae": 2.0})
 
 
+def test_a_nan_monitored_value_ranks_below_every_number(tmp_path):
+    nan = float("nan")
+    for mode, good in (("max", 0.9), ("min", 0.1)):
+        trainer = _regressor(tmp_path, monitor="val/score", mode=mode)
+        assert trainer.is_new_model_better({"val/score": good}, {"val/score": nan})  # any number beats NaN
+        assert not trainer.is_new_model_better({"val/score": nan}, {"val/score": good})
+        assert trainer.is_new_model_better({"val/score": nan}, {"val/score": nan})  # unrankable: the newer
+        assert trainer.is_new_model_better({"val/score": nan}, None)
+    seed_default = _regressor(tmp_path)  # the seed's priority: val/loss (min)
+    assert seed_default.is_new_model_better({"val/loss": 5.0}, {"val/loss": nan})
+
+
+class _ScoreTrainer(RegressTrainer):
+    """Adds ``score``, a function of the step (8 steps per epoch): NaN at the first validation, then
+    -(step - 16)**2, best at epoch 2; ``ALWAYS_NAN`` makes it NaN at every validation."""
+
+    ALWAYS_NAN = False
+
+    def loss_fn(self, params, batch, *, train, rng, state):
+        loss, (metrics, updates) = super().loss_fn(params, batch, train=train, rng=rng, state=state)
+        step = state.step.astype(jnp.float32)
+        nan = step <= 8 if not self.ALWAYS_NAN else True
+        return loss, ({**metrics, "score": jnp.where(nan, jnp.nan, -(step - 16) ** 2)}, updates)
+
+
+@pytest.mark.parametrize("chooser", ["trainer", "callback"])
+def test_a_nan_first_validation_does_not_stay_the_best(tmp_path, regression_loaders, capsys, chooser):
+    train, val, test = regression_loaders
+    if chooser == "trainer":
+        kwargs = {"monitor": "val/score", "mode": "max"}
+    else:
+        kwargs = {"callbacks": [flaxlight.callbacks.ModelCheckpoint(monitor="val/score", mode="max")]}
+    trainer = _ScoreTrainer(model_class=TinyMLP, exmp_input=np.zeros((1, 4), np.float32), model_hparams={},
+                            optimizer_hparams={"optimizer": "adam", "lr": 3e-2}, **quiet(tmp_path, **kwargs))
+    metrics = trainer.train_model(train, val, num_epochs=3)
+    assert [row["val/score"] for row in trainer.history][1:] == [0.0, -64.0]
+    assert np.isnan(trainer.history[0]["val/score"])
+    assert metrics["val/score"] == 0.0  # epoch 2's, not epoch 1's NaN
+    best_eval = json.loads((tmp_path / "run" / "metrics" / "best_eval.json").read_text())
+    assert best_eval["val/score"] == 0.0
+    assert sorted(int(s) for s in os.listdir(tmp_path / "run" / "checkpoints")) == [16, 24]  # best and last
+    trainer.test(test)
+    assert int(trainer.state.step) == 16  # test() used epoch 2's model
+    loaded = _ScoreTrainer.load_from_checkpoint(str(tmp_path / "run"), exmp_input=np.zeros((1, 4), np.float32))
+    assert int(loaded.state.step) == 16
+    err = capsys.readouterr().err
+    assert err.count("The monitored metric val/score is NaN at the validation of epoch 1 (step 8)") == 1
+    assert "ranks below every number" in err
+
+
+def test_a_monitored_value_nan_at_every_validation_makes_the_newest_the_best(tmp_path, regression_loaders, capsys):
+    train, val, test = regression_loaders
+
+    class AlwaysNaN(_ScoreTrainer):
+        ALWAYS_NAN = True
+
+    trainer = AlwaysNaN(model_class=TinyMLP, exmp_input=np.zeros((1, 4), np.float32),
+                        model_hparams={}, optimizer_hparams={"optimizer": "adam", "lr": 3e-2},
+                        **quiet(tmp_path, monitor="val/score", mode="max"))
+    metrics = trainer.train_model(train, val, num_epochs=3)
+    epoch_3 = json.loads((tmp_path / "run" / "metrics" / "eval_epoch_003.json").read_text())
+    assert metrics["val/loss"] == pytest.approx(epoch_3["val/loss"]) and np.isnan(metrics["val/score"])
+    best_eval = json.loads((tmp_path / "run" / "metrics" / "best_eval.json").read_text())
+    assert best_eval["val/loss"] == pytest.approx(epoch_3["val/loss"])
+    assert os.listdir(tmp_path / "run" / "checkpoints") == ["24"]
+    trainer.test(test)
+    assert int(trainer.state.step) == 24  # test() used the newest validated model
+    assert capsys.readouterr().err.count("The monitored metric val/score is NaN") == 1  # said once, not 3 times
+
+
 def test_seed_methods_work_on_their_own(tmp_path, regression_loaders):
     train, val, _ = regression_loaders
     trainer = _regressor(tmp_path)

@@ -1,6 +1,8 @@
 """``trainer.predict`` and ``trainer.test`` on loaders and on arrays."""
 
+import csv
 import json
+import os
 
 import jax
 import numpy as np
@@ -90,6 +92,52 @@ def test_test_on_arrays_logs_and_saves_test_metrics_like_train_models_test_loade
     assert saved["test/loss"] == pytest.approx(metrics["test/loss"])
     trainer.load_model()
     assert trainer.eval_model(test_loader, log_prefix="test/")["test/loss"] == pytest.approx(metrics["test/loss"])
+
+
+def _saved(tmp_path, name):
+    return json.loads((tmp_path / "run" / "metrics" / f"{name}.json").read_text())
+
+
+def test_named_tests_keep_each_test_sets_metrics_apart(tmp_path, regression_loaders):
+    trainer = _trained(tmp_path, regression_loaders)
+    _, _, test_loader = regression_loaders
+    plain = trainer.test(test_loader)
+    shifted_data = (test_loader.data[0], test_loader.data[1] + 1.0)  # a shifted test set
+    shifted = trainer.test(shifted_data, batch_size=32, name="shifted")
+    assert set(shifted) == {"test_shifted/loss"} and shifted["test_shifted/loss"] > plain["test/loss"] + 0.5
+    assert _saved(tmp_path, "test") == pytest.approx(plain)
+    assert _saved(tmp_path, "test_shifted") == pytest.approx(shifted)
+    trainer.logger.flush()
+    rows = list(csv.DictReader(open(tmp_path / "run" / "metrics.csv")))
+    assert [float(r["test/loss"]) for r in rows if r["test/loss"]] == pytest.approx([plain["test/loss"]])
+    assert [float(r["test_shifted/loss"]) for r in rows if r["test_shifted/loss"]] == pytest.approx(
+        [shifted["test_shifted/loss"]])
+
+
+def test_a_second_test_under_the_same_name_keeps_the_first_ones_file(tmp_path, regression_loaders, capsys):
+    train, val, test_loader = regression_loaders
+    trainer = RegressTrainer(model_class=TinyMLP, model_hparams={"hidden_dims": [16]},
+                             optimizer_hparams={"optimizer": "adam", "lr": 3e-2}, exmp_input=linear_data(1)[0],
+                             **quiet(tmp_path))
+    first = trainer.train_model(train, val, test_loader=test_loader, num_epochs=2)  # writes metrics/test.json
+    second = trainer.test(linear_data(40, 7), batch_size=32)
+    third = trainer.test(linear_data(40, 8), batch_size=32)
+    assert _saved(tmp_path, "test") == pytest.approx({"test/loss": first["test/loss"]})
+    assert _saved(tmp_path, "test_2") == pytest.approx(second) and _saved(tmp_path, "test_3") == pytest.approx(third)
+    assert "metrics/test.json holds an earlier test's metrics: this one's (test/...) are saved to " \
+           "metrics/test_2.json" in capsys.readouterr().err
+    loaded = RegressTrainer.load_from_checkpoint(str(tmp_path / "run"), exmp_input=linear_data(1)[0])
+    loaded.test(linear_data(40, 9), batch_size=32, name="ood")
+    loaded.test(linear_data(40, 9), batch_size=32, name="ood")  # a rerun (a notebook cell run twice)
+    assert sorted(f for f in os.listdir(tmp_path / "run" / "metrics") if f.startswith("test")) == [
+        "test.json", "test_2.json", "test_3.json", "test_ood.json", "test_ood_2.json"]
+
+
+@pytest.mark.parametrize("name", ["", "a/b", "shifted set", 3])
+def test_a_test_name_that_cannot_name_a_file_is_a_clear_error(tmp_path, regression_loaders, name):
+    trainer = _trained(tmp_path, regression_loaders)
+    with pytest.raises(ValueError, match=r"test's name must be letters, digits, '_' or '-'.*name='shifted'"):
+        trainer.test(linear_data(10), batch_size=5, name=name)
 
 
 @pytest.mark.parametrize("call, message", [

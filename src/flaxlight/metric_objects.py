@@ -104,27 +104,38 @@ class Std:
     """The standard deviation of all the epoch's values (population, as ``np.std``), e.g. of
     per-example accuracy or loss.
 
+    It keeps the count, the mean and the sum of squared deviations from the mean, and merges
+    batches with Chan's parallel formula, so a large mean does not swamp a small spread (values
+    around 10000 with a spread of 1 give 1, where the sums of values and of squares in float32
+    would give 4). ``mask`` (when given) weights the values: 0 leaves a value out.
+
     Examples:
         >>> round(float(Std.of(jnp.array([1.0, 3.0])).merge(Std.of(jnp.array([5.0, 7.0]))).compute()), 4)
         2.2361
     """
 
     count: jax.Array
-    total: jax.Array
-    total_of_squares: jax.Array
+    mean: jax.Array
+    sum_of_squared_deviations: jax.Array
 
     @classmethod
     def of(cls, values: Any, mask: Any = None) -> "Std":
         values = jnp.ravel(jnp.asarray(values, jnp.float32))
         weights = jnp.ones_like(values) if mask is None else jnp.ravel(jnp.asarray(mask, jnp.float32))
-        return cls(jnp.sum(weights), jnp.sum(weights * values), jnp.sum(weights * values ** 2))
+        values = jnp.where(weights > 0, values, 0.0)  # a left-out NaN / Inf does not reach the sums
+        count = jnp.sum(weights)
+        mean = jnp.sum(weights * values) / jnp.maximum(count, 1.0)
+        return cls(count, mean, jnp.sum(weights * (values - mean) ** 2))
 
     def merge(self, other: "Std") -> "Std":
-        return Std(self.count + other.count, self.total + other.total, self.total_of_squares + other.total_of_squares)
+        count = self.count + other.count
+        delta = other.mean - self.mean
+        share = other.count / jnp.maximum(count, 1.0)  # 0 when both are empty
+        return Std(count, self.mean + delta * share,
+                   self.sum_of_squared_deviations + other.sum_of_squared_deviations + delta ** 2 * self.count * share)
 
     def compute(self) -> jax.Array:
-        mean = self.total / jnp.maximum(self.count, 1.0)
-        return jnp.sqrt(jnp.maximum(self.total_of_squares / jnp.maximum(self.count, 1.0) - mean ** 2, 0.0))
+        return jnp.sqrt(jnp.maximum(self.sum_of_squared_deviations / jnp.maximum(self.count, 1.0), 0.0))
 
 
 def _class_ids(predictions: Any, labels: Any) -> jax.Array:

@@ -193,11 +193,38 @@ class TrainerOptions:
             said += f": no {' or '.join(skipped)} among the validation metrics {sorted(metrics)}"
         return said + ("." if self.monitor else "; pass monitor='val/<name>', mode='min'/'max' to choose.")
 
-    def is_better(self, new: Mapping[str, float], old: Mapping[str, float]) -> bool:
-        """Whether ``new`` validation metrics beat ``old`` on ``monitor``/``mode``, or else by the
-        seed's priority (:data:`DEFAULT_MONITORS`)."""
+    def is_better(self, new: Mapping[str, float], old: Mapping[str, float] | None) -> bool:
+        """Whether ``new`` validation metrics beat ``old`` (the best so far; None: there is none) on
+        ``monitor``/``mode``, or else by the seed's priority (:data:`DEFAULT_MONITORS`).
+
+        A NaN ranks below every number (as in Lightning's ``ModelCheckpoint``): a finite value
+        beats it, it never beats a finite one. Two NaNs cannot be ranked, so the newer counts as
+        better: while every validation is NaN, the best model is the newest validated one.
+
+        Examples:
+            >>> options = TrainerOptions(monitor="val/acc", mode="max")
+            >>> options.is_better({"val/acc": 0.5}, {"val/acc": float("nan")})
+            True
+            >>> options.is_better({"val/acc": float("nan")}, {"val/acc": 0.5})
+            False
+        """
         key, larger_is_better = self.monitored(new)
+        if old is None:
+            return True
+        if _is_nan(new[key]) or _is_nan(old[key]):
+            return _is_nan(old[key])  # a number beats NaN; a newer NaN replaces an older one
         return new[key] > old[key] if larger_is_better else new[key] < old[key]
+
+    def nan_monitor_message(self, metrics: Mapping[str, float], epoch: int, step: int) -> str | None:
+        """The warning for a validation whose monitored value is NaN (None when it is not)."""
+        key, _ = self.monitored(metrics)
+        if not _is_nan(metrics[key]):
+            return None
+        return (f"The monitored metric {key} is NaN at the validation of epoch {epoch} (step {step}). A NaN ranks "
+                f"below every number: it never replaces a best model whose {key} is a number, and the next number "
+                f"beats it; only while every validation gives NaN does the newest count as the best (test(), "
+                f"which='best' and metrics/best_eval.json follow). Check how {key} is computed (a 0/0, such as the "
+                f"precision of a class the model never predicts, is NaN) or monitor another metric. (Said once.)")
 
 
 def check_trainer_arguments(*, model_hparams: Any, enable_progress_bar: Any, debug: Any, callbacks: Any,
@@ -215,6 +242,14 @@ def check_trainer_arguments(*, model_hparams: Any, enable_progress_bar: Any, deb
     if check_val_every_n_epoch is not None and not _is_int(check_val_every_n_epoch, 1):
         raise ValueError(f"check_val_every_n_epoch must be a positive int, or None to validate only every "
                          f"val_check_interval steps; got {check_val_every_n_epoch!r}.")
+
+
+def _is_nan(value: Any) -> bool:
+    """Whether a metric value is a NaN number (an array or a non-number is not)."""
+    try:
+        return np.ndim(value) == 0 and bool(np.isnan(value))
+    except TypeError:
+        return False
 
 
 def _is_int(value: Any, minimum: int) -> bool:

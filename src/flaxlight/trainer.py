@@ -404,10 +404,9 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
 
     def is_new_model_better(self, new_metrics: Mapping[str, float], old_metrics: Mapping[str, float] | None) -> bool:
         """True when ``new_metrics`` beat ``old_metrics`` on ``monitor`` (or the seed's priority).
-        Asked once per validation; the answer also ranks ``ModelCheckpoint(monitor=None)``."""
-        if old_metrics is None:
-            self._announce_monitor(new_metrics)
-        return old_metrics is None or self.options.is_better(new_metrics, old_metrics)
+        Asked once per validation; a NaN ranks as the worst; the answer ranks ``ModelCheckpoint(monitor=None)``."""
+        self._announce_monitor(new_metrics)  # said once; a NaN monitored value (the worst) warned of once
+        return self.options.is_better(new_metrics, old_metrics)
 
     # ------------------------------------------------------------------ hooks (no-ops)
     def on_training_start(self) -> None:

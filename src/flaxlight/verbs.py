@@ -15,14 +15,17 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 from typing import Any, Mapping
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from flaxlight import distributed as dist
 from flaxlight import resume, runfiles
 from flaxlight.data import as_input_list, as_loader
+from flaxlight.messages import logger as messages
 from flaxlight.metrics import deliberate_reads, to_host
 from flaxlight.optim import as_optimizer_config, ema_params
 from flaxlight.step import cast_floating, step_owner
@@ -37,6 +40,16 @@ def _version() -> str:
         return importlib.metadata.version("flaxlight")
     except importlib.metadata.PackageNotFoundError:  # run from a source tree
         return "unknown"
+
+
+def _test_stem(name: Any) -> str:
+    """The metric prefix and file name of a test: ``"test"``, or ``"test_<name>"``."""
+    if name is None:
+        return "test"
+    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_-]+", name):
+        raise ValueError(f"test's name must be letters, digits, '_' or '-' (it names the metrics test_<name>/... "
+                         f"and the file metrics/test_<name>.json); got {name!r}. E.g. test(data, name='shifted').")
+    return f"test_{name}"
 
 
 def _model_inputs(batch: Any, count: int = 1) -> tuple:
@@ -120,7 +133,8 @@ class TrainerVerbsMixin:
             raise ValueError("predict's data yielded no batches: check its size and batch_size.")
         return jax.tree.map(lambda *parts: np.concatenate(parts), *jax.device_get(outputs))
 
-    def test(self, data: Any, *, batch_size: int | None = None, which: str | None = None) -> dict[str, float]:
+    def test(self, data: Any, *, batch_size: int | None = None, which: str | None = None,
+             name: str | None = None) -> dict[str, float]:
         """Evaluate a model on ``data`` as ``train_model(..., test_loader=...)`` does: ``test/...``
         metrics, logged, saved to ``metrics/test.json`` and returned; callbacks hear ``on_test_end``.
         ``data`` as in :meth:`predict` (with labels: ``(x, y)`` plus ``batch_size``).
@@ -130,26 +144,50 @@ class TrainerVerbsMixin:
         a trainer from :meth:`load_from_checkpoint` (the checkpoint it loaded), else ``"best"`` (as
         Lightning's ``trainer.test()`` after ``fit``).
 
+        ``name``: tells test sets apart (letters, digits, ``_``, ``-``): ``name="shifted"`` gives
+        ``test_shifted/...`` metrics (their own columns in ``metrics.csv``) saved to
+        ``metrics/test_shifted.json``. A result file is never overwritten: a second test under the
+        same name (the run's ``test_loader`` counts as the first) is saved as ``metrics/test_2.json``
+        (``test_shifted_2.json``, ...), with the same keys, and said.
+
         Examples:
             >>> trainer.test((x_test, y_test), batch_size=256)                     # doctest: +SKIP
+            >>> trainer.test((x_shifted, y_shifted), batch_size=256, name="shifted")   # doctest: +SKIP
+            {'test_shifted/loss': 0.31, 'test_shifted/acc': 0.88}
         """
         if which is None:
             which = "current" if self._loaded and not self._trained_here else "best"
-        return self._test(as_loader(data, batch_size, what="test's data"), which)
+        return self._test(as_loader(data, batch_size, what="test's data"), which, name=name)
 
-    def _test(self, test_loader, which: str = "best") -> dict[str, float]:
+    def _test(self, test_loader, which: str = "best", name: str | None = None) -> dict[str, float]:
         """Restore the ``which`` checkpoint (when there is one) and evaluate it on ``test_loader``."""
         if which not in ("current", "best", "last"):
             raise ValueError(f"which must be 'current', 'best' or 'last'; got {which!r}.")
+        stem = _test_stem(name)
         self._claim_records()  # before loading anything: another run's folder is refused as it is
         if which != "current" and self.checkpointer.all_steps():
             self.checkpointer.wait()
             self.load_model(None if which == "best" else resume.pick_checkpoint(self.checkpointer, which))  # None: best
-        test_metrics = self.eval_model(test_loader, log_prefix="test/")
+        test_metrics = self.eval_model(test_loader, log_prefix=f"{stem}/")
         self._log(test_metrics)
-        self.save_metrics("test", test_metrics)
+        self.save_metrics(self._unused_metrics_name(stem), test_metrics)
         self._call_callbacks("on_test_end", test_metrics)
         return test_metrics
+
+    def _unused_metrics_name(self, stem: str) -> str:
+        """``stem``, or ``stem_2``, ``stem_3``, ... when ``metrics/<stem>.json`` holds an earlier
+        result (said): a test never overwrites another's file."""
+        if self.log_dir is None or not dist.is_main_process():
+            return stem
+        folder, name, number = os.path.join(self.log_dir, runfiles.METRICS_DIR), stem, 1
+        while os.path.exists(os.path.join(folder, f"{name}.json")):
+            number += 1
+            name = f"{stem}_{number}"
+        if name != stem:
+            hint = "" if stem != "test" else " Name test sets with test(..., name='shifted'): test_shifted/... metrics."
+            messages.info(f"metrics/{stem}.json holds an earlier test's metrics: this one's ({stem}/...) are saved "
+                          f"to metrics/{name}.json.{hint}")
+        return name
 
     def export(self, path: str | os.PathLike, *, which: str = "best", batch_size: int | None = None) -> str:
         """Write the model's eval-mode forward pass with its trained variables to the folder

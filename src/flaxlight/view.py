@@ -162,11 +162,16 @@ class TrainerViewMixin:
                 self._log(means, step=step)
 
     def _announce_monitor(self, metrics: Mapping[str, float]) -> None:
-        """Say once per trainer which metric picks the best model (an absent one is an error)."""
+        """Say once per trainer which metric picks the best model (an absent one is an error), and
+        warn once when its value at a validation is NaN (it ranks as the worst: ``options.is_better``)."""
         said = self.options.describe_monitor(metrics)
         if not getattr(self, "_monitor_announced", False):
             messages.info(said)
             self._monitor_announced = True
+        nan_said = self.options.nan_monitor_message(metrics, self._loop.epoch, self.global_step)
+        if nan_said and not getattr(self, "_nan_monitor_warned", False):
+            messages.warning(nan_said)
+            self._nan_monitor_warned = True
 
     def _check_first_batch(self, batch, loader_name: str) -> None:
         """Check a loader's first batch (:func:`flaxlight.data.check_first_batch`); nothing with
