@@ -118,3 +118,38 @@ def test_best_asked_for_when_none_was_kept_warns_that_the_newest_is_used(tmp_pat
         trainer.train_model(train, val, test, num_epochs=2)
     with pytest.warns(RuntimeWarning, match="kept no checkpoint for its best validation"):
         RegressTrainer.load_from_checkpoint(trainer.log_dir, exmp_input=linear_data(8)[0][:1])
+
+
+class FailsAtStep(flaxlight.Callback):
+    every_n_steps = 1
+
+    def __init__(self, at):
+        self.at, self.logged = at, []
+
+    def on_log(self, trainer, step, metrics):
+        self.logged.append(step)
+
+    def on_step(self, trainer, step):
+        if step == self.at:
+            raise RuntimeError("data error")
+
+
+def test_a_failed_run_logs_the_log_points_it_marked_before_the_failure(tmp_path, regression_loaders):
+    train, val, _ = regression_loaders
+    failing = FailsAtStep(13)
+    trainer = _trainer(tmp_path, [failing], log_every_n_steps=2)
+    with pytest.raises(RuntimeError, match="data error"):
+        trainer.train_model(train, val, num_epochs=3)
+    with open(os.path.join(trainer.log_dir, "metrics.csv")) as f:
+        header, *rows = [line.rstrip("\n").split(",") for line in f]
+    steps = [int(row[header.index("step")]) for row in rows if row[header.index("train/loss_step")]]
+    assert steps[-1] == 12 and failing.logged[-1] == 12
+
+
+def test_a_checkpoint_monitor_on_a_train_metric_says_the_best_is_chosen_among_validation_metrics(
+        tmp_path, regression_loaders):
+    train, val, _ = regression_loaders
+    trainer = _trainer(tmp_path, [ModelCheckpoint(monitor="train/loss")])
+    with pytest.raises(KeyError, match=r"chosen at each validation among the eval step's metrics \['val/loss'\].*"
+                                       r"EarlyStopping\(monitor='train/loss'\)"):
+        trainer.train_model(train, val, num_epochs=1)

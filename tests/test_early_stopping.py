@@ -79,6 +79,26 @@ def test_in_a_real_run_patience_3_stops_after_the_third_validation_without_impro
     assert "for 3 validations in a row" in trainer.stop_reason
 
 
+def _trainer(tmp_path, stopper):
+    return RegressTrainer(model_class=TinyMLP, model_hparams={"hidden_dims": [8]}, exmp_input=linear_data(1)[0],
+                          optimizer_hparams={"optimizer": "adam", "lr": 1e-2}, **quiet(tmp_path, callbacks=[stopper]))
+
+
+def test_without_validation_a_train_metric_is_checked_after_each_epoch(tmp_path, regression_loaders):
+    train, _, _ = regression_loaders
+    trainer = _trainer(tmp_path, EarlyStopping(monitor="train/loss", patience=2, min_delta=1e9))
+    trainer.train_model(train, None, num_epochs=20)
+    assert trainer.current_epoch == 3 and "train/loss did not improve" in trainer.stop_reason
+
+
+def test_a_validation_monitor_without_validation_data_is_an_error_before_training(tmp_path, regression_loaders):
+    train, _, _ = regression_loaders
+    trainer = _trainer(tmp_path, EarlyStopping(monitor="val/loss"))
+    with pytest.raises(ValueError, match="monitors 'val/loss', but train_model got no validation data"):
+        trainer.train_model(train, None, num_epochs=20)
+    assert trainer.global_step == 0
+
+
 @pytest.mark.parametrize("kwargs, message", [
     (dict(patience=-1), "patience must be an int >= 0"),
     (dict(patience=1.5), "patience must be an int >= 0"),

@@ -180,6 +180,11 @@ class TrainerOptions:
                                        f"model by default is among the validation metrics {sorted(metrics)}. {fix}")
         close = difflib.get_close_matches(self.monitor, list(metrics), n=1)
         hint = f" Did you mean {close[0]!r}?" if close else ""
+        if not self.monitor.startswith("val/"):  # a train metric, or one a callback logs: not the eval step's
+            raise MetricNotLoggedError(
+                f"The best model is picked by monitor {self.monitor!r}, but the best model (and ModelCheckpoint's "
+                f"ranking) is chosen at each validation among the eval step's metrics {sorted(metrics)}.{hint} Monitor "
+                f"one of those; to stop on a train metric, use EarlyStopping(monitor={self.monitor!r}).")
         raise MetricNotLoggedError(f"The best model is picked by monitor {self.monitor!r}, which was never logged: it is "
                                    f"not among the validation metrics {sorted(metrics)}.{hint} {fix}")
 

@@ -153,8 +153,8 @@ def pick_checkpoint(checkpointer: Checkpointer, which: str = "best") -> int:
                       f"loading the newest, step {max(steps)}, instead.", RuntimeWarning, stacklevel=3)
     elif which == "best" and meta is not None and meta.best_step is None and meta.best_eval_metrics:
         warnings.warn(f"The run validated, but kept no checkpoint for its best validation (ModelCheckpoint("
-                      f"save_top_k=0)): loading the newest, step {max(steps)}, which the run's best metrics do not "
-                      f"describe.", RuntimeWarning, stacklevel=3)
+                      f"save_top_k=0), or a monitored value NaN at every validation): loading the newest, step "
+                      f"{max(steps)}, which the run's best metrics may not describe.", RuntimeWarning, stacklevel=3)
     return choose_step(steps, meta, which)
 
 

@@ -143,8 +143,14 @@ class TrainerViewMixin:
 
     def _end_failed_run(self, exc: BaseException, status: str) -> None:
         """Tell every callback ``on_exception`` (one that raises is warned about, and the others are
-        still told), then close the run's files with ``status``, whatever happened."""
+        still told), then close the run's files with ``status``, whatever happened. The log points
+        marked before the failure are logged first (an interrupt's save logged them already)."""
         try:
+            try:
+                self._log_running(self._loop.running_log.flush())
+            except Exception as failure:  # noqa: BLE001 - the run's own error is what the user must see
+                warnings.warn(f"The last log point was not logged ({type(failure).__name__}: {failure}).",
+                              RuntimeWarning, stacklevel=2)
             for callback in self.callbacks:
                 try:
                     callback.on_exception(self, exc)

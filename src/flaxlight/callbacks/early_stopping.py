@@ -25,7 +25,9 @@ class EarlyStopping(Callback):
 
     The loop finishes the current epoch (its checkpoint included) and stops; the reason is
     printed and kept in ``trainer.stop_reason``. Its state (best score, validations waited) is
-    saved in checkpoints, so a resumed run keeps counting.
+    saved in checkpoints, so a resumed run keeps counting. A run without validation data is
+    checked after each epoch's training instead (as in Lightning; ``patience`` then counts
+    epochs), which suits a ``train/...`` monitor; a ``val/...`` one is an error there.
 
     Examples:
         >>> stopper = EarlyStopping(monitor="val/loss", mode="min", patience=3, min_delta=1e-4)
@@ -46,6 +48,7 @@ class EarlyStopping(Callback):
         self.best: float | None = None
         self.best_epoch: int | None = None
         self.wait = 0
+        self._after_training = False  # no validation data: checked after each epoch's training
 
     def _better(self, value: float, than: float) -> bool:
         return value < than if self.mode == "min" else value > than
@@ -79,7 +82,21 @@ class EarlyStopping(Callback):
                     f"{self.wait} validations in a row (best {self._best_so_far()}).")
         return None
 
+    def on_fit_start(self, trainer) -> None:
+        self._after_training = trainer.val_loader is None
+        if self._after_training and self.monitor.startswith("val/"):
+            raise ValueError(f"EarlyStopping monitors {self.monitor!r}, but train_model got no validation data, so it "
+                             f"would never stop the run. Pass a val_loader, or monitor a train metric (e.g. "
+                             f"'train/loss'), which is checked after each epoch's training.")
+
+    def on_train_epoch_end(self, trainer, epoch: int, metrics: Mapping[str, float]) -> None:
+        if self._after_training:
+            self._check(trainer, epoch)
+
     def on_validation_end(self, trainer, epoch: int, metrics: Mapping[str, float]) -> None:
+        self._check(trainer, epoch)
+
+    def _check(self, trainer, epoch: int) -> None:
         reason = self._reason(float(trainer.monitored_value(self.monitor, owner="EarlyStopping")), epoch)
         if reason is not None:
             trainer.stop(reason)
