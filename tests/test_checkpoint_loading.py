@@ -102,6 +102,8 @@ def test_a_run_whose_optimizer_took_a_function_loads_for_inference_and_asks_for_
     for key, function in (("weight_decay_mask", lambda p: jax.tree.map(lambda a: a.ndim > 1, p)),
                           ("schedule", optax.linear_schedule(1e-2, 0.0, 16))):
         hparams = {"optimizer": "sgd", "lr": 1e-2, "weight_decay": 0.1, key: function}
+        if key == "schedule":
+            del hparams["lr"]  # the schedule function is the rate (an lr next to it is refused)
         trainer = RegressTrainer(model_class=TinyMLP, model_hparams={"hidden_dims": [8]}, optimizer_hparams=hparams,
                                  exmp_input=X0, **quiet(tmp_path, logger_params={"log_dir": str(tmp_path / key)}))
         trainer.train_model(train, val, num_epochs=2)

@@ -727,3 +727,145 @@ def test_predict_export_and_bind_model_serve_the_ema_weights_evaluation_used(tmp
                     trainer.bind_model()(x, train=False), exported(x), loaded.predict(x, batch_size=len(x), which="best"),
                     loaded.bind_model()(x, train=False)):
         assert float(np.mean((np.asarray(outputs) - y) ** 2)) == pytest.approx(tested, rel=1e-4)
+
+
+# --------------------------------------------------------------------------- mistakes that used to run silently
+@pytest.mark.parametrize("function, shown", [(optax.adam, "optax.adam"), (optax.sgd, "optax.sgd"),
+                                             (optax.polyak_sgd, "optax.polyak_sgd")])
+def test_an_uncalled_optax_optimizer_fails_when_the_trainer_is_built(tmp_path, function, shown):
+    """optimizer_hparams=optax.adam (no parentheses) was taken for a factory total_steps -> tx,
+    so optax.adam(total_steps) trained with the run's length as its learning rate."""
+    x, _ = _linear_problem(n=8)
+    with pytest.raises(TypeError) as info:
+        _trainer(tmp_path, function, x)
+    message = str(info.value)
+    assert f"optimizer_hparams={shown} is an optimizer function, not a transformation" in message
+    assert f"pass {shown}(1e-3)" in message and f"{{'optimizer': '{shown[6:]}', 'lr': 1e-3}}" in message
+
+
+def test_a_function_whose_first_argument_is_the_learning_rate_is_refused_and_a_factory_is_not():
+    def my_optimizer(learning_rate, momentum=0.9):
+        return optax.sgd(learning_rate, momentum)
+
+    with pytest.raises(TypeError, match=r"optimizer_hparams=my_optimizer is an optimizer function.*my_optimizer\(1e-3\)"):
+        make_optimizer(my_optimizer, total_steps=10)
+    assert isinstance(make_optimizer(loss_aware_sgd, total_steps=10), optax.GradientTransformation)
+    with pytest.raises(TypeError, match=r"optimizer_hparams\['optimizer'\] must be an optax optimizer's name"):
+        make_optimizer({"optimizer": optax.adam(1e-3)}, total_steps=10)
+
+
+def test_a_schedule_function_refuses_lr_and_warmup_steps_it_would_not_use(tmp_path):
+    """An explicit optax schedule ran alone while the summary and hparams.yaml reported lr=0.5
+    and warmup_steps=10."""
+    x, _ = _linear_problem(n=8)
+
+    def schedule(count):
+        return jnp.full([], 0.05)
+    with pytest.raises(ValueError) as info:
+        _trainer(tmp_path, {"optimizer": "sgd", "lr": 0.5, "warmup_steps": 10, "schedule": schedule}, x)
+    message = str(info.value)
+    assert "optimizer_hparams['schedule'] is a function" in message
+    assert "lr=0.5 and warmup_steps=10 would not be used. Remove 'lr' and 'warmup_steps'" in message
+    with pytest.raises(ValueError, match=r"warmup_steps=3 would not be used"):
+        OptimizerConfig(optimizer="sgd", schedule=schedule, warmup_steps=3)
+    with pytest.raises(flaxlight.config.ConfigError, match=r"optimizer: .*lr=0.5 would not be used"):
+        flaxlight.config.load_config(_config({"optimizer": "sgd", "lr": 0.5, "schedule": schedule}))
+    # Without them the function is the rate, and that is what is shown and recorded.
+    hparams = {"optimizer": "sgd", "schedule": schedule, "gradient_clip": None}
+    assert optim.describe_optimizer(hparams) == "sgd(lr=schedule schedule)"
+    assert optim.recorded_optimizer(hparams)["lr"] is None
+    assert OptimizerConfig(optimizer="sgd", schedule=schedule).lr is None
+    plan = make_optimizer_plan(hparams, total_steps=10)
+    params = {"w": jnp.ones(2)}
+    updates, _ = plan.tx.update({"w": jnp.ones(2)}, plan.tx.init(params), params)
+    np.testing.assert_allclose(updates["w"], -0.05)
+
+
+def test_current_learning_rate_of_an_inject_hyperparams_state_is_the_next_updates():
+    """inject_hyperparams stores the rate it used for the last update; the docs promise the next one's."""
+    schedule = optax.piecewise_constant_schedule(0.1, {3: 0.1})  # 0.1 for updates 1-3, 0.01 from update 4
+    params = {"w": jnp.ones(2)}
+    for tx in (optax.inject_hyperparams(optax.sgd)(learning_rate=schedule),
+               optax.chain(optax.clip(1.0), optax.inject_hyperparams(optax.adam)(learning_rate=schedule))):
+        state = TrainState.create(apply_fn=None, params=params, tx=tx)
+        seen, in_jit = [], []
+        for _ in range(5):
+            seen.append(float(current_learning_rate(state)))
+            in_jit.append(float(jax.jit(current_learning_rate)(state)))
+            state = state.apply_gradients(grads={"w": jnp.ones(2)})
+        np.testing.assert_allclose(seen, [float(schedule(n)) for n in range(5)], rtol=1e-6)  # [0.1] * 3 + [0.01] * 2
+        np.testing.assert_allclose(in_jit, seen, rtol=1e-6)
+    # The optimizer state alone does not hold the schedule: the rate optax stored (the last update's).
+    assert float(current_learning_rate(state.opt_state)) == pytest.approx(0.01)
+    constant = TrainState.create(apply_fn=None, params=params, tx=optax.inject_hyperparams(optax.sgd)(learning_rate=0.3))
+    assert float(current_learning_rate(constant)) == pytest.approx(0.3)
+
+
+def test_reading_the_next_inject_rate_costs_no_optimizer_work():
+    params = {"w": jnp.ones((256, 256))}
+    tx = optax.inject_hyperparams(optax.adam)(learning_rate=optax.linear_schedule(1.0, 0.0, 10))
+    state = TrainState.create(apply_fn=None, params=params, tx=tx)
+    cost = jax.jit(current_learning_rate).lower(state).compile().cost_analysis()
+    cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+    assert cost.get("flops", 0.0) < 100  # an Adam update of 65536 parameters would be ~10^6
+
+
+@pytest.mark.parametrize(
+    "hparams, fragments",
+    [
+        ({"lr": float("inf")}, ["optimizer_hparams['lr'] must be > 0 and finite", "got inf"]),
+        ({"gradient_clip": float("inf")}, ["'gradient_clip'", "finite", "None: off"]),
+        ({"optimizer": "adam", "clipnorm": 1.0}, ["'clipnorm'", "Did you mean 'gradient_clip'?"]),
+        ({"optimizer": "adam", "clipvalue": 0.5}, ["'clipvalue'", "Did you mean 'gradient_clip_value'?"]),
+        ({"optimizer": "adam", "betas": (0.9, 0.99)}, ["'betas'", "Did you mean 'b1' and 'b2' (one key each)?"]),
+        ({"optimizer": "adam", "decay": 0.01}, ["'decay'", "Did you mean 'weight_decay'?"]),
+        ({"optimizer": "adam", "decay": 0.999}, ["'decay'", "Did you mean 'ema_decay' (a moving average of the "
+                                                 "parameters) or 'weight_decay'?"]),
+        ({"reduce_on_plateau": {"rtol": 0.0}}, ["optimizer_hparams['reduce_on_plateau']={'rtol': 0.0} is refused",
+                                                "At least one of rtol or atol must be positive"]),
+        ({"reduce_on_plateau": {"factor": 2.0}}, ["Factor must be in the range (0, 1)"]),
+        ({"reduce_on_plateau": {"patience": -1}}, ["optimizer_hparams['reduce_on_plateau']['patience'] must be an "
+                                                   "integer >= 0, got -1"]),
+        ({"reduce_on_plateau": {"accumulation_size": 0}}, ["['accumulation_size'] must be an integer >= 1"]),
+    ],
+)
+def test_more_mistakes_fail_with_a_helpful_message(hparams, fragments):
+    with pytest.raises(ValueError) as info:
+        OptimizerConfig.from_dict(hparams)
+    for fragment in fragments:
+        assert fragment in str(info.value), str(info.value)
+
+
+def test_bad_reduce_on_plateau_values_fail_when_the_trainer_is_built(tmp_path):
+    x, _ = _linear_problem(n=8)
+    with pytest.raises(ValueError, match="At least one of rtol or atol must be positive"):
+        _trainer(tmp_path, {"optimizer": "sgd", "schedule": "constant", "reduce_on_plateau": {"rtol": 0.0}}, x)
+
+
+def test_an_optax_argument_given_to_optimizer_config_points_at_optimizer_kwargs():
+    with pytest.raises(TypeError) as info:
+        OptimizerConfig(optimizer="sgd", momentum=0.9)
+    assert str(info.value) == (
+        "OptimizerConfig() got momentum=0.9, an argument of optax.sgd: put it in optimizer_kwargs: "
+        "OptimizerConfig(optimizer='sgd', ..., optimizer_kwargs={'momentum': 0.9}) (the dict form takes it as a key "
+        "of its own: {'optimizer': 'sgd', 'momentum': 0.9}).")
+    with pytest.raises(TypeError, match=r"unexpected keyword argument 'learning_rate'\. Did you mean 'lr'\?"):
+        OptimizerConfig(learning_rate=1e-3)
+    with pytest.raises(TypeError, match=r"unexpected keyword argument 'clipnorm'\. Did you mean 'gradient_clip'\?"):
+        OptimizerConfig(clipnorm=1.0)
+    assert OptimizerConfig(optimizer="sgd", optimizer_kwargs={"momentum": 0.9}).optimizer_kwargs == {"momentum": 0.9}
+
+
+def _config(optimizer: dict) -> dict:
+    return {"trainer": {"name": "regression"}, "model": {"name": "mlp_regressor"}, "data": {"name": "sine"},
+            "optimizer": optimizer}
+
+
+def test_keras_and_pytorch_spellings_get_hints_in_a_config_file_too(tmp_path):
+    for line, hint in (("clipnorm: 1.0", "'optimizer.gradient_clip'"), ("decay: 1.0e-4", "'optimizer.weight_decay'"),
+                       ("betas: [0.9, 0.99]", "'optimizer.b1' and 'optimizer.b2'")):
+        path = tmp_path / "run.yaml"
+        path.write_text(yaml.safe_dump(_config({"optimizer": "adam", **yaml.safe_load(line)})))
+        with pytest.raises(flaxlight.config.ConfigError) as info:
+            flaxlight.config.load_config(path)
+        assert f"Unknown key 'optimizer.{line.split(':')[0]}'. Did you mean {hint}" in str(info.value)

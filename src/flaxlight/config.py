@@ -46,7 +46,7 @@ from flaxlight.callbacks import Callback
 from flaxlight.callbacks.timer import parse_duration
 from flaxlight.messages import logger as messages
 from flaxlight.models import ModelHparamsError
-from flaxlight.optim import OptimizerConfig
+from flaxlight.optim import OptimizerConfig, suggest_key
 from flaxlight.options import TrainerOptions
 from flaxlight.runfiles import HPARAMS_FILE, LoggerParams, next_version_dir, read_hparams
 from flaxlight.trainer import TrainerModule
@@ -665,7 +665,8 @@ def _build_optimizer(data: Mapping, path: str) -> OptimizerConfig:
         else:
             theirs = [k for k in optax_params if k not in ("learning_rate", "weight_decay", "mask")]
             raise ConfigError(
-                f"Unknown key {_join(path, key)!r}.{_suggest(str(key), own + list(_OPTIMIZER_ALIASES) + theirs, path)} "
+                f"Unknown key {_join(path, key)!r}."
+                f"{suggest_key(str(key), own + list(_OPTIMIZER_ALIASES) + theirs, value, path)} "
                 f"Valid keys of {path or 'optimizer'}: {', '.join(own)}; optax.{name.lower()} also takes: "
                 f"{', '.join(theirs) or '(nothing else)'}."
             )

@@ -13,7 +13,8 @@
 - a ready :class:`optax.GradientTransformation`: used unchanged;
 - an :data:`OptimizerFactory`, ``total_steps -> GradientTransformation``: the interface of
   learned optimizers such as VeLO, which need the run's length at construction; the result is
-  used unchanged and receives the loss every step as ``value=``.
+  used unchanged and receives the loss every step as ``value=``. An optax optimizer function
+  passed uncalled (``optax.adam``: its first argument is ``learning_rate``) is refused.
 
 Weight decay is applied exactly once: ``"decoupled"`` puts it in the optax chain (the optimizer's
 own decay where optax has one, e.g. ``adamw``; otherwise ``-lr * weight_decay * param`` after the
@@ -35,6 +36,7 @@ import difflib
 import functools
 import inspect
 import logging
+import math
 from collections.abc import Mapping
 from typing import Any, Callable, NamedTuple, Optional, Union
 
@@ -46,6 +48,7 @@ import optax
 __all__ = [
     "OPTIMIZER_NAMES",
     "PRECISIONS",
+    "RATE_NAMES",
     "SCHEDULES",
     "WEIGHT_DECAY_MODES",
     "OptimizerConfig",
@@ -63,6 +66,7 @@ __all__ = [
     "make_schedule",
     "make_weight_decay_mask",
     "record_learning_rate",
+    "suggest_key",
     "track_params_ema",
 ]
 
@@ -82,6 +86,7 @@ SCHEDULES = ("constant", "warmup_cosine", "linear", "exponential", "piecewise", 
 WEIGHT_DECAY_MODES = ("decoupled", "l2")
 PRECISIONS = ("fp32", "bf16")
 DEFAULT_WEIGHT_DECAY_EXCLUDE = ("bias", "scale")
+DEFAULT_LR = 1e-3
 
 #: A learned-optimizer factory (VeLO's shape): ``factory(total_steps) -> GradientTransformation``.
 #: Its ``update`` receives the loss every step as ``value=`` (plus ``grad=`` and ``value_fn=``).
@@ -97,10 +102,12 @@ _RAW_GRADIENT = ("polyak_sgd", "lbfgs")
 _RESERVED = {"learning_rate": "lr", "max_learning_rate": "lr", "weight_decay": "weight_decay",
              "weight_decay_rate": "weight_decay", "mask": "weight_decay_mask",
              "weight_decay_mask": "weight_decay_mask"}
-# Common spellings from other trainers -> our key.
+# Common spellings from other trainers -> our key (a tuple: the keys it splits into).
 _HINTS = {"learning_rate": "lr", "warmup_epochs": "warmup_steps", "grad_clip": "gradient_clip",
           "gradient_clip_val": "gradient_clip", "clip_grad_norm": "gradient_clip",
-          "accumulate_grad_steps": "accumulate_grad_batches", "ema": "ema_decay", "wd": "weight_decay"}
+          "accumulate_grad_steps": "accumulate_grad_batches", "ema": "ema_decay", "wd": "weight_decay",
+          "clipnorm": "gradient_clip", "global_clipnorm": "gradient_clip", "clipvalue": "gradient_clip_value",
+          "betas": ("b1", "b2"), "decay": "weight_decay"}
 _ALIASES = {"warmup": "warmup_steps"}  # the seed's key
 
 _logged: set[str] = set()
@@ -113,15 +120,37 @@ def _log_once(level: int, message: str) -> None:
         logger.log(level, message)
 
 
-def _suggest(key: str, candidates) -> str:
-    if key in _HINTS:
-        return f" Did you mean {_HINTS[key]!r}?"
+def suggest_key(key: str, candidates, value: Any = None, path: str = "") -> str:
+    """`` Did you mean ...?`` for a wrong key or name, or ``""``: another trainer's spelling
+    (Lightning's ``gradient_clip_val``, Keras' ``clipnorm``, PyTorch's ``betas``; ``value``, the
+    one given with it, tells a weight decay from an EMA's ``decay``), else the closest of
+    ``candidates``. ``path``: the config section the names are shown in (``optimizer.lr``).
+
+    Examples:
+        >>> suggest_key("clipnorm", ["gradient_clip", "lr"])
+        " Did you mean 'gradient_clip'?"
+    """
+    def shown(name: str) -> str:
+        return repr(f"{path}.{name}" if path else name)
+
+    hint = _HINTS.get(key)
+    if key == "decay" and isinstance(value, (int, float)) and 0.9 <= value < 1:  # TF's EMA spelling, likely
+        return f" Did you mean {shown('ema_decay')} (a moving average of the parameters) or {shown('weight_decay')}?"
+    if isinstance(hint, tuple) and all(name in candidates for name in hint):
+        return f" Did you mean {' and '.join(map(shown, hint))} (one key each)?"
+    if isinstance(hint, str):
+        return f" Did you mean {shown(hint)}?"
     same = [c for c in candidates if str(c).lower() == str(key).lower()]
     close = same or difflib.get_close_matches(str(key), list(candidates), n=1, cutoff=0.6)
-    return f" Did you mean {close[0]!r}?" if close else ""
+    return f" Did you mean {shown(close[0])}?" if close else ""
 
 
 def _optimizer_factory(name: str):
+    if isinstance(name, optax.GradientTransformation) or callable(name):
+        raise TypeError(f"optimizer_hparams['optimizer'] must be an optax optimizer's name (e.g. 'adam'), got "
+                        f"{_ready_name(name)}: pass a ready transformation as optimizer_hparams itself "
+                        f"(optimizer_hparams=optax.adam(1e-3)), or name the optimizer "
+                        f"({{'optimizer': 'adam', 'lr': 1e-3}}).")
     if not isinstance(name, str) or name.lower() not in OPTIMIZER_NAMES:
         close = difflib.get_close_matches(str(name).lower(), OPTIMIZER_NAMES, n=1)
         hint = f" Did you mean {close[0]!r}?" if close else ""
@@ -144,9 +173,13 @@ def _native_decay(name: str) -> tuple[str, str] | None:
     return (decay, mask) if decay and mask else None
 
 
+def _is_whole(value) -> bool:
+    """An int, or a float with no fraction (``5.0`` from a YAML file or a search space)."""
+    return isinstance(value, (int, np.integer)) or (isinstance(value, float) and value.is_integer())
+
+
 def _positive_int(value, key: str, minimum: int) -> int:
-    is_int = isinstance(value, (int, np.integer)) or (isinstance(value, float) and value.is_integer())
-    if isinstance(value, bool) or not is_int:
+    if isinstance(value, bool) or not _is_whole(value):
         raise ValueError(f"optimizer_hparams[{key!r}] must be an integer >= {minimum}, got {value!r}.")
     if int(value) < minimum:
         raise ValueError(f"optimizer_hparams[{key!r}] must be >= {minimum}, got {value!r}.")
@@ -160,10 +193,25 @@ def _optional_positive(value, key: str, *, allow_zero: bool = False, none_means:
         value = float(value)
     except (TypeError, ValueError):
         raise ValueError(f"optimizer_hparams[{key!r}] must be a number or None, got {value!r}.") from None
-    if not value >= 0 or (value == 0 and not allow_zero):  # also catches NaN
+    if not value >= 0 or (value == 0 and not allow_zero) or math.isinf(value):  # also catches NaN
         bound = ">= 0" if allow_zero else "> 0"
-        raise ValueError(f"optimizer_hparams[{key!r}] must be {bound} (None: {none_means}), got {value!r}.")
+        raise ValueError(f"optimizer_hparams[{key!r}] must be {bound} and finite (None: {none_means}), got {value!r}.")
     return value
+
+
+def _unexpected_argument_message(key: str, kwargs: Mapping[str, Any]) -> str:
+    """What to say about ``OptimizerConfig(key=...)`` when ``key`` is not one of its fields."""
+    name = str(kwargs.get("optimizer", OptimizerConfig.optimizer)).lower()
+    theirs = [k for k in _factory_parameters(name) if k not in _RESERVED] if name in OPTIMIZER_NAMES else []
+    value = kwargs[key]
+    if key in theirs:
+        return (f"OptimizerConfig() got {key}={value!r}, an argument of optax.{name}: put it in optimizer_kwargs: "
+                f"OptimizerConfig(optimizer={name!r}, ..., optimizer_kwargs={{{key!r}: {value!r}}}) (the dict form "
+                f"takes it as a key of its own: {{'optimizer': {name!r}, {key!r}: {value!r}}}).")
+    ours = [f.name for f in dataclasses.fields(OptimizerConfig)]
+    where = f"; optax.{name} takes in optimizer_kwargs: {', '.join(theirs)}" if theirs else ""
+    return (f"OptimizerConfig() got an unexpected keyword argument {key!r}.{suggest_key(key, ours + theirs, value)} "
+            f"Its fields: {', '.join(ours)}{where}.")
 
 
 @dataclasses.dataclass
@@ -177,8 +225,10 @@ class OptimizerConfig(Mapping):
     Attributes:
         optimizer: optax optimizer name (see ``OPTIMIZER_NAMES``).
         lr: peak learning rate; None lets optimizers that choose their own step (``lbfgs``'s line
-            search, ``adafactor``) do so.
-        schedule: one of ``SCHEDULES`` or an optax schedule ``step -> lr``. ``warmup_cosine`` (the
+            search, ``adafactor``) do so. Not taken with a schedule function (that is the rate): an
+            ``lr`` other than the default is refused then, and the config's ``lr`` becomes None.
+        schedule: one of ``SCHEDULES`` or an optax schedule ``step -> lr`` (a function, used as
+            given: no ``warmup_steps`` with it; build a warmup into it). ``warmup_cosine`` (the
             seed's): linear warmup from 0, then cosine to ``end_lr_factor * lr`` at the end of the
             run; ``constant``; ``linear`` and ``exponential`` decay to ``end_lr_factor * lr``;
             ``piecewise`` scales ``lr`` at ``boundaries_and_scales`` (steps counted after warmup);
@@ -204,7 +254,7 @@ class OptimizerConfig(Mapping):
     """
 
     optimizer: str = "adamw"
-    lr: Optional[float] = 1e-3
+    lr: Optional[float] = DEFAULT_LR
     schedule: Union[str, Callable[[Any], Any]] = "warmup_cosine"
     warmup_steps: int = 0
     end_lr_factor: float = 0.01
@@ -221,19 +271,19 @@ class OptimizerConfig(Mapping):
     precision: str = "fp32"
     optimizer_kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
+    def __new__(cls, *args, **kwargs):
+        # Only to name a wrong keyword argument (the dataclass __init__ would say just "unexpected"):
+        # an optax optimizer's argument belongs in optimizer_kwargs.
+        fields = {f.name for f in dataclasses.fields(cls)}
+        for key in kwargs:
+            if key not in fields:
+                raise TypeError(_unexpected_argument_message(key, kwargs))
+        return super().__new__(cls)
+
     def __post_init__(self):
         _optimizer_factory(self.optimizer)  # unknown name: the list and a suggestion
         self.optimizer = self.optimizer.lower()
-        if self.lr is not None:
-            self.lr = _optional_positive(self.lr, "lr", none_means="the optimizer picks its step, e.g. lbfgs")
-        elif _factory_parameters(self.optimizer)[_rate_argument(self.optimizer)].default is inspect.Parameter.empty:
-            raise ValueError(f"optimizer_hparams['lr'] is None, but optax.{self.optimizer} needs a learning rate.")
-        if not callable(self.schedule) and self.schedule not in SCHEDULES:
-            raise ValueError(
-                f"Unknown schedule {self.schedule!r} in optimizer_hparams['schedule'].{_suggest(self.schedule, SCHEDULES)} "
-                f"Valid: {', '.join(SCHEDULES)}, or an optax schedule (a function step -> lr)."
-            )
-        self.warmup_steps = _positive_int(self.warmup_steps, "warmup_steps", 0)
+        self._check_rate()
         self.end_lr_factor = float(self.end_lr_factor)
         if not 0 <= self.end_lr_factor <= 1 or (self.schedule == "exponential" and self.end_lr_factor == 0):
             raise ValueError(f"optimizer_hparams['end_lr_factor'] must be in [0, 1] (> 0 for exponential), "
@@ -243,28 +293,10 @@ class OptimizerConfig(Mapping):
                 raise ValueError("schedule='piecewise' needs optimizer_hparams['boundaries_and_scales'], e.g. "
                                  "{1000: 0.1, 2000: 0.1} (multiply lr by 0.1 at step 1000 and again at 2000).")
             self.boundaries_and_scales = {int(k): float(v) for k, v in self.boundaries_and_scales.items()}
-        if self.optimizer in _FIXED_RATE and (self.schedule != "constant" or self.warmup_steps):
-            raise ValueError(
-                f"optax.{self.optimizer} takes a fixed step size ({_FIXED_RATE[self.optimizer]}), not a schedule: "
-                f"set schedule='constant' and warmup_steps=0 in optimizer_hparams."
-            )
-        if self.lr is None and (self.schedule != "constant" or self.warmup_steps):
-            raise ValueError("optimizer_hparams['lr'] is None (the optimizer picks its step), so a schedule cannot "
-                             "scale it: set schedule='constant' and warmup_steps=0, or give lr.")
         self.gradient_clip = _optional_positive(self.gradient_clip, "gradient_clip")
         self.gradient_clip_value = _optional_positive(self.gradient_clip_value, "gradient_clip_value")
         self._check_weight_decay()
-        if self.reduce_on_plateau is not None:
-            if not isinstance(self.reduce_on_plateau, Mapping):
-                raise ValueError("optimizer_hparams['reduce_on_plateau'] must be a dict of "
-                                 "optax.contrib.reduce_on_plateau arguments (e.g. {'patience': 5, 'factor': 0.5}).")
-            accepted = inspect.signature(optax.contrib.reduce_on_plateau).parameters
-            for key in self.reduce_on_plateau:
-                if key not in accepted:
-                    raise ValueError(f"optimizer_hparams['reduce_on_plateau'] has key {key!r}, which "
-                                     f"optax.contrib.reduce_on_plateau does not take.{_suggest(key, accepted)} "
-                                     f"Valid: {', '.join(accepted)}.")
-            self.reduce_on_plateau = dict(self.reduce_on_plateau)
+        self._check_reduce_on_plateau()
         self.accumulate_grad_batches = _positive_int(self.accumulate_grad_batches, "accumulate_grad_batches", 1)
         if self.ema_decay is not None:
             self.ema_decay = float(self.ema_decay)
@@ -273,7 +305,7 @@ class OptimizerConfig(Mapping):
                                  f"got {self.ema_decay!r}.")
         if self.precision not in PRECISIONS:
             raise ValueError(f"Unknown precision {self.precision!r} in optimizer_hparams."
-                             f"{_suggest(self.precision, PRECISIONS)} Valid: {', '.join(PRECISIONS)}.")
+                             f"{suggest_key(self.precision, PRECISIONS)} Valid: {', '.join(PRECISIONS)}.")
         self.optimizer_kwargs = dict(self.optimizer_kwargs or {})
         accepted = _factory_parameters(self.optimizer)
         for key in self.optimizer_kwargs:
@@ -281,6 +313,72 @@ class OptimizerConfig(Mapping):
                 raise ValueError(f"optimizer_hparams key {key!r} is set by flaxlight: use {_RESERVED[key]!r} instead.")
             if key not in accepted:
                 raise ValueError(self._unknown_key_message(key))
+
+    def _check_rate(self) -> None:
+        """``lr``, ``schedule`` and ``warmup_steps``, which together give the rate of every update."""
+        if self.lr is not None:
+            self.lr = _optional_positive(self.lr, "lr", none_means="the optimizer picks its step, e.g. lbfgs")
+        if not callable(self.schedule) and self.schedule not in SCHEDULES:
+            raise ValueError(
+                f"Unknown schedule {self.schedule!r} in optimizer_hparams['schedule']."
+                f"{suggest_key(self.schedule, SCHEDULES)} Valid: {', '.join(SCHEDULES)}, or an optax schedule (a "
+                f"function step -> lr)."
+            )
+        self.warmup_steps = _positive_int(self.warmup_steps, "warmup_steps", 0)
+        if self.optimizer in _FIXED_RATE and (self.schedule != "constant" or self.warmup_steps):
+            raise ValueError(
+                f"optax.{self.optimizer} takes a fixed step size ({_FIXED_RATE[self.optimizer]}), not a schedule: "
+                f"set schedule='constant' and warmup_steps=0 in optimizer_hparams."
+            )
+        if callable(self.schedule):
+            self._check_schedule_function()
+        elif self.lr is None and _factory_parameters(self.optimizer)[_rate_argument(self.optimizer)].default \
+                is inspect.Parameter.empty:
+            raise ValueError(f"optimizer_hparams['lr'] is None, but optax.{self.optimizer} needs a learning rate.")
+        elif self.lr is None and (self.schedule != "constant" or self.warmup_steps):
+            raise ValueError("optimizer_hparams['lr'] is None (the optimizer picks its step), so a schedule cannot "
+                             "scale it: set schedule='constant' and warmup_steps=0, or give lr.")
+
+    def _check_schedule_function(self) -> None:
+        """A schedule function is the rate itself: ``lr`` and ``warmup_steps`` would not be used, so
+        they are refused (``lr`` left at its default becomes None: nothing reports an unused rate)."""
+        unused = ([f"lr={self.lr:g}"] if self.lr is not None and self.lr != DEFAULT_LR else []) + \
+                 ([f"warmup_steps={self.warmup_steps}"] if self.warmup_steps else [])
+        if unused:
+            keys = " and ".join(repr(item.split("=")[0]) for item in unused)
+            raise ValueError(
+                f"optimizer_hparams['schedule'] is a function, which gives the learning rate of every update, so "
+                f"{' and '.join(unused)} would not be used. Remove {keys}, and build the peak rate and any warmup into "
+                f"the function (e.g. optax.warmup_cosine_decay_schedule(0.0, peak_lr, warmup_steps, decay_steps)), "
+                f"or name a schedule ({', '.join(SCHEDULES)}) to have lr and warmup_steps used."
+            )
+        self.lr = None
+
+    def _check_reduce_on_plateau(self) -> None:
+        """Its keys and values, checked now by building it (optax checks factor, rtol and atol)."""
+        if self.reduce_on_plateau is None:
+            return
+        if not isinstance(self.reduce_on_plateau, Mapping):
+            raise ValueError("optimizer_hparams['reduce_on_plateau'] must be a dict of "
+                             "optax.contrib.reduce_on_plateau arguments (e.g. {'patience': 5, 'factor': 0.5}).")
+        accepted = inspect.signature(optax.contrib.reduce_on_plateau).parameters
+        for key in self.reduce_on_plateau:
+            if key not in accepted:
+                raise ValueError(f"optimizer_hparams['reduce_on_plateau'] has key {key!r}, which "
+                                 f"optax.contrib.reduce_on_plateau does not take.{suggest_key(key, accepted)} "
+                                 f"Valid: {', '.join(accepted)}.")
+        arguments = dict(self.reduce_on_plateau)
+        for key, minimum in (("patience", 0), ("cooldown", 0), ("accumulation_size", 1)):
+            value = arguments.get(key, minimum)
+            if isinstance(value, bool) or not _is_whole(value) or value < minimum:
+                raise ValueError(f"optimizer_hparams['reduce_on_plateau']['{key}'] must be an integer >= {minimum}, "
+                                 f"got {value!r}.")
+        try:
+            optax.contrib.reduce_on_plateau(**arguments)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"optimizer_hparams['reduce_on_plateau']={arguments!r} is refused by "
+                             f"optax.contrib.reduce_on_plateau: {exc}") from None
+        self.reduce_on_plateau = arguments
 
     # --- dict form ------------------------------------------------------------------------------
     @classmethod
@@ -326,7 +424,7 @@ class OptimizerConfig(Mapping):
         if self.weight_decay_mode not in WEIGHT_DECAY_MODES:
             raise ValueError(
                 f"Unknown weight_decay_mode {self.weight_decay_mode!r} in optimizer_hparams."
-                f"{_suggest(self.weight_decay_mode, WEIGHT_DECAY_MODES)} Valid: {', '.join(WEIGHT_DECAY_MODES)} "
+                f"{suggest_key(self.weight_decay_mode, WEIGHT_DECAY_MODES)} Valid: {', '.join(WEIGHT_DECAY_MODES)} "
                 f"('decoupled': AdamW-style, in the optimizer; 'l2': 0.5 * weight_decay * |param|^2 in the loss)."
             )
         if isinstance(self.weight_decay_exclude, str):
@@ -341,7 +439,7 @@ class OptimizerConfig(Mapping):
         theirs = sorted(k for k in _factory_parameters(self.optimizer) if k not in _RESERVED)
         return (
             f"Unknown key {key!r} in optimizer_hparams for optimizer {self.optimizer!r}."
-            f"{_suggest(key, ours + theirs)} flaxlight keys: {', '.join(ours)}; "
+            f"{suggest_key(key, ours + theirs, self.optimizer_kwargs.get(key))} flaxlight keys: {', '.join(ours)}; "
             f"optax.{self.optimizer} also takes: {', '.join(theirs) or '(nothing else)'}."
         )
 
@@ -364,12 +462,13 @@ class OptimizerConfig(Mapping):
             >>> OptimizerConfig.from_dict({"optimizer": "sgd", "lr": 0.1, "momentum": 0.9}).describe()
             'sgd(lr=0.1, momentum=0.9) + warmup_cosine(warmup_steps=0, end_lr=0.001) + clip_by_global_norm(1)'
         """
-        args = [f"lr={self.lr:g}" if self.lr is not None else "lr=chosen by the optimizer"]
+        if callable(self.schedule):
+            args = [f"lr=schedule {getattr(self.schedule, '__name__', type(self.schedule).__name__)}"]
+        else:
+            args = [f"lr={self.lr:g}" if self.lr is not None else "lr=chosen by the optimizer"]
         args += [f"{key}={value!r}" for key, value in self.optimizer_kwargs.items()]
         parts = [f"{self.optimizer}({', '.join(args)})"]
-        if callable(self.schedule):
-            parts.append(f"schedule {getattr(self.schedule, '__name__', type(self.schedule).__name__)}")
-        elif self.schedule != "constant" or self.warmup_steps:
+        if not callable(self.schedule) and (self.schedule != "constant" or self.warmup_steps):
             detail = [f"warmup_steps={self.warmup_steps}"]
             if self.schedule in ("warmup_cosine", "linear", "exponential") and self.lr is not None:
                 detail.append(f"end_lr={self.lr * self.end_lr_factor:g}")
@@ -417,10 +516,32 @@ def as_optimizer_config(optimizer_hparams) -> OptimizerConfig | None:
     if optimizer_hparams is None or isinstance(optimizer_hparams, Mapping):
         return OptimizerConfig.from_dict(optimizer_hparams or {})
     if callable(optimizer_hparams):
+        _refuse_uncalled_optimizer(optimizer_hparams)
         return None
     raise TypeError(
         f"optimizer_hparams must be a dict, a flaxlight.OptimizerConfig, an optax.GradientTransformation or a "
         f"function total_steps -> GradientTransformation; got {type(optimizer_hparams).__name__}."
+    )
+
+
+def _refuse_uncalled_optimizer(function: Callable) -> None:
+    """A TypeError for an optimizer function given uncalled (``optax.adam``): as an
+    :data:`OptimizerFactory` it would be called with the run's length as its learning rate."""
+    try:
+        parameters = list(inspect.signature(function).parameters)
+    except (TypeError, ValueError):  # no signature to read (a builtin): taken as a factory
+        return
+    if not parameters or parameters[0] not in ("learning_rate", "max_learning_rate"):
+        return
+    name = getattr(function, "__name__", type(function).__name__)
+    module = getattr(function, "__module__", "") or ""
+    shown = f"optax.{name}" if module.split(".")[0] == "optax" else name
+    dict_form = f", or {{'optimizer': {name!r}, 'lr': 1e-3}} (flaxlight's schedule and clipping)" \
+        if name in OPTIMIZER_NAMES else ""
+    raise TypeError(
+        f"optimizer_hparams={shown} is an optimizer function, not a transformation: its first argument is "
+        f"{parameters[0]!r}, so flaxlight would call it as an optimizer factory with the run's length (total_steps) "
+        f"as the learning rate. Call it: pass {shown}(1e-3) (a ready optax transformation){dict_form}."
     )
 
 
@@ -676,6 +797,8 @@ def _find(tree, cls) -> list:
     return []
 
 
+#: The names an ``optax.inject_hyperparams`` state may give the learning rate (optax's own: the first).
+RATE_NAMES = ("learning_rate", "lr", "step_size")
 _INJECT_STATES = tuple(getattr(optax, name) for name in ("InjectHyperparamsState", "InjectStatefulHyperparamsState")
                        if hasattr(optax, name))
 
@@ -693,25 +816,59 @@ def ema_params(state_or_opt_state) -> Any | None:
 def current_learning_rate(state_or_opt_state) -> jax.Array | None:
     """The learning rate of the next update, read from the optimizer state (works inside ``jit``).
 
-    The schedule's value (flaxlight-built optimizers, or ``optax.inject_hyperparams``' state) times
-    the scale of any ``optax.contrib.reduce_on_plateau``; None when the state holds no rate.
+    The schedule's value for the next update (flaxlight-built optimizers keep it in their state;
+    for an ``optax.inject_hyperparams`` state, whose ``hyperparams`` hold the rate of the *last*
+    update, the schedule is asked through ``state.tx``: pass the TrainState) times the scale of
+    any ``optax.contrib.reduce_on_plateau`` (the scale of the last update: the next one depends on
+    the next loss); None when the state holds no rate. Given only an inject state's optimizer
+    state, or inside ``optax.MultiSteps`` between two updates, it is the last update's rate.
 
     Example (log it from a loss function):
         >>> metrics = {"lr": current_learning_rate(state)}     # doctest: +SKIP
     """
     opt_state = _opt_state(state_or_opt_state)
     recorded = _find(opt_state, LearningRateState)
-    if recorded:
-        rate = recorded[0].learning_rate
-    else:
-        injected = [s.hyperparams["learning_rate"] for s in _find(opt_state, _INJECT_STATES)
-                    if "learning_rate" in s.hyperparams]
-        if not injected:
-            return None
-        rate = jnp.asarray(injected[0], jnp.float32)
+    rate = recorded[0].learning_rate if recorded else _next_injected_rate(state_or_opt_state)
+    if rate is None:
+        return None
     for plateau in _find(opt_state, optax.contrib.ReduceLROnPlateauState):
         rate = rate * plateau.scale
     return rate
+
+
+def _next_injected_rate(state_or_opt_state) -> jax.Array | None:
+    """The rate of the next update from the first ``optax.inject_hyperparams`` state that holds one."""
+    injected = _find(_opt_state(state_or_opt_state), _INJECT_STATES)
+    found = next(((index, name) for index, state in enumerate(injected) for name in RATE_NAMES
+                  if name in state.hyperparams), None)
+    if found is None:
+        return None
+    index, name = found
+    schedule_state = (getattr(injected[index], "hyperparams_states", None) or {}).get(name)
+    tx = getattr(state_or_opt_state, "tx", None)
+    if type(schedule_state).__name__ != "WrappedScheduleState" or tx is None:
+        # a number (the same for every update), a stateful schedule (its next value needs the next
+        # loss), or no transformation to ask: the value optax stored
+        return jnp.asarray(injected[index].hyperparams[name], jnp.float32)
+    return _rate_after_one_more_update(tx, state_or_opt_state.opt_state, state_or_opt_state.params, index, name)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 3, 4))
+def _rate_after_one_more_update(tx, opt_state, params, index: int, name: str) -> jax.Array:
+    """The schedule's value for the next update as ``tx`` computes it: an update with zero
+    gradients of which only that value is kept, so XLA drops the rest (no optimizer work)."""
+    zeros = jax.tree.map(jnp.zeros_like, params)
+    if isinstance(tx, optax.GradientTransformationExtraArgs):  # the extras the train step passes
+        value = jnp.zeros((), jnp.float32)
+        try:
+            _, new_state = tx.update(zeros, opt_state, params, value=value, grad=zeros, value_fn=lambda p: value)
+        except TypeError as exc:  # an update(..., *, value) without **extra_args
+            if "unexpected keyword argument" not in str(exc):
+                raise
+            _, new_state = tx.update(zeros, opt_state, params, value=value)
+    else:
+        _, new_state = tx.update(zeros, opt_state, params)
+    return jnp.asarray(_find(new_state, _INJECT_STATES)[index].hyperparams[name], jnp.float32)
 
 
 # --- building -----------------------------------------------------------------------------------
@@ -829,10 +986,10 @@ def _num_updates(config: OptimizerConfig, total_steps: int) -> int:
 
 def _plan_schedule(config: OptimizerConfig, num_updates: int) -> optax.Schedule | None:
     """The learning rate per optimizer update (None when the optimizer picks its own step)."""
-    if config.lr is None:
-        return None
     if callable(config.schedule):
         return config.schedule
+    if config.lr is None:
+        return None
     if config.optimizer in _FIXED_RATE:
         return optax.constant_schedule(config.lr)
     return make_schedule(config.lr, config.warmup_steps, num_updates, config.schedule,
@@ -842,7 +999,7 @@ def _plan_schedule(config: OptimizerConfig, num_updates: int) -> optax.Schedule 
 def _optimizer_kwargs(config: OptimizerConfig, schedule: optax.Schedule | None) -> dict[str, Any]:
     """The optax optimizer's keyword arguments before weight decay: the passed-through ones and the rate."""
     kwargs = dict(config.optimizer_kwargs)
-    if config.lr is not None:
+    if schedule is not None:
         name = config.optimizer
         kwargs[_rate_argument(name)] = config.lr if name in _FIXED_RATE else schedule
     return kwargs
