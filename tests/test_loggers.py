@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from conftest import RegressTrainer, TinyMLP, quiet
 
+import flaxlight
 from flaxlight.loggers import CSVLogger, Logger, LoggerCollection, TensorBoardLogger, as_image
 
 
@@ -476,3 +477,173 @@ def test_continuing_a_metrics_csv_whose_last_line_was_cut_rewrites_it_whole(tmp_
     logger.flush()
     with open(tmp_path / "metrics.csv", newline="") as f:
         assert [(r["step"], r["train/loss"]) for r in csv.DictReader(f)] == [("1", "0.5"), ("2", "0.2"), ("3", "0.1")]
+
+
+# ---------------------------------------------------------------------------- a run's loggers are its own
+class FailAt(flaxlight.Callback):
+    """Raises at ``step``, as a data error in the middle of an epoch would."""
+
+    every_n_steps = 1
+
+    def __init__(self, step):
+        self.step = step
+
+    def on_step(self, trainer, step):
+        if step == self.step:
+            raise RuntimeError(f"data error at step {step}")
+
+
+def test_resuming_a_run_reopens_its_own_wandb_and_mlflow_runs_when_the_loggers_have_no_save_dir(
+        tmp_path, regression_loaders, wandb_offline, monkeypatch):
+    """Logger objects without save_dir kept their run ids in the current directory: after another
+    run B trained from there, resuming run A appended A's records to B's W&B and MLflow runs."""
+    from mlflow.tracking import MlflowClient
+
+    from flaxlight.loggers import MLflowLogger, WandbLogger
+
+    train, val, _ = regression_loaders
+    (tmp_path / "cwd").mkdir()
+    monkeypatch.chdir(tmp_path / "cwd")
+    uri = (tmp_path / "mlruns").as_uri()  # one store for both runs, as a team's server would be
+
+    def trainer(name, **kwargs):
+        loggers = [MLflowLogger(experiment_name="shared", run_name=name, tracking_uri=uri),
+                   WandbLogger(project="shared", name=name)]
+        return _trainer(tmp_path, loggers=loggers, logger_params={"log_dir": str(tmp_path / name)}, **kwargs)
+
+    with pytest.raises(RuntimeError, match="data error"):
+        trainer("a", callbacks=[FailAt(11)]).train_model(train, val, num_epochs=2)  # checkpoint at step 8
+    other = trainer("b")
+    other.train_model(train, val, num_epochs=2)
+    other.logger.close()
+    resumed = trainer("a")
+    resumed.train_model(train, val, num_epochs=2, resume=True)
+    resumed.logger.close()
+
+    client = MlflowClient(tracking_uri=uri)
+    runs = client.search_runs([client.get_experiment_by_name("shared").experiment_id])
+    assert sorted((run.info.run_name, run.info.status) for run in runs) == [("a", "FINISHED"), ("b", "FINISHED")]
+    for run in runs:
+        assert [m.step for m in client.get_metric_history(run.info.run_id, "train/loss")] == [8, 16], run.info.run_name
+    assert not os.listdir(tmp_path / "cwd")  # nothing of either run in the current directory
+    runs = {name: [_read_wandb_run(d) for d in _offline_runs(tmp_path / name)] for name in "ab"}
+    assert [r["run"].run_id for r in runs["a"]] == [resumed.loggers[2].run_id] * 2  # A's id, twice (resumed)
+    assert runs["b"][0]["run"].run_id != resumed.loggers[2].run_id
+    assert [step for step, _ in _series(runs["a"][1]["history"], "train/loss")] == [16]
+    assert [step for step, _ in _series(runs["b"][0]["history"], "train/loss")] == [8, 16]
+
+
+def test_a_csv_logger_on_the_runs_metrics_csv_replaces_the_built_in_one(tmp_path, regression_loaders):
+    """loggers=[CSVLogger(log_dir)] added a second writer on metrics.csv: rows were duplicated."""
+    import csv
+
+    train, val, _ = regression_loaders
+    run = tmp_path / "run"
+    mine = CSVLogger(run, flush_every_n_records=1)
+    trainer = _trainer(tmp_path, loggers=[mine, TensorBoardLogger(run)],
+                       logger_params={"log_dir": str(run), "logger_type": "tensorboard"})
+    trainer.train_model(train, val, num_epochs=3)
+    with open(run / "metrics.csv", newline="") as f:
+        rows = [(r["step"], r["train/loss"], r["val/loss"]) for r in csv.DictReader(f)]
+    assert len(rows) == len(set(rows)) == 6  # train and val rows of 3 epochs, each once
+    assert [type(lg) for lg in trainer.logger.loggers] == [CSVLogger, TensorBoardLogger]  # one of each
+    assert trainer.logger.loggers[0] is mine  # yours, with your settings
+
+    with pytest.raises(ValueError, match=r"Two loggers write the metrics file .*metrics\.csv"):
+        _trainer(tmp_path, loggers=[CSVLogger(tmp_path / "x"), CSVLogger(tmp_path / "x")])
+
+
+def test_tensorboard_hyperparameters_logged_again_are_added_to_the_earlier_ones(tmp_path):
+    """A second log_hyperparams replaced the HParams tab's settings (W&B, MLflow and Lightning merge)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.plugins.hparams import plugin_data_pb2
+
+    logger = TensorBoardLogger(tmp_path)
+    logger.log_hyperparams({"seed": 3, "optimizer_hparams": {"lr": 0.1, "optimizer": "adam"}})
+    logger.log_hyperparams({"data": {"n_train": 256}, "optimizer_hparams": {"lr": 0.2}})  # e.g. from a callback
+    logger.log_best_metrics({"val/loss": 0.5}, step=10)
+    logger.finalize("success")
+
+    events = EventAccumulator(str(tmp_path), size_guidance={"tensors": 0})
+    events.Reload()
+    session = plugin_data_pb2.HParamsPluginData.FromString(
+        events.PluginTagToContent("hparams")["_hparams_/session_start_info"]).session_start_info
+    assert {key: value.number_value or value.string_value for key, value in session.hparams.items()} == {
+        "seed": 3, "optimizer_hparams.lr": 0.2, "optimizer_hparams.optimizer": "adam", "data.n_train": 256}
+    text = events.Tensors("hparams/text_summary")[-1].tensor_proto.string_val[0].decode()
+    assert "seed: 3" in text and "lr: 0.2" in text and "n_train: 256" in text
+
+
+def test_records_after_a_failed_run_reopen_its_wandb_run_once_and_it_ends_failed_as_mlflow_says(
+        tmp_path, regression_loaders, wandb_offline):
+    """Each record after a failed run (test(), log_metrics) reopened and finished the W&B run (one
+    run folder per record); a loaded failed run's W&B part ended with exit code 0, MLflow's FAILED."""
+    train, val, test = regression_loaders
+    run = tmp_path / "run"
+    trainer = _trainer(tmp_path, callbacks=[FailAt(11)],
+                       logger_params={"log_dir": str(run), "logger_type": ["wandb", "mlflow"]})
+    with pytest.raises(RuntimeError, match="data error"):
+        trainer.train_model(train, val, num_epochs=2)
+    trainer.test(test)
+    for i in range(3):
+        trainer.log_metrics({"post/x": float(i)}, step=100 + i)
+    trainer.logger.close()
+
+    runs = [_read_wandb_run(d) for d in _offline_runs(run)]
+    assert len(runs) == 2 and [r["exit_code"] for r in runs] == [1, 1]  # the run, then one for the late records
+    assert [step for step, _ in _series(runs[1]["history"], "post/x")] == [100, 101, 102]
+    assert _series(runs[1]["history"], "test/loss")
+
+    loaded = RegressTrainer.load_from_checkpoint(run, exmp_input=np.zeros((1, 4), np.float32),
+                                                 enable_progress_bar=False)
+    loaded.test(test)
+    loaded.logger.close()
+    runs = [_read_wandb_run(d) for d in _offline_runs(run)]
+    assert len(runs) == 3 and runs[2]["exit_code"] == 1 and _series(runs[2]["history"], "test/loss")
+    assert len({r["run"].run_id for r in runs}) == 1
+    assert _mlflow_client(run).get_run(loaded.loggers[2].run_id).info.status == "FAILED"
+
+
+def test_the_flaxlight_view_docstring_example_runs(tmp_path, regression_loaders):
+    """The module docstring's callback logged from on_log without a guard: RecursionError."""
+    import csv
+    import doctest
+
+    import flaxlight.view
+
+    namespace = {"flaxlight": flaxlight}
+    for example in doctest.DocTestParser().get_examples(flaxlight.view.__doc__):
+        exec(example.source, namespace)
+    (callback_class,) = [v for v in namespace.values() if isinstance(v, type) and issubclass(v, flaxlight.Callback)
+                         and v is not flaxlight.Callback]
+    train, _, _ = regression_loaders
+    _trainer(tmp_path, callbacks=[callback_class()], log_every_n_steps=4).train_model(train, None, num_epochs=1)
+    with open(tmp_path / "run" / "metrics.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["step"], r["epoch_seen"]) for r in rows if r["epoch_seen"]] == [("4", "1.0"), ("8", "1.0")]
+
+
+def test_lightning_names_trainer_loggers_and_the_loggers_own_attributes(tmp_path, wandb_offline):
+    """trainer.loggers is the list; each logger says where it writes; Lightning-only arguments and
+    typos fail when the logger is built, not at the first record in the background."""
+    pytest.importorskip("mlflow")
+    from flaxlight.loggers import MLflowLogger, WandbLogger
+
+    trainer = _trainer(tmp_path, logger_params={"log_dir": str(tmp_path / "run"),
+                                                "logger_type": ["tensorboard", "wandb", "mlflow"]})
+    csv_logger, tb, wandb_logger, mlflow_logger = trainer.loggers
+    assert [type(lg) for lg in trainer.loggers] == [CSVLogger, TensorBoardLogger, WandbLogger, MLflowLogger]
+    assert {lg.save_dir for lg in trainer.loggers} == {trainer.log_dir} == {csv_logger.log_dir, tb.log_dir}
+    assert wandb_logger.version is None and mlflow_logger.version is None  # no run before a record
+    assert type(mlflow_logger.experiment).__name__ == "MlflowClient"
+    with pytest.raises(AttributeError, match=r"trainer\.loggers\[2\] \(WandbLogger\)"):
+        trainer.logger.experiment
+    assert not (tmp_path / "run" / "wandb").exists()  # asking did not start a W&B run
+
+    with pytest.raises(TypeError, match=r"log_model=.*Lightning.*does not upload checkpoints"):
+        WandbLogger(log_model="all")
+    with pytest.raises(TypeError, match=r"unknown argument 'projct'\. Did you mean 'project'\?"):
+        WandbLogger(projct="x")
+    assert WandbLogger(version="abc123").run_id == "abc123"  # Lightning's other name for id
+    with pytest.raises(ValueError, match="id='a' and version='b'"):
+        WandbLogger(id="a", version="b")

@@ -305,7 +305,9 @@ def no_run_files() -> tuple[None, LoggerCollection, Checkpointer]:
 
 def make_loggers(params: LoggerParams, log_dir: str, extra: list[Logger]) -> LoggerCollection:
     """The loggers ``params.logger_type`` names, writing under ``log_dir``, then ``extra`` (checked
-    to be :class:`Logger` instances by :func:`open_run`)."""
+    to be :class:`Logger` instances by :func:`open_run`). An ``extra`` CSV or TensorBoard logger
+    writing where a built-in one would (the run's ``metrics.csv``, its event folder) takes that
+    one's place: one writer per file. Every logger is told the run's folder (``set_run_dir``)."""
     project = params.project_name or "flaxlight"
     run_name = params.run_name or run_display_name(log_dir)
     loggers: list[Logger] = []
@@ -322,7 +324,37 @@ def make_loggers(params: LoggerParams, log_dir: str, extra: list[Logger]) -> Log
             from flaxlight.loggers.mlflow import MLflowLogger
 
             loggers.append(MLflowLogger(experiment_name=project, run_name=run_name, save_dir=log_dir))
-    return LoggerCollection(loggers + list(extra))
+    collection = LoggerCollection(_merge_loggers(loggers, list(extra)))
+    collection.set_run_dir(log_dir)
+    return collection
+
+
+def _file_target(logger: Logger) -> tuple[str, str] | None:
+    """What a CSV or TensorBoard logger writes (a second writer there would duplicate its records)."""
+    if isinstance(logger, CSVLogger):
+        return "metrics file", os.path.abspath(logger.path)
+    if isinstance(logger, TensorBoardLogger):
+        return "TensorBoard folder", os.path.abspath(logger.log_dir)
+    return None
+
+
+def _merge_loggers(built: list[Logger], extra: list[Logger]) -> list[Logger]:
+    """``built`` then ``extra``, where an ``extra`` logger on a built-in one's file replaces it in
+    its place; two loggers given on one file are refused."""
+    merged, taken = list(built), {}
+    for logger in extra:
+        target = _file_target(logger)
+        if target is not None and target in taken:
+            raise ValueError(f"Two loggers write the {target[0]} {target[1]}: {type(taken[target]).__name__} and "
+                             f"{type(logger).__name__} in loggers=[...] (or YAML loggers:). Give one of them.")
+        same = [i for i, lg in enumerate(built) if target is not None and _file_target(lg) == target]
+        if same:  # e.g. CSVLogger(log_dir): the user's object (its settings) writes the run's metrics.csv
+            merged[same[0]] = logger
+        else:
+            merged.append(logger)
+        if target is not None:
+            taken[target] = logger
+    return merged
 
 
 def class_path(cls: type) -> str:

@@ -8,9 +8,10 @@ inherits it; the members it reads are set up by the trainer: ``_loop`` (a
 ``options``. It also holds the trainer's private logging and stop bookkeeping behind these.
 
 Examples:
-    >>> class EpochPrinter(flaxlight.Callback):                                   # doctest: +SKIP
+    >>> class EpochAtLogPoints(flaxlight.Callback):                               # doctest: +SKIP
     ...     def on_log(self, trainer, step, metrics):
-    ...         trainer.log_metrics({"epoch_seen": trainer.current_epoch}, step=step)
+    ...         if "train/loss_step" in metrics:  # log_metrics calls on_log again: answer the trainer's records only
+    ...             trainer.log_metrics({"epoch_seen": trainer.current_epoch}, step=step)
 """
 
 from __future__ import annotations
@@ -45,6 +46,13 @@ class TrainerViewMixin:
     def history(self) -> list[dict[str, Any]]:
         """Each epoch's (and each validation's) metrics, one dict per row (see :class:`~flaxlight.callbacks.History`)."""
         return next(cb for cb in self.callbacks if isinstance(cb, History)).rows
+
+    @property
+    def loggers(self) -> list:
+        """The run's loggers, as a list (Lightning's ``trainer.loggers``): the CSV logger first, then
+        those ``logger_type`` picks, then ``loggers=[...]``. ``trainer.logger`` is not the first of
+        them but the fan-out that sends each record to all of them; empty in ``fast_dev_run``."""
+        return list(self.logger.loggers)
 
     @property
     def current_epoch(self) -> int:

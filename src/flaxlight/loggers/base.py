@@ -28,8 +28,13 @@ class Logger:
         ...         print(step, metrics)
     """
 
+    def set_run_dir(self, log_dir: str | os.PathLike) -> None:
+        """The folder of the trainer's run this logger writes for (called when the trainer is
+        built, before any record). W&B and MLflow keep their run id there, so resuming the run
+        reopens its own W&B / MLflow run. The default does nothing."""
+
     def log_hyperparams(self, params: Mapping) -> None:
-        """Record the run's hyperparameters (called once)."""
+        """Record the run's hyperparameters (the trainer's once; a later call adds to them)."""
 
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
         """Record scalars at ``step``."""
@@ -75,12 +80,16 @@ class LoggerCollection(Logger):
     next other call, at a flush, or within a second. :meth:`flush` and :meth:`finalize` wait
     until everything queued is written; :meth:`flush_soon` (the trainer's call at each epoch
     end) asks for a flush without waiting, at most once per ``flush_seconds``; one it skipped
-    is queued with the first metric record after that time, so a long epoch after short ones
-    does not leave the files behind. A logger's error comes out on
+    is queued to run with the records, within the writer's idle time (a second) at the latest,
+    so a long stretch without records after short epochs does not leave the files behind.
+    A logger's error comes out on
     the caller's thread at the next call. ``background=False`` calls the loggers directly.
     A record sent after :meth:`finalize` (``trainer.log_image`` after ``train_model``) goes to
     the same run, which is then finalized again with the same status (an MLflow run does not
     stay RUNNING; a W&B run stays open until :meth:`close` or the interpreter's exit).
+
+    This is the trainer's ``trainer.logger``; the loggers themselves (for ``.experiment``,
+    ``.save_dir``, ...) are ``trainer.loggers``, the same list as :attr:`loggers`.
 
     Examples:
         >>> logger = LoggerCollection([CSVLogger(log_dir)])   # doctest: +SKIP
@@ -92,8 +101,20 @@ class LoggerCollection(Logger):
         self.loggers = list(loggers)
         self._writer = BackgroundWriter("logs") if background and self.loggers else None
         self._final_status: str | None = None
-        self._flushed_at = -float("inf")  # time.monotonic() of the latest flush_soon that flushed
-        self._stale = False  # a flush_soon was skipped: the next record a flush_seconds later brings one
+        self._flushed_at = -float("inf")  # time.monotonic() of the latest flush (flush_soon's or a deferred one)
+        self._deferred: Any = None  # the queued job of a flush that flush_soon skipped
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_") or "loggers" not in self.__dict__:
+            raise AttributeError(name)
+        having = [f"trainer.loggers[{i}] ({type(lg).__name__})" for i, lg in enumerate(self.loggers)
+                  if name in dir(lg)]  # not hasattr: W&B's experiment would start a run
+        where = f" It is on {', '.join(having)}." if having else ""
+        folder = " The run's folder is trainer.log_dir." if name in ("log_dir", "save_dir", "version") else ""
+        raise AttributeError(
+            f"'LoggerCollection' object has no attribute {name!r}: trainer.logger sends each record to all of "
+            f"the run's loggers; the loggers themselves are the list trainer.loggers "
+            f"({', '.join(type(lg).__name__ for lg in self.loggers) or 'none'}).{where}{folder}")
 
     def _each(self, method: str, *args: Any) -> None:
         for logger in self.loggers:
@@ -115,6 +136,9 @@ class LoggerCollection(Logger):
         """Call ``method`` once everything queued is written (and raise a writer's failure)."""
         try:
             if self._writer is not None:
+                if self._deferred is not None and method in ("flush", "finalize"):  # these flush anyway
+                    self._writer.withdraw([self._deferred])
+                    self._deferred = None
                 self._writer.flush_as(self._failure)
         finally:  # also after a failure: files are closed, runs ended
             self._each(method, *args)
@@ -127,13 +151,14 @@ class LoggerCollection(Logger):
     def log_hyperparams(self, params: Mapping) -> None:
         self._send("log_hyperparams", params)
 
+    def set_run_dir(self, log_dir: str | os.PathLike) -> None:
+        """Tell every logger the trainer's run folder (at once: no record is written yet)."""
+        self._each("set_run_dir", log_dir)
+
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
         # Lazy: records are written in batches, with the next call that wakes the writer (a flush,
         # an image, hyperparameters) or at the latest a second later.
         self._send("log_metrics", _scalars(metrics), step, lazy=True)
-        if self._stale and time.monotonic() - self._flushed_at >= self.flush_seconds:  # a long epoch after short ones
-            self._stale, self._flushed_at = False, time.monotonic()
-            self._send("flush", lazy=True)
 
     def log_image(self, tag: str, image: Any, step: int) -> None:
         # Checked here, on the caller's thread (a CHW array fails at the call); a copy: the caller may reuse its buffer.
@@ -161,15 +186,25 @@ class LoggerCollection(Logger):
         self._now("flush")
 
     def flush_soon(self) -> None:
-        """Queue a flush behind the records logged so far, unless one was queued less than
-        ``flush_seconds`` ago (a flush costs the writer ~0.1 ms per logger: epochs of a few
-        milliseconds would spend a few percent of a core on it); returns at once."""
+        """Queue a flush behind the records logged so far; returns at once. Within
+        ``flush_seconds`` of the previous flush (a flush costs the writer ~0.1 ms per logger:
+        epochs of a few milliseconds would spend a few percent of a core on it) the flush is
+        deferred instead: one flush waits behind the newest records without waking the writer,
+        which runs it with them, within its idle time (a second) at the latest."""
         now = time.monotonic()
-        if now - self._flushed_at < self.flush_seconds:
-            self._stale = True  # the next metric record a flush_seconds later queues the flush
+        if self._writer is None or now - self._flushed_at >= self.flush_seconds:
+            self._flushed_at = now
+            self._send("flush")
             return
-        self._stale, self._flushed_at = False, now
-        self._send("flush")
+        if self._deferred is not None:  # one deferred flush, behind the newest records
+            self._writer.withdraw([self._deferred])
+        self._writer.raise_failure_as(self._failure)
+        self._deferred = self._writer.submit(self._deferred_flush, lazy=True)
+
+    def _deferred_flush(self) -> None:
+        """A flush that :meth:`flush_soon` put off (on the writer thread)."""
+        self._flushed_at = time.monotonic()
+        self._each("flush")
 
     def finalize(self, status: str) -> None:
         self._final_status = status

@@ -19,6 +19,11 @@ class CSVLogger(Logger):
     written by :meth:`flush` (the trainer flushes at every epoch end and checkpoint) and
     :meth:`finalize`, or once ``flush_every_n_records`` rows are waiting.
 
+    The trainer always writes its run's ``metrics.csv``: a ``CSVLogger`` on that file given in
+    ``loggers=[...]`` takes the place of the built-in one (one writer per file, no duplicated rows).
+    ``log_dir`` is one folder: Lightning's ``save_dir``/``name``/``version`` layout is the
+    trainer's (``logger_params``: ``base_log_dir/<Model>/version_N``).
+
     Examples:
         >>> logger = CSVLogger("/tmp/run")                 # doctest: +SKIP
         >>> logger.log_metrics({"train/loss": 0.5}, step=10)  # doctest: +SKIP
@@ -26,11 +31,17 @@ class CSVLogger(Logger):
 
     def __init__(self, log_dir: str | os.PathLike, filename: str = "metrics.csv", flush_every_n_records: int = 100):
         self.flush_every_n_records = flush_every_n_records
-        self.path = os.path.join(os.fspath(log_dir), filename)
+        self.log_dir = os.fspath(log_dir)
+        self.path = os.path.join(self.log_dir, filename)
         self.columns: list[str] = ["step"]
         self.rows: list[dict] = []
         self._written_rows = 0
         self._on_disk = False  # the rows were read from or written to the file
+
+    @property
+    def save_dir(self) -> str:
+        """The folder this logger writes into (its ``log_dir``)."""
+        return self.log_dir
 
     def resume_from_step(self, step: int) -> None:
         """Reload ``metrics.csv`` and keep the rows up to ``step``; later rows are dropped."""

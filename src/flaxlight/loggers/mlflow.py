@@ -50,8 +50,12 @@ class MLflowLogger(Logger):
     with ``mlflow ui --backend-store-uri <save_dir>/mlruns``. Give ``tracking_uri`` (or set
     ``MLFLOW_TRACKING_URI``) to log elsewhere: ``"sqlite:///runs/mlflow.db"`` (needs the full
     ``mlflow`` package; artifacts then go to ``mlartifacts/`` beside the database) or a server's
-    ``http://...`` address. The run starts at the first record; its id is kept in
-    ``<save_dir>/mlflow_run.json``.
+    ``http://...`` address. The run starts at the first record.
+
+    Given to a trainer (``loggers=[...]``), the logger belongs to that trainer's run: the MLflow
+    run id is kept in the run's folder, ``<log_dir>/mlflow_run.json``, so resuming that run
+    reopens its MLflow run and never another's, and without ``save_dir`` the default file store
+    is ``<log_dir>/mlruns``. Used on its own, the id file is ``<save_dir>/mlflow_run.json``.
 
     Hyperparameters become MLflow params with dotted keys (``optimizer_hparams.lr``). MLflow
     params cannot change once set: a value that differs from the one already stored (after a
@@ -66,14 +70,19 @@ class MLflowLogger(Logger):
         run_name: the run's name (default: MLflow picks one).
         tracking_uri: where runs are stored (default ``MLFLOW_TRACKING_URI`` or
             ``file:<save_dir>/mlruns``).
-        save_dir: folder for the default file store and ``mlflow_run.json``.
+        save_dir: folder for the default file store (default: the trainer's run folder; the
+            current directory when used without a trainer).
         tags: run tags.
         run_id: an existing run to continue.
         artifact_location: artifact root for a newly created experiment.
 
+    Attributes:
+        experiment: the ``MlflowClient`` (as Lightning's ``MLFlowLogger.experiment``); also ``client``.
+        version: the run id (None until the first record, unless given or resumed); also ``run_id``.
+
     Examples:
-        >>> logger = MLflowLogger(experiment_name="digits", run_name="mlp", save_dir="runs/mlp")  # doctest: +SKIP
-        >>> trainer = MyTrainer(..., loggers=[logger])                                             # doctest: +SKIP
+        >>> logger = MLflowLogger(experiment_name="digits", run_name="mlp")  # doctest: +SKIP
+        >>> trainer = MyTrainer(..., loggers=[logger])                  # doctest: +SKIP
     """
 
     def __init__(
@@ -81,7 +90,7 @@ class MLflowLogger(Logger):
         experiment_name: str | None = None,
         run_name: str | None = None,
         tracking_uri: str | None = None,
-        save_dir: str | os.PathLike = ".",
+        save_dir: str | os.PathLike | None = None,
         *,
         tags: Mapping[str, Any] | None = None,
         run_id: str | None = None,
@@ -90,7 +99,9 @@ class MLflowLogger(Logger):
         _import_mlflow()  # fail now, with the extra to install, rather than at the first log point
         self.experiment_name = experiment_name or "flaxlight"
         self.run_name = run_name
-        self.save_dir = os.path.abspath(os.fspath(save_dir))
+        self._save_dir_given = save_dir is not None
+        self.save_dir = os.path.abspath(os.fspath(save_dir if save_dir is not None else "."))
+        self._store_in_save_dir = not (tracking_uri or os.environ.get("MLFLOW_TRACKING_URI"))
         self.tracking_uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or \
             Path(self.save_dir, "mlruns").as_uri()
         self.tags = {str(k): str(v) for k, v in (tags or {}).items()}
@@ -102,6 +113,7 @@ class MLflowLogger(Logger):
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
         self._client = None
         self._run_id = run_id
+        self._run_dir: str | None = None  # the trainer's run folder, which keeps the run id
         self._resumed_from_file = False
         self._experiment_id: str | None = None
         self._active = False
@@ -122,9 +134,32 @@ class MLflowLogger(Logger):
         return self._run_id
 
     @property
+    def version(self) -> str | None:
+        """The MLflow run id, as Lightning's ``MLFlowLogger.version`` (same as :attr:`run_id`)."""
+        return self._run_id
+
+    @property
+    def experiment(self):
+        """The ``MlflowClient``, as Lightning's ``MLFlowLogger.experiment`` (same as :attr:`client`)."""
+        return self.client
+
+    @property
     def experiment_id(self) -> str | None:
         """The MLflow experiment id (None until the first record)."""
         return self._experiment_id
+
+    def set_run_dir(self, log_dir: str | os.PathLike) -> None:
+        """Keep the run id in the trainer's run folder ``log_dir`` (and the default file store,
+        without ``save_dir``)."""
+        self._run_dir = os.path.abspath(os.fspath(log_dir))
+        if not self._save_dir_given:
+            self.save_dir = self._run_dir
+            if self._store_in_save_dir and self._client is None:
+                self.tracking_uri = Path(self.save_dir, "mlruns").as_uri()
+
+    @property
+    def _run_file(self) -> str:
+        return os.path.join(self._run_dir or self.save_dir, RUN_FILE)
 
     def _ensure_run(self) -> None:
         if self._active:
@@ -152,8 +187,8 @@ class MLflowLogger(Logger):
                 self._experiment_id = experiment.experiment_id
             run = client.create_run(self._experiment_id, run_name=self.run_name, tags=self.tags or None)
             self._run_id = run.info.run_id
-            os.makedirs(self.save_dir, exist_ok=True)
-            with open(os.path.join(self.save_dir, RUN_FILE), "w") as f:
+            os.makedirs(os.path.dirname(self._run_file), exist_ok=True)
+            with open(self._run_file, "w") as f:
                 json.dump({"run_id": self._run_id, "experiment_id": self._experiment_id,
                            "tracking_uri": self.tracking_uri}, f)
         self._active = True
@@ -210,10 +245,10 @@ class MLflowLogger(Logger):
         self.client.log_image(self._run_id, as_image(image), key=_key(tag), step=int(step))
 
     def resume_from_step(self, step: int) -> None:
-        """Reopen the run saved in ``<save_dir>/mlflow_run.json`` (metric points after ``step`` stay)."""
+        """Reopen the run saved in ``mlflow_run.json`` (metric points after ``step`` stay)."""
         if self._run_id is not None:
             return
-        path = os.path.join(self.save_dir, RUN_FILE)
+        path = self._run_file
         if not os.path.isfile(path):
             return
         with open(path) as f:
@@ -224,11 +259,11 @@ class MLflowLogger(Logger):
     def start_run(self) -> None:
         """A training run ends with its own status; a run id whose file ``overwrite=True`` deleted is dropped."""
         self._continuing, self._status_on_end = False, None
-        if self._resumed_from_file and not os.path.isfile(os.path.join(self.save_dir, RUN_FILE)):
+        if self._resumed_from_file and not os.path.isfile(self._run_file):
             self._run_id, self._resumed_from_file, self._active = None, False, False
 
     def continue_run(self) -> None:
-        """The next record goes to the run saved in ``<save_dir>/mlflow_run.json``, which then
+        """The next record goes to the run saved in ``mlflow_run.json``, which then
         gets back the status it had (a test of a finished run leaves it FINISHED)."""
         self.resume_from_step(0)
         self._continuing = self._run_id is not None

@@ -38,9 +38,13 @@ class TensorBoardLogger(Logger):
 
     Hyperparameters appear as a YAML block in TensorBoard's Text tab (tag ``hparams``) and, with
     the run's best metrics (``best/val/acc``, ...; written at the end of a successful
-    ``train_model``), in the HParams tab, where runs compare side by side.
+    ``train_model``), in the HParams tab, where runs compare side by side. Hyperparameters logged
+    again (``trainer.logger.log_hyperparams({"data": ...})`` in a callback) are added to the earlier
+    ones, as in W&B, MLflow and Lightning; a key logged again takes its new value.
     Events are written straight to the file by the thread that logs (flaxlight's background log
     writer): one event per log call, holding all its scalars, with no queue or thread of its own.
+    ``log_dir`` is one folder: Lightning's ``save_dir``/``name``/``version`` layout is the
+    trainer's (``logger_params``: ``base_log_dir/<Model>/version_N``).
 
     Examples:
         >>> logger = TensorBoardLogger("/tmp/run")             # doctest: +SKIP
@@ -55,7 +59,12 @@ class TensorBoardLogger(Logger):
         self._writer = None
         self._opened = False  # whether this logger has written an event file
         self._purge_step: int | None = None
-        self._hparams: dict[str, Any] = {}
+        self._hparams: dict[str, Any] = {}  # every hyperparameter logged so far, nested
+
+    @property
+    def save_dir(self) -> str:
+        """The folder this logger writes into (its ``log_dir``)."""
+        return self.log_dir
 
     @property
     def writer(self):
@@ -98,12 +107,11 @@ class TensorBoardLogger(Logger):
     def log_hyperparams(self, params: Mapping) -> None:
         import yaml
 
-        self._hparams = {key: value if isinstance(value, (bool, int, float, str)) else str(value)
-                         for key, value in flatten_params(params).items() if value is not None}
+        self._hparams = _merged(self._hparams, params)  # added to the earlier ones (a key again: its new value)
         try:
-            text = yaml.safe_dump(dict(params), sort_keys=False, default_flow_style=False)
+            text = yaml.safe_dump(self._hparams, sort_keys=False, default_flow_style=False)
         except yaml.YAMLError:  # values that are not plain data: show their repr
-            text = "\n".join(f"{key}: {value!r}" for key, value in params.items())
+            text = "\n".join(f"{key}: {value!r}" for key, value in self._hparams.items())
         # Indented: TensorBoard renders the text as markdown, and an indented block keeps YAML as is.
         summary = _tensorboardx("tensorboardX.summary")
         self._write_event(0, summary=summary.text("hparams", "".join(f"    {line}\n" for line in text.splitlines())))
@@ -120,8 +128,10 @@ class TensorBoardLogger(Logger):
         best = {f"best/{key}": float(value) for key, value in metrics.items()}
         if not best:
             return
+        hparams = {key: value if isinstance(value, (bool, int, float, str)) else str(value)
+                   for key, value in flatten_params(self._hparams).items() if value is not None}
         summary = _tensorboardx("tensorboardX.summary")
-        for record in summary.hparams(self._hparams or {"run": os.path.basename(self.log_dir)}, best):
+        for record in summary.hparams(hparams or {"run": os.path.basename(self.log_dir)}, best):
             self._write_event(step, summary=record)
         self.log_metrics(best, step)
 
@@ -138,3 +148,19 @@ class TensorBoardLogger(Logger):
         if self._writer is not None:
             self._writer.close()
             self._writer = None
+
+
+def _merged(old: Mapping, new: Mapping) -> dict:
+    """``old`` updated with ``new``, nested mappings merged key by key.
+
+    Examples:
+        >>> _merged({"opt": {"lr": 1, "b": 2}}, {"opt": {"lr": 3}, "seed": 0})
+        {'opt': {'lr': 3, 'b': 2}, 'seed': 0}
+    """
+    out = dict(old)
+    for key, value in new.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = _merged(out[key], value)
+        else:
+            out[key] = dict(value) if isinstance(value, Mapping) else value
+    return out
