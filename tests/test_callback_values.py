@@ -1,0 +1,87 @@
+"""What callbacks report and keep, checked against values computed another way: the train loss of
+an epoch with a skipped NaN step, the rates of ThroughputMonitor and ProgressBar, the checkpoints
+ModelCheckpoint keeps, the time Timer counts."""
+
+import math
+import os
+import time
+
+import jax
+import numpy as np
+import pytest
+from conftest import RegressTrainer, TinyMLP, linear_data, quiet
+
+import flaxlight
+from flaxlight.callbacks import EarlyStopping, NaNGuard
+
+X0 = np.zeros((1, 4), np.float32)
+
+
+def _trainer(tmp_path, trainer_class=RegressTrainer, **kwargs):
+    kwargs.setdefault("optimizer_hparams", {"optimizer": "adam", "lr": 1e-2})
+    return trainer_class(model_class=TinyMLP, model_hparams={"hidden_dims": [8]}, exmp_input=X0,
+                         **quiet(tmp_path, **kwargs))
+
+
+# ---------------------------------------------------------------- NaNGuard("skip") and the train metrics
+class LossRecorder(RegressTrainer):
+    """Records every train step's loss on the host as the step computed it (in step order)."""
+
+    losses: list = []
+
+    def loss_fn(self, params, batch, *, train, rng, state):
+        loss, aux = super().loss_fn(params, batch, train=train, rng=rng, state=state)
+        if train:
+            jax.debug.callback(lambda value: type(self).losses.append(float(value)), loss, ordered=True)
+        return loss, aux
+
+
+def _one_nan_batch_per_epoch():
+    x, y = linear_data(256, 0)
+    x[3 * 32 + 5, 0] = np.nan  # one example of batch 4 (of 8): that step's loss is NaN
+    return flaxlight.ArrayLoader(x, y, batch_size=32, shuffle=False), \
+        flaxlight.ArrayLoader(*linear_data(64, 1), batch_size=32)
+
+
+@pytest.mark.parametrize("steps_per_execution", [1, 4])
+def test_a_skipped_nan_step_is_left_out_of_the_train_metrics(tmp_path, steps_per_execution):
+    train, val = _one_nan_batch_per_epoch()
+    LossRecorder.losses = []
+    stopper = EarlyStopping(monitor="train/loss", patience=3)
+    trainer = _trainer(tmp_path, LossRecorder, log_every_n_steps=2, steps_per_execution=steps_per_execution,
+                       callbacks=[NaNGuard(action="skip"), stopper])
+    trainer.train_model(train, val, num_epochs=3)
+    assert trainer.stop_reason is None and trainer.nonfinite_steps == 3  # EarlyStopping saw finite values
+    jax.effects_barrier()
+    per_epoch = np.asarray(LossRecorder.losses).reshape(3, 8)
+    assert np.isnan(per_epoch[:, 3]).all() and np.isfinite(np.delete(per_epoch, 3, axis=1)).all()
+    train_losses = [row["train/loss"] for row in trainer.history if "train/loss" in row]
+    np.testing.assert_allclose(train_losses, np.nanmean(per_epoch, axis=1), rtol=1e-5)
+    # The running means too: each is the mean of the applied steps since the epoch's previous log point.
+    logged = {int(row["step"]): float(row["train/loss_step"]) for row in _csv_rows(tmp_path)
+              if row.get("train/loss_step") and int(row["step"]) <= 8}
+    starts = [0, *sorted(logged)[:-1]]
+    expected = [np.nanmean(per_epoch[0, start:end]) for start, end in zip(starts, sorted(logged))]
+    np.testing.assert_allclose([logged[step] for step in sorted(logged)], expected, rtol=1e-5)
+
+
+def test_an_applied_nan_step_still_shows_in_the_train_loss(tmp_path):
+    train, val = _one_nan_batch_per_epoch()
+    trainer = _trainer(tmp_path, log_every_n_steps=2, enable_checkpointing=False)
+    trainer.train_model(train, val, num_epochs=1)
+    assert math.isnan(trainer.history[0]["train/loss"])
+
+
+def test_an_epoch_whose_every_step_was_skipped_has_a_nan_train_loss(tmp_path):
+    x, y = linear_data(64, 0)
+    x[:, 0] = np.nan
+    trainer = _trainer(tmp_path, callbacks=[NaNGuard(action="skip")], enable_checkpointing=False)
+    trainer.train_model(flaxlight.ArrayLoader(x, y, batch_size=32), None, num_epochs=1)
+    assert trainer.nonfinite_steps == 2 and math.isnan(trainer.history[0]["train/loss"])
+
+
+def _csv_rows(tmp_path):
+    import csv
+
+    with open(tmp_path / "run" / "metrics.csv") as f:
+        return list(csv.DictReader(f))
