@@ -85,3 +85,43 @@ def _csv_rows(tmp_path):
 
     with open(tmp_path / "run" / "metrics.csv") as f:
         return list(csv.DictReader(f))
+
+
+# ---------------------------------------------------------------- Timer
+class SlowSteps(flaxlight.Callback):
+    every_n_steps = 1
+
+    def __init__(self, seconds=0.01, fail_at=None):
+        self.seconds, self.fail_at = seconds, fail_at
+
+    def on_step(self, trainer, step):
+        time.sleep(self.seconds)
+        if step == self.fail_at:
+            raise RuntimeError("a callback failed")
+
+
+def test_timer_elapsed_stands_still_after_training_and_a_resume_counts_on(tmp_path, regression_loaders):
+    train, val, _ = regression_loaders
+    timer = flaxlight.callbacks.Timer(3600)
+    trainer = _trainer(tmp_path, callbacks=[SlowSteps(), timer])
+    trainer.train_model(train, val, num_epochs=1)
+    first = timer.elapsed
+    assert first >= 8 * 0.01
+    time.sleep(0.2)
+    assert timer.elapsed == first  # frozen at the end of train_model
+    trainer.train_model(train, val, num_epochs=2, resume=True)  # the same training, one more epoch
+    assert timer.elapsed >= first + 8 * 0.01 - 0.05  # counted on (from the last checkpoint's time)
+    second = timer.elapsed
+    time.sleep(0.1)
+    assert timer.elapsed == second
+
+
+def test_timer_elapsed_stands_still_after_a_failed_run(tmp_path, regression_loaders):
+    train, val, _ = regression_loaders
+    timer = flaxlight.callbacks.Timer(3600)
+    trainer = _trainer(tmp_path, callbacks=[SlowSteps(fail_at=3), timer])
+    with pytest.raises(RuntimeError, match="a callback failed"):
+        trainer.train_model(train, val, num_epochs=1)
+    stopped = timer.elapsed
+    time.sleep(0.2)
+    assert timer.elapsed == stopped
