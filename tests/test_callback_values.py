@@ -125,3 +125,48 @@ def test_timer_elapsed_stands_still_after_a_failed_run(tmp_path, regression_load
     stopped = timer.elapsed
     time.sleep(0.2)
     assert timer.elapsed == stopped
+
+
+# ---------------------------------------------------------------- ModelCheckpoint: keep every periodic checkpoint
+def _checkpoint_steps(tmp_path):
+    folder = tmp_path / "run" / "checkpoints"
+    return sorted(int(name) for name in os.listdir(folder) if name.isdigit())
+
+
+def _best_early_loaders():
+    """Validation targets the model cannot fit while it learns the training data: the validation
+    loss is lowest early, so the best checkpoint is not the newest one."""
+    x, y = linear_data(256, 0)
+    train = flaxlight.ArrayLoader(x, y, batch_size=32, shuffle=True, seed=0)
+    return train, flaxlight.ArrayLoader(linear_data(64, 1)[0], np.zeros((64, 1), np.float32), batch_size=32)
+
+
+@pytest.mark.parametrize("monitor", [None, "val/loss"])
+@pytest.mark.parametrize("save_last", [True, False])
+def test_save_top_k_minus_one_keeps_every_periodic_checkpoint(tmp_path, monitor, save_last):
+    train, val = _best_early_loaders()
+    checkpoint = flaxlight.ModelCheckpoint(monitor=monitor, every_n_steps=4, save_top_k=-1, save_last=save_last)
+    trainer = _trainer(tmp_path, callbacks=[checkpoint], log_every_n_steps=1000)
+    trainer.train_model(train, val, num_epochs=5)
+    assert _checkpoint_steps(tmp_path) == list(range(4, 41, 4))  # Lightning's every_n_train_steps=4
+    losses = {row["step"]: row["val/loss"] for row in trainer.history if "val/loss" in row}
+    best = min(losses, key=losses.get)
+    assert best != 40 and checkpoint.best_step == best, losses  # the trainer's best stays the best
+    loaded = RegressTrainer.load_from_checkpoint(tmp_path / "run", exmp_input=X0, which="best", callbacks=[])
+    assert int(loaded.state.step) == best
+
+
+def test_save_top_k_minus_one_without_a_monitor_keeps_each_validation(tmp_path):
+    train, val = _best_early_loaders()
+    trainer = _trainer(tmp_path, callbacks=[flaxlight.ModelCheckpoint(save_top_k=-1)], log_every_n_steps=1000)
+    trainer.train_model(train, val, num_epochs=3)
+    assert _checkpoint_steps(tmp_path) == [8, 16, 24]
+
+
+@pytest.mark.parametrize("every", [{"every_n_steps": 4}, {"every_n_epochs": 1}, {"every_n_seconds": 10.0}])
+def test_periodic_checkpoints_nothing_would_keep_are_an_error(every):
+    name = next(iter(every))
+    with pytest.raises(ValueError, match=rf"ModelCheckpoint\({name}=.*, save_last=False, save_top_k=1\) would write "
+                                         rf"periodic checkpoints and delete each.*pass save_top_k=-1"):
+        flaxlight.ModelCheckpoint(save_last=False, **every)
+    flaxlight.ModelCheckpoint(save_last=False, save_top_k=-1, **every)  # kept: fine
