@@ -170,3 +170,42 @@ def test_periodic_checkpoints_nothing_would_keep_are_an_error(every):
                                          rf"periodic checkpoints and delete each.*pass save_top_k=-1"):
         flaxlight.ModelCheckpoint(save_last=False, **every)
     flaxlight.ModelCheckpoint(save_last=False, save_top_k=-1, **every)  # kept: fine
+
+
+# ---------------------------------------------------------------- ThroughputMonitor and ProgressBar rates
+class RatesSeen(flaxlight.Callback):
+    """After the monitors (listed later): their step times and the bar's samples/s at each log point."""
+
+    def __init__(self, bar):
+        self.bar, self.step_ms, self.bar_rates = bar, [], []
+
+    def on_log(self, trainer, step, metrics):
+        if "perf/step_time_ms" in metrics:
+            self.step_ms.append((step, metrics["perf/step_time_ms"], metrics["perf/samples_per_sec"]))
+        if "train/loss_step" in metrics and "samples/s" in self.bar._shown:
+            self.bar_rates.append((step, float(self.bar._shown["samples/s"])))
+
+
+def _steady(values, sleep_ms):
+    assert all(value >= sleep_ms for value in values), values  # every step slept that long
+    assert all(max(a, b) / min(a, b) < 1.5 for a, b in zip(values, values[1:])), values
+
+
+def test_throughput_and_progress_rates_time_the_steps_they_are_logged_for(tmp_path, regression_loaders):
+    train, val, _ = regression_loaders  # 8 batches of 32 per epoch
+    sleep = 0.03
+    bar = flaxlight.callbacks.ProgressBar(refresh_every_n_steps=4, style="bars")
+    seen = RatesSeen(bar)
+    trainer = _trainer(tmp_path, log_every_n_steps=4, enable_checkpointing=False,
+                       callbacks=[SlowSteps(sleep), flaxlight.callbacks.ThroughputMonitor(), bar, seen])
+    trainer.train_model(train, val, num_epochs=4)
+    logged = [step for step, _, _ in seen.step_ms]
+    assert logged == [4, 8, 12, 16, 20, 24, 28, 32]
+    step_ms = [ms for step, ms, _ in seen.step_ms if step > 4]  # the run's first interval includes compilation
+    _steady(step_ms, sleep * 1e3)
+    np.testing.assert_allclose([rate for step, _, rate in seen.step_ms if step > 4],
+                               [32 / (ms / 1e3) for ms in step_ms], rtol=1e-6)
+    bar_seconds = [32 / rate * 1e3 for step, rate in seen.bar_rates if step > 4]
+    assert len(bar_seconds) == 7
+    _steady(bar_seconds, sleep * 1e3)
+

@@ -317,6 +317,11 @@ class HostSnapshot:
             with deliberate_reads():
                 self._totals.values.copy_to_host_async()
 
+    def ready(self) -> bool:
+        """Whether the step that made these sums has finished (asks; never waits)."""
+        is_ready = getattr(self._totals.values, "is_ready", None)  # numpy sums (restored) are ready
+        return True if is_ready is None else bool(is_ready())
+
     def sums_and_count(self) -> tuple[dict[str, float], float, int]:
         """``(sums, examples, non-finite steps)`` on the host."""
         totals = self._totals
