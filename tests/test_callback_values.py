@@ -2,6 +2,7 @@
 an epoch with a skipped NaN step, the rates of ThroughputMonitor and ProgressBar, the checkpoints
 ModelCheckpoint keeps, the time Timer counts."""
 
+import csv
 import math
 import os
 import time
@@ -21,6 +22,11 @@ def _trainer(tmp_path, trainer_class=RegressTrainer, **kwargs):
     kwargs.setdefault("optimizer_hparams", {"optimizer": "adam", "lr": 1e-2})
     return trainer_class(model_class=TinyMLP, model_hparams={"hidden_dims": [8]}, exmp_input=X0,
                          **quiet(tmp_path, **kwargs))
+
+
+def _csv_rows(tmp_path):
+    with open(tmp_path / "run" / "metrics.csv") as f:
+        return list(csv.DictReader(f))
 
 
 # ---------------------------------------------------------------- NaNGuard("skip") and the train metrics
@@ -78,13 +84,6 @@ def test_an_epoch_whose_every_step_was_skipped_has_a_nan_train_loss(tmp_path):
     trainer = _trainer(tmp_path, callbacks=[NaNGuard(action="skip")], enable_checkpointing=False)
     trainer.train_model(flaxlight.ArrayLoader(x, y, batch_size=32), None, num_epochs=1)
     assert trainer.nonfinite_steps == 2 and math.isnan(trainer.history[0]["train/loss"])
-
-
-def _csv_rows(tmp_path):
-    import csv
-
-    with open(tmp_path / "run" / "metrics.csv") as f:
-        return list(csv.DictReader(f))
 
 
 # ---------------------------------------------------------------- Timer

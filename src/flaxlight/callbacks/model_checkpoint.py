@@ -64,7 +64,7 @@ class ModelCheckpoint(Callback):
         if mode not in ("min", "max"):
             raise ValueError(f"ModelCheckpoint mode must be 'min' or 'max', got {mode!r}.")
         if not isinstance(save_top_k, int) or save_top_k < -1:
-            raise ValueError(f"save_top_k must be an int >= 0, or -1 to keep every validated checkpoint; "
+            raise ValueError(f"save_top_k must be an int >= 0, or -1 to keep every checkpoint written; "
                              f"got {save_top_k!r}.")
         if monitor is None and save_top_k not in (-1, 0, 1):
             raise ValueError(f"save_top_k={save_top_k} needs a monitor='val/<metric>' to rank checkpoints by. Without "
@@ -255,7 +255,7 @@ def _check_periodic_kept(save_last: bool, save_top_k: int, **every: Any) -> None
         return
     named = ", ".join(f"{name}={value}" for name, value in asked.items())
     raise ValueError(f"ModelCheckpoint({named}, save_last=False, save_top_k={save_top_k}) would write periodic "
-                     f"checkpoints and delete each at the next save: with save_last=False only the ones "
-                     f"kept for their validation score stay (save_top_k={save_top_k} of them). To keep every periodic checkpoint (Lightning's every_n_train_steps "
-                     f"with save_top_k=-1), pass save_top_k=-1; to keep the newest for resuming, save_last=True; "
-                     f"else drop {', '.join(asked)}.")
+                     f"checkpoints and delete each at the next save: with save_last=False only the ones kept for "
+                     f"their validation score stay (save_top_k={save_top_k} of them). To keep every periodic "
+                     f"checkpoint (Lightning's every_n_train_steps with save_top_k=-1), pass save_top_k=-1; to keep "
+                     f"the newest for resuming, save_last=True; else drop {', '.join(asked)}.")
