@@ -128,7 +128,8 @@ def _loop_functions(train_step: Callable, eval_step: Callable, *, block_length: 
                     guard: str | None) -> _LoopFunctions:
     """Wrap the user's steps: sum metrics per example; with a ``guard`` (a NaNGuard's action) a
     step is non-finite when its loss or its updated params are (a NaN gradient counts), and
-    ``"skip"`` keeps the params and optimizer state of such steps."""
+    ``"skip"`` keeps the params and optimizer state of such steps and leaves their metrics out of
+    the sums (a skipped step changed nothing)."""
 
     def train(state, acc, batch):
         if _no_rows(batch):  # known when tracing: a step that changes nothing and weighs nothing
@@ -139,7 +140,7 @@ def _loop_functions(train_step: Callable, eval_step: Callable, *, block_length: 
         if guard == "skip":
             kept = state.replace(step=new_state.step)
             new_state = jax.tree.map(lambda new, old: jnp.where(finite, new, old), new_state, kept)
-        return new_state, accumulate(acc, metrics, batch_size(batch), finite)
+        return new_state, accumulate(acc, metrics, batch_size(batch), finite, drop_nonfinite=guard == "skip")
 
     def block(state, acc, batches):
         return jax.lax.scan(lambda carry, batch: (train(*carry, batch), None), (state, acc), batches)[0]

@@ -18,6 +18,7 @@ import contextvars
 import dataclasses
 import signal
 import threading
+import time
 import warnings
 from typing import Any, Iterable, Mapping
 
@@ -35,6 +36,22 @@ class RunningLog:
     ``(step, means, nonfinite)`` (a list, empty at the first point of an epoch), whose copy has
     had a whole log interval to arrive: the training thread rarely waits, and callbacks hear of
     each log point at the same moment in every run. :meth:`flush` returns the pending point now.
+
+    Each point's wall time (``time.perf_counter()`` on the host, no added device wait) is when
+    its step was done, as far as the host can tell: when the point was marked, or, when the
+    step was still running then (asynchronous dispatch), when reading its values returned.
+    :meth:`finished_at` answers it while the point is delivered: rates computed from it cover
+    the steps they are labelled with, not the time the values took to arrive.
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> from flaxlight.metrics import accumulate, init_accumulator
+        >>> log = RunningLog()
+        >>> acc = accumulate(init_accumulator({"loss": jnp.float32(0)}), {"loss": jnp.float32(2.0)}, 4)
+        >>> log.mark(1, acc)
+        []
+        >>> [(step, means) for step, means, _ in log.flush()], log.finished_at(1) is not None
+        ([(1, {'train/loss_step': 2.0})], True)
     """
 
     def __init__(self, prefix: str = "train/", suffix: str = "_step"):
@@ -43,21 +60,33 @@ class RunningLog:
 
     def reset(self) -> None:
         """A new epoch: the sums start from zero again."""
-        self.pending: collections.deque[tuple[int, HostSnapshot]] = collections.deque()
+        self.pending: collections.deque[tuple[int, HostSnapshot, float]] = collections.deque()
         self.last_sums: dict[str, float] = {}
         self.last_count = 0.0
+        self._delivered: dict[int, float] = {}  # step -> wall time it was done, of the points last returned
 
     def mark(self, step: int, acc: dict) -> list[tuple[int, dict[str, float], int]]:
         """Start copying ``acc``; return the previous log point's values."""
         arrived = self.flush()
-        self.pending.append((step, HostSnapshot(acc)))
+        self.pending.append((step, HostSnapshot(acc), time.perf_counter()))
         return arrived
 
     def flush(self) -> list[tuple[int, dict[str, float], int]]:
         """The pending log point's values, now (waits for its copy)."""
-        arrived = [self._read(point) for point in self.pending]
+        arrived, finished = [], {}
+        for step, snapshot, marked in self.pending:
+            ready = snapshot.ready()  # done by now: it was done by its mark (the host ran behind the device)
+            arrived.append(self._read(step, snapshot))
+            finished[step] = marked if ready else time.perf_counter()  # else: it finished as the read returned
+        if finished:
+            self._delivered = finished
         self.pending.clear()
         return arrived
+
+    def finished_at(self, step: int) -> float | None:
+        """``time.perf_counter()`` when the log point at ``step`` was done (see the class), for
+        the points the last :meth:`mark` / :meth:`flush` returned (None for another step)."""
+        return self._delivered.get(step)
 
     def state_dict(self) -> dict:
         return {"last_sums": self.last_sums, "last_count": self.last_count}
@@ -67,8 +96,7 @@ class RunningLog:
         self.last_sums = dict(state.get("last_sums", {}))
         self.last_count = float(state.get("last_count", 0.0))
 
-    def _read(self, pending: tuple[int, HostSnapshot]) -> tuple[int, dict[str, float], int]:
-        step, snapshot = pending
+    def _read(self, step: int, snapshot: HostSnapshot) -> tuple[int, dict[str, float], int]:
         sums, count, nonfinite = snapshot.sums_and_count()
         examples = count - self.last_count
         means = {}

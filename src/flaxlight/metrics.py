@@ -145,21 +145,40 @@ def tree_finite(tree) -> jax.Array:
 finite_now = jax.jit(tree_finite)  # the same, in one dispatch (e.g. the params before a checkpoint)
 
 
-def accumulate(acc: dict, metrics: Mapping[str, Any], weight, finite=None) -> dict:
+def accumulate(acc: dict, metrics: Mapping[str, Any], weight, finite=None, *, drop_nonfinite: bool = False) -> dict:
     """Pure: add ``metrics`` (batch means) weighted by ``weight`` examples; count non-finite steps
-    (``finite``: the step's own verdict, e.g. loss and updated params; default: the loss)."""
+    (``finite``: the step's own verdict, e.g. loss and updated params; default: the loss).
+
+    ``drop_nonfinite=True`` (``NaNGuard("skip")``: such a step was not applied) leaves a
+    non-finite step's metrics out: its values, its examples and its metric objects; it is still
+    counted as non-finite. Otherwise a NaN step's values enter the sums (its NaN shows).
+
+    Examples:
+        >>> acc = init_accumulator({"loss": jnp.float32(0)})
+        >>> acc = accumulate(acc, {"loss": jnp.float32(2.0)}, 4)
+        >>> acc = accumulate(acc, {"loss": jnp.float32(jnp.nan)}, 4, jnp.bool_(False), drop_nonfinite=True)
+        >>> acc["totals"].read()
+        ({'loss': 8.0}, 4.0, 1)
+    """
     weight = jnp.asarray(weight, jnp.float32)
     totals = acc["totals"]
     finite = step_finite(metrics) if finite is None else finite
     bad = jnp.logical_not(finite).astype(jnp.float32)
+    values = [jnp.asarray(metrics[name], jnp.float32) for name in totals.names]
+    if drop_nonfinite:  # a skipped step weighs nothing (0 * NaN would still be NaN: zero the value too)
+        weight = jnp.where(finite, weight, 0.0)
+        values = [jnp.where(finite, value, 0.0) for value in values]
     # One vector: each output of a call costs XLA's CPU runtime a few us (jax 0.10). The count
     # depends on the step's result (plus 0 * 0-or-1, always exactly 0): an output that does not
     # depend on the rest of the step costs ~30 us per call there, a fifth of a small model's step.
-    added = [jnp.asarray(metrics[name], jnp.float32) * weight for name in totals.names] + [weight + 0.0 * bad, bad]
+    added = [value * weight for value in values] + [weight + 0.0 * bad, bad]
     out: dict[str, Any] = {"totals": Totals(totals.names, totals.values + jnp.stack(added))}
     if "objects" in acc:
-        first = totals.count == 0  # the epoch's first step: its object replaces the zeroed one
+        first = totals.count == 0  # the epoch's first counted step: its object replaces the zeroed one
         out["objects"] = {name: _merged(old, metrics[name], first) for name, old in acc["objects"].items()}
+        if drop_nonfinite:
+            out["objects"] = jax.tree.map(lambda merged, old: jnp.where(finite, merged, old),
+                                          out["objects"], acc["objects"])
     return out
 
 
@@ -208,11 +227,13 @@ def to_host(tree):
 
 
 def read_means(acc: dict, prefix: str = "") -> dict[str, float]:
-    """Host sync: the weighted means as Python floats, keys prefixed (``"train/"``)."""
+    """Host sync: the weighted means as Python floats, keys prefixed (``"train/"``). Steps left
+    out as skipped (``accumulate(..., drop_nonfinite=True)``) count for nothing; when every step
+    was, each scalar mean is NaN (there is none), and metric objects are left out."""
     host = to_host(acc)  # a no-op for sums already on the host
-    sums, count, _ = host["totals"].read()
-    if count == 0:
-        return {}
+    sums, count, nonfinite = host["totals"].read()
+    if count == 0:  # no step counted: none ran, or every one was skipped as non-finite (then NaN)
+        return {prefix + name: float("nan") for name in sums} if nonfinite else {}
     means: dict[str, Any] = {prefix + name: total / count for name, total in sums.items()}
     for name, value in host.get("objects", {}).items():
         _put_computed(means, prefix + name, value.compute())
@@ -295,6 +316,11 @@ class HostSnapshot:
         if not _arrays_in_host_memory():
             with deliberate_reads():
                 self._totals.values.copy_to_host_async()
+
+    def ready(self) -> bool:
+        """Whether the step that made these sums has finished (asks; never waits)."""
+        is_ready = getattr(self._totals.values, "is_ready", None)  # numpy sums (restored) are ready
+        return True if is_ready is None else bool(is_ready())
 
     def sums_and_count(self) -> tuple[dict[str, float], float, int]:
         """``(sums, examples, non-finite steps)`` on the host."""

@@ -79,6 +79,14 @@ class TrainerViewMixin:
         """The step up to which :attr:`nonfinite_steps` is known."""
         return self._nonfinite.checked_step
 
+    def log_point_time(self, step: int) -> float | None:
+        """``time.perf_counter()`` when the train log point at ``step`` was done, for the point
+        being delivered to ``on_log`` now (its metrics arrive one log point late); None for any
+        other step or record. Host time, no added device wait: when the loop reached the point,
+        or, if the step was still running on the device then, when its values were read
+        (:class:`~flaxlight.loop.RunningLog`)."""
+        return self._loop.running_log.finished_at(step)
+
     @property
     def is_best_validation(self) -> bool:
         """Whether the latest validation is the best so far (``is_new_model_better``'s answer)."""

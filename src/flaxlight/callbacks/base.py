@@ -30,6 +30,8 @@ class TrainerView(Protocol):
         log values the way the trainer logs its own (loggers, ``callback_metrics``, ``on_log``).
         save_model(step): checkpoint now. learning_rate(step): the scheduled rate.
         monitored_value(name, owner): a logged metric, or an error naming the logged ones.
+        log_point_time(step): in ``on_log``, the ``time.perf_counter()`` at which the loop reached
+        the train log point ``step`` (None for other records): wall time per logged interval.
     """
 
     global_step: int
@@ -77,6 +79,8 @@ class TrainerView(Protocol):
     def learning_rate(self, step: int | None = None) -> float | None: ...
 
     def monitored_value(self, name: str, owner: str = "monitor") -> float: ...
+
+    def log_point_time(self, step: int) -> float | None: ...
 
 
 class Callback:

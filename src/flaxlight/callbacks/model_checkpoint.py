@@ -20,10 +20,15 @@ class ModelCheckpoint(Callback):
             ``is_new_model_better`` (the seed's rule, asked once per validation by the trainer)
             and keeps only the single best.
         mode: ``"min"`` or ``"max"`` for ``monitor``.
-        save_top_k: how many best checkpoints to keep (0: none kept for being best; -1: every
-            validated checkpoint).
+        save_top_k: how many best checkpoints to keep (0: none kept for being best). -1 keeps
+            every checkpoint written, as in Lightning: each validation's (ranked by ``monitor``,
+            or, without one, by ``is_new_model_better``, which still picks the best) and each
+            periodic one. With a ``monitor``, any k; without one, 0, 1 or -1.
         save_last: keep the most recent checkpoint, so a run can resume from it; the state at the
-            end of training is always saved.
+            end of training is always saved. ``False``: only the checkpoints ``save_top_k``
+            keeps; periodic saves (``every_n_*``) then need ``save_top_k=-1`` (they are written
+            and all kept; Lightning's ``ModelCheckpoint(every_n_train_steps=N, save_top_k=-1)``),
+            else they would be deleted at the next save, so asking for them is an error.
         every_n_epochs: write a checkpoint every N epochs (after validation when it runs).
         every_n_steps: also write one every N optimizer steps, mid-epoch included.
         every_n_seconds: write one at the first epoch end (or ``every_n_steps`` step) at least
@@ -50,6 +55,7 @@ class ModelCheckpoint(Callback):
 
     Examples:
         >>> trainer = MyTrainer(..., callbacks=[ModelCheckpoint(monitor="val/acc", mode="max", save_top_k=3)])  # doctest: +SKIP
+        >>> every_500 = ModelCheckpoint(every_n_steps=500, save_top_k=-1, save_last=False)  # a snapshot every 500 steps
     """
 
     def __init__(self, monitor: str | None = None, mode: str = "min", save_top_k: int = 1, save_last: bool = True,
@@ -58,10 +64,12 @@ class ModelCheckpoint(Callback):
         if mode not in ("min", "max"):
             raise ValueError(f"ModelCheckpoint mode must be 'min' or 'max', got {mode!r}.")
         if not isinstance(save_top_k, int) or save_top_k < -1:
-            raise ValueError(f"save_top_k must be an int >= 0, or -1 to keep every validated checkpoint; "
+            raise ValueError(f"save_top_k must be an int >= 0, or -1 to keep every checkpoint written; "
                              f"got {save_top_k!r}.")
-        if monitor is None and save_top_k not in (0, 1):
-            raise ValueError(f"save_top_k={save_top_k} needs a monitor='val/<metric>' to rank checkpoints by.")
+        if monitor is None and save_top_k not in (-1, 0, 1):
+            raise ValueError(f"save_top_k={save_top_k} needs a monitor='val/<metric>' to rank checkpoints by. Without "
+                             f"one, save_top_k is 1 (keep the best by the trainer's is_new_model_better), 0 (none "
+                             f"for being best) or -1 (keep every checkpoint written).")
         for name, value in (("every_n_epochs", every_n_epochs), ("every_n_steps", every_n_steps)):
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
                 raise ValueError(f"ModelCheckpoint {name} must be a positive int or None, got {value!r}.")
@@ -71,6 +79,12 @@ class ModelCheckpoint(Callback):
         self.monitor, self.mode, self.save_top_k, self.save_last = monitor, mode, save_top_k, save_last
         self.every_n_epochs, self.every_n_steps, self.every_n_seconds = every_n_epochs, every_n_steps, every_n_seconds
         self.spaced = every_n_epochs is None and every_n_steps is None and every_n_seconds is None
+        self.keeps_all = save_top_k == -1  # every checkpoint written stays
+        _check_periodic_kept(save_last, save_top_k, every_n_epochs=every_n_epochs, every_n_steps=every_n_steps,
+                             every_n_seconds=every_n_seconds)
+        # Periodic saves (every_n_*, the budget's epoch-end saves, the final state) are written for
+        # save_last; without it, only the every_n_* ones asked for, which save_top_k=-1 keeps.
+        self.periodic = save_last or (self.keeps_all and not self.spaced)
         self.max_overhead = max_overhead if max_overhead is not None else (0.03 if self.spaced else None)
         self.best: list[tuple[float, int]] = []  # (score, step), best first
         self.best_metrics: dict[str, float] | None = None
@@ -135,7 +149,7 @@ class ModelCheckpoint(Callback):
         self._owed_at_epoch_end = False
 
     def on_step(self, trainer, step: int) -> None:
-        if self.save_last and (self.every_n_steps is not None or self._seconds_due()):
+        if self.periodic and (self.every_n_steps is not None or self._seconds_due()):
             if self._epoch_ends_at(trainer, step):  # its rows and validation at this step come later: saved after them
                 self._owed_at_epoch_end = True
                 return
@@ -149,18 +163,20 @@ class ModelCheckpoint(Callback):
                 or trainer.options.reached_max_steps(step) or trainer.should_stop)
 
     def on_validation_end(self, trainer, epoch: int, metrics: Mapping[str, float]) -> None:
-        if self._is_top_k(trainer, metrics):
-            self._save(trainer, trainer.global_step, best_metrics=metrics)
+        ranked = self._is_top_k(trainer, metrics)
+        if ranked or self.keeps_all:  # save_top_k=-1 without a monitor: kept, the best still the trainer's
+            self._save(trainer, trainer.global_step, best_metrics=metrics if ranked else None,
+                       scored=metrics if ranked or self.monitor is None else None)
 
     def on_epoch_end(self, trainer, epoch: int) -> None:
         owed, self._owed_at_epoch_end = self._owed_at_epoch_end, False
-        if not self.save_last or self.last_step == trainer.global_step:
+        if not self.periodic or self.last_step == trainer.global_step:
             return
         if self.spaced:
             due = not trainer.checkpointer.busy
         else:
             due = (self.every_n_epochs is not None and epoch % self.every_n_epochs == 0) or self._seconds_due()
-        if due or owed or self._is_final(trainer, epoch):
+        if due or owed or (self.save_last and self._is_final(trainer, epoch)):
             self._save(trainer, trainer.global_step, best_metrics=None)
 
     def on_fit_end(self, trainer) -> None:
@@ -170,7 +186,10 @@ class ModelCheckpoint(Callback):
         self._prune(trainer)
 
     # ---------------------------------------------------------------- saving and pruning
-    def _save(self, trainer, step: int, best_metrics: Mapping[str, float] | None) -> None:
+    def _save(self, trainer, step: int, best_metrics: Mapping[str, float] | None,
+              scored: Mapping[str, float] | None = None) -> None:
+        """Save ``step``; ``best_metrics``: it ranks among the best with these; ``scored``: the
+        validation metrics it carries as orbax metrics (default: ``best_metrics``)."""
         # Deletions queue behind the saves before them on the checkpointer's writer, and none runs
         # after a failed write: a failed or killed save never leaves the run without a checkpoint.
         self._prune(trainer, also_keep=step)  # `step` itself may be saved again right below
@@ -183,7 +202,8 @@ class ModelCheckpoint(Callback):
                 ranked = sorted([b for b in self.best if b[1] != step] + [entry])
                 self.best = ranked if self.save_top_k == -1 else ranked[: self.save_top_k]
         self.last_step, self._last_save_time = step, time.monotonic()
-        self._scored = (step, self._ranking_metric(trainer, best_metrics)) if best_metrics is not None else None
+        scored = best_metrics if scored is None else scored
+        self._scored = (step, self._ranking_metric(trainer, scored)) if scored is not None else None
         try:
             trainer.save_model(step)
         finally:
@@ -196,7 +216,10 @@ class ModelCheckpoint(Callback):
         return keep
 
     def _prune(self, trainer, also_keep: int | None = None) -> None:
-        """Delete (in the background) the checkpoints neither best, last nor ``also_keep``."""
+        """Delete (in the background) the checkpoints neither best, last nor ``also_keep``
+        (none with ``save_top_k=-1``: every checkpoint written is kept)."""
+        if self.keeps_all:
+            return
         keep, steps = self._keep() | {also_keep}, trainer.checkpointer.all_steps()
         if self.save_last and steps and self.last_step not in steps and also_keep not in steps:
             keep.add(max(steps))  # the last save was refused (NaN params): the newest on disk stands in
@@ -224,3 +247,17 @@ class ModelCheckpoint(Callback):
                           f"{self.monitor!r} ({self.mode}): the ranking starts again from the next validation.",
                           RuntimeWarning, stacklevel=2)
             self.best, self.best_metrics = [], None
+
+
+def _check_periodic_kept(save_last: bool, save_top_k: int, **every: Any) -> None:
+    """A clear error for periodic saves (``every_n_*``) that nothing would keep: with
+    ``save_last=False`` only ``save_top_k=-1`` keeps checkpoints that are not among the best."""
+    asked = {name: value for name, value in every.items() if value is not None}
+    if save_last or save_top_k == -1 or not asked:
+        return
+    named = ", ".join(f"{name}={value}" for name, value in asked.items())
+    raise ValueError(f"ModelCheckpoint({named}, save_last=False, save_top_k={save_top_k}) would write periodic "
+                     f"checkpoints and delete each at the next save: with save_last=False only the ones kept for "
+                     f"their validation score stay (save_top_k={save_top_k} of them). To keep every periodic "
+                     f"checkpoint (Lightning's every_n_train_steps with save_top_k=-1), pass save_top_k=-1; to keep "
+                     f"the newest for resuming, save_last=True; else drop {', '.join(asked)}.")

@@ -11,13 +11,17 @@ class NaNGuard(Callback):
     """React to non-finite steps, counted on the device inside the step: a step is non-finite
     when its loss is, or when its update makes a parameter NaN/Inf (a NaN gradient with a finite
     loss counts). Another metric that is NaN on a batch (a recall on a batch without the class)
-    only makes its own mean NaN.
+    only makes its own mean NaN (that step is applied).
 
     ``action="stop"`` (default): at the next log point (or epoch end) training stops with the
     step range, and no checkpoint is written from the bad state. ``action="skip"``: non-finite
     updates are not applied (params and optimizer state stay as they were; the step counter
-    advances); ``trainer.nonfinite_steps`` counts them. Without a NaNGuard, a checkpoint is
-    still never written from non-finite params.
+    advances); ``trainer.nonfinite_steps`` counts them. A skipped step changed nothing, so its
+    metrics are left out of the running (``train/<name>_step``) and epoch (``train/<name>``)
+    means: they are the means of the applied steps (an epoch whose every step was skipped
+    shows NaN). Without a NaNGuard (or with ``"stop"``) a NaN step is applied, and its NaN
+    shows in the means. Without a NaNGuard, a checkpoint is still never written from
+    non-finite params.
 
     Examples:
         >>> guard = NaNGuard(action="skip")

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import sys
-import time
 from typing import Mapping
 
 from flaxlight.callbacks.base import Callback
+from flaxlight.callbacks.throughput import TrainClock
 from flaxlight.progress import bars_wanted, format_metrics
 
 __all__ = ["ProgressBar"]
@@ -16,7 +16,9 @@ class ProgressBar(Callback):
     """Epoch and step bars showing loss, learning rate and samples/s.
 
     Everything shown is already on the host (values from the last log point), so the bars never
-    wait for the device. The step bar moves every ``refresh_every_n_steps`` steps.
+    wait for the device; samples/s is over the interval between log points, each timed when the
+    loop reached it (``trainer.log_point_time``). The step bar moves every
+    ``refresh_every_n_steps`` steps.
 
     ``style="auto"`` (default) shows bars when stderr is a terminal or in a notebook, and prints
     one plain line per epoch otherwise (a log file, a pipe, ``CI`` set), as Keras'
@@ -38,7 +40,7 @@ class ProgressBar(Callback):
         self._shown: dict[str, str] = {}
         self._epoch_metrics: dict[str, float] = {}
         self._last_step = 0
-        self._rate_mark: tuple[int, float] | None = None
+        self._clock = TrainClock()
 
     def _tqdm(self, **kwargs):
         from tqdm.auto import tqdm
@@ -53,7 +55,7 @@ class ProgressBar(Callback):
     def on_train_epoch_start(self, trainer, epoch: int) -> None:
         self._epoch_metrics = {}
         self._last_step = trainer.global_step
-        self._rate_mark = (trainer.global_step, time.perf_counter())
+        self._clock.start_epoch(trainer.global_step)
         if not self._lines:
             self._step_bar = self._tqdm(total=trainer.steps_per_epoch, initial=trainer.batch_in_epoch,
                                         desc=f"Epoch {epoch}", leave=False)
@@ -71,15 +73,15 @@ class ProgressBar(Callback):
         lr = trainer.learning_rate()
         if lr is not None:
             self._shown["lr"] = f"{lr:.3g}"
-        now = time.perf_counter()
-        if self._rate_mark is not None and trainer.batch_size and now > self._rate_mark[1]:
-            rate = (step - self._rate_mark[0]) * trainer.batch_size / (now - self._rate_mark[1])
-            self._shown["samples/s"] = f"{rate:.4g}"
-        self._rate_mark = (step, now)
+        done = trainer.log_point_time(step)  # when this point's step was done (its values come a point late)
+        seconds = None if done is None else self._clock.seconds_per_step(step, done)
+        if seconds is not None and trainer.batch_size:
+            self._shown["samples/s"] = f"{trainer.batch_size / seconds:.4g}"
         if self._step_bar is not None:  # new values only arrive here: format them once per log point
             self._step_bar.set_postfix(self._shown, refresh=False)
 
     def on_train_epoch_end(self, trainer, epoch: int, metrics: Mapping[str, float]) -> None:
+        self._clock.end_epoch(trainer.global_step)
         self._epoch_metrics.update(metrics)
         self._close_step_bar()
 

@@ -31,25 +31,40 @@ def parse_duration(duration: float | int | str | timedelta) -> float:
 class Timer(Callback):
     """Stop after ``duration`` of training (checked every ``every_n_steps`` steps and each epoch).
 
-    The time already spent is kept in checkpoints, so a resumed run continues the budget.
+    :attr:`elapsed` counts while ``train_model`` runs and stands still after it (at its end, or
+    when it fails or is interrupted). The time already spent is kept in checkpoints, so a resumed
+    run continues the budget.
 
     Examples:
         >>> timer = Timer("00:02:00:00")   # two hours
+        >>> timer.elapsed
+        0.0
     """
 
     def __init__(self, duration: float | int | str | timedelta, every_n_steps: int = 10):
         self.duration = parse_duration(duration)
         self.every_n_steps = every_n_steps
-        self.elapsed_before = 0.0
-        self._start: float | None = None
+        self.elapsed_before = 0.0  # seconds counted before the current train_model (or all, between runs)
+        self._start: float | None = None  # when the current train_model started (None: not training)
 
     @property
     def elapsed(self) -> float:
-        """Seconds of training so far (all runs of this training, resumes included)."""
+        """Seconds of training so far (all runs of this training, resumes included); frozen
+        between runs, as Lightning's ``Timer.time_elapsed()`` is after training."""
         return self.elapsed_before + (time.monotonic() - self._start if self._start is not None else 0.0)
 
     def on_fit_start(self, trainer) -> None:
         self._start = time.monotonic()
+
+    def _freeze(self) -> None:
+        """Stop the clock: what was counted stays in :attr:`elapsed`."""
+        self.elapsed_before, self._start = self.elapsed, None
+
+    def on_fit_end(self, trainer) -> None:
+        self._freeze()
+
+    def on_exception(self, trainer, exc: BaseException) -> None:
+        self._freeze()
 
     def _check(self, trainer) -> None:
         if self.elapsed >= self.duration:
@@ -66,3 +81,5 @@ class Timer(Callback):
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.elapsed_before = float(state.get("elapsed", 0.0))
+        if self._start is not None:  # while training: count on from the restored time
+            self._start = time.monotonic()

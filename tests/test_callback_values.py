@@ -1,0 +1,210 @@
+"""What callbacks report and keep, checked against values computed another way: the train loss of
+an epoch with a skipped NaN step, the rates of ThroughputMonitor and ProgressBar, the checkpoints
+ModelCheckpoint keeps, the time Timer counts."""
+
+import csv
+import math
+import os
+import time
+
+import jax
+import numpy as np
+import pytest
+from conftest import RegressTrainer, TinyMLP, linear_data, quiet
+
+import flaxlight
+from flaxlight.callbacks import EarlyStopping, NaNGuard
+
+X0 = np.zeros((1, 4), np.float32)
+
+
+def _trainer(tmp_path, trainer_class=RegressTrainer, **kwargs):
+    kwargs.setdefault("optimizer_hparams", {"optimizer": "adam", "lr": 1e-2})
+    return trainer_class(model_class=TinyMLP, model_hparams={"hidden_dims": [8]}, exmp_input=X0,
+                         **quiet(tmp_path, **kwargs))
+
+
+def _csv_rows(tmp_path):
+    with open(tmp_path / "run" / "metrics.csv") as f:
+        return list(csv.DictReader(f))
+
+
+# ---------------------------------------------------------------- NaNGuard("skip") and the train metrics
+class LossRecorder(RegressTrainer):
+    """Records every train step's loss on the host as the step computed it (in step order)."""
+
+    losses: list = []
+
+    def loss_fn(self, params, batch, *, train, rng, state):
+        loss, aux = super().loss_fn(params, batch, train=train, rng=rng, state=state)
+        if train:
+            jax.debug.callback(lambda value: type(self).losses.append(float(value)), loss, ordered=True)
+        return loss, aux
+
+
+def _one_nan_batch_per_epoch():
+    x, y = linear_data(256, 0)
+    x[3 * 32 + 5, 0] = np.nan  # one example of batch 4 (of 8): that step's loss is NaN
+    return flaxlight.ArrayLoader(x, y, batch_size=32, shuffle=False), \
+        flaxlight.ArrayLoader(*linear_data(64, 1), batch_size=32)
+
+
+@pytest.mark.parametrize("steps_per_execution", [1, 4])
+def test_a_skipped_nan_step_is_left_out_of_the_train_metrics(tmp_path, steps_per_execution):
+    train, val = _one_nan_batch_per_epoch()
+    LossRecorder.losses = []
+    stopper = EarlyStopping(monitor="train/loss", patience=3)
+    trainer = _trainer(tmp_path, LossRecorder, log_every_n_steps=2, steps_per_execution=steps_per_execution,
+                       callbacks=[NaNGuard(action="skip"), stopper])
+    trainer.train_model(train, val, num_epochs=3)
+    assert trainer.stop_reason is None and trainer.nonfinite_steps == 3  # EarlyStopping saw finite values
+    jax.effects_barrier()
+    per_epoch = np.asarray(LossRecorder.losses).reshape(3, 8)
+    assert np.isnan(per_epoch[:, 3]).all() and np.isfinite(np.delete(per_epoch, 3, axis=1)).all()
+    train_losses = [row["train/loss"] for row in trainer.history if "train/loss" in row]
+    np.testing.assert_allclose(train_losses, np.nanmean(per_epoch, axis=1), rtol=1e-5)
+    # The running means too: each is the mean of the applied steps since the epoch's previous log point.
+    logged = {int(row["step"]): float(row["train/loss_step"]) for row in _csv_rows(tmp_path)
+              if row.get("train/loss_step") and int(row["step"]) <= 8}
+    starts = [0, *sorted(logged)[:-1]]
+    expected = [np.nanmean(per_epoch[0, start:end]) for start, end in zip(starts, sorted(logged))]
+    np.testing.assert_allclose([logged[step] for step in sorted(logged)], expected, rtol=1e-5)
+
+
+def test_an_applied_nan_step_still_shows_in_the_train_loss(tmp_path):
+    train, val = _one_nan_batch_per_epoch()
+    trainer = _trainer(tmp_path, log_every_n_steps=2, enable_checkpointing=False)
+    trainer.train_model(train, val, num_epochs=1)
+    assert math.isnan(trainer.history[0]["train/loss"])
+
+
+def test_an_epoch_whose_every_step_was_skipped_has_a_nan_train_loss(tmp_path):
+    x, y = linear_data(64, 0)
+    x[:, 0] = np.nan
+    trainer = _trainer(tmp_path, callbacks=[NaNGuard(action="skip")], enable_checkpointing=False)
+    trainer.train_model(flaxlight.ArrayLoader(x, y, batch_size=32), None, num_epochs=1)
+    assert trainer.nonfinite_steps == 2 and math.isnan(trainer.history[0]["train/loss"])
+
+
+# ---------------------------------------------------------------- Timer
+class SlowSteps(flaxlight.Callback):
+    every_n_steps = 1
+
+    def __init__(self, seconds=0.01, fail_at=None):
+        self.seconds, self.fail_at = seconds, fail_at
+
+    def on_step(self, trainer, step):
+        time.sleep(self.seconds)
+        if step == self.fail_at:
+            raise RuntimeError("a callback failed")
+
+
+def test_timer_elapsed_stands_still_after_training_and_a_resume_counts_on(tmp_path, regression_loaders):
+    train, val, _ = regression_loaders
+    timer = flaxlight.callbacks.Timer(3600)
+    trainer = _trainer(tmp_path, callbacks=[SlowSteps(), timer])
+    trainer.train_model(train, val, num_epochs=1)
+    first = timer.elapsed
+    assert first >= 8 * 0.01
+    time.sleep(0.2)
+    assert timer.elapsed == first  # frozen at the end of train_model
+    trainer.train_model(train, val, num_epochs=2, resume=True)  # the same training, one more epoch
+    assert timer.elapsed >= first + 8 * 0.01 - 0.05  # counted on (from the last checkpoint's time)
+    second = timer.elapsed
+    time.sleep(0.1)
+    assert timer.elapsed == second
+
+
+def test_timer_elapsed_stands_still_after_a_failed_run(tmp_path, regression_loaders):
+    train, val, _ = regression_loaders
+    timer = flaxlight.callbacks.Timer(3600)
+    trainer = _trainer(tmp_path, callbacks=[SlowSteps(fail_at=3), timer])
+    with pytest.raises(RuntimeError, match="a callback failed"):
+        trainer.train_model(train, val, num_epochs=1)
+    stopped = timer.elapsed
+    time.sleep(0.2)
+    assert timer.elapsed == stopped
+
+
+# ---------------------------------------------------------------- ModelCheckpoint: keep every periodic checkpoint
+def _checkpoint_steps(tmp_path):
+    folder = tmp_path / "run" / "checkpoints"
+    return sorted(int(name) for name in os.listdir(folder) if name.isdigit())
+
+
+def _best_early_loaders():
+    """Validation targets the model cannot fit while it learns the training data: the validation
+    loss is lowest early, so the best checkpoint is not the newest one."""
+    x, y = linear_data(256, 0)
+    train = flaxlight.ArrayLoader(x, y, batch_size=32, shuffle=True, seed=0)
+    return train, flaxlight.ArrayLoader(linear_data(64, 1)[0], np.zeros((64, 1), np.float32), batch_size=32)
+
+
+@pytest.mark.parametrize("monitor", [None, "val/loss"])
+@pytest.mark.parametrize("save_last", [True, False])
+def test_save_top_k_minus_one_keeps_every_periodic_checkpoint(tmp_path, monitor, save_last):
+    train, val = _best_early_loaders()
+    checkpoint = flaxlight.ModelCheckpoint(monitor=monitor, every_n_steps=4, save_top_k=-1, save_last=save_last)
+    trainer = _trainer(tmp_path, callbacks=[checkpoint], log_every_n_steps=1000)
+    trainer.train_model(train, val, num_epochs=5)
+    assert _checkpoint_steps(tmp_path) == list(range(4, 41, 4))  # Lightning's every_n_train_steps=4
+    losses = {row["step"]: row["val/loss"] for row in trainer.history if "val/loss" in row}
+    best = min(losses, key=losses.get)
+    assert best != 40 and checkpoint.best_step == best, losses  # the trainer's best stays the best
+    loaded = RegressTrainer.load_from_checkpoint(tmp_path / "run", exmp_input=X0, which="best", callbacks=[])
+    assert int(loaded.state.step) == best
+
+
+def test_save_top_k_minus_one_without_a_monitor_keeps_each_validation(tmp_path):
+    train, val = _best_early_loaders()
+    trainer = _trainer(tmp_path, callbacks=[flaxlight.ModelCheckpoint(save_top_k=-1)], log_every_n_steps=1000)
+    trainer.train_model(train, val, num_epochs=3)
+    assert _checkpoint_steps(tmp_path) == [8, 16, 24]
+
+
+@pytest.mark.parametrize("every", [{"every_n_steps": 4}, {"every_n_epochs": 1}, {"every_n_seconds": 10.0}])
+def test_periodic_checkpoints_nothing_would_keep_are_an_error(every):
+    name = next(iter(every))
+    with pytest.raises(ValueError, match=rf"ModelCheckpoint\({name}=.*, save_last=False, save_top_k=1\) would write "
+                                         rf"periodic checkpoints and delete each.*pass save_top_k=-1"):
+        flaxlight.ModelCheckpoint(save_last=False, **every)
+    flaxlight.ModelCheckpoint(save_last=False, save_top_k=-1, **every)  # kept: fine
+
+
+# ---------------------------------------------------------------- ThroughputMonitor and ProgressBar rates
+class RatesSeen(flaxlight.Callback):
+    """After the monitors (listed later): their step times and the bar's samples/s at each log point."""
+
+    def __init__(self, bar):
+        self.bar, self.step_ms, self.bar_rates = bar, [], []
+
+    def on_log(self, trainer, step, metrics):
+        if "perf/step_time_ms" in metrics:
+            self.step_ms.append((step, metrics["perf/step_time_ms"], metrics["perf/samples_per_sec"]))
+        if "train/loss_step" in metrics and "samples/s" in self.bar._shown:
+            self.bar_rates.append((step, float(self.bar._shown["samples/s"])))
+
+
+def _steady(values, sleep_ms):
+    assert all(value >= sleep_ms for value in values), values  # every step slept that long
+    assert all(max(a, b) / min(a, b) < 1.5 for a, b in zip(values, values[1:])), values
+
+
+def test_throughput_and_progress_rates_time_the_steps_they_are_logged_for(tmp_path, regression_loaders):
+    train, val, _ = regression_loaders  # 8 batches of 32 per epoch
+    sleep = 0.03
+    bar = flaxlight.callbacks.ProgressBar(refresh_every_n_steps=4, style="bars")
+    seen = RatesSeen(bar)
+    trainer = _trainer(tmp_path, log_every_n_steps=4, enable_checkpointing=False,
+                       callbacks=[SlowSteps(sleep), flaxlight.callbacks.ThroughputMonitor(), bar, seen])
+    trainer.train_model(train, val, num_epochs=4)
+    logged = [step for step, _, _ in seen.step_ms]
+    assert logged == [4, 8, 12, 16, 20, 24, 28, 32]
+    step_ms = [ms for step, ms, _ in seen.step_ms if step > 4]  # the run's first interval includes compilation
+    _steady(step_ms, sleep * 1e3)
+    np.testing.assert_allclose([rate for step, _, rate in seen.step_ms if step > 4],
+                               [32 / (ms / 1e3) for ms in step_ms], rtol=1e-6)
+    bar_seconds = [32 / rate * 1e3 for step, rate in seen.bar_rates if step > 4]
+    assert len(bar_seconds) == 7
+    _steady(bar_seconds, sleep * 1e3)
+
