@@ -153,3 +153,14 @@ def test_a_checkpoint_monitor_on_a_train_metric_says_the_best_is_chosen_among_va
     with pytest.raises(KeyError, match=r"chosen at each validation among the eval step's metrics \['val/loss'\].*"
                                        r"EarlyStopping\(monitor='train/loss'\)"):
         trainer.train_model(train, val, num_epochs=1)
+
+
+def test_training_the_same_trainer_again_keeps_the_earlier_runs_checkpoints(tmp_path, regression_loaders):
+    train, val, _ = regression_loaders
+    trainer = _trainer(tmp_path, [])
+    trainer.train_model(train, val, num_epochs=2)
+    first = set(trainer.checkpointer.all_steps())
+    trainer.train_model(train, val, num_epochs=2)  # a new run into the same folder
+    trainer.checkpointer.wait()
+    steps = set(trainer.checkpointer.all_steps())
+    assert first <= steps and max(steps) == 32

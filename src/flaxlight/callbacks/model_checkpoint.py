@@ -92,6 +92,7 @@ class ModelCheckpoint(Callback):
         self._last_save_time = time.monotonic()
         self._scored: tuple[int, dict[str, float]] | None = None  # the step being saved for its score
         self._owed_at_epoch_end = False  # a step save deferred to the epoch's end (see on_step)
+        self._started_fresh, self._earlier_runs = True, set()  # an earlier run's checkpoints in the folder stay
 
     # ---------------------------------------------------------------- decisions
     @property
@@ -147,6 +148,9 @@ class ModelCheckpoint(Callback):
         trainer.checkpointer.budget_writes(self.max_overhead)
         self._last_save_time = time.monotonic()
         self._owed_at_epoch_end = False
+        # A fresh run in a folder with checkpoints (the same trainer training again): they are an
+        # earlier run's, which this run's ranking does not know, so they are never pruned.
+        self._earlier_runs = set(trainer.checkpointer.all_steps()) if self._started_fresh else set()
 
     def on_step(self, trainer, step: int) -> None:
         if self.periodic and (self.every_n_steps is not None or self._seconds_due()):
@@ -224,7 +228,7 @@ class ModelCheckpoint(Callback):
         if self.save_last and steps and self.last_step not in steps and also_keep not in steps:
             keep.add(max(steps))  # the last save was refused (NaN params): the newest on disk stands in
         for step in steps:
-            if step not in keep:
+            if step not in keep and step not in self._earlier_runs:
                 trainer.checkpointer.delete(step)
 
     def state_dict(self) -> dict[str, Any]:
@@ -232,10 +236,12 @@ class ModelCheckpoint(Callback):
                 "last_step": self.last_step, "monitor": self.monitor, "mode": self.mode}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Continue a run's ranking (``{}``: a fresh start). Ranked by another ``monitor`` or
+        """Continue a run's ranking (``{}``: a fresh start, which leaves the checkpoints already in
+        the folder, an earlier run's, where they are). Ranked by another ``monitor`` or
         ``mode`` than this callback's, the earlier checkpoints' scores do not count: the ranking
         starts again (said with a warning), and they are pruned as the new ones come. Without a
         ``monitor``, the run's best so far stays the best until the trainer's rule finds a better."""
+        self._started_fresh = not state
         self.best = [(float(score), int(step)) for score, step in state.get("best", [])]
         self.best_metrics = state.get("best_metrics")
         self.last_step = state.get("last_step")
