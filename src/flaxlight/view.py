@@ -247,7 +247,10 @@ class TrainerViewMixin:
         return self.should_stop or self.options.reached_max_steps(self.global_step)
 
     def _announce_stop(self) -> None:
-        """Say why training stopped (once, at its end), on the ``flaxlight`` logger."""
+        """Say why training stopped (once, at its end), on the ``flaxlight`` logger; a state no
+        epoch end saved (``stop()`` at an epoch's start) is saved now, before a test loads the best."""
+        if getattr(self, "_checkpoint_callback", None) is not None:
+            self._checkpoint_callback.save_final_state(self)
         if self.stop_reason is None and self.options.reached_max_steps(self.global_step):
             self.stop_reason = f"max_steps={self.options.max_steps} reached."
         if self.stop_reason:

@@ -150,7 +150,8 @@ class ModelCheckpoint(Callback):
         self._owed_at_epoch_end = False
         # A fresh run in a folder with checkpoints (the same trainer training again): they are an
         # earlier run's, which this run's ranking does not know, so they are never pruned.
-        self._earlier_runs = set(trainer.checkpointer.all_steps()) if self._started_fresh else set()
+        if self._started_fresh:
+            self._earlier_runs = set(trainer.checkpointer.all_steps())
 
     def on_step(self, trainer, step: int) -> None:
         if self.periodic and (self.every_n_steps is not None or self._seconds_due()):
@@ -183,9 +184,17 @@ class ModelCheckpoint(Callback):
         if due or owed or (self.save_last and self._is_final(trainer, epoch)):
             self._save(trainer, trainer.global_step, best_metrics=None)
 
-    def on_fit_end(self, trainer) -> None:
-        if self.save_last and self.last_step != trainer.global_step:  # no epoch end saved it: stop() at an epoch's start
+    def save_final_state(self, trainer) -> None:
+        """Save the state training ended with if no epoch end did (``stop()`` at an epoch's start);
+        the trainer asks before it tests the best model.
+
+        Examples:
+            >>> checkpoint.save_final_state(trainer)   # doctest: +SKIP
+        """
+        if self.save_last and self.last_step != trainer.global_step:
             self._save(trainer, trainer.global_step, best_metrics=None)
+
+    def on_fit_end(self, trainer) -> None:
         trainer.checkpointer.wait()
         self._prune(trainer)
 
@@ -233,7 +242,8 @@ class ModelCheckpoint(Callback):
 
     def state_dict(self) -> dict[str, Any]:
         return {"best": [[score, step] for score, step in self.best], "best_metrics": self.best_metrics,
-                "last_step": self.last_step, "monitor": self.monitor, "mode": self.mode}
+                "last_step": self.last_step, "monitor": self.monitor, "mode": self.mode,
+                "earlier_runs": sorted(self._earlier_runs)}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue a run's ranking (``{}``: a fresh start, which leaves the checkpoints already in
@@ -241,7 +251,7 @@ class ModelCheckpoint(Callback):
         ``mode`` than this callback's, the earlier checkpoints' scores do not count: the ranking
         starts again (said with a warning), and they are pruned as the new ones come. Without a
         ``monitor``, the run's best so far stays the best until the trainer's rule finds a better."""
-        self._started_fresh = not state
+        self._started_fresh, self._earlier_runs = not state, set(state.get("earlier_runs", []))
         self.best = [(float(score), int(step)) for score, step in state.get("best", [])]
         self.best_metrics = state.get("best_metrics")
         self.last_step = state.get("last_step")
