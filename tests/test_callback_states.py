@@ -164,3 +164,26 @@ def test_training_the_same_trainer_again_keeps_the_earlier_runs_checkpoints(tmp_
     trainer.checkpointer.wait()
     steps = set(trainer.checkpointer.all_steps())
     assert first <= steps and max(steps) == 32
+
+
+def test_stop_at_an_epochs_start_with_a_test_loader_saves_the_trained_state_not_the_tested_best(
+        tmp_path, regression_loaders):
+    train, val, test = regression_loaders
+    trainer = _trainer(tmp_path, [StopsBeforeEpoch(3)], monitor="val/loss")
+    trainer.train_model(train, val, test, num_epochs=4)  # the test loads the best model afterwards
+    again = _trainer(tmp_path, [])
+    again.train_model(train, val, num_epochs=4, resume=True)
+    assert again.global_step == 32
+
+
+def test_a_resumed_second_run_still_leaves_the_earlier_runs_checkpoints_alone(tmp_path, regression_loaders):
+    train, val, _ = regression_loaders
+    trainer = _trainer(tmp_path, [])
+    trainer.train_model(train, val, num_epochs=1)  # checkpoint 8: the first run's
+    with pytest.raises(RuntimeError, match="crash"):
+        trainer.callbacks.append(CrashAfterEpoch(1))
+        trainer.train_model(train, val, num_epochs=3)  # a second run, crashed after its first epoch
+    resumed = _trainer(tmp_path, [])
+    resumed.train_model(train, val, num_epochs=3, resume=True)
+    resumed.checkpointer.wait()
+    assert 8 in resumed.checkpointer.all_steps()

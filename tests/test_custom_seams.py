@@ -157,10 +157,29 @@ def test_an_own_best_rule_next_to_a_checkpoint_monitor_is_refused(tmp_path):
             return True
 
     x, _ = linear_data(8)
-    with pytest.raises(ValueError, match="LatestIsBest overrides is_new_model_better.*Drop the callback's monitor"):
+    with pytest.raises(ValueError, match="LatestIsBest.is_new_model_better picks the best model.*Drop the callback's monitor"):
         LatestIsBest(model_class=TinyMLP, model_hparams={}, optimizer_hparams={"optimizer": "adam", "lr": 1e-2},
                      exmp_input=x[:1], callbacks=[flaxlight.callbacks.ModelCheckpoint(monitor="val/loss")],
                      **quiet(tmp_path))
+
+
+def test_an_own_rule_that_agrees_with_the_trainers_monitor_and_a_rule_never_asked_are_accepted(tmp_path):
+    class Announcing(RegressTrainer):
+        def is_new_model_better(self, new_metrics, old_metrics):
+            return super().is_new_model_better(new_metrics, old_metrics)
+
+    class Unused:
+        def is_new_model_better(self, new_metrics, old_metrics):
+            return True
+
+    class MixedIn(RegressTrainer, Unused):  # the trainer's own rule comes first: the mixin's is never asked
+        pass
+
+    x, _ = linear_data(8)
+    for trainer_class, monitor in ((Announcing, {"monitor": "val/loss", "mode": "min"}), (MixedIn, {})):
+        trainer_class(model_class=TinyMLP, model_hparams={}, optimizer_hparams={"optimizer": "adam", "lr": 1e-2},
+                      exmp_input=x[:1], callbacks=[flaxlight.callbacks.ModelCheckpoint(monitor="val/loss")],
+                      **quiet(tmp_path / trainer_class.__name__, **monitor))
 
 
 class Counting(nn.Module):

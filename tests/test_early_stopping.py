@@ -96,7 +96,7 @@ def test_a_validation_monitor_without_validation_data_is_an_error_before_trainin
     trainer = _trainer(tmp_path, EarlyStopping(monitor="val/loss"))
     with pytest.raises(ValueError, match="monitors 'val/loss', but train_model got no validation data"):
         trainer.train_model(train, None, num_epochs=20)
-    assert trainer.global_step == 0
+    assert trainer.global_step == 0 and not (tmp_path / "run" / "hparams.yaml").exists()  # nothing written
 
 
 @pytest.mark.parametrize("kwargs, message", [

@@ -647,3 +647,14 @@ def test_lightning_names_trainer_loggers_and_the_loggers_own_attributes(tmp_path
     assert WandbLogger(version="abc123").run_id == "abc123"  # Lightning's other name for id
     with pytest.raises(ValueError, match="id='a' and version='b'"):
         WandbLogger(id="a", version="b")
+
+
+def test_one_wandb_or_mlflow_logger_object_given_to_two_trainers_is_refused(tmp_path, wandb_offline):
+    from flaxlight.loggers import MLflowLogger, WandbLogger
+
+    for logger in (MLflowLogger(experiment_name="x", tracking_uri=(tmp_path / "mlruns").as_uri()),
+                   WandbLogger(project="x")):
+        _trainer(tmp_path, loggers=[logger], logger_params={"log_dir": str(tmp_path / "a")})
+        _trainer(tmp_path, loggers=[logger], logger_params={"log_dir": str(tmp_path / "a")})  # the same run: fine
+        with pytest.raises(ValueError, match=r"already logs the run in .*a .*Give each trainer a logger object"):
+            _trainer(tmp_path, loggers=[logger], logger_params={"log_dir": str(tmp_path / "b")})

@@ -151,3 +151,11 @@ def test_std_in_a_run_with_fused_steps_equals_numpy_over_the_epoch(tmp_path):
     expected, expected_val = (y + np.float32(10000.0)).std(dtype=np.float64), (yv + np.float32(10000.0)).std(dtype=np.float64)
     assert [row["train/target_std"] for row in trainer.history] == pytest.approx([expected] * 2, rel=1e-3)
     assert trainer.history[-1]["val/target_std"] == pytest.approx(expected_val, rel=1e-3)  # 32 + 32 + 6 rows
+
+
+def test_std_with_weights_that_add_up_to_less_than_one_equals_the_weighted_numpy_std():
+    values, weights = np.array([1.0, 2.0, 3.0]), np.full(3, 0.1)
+    merged = Std.of(jnp.asarray(values[:1]), jnp.asarray(weights[:1])).merge(
+        Std.of(jnp.asarray(values[1:]), jnp.asarray(weights[1:])))
+    expected = np.sqrt(np.average((values - np.average(values, weights=weights)) ** 2, weights=weights))
+    assert float(merged.compute()) == pytest.approx(expected, rel=1e-5)

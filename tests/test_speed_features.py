@@ -328,3 +328,32 @@ def test_block_length_for_splits_the_dispatch_cost_until_it_is_small(single, fus
     from flaxlight.engine import block_length_for
 
     assert block_length_for(single, fused, fused_length=16) == expected
+
+
+class _CrashAt(flaxlight.Callback):
+    every_n_steps = 1
+
+    def __init__(self, at):
+        self.at = at
+
+    def on_step(self, trainer, step):
+        if step >= self.at:
+            raise RuntimeError("crash")
+
+
+def test_a_resumed_auto_run_keeps_the_block_length_it_chose(tmp_path, caplog):
+    train = ArrayLoader(*linear_data(2048, 0), batch_size=16, shuffle=True, seed=0)  # 128 steps per epoch
+    crashed = RegressTrainer(model_class=TinyMLP, model_hparams={"hidden_dims": [16]},
+                             optimizer_hparams={"optimizer": "adam", "lr": 1e-2}, exmp_input=X0,
+                             callbacks=[_CrashAt(160), flaxlight.callbacks.ModelCheckpoint(every_n_steps=32)],
+                             **quiet(tmp_path, log_every_n_steps=32, steps_per_execution="auto"))
+    with pytest.raises(RuntimeError, match="crash"):
+        crashed.train_model(train, None, num_epochs=2)
+    chosen = crashed.engine.block_length
+    caplog.clear()
+    resumed = RegressTrainer(model_class=TinyMLP, model_hparams={"hidden_dims": [16]},
+                             optimizer_hparams={"optimizer": "adam", "lr": 1e-2}, exmp_input=X0,
+                             **quiet(tmp_path, log_every_n_steps=32, steps_per_execution="auto"))
+    resumed.train_model(train, None, num_epochs=2, resume=True)
+    assert resumed.engine.block_length == chosen and int(resumed.state.step) == 256
+    assert not [r for r in caplog.records if "steps_per_execution='auto'" in r.getMessage()]  # not measured again

@@ -123,14 +123,14 @@ def test_a_second_test_under_the_same_name_keeps_the_first_ones_file(tmp_path, r
     second = trainer.test(linear_data(40, 7), batch_size=32)
     third = trainer.test(linear_data(40, 8), batch_size=32)
     assert _saved(tmp_path, "test") == pytest.approx({"test/loss": first["test/loss"]})
-    assert _saved(tmp_path, "test_2") == pytest.approx(second) and _saved(tmp_path, "test_3") == pytest.approx(third)
+    assert _saved(tmp_path, "test.2") == pytest.approx(second) and _saved(tmp_path, "test.3") == pytest.approx(third)
     assert "metrics/test.json holds an earlier test's metrics: this one's (test/...) are saved to " \
-           "metrics/test_2.json" in capsys.readouterr().err
+           "metrics/test.2.json" in capsys.readouterr().err
     loaded = RegressTrainer.load_from_checkpoint(str(tmp_path / "run"), exmp_input=linear_data(1)[0])
     loaded.test(linear_data(40, 9), batch_size=32, name="ood")
     loaded.test(linear_data(40, 9), batch_size=32, name="ood")  # a rerun (a notebook cell run twice)
     assert sorted(f for f in os.listdir(tmp_path / "run" / "metrics") if f.startswith("test")) == [
-        "test.json", "test_2.json", "test_3.json", "test_ood.json", "test_ood_2.json"]
+        "test.2.json", "test.3.json", "test.json", "test_ood.2.json", "test_ood.json"]
 
 
 @pytest.mark.parametrize("name", ["", "a/b", "shifted set", 3])
@@ -152,3 +152,30 @@ def test_arrays_without_a_batch_size_or_of_different_lengths_are_clear_errors(tm
     x, y = linear_data(10)
     with pytest.raises(ValueError, match=message):
         call(trainer, x, y)
+
+
+def test_a_trainer_loaded_for_inference_tests_the_moving_average_of_the_checkpoint_asked_for(
+        tmp_path, regression_loaders):
+    train, val, _ = regression_loaders
+    trainer = RegressTrainer(model_class=TinyMLP, model_hparams={"hidden_dims": [16]}, exmp_input=linear_data(1)[0],
+                             optimizer_hparams={"optimizer": "adam", "lr": 3e-2, "ema_decay": 0.9},
+                             callbacks=[flaxlight.callbacks.ModelCheckpoint(save_top_k=1, every_n_epochs=1)],
+                             **quiet(tmp_path))
+    trainer.train_model(train, val, num_epochs=3)
+    data = linear_data(40, 7)
+    expected = {which: RegressTrainer.load_from_checkpoint(trainer.log_dir, exmp_input=data[0][:1], which=which)
+                .test(data, batch_size=32)["test/loss"] for which in ("best", "last")}
+    loaded = RegressTrainer.load_from_checkpoint(trainer.log_dir, exmp_input=data[0][:1], which="best")
+    for which in ("last", "best"):
+        assert loaded.test(data, batch_size=32, which=which)["test/loss"] == pytest.approx(expected[which], rel=1e-6)
+        assert loaded.test(data, batch_size=32)["test/loss"] == pytest.approx(expected[which], rel=1e-6)  # now held
+
+
+def test_a_trainer_loaded_into_a_new_folder_finds_best_and_last_in_the_loaded_run(tmp_path, regression_loaders):
+    trainer = _trained(tmp_path, regression_loaders)
+    data = linear_data(40, 7)
+    last = RegressTrainer.load_from_checkpoint(trainer.log_dir, exmp_input=data[0][:1], which="last")
+    moved = RegressTrainer.load_from_checkpoint(trainer.log_dir, exmp_input=data[0][:1], which="best",
+                                                logger_params={"log_dir": str(tmp_path / "elsewhere")})
+    np.testing.assert_allclose(moved.predict(data[0], batch_size=32, which="last"), last.predict(data[0], batch_size=32))
+    assert moved.test(data, batch_size=32, which="last") == pytest.approx(last.test(data, batch_size=32))

@@ -376,11 +376,25 @@ class Engine:
         else:
             messages.info(f"steps_per_execution='auto': 1 step per dispatch (a single step takes "
                           f"{single * 1e3:.1f} ms: dispatch costs little next to it).")
+        self._use_block_length()
+        return self.block_length
+
+    def chosen_block_length(self) -> int | None:
+        """The block length ``"auto"`` chose (kept in checkpoints), None while still choosing."""
+        return None if self.choosing_block_length else self.block_length
+
+    def adopt_block_length(self, length: int | None) -> None:
+        """A resumed ``steps_per_execution="auto"`` run goes on with the block length it chose
+        (its log points and step events then fall where the uninterrupted run's do)."""
+        if length is not None and self.choosing_block_length:
+            self.choosing_block_length, self.block_length = False, int(length)
+            self._use_block_length()
+
+    def _use_block_length(self) -> None:
         if self.block_length > 1:
             self._functions = _loop_functions(*self.step_functions.values(), block_length=self.block_length,
                                               guard=self.guard)
             self._jit_loop()
-        return self.block_length
 
     def _block_call(self, state, acc, batch, length: int, calls: int) -> tuple[Callable, int, int]:
         """A timing variant for :func:`_interleaved_seconds`: blocks of ``length`` copies of

@@ -124,18 +124,23 @@ class Std:
         weights = jnp.ones_like(values) if mask is None else jnp.ravel(jnp.asarray(mask, jnp.float32))
         values = jnp.where(weights > 0, values, 0.0)  # a left-out NaN / Inf does not reach the sums
         count = jnp.sum(weights)
-        mean = jnp.sum(weights * values) / jnp.maximum(count, 1.0)
+        mean = _ratio(jnp.sum(weights * values), count)
         return cls(count, mean, jnp.sum(weights * (values - mean) ** 2))
 
     def merge(self, other: "Std") -> "Std":
         count = self.count + other.count
         delta = other.mean - self.mean
-        share = other.count / jnp.maximum(count, 1.0)  # 0 when both are empty
+        share = _ratio(other.count, count)  # 0 when both are empty
         return Std(count, self.mean + delta * share,
                    self.sum_of_squared_deviations + other.sum_of_squared_deviations + delta ** 2 * self.count * share)
 
     def compute(self) -> jax.Array:
-        return jnp.sqrt(jnp.maximum(self.sum_of_squared_deviations / jnp.maximum(self.count, 1.0), 0.0))
+        return jnp.sqrt(jnp.maximum(_ratio(self.sum_of_squared_deviations, self.count), 0.0))
+
+
+def _ratio(numerator: jax.Array, denominator: jax.Array) -> jax.Array:
+    """``numerator / denominator``, 0 where the denominator (a total weight, possibly below 1) is 0."""
+    return jnp.where(denominator > 0, numerator / jnp.where(denominator > 0, denominator, 1.0), 0.0)
 
 
 def _class_ids(predictions: Any, labels: Any) -> jax.Array:

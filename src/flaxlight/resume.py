@@ -55,6 +55,7 @@ class CheckpointMeta:
         best_step: the step of the best checkpoint kept (None before a validation).
         num_epochs, steps_per_epoch: the run's length; schedule_steps: the train steps its optimizer's
             schedule spans (``max_steps`` when that ends the run first).
+        block_length: the steps per dispatch ``steps_per_execution="auto"`` chose (None before).
         callbacks: each stateful callback's ``state_dict()``, by :func:`named_callbacks` name.
         owed_events, owed_steps: the events of ``step`` an interrupt came before (``"log"``,
             ``"val"``, ``"callbacks"``) and the updates they cover: a resume runs them first.
@@ -77,6 +78,7 @@ class CheckpointMeta:
     owed_events: list = dataclasses.field(default_factory=list)
     owed_steps: int = 1
     schedule_steps: int | None = None
+    block_length: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         return _jsonable(dataclasses.asdict(self))  # a metric object's array result as nested lists
@@ -272,13 +274,14 @@ def named_callbacks(callbacks: Sequence[Any]) -> list[tuple[str, Any]]:
     return named
 
 
-_TAGS = ("__tuple__", "__set__", "__items__", "__array__")  # how a callback state's non-JSON parts are kept
+_TAGS = ("__tuple__", "__set__", "__frozenset__", "__items__", "__array__")  # a callback state's non-JSON parts
 
 
 def encode_state(value: Any, where: str = "state") -> Any:
     """A callback's ``state_dict()`` as JSON that :func:`decode_state` turns back into the same
-    values: tuples, sets, dicts with keys that are not strings, numpy/JAX arrays and scalars are
-    tagged; anything else that JSON cannot hold is an error naming its place.
+    values: tuples, sets, frozensets, dicts with keys that are not strings and numeric numpy
+    arrays and scalars are tagged (a JAX array comes back as a numpy one); anything else that
+    JSON cannot hold is an error naming its place.
 
     Examples:
         >>> decode_state(encode_state({1: (2, 3), "best": np.float32(0.5)}))
@@ -293,13 +296,14 @@ def encode_state(value: Any, where: str = "state") -> Any:
                               for key, item in value.items()]}
     if isinstance(value, (tuple, list, set, frozenset)):
         items = [encode_state(item, f"{where}[{i}]") for i, item in enumerate(value)]
-        return items if isinstance(value, list) else {"__tuple__" if isinstance(value, tuple) else "__set__": items}
-    if isinstance(value, (np.ndarray, np.generic, jax.Array)):
+        tag = {tuple: "__tuple__", set: "__set__", frozenset: "__frozenset__"}.get(type(value))
+        return items if isinstance(value, list) else {tag or "__tuple__": items}
+    if isinstance(value, (np.ndarray, np.generic, jax.Array)) and np.asarray(value).dtype.kind in "biuf":
         array = np.asarray(value)
         return {"__array__": array.tolist(), "dtype": str(array.dtype), "scalar": isinstance(value, np.generic)}
     raise TypeError(f"{where} holds a {type(value).__module__}.{type(value).__qualname__} ({value!r:.60}), which a "
                     f"checkpoint cannot keep: a callback's state may hold numbers, strings, None, lists, tuples, sets, "
-                    f"dicts and numpy/JAX arrays. Convert it in state_dict() (and back in load_state_dict()).")
+                    f"dicts and numeric numpy/JAX arrays. Convert it in state_dict() (and back in load_state_dict()).")
 
 
 def decode_state(value: Any) -> Any:
@@ -315,8 +319,9 @@ def decode_state(value: Any) -> Any:
         return {_hashable(decode_state(key)): decode_state(item) for key, item in value["__items__"]}
     if "__tuple__" in value:
         return tuple(decode_state(item) for item in value["__tuple__"])
-    if "__set__" in value:
-        return {_hashable(decode_state(item)) for item in value["__set__"]}
+    if "__set__" in value or "__frozenset__" in value:
+        items = [_hashable(decode_state(item)) for item in value.get("__set__", value.get("__frozenset__"))]
+        return set(items) if "__set__" in value else frozenset(items)
     return {key: decode_state(item) for key, item in value.items()}
 
 

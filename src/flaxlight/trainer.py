@@ -68,8 +68,9 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
                        "check_val_every_n_epoch": check_val_every_n_epoch, "seed": seed, **kwargs}
         self._start_fresh_run_state()
         self.callbacks: list[Callback] = with_default_callbacks(callbacks, self.options, enable_progress_bar)
-        self.options, self._checkpoint_callback = one_best(self.options, self.callbacks, next(  # one meaning of "best"
-            (c.__name__ for c in type(self).__mro__ if "is_new_model_better" in vars(c) and c is not TrainerModule), None))
+        rule = type(self).is_new_model_better  # the one the loop asks: another than ours is a rule of the user's
+        self.options, self._checkpoint_callback = one_best(  # one meaning of "best"
+            self.options, self.callbacks, own_rule=None if rule is TrainerModule.is_new_model_better else rule.__qualname__)
         runfiles.enable_compilation_cache(self.options.compilation_cache)
         self.mesh = dist.mesh_for(mesh, self.options.distributed)
         self.model_adapter = make_adapter(self.model_class, self.model_hparams, seed=seed)
@@ -159,9 +160,8 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
         are the jitted single steps. An override may set just those two; the loop then runs them."""
         steps = check_step_pair(self.create_functions(), f"{type(self).__name__}.create_functions() must return")
         if self.options.log_grad_norm and not getattr(step_owner(steps[0]), "log_grad_norm", False):
-            raise ValueError(f"log_grad_norm=True needs flaxlight's train step, but {type(self).__name__}.create_functions"
-                             f" returns another one: add the gradients' global norm (optax.tree.norm(grads)) to its "
-                             f"metrics as 'grad_norm', or build it from super().create_functions().")
+            raise ValueError(f"log_grad_norm=True needs flaxlight's train step; {type(self).__name__}.create_functions returns"
+                             f" another: add optax.tree.norm(grads) as metric 'grad_norm', or wrap super().create_functions().")
         self.engine = self._make_engine(*steps)
         self.train_step, self.eval_step = self.engine.train_step, self.engine.eval_step
 
@@ -239,14 +239,13 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
         """Check the run's length, build the optimizer for it, start a fresh loop state."""
         plan = RunPlan.make(train_loader, val_loader, num_epochs=num_epochs, steps_per_epoch=steps_per_epoch,
                             check_val_every_n_epoch=self.check_val_every_n_epoch, limits=self._limits,
-                            val_check_interval=self.options.val_check_interval,
-                            max_steps=self.options.max_steps)
+                            val_check_interval=self.options.val_check_interval, max_steps=self.options.max_steps)
         self.num_epochs, self.steps_per_epoch = plan.num_epochs, plan.steps_per_epoch
         dist.check_loader_divisible(train_loader, self.mesh)  # before the run's folder is claimed
         self.init_optimizer(plan.schedule_epochs, plan.schedule_steps_per_epoch)
         self._place_state()
         self._loop, self._best_eval_metrics, self.should_stop, self.stop_reason = LoopState(), None, False, None
-        start_fresh(self.callbacks)  # a resume then restores the run's states
+        start_fresh(self.callbacks, validates=val_loader is not None)  # a resume then restores the run's states
         return plan.num_epochs
 
     def _claim_run_folder(self, continuing: bool, overwrite: bool) -> None:
@@ -459,7 +458,8 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
                                              best_step=chosen.best_step if chosen else None,
                                              loader_position=self.engine.loader_position(),
                                              best_eval_metrics=self._best_eval_metrics, num_epochs=self.num_epochs,
-                                             steps_per_epoch=self.steps_per_epoch, schedule_steps=self._schedule_steps)
+                                             steps_per_epoch=self.steps_per_epoch, schedule_steps=self._schedule_steps,
+                                             block_length=self.engine.chosen_block_length())
         self.checkpointer.save(step, self.state, meta=meta.to_json(), metrics=chosen.score_of(step) if chosen else None)
 
     def load_model(self, step: int | None = None) -> None:
@@ -477,6 +477,7 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
             self.state, meta, step = restored
             self._loop, self._best_eval_metrics = meta.loop_state(), meta.best_eval_metrics
             meta.restore_callbacks(self.callbacks)
+            self.engine.adopt_block_length(meta.block_length)
             self.logger.resume_from_step(step)
 
     def _load_for_resume(self, step: int) -> TrainState:  # load_model's result, for resume and loading

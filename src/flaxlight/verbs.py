@@ -86,6 +86,7 @@ class TrainerVerbsMixin:
         trainer = _construct(cls, exmp_input, runfiles.trainer_kwargs(cls, checkpoint, which, overrides), overrides)
         source = resume.checkpointer_for(checkpoint)  # the run's own, also when logger_params moves the logs
         own = source.directory == trainer.checkpointer.directory
+        trainer._loaded_from = None if own else source  # which="best"/"last" until the trainer saves its own
         trainer._hparams_written, trainer._loaded = own, True  # its hparams.yaml describes this trainer already
         config = as_optimizer_config(trainer.optimizer_hparams)
         averaged = not with_optimizer and getattr(config, "ema_decay", None) is not None  # the EMA is in its state
@@ -147,8 +148,8 @@ class TrainerVerbsMixin:
         ``name``: tells test sets apart (letters, digits, ``_``, ``-``): ``name="shifted"`` gives
         ``test_shifted/...`` metrics (their own columns in ``metrics.csv``) saved to
         ``metrics/test_shifted.json``. A result file is never overwritten: a second test under the
-        same name (the run's ``test_loader`` counts as the first) is saved as ``metrics/test_2.json``
-        (``test_shifted_2.json``, ...), with the same keys, and said.
+        same name (the run's ``test_loader`` counts as the first) is saved as ``metrics/test.2.json``
+        (``test_shifted.2.json``, ...), with the same keys, and said.
 
         Examples:
             >>> trainer.test((x_test, y_test), batch_size=256)                     # doctest: +SKIP
@@ -165,9 +166,15 @@ class TrainerVerbsMixin:
             raise ValueError(f"which must be 'current', 'best' or 'last'; got {which!r}.")
         stem = _test_stem(name)
         self._claim_records()  # before loading anything: another run's folder is refused as it is
-        if which != "current" and self.checkpointer.all_steps():
-            self.checkpointer.wait()
-            self.load_model(None if which == "best" else resume.pick_checkpoint(self.checkpointer, which))  # None: best
+        source = self._checkpoint_source()
+        if which != "current" and source.all_steps():
+            if self.state.opt_state is None:  # loaded for inference: served as load_from_checkpoint serves it (EMA)
+                self.state = self._state_for(which).replace(opt_state=None)
+            elif source is not self.checkpointer:  # loaded from another run's folder, with its optimizer
+                self.state = resume.load_with_fallback(source, self.state, which)
+            else:
+                self.checkpointer.wait()
+                self.load_model(None if which == "best" else resume.pick_checkpoint(self.checkpointer, which))  # None: best
         test_metrics = self.eval_model(test_loader, log_prefix=f"{stem}/")
         self._log(test_metrics)
         self.save_metrics(self._unused_metrics_name(stem), test_metrics)
@@ -175,14 +182,14 @@ class TrainerVerbsMixin:
         return test_metrics
 
     def _unused_metrics_name(self, stem: str) -> str:
-        """``stem``, or ``stem_2``, ``stem_3``, ... when ``metrics/<stem>.json`` holds an earlier
+        """``stem``, or ``stem.2``, ``stem.3``, ... when ``metrics/<stem>.json`` holds an earlier
         result (said): a test never overwrites another's file."""
         if self.log_dir is None or not dist.is_main_process():
             return stem
         folder, name, number = os.path.join(self.log_dir, runfiles.METRICS_DIR), stem, 1
         while os.path.exists(os.path.join(folder, f"{name}.json")):
             number += 1
-            name = f"{stem}_{number}"
+            name = f"{stem}.{number}"  # not "_": test(name="2") is test_2
         if name != stem:
             hint = "" if stem != "test" else " Name test sets with test(..., name='shifted'): test_shifted/... metrics."
             messages.info(f"metrics/{stem}.json holds an earlier test's metrics: this one's ({stem}/...) are saved "
@@ -247,19 +254,26 @@ class TrainerVerbsMixin:
         """The model with the trained variables, for interactive use: ``model(x, train=False)``."""
         return self.model_adapter.bind(self._serving(self.state).variables())
 
+    def _checkpoint_source(self):
+        """Where ``which="best"/"last"`` are found: this run's checkpoints, or, for a trainer from
+        :meth:`load_from_checkpoint` logging to another folder with none of its own yet, the loaded run's."""
+        source = getattr(self, "_loaded_from", None)
+        return self.checkpointer if source is None or self.checkpointer.all_steps() else source
+
     def _state_for(self, which: str):
         """The state ``which`` names, with the parameters evaluation uses (:func:`_served`)."""
         if which == "current":
             return self._serving(self.state)
         if which not in ("best", "last"):
             raise ValueError(f"which must be 'current', 'best' or 'last'; got {which!r}.")
-        self.checkpointer.wait()
-        step = resume.pick_checkpoint(self.checkpointer, which)
+        checkpoints = self._checkpoint_source()
+        checkpoints.wait()
+        step = resume.pick_checkpoint(checkpoints, which)
         template = self.state
         if template.opt_state is None and template.tx is not None:  # loaded for inference: its optimizer's shape
             template = template.replace(opt_state=template.tx.init(template.params))
         with_ema = ema_params(template) is not None  # the checkpoint's optimizer state holds the average
-        restored = self.checkpointer.restore(template if with_ema else self.state, step=step, with_opt_state=with_ema)
+        restored = checkpoints.restore(template if with_ema else self.state, step=step, with_opt_state=with_ema)
         return self._serving(restored)
 
     def _serving(self, state):

@@ -56,14 +56,15 @@ def with_default_callbacks(callbacks: list[Callback], options: Any, enable_progr
         [cb for cb in callbacks if isinstance(cb, ModelCheckpoint)]
 
 
-def one_best(options: Any, callbacks: list[Callback], own_rule: str | None = None) -> tuple[Any, ModelCheckpoint | None]:
+def one_best(options: Any, callbacks: list[Callback], *,
+             own_rule: str | None = None) -> tuple[Any, ModelCheckpoint | None]:
     """``(options, checkpoint callback)`` with one meaning of "best": a trainer without a
     ``monitor`` takes its :class:`ModelCheckpoint`'s (as in Lightning, where the checkpoint
     callback's monitor is the only one); when both are given and differ, an error: ``test()``,
     ``which="best"`` and the exported model would be the callback's best while the returned
     metrics and ``metrics/best_eval.json`` described the trainer's. So is a callback ``monitor``
-    next to the trainer's own rule (``own_rule``: the name of the class overriding
-    ``is_new_model_better``).
+    next to a rule of the user's (``own_rule``: the qualified name of the ``is_new_model_better``
+    override the trainer asks), unless the trainer's ``monitor`` says the same as the callback's.
 
     Examples:
         >>> options, _ = one_best(TrainerOptions(), [ModelCheckpoint(monitor="val/acc", mode="max")])  # doctest: +SKIP
@@ -73,12 +74,12 @@ def one_best(options: Any, callbacks: list[Callback], own_rule: str | None = Non
     chosen = next((cb for cb in callbacks if isinstance(cb, ModelCheckpoint)), None)
     if chosen is None or chosen.monitor is None:
         return options, chosen
-    if own_rule is not None:
-        raise ValueError(f"{own_rule} overrides is_new_model_better, and ModelCheckpoint(monitor={chosen.monitor!r}) "
-                         f"ranks checkpoints by its monitor: test(), which='best' and export would use the callback's "
-                         f"best while train_model's metrics and metrics/best_eval.json described the override's. Drop "
-                         f"the callback's monitor (it then keeps the checkpoint is_new_model_better picks), or the "
-                         f"override.")
+    if own_rule is not None and options.monitor is None:
+        raise ValueError(f"{own_rule} picks the best model, and ModelCheckpoint(monitor={chosen.monitor!r}) ranks "
+                         f"checkpoints by its monitor: test(), which='best' and export would use the callback's best "
+                         f"while train_model's metrics and metrics/best_eval.json described the override's. Drop the "
+                         f"callback's monitor (it then keeps the checkpoint is_new_model_better picks), or the override "
+                         f"(or give the trainer the same monitor and mode if the override agrees with it).")
     if options.monitor is None:
         return dataclasses.replace(options, monitor=chosen.monitor, mode=chosen.mode), chosen
     if (options.monitor, options.mode) != (chosen.monitor, chosen.mode):
@@ -90,15 +91,19 @@ def one_best(options: Any, callbacks: list[Callback], own_rule: str | None = Non
     return options, chosen
 
 
-def start_fresh(callbacks: list[Callback]) -> None:
+def start_fresh(callbacks: list[Callback], validates: bool = True) -> None:
     """Forget what the built-in callbacks kept from an earlier ``train_model`` of the same trainer
     (the history, the checkpoints' ranking, early stopping's patience, the time spent): a new run
-    starts afresh, and a resume then restores the run's own states.
+    starts afresh, and a resume then restores the run's own states. Settings that cannot work in
+    this run (an ``EarlyStopping`` on ``val/...`` when it does not validate) fail here, before the
+    run's folder is written.
 
     Examples:
-        >>> start_fresh(trainer.callbacks)   # doctest: +SKIP
+        >>> start_fresh(trainer.callbacks, validates=val_loader is not None)   # doctest: +SKIP
     """
     for callback in callbacks:
+        if isinstance(callback, EarlyStopping):
+            callback.check_run(validates)
         if isinstance(callback, History):
             callback.clear()
         elif isinstance(callback, (ModelCheckpoint, EarlyStopping, Timer)):

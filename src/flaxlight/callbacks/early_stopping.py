@@ -82,12 +82,19 @@ class EarlyStopping(Callback):
                     f"{self.wait} validations in a row (best {self._best_so_far()}).")
         return None
 
-    def on_fit_start(self, trainer) -> None:
-        self._after_training = trainer.val_loader is None
-        if self._after_training and self.monitor.startswith("val/"):
+    def check_run(self, validates: bool) -> None:
+        """Whether this callback can work in a run that validates (or not); a clear error if not.
+
+        Examples:
+            >>> EarlyStopping(monitor="train/loss").check_run(validates=False)
+        """
+        if not validates and self.monitor.startswith("val/"):
             raise ValueError(f"EarlyStopping monitors {self.monitor!r}, but train_model got no validation data, so it "
                              f"would never stop the run. Pass a val_loader, or monitor a train metric (e.g. "
                              f"'train/loss'), which is checked after each epoch's training.")
+
+    def on_fit_start(self, trainer) -> None:
+        self._after_training = trainer.val_loader is None
 
     def on_train_epoch_end(self, trainer, epoch: int, metrics: Mapping[str, float]) -> None:
         if self._after_training:

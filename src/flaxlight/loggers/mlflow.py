@@ -151,7 +151,12 @@ class MLflowLogger(Logger):
     def set_run_dir(self, log_dir: str | os.PathLike) -> None:
         """Keep the run id in the trainer's run folder ``log_dir`` (and the default file store,
         without ``save_dir``)."""
-        self._run_dir = os.path.abspath(os.fspath(log_dir))
+        run_dir = os.path.abspath(os.fspath(log_dir))
+        if self._run_dir is not None and run_dir != self._run_dir:
+            raise ValueError(f"This {type(self).__name__} already logs the run in {self._run_dir} (its MLflow run); "
+                             f"a second trainer's run ({run_dir}) would go into that run. Give each trainer a logger "
+                             f"object of its own.")
+        self._run_dir = run_dir
         if not self._save_dir_given:
             self.save_dir = self._run_dir
             if self._store_in_save_dir and self._client is None:
