@@ -187,3 +187,43 @@ def test_a_resumed_second_run_still_leaves_the_earlier_runs_checkpoints_alone(tm
     resumed.train_model(train, val, num_epochs=3, resume=True)
     resumed.checkpointer.wait()
     assert 8 in resumed.checkpointer.all_steps()
+
+
+def test_a_misspelt_trainer_monitor_fails_before_the_run_folder_is_written(tmp_path, regression_loaders):
+    train, val, _ = regression_loaders
+    trainer = _trainer(tmp_path, [], monitor="val/los")
+    with pytest.raises(KeyError, match="Did you mean 'val/loss'"):
+        trainer.train_model(train, val, num_epochs=2)
+    assert trainer.global_step == 0 and not (tmp_path / "run" / "hparams.yaml").exists()
+
+
+def test_a_resume_with_changed_settings_says_what_changed_and_keeps_the_earlier_hparams(
+        tmp_path, regression_loaders, caplog):
+    train, val, _ = regression_loaders
+    _trainer(tmp_path, []).train_model(train, val, num_epochs=1)
+    _trainer(tmp_path, []).train_model(train, val, num_epochs=2, resume=True)  # the same settings: nothing kept
+    assert not (tmp_path / "run" / "hparams.1.yaml").exists()
+    x, _ = linear_data(8)
+    faster = RegressTrainer(model_class=TinyMLP, model_hparams={"hidden_dims": [8]},
+                            optimizer_hparams={"optimizer": "adam", "lr": 3e-2}, exmp_input=x[:1], **quiet(tmp_path))
+    faster.train_model(train, val, num_epochs=3, resume=True)
+    assert "optimizer_hparams.lr: 0.01 -> 0.03" in caplog.text and "kept as hparams.1.yaml" in caplog.text
+    assert "lr: 0.01" in (tmp_path / "run" / "hparams.1.yaml").read_text()
+    assert "lr: 0.03" in (tmp_path / "run" / "hparams.yaml").read_text()
+
+
+def test_the_count_of_skipped_steps_goes_on_after_a_resume(tmp_path):
+    x, y = linear_data(128)
+    x[40] = np.nan  # one bad example: one skipped step per epoch (unshuffled batches of 16)
+    train = flaxlight.ArrayLoader(x, y, batch_size=16)
+    guard = flaxlight.callbacks.NaNGuard(action="skip")
+    whole = _trainer(tmp_path / "whole", [guard], logger_params={"log_dir": str(tmp_path / "whole")})
+    whole.train_model(train, None, num_epochs=3)
+    with pytest.raises(RuntimeError, match="data error"):
+        _trainer(tmp_path / "cut", [flaxlight.callbacks.NaNGuard(action="skip"), FailsAtStep(21),
+                                    ModelCheckpoint(every_n_epochs=1)],
+                 logger_params={"log_dir": str(tmp_path / "cut")}).train_model(train, None, num_epochs=3)
+    resumed = _trainer(tmp_path / "cut", [flaxlight.callbacks.NaNGuard(action="skip"), ModelCheckpoint(every_n_epochs=1)],
+                       logger_params={"log_dir": str(tmp_path / "cut")})
+    resumed.train_model(train, None, num_epochs=3, resume=True)
+    assert whole.nonfinite_steps == resumed.nonfinite_steps == 3

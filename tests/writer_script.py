@@ -40,8 +40,8 @@ class SignallingCheckpoint(flaxlight.ModelCheckpoint):
         super().__init__(**kwargs)
         self.at, self.signum, self.when, self.report, self.sent = at, signum, when, report, False
 
-    def _save(self, trainer, step, best_metrics):
-        super()._save(trainer, step, best_metrics)
+    def _save(self, trainer, step, best_metrics, **kwargs):
+        super()._save(trainer, step, best_metrics, **kwargs)
         if step != self.at or self.sent:
             return
         self.sent = True

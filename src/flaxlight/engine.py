@@ -191,6 +191,7 @@ class Engine:
         self._templates: dict = {}
         self._eval_compiler: threading.Thread | None = None
         self._eval_lowered: list = []  # eval steps traced before the run, compiled once it trains
+        self.eval_metric_names: tuple[str, ...] | None = None  # what they return, known once traced
         self._epoch_ahead: DeviceEpoch | None = None
         self._position: Callable[[], Any] | None = None
         self.train_step = self._jit(train_step, donate_argnums=0)
@@ -508,6 +509,7 @@ class Engine:
         only a real failure of the validation stops the run here.
         """
         self.close()  # an earlier run's compile (e.g. one refused its folder) is done first
+        self.eval_metric_names = None
         if loader is None:
             return
         examples = _example_batches(loader, peek=check is not None)
@@ -525,6 +527,8 @@ class Engine:
             return
 
         self._eval_lowered = lowered  # compiled while the first epoch trains (the run's folder is claimed then)
+        sums = lowered[0].out_info
+        self.eval_metric_names = (*sums["totals"].names, *sums.get("objects", {}))
 
     def _start_eval_compile(self) -> None:
         """Start compiling the eval steps :meth:`compile_eval_ahead` traced, in a background thread."""

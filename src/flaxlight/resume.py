@@ -56,6 +56,8 @@ class CheckpointMeta:
         num_epochs, steps_per_epoch: the run's length; schedule_steps: the train steps its optimizer's
             schedule spans (``max_steps`` when that ends the run first).
         block_length: the steps per dispatch ``steps_per_execution="auto"`` chose (None before).
+        nonfinite: the run's non-finite steps so far and those before the current epoch
+            (:class:`flaxlight.loop.NonfiniteTally`).
         callbacks: each stateful callback's ``state_dict()``, by :func:`named_callbacks` name.
         owed_events, owed_steps: the events of ``step`` an interrupt came before (``"log"``,
             ``"val"``, ``"callbacks"``) and the updates they cover: a resume runs them first.
@@ -79,6 +81,7 @@ class CheckpointMeta:
     owed_steps: int = 1
     schedule_steps: int | None = None
     block_length: int | None = None
+    nonfinite: list = dataclasses.field(default_factory=lambda: [0, 0])
 
     def to_json(self) -> dict[str, Any]:
         return _jsonable(dataclasses.asdict(self))  # a metric object's array result as nested lists

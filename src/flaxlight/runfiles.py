@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import itertools
 import json
 import os
 import shutil
@@ -187,7 +188,8 @@ def claim_run(log_dir: str, checkpointer: Checkpointer, *, continuing: bool, ove
             for path in (os.path.join(log_dir, CHECKPOINT_DIR), os.path.join(log_dir, METRICS_DIR)):
                 shutil.rmtree(path, ignore_errors=True)
             replaced = [HPARAMS_FILE, "metrics.csv", "wandb_run.json", "mlflow_run.json"]  # the last two: a new run
-            replaced += [name for name in os.listdir(log_dir) if name.startswith("events.out.tfevents.")]
+            replaced += [name for name in os.listdir(log_dir) if name.startswith("events.out.tfevents.")
+                         or (name.startswith("hparams.") and name.endswith(".yaml"))]  # hparams.1.yaml, ...
             for name in replaced:
                 if os.path.isfile(os.path.join(log_dir, name)):
                     os.remove(os.path.join(log_dir, name))
@@ -386,11 +388,32 @@ def check_shared_log_dir(logger_params: Mapping[str, Any] | None, fast_dev_run: 
 
 
 def write_hparams(log_dir: str, config: Mapping[str, Any]) -> dict:
-    """Write ``config`` as ``<log_dir>/hparams.yaml`` (plain YAML) and return what was written."""
-    hparams = to_yaml_safe(config)
-    with open(os.path.join(log_dir, HPARAMS_FILE), "w") as f:
+    """Write ``config`` as ``<log_dir>/hparams.yaml`` (plain YAML) and return what was written. An
+    earlier file that says otherwise (a resume with changed settings) is kept as
+    ``hparams.1.yaml`` (``.2``, ...), and the changes are said; an equal one is left as it is."""
+    hparams, path = to_yaml_safe(config), os.path.join(log_dir, HPARAMS_FILE)
+    if os.path.isfile(path):
+        with open(path) as f:
+            changes = _changes(yaml.safe_load(f) or {}, hparams)
+        if not changes:
+            return hparams
+        kept = next(name for name in (f"hparams.{n}.yaml" for n in itertools.count(1))
+                    if not os.path.exists(os.path.join(log_dir, name)))
+        os.replace(path, os.path.join(log_dir, kept))
+        messages.warning(f"This run's settings differ from the ones {HPARAMS_FILE} recorded ({'; '.join(changes[:5])}"
+                         f"{'; ...' if len(changes) > 5 else ''}): they apply from now on; the earlier file is kept as "
+                         f"{kept}.")
+    with open(path, "w") as f:
         yaml.safe_dump(hparams, f, sort_keys=False)
     return hparams
+
+
+def _changes(before: Any, after: Any, key: str = "") -> list[str]:
+    """``["optimizer_hparams.lr: 0.001 -> 0.01", ...]``: where two plain YAML values differ."""
+    if isinstance(before, dict) and isinstance(after, dict):
+        return [change for name in dict.fromkeys([*before, *after])
+                for change in _changes(before.get(name), after.get(name), f"{key}.{name}" if key else str(name))]
+    return [] if before == after else [f"{key}: {before!r} -> {after!r}"]
 
 
 def read_hparams(log_dir: str) -> dict:

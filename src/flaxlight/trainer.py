@@ -248,14 +248,6 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
         start_fresh(self.callbacks, validates=val_loader is not None)  # a resume then restores the run's states
         return plan.num_epochs
 
-    def _claim_run_folder(self, continuing: bool, overwrite: bool) -> None:
-        """Refuse to overwrite another run or to share a live one (:func:`flaxlight.runfiles.claim_run`)."""
-        if self.log_dir is not None and dist.is_main_process():
-            self._run_lock = runfiles.claim_run(self.log_dir, self.checkpointer, continuing=continuing,
-                                                overwrite=overwrite, owned=self._trained_here or self._wrote_here)
-            self._trained_here = True
-            self.logger.start_run()  # a loaded trainer's records were late ones; overwrite deleted files
-
     def _run_epoch(self, epoch_idx: int, train_loader, val_loader) -> None:
         """Train one epoch (or its rest, after a resume), validate when due, run the epoch hooks."""
         loop = self._loop
@@ -459,7 +451,8 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
                                              loader_position=self.engine.loader_position(),
                                              best_eval_metrics=self._best_eval_metrics, num_epochs=self.num_epochs,
                                              steps_per_epoch=self.steps_per_epoch, schedule_steps=self._schedule_steps,
-                                             block_length=self.engine.chosen_block_length())
+                                             block_length=self.engine.chosen_block_length(),
+                                             nonfinite=[self._nonfinite.steps, self._nonfinite.before_epoch])
         self.checkpointer.save(step, self.state, meta=meta.to_json(), metrics=chosen.score_of(step) if chosen else None)
 
     def load_model(self, step: int | None = None) -> None:
@@ -478,6 +471,7 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
             self._loop, self._best_eval_metrics = meta.loop_state(), meta.best_eval_metrics
             meta.restore_callbacks(self.callbacks)
             self.engine.adopt_block_length(meta.block_length)
+            self._nonfinite.steps, self._nonfinite.before_epoch = meta.nonfinite
             self.logger.resume_from_step(step)
 
     def _load_for_resume(self, step: int) -> TrainState:  # load_model's result, for resume and loading

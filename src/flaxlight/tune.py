@@ -815,7 +815,11 @@ def _metric_not_logged(metric: str, trainer: Any, number: int, stage: str, exc: 
     logged = getattr(trainer, "callback_metrics", None)
     if stage == "build" or not isinstance(logged, Mapping):
         return str(exc)
-    when = (f"checked after trial {number} trained" if stage == "trained" else
+    ahead = not logged and getattr(getattr(trainer, "engine", None), "eval_metric_names", None)
+    if ahead:  # the trainer checked the metric against what its eval step returns, before training
+        logged = {f"val/{name}": None for name in ahead}
+    when = (f"found before trial {number} trained, among what its eval step returns" if ahead else
+            f"checked after trial {number} trained" if stage == "trained" else
             f"found at trial {number}'s first validation, which stopped it")
     closest, typo = _closest_metric(metric, logged)
     hint = "" if closest is None else (f" Did you mean {closest!r}?" if typo else

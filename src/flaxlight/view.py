@@ -208,6 +208,25 @@ class TrainerViewMixin:
             if type(self).loss_fn.__module__.startswith("flaxlight") or not self._loss_accepts(batch, mismatch):
                 raise
 
+    def _claim_run_folder(self, continuing: bool, overwrite: bool) -> None:
+        """Refuse to overwrite another run or to share a live one (:func:`flaxlight.runfiles.claim_run`),
+        after the last checks that need no folder (a monitor the eval step does not return)."""
+        self._check_monitor_ahead()
+        if self.log_dir is not None and dist.is_main_process():
+            self._run_lock = runfiles.claim_run(self.log_dir, self.checkpointer, continuing=continuing,
+                                                overwrite=overwrite, owned=self._trained_here or self._wrote_here)
+            self._trained_here = True
+            self.logger.start_run()  # a loaded trainer's records were late ones; overwrite deleted files
+
+    def _check_monitor_ahead(self) -> None:
+        """The trainer's ``monitor`` (the best model is picked among the eval step's metrics) checked
+        against the names of the eval step traced ahead, so a misspelt one fails before training."""
+        names = self.engine.eval_metric_names
+        if names is None or not self.options.monitor or not self.options.monitor.startswith("val/"):
+            return
+        if self.options.monitor.split("/")[1] not in names:  # "val/f1/macro": a metric object's result
+            self.options.monitored({f"val/{name}": 0.0 for name in names})  # raises, with the names and a hint
+
     def _val_batch_check(self) -> Callable[[Any], None] | None:
         """The check of the validation loader's first batch before training (None with
         ``check_batches=False``: the loader is then not read ahead)."""
