@@ -713,3 +713,61 @@ def test_a_2d_mesh_from_the_config(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     hparams = yaml.safe_load((tmp_path / "run" / "hparams.yaml").read_text())
     assert "{'data': 2, 'model': 2}" in str(hparams), hparams
+
+
+def test_paths_mistyped_before_training_are_one_line_errors(tmp_path, capsys):
+    """`--allow-import mypkg/` (the shell's completion of a package folder), a --log-dir or
+    base_log_dir at a file ended in a traceback with exit 1."""
+    (tmp_path / "afile").write_text("")
+    sine = ["fit", "--config", CONFIGS / "sine_regression.yaml"]
+    code, out, err = run(capsys, *sine, "--allow-import", "mypkg/", "--print-config")
+    assert code == 0, err
+    code, _, err = run(capsys, *sine, "--allow-import", "my pkg", "--print-config")
+    assert code == 2 and err.count("\n") == 1 and "'my pkg' is not a module prefix" in err
+    code, _, err = run(capsys, *sine, "--log-dir", tmp_path / "afile")
+    assert code == 2 and err == (f"flaxlight fit: error: trainer.logger_params.log_dir: {tmp_path / 'afile'} is a "
+                                 f"file, not a folder; move the file away or choose another log_dir.\n")
+    code, _, err = run(capsys, *sine, f"trainer.logger_params.base_log_dir={tmp_path / 'afile' / 'runs'}")
+    assert code == 2 and err.count("\n") == 1 and (f"trainer.logger_params.base_log_dir: {tmp_path / 'afile' / 'runs'} "
+                                                   f"lies under the file {tmp_path / 'afile'}, not a folder") in err
+
+
+def test_config_n_yaml_holds_only_this_runs_earlier_settings(tmp_path, capsys):
+    """A resume whose only difference was the log_dir it fills in wrote config.1.yaml, and
+    --overwrite kept the replaced run's config as config.1.yaml."""
+    short = ["trainer.max_epochs=1", "trainer.check_val_every_n_epoch=1", "data.batch_size=100",
+             "data.eval_batch_size=500", *QUIET]
+    code, out, err = run(capsys, "fit", "-c", CONFIGS / "sine_regression.yaml", *short,
+                         f"trainer.logger_params.base_log_dir={tmp_path}")
+    assert code == 0, err
+    run_dir = Path(out.split("log dir: ")[1].strip())
+    saved = (run_dir / "config.yaml").read_text()
+    assert "log_dir: null" in saved
+    code, _, err = run(capsys, "fit", "-c", run_dir / "config.yaml", "--resume", run_dir)
+    assert code == 0, err
+    assert sorted(p.name for p in run_dir.glob("config*")) == ["config.yaml"]
+    assert (run_dir / "config.yaml").read_text() == saved
+    code, _, err = run(capsys, "fit", "-c", run_dir / "config.yaml", "--resume", run_dir, "trainer.max_epochs=2")
+    assert code == 0, err
+    assert (run_dir / "config.1.yaml").read_text() == saved  # a changed resume keeps the earlier settings
+    code, _, err = run(capsys, "fit", "-c", CONFIGS / "sine_regression.yaml", *short, "optimizer.lr=0.01",
+                       "--log-dir", run_dir, "--overwrite")
+    assert code == 0, err
+    assert sorted(p.name for p in run_dir.glob("config*")) == ["config.yaml"]
+    assert load_config(run_dir / "config.yaml").optimizer.lr == 0.01
+
+
+def test_evaluation_verbs_refuse_a_config_whose_model_differs_from_the_runs(sine_run, tmp_path, capsys):
+    """`test --ckpt RUN -c other.yaml` evaluated the run's model and ignored other.yaml's model.hparams."""
+    config = yaml.safe_load((sine_run / "config.yaml").read_text())
+    config["model"]["hparams"]["hidden_dims"] = [512, 512]
+    config["data"]["eval_batch_size"] = 100  # data settings apply
+    (tmp_path / "other.yaml").write_text(yaml.safe_dump(config))
+    code, _, err = run(capsys, "test", "--ckpt", sine_run, "-c", tmp_path / "other.yaml")
+    assert code == 2 and err.count("\n") == 1
+    assert "the config's model differs from the run's (model.hparams.hidden_dims: [512, 512] here, [128, 128] in " \
+           "the run)" in err and "would be ignored" in err
+    config["model"]["hparams"]["hidden_dims"] = [128, 128]
+    (tmp_path / "other.yaml").write_text(yaml.safe_dump(config))
+    code, out, err = run(capsys, "test", "--ckpt", sine_run, "-c", tmp_path / "other.yaml")
+    assert code == 0 and "test/loss:" in out, err

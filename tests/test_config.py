@@ -466,3 +466,64 @@ def test_mistakes_a_lightning_user_makes_get_pointed_to_the_right_place(tmp_path
     assert error_of(minimal(), ["callbacks.0.args.patience=5"]).startswith(
         "Override 'callbacks.0.args.patience=5': callbacks has no items to index; give the whole list")
     assert "is a folder; give a YAML file" in error_of(tmp_path)
+
+
+def test_a_duration_written_without_quotes_is_read_as_written(tmp_path):
+    """YAML 1.1 read `1:00:00:00` as the base-60 number 216000 (2.5 days, not one day); the
+    loader reads such scalars as text (as YAML 1.2 does), in files, overrides and a saved config."""
+    from flaxlight.callbacks.timer import parse_duration
+
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(minimal()) + "callbacks:\n  - {name: timer, args: {duration: 1:12:00:00}}\n")
+    path.write_text(path.read_text().replace("max_epochs: 2", "max_epochs: 2\n  max_time: 1:00:00:00"))
+    cfg = load_config(path)
+    assert cfg.trainer.max_time == "1:00:00:00" and parse_duration(cfg.trainer.max_time) == 86400
+    assert build_callbacks(cfg)[0].duration == 36 * 3600
+    assert load_config(minimal(), ["trainer.max_time=2:00:00:00"]).trainer.max_time == "2:00:00:00"
+    assert load_config(minimal(), ["trainer.max_time=1:30"]).trainer.max_time == "1:30"  # 90 s, as MM:SS
+    again = load_config(save_config(cfg, tmp_path / "saved.yaml"))
+    assert config_to_dict(again) == config_to_dict(cfg)
+
+
+def test_override_values_in_lightning_spelling_combine_with_later_overrides():
+    """An override's value was stored as written, so a later override of the same key in either
+    spelling was refused as "the same setting", and data.init_args={batch_size: ...} was not lifted."""
+    cfg = load_config(minimal(), ["callbacks=[{class_path: early_stopping, init_args: {patience: 3}}]",
+                                  "callbacks.0.init_args.patience=5",
+                                  "trainer={class_path: regression, init_args: {max_epochs: 3}}",
+                                  "trainer.max_epochs=5",
+                                  "model={class_path: mlp_regressor, init_args: {hidden_dims: [4], output_dim: 1}}",
+                                  "model.init_args.hidden_dims=[8]",
+                                  "data.init_args={batch_size: 16, num_train: 128}"])
+    assert cfg.callbacks == [CallbackConfig(name="early_stopping", args={"patience": 5})]
+    assert cfg.trainer.name == "regression" and cfg.trainer.max_epochs == 5
+    assert cfg.model.hparams == {"hidden_dims": [8], "output_dim": 1}
+    assert cfg.data.batch_size == 16 and cfg.data.kwargs == {"num_train": 128}
+    cfg = load_config(minimal(callbacks=["timer"]), ["callbacks.0={class_path: early_stopping}",
+                                                     "callbacks.0.args.patience=2"])
+    assert cfg.callbacks == [CallbackConfig(name="early_stopping", args={"patience": 2})]
+    text = "trainer={name: regression, max_epochs: 3, init_args: {max_epochs: 2}}"
+    assert error_of(minimal(), [text]) == (f"Override {text!r}: 'trainer.max_epochs' is set both in trainer and in "
+                                           f"trainer.init_args; keep one.")
+
+
+def test_boundaries_and_scales_keys_must_be_whole_steps():
+    """A key 15.7 was cut to step 15 and 'ten' failed with int()'s bare message."""
+    piecewise = ["optimizer.schedule=piecewise"]
+    assert error_of(minimal(), [*piecewise, "optimizer.boundaries_and_scales={15.7: 0.1}"]) == \
+        "optimizer.boundaries_and_scales: every key must be int, got float 15.7."
+    assert error_of(minimal(), [*piecewise, "optimizer.boundaries_and_scales={ten: 0.1}"]) == \
+        "optimizer.boundaries_and_scales: every key must be int, got str 'ten'."
+    cfg = load_config(minimal(), [*piecewise, "optimizer.boundaries_and_scales={15: 0.1, 30: 0.5}"])
+    assert cfg.optimizer.boundaries_and_scales == {15: 0.1, 30: 0.5}
+
+
+def test_lightning_cli_top_level_keys_point_to_flaxlights_spelling():
+    """seed_everything and optimizer: {class_path, init_args} got a bare "Unknown key"."""
+    assert "Unknown key 'seed_everything'. In flaxlight that is trainer.seed (initialisation, dropout) and " \
+           "data.seed" in error_of({**minimal(), "seed_everything": 42})
+    lightning = {"class_path": "torch.optim.AdamW", "init_args": {"lr": 1e-3}}
+    assert "Unknown key 'optimizer.class_path'. In flaxlight that is optimizer.optimizer, an optax optimizer's " \
+           "name" in error_of(minimal(optimizer=lightning))
+    assert "Unknown key 'optimizer.init_args'. In flaxlight that is the optimizer section's own keys " \
+           "(optimizer.lr," in error_of(minimal(optimizer={"init_args": {"lr": 1e-3}}))

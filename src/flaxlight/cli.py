@@ -538,10 +538,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         return _COMMANDS[args.command](args)
-    except (ConfigError, RegistryError, _UsageError) as exc:
-        print(f"flaxlight {args.command}: error: {exc}", file=sys.stderr)
-        return 2
-    except (FileNotFoundError, FileExistsError, RunInUseError) as exc:  # --ckpt at no run, -o at a file, a busy run
+    except (ConfigError, RegistryError, _UsageError, RunInUseError,  # and paths: --ckpt at no run, -o at a
+            FileNotFoundError, FileExistsError, NotADirectoryError) as exc:  # file, a file where a folder goes
         print(f"flaxlight {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except (_CommandFailed, DamagedCheckpointError) as exc:

@@ -48,7 +48,7 @@ from flaxlight.messages import logger as messages
 from flaxlight.models import ModelHparamsError
 from flaxlight.optim import OptimizerConfig, suggest_key
 from flaxlight.options import TrainerOptions
-from flaxlight.runfiles import HPARAMS_FILE, LoggerParams, next_version_dir, read_hparams
+from flaxlight.runfiles import HPARAMS_FILE, LoggerParams, class_path, next_version_dir, read_hparams
 from flaxlight.trainer import TrainerModule
 
 __all__ = [
@@ -105,11 +105,12 @@ class _ImportPolicy:
         if isinstance(allow_imports, str):
             allow_imports = [allow_imports]
         prefixes = []
-        for prefix in allow_imports or ():
-            text = prefix.strip() if isinstance(prefix, str) else prefix
+        for prefix in allow_imports or ():  # a package's folder, as tab completion gives it, is its name
+            text = prefix.strip().rstrip("/" + os.sep) if isinstance(prefix, str) else prefix
             if not isinstance(text, str) or not _MODULE_NAME.fullmatch(text):
-                raise ValueError(f"allow_imports: {prefix!r} is not a module prefix; give dotted module names such "
-                                 f"as 'mypkg' or 'mypkg.models' (every module under it may then be imported).")
+                raise ConfigError(f"allow_imports (--allow-import): {prefix!r} is not a module prefix; give dotted "
+                                  f"module names such as 'mypkg' or 'mypkg.models' (every module under it may then "
+                                  f"be imported).")
             prefixes.append(text)
         return cls(trust_config, tuple(prefixes))
 
@@ -182,7 +183,9 @@ def _check_import_policy(cfg: "Config", policy: _ImportPolicy) -> list[tuple[str
 # ---------------------------------------------------------------------------------------- YAML
 class _SafeLoader(yaml.SafeLoader):
     """PyYAML's safe loader, also reading ``1e-3`` as a float (YAML 1.1 would make it a string),
-    and refusing a key given twice in one mapping (PyYAML would keep the last silently)."""
+    reading YAML 1.1's base-60 numbers as strings, as YAML 1.2 does (``max_time: 1:00:00:00`` is
+    the duration text, not 216000), and refusing a key given twice in one mapping (PyYAML would
+    keep the last silently)."""
 
     def construct_mapping(self, node, deep=False):
         seen = set()
@@ -200,6 +203,9 @@ _SafeLoader.add_implicit_resolver(
     re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+)$"""),
     list("-+0123456789"),
 )
+for _first in "-+0123456789":  # before YAML 1.1's int and float resolvers, which read 1:30 as 90
+    _SafeLoader.yaml_implicit_resolvers[_first].insert(
+        0, ("tag:yaml.org,2002:str", re.compile(r"^[-+]?[0-9][0-9_]*(?::[0-5]?[0-9])+(?:\.[0-9_]*)?$")))
 
 
 class _Dumper(yaml.SafeDumper):
@@ -402,20 +408,25 @@ def _canonical(data: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _canonical_override(key: str, value: Any) -> list[tuple[str, Any]]:
-    """An override's dotted key in its saved spelling (see :func:`_canonical`); ``trainer.init_args``
-    given a mapping sets each of its keys on the trainer."""
+    """An override in its saved spelling, read as a file's section would be (see :func:`_canonical`):
+    the dotted key's aliases renamed, a whole section, list or list item as value canonicalised, and
+    the trainer's or data's ``init_args`` (a mapping, or one of its keys) set as the section keys it
+    stands for (``data.init_args={batch_size: 16, num_val: 100}``: ``data.batch_size``, ``data.kwargs``)."""
     parts = key.split(".")
-    at = 2 if parts[0] in _LIST_SECTIONS and len(parts) > 2 and parts[1].isdigit() else 1
-    if len(parts) <= at:
-        return [(key, value)]
-    if parts[0] == "trainer" and parts[1] == "init_args":
-        if len(parts) == 2:
-            return [(f"trainer.{k}", v) for k, v in value.items()] if isinstance(value, Mapping) else [(key, value)]
-        del parts[1]
-    if parts[:2] == ["data", "init_args"] and len(parts) == 3 and parts[2] in _LIFTED_INIT_ARGS[DataConfig]:
-        del parts[1]
+    at = 2 if parts[0] in _LIST_SECTIONS and len(parts) > 1 and parts[1].isdigit() else 1
     cls = _SECTIONS.get(parts[0]) or _LIST_SECTIONS.get(parts[0])
     aliases = _ALIASES[cls] if cls is not None else _OPTIMIZER_ALIASES if parts[0] == "optimizer" else {}
+    if len(parts) == 1:
+        return [(key, _canonical({key: value})[key])]
+    if len(parts) == at:  # a list item: callbacks.0={class_path: ..., init_args: ...}
+        return [(key, _renamed(value, aliases, f"{parts[0]}[{parts[1]}]") if isinstance(value, Mapping) else value)]
+    lifted = _LIFTED_INIT_ARGS.get(cls, ())
+    if parts[at] == "init_args" and lifted != ():
+        if len(parts) == at + 1 and isinstance(value, Mapping):
+            section = _renamed({"init_args": value}, aliases, parts[0], lifted)
+            return [(f"{parts[0]}.{k}", v) for k, v in section.items()]
+        if len(parts) > at + 1 and (lifted is None or parts[at + 1] in lifted):
+            del parts[at]
     parts[at] = aliases.get(parts[at], parts[at])
     return [(".".join(parts), value)]
 
@@ -516,8 +527,8 @@ def _convert(value: Any, tp: Any, path: str) -> Any:
     if origin in (dict, collections.abc.Mapping) or tp in (dict, collections.abc.Mapping):
         if not isinstance(value, Mapping):
             raise _type_error(path, tp, value)
-        value_tp = args[1] if len(args) == 2 else Any
-        return {k: _convert(v, value_tp, _join(path, k)) for k, v in value.items()}
+        key_tp, value_tp = args if len(args) == 2 else (Any, Any)
+        return {_convert_key(k, key_tp, path): _convert(v, value_tp, _join(path, k)) for k, v in value.items()}
     if origin is collections.abc.Callable or tp is collections.abc.Callable:
         if not callable(value):
             raise _type_error(path, tp, value)
@@ -525,6 +536,14 @@ def _convert(value: Any, tp: Any, path: str) -> Any:
     if isinstance(tp, type) and not isinstance(value, tp):
         raise _type_error(path, tp, value)
     return value
+
+
+def _convert_key(key: Any, tp: Any, path: str) -> Any:
+    """A mapping's key checked against ``tp`` (``boundaries_and_scales`` keys are steps: int)."""
+    try:
+        return _convert(key, tp, path)
+    except ConfigError:
+        raise ConfigError(f"{path}: every key must be {_type_name(tp)}, got {_got(key)}.") from None
 
 
 _HINTS: dict[Any, dict[str, Any]] = {}
@@ -547,19 +566,28 @@ def _suggest(key: str, valid: Iterable[str], path: str) -> str:
     return f" Did you mean {_join(path, close[0])!r}?" if close else ""
 
 
-# Lightning Trainer arguments that are another section's keys here.
-_LIGHTNING_TRAINER_KEYS = {
-    "accumulate_grad_batches": "optimizer.accumulate_grad_batches", "gradient_clip_val": "optimizer.gradient_clip",
-    "precision": "optimizer.precision", "callbacks": "the top-level callbacks: list",
-    "logger": "trainer.logger_params.logger_type or the top-level loggers: list",
-    "default_root_dir": "trainer.logger_params.base_log_dir",
+# Lightning's and LightningCLI's keys that are spelled otherwise here (by their full path).
+_LIGHTNING_KEYS = {
+    "trainer.accumulate_grad_batches": "optimizer.accumulate_grad_batches",
+    "trainer.gradient_clip_val": "optimizer.gradient_clip", "trainer.precision": "optimizer.precision",
+    "trainer.callbacks": "the top-level callbacks: list",
+    "trainer.logger": "trainer.logger_params.logger_type or the top-level loggers: list",
+    "trainer.default_root_dir": "trainer.logger_params.base_log_dir",
+    "seed_everything": "trainer.seed (initialisation, dropout) and data.seed (the data's order)",
+    "optimizer.class_path": "optimizer.optimizer, an optax optimizer's name (adamw, sgd, ...)",
+    "optimizer.init_args": "the optimizer section's own keys (optimizer.lr, optimizer.weight_decay, optax's b1, "
+                           "b2, ...)",
 }
 
 
 def _unknown_key(key: Any, valid: Sequence[str], path: str, what: str) -> ConfigError:
-    elsewhere = _LIGHTNING_TRAINER_KEYS.get(str(key)) if path == "trainer" else None
-    hint = f" In flaxlight that is {elsewhere}." if elsewhere else _suggest(str(key), valid, path)
+    hint = _lightning_hint(key, path) or _suggest(str(key), valid, path)
     return ConfigError(f"Unknown key {_join(path, key)!r}.{hint} Valid keys of {what}: {', '.join(valid)}.")
+
+
+def _lightning_hint(key: Any, path: str) -> str:
+    elsewhere = _LIGHTNING_KEYS.get(_join(path, key))
+    return f" In flaxlight that is {elsewhere}." if elsewhere else ""
 
 
 def _required(field: dataclasses.Field) -> bool:
@@ -664,9 +692,10 @@ def _build_optimizer(data: Mapping, path: str) -> OptimizerConfig:
             converted[key] = value if optax_params is None else _optax_value(value, optax_params[key], _join(path, key))
         else:
             theirs = [k for k in optax_params if k not in ("learning_rate", "weight_decay", "mask")]
+            hint = _lightning_hint(key, path) or suggest_key(str(key), own + list(_OPTIMIZER_ALIASES) + theirs, value,
+                                                             path)
             raise ConfigError(
-                f"Unknown key {_join(path, key)!r}."
-                f"{suggest_key(str(key), own + list(_OPTIMIZER_ALIASES) + theirs, value, path)} "
+                f"Unknown key {_join(path, key)!r}.{hint} "
                 f"Valid keys of {path or 'optimizer'}: {', '.join(own)}; optax.{name.lower()} also takes: "
                 f"{', '.join(theirs) or '(nothing else)'}."
             )
@@ -695,7 +724,12 @@ def apply_overrides(data: Mapping[str, Any], overrides: Iterable[str]) -> dict[s
 
     data = _canonical(copy.deepcopy(dict(data or {})))
     for text in overrides:
-        for key, value in _canonical_override(*parse_override(text)):
+        key, value = parse_override(text)
+        try:
+            pairs = _canonical_override(key, value)
+        except ConfigError as exc:  # a key set both ways in the value
+            raise ConfigError(f"Override {text!r}: {exc}") from None
+        for key, value in pairs:
             _set_override(data, key, value, text)
     return data
 
@@ -750,7 +784,7 @@ def load_config(source: str | os.PathLike | Sequence[str | os.PathLike] | Mappin
     if isinstance(source, Config):
         data = config_to_dict(source)
     elif isinstance(source, Mapping):
-        data = _canonical(source)
+        data = source  # apply_overrides reads it in the saved spelling
     elif source is None:
         data = {}
     else:
@@ -879,15 +913,17 @@ def dump_config(cfg: Config) -> str:
 class SaveConfig(Callback):
     """Write the run's config as ``<log_dir>/config.yaml`` when training starts: after the run's
     folder is claimed and a resume matched its checkpoint, so a run that fails to start rewrites
-    no other run's config. A different config already there (a resume with changed settings) is
-    kept as ``config.1.yaml`` (``.2``, ...). :func:`build_run` adds one to every trainer it builds.
+    no other run's config. A resume keeps a config with other settings as ``config.1.yaml``
+    (``.2``, ...) and writes nothing when only the log_dir it filled in differs; a run from step 0
+    (a new one, or one that replaced the folder's run) removes the ``config.N.yaml`` left there.
+    :func:`build_run` adds one to every trainer it builds.
 
     Examples:
         >>> trainer = build_trainer(cfg, x0, callbacks=[SaveConfig(cfg)])  # doctest: +SKIP
     """
 
     def __init__(self, cfg: Config):
-        self.text = _config_text(cfg)
+        self.text, self.data = _config_text(cfg), config_to_dict(cfg)
         self.started = False  # whether training started (the run's checks passed)
 
     def on_fit_start(self, trainer) -> None:
@@ -895,15 +931,42 @@ class SaveConfig(Callback):
         if not trainer.log_dir:
             return
         path = os.path.join(trainer.log_dir, CONFIG_FILE)
-        if os.path.isfile(path):
-            with open(path) as f:
-                if f.read() == self.text:
-                    return
-            stem = os.path.splitext(path)[0]
+        stem = os.path.splitext(path)[0]
+        if trainer.global_step == 0:  # not a resume: the configs there were another run's
+            for name in os.listdir(trainer.log_dir):
+                if re.fullmatch(re.escape(os.path.basename(stem)) + r"\.[0-9]+\.yaml", name):
+                    os.remove(os.path.join(trainer.log_dir, name))
+        elif os.path.isfile(path):
+            if self._unchanged(path, trainer.log_dir):
+                return
             kept = next(f"{stem}.{k}.yaml" for k in itertools.count(1) if not os.path.exists(f"{stem}.{k}.yaml"))
             os.rename(path, kept)
         with open(path, "w") as f:
             f.write(self.text)
+
+    def _unchanged(self, path: str, log_dir: str) -> bool:
+        """Whether the config saved at ``path`` has these settings (its log_dir aside, see :func:`_settings`)."""
+        with open(path, encoding="utf-8", errors="replace") as f:
+            try:
+                saved = _yaml_load(f.read(), path)
+            except ConfigError:  # edited by hand into invalid YAML: kept as config.N.yaml
+                return False
+        return _settings(saved, log_dir) == _settings(self.data, log_dir)
+
+
+def _settings(data: Any, log_dir: str) -> Any:
+    """A saved config's data less ``trainer.logger_params.log_dir`` where that is null or
+    ``log_dir``: a resume fills in the run's folder, which its first start may have left null."""
+    import copy
+
+    data = copy.deepcopy(data)
+    try:
+        params = data["trainer"]["logger_params"]
+        if params["log_dir"] is None or os.path.abspath(params["log_dir"]) == os.path.abspath(log_dir):
+            del params["log_dir"]
+    except (KeyError, TypeError):
+        pass  # not a config flaxlight wrote: compared as it is
+    return data
 
 
 # ---------------------------------------------------------------------------------------- resolving
@@ -1304,6 +1367,7 @@ def load_trainer(cfg: Config, run_dir: str | os.PathLike, exmp_input: Any, *, wh
     policy = _ImportPolicy.of(trust_config, allow_imports)
     resolved = resolved or _resolve_config(cfg, policy)
     if resolved.model_class is not None:
+        _check_same_model_hparams(cfg, resolved.model_class, run_dir)
         overrides.setdefault("model_class", resolved.model_class)
     else:
         _check_saved_model_class(resolved.trainer_class, run_dir, policy)
@@ -1313,6 +1377,23 @@ def load_trainer(cfg: Config, run_dir: str | os.PathLike, exmp_input: Any, *, wh
     except ModelHparamsError as exc:  # the run's hparams.yaml and the config's model disagree
         raise ConfigError(f"the run in {os.fspath(run_dir)} does not fit this config's model (a config for another "
                           f"model?): {exc}") from exc
+
+
+def _check_same_model_hparams(cfg: Config, model_class: type, run_dir: str | os.PathLike) -> None:
+    """The run's model is loaded with its saved hparams: refuse a config for that model whose
+    ``model.hparams`` set other values, which would be ignored (as ``model.*`` overrides are)."""
+    hparams = read_hparams(os.fspath(run_dir))
+    if hparams.get("model_class") != class_path(model_class):
+        return  # a config for another model: loading says whether the run fits it
+    saved = hparams.get("model_hparams") or {}
+    differ = [f"model.hparams.{key}: {value!r} here, {repr(saved[key]) if key in saved else 'not set'} in the run"
+              for key, value in cfg.model.hparams.items() if key not in saved or saved[key] != value]
+    if differ:
+        where = os.path.join(os.fspath(run_dir), HPARAMS_FILE)
+        raise ConfigError(f"the config's model differs from the run's ({'; '.join(differ)}). The run's model loads "
+                          f"with its saved settings ({where}), so the config's would be ignored: evaluate with the "
+                          f"run's own {CONFIG_FILE} (the default without --config), or fit a new run to change the "
+                          f"model.")
 
 
 def _check_saved_model_class(trainer_class: type, run_dir: str | os.PathLike, policy: _ImportPolicy) -> None:
@@ -1349,6 +1430,7 @@ def build_run(config: str | os.PathLike | Mapping[str, Any] | Config, *, log_dir
         load_config(config, trust_config=policy.trust, allow_imports=policy.allow)
     if log_dir is not None:
         cfg.trainer.logger_params.log_dir = os.fspath(log_dir)
+    _check_run_folder(cfg.trainer.logger_params)
     if monitor is not None and cfg.trainer.monitor is None:
         cfg.trainer.monitor = monitor
         cfg.trainer.mode = mode or cfg.trainer.mode
@@ -1362,6 +1444,19 @@ def build_run(config: str | os.PathLike | Mapping[str, Any] | Config, *, log_dir
                             callbacks=[*callbacks, SaveConfig(cfg)], loggers=loggers)
     return {"trainer": trainer, "train_loader": train, "val_loader": val, "test_loader": test,
             "num_epochs": cfg.trainer.max_epochs, "config": cfg}
+
+
+def _check_run_folder(params: LoggerParams) -> None:
+    """The run's folder (``log_dir``, else a version under ``base_log_dir``) can be made there:
+    no file stands on its path."""
+    key = "log_dir" if params.log_dir is not None else "base_log_dir"
+    folder = path = os.path.abspath(getattr(params, key))
+    while not os.path.exists(path):
+        path = os.path.dirname(path)
+    if not os.path.isdir(path):
+        what = "is a file" if path == folder else f"lies under the file {path}"
+        raise ConfigError(f"trainer.logger_params.{key}: {getattr(params, key)} {what}, not a folder; move the file "
+                          f"away or choose another {key}.")
 
 
 @dataclasses.dataclass
