@@ -227,3 +227,38 @@ def test_the_count_of_skipped_steps_goes_on_after_a_resume(tmp_path):
                        logger_params={"log_dir": str(tmp_path / "cut")})
     resumed.train_model(train, None, num_epochs=3, resume=True)
     assert whole.nonfinite_steps == resumed.nonfinite_steps == 3
+
+
+def test_a_monitor_an_eval_model_override_adds_is_not_refused_ahead(tmp_path, regression_loaders):
+    class WithR2(RegressTrainer):
+        def eval_model(self, data_loader, log_prefix="", *, batch_size=None):
+            metrics = super().eval_model(data_loader, log_prefix, batch_size=batch_size)
+            return {**metrics, f"{log_prefix}r2": 1.0 - metrics[f"{log_prefix}loss"]} if log_prefix else metrics
+
+    train, val, _ = regression_loaders
+    x, _ = linear_data(8)
+    trainer = WithR2(model_class=TinyMLP, model_hparams={"hidden_dims": [8]}, exmp_input=x[:1],
+                     optimizer_hparams={"optimizer": "adam", "lr": 1e-2}, **quiet(tmp_path, monitor="val/r2", mode="max"))
+    assert "val/r2" in trainer.train_model(train, val, num_epochs=1)
+
+
+def test_a_function_in_the_hyperparameters_is_recorded_by_its_path_and_a_resume_sees_no_change(
+        tmp_path, regression_loaders):
+    import flax.linen as nn
+
+    class WithActivation(nn.Module):
+        act_fn: object = nn.relu
+
+        @nn.compact
+        def __call__(self, x, train: bool = False):
+            return nn.Dense(1)(self.act_fn(nn.Dense(8)(x)))
+
+    train, val, _ = regression_loaders
+    x, _ = linear_data(8)
+    for epochs, resume in ((1, False), (2, True)):
+        RegressTrainer(model_class=WithActivation, model_hparams={"act_fn": nn.gelu}, exmp_input=x[:1],
+                       optimizer_hparams={"optimizer": "adam", "lr": 1e-2}, **quiet(tmp_path)).train_model(
+            train, val, num_epochs=epochs, resume=resume)
+    recorded = (tmp_path / "run" / "hparams.yaml").read_text()
+    assert "gelu" in recorded and " at 0x" not in recorded  # its path, the same in every process
+    assert not (tmp_path / "run" / "hparams.1.yaml").exists()

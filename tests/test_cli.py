@@ -732,6 +732,13 @@ def test_paths_mistyped_before_training_are_one_line_errors(tmp_path, capsys):
                                                    f"lies under the file {tmp_path / 'afile'}, not a folder") in err
 
 
+def test_a_misspelt_monitor_is_a_one_line_error_before_the_run_is_written(tmp_path, capsys):
+    code, _, err = run(capsys, "fit", "--config", CONFIGS / "sine_regression.yaml", "trainer.max_epochs=5",
+                       "trainer.monitor=val/los", "--log-dir", tmp_path / "run")
+    assert code == 2 and "Traceback" not in err and "Did you mean 'val/loss'?" in err, err
+    assert not (tmp_path / "run" / "hparams.yaml").exists()
+
+
 def test_config_n_yaml_holds_only_this_runs_earlier_settings(tmp_path, capsys):
     """A resume whose only difference was the log_dir it fills in wrote config.1.yaml, and
     --overwrite kept the replaced run's config as config.1.yaml."""

@@ -516,6 +516,9 @@ def test_boundaries_and_scales_keys_must_be_whole_steps():
         "optimizer.boundaries_and_scales: every key must be int, got str 'ten'."
     cfg = load_config(minimal(), [*piecewise, "optimizer.boundaries_and_scales={15: 0.1, 30: 0.5}"])
     assert cfg.optimizer.boundaries_and_scales == {15: 0.1, 30: 0.5}
+    cfg = load_config(minimal(), [*piecewise, "optimizer.boundaries_and_scales={15: 0.1}",
+                                  "optimizer.boundaries_and_scales.30=0.5"])  # a dotted override: the key "30"
+    assert cfg.optimizer.boundaries_and_scales == {15: 0.1, 30: 0.5}
 
 
 def test_lightning_cli_top_level_keys_point_to_flaxlights_spelling():

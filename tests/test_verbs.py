@@ -179,3 +179,16 @@ def test_a_trainer_loaded_into_a_new_folder_finds_best_and_last_in_the_loaded_ru
                                                 logger_params={"log_dir": str(tmp_path / "elsewhere")})
     np.testing.assert_allclose(moved.predict(data[0], batch_size=32, which="last"), last.predict(data[0], batch_size=32))
     assert moved.test(data, batch_size=32, which="last") == pytest.approx(last.test(data, batch_size=32))
+
+
+def test_a_loaded_trainer_that_trained_since_tests_its_own_training(tmp_path, regression_loaders):
+    """A trainer loaded into another folder that fine-tuned without checkpoints tested the loaded
+    run's checkpoint instead (its training lost)."""
+    train, val, test = regression_loaders
+    trainer = _trained(tmp_path, regression_loaders)
+    tuned = RegressTrainer.load_from_checkpoint(trainer.log_dir, exmp_input=linear_data(1)[0], with_optimizer=True,
+                                                logger_params={"log_dir": str(tmp_path / "tuned")},
+                                                enable_checkpointing=False)
+    result = tuned.train_model(train, val, test_loader=test, num_epochs=5)
+    assert result["test/loss"] == pytest.approx(tuned.eval_model(test, "test/")["test/loss"], rel=1e-6)
+    assert int(tuned.state.step) == tuned.global_step

@@ -47,8 +47,8 @@ from flaxlight.callbacks.timer import parse_duration
 from flaxlight.messages import logger as messages
 from flaxlight.models import ModelHparamsError
 from flaxlight.optim import OptimizerConfig, suggest_key
-from flaxlight.options import TrainerOptions
-from flaxlight.runfiles import HPARAMS_FILE, LoggerParams, class_path, next_version_dir, read_hparams
+from flaxlight.options import MetricNotLoggedError, TrainerOptions
+from flaxlight.runfiles import HPARAMS_FILE, LoggerParams, class_path, next_version_dir, read_hparams, to_yaml_safe
 from flaxlight.trainer import TrainerModule
 
 __all__ = [
@@ -539,7 +539,10 @@ def _convert(value: Any, tp: Any, path: str) -> Any:
 
 
 def _convert_key(key: Any, tp: Any, path: str) -> Any:
-    """A mapping's key checked against ``tp`` (``boundaries_and_scales`` keys are steps: int)."""
+    """A mapping's key checked against ``tp`` (``boundaries_and_scales`` keys are steps: int; a
+    dotted override ``optimizer.boundaries_and_scales.200=0.5`` gives the key as the text "200")."""
+    if tp is int and isinstance(key, str) and key.strip().isdigit():
+        key = int(key)
     try:
         return _convert(key, tp, path)
     except ConfigError:
@@ -1385,9 +1388,9 @@ def _check_same_model_hparams(cfg: Config, model_class: type, run_dir: str | os.
     hparams = read_hparams(os.fspath(run_dir))
     if hparams.get("model_class") != class_path(model_class):
         return  # a config for another model: loading says whether the run fits it
-    saved = hparams.get("model_hparams") or {}
+    saved, given = hparams.get("model_hparams") or {}, to_yaml_safe(dict(cfg.model.hparams))  # (8, 8) as saved: [8, 8]
     differ = [f"model.hparams.{key}: {value!r} here, {repr(saved[key]) if key in saved else 'not set'} in the run"
-              for key, value in cfg.model.hparams.items() if key not in saved or saved[key] != value]
+              for key, value in given.items() if key not in saved or saved[key] != value]
     if differ:
         where = os.path.join(os.fspath(run_dir), HPARAMS_FILE)
         raise ConfigError(f"the config's model differs from the run's ({'; '.join(differ)}). The run's model loads "
@@ -1499,10 +1502,10 @@ def fit(config: str | os.PathLike | Mapping[str, Any] | Config, overrides: Itera
             messages.info(f"With a config: flaxlight fit --config CONFIG --resume {trainer.log_dir} (Python: "
                           f"flaxlight.config.fit(config, resume=True) with trainer.logger_params.log_dir set to it).")
         raise
-    except ValueError as exc:
+    except (ValueError, MetricNotLoggedError) as exc:
         if saver.started or isinstance(exc, ConfigError):
             raise
         # The run's own checks before training (its length against the loaders, the schedule, a
-        # resume's checkpoint): the settings are wrong, so it is a config error.
-        raise ConfigError(f"the run cannot start: {exc}") from exc
+        # resume's checkpoint, a monitor the eval step does not return): the settings are wrong.
+        raise ConfigError(f"the run cannot start: {exc.args[0] if exc.args else exc}") from exc
     return FitResult(trainer=trainer, metrics=metrics, log_dir=trainer.log_dir, config=run["config"])

@@ -181,6 +181,7 @@ class Engine:
         self.step_functions = {"train": train_step, "eval": eval_step}
         # "auto": single steps until the first epoch has been measured (see choose_block_length)
         self.choosing_block_length = steps_per_execution == "auto" and not debug
+        self.auto_block_length = steps_per_execution == "auto"
         self.block_length = 1 if steps_per_execution == "auto" else steps_per_execution
         self.prefetch, self.debug, self.guard = prefetch, debug, nonfinite_guard
         self.mesh = None
@@ -381,8 +382,9 @@ class Engine:
         return self.block_length
 
     def chosen_block_length(self) -> int | None:
-        """The block length ``"auto"`` chose (kept in checkpoints), None while still choosing."""
-        return None if self.choosing_block_length else self.block_length
+        """The block length ``"auto"`` chose (kept in checkpoints); None while still choosing, or
+        for a fixed ``steps_per_execution``."""
+        return None if self.choosing_block_length or not self.auto_block_length else self.block_length
 
     def adopt_block_length(self, length: int | None) -> None:
         """A resumed ``steps_per_execution="auto"`` run goes on with the block length it chose

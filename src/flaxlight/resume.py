@@ -299,9 +299,10 @@ def encode_state(value: Any, where: str = "state") -> Any:
                               for key, item in value.items()]}
     if isinstance(value, (tuple, list, set, frozenset)):
         items = [encode_state(item, f"{where}[{i}]") for i, item in enumerate(value)]
-        tag = {tuple: "__tuple__", set: "__set__", frozenset: "__frozenset__"}.get(type(value))
-        return items if isinstance(value, list) else {tag or "__tuple__": items}
-    if isinstance(value, (np.ndarray, np.generic, jax.Array)) and np.asarray(value).dtype.kind in "biuf":
+        tag = "__frozenset__" if isinstance(value, frozenset) else "__set__" if isinstance(value, set) else "__tuple__"
+        return items if isinstance(value, list) else {tag: items}
+    if isinstance(value, (np.ndarray, np.generic, jax.Array)) and (
+            np.asarray(value).dtype.kind in "biuf" or np.asarray(value).dtype.name == "bfloat16"):
         array = np.asarray(value)
         return {"__array__": array.tolist(), "dtype": str(array.dtype), "scalar": isinstance(value, np.generic)}
     raise TypeError(f"{where} holds a {type(value).__module__}.{type(value).__qualname__} ({value!r:.60}), which a "

@@ -17,6 +17,7 @@ import difflib
 import itertools
 import json
 import os
+import re
 import shutil
 import socket
 import tempfile
@@ -377,7 +378,9 @@ def to_yaml_safe(value: Any) -> Any:
         return value
     if isinstance(value, type):
         return class_path(value)
-    return repr(value)
+    if callable(value) and isinstance(getattr(value, "__qualname__", None), str) and getattr(value, "__module__", None):
+        return f"{value.__module__}.{value.__qualname__}"  # a function (an activation): its path, as a class's
+    return re.sub(r" at 0x[0-9a-fA-F]+", "", repr(value))  # the same for the same object in the next process
 
 
 def check_shared_log_dir(logger_params: Mapping[str, Any] | None, fast_dev_run: bool) -> None:

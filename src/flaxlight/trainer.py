@@ -94,6 +94,7 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
         self._loop, self._schedule, self._nonfinite = LoopState(), EventSchedule(), NonfiniteTally()
         self._best_eval_metrics, self._is_best, self._val_loader = None, False, None
         self._trained_here, self._wrote_here, self._run_lock, self._loaded = False, False, None, False
+        self._loaded_from = None  # load_from_checkpoint's run, when the trainer logs to another folder
 
     def _set_up_run_files(self, logger_params: Mapping[str, Any] | None) -> None:
         """The run's folder and loggers (``init_logger``); none in ``fast_dev_run``."""

@@ -256,9 +256,10 @@ class TrainerVerbsMixin:
 
     def _checkpoint_source(self):
         """Where ``which="best"/"last"`` are found: this run's checkpoints, or, for a trainer from
-        :meth:`load_from_checkpoint` logging to another folder with none of its own yet, the loaded run's."""
-        source = getattr(self, "_loaded_from", None)
-        return self.checkpointer if source is None or self.checkpointer.all_steps() else source
+        :meth:`load_from_checkpoint` logging to another folder that has not trained since, the loaded run's."""
+        trained = self._trained_here  # its own training since: never the loaded run's checkpoints
+        return self.checkpointer if self._loaded_from is None or trained or self.checkpointer.all_steps() \
+            else self._loaded_from
 
     def _state_for(self, which: str):
         """The state ``which`` names, with the parameters evaluation uses (:func:`_served`)."""

@@ -221,8 +221,10 @@ class TrainerViewMixin:
     def _check_monitor_ahead(self) -> None:
         """The trainer's ``monitor`` (the best model is picked among the eval step's metrics) checked
         against the names of the eval step traced ahead, so a misspelt one fails before training."""
-        names = self.engine.eval_metric_names
-        if names is None or not self.options.monitor or not self.options.monitor.startswith("val/"):
+        names, own = self.engine.eval_metric_names, type(self)  # own eval_model / hook: they may add metrics
+        if names is None or not self.options.monitor or not self.options.monitor.startswith("val/") or any(
+                not getattr(own, hook).__qualname__.startswith("TrainerModule.")
+                for hook in ("eval_model", "on_validation_epoch_end")):
             return
         if self.options.monitor.split("/")[1] not in names:  # "val/f1/macro": a metric object's result
             self.options.monitored({f"val/{name}": 0.0 for name in names})  # raises, with the names and a hint

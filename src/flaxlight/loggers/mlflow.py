@@ -152,7 +152,7 @@ class MLflowLogger(Logger):
         """Keep the run id in the trainer's run folder ``log_dir`` (and the default file store,
         without ``save_dir``)."""
         run_dir = os.path.abspath(os.fspath(log_dir))
-        if self._run_dir is not None and run_dir != self._run_dir:
+        if self._run_dir is not None and run_dir != self._run_dir and os.path.isfile(self._run_file):
             raise ValueError(f"This {type(self).__name__} already logs the run in {self._run_dir} (its MLflow run); "
                              f"a second trainer's run ({run_dir}) would go into that run. Give each trainer a logger "
                              f"object of its own.")
