@@ -649,12 +649,18 @@ def test_lightning_names_trainer_loggers_and_the_loggers_own_attributes(tmp_path
         WandbLogger(id="a", version="b")
 
 
-def test_one_wandb_or_mlflow_logger_object_given_to_two_trainers_is_refused(tmp_path, wandb_offline):
+def test_one_wandb_or_mlflow_logger_object_given_to_two_trainers_is_refused(tmp_path, wandb_offline,
+                                                                            regression_loaders):
     from flaxlight.loggers import MLflowLogger, WandbLogger
 
-    for logger in (MLflowLogger(experiment_name="x", tracking_uri=(tmp_path / "mlruns").as_uri()),
-                   WandbLogger(project="x")):
-        _trainer(tmp_path, loggers=[logger], logger_params={"log_dir": str(tmp_path / "a")})
-        _trainer(tmp_path, loggers=[logger], logger_params={"log_dir": str(tmp_path / "a")})  # the same run: fine
-        with pytest.raises(ValueError, match=r"already logs the run in .*a .*Give each trainer a logger object"):
-            _trainer(tmp_path, loggers=[logger], logger_params={"log_dir": str(tmp_path / "b")})
+    train, val, _ = regression_loaders
+    for name, logger in (("mlflow", MLflowLogger(experiment_name="x", tracking_uri=(tmp_path / "mlruns").as_uri())),
+                         ("wandb", WandbLogger(project="x"))):
+        unused = _trainer(tmp_path, loggers=[logger], logger_params={"log_dir": str(tmp_path / f"{name}-unused")})
+        first = _trainer(tmp_path, loggers=[logger], logger_params={"log_dir": str(tmp_path / name)})  # none started yet
+        first.train_model(train, val, num_epochs=1)
+        _trainer(tmp_path, loggers=[logger], logger_params={"log_dir": str(tmp_path / name)})  # the same run: fine
+        with pytest.raises(ValueError, match=r"already logs the run in .*Give each trainer a logger object"):
+            _trainer(tmp_path, loggers=[logger], logger_params={"log_dir": str(tmp_path / f"{name}-second")})
+        del unused
+        logger.close()

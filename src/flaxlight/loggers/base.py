@@ -299,6 +299,22 @@ def flatten_params(params: Mapping, prefix: str = "", sep: str = ".") -> dict[st
     return flat
 
 
+def rebound_run_dir(logger: Any, log_dir: str | os.PathLike, service: str) -> str:
+    """``log_dir`` as the absolute run folder a W&B / MLflow ``logger`` keeps its run id in; an
+    error when the logger already keeps a started run in another (one object for two trainers
+    would put the second run into the first).
+
+    Examples:
+        >>> self._run_dir = rebound_run_dir(self, log_dir, "MLflow")   # doctest: +SKIP
+    """
+    run_dir = os.path.abspath(os.fspath(log_dir))
+    if logger._run_dir is not None and run_dir != logger._run_dir and os.path.isfile(logger._run_file):
+        raise ValueError(f"This {type(logger).__name__} already logs the run in {logger._run_dir} (its {service} run); "
+                         f"a second trainer's run ({run_dir}) would go into that run. Give each trainer a logger "
+                         f"object of its own.")
+    return run_dir
+
+
 def run_display_name(log_dir: str | os.PathLike) -> str:
     """A short name for a run directory: its folder name, or ``parent/version_N`` for versioned runs.
 

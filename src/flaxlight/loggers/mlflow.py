@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any, Mapping
 
-from flaxlight.loggers.base import Logger, as_image, flatten_params
+from flaxlight.loggers.base import Logger, as_image, flatten_params, rebound_run_dir
 
 __all__ = ["MLflowLogger"]
 
@@ -151,12 +151,7 @@ class MLflowLogger(Logger):
     def set_run_dir(self, log_dir: str | os.PathLike) -> None:
         """Keep the run id in the trainer's run folder ``log_dir`` (and the default file store,
         without ``save_dir``)."""
-        run_dir = os.path.abspath(os.fspath(log_dir))
-        if self._run_dir is not None and run_dir != self._run_dir and os.path.isfile(self._run_file):
-            raise ValueError(f"This {type(self).__name__} already logs the run in {self._run_dir} (its MLflow run); "
-                             f"a second trainer's run ({run_dir}) would go into that run. Give each trainer a logger "
-                             f"object of its own.")
-        self._run_dir = run_dir
+        self._run_dir = rebound_run_dir(self, log_dir, "MLflow")
         if not self._save_dir_given:
             self.save_dir = self._run_dir
             if self._store_in_save_dir and self._client is None:

@@ -12,7 +12,7 @@ import json
 import os
 from typing import Any, Mapping, Sequence
 
-from flaxlight.loggers.base import Logger, as_image
+from flaxlight.loggers.base import Logger, as_image, rebound_run_dir
 
 __all__ = ["WandbLogger"]
 
@@ -166,12 +166,7 @@ class WandbLogger(Logger):
 
     def set_run_dir(self, log_dir: str | os.PathLike) -> None:
         """Keep the run id in the trainer's run folder ``log_dir`` (and W&B's files, without ``save_dir``)."""
-        run_dir = os.path.abspath(os.fspath(log_dir))
-        if self._run_dir is not None and run_dir != self._run_dir and os.path.isfile(self._run_file):
-            raise ValueError(f"This {type(self).__name__} already logs the run in {self._run_dir} (its W&B run); "
-                             f"a second trainer's run ({run_dir}) would go into that run. Give each trainer a logger "
-                             f"object of its own.")
-        self._run_dir = run_dir
+        self._run_dir = rebound_run_dir(self, log_dir, "W&B")
         if not self._save_dir_given:
             self.save_dir = self._run_dir
 
