@@ -262,3 +262,30 @@ def test_a_function_in_the_hyperparameters_is_recorded_by_its_path_and_a_resume_
     recorded = (tmp_path / "run" / "hparams.yaml").read_text()
     assert "gelu" in recorded and " at 0x" not in recorded  # its path, the same in every process
     assert not (tmp_path / "run" / "hparams.1.yaml").exists()
+
+
+def test_a_checkpoint_monitor_in_a_run_without_validation_says_nothing_will_be_ranked(tmp_path, regression_loaders):
+    train, _, _ = regression_loaders
+    trainer = _trainer(tmp_path, [ModelCheckpoint(monitor="train/loss")])
+    with pytest.warns(RuntimeWarning, match="ranks checkpoints at validations, and this run has no validation data"):
+        trainer.train_model(train, None, num_epochs=1)
+    assert trainer.checkpointer.latest_step() == 8  # the last state, still kept
+
+
+class OwnLoad(RegressTrainer):
+    loads = 0
+
+    def load_model(self, step=None):
+        OwnLoad.loads += 1
+        super().load_model(step)
+
+
+def test_an_own_load_model_is_used_by_test_of_a_trainer_loaded_for_inference(tmp_path, regression_loaders):
+    train, val, _ = regression_loaders
+    x, _ = linear_data(8)
+    OwnLoad(model_class=TinyMLP, model_hparams={"hidden_dims": [8]}, exmp_input=x[:1],
+            optimizer_hparams={"optimizer": "adam", "lr": 1e-2}, **quiet(tmp_path)).train_model(train, val, num_epochs=1)
+    loaded = OwnLoad.load_from_checkpoint(str(tmp_path / "run"), exmp_input=x[:1])
+    before = OwnLoad.loads
+    loaded.test(linear_data(40, 7), batch_size=32, which="last")
+    assert OwnLoad.loads == before + 1

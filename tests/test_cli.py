@@ -722,6 +722,8 @@ def test_paths_mistyped_before_training_are_one_line_errors(tmp_path, capsys):
     sine = ["fit", "--config", CONFIGS / "sine_regression.yaml"]
     code, out, err = run(capsys, *sine, "--allow-import", "mypkg/", "--print-config")
     assert code == 0, err
+    code, out, err = run(capsys, *sine, "--allow-import", "mypkg/models/", "--print-config")  # mypkg.models
+    assert code == 0, err
     code, _, err = run(capsys, *sine, "--allow-import", "my pkg", "--print-config")
     assert code == 2 and err.count("\n") == 1 and "'my pkg' is not a module prefix" in err
     code, _, err = run(capsys, *sine, "--log-dir", tmp_path / "afile")

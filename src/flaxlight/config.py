@@ -105,8 +105,9 @@ class _ImportPolicy:
         if isinstance(allow_imports, str):
             allow_imports = [allow_imports]
         prefixes = []
-        for prefix in allow_imports or ():  # a package's folder, as tab completion gives it, is its name
-            text = prefix.strip().rstrip("/" + os.sep) if isinstance(prefix, str) else prefix
+        for prefix in allow_imports or ():  # a package's folder (tab completion: mypkg/models/) is its name
+            text = prefix.strip().rstrip("/" + os.sep).replace(os.sep, ".").replace("/", ".") \
+                if isinstance(prefix, str) else prefix
             if not isinstance(text, str) or not _MODULE_NAME.fullmatch(text):
                 raise ConfigError(f"allow_imports (--allow-import): {prefix!r} is not a module prefix; give dotted "
                                   f"module names such as 'mypkg' or 'mypkg.models' (every module under it may then "

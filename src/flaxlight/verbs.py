@@ -168,13 +168,14 @@ class TrainerVerbsMixin:
         self._claim_records()  # before loading anything: another run's folder is refused as it is
         source = self._checkpoint_source()
         if which != "current" and source.all_steps():
-            if self.state.opt_state is None:  # loaded for inference: served as load_from_checkpoint serves it (EMA)
+            own_load = not type(self).load_model.__qualname__.startswith("TrainerModule.")  # a seam of the user's
+            if self.state.opt_state is None and not own_load:  # loaded for inference: served as loaded (the EMA)
                 self.state = self._state_for(which).replace(opt_state=None)
             elif source is not self.checkpointer:  # loaded from another run's folder, with its optimizer
                 self.state = resume.load_with_fallback(source, self.state, which)
             else:
-                self.checkpointer.wait()
-                self.load_model(None if which == "best" else resume.pick_checkpoint(self.checkpointer, which))  # None: best
+                source.wait()
+                self.load_model(None if which == "best" else resume.pick_checkpoint(source, which))  # None: best
         test_metrics = self.eval_model(test_loader, log_prefix=f"{stem}/")
         self._log(test_metrics)
         self.save_metrics(self._unused_metrics_name(stem), test_metrics)

@@ -145,6 +145,10 @@ class ModelCheckpoint(Callback):
 
     # ---------------------------------------------------------------- hooks
     def on_fit_start(self, trainer) -> None:
+        if self.monitor is not None and trainer.val_loader is None:
+            warnings.warn(f"ModelCheckpoint(monitor={self.monitor!r}) ranks checkpoints at validations, and this run "
+                          f"has no validation data: no checkpoint is kept for being best, only the last (and the "
+                          f"periodic ones save_top_k=-1 keeps).", RuntimeWarning, stacklevel=2)
         trainer.checkpointer.budget_writes(self.max_overhead)
         self._last_save_time = time.monotonic()
         self._owed_at_epoch_end = False
