@@ -36,7 +36,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     logger_params = {"log_dir": args.log_dir} if args.log_dir else {"base_log_dir": "checkpoints"}
     trainer = MLPRegressTrainer(
         hidden_dims=[128, 128], output_dim=1,
-        optimizer_hparams={"optimizer": "adamw", "lr": 4e-3, "b2": 0.99},
+        optimizer_hparams={"optimizer": "adamw", "lr": 4e-3, "b2": 0.99, "weight_decay": 1e-4},
         exmp_input=next(iter(train))[0][:1],
         check_val_every_n_epoch=min(5, args.epochs),
         logger_params=logger_params,

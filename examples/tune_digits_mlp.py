@@ -57,7 +57,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
             model_class=MLPClassifier,
             model_hparams={"hidden_dims": args.hidden_dims, "num_classes": 10},
             # the seed's warmup of 20 updates (shorter when a fast run has fewer updates than that)
-            optimizer_hparams={"optimizer": "adamw", "lr": 1e-3, "warmup": min(20, len(train) * args.epochs // 2)},
+            optimizer_hparams={"optimizer": "adamw", "lr": 1e-3, "weight_decay": 1e-4,
+                               "warmup": min(20, len(train) * args.epochs // 2)},
             exmp_input=exmp_input,
         ),
         train_loader=train,
@@ -92,7 +93,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
     importances = {}
     if count.get("complete", 0) >= 2:
         importances = param_importances(study)
-        print("parameter importances:")
+        print("parameter importances:" if importances else "parameter importances: none (the completed trials "
+              "do not tell the parameters apart; run more trials)")
         for key, value in importances.items():
             print(f"  {key:32s} {value:.3f}")
     plots = plot_study(study, out_dir=args.plot_dir) if args.plot_dir else []

@@ -31,8 +31,9 @@ def test_the_metric_that_picks_the_best_model_is_announced_once_with_the_fallbac
     trainer = _trainer(tmp_path)
     trainer.train_model(train, val, num_epochs=2)
     err = capsys.readouterr().err
-    assert ("The best model is picked by val/loss (min): no val/val_metric or val/acc among the validation "
-            "metrics ['val/loss']; pass monitor='val/<name>', mode='min'/'max' to choose.") in err
+    assert ("The best model is picked by val/loss (min), the default among the validation metrics ['val/loss']; "
+            "pass monitor='val/<name>', mode='min'/'max' to choose another.") in err
+    assert "val_metric" not in err  # the seed's own metric name is no news to a user who never wrote it
     assert err.count("The best model is picked by") == 1
 
 
@@ -277,3 +278,13 @@ def test_the_classification_trainer_takes_b1_labels_and_names_other_shapes(tmp_p
     two_heads = _zoo_trainer(tmp_path / "b", flaxlight.zoo.ClassificationTrainer, TwoHeads)
     with pytest.raises(TypeError, match="needs the model to return one array; it returned a tuple"):
         two_heads.eval_model(flaxlight.ArrayLoader(x, y, batch_size=16))
+
+
+def test_resume_from_a_step_that_was_not_kept_names_the_steps_that_were(tmp_path, regression_loaders):
+    train, val, _ = regression_loaders
+    _trainer(tmp_path).train_model(train, val, num_epochs=2)
+    kept = sorted(int(path.name) for path in (tmp_path / "run" / "checkpoints").iterdir() if path.name.isdigit())
+    with pytest.raises(FileNotFoundError, match=rf"No checkpoint of step 99999 in .*checkpoints: it holds steps "
+                                                rf"{', '.join(map(str, kept))}\. By default only the best and the last"):
+        _trainer(tmp_path, logger_params={"log_dir": str(tmp_path / "run2")}).train_model(
+            train, val, num_epochs=3, resume_from=tmp_path / "run" / "checkpoints" / "99999")

@@ -192,11 +192,10 @@ class TrainerOptions:
         """What picks the best model, said once at the first validation (a fallback names why)."""
         key, larger = self.monitored(metrics)
         said = f"The best model is picked by {key} ({'max' if larger else 'min'})"
-        preferred = [k for k, _ in DEFAULT_MONITORS]
-        skipped = [] if self.monitor else preferred[: preferred.index(key)]  # absent, preferred over `key`
-        if skipped:
-            said += f": no {' or '.join(skipped)} among the validation metrics {sorted(metrics)}"
-        return said + ("." if self.monitor else "; pass monitor='val/<name>', mode='min'/'max' to choose.")
+        if self.monitor:
+            return said + "."
+        return said + (f", the default among the validation metrics {sorted(metrics)}; pass monitor='val/<name>', "
+                       f"mode='min'/'max' to choose another.")
 
     def is_better(self, new: Mapping[str, float], old: Mapping[str, float] | None) -> bool:
         """Whether ``new`` validation metrics beat ``old`` (the best so far; None: there is none) on

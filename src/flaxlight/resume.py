@@ -253,8 +253,19 @@ def checkpointer_for(path: str | os.PathLike) -> Checkpointer:
     elif step_in_path(path) is not None:
         path = os.path.dirname(path)
     if not os.path.isdir(path):
-        raise FileNotFoundError(f"No checkpoint directory at {path}.")
+        raise FileNotFoundError(_missing_checkpoint_message(path))
     return Checkpointer(path, read_only=True)
+
+
+def _missing_checkpoint_message(path: str) -> str:
+    """What a missing checkpoint path is: a step the run did not keep (naming those it kept), or no folder."""
+    parent, name = os.path.split(path)
+    steps = sorted(int(entry) for entry in os.listdir(parent) if entry.isdigit()) if os.path.isdir(parent) else []
+    if name.isdigit() and steps:
+        return (f"No checkpoint of step {name} in {parent}: it holds steps {', '.join(map(str, steps))}. By default "
+                f"only the best and the last checkpoints are kept; ModelCheckpoint(save_top_k=-1) with every_n_epochs "
+                f"or every_n_steps keeps every one it writes.")
+    return f"No checkpoint directory at {path}."
 
 
 def step_in_path(path: str | os.PathLike) -> int | None:
