@@ -9,7 +9,9 @@
 - ``auto``: ``fsdp`` when the parameters are large (over 64 MiB), else ``data_parallel``.
 
 ``mesh=`` may be a :class:`jax.sharding.Mesh` or its shape, ``{"data": 2, "model": 2}``; batches
-are split over the ``data`` axis. Parameters annotated by the model (Linen
+are split over the ``data`` axis (every leaf of a batch along its first axis: per-example arrays
+only). A mesh's axes are used as ``Auto`` axes (``jax.make_mesh`` makes ``Explicit`` ones): the
+step is one program over the global batch, and XLA decides how it is split. Parameters annotated by the model (Linen
 ``nn.with_partitioning`` / ``nn.with_logical_partitioning``, the latter mapped to mesh axes by
 ``sharding_rules=[("embed", "model"), ...]``) are placed as annotated in every mode; the mode
 decides only for the others. The optimizer state follows its parameters.
@@ -25,10 +27,14 @@ Examples:
 
 from __future__ import annotations
 
+import collections
+import collections.abc
+import contextlib
 import math
 import os
+import re
 import warnings
-from typing import Any
+from typing import Any, Iterator, Mapping
 
 import flax.linen as nn
 import jax
@@ -69,19 +75,75 @@ def make_mesh(devices=None, shape: dict[str, int] | None = None) -> Mesh:
 
 
 def mesh_for(mesh: Mesh | dict[str, int] | None, distributed: str | None) -> Mesh | None:
-    """The trainer's mesh: ``mesh`` as given (a shape dict becomes a :func:`make_mesh`), or all
-    devices on ``data`` when only ``distributed`` is set, or None (one device)."""
+    """The trainer's mesh: ``mesh`` as given (a shape dict becomes a :func:`make_mesh`; a
+    ``Mesh`` with ``Explicit`` axes, as ``jax.make_mesh`` makes, the same mesh with ``Auto``
+    axes), or all devices on ``data`` when only ``distributed`` is set, or None (one device).
+
+    Examples:
+        >>> mesh_for(jax.make_mesh((1,), ("data",)), None).axis_types
+        (Auto,)
+    """
+    mesh = checked_mesh_argument(mesh)
+    if mesh is None and distributed is None:
+        return None
+    _check_context_mesh()
     if isinstance(mesh, dict):
         return make_mesh(shape=mesh)
-    if mesh is None and distributed is not None:
+    if mesh is None:
         return make_mesh()
-    if mesh is not None and DATA_AXIS not in mesh.axis_names:
+    if DATA_AXIS not in mesh.axis_names:
         raise ValueError(f"The mesh's axes are {mesh.axis_names}; it needs a {DATA_AXIS!r} axis to split batches over.")
+    auto = (jax.sharding.AxisType.Auto,) * len(mesh.axis_names)
+    if tuple(getattr(mesh, "axis_types", auto)) != auto:  # Explicit axes would type the model's ops by sharding
+        mesh = Mesh(mesh.devices, mesh.axis_names, axis_types=auto)
     return mesh
+
+
+def _check_context_mesh() -> None:
+    """Refuse an ``Explicit`` context mesh (``with jax.set_mesh(jax.make_mesh(...)):`` around the
+    trainer): JAX will not trace the trainer's ``Auto``-axes steps under it."""
+    context = getattr(jax.sharding, "get_abstract_mesh", lambda: None)()
+    if context is not None and not getattr(context, "empty", True) and \
+            jax.sharding.AxisType.Explicit in tuple(getattr(context, "axis_types", ())):
+        raise ValueError(f"A mesh with Explicit axes is JAX's context mesh here ({dict(context.shape)}, set by "
+                         f"jax.set_mesh or jax.sharding.use_mesh around the trainer): flaxlight's steps are one "
+                         f"program over the global batch on Auto axes, and JAX does not trace them under an Explicit "
+                         f"context mesh. Create and train the trainer outside that `with` block, and pass the mesh "
+                         f"as mesh=... (its axes are then used as Auto axes).")
+
+
+def checked_mesh_argument(mesh: Any) -> Mesh | dict[str, int] | None:
+    """``mesh=`` as the trainer takes it: None, a :class:`jax.sharding.Mesh`, or a dict of axis
+    sizes (returned as a plain dict); anything else is a ``TypeError`` listing those forms.
+
+    Examples:
+        >>> checked_mesh_argument({"data": 2, "model": 2})
+        {'data': 2, 'model': 2}
+    """
+    if mesh is None or isinstance(mesh, Mesh):
+        return mesh
+    if isinstance(mesh, Mapping) and all(isinstance(axis, str) for axis in mesh) and all(
+            isinstance(size, (int, np.integer)) and not isinstance(size, bool) and size >= 1 for size in mesh.values()):
+        return {axis: int(size) for axis, size in mesh.items()}
+    raise TypeError(f"mesh= takes a jax.sharding.Mesh with a {DATA_AXIS!r} axis, or a dict of axis names to sizes "
+                    f"(in order, sizes whose product is the device count), e.g. mesh={{'data': 4}} or "
+                    f"mesh={{'data': 2, 'model': 2}}; or leave it out and pass distributed='data_parallel' to put "
+                    f"all devices on {DATA_AXIS!r}. Got {mesh!r:.100} ({type(mesh).__name__}).{_mesh_hint(mesh)}")
+
+
+def _mesh_hint(mesh: Any) -> str:
+    """A suggestion for a ``mesh=`` given in another form (sizes, or (name, size) pairs)."""
+    if isinstance(mesh, (list, tuple)) and mesh and all(isinstance(size, int) for size in mesh):
+        names = [DATA_AXIS, "model"] + [f"axis{i}" for i in range(2, len(mesh))]
+        return f" Name the axes: mesh={dict(zip(names, mesh))}."
+    if isinstance(mesh, (list, tuple)) and mesh and all(isinstance(pair, (list, tuple)) and len(pair) == 2 for pair in mesh):
+        return f" As a dict: mesh={ {str(name): size for name, size in mesh} }."
+    return ""
 
 
 def mesh_record(mesh: Mesh | dict[str, int] | None) -> dict[str, Any]:
     """``{"mesh": {"data": 2, "model": 2}}`` for a run's ``hparams.yaml`` (``{}`` without a mesh)."""
+    mesh = checked_mesh_argument(mesh)
     if mesh is None:
         return {}
     return {"mesh": {str(axis): int(size) for axis, size in dict(mesh if isinstance(mesh, dict) else mesh.shape).items()}}
@@ -261,11 +323,26 @@ def check_batch_divisible(batch_size: int, mesh: Mesh) -> None:
 
 
 def check_loader_divisible(loader: Any, mesh: Mesh | None) -> None:
-    """:func:`check_batch_divisible` before a run, for a loader that says its batch size (an
-    :class:`~flaxlight.ArrayLoader`, a torch ``DataLoader``) on one process; others are checked
-    at their first batch."""
+    """:func:`check_batch_divisible` (and :func:`check_per_example`) before a run: for a loader
+    that says its batch size (an :class:`~flaxlight.ArrayLoader`, a torch ``DataLoader``) on one
+    process, from that size; for a list of batches, or a loader whose each ``iter()`` starts a
+    new pass, from its first batch (read from a pass of its own, as the validation loader's).
+    A generator (or a loader handing out one shared stream) is checked at its first batch, when
+    training starts: its batch would be used up here.
+
+    Examples:
+        >>> check_loader_divisible([(np.zeros((30, 2)), np.zeros(30))], make_mesh())  # one device: any size
+    """
     size = getattr(loader, "batch_size", None)
-    if mesh is None or jax.process_count() > 1 or isinstance(size, bool) or not isinstance(size, int) or size < 1:
+    if mesh is None:
+        return
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        first = _first_batch_ahead(loader)
+        if first is not None and _checkable(first):
+            check_per_example(first, mesh)
+            check_batch_divisible(_leading(jax.tree.leaves(first)[0]) * jax.process_count(), mesh)
+        return
+    if jax.process_count() > 1:
         return
     examples = getattr(loader, "num_examples", None)  # an ArrayLoader's; a torch DataLoader's dataset length
     if examples is None and hasattr(getattr(loader, "dataset", None), "__len__"):
@@ -273,13 +350,70 @@ def check_loader_divisible(loader: Any, mesh: Mesh | None) -> None:
     check_batch_divisible(min(size, examples) if isinstance(examples, int) and examples > 0 else size, mesh)
 
 
+def _first_batch_ahead(loader: Any) -> Any:
+    """A list's first batch, or the first batch of a fresh pass of a loader whose each
+    ``iter()`` starts one; None for an iterator (a generator), a loader that hands out one
+    shared stream, and torch / grain loaders (their ``iter`` starts workers)."""
+    if isinstance(loader, (list, tuple)):
+        return loader[0] if loader else None
+    if (not isinstance(loader, collections.abc.Iterable) or isinstance(loader, collections.abc.Iterator)
+            or type(loader).__module__.split(".")[0] in ("torch", "grain") or iter(loader) is iter(loader)):
+        return None
+    return next(iter(loader), None)
+
+
+class UnsplittableBatchError(ValueError):
+    """A batch the mesh cannot split: a leaf without one row per example (see :func:`check_per_example`)."""
+
+
+def check_per_example(batch, mesh: Mesh, block: bool = False) -> None:
+    """Fail, naming the leaf, unless every leaf of ``batch`` has the same leading (batch)
+    dimension: on a mesh each leaf is split along it over the ``data`` axis, so a leaf that
+    is not per-example (class weights next to the examples, a scalar) cannot be split.
+    ``block``: a stack of batches (steps first), checked along its second axis. Leaves that are
+    not numeric arrays are left to :func:`flaxlight.data.check_batch`.
+
+    Examples:
+        >>> check_per_example({"x": np.zeros((8, 3)), "y": np.zeros(8)}, make_mesh())
+    """
+    shapes = [tuple(np.shape(leaf))[1 if block else 0:] for leaf in jax.tree.leaves(batch)]
+    if not shapes or all(shape and shape[:1] == shapes[0][:1] for shape in shapes) or not _checkable(batch):
+        return  # the per-step path: shapes only
+    leaves = jax.tree_util.tree_leaves_with_path(batch)
+    counts = collections.Counter(shape[0] for shape in shapes if shape)
+    rows = max(counts, key=lambda n: (counts[n], n)) if counts else None  # the most common leading dimension
+    where = [(jax.tree_util.keystr(path) or "(the whole batch)", shape) for (path, _), shape in zip(leaves, shapes)]
+    odd = [(place, shape) for place, shape in where if shape[:1] != (rows,)]
+    example = next(((place, shape) for place, shape in where if shape[:1] == (rows,)), None)
+    holds = "" if example is None else f", and the batch holds {rows} examples (leaf {example[0]} has shape {example[1]})"
+    others = f" Also: {', '.join(f'{place} {shape}' for place, shape in odd[1:])}." if len(odd) > 1 else ""
+    raise UnsplittableBatchError(
+        f"The batch's leaf {odd[0][0]} has shape {odd[0][1]}{'' if odd[0][1] else ' (a scalar)'}{holds}.{others} On a "
+        f"mesh every leaf of a batch is split along its first axis over the {DATA_AXIS!r} axis ({_data_size(mesh)} "
+        f"device(s)), so every leaf needs one row per example. Yield per-example arrays only: a constant such as "
+        f"class weights belongs in the model (model_hparams) or in your loss_fn (e.g. an attribute of the trainer "
+        f"that loss_fn reads).")
+
+
+def _checkable(batch) -> bool:
+    """Whether every leaf is a numeric (or bool) array, as :func:`flaxlight.data.check_batch` wants."""
+    def numeric(leaf) -> bool:
+        return isinstance(leaf, (np.ndarray, jax.Array, np.generic)) and (
+            np.issubdtype(leaf.dtype, np.number) or np.issubdtype(leaf.dtype, np.bool_))
+
+    leaves = jax.tree.leaves(batch)
+    return bool(leaves) and all(numeric(leaf) for leaf in leaves)
+
+
 def to_global_batch(batch, mesh: Mesh, block: bool = False):
     """A process-local batch as a global array split along ``data`` (one process: a plain put).
 
     ``block``: a stack of batches (steps first), split along its second axis. On one process, a
     batch that does not divide (an epoch's smaller last batch) is put whole on every device
-    (:func:`splits`); with several, it fails with :func:`check_batch_divisible`'s message.
+    (:func:`splits`); with several, it fails with :func:`check_batch_divisible`'s message. A
+    leaf that is not per-example fails with :func:`check_per_example`'s.
     """
+    check_per_example(batch, mesh, block=block)
     sharding = NamedSharding(mesh, PartitionSpec(None, DATA_AXIS)) if block else batch_sharding(mesh)
     if not block and jax.process_count() > 1:  # process-local rows: the global batch must split
         check_batch_divisible(_leading(jax.tree.leaves(batch)[0]) * jax.process_count(), mesh)
@@ -288,6 +422,32 @@ def to_global_batch(batch, mesh: Mesh, block: bool = False):
     if jax.process_count() == 1:
         return jax.device_put(batch, sharding)
     return jax.tree.map(lambda x: jax.make_array_from_process_local_data(sharding, np.asarray(x)), batch)
+
+
+@contextlib.contextmanager
+def axis_names_explained() -> Iterator[None]:
+    """Re-raise JAX's "unbound axis name" ``NameError`` (``nn.BatchNorm(axis_name="data")``,
+    ``jax.lax.pmean(x, "data")`` in a step) with what to do instead: flaxlight's step is one
+    program over the global batch, so its means and batch statistics are global already.
+
+    Examples:
+        >>> with axis_names_explained():
+        ...     pass
+    """
+    try:
+        yield
+    except NameError as exc:
+        found = re.search(r"unbound axis name: ([^.\s]+)", str(exc))
+        if found is None:
+            raise
+        name = found.group(1)
+        raise NameError(
+            f"The step uses the axis name {name!r} (e.g. nn.BatchNorm(axis_name={name!r}) or "
+            f"jax.lax.pmean(x, {name!r})), and no axis of that name is bound: flaxlight's step is one program over "
+            f"the whole (global) batch, not a per-device function (pmap, shard_map). On a mesh XLA splits that "
+            f"program over the devices, and means, gradients and BatchNorm statistics are already computed over the "
+            f"whole global batch (synced BatchNorm without asking). Remove axis_name (and any pmean/psum over it)."
+        ) from exc
 
 
 def is_main_process() -> bool:

@@ -256,10 +256,11 @@ class Engine:
         key = (kind, jax.tree.structure(batch),
                tuple((np.shape(x), np.result_type(x.dtype)) for x in jax.tree.leaves(batch)))
         if key not in self._templates:
-            if kind == "train":
-                _, metrics = jax.eval_shape(self.step_functions["train"], state, batch)
-            else:
-                metrics = jax.eval_shape(self.step_functions["eval"], state, batch)
+            with dist.axis_names_explained():  # the steps' first trace: nn.BatchNorm(axis_name=...) fails here
+                if kind == "train":
+                    _, metrics = jax.eval_shape(self.step_functions["train"], state, batch)
+                else:
+                    metrics = jax.eval_shape(self.step_functions["eval"], state, batch)
             if not isinstance(metrics, Mapping):
                 raise TypeError(f"The {kind} step must return metrics as a dict; got {type(metrics).__name__}.")
             self._templates[key] = init_accumulator(metrics)
@@ -416,6 +417,8 @@ class Engine:
             if self.mesh is None:
                 return steps, jax.device_put(payload)
             return steps, dist.to_global_batch(payload, self.mesh, block=steps > 1)
+        except dist.UnsplittableBatchError:
+            raise  # said readably already, naming the leaf
         except (TypeError, ValueError):
             return steps, payload
 

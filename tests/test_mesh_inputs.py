@@ -1,0 +1,208 @@
+"""What a user may hand the trainer on a mesh: a ``jax.make_mesh`` mesh, batches with a leaf that
+is not per-example, a list loader whose batches do not split, ``mesh=`` in another form, and a
+synced BatchNorm (``axis_name=``) from DDP/pmap habits.
+
+Device counts are fixed when JAX starts, so the 4-device checks run as subprocesses (as in
+tests/test_distributed.py); the rest run here on one device.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import flax.linen as nn
+import numpy as np
+import optax
+import pytest
+
+import flaxlight
+from conftest import ClassifyTrainer, TinyMLP, quiet
+
+PRELUDE = """
+import os
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+import json, jax, numpy as np, optax, flax.linen as nn, flaxlight
+from pathlib import Path
+from conftest import ClassifyTrainer, quiet
+rng = np.random.default_rng(0)
+x, y = rng.normal(size=(128, 64)).astype(np.float32), rng.integers(0, 10, 128).astype(np.int32)
+"""
+
+
+def _on_4_devices(script: str, tmp_path: Path) -> dict:
+    """Run ``script`` (after PRELUDE) on 4 forced CPU devices; its last stdout line is JSON."""
+    env = dict(os.environ, CI="true", JAX_PLATFORMS="cpu",
+               PYTHONPATH=os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]))
+    env.pop("XLA_FLAGS", None)
+    code = PRELUDE + f"tmp = Path({str(tmp_path)!r})\n" + textwrap.dedent(script)
+    done = subprocess.run([sys.executable, "-c", code], env=env, text=True, capture_output=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_a_jax_make_mesh_mesh_trains_as_its_shape_dict_does(tmp_path):
+    """jax.make_mesh gives Explicit axes in this JAX; FSDP and an annotated model crashed inside the
+    model with a ShardingTypeError. Now its axes are used as Auto ones: the same numbers as mesh={...}."""
+    got = _on_4_devices("""
+        class Wide(nn.Module):  # its 64x256 kernel is split by FSDP
+            @nn.compact
+            def __call__(self, x, train: bool = False):
+                return nn.Dense(10)(nn.relu(nn.Dense(256)(x)))
+
+        class Annotated(nn.Module):
+            @nn.compact
+            def __call__(self, x, train: bool = False):
+                init = nn.initializers.lecun_normal()
+                x = nn.relu(nn.Dense(32, kernel_init=nn.with_partitioning(init, (None, "model")))(x))
+                return nn.Dense(10, kernel_init=nn.with_partitioning(init, ("model", None)))(x)
+
+        def run(tag, model, **kwargs):
+            trainer = ClassifyTrainer(model_class=model, model_hparams={}, optimizer_hparams={"optimizer": "adam", "lr": 1e-2},
+                                      exmp_input=x[:1], **quiet(tmp / tag, **kwargs))
+            metrics = trainer.train_model((x, y), (x, y), num_epochs=2, batch_size=32)
+            leaves = jax.tree_util.tree_leaves_with_path(trainer.state.params)
+            return {"loss": float(metrics["val/loss"]), "types": [t.name for t in trainer.mesh.axis_types],
+                    "params": {jax.tree_util.keystr(p): np.asarray(v).tolist() for p, v in leaves},
+                    "specs": {jax.tree_util.keystr(p): str(v.sharding.spec) for p, v in leaves}}
+
+        out = {"fsdp": run("fsdp", Wide, distributed="fsdp", mesh=jax.make_mesh((4,), ("data",))),
+               "fsdp_dict": run("fsdp_dict", Wide, distributed="fsdp", mesh={"data": 4}),
+               "tp": run("tp", Annotated, mesh=jax.make_mesh((2, 2), ("data", "model"))),
+               "tp_dict": run("tp_dict", Annotated, mesh={"data": 2, "model": 2})}
+        try:
+            with jax.set_mesh(jax.make_mesh((4,), ("data",))):  # an Explicit context mesh around the trainer
+                run("context", Wide, distributed="fsdp")
+        except ValueError as exc:
+            out["context"] = str(exc)
+        print(json.dumps(out))
+    """, tmp_path)
+    assert got["fsdp"]["specs"]["['Dense_1']['kernel']"] == "P(None, 'data')"  # Dense(256): built second
+    assert got["tp"]["specs"]["['Dense_0']['kernel']"] == "P(None, 'model')"
+    for given, shaped in (("fsdp", "fsdp_dict"), ("tp", "tp_dict")):
+        assert set(got[given]["types"]) == {"Auto"}
+        assert got[given]["loss"] == pytest.approx(got[shaped]["loss"], rel=1e-6)
+        for name, value in got[given]["params"].items():
+            np.testing.assert_allclose(value, got[shaped]["params"][name], rtol=1e-6, atol=1e-7, err_msg=name)
+    assert "Explicit axes is JAX's context mesh" in got["context"] and "outside that `with` block" in got["context"]
+
+
+def test_a_batch_leaf_that_is_not_per_example_is_named_on_a_mesh(tmp_path):
+    """A (10,) class-weight leaf next to 32 examples gave JAX's IndivisibleError, or (dict batches,
+    whose first leaf it was) "A batch of 10 examples cannot be split"; one device trains on it."""
+    got = _on_4_devices("""
+        class Weighted(ClassifyTrainer):
+            def loss_fn(self, params, batch, *, train, rng, state):
+                x, y, w = (batch["x"], batch["y"], batch["a_weights"]) if isinstance(batch, dict) else batch
+                logits, updates = state.apply_model(params, x, train=train, rng=rng)
+                return (optax.softmax_cross_entropy_with_integer_labels(logits, y) * w[y]).mean(), ({}, updates)
+
+        weights = np.ones(10, np.float32)
+        batches = {"tuple": [(x[i:i + 32], y[i:i + 32], weights) for i in range(0, 128, 32)],
+                   "dict": [{"a_weights": weights, "x": x[i:i + 32], "y": y[i:i + 32]} for i in range(0, 128, 32)],
+                   "scalar": [(x[i:i + 32], y[i:i + 32], np.float32(1.0)) for i in range(0, 128, 32)]}
+        batches["generator"] = (batch for batch in batches["tuple"])
+        out = {}
+        for tag, train in batches.items():
+            trainer = Weighted(model_class=nn.Dense, model_hparams={"features": 10}, optimizer_hparams={"lr": 0.1},
+                               exmp_input=x[:1], **quiet(tmp / tag, distributed="data_parallel"))
+            try:
+                trainer.train_model(train, None, num_epochs=1, steps_per_epoch=4)
+                out[tag] = "trained"
+            except ValueError as exc:
+                out[tag] = f"{type(exc).__name__}: {exc}"
+            out[tag + "_claimed"] = (tmp / tag / "run" / "hparams.yaml").exists()
+        print(json.dumps(out))
+    """, tmp_path)
+    for tag, leaf, shape in (("tuple", "[2]", "(10,)"), ("dict", "['a_weights']", "(10,)"), ("scalar", "[2]", "()"),
+                             ("generator", "[2]", "(10,)")):
+        message = got[tag]
+        assert f"The batch's leaf {leaf} has shape {shape}" in message, message
+        assert "the batch holds 32 examples" in message and "(32, 64)" in message, message
+        assert "split along its first axis over the 'data' axis (4 device(s))" in message, message
+        assert "per-example arrays only" in message and "loss_fn" in message, message
+        assert "cannot be split" not in message and "IndivisibleError" not in message
+    assert not got["tuple_claimed"] and not got["dict_claimed"]  # a list is checked before the run's folder
+
+
+def test_batch_leaves_that_are_not_per_example_train_on_one_device(tmp_path):
+    """docs/data.md: on one device such a batch is accepted when a loss_fn of yours traces on it."""
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(64, 4)).astype(np.float32), rng.integers(0, 3, 64).astype(np.int32)
+
+    class Weighted(ClassifyTrainer):
+        def loss_fn(self, params, batch, *, train, rng, state):
+            x, y, w = batch
+            logits, updates = state.apply_model(params, x, train=train, rng=rng)
+            return (optax.softmax_cross_entropy_with_integer_labels(logits, y) * w[y]).mean(), ({}, updates)
+
+    trainer = Weighted(model_class=nn.Dense, model_hparams={"features": 3}, optimizer_hparams={"lr": 0.1},
+                       exmp_input=x[:1], **quiet(tmp_path))
+    batches = [(x[i:i + 16], y[i:i + 16], np.ones(3, np.float32)) for i in range(0, 64, 16)]
+    assert np.isfinite(trainer.train_model(batches, None, num_epochs=1)["train/loss"])
+
+
+def test_a_list_loader_whose_batches_do_not_split_is_refused_before_the_run_folder(tmp_path):
+    """Only an ArrayLoader (or torch loader) was checked before the run's folder was claimed; a list
+    of 30-example batches failed after hparams.yaml was written, so the rerun was refused."""
+    got = _on_4_devices("""
+        class Batches:  # a loader of the user's: each iter() a new pass
+            def __init__(self, size):
+                self.size = size
+            def __iter__(self):
+                return ((x[i:i + self.size], y[i:i + self.size]) for i in range(0, 120, self.size))
+
+        out = {}
+        for tag, make in (("list", lambda size: [(x[i:i + size], y[i:i + size]) for i in range(0, 120, size)]),
+                          ("class", Batches)):
+            def trainer():
+                return ClassifyTrainer(model_class=nn.Dense, model_hparams={"features": 10}, optimizer_hparams={"lr": 0.1},
+                                       exmp_input=x[:1], **quiet(tmp / tag, distributed="data_parallel"))
+            try:
+                trainer().train_model(make(30), None, num_epochs=1, steps_per_epoch=4)
+            except ValueError as exc:
+                out[tag] = str(exc)
+            out[tag + "_claimed"] = (tmp / tag / "run" / "hparams.yaml").exists()
+            out[tag + "_rerun"] = float(trainer().train_model(make(40), None, num_epochs=1, steps_per_epoch=3)["train/loss"])
+        print(json.dumps(out))
+    """, tmp_path)
+    for tag in ("list", "class"):
+        assert "A batch of 30 examples cannot be split over 4 devices" in got[tag]
+        assert not got[tag + "_claimed"]
+        assert np.isfinite(got[tag + "_rerun"])  # the corrected run in the same log_dir
+
+
+@pytest.mark.parametrize("mesh, hint", [([2, 2], "mesh={'data': 2, 'model': 2}"), ((("data", 4),), "mesh={'data': 4}"),
+                                        ({"data": "2"}, ""), ("data", "")])
+def test_a_mesh_in_another_form_lists_the_accepted_forms(tmp_path, mesh, hint):
+    with pytest.raises(TypeError) as raised:
+        ClassifyTrainer(model_class=TinyMLP, model_hparams={}, optimizer_hparams={},
+                        exmp_input=np.zeros((1, 4), np.float32), **quiet(tmp_path, mesh=mesh))
+    message = str(raised.value)
+    assert "mesh= takes a jax.sharding.Mesh with a 'data' axis, or a dict of axis names to sizes" in message
+    assert f"Got {mesh!r}" in message and hint in message
+    assert not (tmp_path / "run").exists()
+
+
+class SyncedBatchNorm(nn.Module):
+    """What a DDP/pmap user writes for synchronised BatchNorm statistics."""
+
+    @nn.compact
+    def __call__(self, x, train: bool = False):
+        x = nn.BatchNorm(use_running_average=not train, axis_name="data")(nn.Dense(8)(x))
+        return nn.Dense(3)(nn.relu(x))
+
+
+def test_batchnorm_with_an_axis_name_says_the_statistics_are_global_already(tmp_path):
+    """JAX's own error said to use shard_map, the wrong direction for a global-view step."""
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(32, 4)).astype(np.float32), rng.integers(0, 3, 32).astype(np.int32)
+    trainer = ClassifyTrainer(model_class=SyncedBatchNorm, model_hparams={}, optimizer_hparams={"lr": 0.1},
+                              exmp_input=x[:1], **quiet(tmp_path, distributed="data_parallel"))
+    with pytest.raises(NameError) as raised:
+        trainer.train_model(flaxlight.ArrayLoader(x, y, batch_size=16), None, num_epochs=1)
+    message = str(raised.value)
+    assert "nn.BatchNorm(axis_name='data')" in message and "Remove axis_name" in message
+    assert "already computed over the whole global batch" in message and "call psum under" not in message
