@@ -130,3 +130,18 @@ def test_assigning_new_data_resizes_the_loader_and_keeps_its_structure():
         loader.data = (np.arange(6), np.arange(5))
     with pytest.raises(ValueError, match="give the same structure"):
         loader.data = {"x": np.arange(6), "y": np.arange(6)}
+
+
+def test_python_lists_become_arrays_and_a_leading_dimension_error_stays_short():
+    x, y = np.arange(20.0).reshape(10, 2), np.arange(10)
+    loader = ArrayLoader(x.tolist(), y.tolist(), batch_size=4)  # as Keras takes them
+    xb, yb = next(iter(loader))
+    np.testing.assert_array_equal(xb, x[:4])
+    np.testing.assert_array_equal(yb, y[:4])
+    assert len(loader) == 3 and loader.num_examples == 10
+    with pytest.raises(ValueError) as error:
+        ArrayLoader(np.zeros((1000, 3)), [np.zeros(5)] * 500, batch_size=4)  # many arrays: a few are shown
+    message = str(error.value)
+    assert len(message) < 400 and "[0] (1000, 3), [1][0] (5,)" in message and "(501 arrays in all)" in message
+    with pytest.raises(ValueError, match=r"\[1\] is a Python list that is not rectangular.*np.asarray"):
+        ArrayLoader(x, [[1, 2]] * 9 + [[3]], batch_size=4)

@@ -1,9 +1,13 @@
 """``train_model`` with arrays and a batch size, ``trainer.history`` and ``eval_model`` on arrays."""
 
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from conftest import CrashAfterEpoch, RegressTrainer, TinyMLP, quiet
+from flaxlight import ArrayLoader, Callback
 
 
 def _data(n=40, seed=0):
@@ -79,3 +83,124 @@ def test_array_errors_say_what_to_pass(tmp_path):
         trainer.train_model((x, y[:10]), None, num_epochs=1, batch_size=8)
     with pytest.raises(ValueError, match=r"batch_size=\.\.\.\) is for arrays.*Drop batch_size"):
         trainer.train_model([(x[:8], y[:8])], None, num_epochs=1, batch_size=8)
+
+
+class _EpochOrders(Callback):
+    """The first example indices of each epoch's order (an ArrayLoader's ``order()``)."""
+
+    def __init__(self):
+        self.seen = []
+
+    def on_train_epoch_start(self, trainer, epoch):
+        self.seen.append(tuple(trainer.train_loader.order()[:8].tolist()))
+
+
+def test_each_train_model_call_goes_on_to_new_data_orders(tmp_path):
+    """Keras' `for ...: fit(x, y, epochs=1)`: every call shuffles anew (the loader's epoch is the
+    model's epoch count, which goes on), while each call's own epochs count from 1."""
+    x, y = _data()
+    orders = _EpochOrders()
+    trainer = _trainer(tmp_path, callbacks=[orders])
+    for _ in range(3):
+        result = trainer.train_model((x, y), None, num_epochs=1, batch_size=8)
+        assert [row["epoch"] for row in result.history] == [1]
+    assert len(set(orders.seen)) == 3 and trainer.global_step == 15 and int(trainer.state.epoch) == 3
+    told = []
+
+    class Told:  # a loader of one's own is told the model's epoch too
+        def set_epoch(self, epoch):
+            told.append(epoch)
+
+        def __iter__(self):
+            return iter([(x[:8], y[:8])])
+
+    trainer.callbacks.remove(orders)
+    trainer.train_model(Told(), None, num_epochs=2, steps_per_epoch=1)
+    assert told == [4, 5]
+
+
+def test_a_second_call_resumed_after_a_crash_ends_bitwise_as_if_uninterrupted(tmp_path):
+    x, y = _data()
+    straight = _trainer(tmp_path / "straight")
+    straight.train_model((x, y), (x[:8], y[:8]), num_epochs=1, batch_size=8)
+    straight.train_model((x, y), (x[:8], y[:8]), num_epochs=3, batch_size=8)
+    cut = _trainer(tmp_path / "cut")
+    cut.train_model((x, y), (x[:8], y[:8]), num_epochs=1, batch_size=8)
+    cut.callbacks.append(CrashAfterEpoch(1))
+    with pytest.raises(RuntimeError, match="crash"):
+        cut.train_model((x, y), (x[:8], y[:8]), num_epochs=3, batch_size=8)  # the second call's epoch 1 is saved
+    resumed = _trainer(tmp_path / "cut")
+    resumed.train_model((x, y), (x[:8], y[:8]), num_epochs=3, batch_size=8, resume=True)
+    assert resumed.global_step == straight.global_step == 20 and int(resumed.state.epoch) == 4
+    jax.tree.map(np.testing.assert_array_equal, resumed.state.params, straight.state.params)
+
+
+@pytest.mark.parametrize("through", ["arrays", "ArrayLoader"])
+@pytest.mark.parametrize("labels", ["text", "objects"])
+def test_text_labels_are_named_by_the_first_batch_check_before_any_copy_to_the_device(tmp_path, through, labels):
+    x, y = _data()
+    names = np.where(y[:, 0] > 0, "high", "low")
+    bad = names if labels == "text" else names.astype(object)
+    data = (x, bad) if through == "arrays" else ArrayLoader(x, bad, batch_size=8)
+    dtype = "<U4" if labels == "text" else "object"
+    with pytest.raises(TypeError, match=rf"The leaf at \[1\] of the first batch of train_loader holds {dtype} values, "
+                                        rf"not numbers; convert it first \(class names to ints: np.unique"):
+        _trainer(tmp_path).train_model(data, None, num_epochs=1, batch_size=8 if through == "arrays" else None)
+
+
+class DictInputs(nn.Module):
+    @nn.compact
+    def __call__(self, inputs, train: bool = False):
+        return nn.Dense(1)(jnp.concatenate([inputs["a"], inputs["b"]], axis=-1))
+
+
+@pytest.mark.parametrize("form", ["labels as a list", "a list [x, y]", "validation labels as a list",
+                                  "dict inputs, Keras style"])
+def test_keras_style_containers_of_arrays_are_cut_by_batch_size(tmp_path, form):
+    """What Keras' fit takes: lists of numbers become arrays, a list [x, y] is a tuple, and a
+    nested pytree of arrays is cut into batches (never taken as "a loader of 2 batches")."""
+    x, y = _data()
+    xv, yv = _data(16, seed=1)
+    if form == "dict inputs, Keras style":
+        def make(name):
+            return RegressTrainer(model_class=DictInputs, model_hparams={}, optimizer_hparams={"lr": 1e-2},
+                                  exmp_input=({"a": x[:1, :2], "b": x[:1, 2:]},),
+                                  **quiet(tmp_path, logger_params={"log_dir": str(tmp_path / name)}))
+        given, same = make("given"), make("same")
+        given.train_model(({"a": x[:, :2], "b": x[:, 2:]}, y), ({"a": xv[:, :2], "b": xv[:, 2:]}, yv), num_epochs=2,
+                          batch_size=8)
+        same.train_model(ArrayLoader({"a": x[:, :2], "b": x[:, 2:]}, y, batch_size=8, shuffle=True, seed=42),
+                         ArrayLoader({"a": xv[:, :2], "b": xv[:, 2:]}, yv, batch_size=8), num_epochs=2)
+    else:
+        train, val = {"labels as a list": ((x, y.tolist()), (xv, yv)), "a list [x, y]": ([x, y], [xv, yv]),
+                      "validation labels as a list": ((x, y), (xv, yv.tolist()))}[form]
+        given, same = _trainer(tmp_path / "given"), _trainer(tmp_path / "same")
+        given.train_model(train, val, num_epochs=2, batch_size=8)
+        same.train_model((x, y), (xv, yv), num_epochs=2, batch_size=8)
+    assert given.global_step == 10 and [row["epoch"] for row in given.history] == [1, 2]
+    assert [row["val/loss"] for row in given.history] == [row["val/loss"] for row in same.history]
+    jax.tree.map(np.testing.assert_array_equal, given.state.params, same.state.params)
+
+
+def test_a_ragged_list_or_a_stray_value_in_the_arrays_is_named(tmp_path):
+    x, y = _data()
+    trainer = _trainer(tmp_path)
+    with pytest.raises(ValueError, match=r"training data\[1\] is a Python list that is not rectangular.*np.asarray"):
+        trainer.train_model((x, [[1.0]] * 39 + [[1.0, 2.0]]), None, num_epochs=1, batch_size=8)
+    with pytest.raises(ValueError, match=r"training data \(cut into batches of 8.*\[0\] \(40, 4\), \[1\] a str, not an "
+                                         r"array"):
+        trainer.train_model((x, "labels"), None, num_epochs=1, batch_size=8)
+
+
+@pytest.mark.parametrize("keyword, hint", [
+    ("validation_split", r"split the arrays yourself .* train_model\(\(x\[:n\], y\[:n\]\), \(x\[n:\], y\[n:\]\)"),
+    ("validation_data", r"pass the validation data as the second argument: train_model\(\(x, y\), \(x_val, y_val\)"),
+    ("epochs", "it is num_epochs=N"),
+    ("shuffle", r"training arrays are always shuffled, anew each epoch.*ArrayLoader\(x, y, batch_size=64, shuffle=False\)"),
+    ("num_epoch", "did you mean 'num_epochs'"),
+])
+def test_keras_keywords_say_what_to_pass_instead(tmp_path, keyword, hint):
+    x, y = _data()
+    with pytest.raises(TypeError, match=rf"train_model\(\) got an unexpected keyword argument '{keyword}': {hint}"):
+        _trainer(tmp_path).train_model((x, y), batch_size=8, **{keyword: 0.2})
+    assert not (tmp_path / "run" / "hparams.yaml").exists()  # refused before the run began

@@ -11,6 +11,7 @@ import csv
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -21,7 +22,7 @@ import jax
 import numpy as np
 import pytest
 import torch.utils.data
-from conftest import ClassifyTrainer, RegressTrainer, TinyMLP, linear_data, quiet
+from conftest import ClassifyTrainer, CrashAfterEpoch, RegressTrainer, TinyMLP, linear_data, quiet
 from sklearn.datasets import load_digits
 
 import flaxlight
@@ -128,6 +129,96 @@ def test_a_generator_is_consumed_across_epochs_with_prefetch_and_fused_steps(tmp
     assert losses[-1][2] < 0.5 * losses[0][2]
 
 
+
+class _KillAt(flaxlight.Callback):
+    """Sends SIGTERM to this process at ``step`` (the trainer saves a checkpoint and exits)."""
+
+    every_n_steps = 1
+
+    def __init__(self, step):
+        self.step = step
+
+    def on_step(self, trainer, step):
+        if step == self.step:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+class _OneSharedStream:
+    """A loader whose ``iter()`` hands out one generator, made once: a stream, as the generator."""
+
+    def __init__(self, stream):
+        self.stream = stream
+
+    def __iter__(self):
+        return self.stream
+
+
+def _stream_run(tmp_path, name, drawn, resume=False, callbacks=(), shared=False, **options):
+    """3 epochs of 6 batches from one deterministic stream of 18 (``drawn``: the batches it yields)."""
+    x, y = linear_data(32 * 18, 0)
+
+    def stream():
+        for i in range(18):
+            drawn.append(i)
+            yield x[32 * i:32 * (i + 1)], y[32 * i:32 * (i + 1)]
+
+    trainer = _regressor(tmp_path, name, enable_checkpointing=True, callbacks=list(callbacks), **options)
+    train = _OneSharedStream(stream()) if shared else stream()
+    trainer.train_model(train, [linear_data(64, 1)], num_epochs=3, steps_per_epoch=6, resume=resume)
+    return trainer
+
+
+@pytest.mark.parametrize("interrupt, options", [("sigterm", {}), ("sigterm", {"prefetch": 2}), ("crash", {}),
+                                                ("sigterm", {"shared": True})],
+                         ids=["sigterm-mid-epoch-2", "sigterm-with-prefetch", "crash-after-epoch-1", "shared-stream"])
+def test_a_resumed_stream_goes_on_after_every_batch_the_run_trained_on(tmp_path, interrupt, options):
+    """A generator is not restarted between epochs, so its place is the run's batch count, not the
+    epoch's: a resumed run passes over all the batches trained on (earlier epochs included) and
+    ends bitwise equal to the uninterrupted run, each stream batch trained on once."""
+    reference = _stream_run(tmp_path, "ref", [], **options)
+    if interrupt == "sigterm":
+        with pytest.raises(SystemExit):
+            _stream_run(tmp_path, "run", [], callbacks=[_KillAt(9)], **options)  # epoch 2, after its batch 3
+        trained = 9
+    else:
+        with pytest.raises(RuntimeError, match="crash"):
+            _stream_run(tmp_path, "run", [], callbacks=[CrashAfterEpoch(1)], **options)
+        trained = 6
+    drawn = []
+    with pytest.warns(RuntimeWarning, match=f"a stream .* passes over its first {trained} batches"):
+        resumed = _stream_run(tmp_path, "run", drawn, resume=True, **options)
+    assert drawn == list(range(18)) and resumed.global_step == 18
+    jax.tree.map(np.testing.assert_array_equal, resumed.state.params, reference.state.params)
+
+
+class _SharedStream:
+    """A loader whose ``__iter__`` hands out one generator, made once: it runs dry after one pass."""
+
+    def __init__(self, batches):
+        self.stream = (batch for batch in batches)
+
+    def __len__(self):
+        return 2
+
+    def __iter__(self):
+        return self.stream
+
+
+def test_a_loader_handing_out_one_shared_iterator_is_explained_when_it_runs_dry(tmp_path):
+    x, y = linear_data(64, 0)
+    batches = [(x[i:i + 16], y[i:i + 16]) for i in range(0, 64, 16)]
+    shared = r"yielded no batches this time, though it yielded some at an earlier pass: its __iter__ hands out one " \
+             r"shared iterator .* return a new generator each time"
+    with pytest.raises(ValueError, match=r"The evaluation loader \(val/\) " + shared):
+        _small_regressor(tmp_path, x).train_model(batches, _SharedStream(batches[:2]), num_epochs=2)
+    trainer = _small_regressor(tmp_path, x, logger_params={"log_dir": str(tmp_path / "train")})
+    with pytest.raises(ValueError, match="train_loader " + shared):
+        trainer.train_model(_SharedStream(batches[:2]), None, num_epochs=2)
+    assert trainer.global_step == 2  # the first epoch trained
+    with pytest.raises(ValueError, match="check the dataset size"):  # never yielded a batch: empty
+        _small_regressor(tmp_path, x, logger_params={"log_dir": str(tmp_path / "empty")}).eval_model(_SharedStream([]))
+
+
 # ---------------------------------------------------------------------------------- torch
 class PairDataset(torch.utils.data.Dataset):
     """Items (x[i], y[i]) as numpy arrays: a map-style torch Dataset, also a grain data source."""
@@ -174,6 +265,41 @@ def test_torch_distributed_sampler_is_told_the_epoch(tmp_path):
     train = torch.utils.data.DataLoader(dataset, batch_size=BATCH, sampler=sampler, collate_fn=numpy_collate)
     _classifier(tmp_path).train_model(train, None, num_epochs=2)
     assert sampler.epoch == 2  # a new order every epoch, a pure function of (seed, epoch): resumable
+
+
+
+class EpochBatchSampler(torch.utils.data.Sampler):
+    """Batches of indices in an order drawn from the epoch it is told (bucketing samplers work so)."""
+
+    def __init__(self, n, size):
+        self.n, self.size, self.epochs = n, size, []
+
+    def set_epoch(self, epoch):
+        self.epochs.append(epoch)
+
+    def __len__(self):
+        return math.ceil(self.n / self.size)
+
+    def __iter__(self):
+        order = np.random.default_rng(self.epochs[-1] if self.epochs else 0).permutation(self.n)
+        return iter([order[i:i + self.size].tolist() for i in range(0, self.n, self.size)])
+
+
+def test_torch_batch_sampler_is_told_the_epoch_once_per_epoch(tmp_path):
+    """As Lightning does: set_epoch reaches a DataLoader's batch_sampler (and its sampler, and the
+    batch sampler's sampler), each object once."""
+    x, y, _, _ = _digits()
+    batch_sampler = EpochBatchSampler(len(x), BATCH)
+    train = torch.utils.data.DataLoader(PairDataset(x, y), batch_sampler=batch_sampler, collate_fn=numpy_collate)
+    firsts = []
+
+    class FirstBatch(flaxlight.Callback):
+        def on_train_epoch_start(self, trainer, epoch):
+            firsts.append(next(iter(trainer.train_loader))[1][:8].tolist())
+
+    _classifier(tmp_path, callbacks=[FirstBatch()]).train_model(train, None, num_epochs=3)
+    assert batch_sampler.epochs == [1, 2, 3]
+    assert len({tuple(first) for first in firsts}) == 3  # a new order every epoch
 
 
 # ---------------------------------------------------------------------------------- grain

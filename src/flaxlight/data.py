@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import base64
 import collections.abc
+import difflib
 import functools
+import inspect
 import itertools
 import queue
 import threading
@@ -18,7 +20,8 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 import jax
 import numpy as np
 
-__all__ = ["FirstBatches", "ArrayLoader", "DeviceEpoch", "Prefetcher", "as_loader", "check_batch", "fit_loaders", "group_batches", "take_batches"]
+__all__ = ["FirstBatches", "ArrayLoader", "DeviceEpoch", "Prefetcher", "as_loader", "check_batch", "fit_loaders", "group_batches", "take_batches",
+           "is_stream", "lists_as_arrays", "explains_unknown_keywords"]
 
 DEVICE_EPOCH_MAX_BYTES = 1 << 30
 
@@ -27,11 +30,72 @@ def _leading_dim(tree) -> int:
     return int(jax.tree.leaves(tree)[0].shape[0])
 
 
+def _is_array(value: Any) -> bool:
+    return isinstance(value, (np.ndarray, jax.Array))
+
+
+def _is_numeric(leaf: Any) -> bool:
+    """Whether JAX can hold ``leaf``'s values (numbers or booleans, not text or objects)."""
+    try:
+        dtype = leaf.dtype if hasattr(leaf, "dtype") else np.asarray(leaf).dtype
+        return bool(jax.numpy.issubdtype(dtype, jax.numpy.number) or jax.numpy.issubdtype(dtype, np.bool_))
+    except TypeError:  # another library's dtype (a torch tensor): numpy takes its batches
+        return False
+
+
+def _holds_values(value: Any) -> bool:
+    """Whether ``value`` is a (nested) Python list of values (numbers, strings), as ``y.tolist()``
+    makes, rather than a list of arrays or batches: its first item's first item ... is a scalar."""
+    if not isinstance(value, list) or not value:
+        return False
+    while isinstance(value, list) and value:
+        value = value[0]
+    return not isinstance(value, (list, tuple, Mapping)) and not _is_array(value)
+
+
+def _shapes_of(leaves: list, shown: int = 8) -> str:
+    """``[0] (10, 3), [1] (4,)`` for a pytree's ``(path, leaf)`` pairs, the first ``shown`` of them
+    (a leaf without a dimension: ``[1] a str, not an array``)."""
+    def one(path, leaf) -> str:
+        shape = tuple(np.shape(leaf)) if np.ndim(leaf) else f"a {type(leaf).__name__}, not an array"
+        return f"{jax.tree_util.keystr(path)} {shape}".strip()
+
+    text = ", ".join(one(path, leaf) for path, leaf in leaves[:shown])
+    return text + (f" ... ({len(leaves)} arrays in all)" if len(leaves) > shown else "")
+
+
+def lists_as_arrays(data: Any, what: str = "data") -> Any:
+    """``data`` with each Python list of numbers (or strings) in it made a numpy array, as Keras
+    takes ``y.tolist()``; a list of arrays or of batches is left as it is. ``what`` names the data
+    in the error for a list that is not rectangular.
+
+    Examples:
+        >>> x, y = lists_as_arrays((np.zeros((3, 2)), [0, 1, 2]))
+        >>> y
+        array([0, 1, 2])
+    """
+    if not any(isinstance(leaf, list) for leaf in jax.tree.leaves(data, is_leaf=_holds_values)):
+        return data  # nothing to convert: the same object back
+
+    def convert(path, leaf):
+        if not isinstance(leaf, list):
+            return leaf
+        try:
+            return np.asarray(leaf)
+        except ValueError as exc:  # ragged: numpy says "inhomogeneous shape"
+            where = jax.tree_util.keystr(path) or ""
+            raise ValueError(f"{what}{where} is a Python list that is not rectangular, so it makes no array "
+                             f"({exc}). Pass arrays, e.g. np.asarray(...) of equal-length rows.") from None
+
+    return jax.tree_util.tree_map_with_path(convert, data, is_leaf=_holds_values)
+
+
 class ArrayLoader:
     """Batches of in-memory arrays; the order is a pure function of ``(seed, epoch)``.
 
     ``ArrayLoader(x, y, batch_size=64, shuffle=True, seed=0)`` yields ``(x_batch, y_batch)``
-    tuples (a single array yields arrays; a dict yields dicts). The trainer calls
+    tuples (a single array yields arrays; a dict yields dicts; Python lists of numbers, as
+    ``y.tolist()``, are made arrays with ``np.asarray``). The trainer calls
     :meth:`set_epoch` before each epoch, so a run that is stopped and resumed sees exactly the
     same batches. ``len()`` is the number of batches per epoch.
 
@@ -87,11 +151,12 @@ class ArrayLoader:
 
     @data.setter
     def data(self, data: Any) -> None:
-        leaves = jax.tree.leaves(data)
-        sizes = {tuple(np.shape(leaf))[:1] for leaf in leaves}
+        data = lists_as_arrays(data, "ArrayLoader's data")
+        leaves = jax.tree_util.tree_leaves_with_path(data)
+        sizes = {tuple(np.shape(leaf))[:1] for _, leaf in leaves}
         if len(sizes) != 1 or () in sizes:
-            shapes = [tuple(np.shape(leaf)) for leaf in leaves]
-            raise ValueError(f"ArrayLoader arrays must share a leading dimension; got shapes {shapes}.")
+            raise ValueError(f"ArrayLoader arrays must share a leading dimension (one row per example); got "
+                             f"{_shapes_of(leaves)}.")
         if hasattr(self, "_data") and jax.tree.structure(data) != jax.tree.structure(self._data):
             raise ValueError(f"ArrayLoader.data: the new arrays are a {jax.tree.structure(data)}, the loader's a "
                              f"{jax.tree.structure(self._data)}; give the same structure (e.g. (x, y)).")
@@ -113,6 +178,8 @@ class ArrayLoader:
         """Whether the trainer may move whole epochs to the device (see ``on_device``)."""
         if self.on_device is False or self.num_shards > 1 or type(self).__iter__ is not ArrayLoader.__iter__ \
                 or type(self).take is not ArrayLoader.take:  # a subclass's batches come from its own code
+            return False
+        if not all(_is_numeric(leaf) for leaf in jax.tree.leaves(self.data)):  # text: the first batch's check names it
             return False
         return bool(self.on_device) or self.nbytes <= DEVICE_EPOCH_MAX_BYTES
 
@@ -351,14 +418,41 @@ def is_iterator(loader: Any) -> bool:
     return isinstance(loader, collections.abc.Iterator)
 
 
-def no_batches_error(name: str, loader: Any) -> ValueError:
+def is_stream(loader: Any) -> bool:
+    """Whether ``loader`` is one pass that goes on across epochs, not restarted at each ``iter()``:
+    an iterator (a generator), or a loader whose ``iter()`` hands out one shared iterator (asked by
+    calling ``iter`` twice; torch's and grain's loaders, whose ``iter`` starts workers, are not
+    asked: they start a new pass each time).
+
+    Examples:
+        >>> is_stream(iter([1, 2])), is_stream([1, 2])
+        (True, False)
+    """
+    if is_iterator(loader):
+        return True
+    if type(loader).__module__.split(".")[0] in ("torch", "grain"):
+        return False
+    try:
+        return iter(loader) is iter(loader)
+    except TypeError:  # not iterable: not a stream (the loop says what is wrong with it)
+        return False
+
+
+def no_batches_error(name: str, loader: Any, served_before: bool = False) -> ValueError:
     """The error for a loader that yielded no batch: an iterator (a generator) that ran dry after
-    its one pass, or an empty dataset.
+    its one pass, a loader that yielded batches at an earlier pass (``served_before``) but whose
+    ``iter()`` hands out one shared iterator, or an empty dataset.
 
     Examples:
         >>> str(no_batches_error("train_loader", iter([])))[:60]
         'train_loader yielded no batches: it is an iterator (a genera'
     """
+    if served_before and not is_iterator(loader):
+        return ValueError(f"{name} yielded no batches this time, though it yielded some at an earlier pass: its "
+                          f"__iter__ hands out one shared iterator (a generator made once, or `return self`), which "
+                          f"runs dry after one pass. Make __iter__ start a new pass at each call: write it with "
+                          f"`yield`, or return a new generator each time (`return make_batches()`); or give a list "
+                          f"of batches or an ArrayLoader.")
     if is_iterator(loader):
         return ValueError(f"{name} yielded no batches: it is an iterator (a generator?), which runs dry after one "
                           f"pass. Give something that starts a new pass at each iter(): a list, an ArrayLoader, "
@@ -538,33 +632,57 @@ class Prefetcher:
         self._thread.join(timeout=5)
 
 
-def _is_arrays(data: Any) -> bool:
-    """An array, or a non-empty tuple / dict of arrays (not a loader or a list of batches)."""
-    return isinstance(data, (np.ndarray, jax.Array)) or bool(
-        isinstance(data, (tuple, dict)) and data and all(
-            isinstance(v, (np.ndarray, jax.Array)) and np.ndim(v) >= 1
-            for v in (data.values() if isinstance(data, dict) else data)))
+def _as_arrays(data: Any, split: bool, what: str = "data") -> Any:
+    """``data`` as the arrays to cut into batches, or None when it is a loader (or a list of batches).
+
+    Arrays are an array, or a tuple / dict of arrays (lists of numbers, as ``y.tolist()``, made
+    arrays). With ``split`` (a ``batch_size`` was given) also a nested tuple / dict pytree of them
+    (Keras' ``({"a": xa, "b": xb}, y)``) and a list that holds arrays (``[x, y]``, as a tuple); a
+    list of batches (tuples or dicts) stays a loader."""
+    if _is_array(data):
+        return data
+    if split and _holds_values(data):  # one array as a Python list
+        return lists_as_arrays(data, what)
+    if split and isinstance(data, list) and any(_is_array(v) or _holds_values(v) for v in data):
+        data = tuple(data)
+    if not isinstance(data, (tuple, dict)) or not data:
+        return None
+    parts = data.values() if isinstance(data, dict) else data
+    if not split and not all((_is_array(v) and np.ndim(v) >= 1) or _holds_values(v) for v in parts):
+        return None
+    return lists_as_arrays(data, what)
+
+
+def _array_loader(arrays: Any, batch_size: int, what: str, shuffle: bool, seed: int) -> ArrayLoader:
+    parts = arrays if isinstance(arrays, tuple) else (arrays,)
+    try:
+        return ArrayLoader(*parts, batch_size=batch_size, shuffle=shuffle, seed=seed)
+    except ValueError as exc:  # said for the argument the user gave, not for an ArrayLoader they never made
+        raise ValueError(f"{what} (cut into batches of {batch_size} by an ArrayLoader): {exc}") from None
 
 
 def as_loader(data: Any, batch_size: int | None = None, *, what: str = "data", shuffle: bool = False,
               seed: int = 0) -> Any:
-    """``data`` as something to iterate batches from: an array, a tuple of arrays or a dict of
-    arrays becomes an :class:`ArrayLoader` of ``batch_size``; anything else (a loader, a list
-    of batches) is returned as it is. ``what`` names the argument in errors.
+    """``data`` as something to iterate batches from: an array, a tuple or dict of arrays (with
+    ``batch_size`` also a nested one, or a list ``[x, y]``; lists of numbers become arrays)
+    becomes an :class:`ArrayLoader` of ``batch_size``; anything else (a loader, a list of
+    batches) is returned as it is. ``what`` names the argument in errors.
 
     Examples:
         >>> len(as_loader((np.zeros((10, 3)), np.zeros(10)), batch_size=4))
         3
+        >>> next(iter(as_loader(({"a": np.zeros((10, 3))}, list(range(10))), batch_size=4)))[1]
+        array([0, 1, 2, 3])
     """
-    if not _is_arrays(data):
+    arrays = _as_arrays(data, batch_size is not None, what)
+    if arrays is None:
         if batch_size is not None:
             raise ValueError(f"batch_size is for arrays; {what} is a {type(data).__name__} (a loader: its batches "
                              f"are used as they are). Drop batch_size, or pass arrays.")
         return data
     if batch_size is None:
         raise ValueError(f"{what} is arrays: pass batch_size=... to split them into batches.")
-    parts = data if isinstance(data, tuple) else (data,)
-    return ArrayLoader(*parts, batch_size=batch_size, shuffle=shuffle, seed=seed)
+    return _array_loader(arrays, batch_size, what, shuffle, seed)
 
 
 def fit_loaders(train: Any, val: Any, test: Any, batch_size: int | None, *, seed: int) -> tuple[Any, Any, Any]:
@@ -578,14 +696,66 @@ def fit_loaders(train: Any, val: Any, test: Any, batch_size: int | None, *, seed
         >>> (len(train), train.shuffle, val)
         (3, True, None)
     """
-    def convert(data: Any, what: str, shuffle: bool) -> Any:
-        if not _is_arrays(data):
-            return data  # a loader (or None): its batches are used as they are
-        return as_loader(data, batch_size, what=what, shuffle=shuffle, seed=seed)
-
-    if batch_size is not None and not any(_is_arrays(d) for d in (train, val, test)):
+    given = {"training": (train, True), "validation": (val, False), "test": (test, False)}
+    arrays = {name: _as_arrays(data, batch_size is not None, f"train_model's {name} data")
+              for name, (data, _) in given.items()}
+    if batch_size is not None and all(a is None for a in arrays.values()):
         raise ValueError("train_model(batch_size=...) is for arrays; the data given are loaders, whose batches are "
                          "used as they are. Drop batch_size, or pass arrays, e.g. train_model((x, y), (xv, yv), "
                          "batch_size=64).")
-    return (convert(train, "train_model's training data", True), convert(val, "train_model's validation data", False),
-            convert(test, "train_model's test data", False))
+    loaders = []
+    for name, (data, shuffle) in given.items():
+        if arrays[name] is None:
+            loaders.append(data)  # a loader (or None): its batches are used as they are
+        elif batch_size is None:
+            raise ValueError(f"train_model's {name} data is arrays: pass batch_size=... to split them into batches.")
+        else:
+            loaders.append(_array_loader(arrays[name], batch_size, f"train_model's {name} data", shuffle, seed))
+    return loaders[0], loaders[1], loaders[2]
+
+
+# Keras' fit() keywords that train_model does not take, and what to do instead.
+KERAS_KEYWORDS = {
+    "validation_data": "pass the validation data as the second argument: train_model((x, y), (x_val, y_val), "
+                       "batch_size=64)",
+    "validation_split": "split the arrays yourself and pass the held-out part as the second argument, e.g. "
+                        "n = int(0.8 * len(x)); train_model((x[:n], y[:n]), (x[n:], y[n:]), batch_size=64) (shuffle "
+                        "them first when the examples are in some order)",
+    "epochs": "it is num_epochs=N",
+    "shuffle": "training arrays are always shuffled, anew each epoch, by the trainer's seed; for a fixed order pass "
+               "flaxlight.ArrayLoader(x, y, batch_size=64, shuffle=False) as the training data",
+    "x": "pass the arrays as one argument: train_model((x, y), (x_val, y_val), batch_size=64)",
+    "y": "pass the arrays as one argument: train_model((x, y), (x_val, y_val), batch_size=64)",
+    "verbose": "progress bars are the trainer's: MyTrainer(..., enable_progress_bar=False)",
+    "callbacks": "callbacks are the trainer's: MyTrainer(..., callbacks=[...])",
+    "validation_freq": "it is the trainer's check_val_every_n_epoch=N",
+}
+
+
+def explains_unknown_keywords(method: Callable) -> Callable:
+    """Wrap ``train_model`` so that a keyword it does not take fails with what to do instead
+    (Keras' ``validation_split``, ``epochs``, ...) or the closest name it takes, not a bare
+    ``TypeError``.
+
+    Examples:
+        >>> @explains_unknown_keywords
+        ... def fit(self, data, num_epochs=1): ...
+        >>> fit(None, [], epochs=3)
+        Traceback (most recent call last):
+        TypeError: fit() got an unexpected keyword argument 'epochs': it is num_epochs=N.
+    """
+    names = set(inspect.signature(method).parameters)
+
+    @functools.wraps(method)
+    def checked(self, *args: Any, **kwargs: Any) -> Any:
+        unknown = [name for name in kwargs if name not in names]
+        if unknown:
+            name = unknown[0]
+            close = difflib.get_close_matches(name, sorted(names - {"self"}), n=1)
+            hint = KERAS_KEYWORDS.get(name) or (f"did you mean {close[0]!r}?" if close else
+                                                f"it takes {', '.join(sorted(names - {'self'}))}.")
+            raise TypeError(f"{method.__name__}() got an unexpected keyword argument {name!r}: "
+                            f"{hint}{'' if hint.endswith(('.', '?')) else '.'}")
+        return method(self, *args, **kwargs)
+
+    return checked

@@ -37,6 +37,7 @@ import statistics
 import threading
 import time
 import warnings
+import weakref
 from typing import Any, Callable, Iterable, Mapping
 
 import jax
@@ -46,8 +47,8 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from flaxlight import distributed as dist
 from flaxlight.messages import logger as messages
-from flaxlight.data import (ArrayLoader, DeviceEpoch, Prefetcher, group_batches, is_iterator, no_batches_error,
-                            positioned_iterator, same_shapes, take_batches)
+from flaxlight.data import (ArrayLoader, DeviceEpoch, FirstBatches, Prefetcher, group_batches, is_iterator, is_stream,
+                            no_batches_error, positioned_iterator, same_shapes, take_batches)
 from flaxlight.lean import LeanLoop, strip_idle_fields
 from flaxlight.metrics import (accumulate, batch_size, deliberate_reads, fresh_zeros, init_accumulator, step_finite,
                                tree_finite, with_saved_objects, device_copy as device_copy_of)
@@ -195,6 +196,7 @@ class Engine:
         self.eval_metric_names: tuple[str, ...] | None = None  # what they return, known once traced
         self._epoch_ahead: DeviceEpoch | None = None
         self._position: Callable[[], Any] | None = None
+        self._served: weakref.WeakSet = weakref.WeakSet()  # loaders that yielded batches (see served_before)
         self.train_step = self._jit(train_step, donate_argnums=0)
         self.eval_step = self._jit(eval_step)
         self._jit_loop()
@@ -284,11 +286,15 @@ class Engine:
         MLP). Measured in benchmarks/RESULTS.md, session 7."""
         return self.block_length > 1 and jax.default_backend() == "cpu"
 
-    def feed(self, loader: Iterable, start: int, stop: int | None, step: int, position: Any = None) -> Feed:
+    def feed(self, loader: Iterable, start: int, stop: int | None, step: int, position: Any = None,
+             skip: int = 0) -> Feed:
         """Batches ``start`` to ``stop`` of ``loader``'s current epoch as the loop consumes them
         (``step``: the global step before the first, so fused blocks end at its multiples).
         ``position``: where a loader that saves its own position was at batch ``start`` (it then
-        continues from there instead of skipping ``start`` batches); see :meth:`loader_position`."""
+        continues from there instead of skipping ``start`` batches); see :meth:`loader_position`.
+        ``skip``: for a stream (see :func:`flaxlight.data.is_stream`: not restarted between epochs)
+        given again after a resume, the batches the run's earlier epochs took from it, passed over
+        first."""
         if self.serves_device_epochs(loader):
             epoch, self._epoch_ahead = self._epoch_ahead, None
             if epoch is None or not epoch.serves(loader, stop):
@@ -297,6 +303,8 @@ class Engine:
         iterator, reader = positioned_iterator(loader, position)
         if position is not None:
             start, stop = 0, None if stop is None else stop - start
+        elif skip and is_stream(loader):
+            start, stop = start + skip, None if stop is None else stop + skip
         # The position read at an event is that of the batches trained on when they are pulled
         # one at a time (no background loading ahead, no blocks).
         self._position = reader if self.block_length == 1 and not self.prefetch else None
@@ -309,23 +317,43 @@ class Engine:
             items = map(self._to_device, items)
         return Feed(items, "batches", _first_of, prefetcher)
 
+    def note_served(self, loader: Any) -> None:
+        """Remember that ``loader`` yielded batches (see :meth:`served_before`)."""
+        loader = loader.loader if isinstance(loader, FirstBatches) else loader
+        try:
+            self._served.add(loader)
+        except TypeError:  # a list or a tuple: it cannot run dry (no weak reference to keep)
+            pass
+
+    def served_before(self, loader: Any) -> bool:
+        """Whether ``loader`` yielded batches at an earlier pass (a loader that now yields none
+        hands out one shared iterator: see :func:`flaxlight.data.no_batches_error`)."""
+        loader = loader.loader if isinstance(loader, FirstBatches) else loader
+        try:
+            return loader in self._served
+        except TypeError:
+            return False
+
     def loader_position(self) -> Any:
         """Where the loader being trained on is, as JSON data (None when it cannot say)."""
         return self._position() if self._position is not None else None
 
     def train(self, loader: Iterable, span: Span, *, stop: int | None, schedule, on_event: Callable[[Span, int], bool],
-              start_sums: Callable[[Any], dict], more_epochs: Callable[[], bool], position: Any = None) -> None:
-        """Train on ``loader``'s batches ``span.batches`` to ``stop`` (see :meth:`run`).
+              start_sums: Callable[[Any], dict], more_epochs: Callable[[], bool], position: Any = None,
+              skip: int = 0) -> None:
+        """Train on ``loader``'s batches ``span.batches`` to ``stop`` (see :meth:`run`; ``position``
+        and ``skip``: see :meth:`feed`).
 
         ``start_sums(first batch)`` gives the epoch's zeroed sums when ``span.acc`` is None (a
         fresh epoch); when ``more_epochs()`` after the span, the next epoch's device data are
         gathered before this epoch's end waits for its last steps.
         """
         self._start_eval_compile()
-        feed = self.feed(loader, span.batches, stop, span.step, position)
+        feed = self.feed(loader, span.batches, stop, span.step, position, skip)
         try:
             if feed.empty:
                 return
+            self.note_served(loader)
             if span.acc is None:
                 span.acc = start_sums(feed.first_batch)
             elif "saved_objects" in span.acc:  # resumed mid-epoch: metric objects back in their classes
@@ -492,6 +520,8 @@ class Engine:
                 batch = dist.to_global_batch(batch, self.mesh)
             acc = self._evaluate(state, acc, batch)
             after_batch()
+        if acc is not None:
+            self.note_served(batches)
         return acc
 
     def close(self) -> None:
@@ -704,8 +734,5 @@ def _example_batches(loader, peek: bool = False) -> list | None:
 
 def _starts_new_passes(loader) -> bool:
     """Whether each ``iter(loader)`` starts a new pass, so a batch read ahead is not lost to the
-    validation: torch's and grain's loaders do (their ``iter`` starts workers: not asked); another
-    loader does when two ``iter()`` calls give two iterators (not one shared stream)."""
-    if type(loader).__module__.split(".")[0] in ("torch", "grain"):
-        return True
-    return iter(loader) is not iter(loader)
+    validation (not a stream: see :func:`flaxlight.data.is_stream`)."""
+    return not is_stream(loader)

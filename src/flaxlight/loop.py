@@ -123,11 +123,33 @@ class LoopState:
     cut: bool = False  # the epoch ended before its last batch (max_steps, stop()): a resume continues it
     owed_events: list = dataclasses.field(default_factory=list)  # this step's events not run yet ("log", "val", "callbacks")
     owed_steps: int = 1  # the updates those events cover (a fused block's)
+    epochs_before: int = 0  # the model's training epochs before this run: the data order goes on from them
+    resumed_epoch_length: int | None = None  # after a resume: the batches per epoch of the run resumed
+
+    @classmethod
+    def fresh(cls, state: Any) -> "LoopState":
+        """A new run's loop for the model in ``state`` (a ``TrainState``): its data epochs go on
+        from the epochs the model has trained (``state.epoch``)."""
+        epochs = getattr(state, "epoch", None)
+        return cls(epochs_before=0 if epochs is None else int(to_host(epochs)))
+
+    @property
+    def model_epoch(self) -> int:
+        """The epoch counted over the model's training (this run's ``epoch`` after the epochs it
+        trained in earlier ``train_model`` calls): what ``set_epoch`` gets, so a second call on the
+        same trainer goes on to new orders instead of replaying the first call's."""
+        return self.epochs_before + self.epoch
 
     def take_loader_position(self) -> Any:
         """The resumed loader position, once (the epoch after it starts from the beginning)."""
         position, self.loader_position = self.loader_position, None
         return position
+
+    def take_stream_skip(self) -> int:
+        """After a resume, once: the batches the run's epochs before this one took (a stream, which
+        is not restarted between epochs, passes over them; see ``Engine.feed``); else 0."""
+        length, self.resumed_epoch_length = self.resumed_epoch_length, None
+        return (self.epoch - 1) * (length or 0)
 
     def start_epoch(self) -> None:
         """A fresh epoch (not the rest of one interrupted mid-way)."""

@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from flaxlight.checkpoint import Checkpointer, DamagedCheckpointError
+from flaxlight.data import is_stream
 from flaxlight.loop import LoopState
 from flaxlight.messages import logger as messages
 from flaxlight.metrics import Totals, to_host
@@ -61,6 +62,8 @@ class CheckpointMeta:
         callbacks: each stateful callback's ``state_dict()``, by :func:`named_callbacks` name.
         owed_events, owed_steps: the events of ``step`` an interrupt came before (``"log"``,
             ``"val"``, ``"callbacks"``) and the updates they cover: a resume runs them first.
+        epochs_before: the model's training epochs before the run (earlier ``train_model`` calls):
+            the loader's ``set_epoch`` gets them plus the run's epoch.
     """
 
     step: int
@@ -82,6 +85,7 @@ class CheckpointMeta:
     schedule_steps: int | None = None
     block_length: int | None = None
     nonfinite: list = dataclasses.field(default_factory=lambda: [0, 0])
+    epochs_before: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return _jsonable(dataclasses.asdict(self))  # a metric object's array result as nested lists
@@ -95,7 +99,7 @@ class CheckpointMeta:
                    batch_index=loop.batch_index, train_metrics=loop.train_metrics,
                    validated=loop.validated and not loop.cut, train_sums=sums_to_json(loop.acc),
                    running_log=loop.running_log.state_dict(), owed_events=list(loop.owed_events),
-                   owed_steps=loop.owed_steps,
+                   owed_steps=loop.owed_steps, epochs_before=loop.epochs_before,
                    callbacks={name: encode_state(cb.state_dict(), f"{type(cb).__name__}.state_dict()")
                               for name, cb in named_callbacks(callbacks)}, **run)
 
@@ -104,7 +108,8 @@ class CheckpointMeta:
         loop = LoopState(epoch=self.epoch, phase=self.phase, batch_index=self.batch_index, validated=self.validated,
                          acc=sums_from_json(self.train_sums), train_metrics=dict(self.train_metrics),
                          loader_position=self.loader_position if self.phase == "train" else None,
-                         owed_events=list(self.owed_events), owed_steps=self.owed_steps)
+                         owed_events=list(self.owed_events), owed_steps=self.owed_steps,
+                         epochs_before=self.epochs_before, resumed_epoch_length=self.steps_per_epoch)
         loop.running_log.load_state_dict(self.running_log)
         if loop.phase == "epoch_end":
             loop.epoch, loop.batch_index, loop.validated = loop.epoch + 1, 0, False
@@ -191,17 +196,29 @@ def restore_run(own: Checkpointer, resume_from: str | os.PathLike | None, state:
             for newer in [s for s in checkpointer.all_steps() if s > step]:
                 checkpointer.delete(newer)  # unreadable: it would block re-saving that step
     meta = CheckpointMeta.from_json(meta)
+    position = meta.loop_state()
     if epoch_setter(train_loader) is None and meta.loader_position is None:
-        warnings.warn("Resuming with a train_loader that has no set_epoch(epoch) method: the run continues exactly "
+        warnings.warn(_stream_resume_message(step, position, meta.steps_per_epoch) if is_stream(train_loader) else
+                      "Resuming with a train_loader that has no set_epoch(epoch) method: the run continues exactly "
                       "only if the loader's order does not depend on how often it was iterated before.",
                       RuntimeWarning, stacklevel=4)
-    position = meta.loop_state()
     messages.info("Resumed from checkpoint %d in %s (epoch %d, batch %d).", step, checkpointer.directory,
                   position.epoch, position.batch_index)
     if schedule_steps and meta.schedule_steps and schedule_steps != meta.schedule_steps:
         messages.info("The run's learning-rate schedule spanned %d steps and this run's spans %d: from step %d on, "
                       "the rates follow the new length.", meta.schedule_steps, schedule_steps, step)
     return state, meta, step
+
+
+def _stream_resume_message(step: int, position: LoopState, steps_per_epoch: int | None) -> str:
+    """What a resume does with a train_loader that is a stream (see :func:`flaxlight.data.is_stream`)."""
+    trained = (position.epoch - 1) * (steps_per_epoch or 0) + position.batch_index
+    return (f"Resuming with a train_loader that is a stream (an iterator such as a generator, or a loader whose iter() "
+            f"hands out one shared iterator), which cannot say where it was: the resumed run passes over its first "
+            f"{trained} batches (those the run trained on before checkpoint {step}, {steps_per_epoch or 0} per epoch) "
+            f"and trains on the next ones. It continues exactly only if this stream yields "
+            f"the same batches in the same order as the run's first one (e.g. a generator made again from the same "
+            f"seed and data).")
 
 
 def run_length(checkpointer: Checkpointer) -> tuple[int, int]:
@@ -377,14 +394,31 @@ def sums_from_json(sums: Mapping[str, Any] | None) -> dict | None:
 
 
 def epoch_setter(loader: Any) -> Callable[[int], None] | None:
-    """The ``set_epoch`` that orders ``loader``'s data: its own (flaxlight's ArrayLoader, yours)
-    or, for a torch ``DataLoader``, its sampler's (``DistributedSampler``)."""
-    for owner in (loader, getattr(loader, "sampler", None),
-                  getattr(getattr(loader, "batch_sampler", None), "sampler", None)):
-        set_epoch = getattr(owner, "set_epoch", None)
-        if callable(set_epoch):
-            return set_epoch
-    return None
+    """The ``set_epoch`` that orders ``loader``'s data, None when it has none: the loader's own
+    (flaxlight's ArrayLoader, yours) and, for a torch ``DataLoader``, as Lightning does, those of
+    its ``sampler`` (``DistributedSampler``), its ``batch_sampler`` (a bucketing batch sampler)
+    and the batch sampler's ``sampler``: each one that has ``set_epoch`` is told, once.
+
+    Examples:
+        >>> class Sampler:
+        ...     def set_epoch(self, epoch): print("epoch", epoch)
+        >>> class Loader:
+        ...     batch_sampler = Sampler()
+        >>> epoch_setter(Loader())(3)
+        epoch 3
+    """
+    batch_sampler = getattr(loader, "batch_sampler", None)
+    owners = {id(owner): owner for owner in (loader, getattr(loader, "sampler", None), batch_sampler,
+                                             getattr(batch_sampler, "sampler", None)) if owner is not None}
+    setters = [owner.set_epoch for owner in owners.values() if callable(getattr(owner, "set_epoch", None))]
+    if not setters:
+        return None
+
+    def set_epoch(epoch: int) -> None:
+        for setter in setters:
+            setter(epoch)
+
+    return set_epoch
 
 
 def set_loader_epoch(loader: Any, epoch: int) -> None:

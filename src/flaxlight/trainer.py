@@ -17,7 +17,7 @@ import jax
 from flaxlight import distributed as dist
 from flaxlight import optim, resume, runfiles
 from flaxlight.callbacks import Callback, FitResult, NaNGuard, one_best, start_fresh, with_default_callbacks
-from flaxlight.data import FirstBatches, as_input_list, as_loader, fit_loaders, no_batches_error
+from flaxlight.data import FirstBatches, as_input_list, as_loader, explains_unknown_keywords, fit_loaders, no_batches_error
 from flaxlight.engine import Engine, Span, check_step_pair
 from flaxlight.loggers import LoggerCollection
 from flaxlight.loop import (BatchLimits, EventSchedule, Interrupted, LoopState, NonfiniteTally, RunPlan, SignalGuard,
@@ -184,6 +184,7 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
                 self.options.sharding_rules)
 
     # ------------------------------------------------------------------ the loop
+    @explains_unknown_keywords
     def train_model(self, train_loader: Iterable, val_loader: Iterable | None, test_loader: Iterable | None = None,
                     num_epochs: int = 500, steps_per_epoch: int | None = None, resume: bool = False,
                     resume_from: str | os.PathLike | None = None, overwrite: bool = False,
@@ -245,7 +246,8 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
         dist.check_loader_divisible(train_loader, self.mesh)  # before the run's folder is claimed
         self.init_optimizer(plan.schedule_epochs, plan.schedule_steps_per_epoch)
         self._place_state()
-        self._loop, self._best_eval_metrics, self.should_stop, self.stop_reason = LoopState(), None, False, None
+        self._loop, self._best_eval_metrics = LoopState.fresh(self.state), None  # its data order goes on from state.epoch
+        self.should_stop, self.stop_reason = False, None
         start_fresh(self.callbacks, validates=val_loader is not None)  # a resume then restores the run's states
         return plan.num_epochs
 
@@ -254,13 +256,13 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
         loop = self._loop
         loop.epoch = epoch_idx
         if loop.phase != "val":  # "val": resumed after this epoch's training, before its validation
-            resume.set_loader_epoch(train_loader, epoch_idx)
+            resume.set_loader_epoch(train_loader, loop.model_epoch)  # epochs of earlier calls too
             self._call_callbacks("on_train_epoch_start", epoch_idx)
             if self._stopping() and loop.phase != "train":  # stop() before the epoch's first batch: no epoch
                 loop.epoch = epoch_idx - 1
                 return
             loop.train_metrics = self.train_epoch(train_loader)
-            self.state = self.state.replace(epoch=self.engine.device_scalar(epoch_idx))
+            self.state = self.state.replace(epoch=self.engine.device_scalar(loop.model_epoch))
             self._log({**loop.train_metrics, "epoch": epoch_idx})
             self.on_training_epoch_end(epoch_idx)
             self._call_callbacks("on_train_epoch_end", epoch_idx, loop.train_metrics)
@@ -315,11 +317,11 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
             self.engine.train(train_loader, span, stop=stop, schedule=self._schedule, on_event=self._on_event,
                               start_sums=self._start_epoch_sums,
                               more_epochs=lambda: not (loop.epoch == self.num_epochs or self._stopping()),
-                              position=loop.take_loader_position())
+                              position=loop.take_loader_position(), skip=loop.take_stream_skip())
         finally:
             self._take(span)
         if loop.acc is None:
-            raise no_batches_error("train_loader", train_loader)
+            raise no_batches_error("train_loader", train_loader, self.engine.served_before(train_loader))
         if not (self._stopping() or self._schedule.interrupt_signal is not None):
             warn_if_loader_ran_short(loop.batch_index, stop)
         self._log_running(loop.running_log.flush())
@@ -391,7 +393,8 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
         acc = self.engine.evaluate(self.state, data_loader, after_batch=self._schedule.raise_if_interrupted,
                                    on_first_batch=lambda batch: self._check_first_batch(batch, "the evaluation loader"))
         if acc is None:
-            raise no_batches_error(f"The evaluation loader ({log_prefix or 'eval'})", data_loader)
+            raise no_batches_error(f"The evaluation loader ({log_prefix or 'eval'})", data_loader,
+                                   self.engine.served_before(data_loader))
         return read_means(acc, prefix=log_prefix)
 
     def is_new_model_better(self, new_metrics: Mapping[str, float], old_metrics: Mapping[str, float] | None) -> bool:
