@@ -213,6 +213,19 @@ class Checkpointer:
     def latest_step(self) -> int | None:
         return max(self.all_steps(), default=None)
 
+    def when_written(self, step: int, fn: Callable[..., Any], *args: Any) -> None:
+        """Call ``fn(*args)`` once checkpoint ``step`` is on disk: on the background writer, behind
+        the save of ``step`` queued or being written (never, if a write before it fails); at once
+        when no save of ``step`` is on its way (none was asked for, or saves are not in the background).
+
+        Examples:
+            >>> ckpt.when_written(120, print, "checkpoint 120 is on disk")   # doctest: +SKIP
+        """
+        if self._background and self._steps is not None and int(step) in self._steps:
+            self._writer.submit(fn, *args, tag=("after", int(step)))
+        else:
+            fn(*args)
+
     def save(self, step: int, state, meta: dict[str, Any] | None = None,
              metrics: dict[str, float] | None = None) -> None:
         """Write ``state`` as checkpoint ``step`` (replacing a checkpoint of that step); returns

@@ -23,9 +23,10 @@ from flaxlight.loggers import LoggerCollection
 from flaxlight.loop import (BatchLimits, EventSchedule, Interrupted, LoopState, NonfiniteTally, RunPlan, SignalGuard,
                             epoch_stop, epoch_validation_due, safe_len, warn_if_loader_ran_short)
 from flaxlight.messages import logger as messages
-from flaxlight.metrics import batch_size, finite_now, read_means, to_host
+from flaxlight.metrics import batch_size, read_means, to_host
 from flaxlight.models import make_adapter
 from flaxlight.options import TrainerOptions, check_trainer_arguments
+from flaxlight.resume import ResumeTarget
 from flaxlight.state import TrainState
 from flaxlight.step import TrainStep, step_owner
 from flaxlight.verbs import TrainerVerbsMixin
@@ -94,7 +95,7 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
         self._loop, self._schedule, self._nonfinite = LoopState(), EventSchedule(), NonfiniteTally()
         self._best_eval_metrics, self._is_best, self._val_loader = None, False, None
         self._trained_here, self._wrote_here, self._run_lock, self._loaded = False, False, None, False
-        self._loaded_from = None  # load_from_checkpoint's run, when the trainer logs to another folder
+        self._loaded_from = self._unsaved = None  # load_from_checkpoint's run (logging elsewhere); a refused save
 
     def _set_up_run_files(self, logger_params: Mapping[str, Any] | None) -> None:
         """The run's folder and loggers (``init_logger``); none in ``fast_dev_run``."""
@@ -197,20 +198,24 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
         :func:`flaxlight.data.fit_loaders`).
 
         ``resume=True`` continues from the newest readable checkpoint in this run's log dir (a fresh start when
-        there is none); ``resume_from`` names a run dir, its ``checkpoints`` dir or one ``checkpoints/<step>`` dir.
-        A resumed run ends exactly as an uninterrupted one when the data order is a pure function of the epoch (see
-        :class:`ArrayLoader`; a loader of your own needs a ``set_epoch(epoch)`` method or an order that never
-        changes). SIGTERM/SIGINT make the loop finish the current step, save a checkpoint and exit. A ``log_dir``
-        holding another run is an error unless resumed or ``overwrite=True`` (replace it).
+        there is none); ``resume_from`` names a run dir, its ``checkpoints`` dir or one ``checkpoints/<step>`` dir
+        (another run's: continued as a copy in a new ``log_dir``; an older one of this run's: a rewind, see
+        :func:`flaxlight.resume.set_aside_branch`). A resumed run ends exactly as an uninterrupted one when the data
+        order is a pure function of the epoch (see :class:`ArrayLoader`; a loader of your own needs ``set_epoch``
+        or an order that never changes). SIGTERM/SIGINT make the loop finish the current step, save a checkpoint
+        and exit. A ``log_dir`` holding a run is an error unless that run is resumed or ``overwrite=True``.
         """
         train_loader, val_loader, test_loader = fit_loaders(train_loader, val_loader, test_loader, batch_size,
                                                             seed=self.seed)
         num_epochs = self._prepare_run(train_loader, val_loader, num_epochs, steps_per_epoch)
         self.engine.compile_eval_ahead(self.state, val_loader, check=self._val_batch_check())  # a bad one writes nothing
-        self._claim_run_folder(continuing=resume or resume_from is not None, overwrite=overwrite)
+        target = ResumeTarget.make(resume, resume_from, own=self.checkpointer, log_dir=self.log_dir, overwrite=overwrite)
+        if target.replaces:  # overwrite=True: the run in log_dir is replaced, one this trainer wrote too
+            self._trained_here, self._wrote_here, self._hparams_written = False, False, not dist.is_main_process()
+        self._claim_run_folder(continuing=target.continuing, overwrite=overwrite)
         try:  # from here on, the run's folder is locked: every exit releases it
-            if resume or resume_from is not None:
-                self._resume(resume_from, train_loader)
+            if target.resumes:
+                self._resume(target, train_loader)
             self.global_step = int(to_host(self.state.step))
             self._train_loader, self._val_loader = train_loader, val_loader
             self._write_hparams()
@@ -286,11 +291,11 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
         self.save_metrics(f"eval_epoch_{loop.epoch:03d}" if loop.phase != "train" else f"eval_step_{self.global_step}",
                           eval_metrics)
         self._is_best = bool(self.is_new_model_better(eval_metrics, self._best_eval_metrics))
-        if self._is_best:
-            self._best_eval_metrics = {**eval_metrics, **loop.train_metrics}
-            self.save_metrics("best_eval", eval_metrics)
+        self._best_eval_metrics = {**eval_metrics, **loop.train_metrics} if self._is_best else self._best_eval_metrics
         loop.validated = loop.phase == "val"  # an epoch's validation: a checkpoint from now on says it ran
         self._call_callbacks("on_validation_end", loop.epoch, eval_metrics)
+        if self._is_best:  # behind its checkpoint's write, when one is queued (never, if that write fails)
+            self.checkpointer.when_written(self.global_step, self.save_metrics, "best_eval", eval_metrics)
 
     def train_epoch(self, train_loader: Iterable) -> dict[str, float]:
         """One pass over ``train_loader``; returns ``train/...`` means and ``epoch_time``.
@@ -433,15 +438,14 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
 
     # ------------------------------------------------------------------ checkpoints and resume
     def save_model(self, step: int | None = None) -> None:
-        """Checkpoint everything needed to continue (state, loop position, callbacks, log
-        history) as step ``step`` (default: now). :class:`ModelCheckpoint` decides when; the
-        arrays are copied off the device before this returns and written in the background."""
+        """Checkpoint everything needed to continue (state, loop position, callbacks, log history) as step ``step``
+        (default: now). :class:`ModelCheckpoint` decides when; the arrays are copied off the device before this
+        returns and written in the background; a non-finite state is not saved (a warning says why)."""
         step = self.global_step if step is None else int(step)
-        nonfinite = 0 if self._nonfinite_guard() == "skip" else self._nonfinite.now(self._loop)
-        if nonfinite > 0 or not bool(finite_now(self.state.params)):  # one small device read per save
-            warnings.warn(f"Not saving checkpoint {step}: the loss or the parameters were NaN/Inf (in {nonfinite} "
-                          f"step(s)), so the model is damaged; the earlier checkpoints are kept.", RuntimeWarning,
-                          stacklevel=2)
+        self._unsaved = self._nonfinite.damage(self._loop, self.state.params, self._nonfinite_guard() == "skip")
+        if self._unsaved:  # an interrupt's message says it again
+            warnings.warn(f"Not saving checkpoint {step}: {self._unsaved}; the earlier checkpoints are kept.",
+                          RuntimeWarning, stacklevel=2)
             return
         self._write_hparams()
         self._log_running(self._loop.running_log.flush())  # the log history up to `step` is on disk first
@@ -462,13 +466,13 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
         step = resume.pick_checkpoint(self.checkpointer, "best") if step is None else step
         self.state = self.checkpointer.restore(self.state, step=step)
 
-    def _resume(self, resume_from, train_loader) -> None:
-        """Continue from a checkpoint (see :func:`flaxlight.resume.restore_run`): the state, the
-        loop's position, the best validation, the callbacks' states and the loggers' step."""
-        restored = resume.restore_run(self.checkpointer, resume_from, self.state, load=self._load_for_resume,
+    def _resume(self, target: ResumeTarget, train_loader) -> None:
+        """Continue from a checkpoint (:func:`flaxlight.resume.restore_run`): state, loop, best, callbacks, loggers."""
+        restored = resume.restore_run(self.checkpointer, target.resume_from, self.state, load=self._load_for_resume,
                                       train_loader=train_loader, schedule_steps=self._fitted_schedule_steps)
         if restored is not None:
             self.state, meta, step = restored
+            target.begin(meta, self.checkpointer, self.log_dir, self.steps_per_epoch, train_loader)  # checks, a rewind
             self._loop, self._best_eval_metrics = meta.loop_state(), meta.best_eval_metrics
             meta.restore_callbacks(self.callbacks)
             self.engine.adopt_block_length(meta.block_length)
@@ -487,7 +491,8 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
                     self.checkpointer.wait()
         finally:  # also when the save failed: callbacks told, files closed, the lock released
             self._end_failed_run(interrupt, "interrupted")
-        messages.info(interrupt.explain(self.global_step, self._loop.epoch, self.checkpointer.directory, self.log_dir))
+        messages.info(interrupt.explain(self.global_step, self._loop.epoch, self.checkpointer.directory, self.log_dir,
+                                        saved=self.checkpointer.all_steps(), unsaved=self._unsaved))
         raise SystemExit(128 + interrupt.signum)
 
     def _finish_files(self, status: str, best: dict | None = None) -> None:
