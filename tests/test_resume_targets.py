@@ -61,7 +61,7 @@ def test_resume_from_another_run_into_a_folder_holding_a_run_is_refused_and_writ
     b = _trainer(tmp_path / "b", lr=3e-2)
     b.train_model(*_loaders(), num_epochs=3)
     before = _files(tmp_path / "b")
-    refusal = (r"log_dir .*b already holds a run \(hparams.yaml, metrics.csv, checkpoints/\), and resume_from=.*a' is a "
+    refusal = (r"log_dir .*b already holds a run \(hparams.yaml, checkpoints/\), and resume_from=.*a' is a "
                r"checkpoint of another run .*Give a new log_dir to continue it as a copy .*pass overwrite=True to "
                r"replace the run in .*b, or use resume=True without resume_from")
     with pytest.raises(FileExistsError, match=refusal):  # a new trainer on that folder
@@ -77,6 +77,16 @@ def test_resume_from_another_run_into_a_folder_holding_a_run_is_refused_and_writ
     assert "lr: 0.03" in (tmp_path / "b" / "hparams.yaml").read_text()  # b's trainer's settings, no hparams.1.yaml
     assert not (tmp_path / "b" / "hparams.1.yaml").exists()
     assert _steps(tmp_path / "a" / "checkpoints") == [8, 16]
+
+
+def test_a_baseline_test_before_resuming_another_run_into_a_new_folder_is_not_taken_for_a_run(tmp_path):
+    _trainer(tmp_path / "a").train_model(*_loaders(), num_epochs=2)
+    trainer = _trainer(tmp_path / "c")
+    trainer.test(_loaders()[1], which="current")  # its records make the new folder its own
+    trainer.logger.flush()
+    assert (tmp_path / "c" / "metrics.csv").exists()
+    trainer.train_model(*_loaders(), num_epochs=3, resume_from=tmp_path / "a")
+    assert _steps(tmp_path / "c" / "checkpoints") == [24] and 0 in _csv_steps(tmp_path / "c")
 
 
 # ------------------------------------------------------------------------------------ rewinding a run

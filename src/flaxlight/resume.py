@@ -247,7 +247,9 @@ class ResumeTarget:
         resume_from = os.fspath(resume_from)
         if own is not None and os.path.realpath(source) == os.path.realpath(own.directory):
             return cls(resume_from, resumes=True, continuing=True, rewind_step=step_in_path(resume_from))
-        present = run_files_present(log_dir) if log_dir is not None and os.path.isdir(log_dir) else []
+        # A run: its hparams.yaml or checkpoints. Records alone (a baseline test of this trainer's) are the claim's.
+        present = [name for name in (run_files_present(log_dir) if log_dir is not None and os.path.isdir(log_dir)
+                                     else []) if name != "metrics.csv"]
         if present and not overwrite:
             raise FileExistsError(
                 f"log_dir {log_dir} already holds a run ({', '.join(present)}), and resume_from={resume_from!r} is "
