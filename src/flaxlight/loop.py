@@ -23,7 +23,7 @@ import warnings
 from typing import Any, Iterable, Mapping
 
 from flaxlight.data import is_iterator
-from flaxlight.metrics import HostSnapshot, to_host
+from flaxlight.metrics import HostSnapshot, finite_now, to_host
 
 __all__ = ["LoopState", "RunningLog", "EventSchedule", "SignalGuard", "Interrupted", "BatchLimits", "RunPlan",
            "NonfiniteTally", "limit_batches", "loader_length", "warn_if_loader_ran_short"]
@@ -176,6 +176,15 @@ class NonfiniteTally:
         current = int(to_host(loop.acc["totals"]).nonfinite) if loop.acc is not None and loop.phase == "train" else 0
         return max(self.steps, self.before_epoch + current)
 
+    def damage(self, loop: "LoopState", params: Any, skipped: bool) -> str | None:
+        """Why the state must not be checkpointed now, or None: a non-finite loss in this run (unless
+        ``skipped``: ``NaNGuard(action="skip")`` applied none of those steps) or non-finite
+        ``params`` (one small device read)."""
+        nonfinite = 0 if skipped else self.now(loop)
+        if nonfinite > 0 or not bool(finite_now(params)):
+            return f"the loss or the parameters were NaN/Inf (in {nonfinite} step(s)), so the model is damaged"
+        return None
+
 
 # What to tell a user whose run was interrupted, when the caller knows better than "resume it" (tune).
 RESUME_ADVICE: contextvars.ContextVar[str | None] = contextvars.ContextVar("flaxlight_resume_advice", default=None)
@@ -188,12 +197,30 @@ class Interrupted(Exception):
         super().__init__(f"interrupted by signal {signum}")
         self.signum = signum
 
-    def explain(self, step: int, epoch: int, checkpoints: str, log_dir: str | None) -> str:
-        """What happened and how to resume, for the user (:data:`RESUME_ADVICE` when set)."""
+    def explain(self, step: int, epoch: int, checkpoints: str, log_dir: str | None,
+                saved: Iterable[int] | None = None, unsaved: str | None = None) -> str:
+        """What happened, what is on disk and how to resume, for the user (:data:`RESUME_ADVICE`
+        when set). ``saved``: the steps of the checkpoints on disk now (None: step ``step``'s
+        among them); ``unsaved``: why ``save_model`` refused to save step ``step``.
+
+        Examples:
+            >>> said = Interrupted(15).explain(45, 3, "run/checkpoints", "run", saved=[19, 38], unsaved="a NaN loss")
+            >>> said.splitlines()[1][:75]
+            'SIGTERM received: stopped after step 45 (epoch 3). No checkpoint of step 45'
+            >>> "step 38: a resume continues from there" in said
+            True
+        """
+        stopped = f"\n{signal.Signals(self.signum).name} received: stopped after step {step} (epoch {epoch})"
+        if log_dir is None:
+            return f"{stopped}; fast_dev_run saves no checkpoint."
         advice = RESUME_ADVICE.get() or (f"To resume, build the same trainer with logger_params={{'log_dir': "
                                          f"{log_dir!r}}} and call train_model(..., resume=True).")
-        return (f"\n{signal.Signals(self.signum).name} received: stopped after step {step} (epoch {epoch}) and saved a "
-                f"checkpoint in {checkpoints}.\n{advice}")
+        saved = None if saved is None else sorted(saved)
+        if saved is None or step in saved:
+            return f"{stopped} and saved a checkpoint in {checkpoints}.\n{advice}"
+        kept = (f"The newest checkpoint in {checkpoints} is step {saved[-1]}: a resume continues from there."
+                if saved else f"No checkpoint is in {checkpoints}: a resume starts from scratch.")
+        return f"{stopped}. No checkpoint of step {step} was saved: {unsaved or 'save_model wrote none'}. {kept}\n{advice}"
 
 
 class EventSchedule:

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
+import shutil
 import warnings
 from typing import Any, Callable, Mapping, Sequence
 
@@ -27,13 +29,13 @@ import numpy as np
 
 from flaxlight.checkpoint import Checkpointer, DamagedCheckpointError
 from flaxlight.data import is_stream
-from flaxlight.loop import LoopState
+from flaxlight.loop import LoopState, safe_len
 from flaxlight.messages import logger as messages
 from flaxlight.metrics import Totals, to_host
-from flaxlight.runfiles import CHECKPOINT_DIR, HPARAMS_FILE
+from flaxlight.runfiles import CHECKPOINT_DIR, HPARAMS_FILE, METRICS_DIR, run_files_present, write_metrics
 
 __all__ = ["CheckpointMeta", "choose_step", "pick_checkpoint", "restore_run", "run_length", "load_with_fallback",
-           "checkpointer_for",
+           "checkpointer_for", "ResumeTarget", "check_epoch_position", "set_aside_branch", "ABANDONED_DIR",
            "step_in_path", "named_callbacks",
            "sums_to_json", "sums_from_json", "encode_state", "decode_state", "epoch_setter", "set_loader_epoch"]
 
@@ -219,6 +221,146 @@ def _stream_resume_message(step: int, position: LoopState, steps_per_epoch: int 
             f"and trains on the next ones. It continues exactly only if this stream yields "
             f"the same batches in the same order as the run's first one (e.g. a generator made again from the same "
             f"seed and data).")
+
+
+ABANDONED_DIR = "abandoned"  # <log_dir>/abandoned/after_step_<N>/: a rewound run's later branch
+
+
+@dataclasses.dataclass(frozen=True)
+class ResumeTarget:
+    """What ``train_model``'s ``resume`` / ``resume_from`` ask for, checked by :meth:`make` before
+    the run's folder is claimed (a refusal writes nothing).
+
+    Attributes:
+        resume_from: the path restored from (None: the run's own newest checkpoint).
+        resumes: whether the run starts from a checkpoint at all.
+        continuing: whether the run in ``log_dir`` goes on (its files are this run's history).
+        rewind_step: ``resume_from`` is one of the run's own checkpoints: those after it are a
+            branch the run leaves, set aside by :meth:`begin` (:func:`set_aside_branch`).
+        replaces: another run's checkpoint continued with ``overwrite=True`` in a ``log_dir``
+            holding a run: that run is replaced.
+
+    Examples:
+        >>> ResumeTarget.make(True, None, own=None, log_dir="runs/a", overwrite=False)
+        ResumeTarget(resume_from=None, resumes=True, continuing=True, rewind_step=None, replaces=False)
+    """
+
+    resume_from: str | None
+    resumes: bool
+    continuing: bool
+    rewind_step: int | None = None
+    replaces: bool = False
+
+    @classmethod
+    def make(cls, resume: bool, resume_from: str | os.PathLike | None, *, own: Checkpointer | None,
+             log_dir: str | None, overwrite: bool) -> "ResumeTarget":
+        """Runs never overwrite runs: ``resume_from`` another run's checkpoint into a ``log_dir``
+        holding a run is a ``FileExistsError`` (as the CLI refuses ``--resume A --log-dir B``),
+        unless ``overwrite=True`` replaces that run; into a new or empty folder it continues a
+        copy. A checkpoint of the run's own ``checkpoints/`` continues (or rewinds) that run."""
+        if resume_from is None:
+            return cls(None, resumes=resume, continuing=resume)
+        source = checkpointer_for(resume_from).directory  # a missing path fails here, before anything is written
+        resume_from = os.fspath(resume_from)
+        if own is not None and os.path.realpath(source) == os.path.realpath(own.directory):
+            return cls(resume_from, resumes=True, continuing=True, rewind_step=step_in_path(resume_from))
+        # A run: its hparams.yaml or checkpoints. Records alone (a baseline test of this trainer's) are the claim's.
+        present = [name for name in (run_files_present(log_dir) if log_dir is not None and os.path.isdir(log_dir)
+                                     else []) if name != "metrics.csv"]
+        if present and not overwrite:
+            raise FileExistsError(
+                f"log_dir {log_dir} already holds a run ({', '.join(present)}), and resume_from={resume_from!r} is "
+                f"a checkpoint of another run ({source}): continuing that run here would overwrite this one's "
+                f"checkpoints and history. Give a new log_dir to continue it as a copy (logger_params={{'log_dir': "
+                f"...}}; without log_dir, a new version_N folder), pass overwrite=True to replace the run in "
+                f"{log_dir}, or use resume=True without resume_from to continue the run in {log_dir} itself.")
+        return cls(resume_from, resumes=True, continuing=False, replaces=bool(present))
+
+    def begin(self, meta: CheckpointMeta, own: Checkpointer, log_dir: str | None, steps_per_epoch: int | None,
+              train_loader: Any = None) -> None:
+        """Once the checkpoint is read, before the run goes on from it: a mid-epoch checkpoint
+        with another number of batches per epoch is refused (:func:`check_epoch_position`; not for
+        a ``train_loader`` without ``len()``, a stream whose epoch ``max_steps`` sets); a rewind
+        sets the run's later checkpoints aside (:func:`set_aside_branch`)."""
+        source = own if self.resume_from is None else checkpointer_for(self.resume_from)
+        if safe_len(train_loader) is not None:
+            check_epoch_position(meta, steps_per_epoch, source)
+        if self.rewind_step is not None and log_dir is not None:
+            set_aside_branch(own, log_dir, meta)
+
+
+def check_epoch_position(meta: CheckpointMeta, steps_per_epoch: int | None, source: Checkpointer) -> None:
+    """A checkpoint saved mid-epoch continues at its batch number: with epochs of another number of
+    batches (another batch size), that batch starts elsewhere in the data, so part of the epoch
+    would be trained twice or skipped. That is a ``ValueError`` naming the checkpoints saved at an
+    epoch's end (of ``source``), where the batch size may change (said)."""
+    saved = meta.steps_per_epoch
+    if not saved or not steps_per_epoch or saved == steps_per_epoch:
+        return
+    if meta.phase == "train" and meta.batch_index > 0:
+        ends = [str(step) for step in source.all_steps() if step <= meta.step and step % saved == 0]
+        raise ValueError(
+            f"Checkpoint {meta.step} in {source.directory} was saved mid-epoch (epoch {meta.epoch}, after batch "
+            f"{meta.batch_index} of {saved}), and this run's epochs have {steps_per_epoch} batches: another batch "
+            f"size (or limit_train_batches / steps_per_epoch) than the run's. Continuing at batch "
+            f"{meta.batch_index} would train part of epoch {meta.epoch}'s examples twice or skip some. Resume with "
+            f"the run's train_loader and settings ({saved} batches per epoch: a checkpoint it saves at an epoch's "
+            f"end then resumes with the new batch size), or from a checkpoint saved at an epoch's end, where the "
+            f"batch size may change: resume_from='{source.directory}/<step>' "
+            f"({'steps there: ' + ', '.join(ends) if ends else 'none is kept there yet'}).")
+    messages.info("The run's epochs had %d batches and this run's have %d (another batch size or limit): from "
+                  "epoch %d on, each has %d.", saved, steps_per_epoch, meta.epoch + (meta.phase != "train"),
+                  steps_per_epoch)
+
+
+def set_aside_branch(own: Checkpointer, log_dir: str, meta: CheckpointMeta) -> str | None:
+    """Rewind the run in ``log_dir`` to its checkpoint ``meta.step``: the checkpoints after it
+    (a branch the run leaves) move to ``<log_dir>/abandoned/after_step_<step>/checkpoints/``,
+    next to copies of the run's ``hparams.yaml``, ``metrics.csv`` and ``metrics/`` as they were
+    (a run folder: ``load_from_checkpoint`` reads it), and that is said. The run's own
+    ``metrics/`` then drops the later validations' files and its ``best_eval.json`` is the
+    checkpoint's best (the CSV rows after the step are dropped by the loggers' resume).
+    Returns the folder (None when no checkpoint came after the step: nothing moves)."""
+    own.wait()
+    later = sorted((step for step in own.all_steps() if step > meta.step), reverse=True)
+    if not later:
+        return None
+    base = os.path.join(log_dir, ABANDONED_DIR, f"after_step_{meta.step}")
+    aside = next(path for path in (base if n == 1 else f"{base}_{n}" for n in range(1, 10**6))
+                 if not os.path.exists(path))
+    os.makedirs(os.path.join(aside, CHECKPOINT_DIR))
+    for name in (HPARAMS_FILE, "metrics.csv"):
+        if os.path.isfile(os.path.join(log_dir, name)):
+            shutil.copy2(os.path.join(log_dir, name), os.path.join(aside, name))
+    if os.path.isdir(os.path.join(log_dir, METRICS_DIR)):
+        shutil.copytree(os.path.join(log_dir, METRICS_DIR), os.path.join(aside, METRICS_DIR))
+    for step in later:  # the newest first: a kill part-way leaves the fewest of them behind
+        os.rename(os.path.join(own.directory, str(step)), os.path.join(aside, CHECKPOINT_DIR, str(step)))
+    own.reload()
+    _drop_later_metrics(log_dir, meta)
+    messages.warning(f"Rewinding the run in {log_dir} to checkpoint {meta.step}: checkpoints "
+                     f"{', '.join(map(str, sorted(later)))} came after it, on a branch this run leaves. They are moved "
+                     f"to {aside} (with the run's hparams.yaml, metrics.csv and metrics/ as they were; "
+                     f"load_from_checkpoint({aside!r}) loads that branch). This run's best and last checkpoints, "
+                     f"metrics.csv and metrics/ go on from step {meta.step}.")
+    return aside
+
+
+def _drop_later_metrics(log_dir: str, meta: CheckpointMeta) -> None:
+    """The run's ``metrics/`` as of checkpoint ``meta.step``: no validation files after it, and
+    ``best_eval.json`` the checkpoint's best validation (none before one)."""
+    folder = os.path.join(log_dir, METRICS_DIR)
+    last_epoch = meta.epoch if meta.phase == "epoch_end" or meta.validated else meta.epoch - 1
+    for name in os.listdir(folder) if os.path.isdir(folder) else []:
+        found = re.fullmatch(r"eval_(epoch|step)_(\d+)\.json", name)
+        if found and int(found[2]) > (last_epoch if found[1] == "epoch" else meta.step):
+            os.remove(os.path.join(folder, name))
+    best = {key: value for key, value in (meta.best_eval_metrics or {}).items()
+            if not key.startswith("train/") and key != "epoch_time"}  # the train means saved with it
+    if best:
+        write_metrics(log_dir, "best_eval", best)
+    elif os.path.isfile(os.path.join(folder, "best_eval.json")):
+        os.remove(os.path.join(folder, "best_eval.json"))
 
 
 def run_length(checkpointer: Checkpointer) -> tuple[int, int]:

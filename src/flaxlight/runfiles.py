@@ -477,11 +477,21 @@ def _import_model_class(path: str) -> type:
 
 
 def write_metrics(log_dir: str, name: str, metrics: Mapping[str, float]) -> None:
-    """``<log_dir>/metrics/<name>.json``."""
+    """``<log_dir>/metrics/<name>.json``, written whole or not at all: a failed write (a full disk)
+    leaves the file that was there, never a truncated one."""
     folder = os.path.join(log_dir, METRICS_DIR)
     os.makedirs(folder, exist_ok=True)
-    with open(os.path.join(folder, f"{name}.json"), "w") as f:  # an array result as nested lists
-        json.dump({key: np.asarray(value).tolist() for key, value in metrics.items()}, f, indent=4)
+    text = json.dumps({key: np.asarray(value).tolist() for key, value in metrics.items()}, indent=4)  # arrays: lists
+    path = os.path.join(folder, f"{name}.json")
+    temporary = os.path.join(folder, f".{name}.json.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        with open(temporary, "w") as f:
+            f.write(text)
+        os.replace(temporary, path)  # atomic: readers see the old file or the new one
+    except BaseException:
+        if os.path.exists(temporary):
+            os.remove(temporary)
+        raise
 
 
 def enable_compilation_cache(setting: bool | str) -> str | None:

@@ -23,9 +23,10 @@ from flaxlight.loggers import LoggerCollection
 from flaxlight.loop import (BatchLimits, EventSchedule, Interrupted, LoopState, NonfiniteTally, RunPlan, SignalGuard,
                             epoch_stop, epoch_validation_due, safe_len, warn_if_loader_ran_short)
 from flaxlight.messages import logger as messages
-from flaxlight.metrics import batch_size, finite_now, read_means, to_host
+from flaxlight.metrics import batch_size, read_means, to_host
 from flaxlight.models import make_adapter
 from flaxlight.options import TrainerOptions, check_trainer_arguments
+from flaxlight.resume import ResumeTarget
 from flaxlight.state import TrainState
 from flaxlight.step import TrainStep, step_owner
 from flaxlight.verbs import TrainerVerbsMixin
@@ -92,7 +93,7 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
         self.batch_size = self.num_epochs = self.steps_per_epoch = self.optimizer_plan = self.distributed_mode = None
         self._limits = BatchLimits.from_options(self.options)
         self._loop, self._schedule, self._nonfinite = LoopState(), EventSchedule(), NonfiniteTally()
-        self._best_eval_metrics, self._is_best, self._val_loader = None, False, None
+        self._best_eval_metrics, self._is_best, self._val_loader, self._unsaved = None, False, None, None  # _unsaved: why
         self._trained_here, self._wrote_here, self._run_lock, self._loaded = False, False, None, False
         self._loaded_from = None  # load_from_checkpoint's run, when the trainer logs to another folder
 
@@ -197,21 +198,23 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
         ``train_model((x, y), (xv, yv), batch_size=64)`` (training arrays shuffled by the seed, see
         :func:`flaxlight.data.fit_loaders`).
 
-        ``resume=True`` continues from the newest readable checkpoint in this run's log dir (a fresh start when
-        there is none); ``resume_from`` names a run dir, its ``checkpoints`` dir or one ``checkpoints/<step>`` dir.
-        A resumed run ends exactly as an uninterrupted one when the data order is a pure function of the epoch (see
-        :class:`ArrayLoader`; a loader of your own needs a ``set_epoch(epoch)`` method or an order that never
-        changes). SIGTERM/SIGINT make the loop finish the current step, save a checkpoint and exit. A ``log_dir``
-        holding another run is an error unless resumed or ``overwrite=True`` (replace it).
-        """
+        ``resume=True`` continues from the newest readable checkpoint in this run's log dir; ``resume_from`` names a
+        run dir, its ``checkpoints`` dir or a ``checkpoints/<step>`` dir (another run's: continued as a copy in a new
+        ``log_dir``; an older one of this run's: a rewind, :func:`flaxlight.resume.set_aside_branch`). A resumed run
+        ends as an uninterrupted one when the data order is a pure function of the epoch (:class:`ArrayLoader`, or
+        ``set_epoch``). SIGTERM/SIGINT finish the step, save and exit. A ``log_dir`` holding a run is an error unless
+        that run is resumed or ``overwrite=True``."""
         train_loader, val_loader, test_loader = fit_loaders(train_loader, val_loader, test_loader, batch_size,
                                                             seed=self.seed)
         num_epochs = self._prepare_run(train_loader, val_loader, num_epochs, steps_per_epoch)
         self.engine.compile_eval_ahead(self.state, val_loader, check=self._val_batch_check())  # a bad one writes nothing
-        self._claim_run_folder(continuing=resume or resume_from is not None, overwrite=overwrite)
+        target = ResumeTarget.make(resume, resume_from, own=self.checkpointer, log_dir=self.log_dir, overwrite=overwrite)
+        if target.replaces:  # overwrite=True: the run in log_dir is replaced, one this trainer wrote too
+            self._trained_here, self._wrote_here, self._hparams_written = False, False, not dist.is_main_process()
+        self._claim_run_folder(continuing=target.continuing, overwrite=overwrite)
         try:  # from here on, the run's folder is locked: every exit releases it
-            if resume or resume_from is not None:
-                self._resume(resume_from, train_loader)
+            if target.resumes:
+                self._resume(target, train_loader)
             self.global_step = int(to_host(self.state.step))
             self._train_loader, self._val_loader = train_loader, val_loader
             self._write_hparams()
@@ -436,15 +439,14 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
 
     # ------------------------------------------------------------------ checkpoints and resume
     def save_model(self, step: int | None = None) -> None:
-        """Checkpoint everything needed to continue (state, loop position, callbacks, log
-        history) as step ``step`` (default: now). :class:`ModelCheckpoint` decides when; the
-        arrays are copied off the device before this returns and written in the background."""
+        """Checkpoint everything needed to continue (state, loop position, callbacks, log history) as step ``step``
+        (default: now). :class:`ModelCheckpoint` decides when; the arrays are copied off the device before this
+        returns and written in the background; a non-finite state is not saved (a warning says why)."""
         step = self.global_step if step is None else int(step)
-        nonfinite = 0 if self._nonfinite_guard() == "skip" else self._nonfinite.now(self._loop)
-        if nonfinite > 0 or not bool(finite_now(self.state.params)):  # one small device read per save
-            warnings.warn(f"Not saving checkpoint {step}: the loss or the parameters were NaN/Inf (in {nonfinite} "
-                          f"step(s)), so the model is damaged; the earlier checkpoints are kept.", RuntimeWarning,
-                          stacklevel=2)
+        self._unsaved = self._nonfinite.damage(self._loop, self.state.params, self._nonfinite_guard() == "skip")
+        if self._unsaved:  # an interrupt's message says it again
+            warnings.warn(f"Not saving checkpoint {step}: {self._unsaved}; the earlier checkpoints are kept.",
+                          RuntimeWarning, stacklevel=2)
             return
         self._write_hparams()
         self._log_running(self._loop.running_log.flush())  # the log history up to `step` is on disk first
@@ -465,13 +467,13 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
         step = resume.pick_checkpoint(self.checkpointer, "best") if step is None else step
         self.state = self.checkpointer.restore(self.state, step=step)
 
-    def _resume(self, resume_from, train_loader) -> None:
-        """Continue from a checkpoint (see :func:`flaxlight.resume.restore_run`): the state, the
-        loop's position, the best validation, the callbacks' states and the loggers' step."""
-        restored = resume.restore_run(self.checkpointer, resume_from, self.state, load=self._load_for_resume,
+    def _resume(self, target: ResumeTarget, train_loader) -> None:
+        """Continue from a checkpoint (:func:`flaxlight.resume.restore_run`): state, loop, best, callbacks, loggers."""
+        restored = resume.restore_run(self.checkpointer, target.resume_from, self.state, load=self._load_for_resume,
                                       train_loader=train_loader, schedule_steps=self._fitted_schedule_steps)
         if restored is not None:
             self.state, meta, step = restored
+            target.begin(meta, self.checkpointer, self.log_dir, self.steps_per_epoch, train_loader)  # checks, a rewind
             self._loop, self._best_eval_metrics = meta.loop_state(), meta.best_eval_metrics
             meta.restore_callbacks(self.callbacks)
             self.engine.adopt_block_length(meta.block_length)
@@ -481,17 +483,6 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
     def _load_for_resume(self, step: int) -> TrainState:  # load_model's result, for resume and loading
         self.load_model(step)
         return self.state
-
-    def _save_on_interrupt(self, interrupt: Interrupted) -> None:
-        try:
-            if self.log_dir is not None:  # fast_dev_run writes nothing
-                with SignalGuard.ignoring():  # a second Ctrl-C waits for the save
-                    self.save_model(self.global_step)
-                    self.checkpointer.wait()
-        finally:  # also when the save failed: callbacks told, files closed, the lock released
-            self._end_failed_run(interrupt, "interrupted")
-        messages.info(interrupt.explain(self.global_step, self._loop.epoch, self.checkpointer.directory, self.log_dir))
-        raise SystemExit(128 + interrupt.signum)
 
     def _finish_files(self, status: str, best: dict | None = None) -> None:
         runfiles.finish_run(status, self.checkpointer, self.logger, self._run_lock, before=self.engine.close,

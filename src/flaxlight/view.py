@@ -27,6 +27,7 @@ from flaxlight import runfiles
 from flaxlight.callbacks.history import History
 from flaxlight.data import check_first_batch
 from flaxlight.loggers.base import checked_scalars
+from flaxlight.loop import Interrupted, SignalGuard
 from flaxlight.messages import logger as messages
 from flaxlight.options import MetricNotLoggedError
 from flaxlight.progress import progress
@@ -156,6 +157,19 @@ class TrainerViewMixin:
     def _call_callbacks(self, hook: str, *args) -> None:
         for callback in self.callbacks:
             getattr(callback, hook)(self, *args)
+
+    def _save_on_interrupt(self, interrupt: Interrupted) -> None:
+        """SIGTERM / SIGINT: save the step trained, end the run's files, say how to resume, exit 128 + signal."""
+        try:
+            if self.log_dir is not None:  # fast_dev_run writes nothing
+                with SignalGuard.ignoring():  # a second Ctrl-C waits for the save
+                    self.save_model(self.global_step)
+                    self.checkpointer.wait()
+        finally:  # also when the save failed: callbacks told, files closed, the lock released
+            self._end_failed_run(interrupt, "interrupted")
+        messages.info(interrupt.explain(self.global_step, self._loop.epoch, self.checkpointer.directory, self.log_dir,
+                                        saved=self.checkpointer.all_steps(), unsaved=self._unsaved))
+        raise SystemExit(128 + interrupt.signum)
 
     def _end_failed_run(self, exc: BaseException, status: str) -> None:
         """Tell every callback ``on_exception`` (one that raises is warned about, and the others are
