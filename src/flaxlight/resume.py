@@ -164,11 +164,13 @@ def pick_checkpoint(checkpointer: Checkpointer, which: str = "best") -> int:
 
 
 def restore_run(own: Checkpointer, resume_from: str | os.PathLike | None, state: Any, *,
-                load: Callable[[int], Any], train_loader: Any,
-                schedule_steps: int | None = None) -> tuple[Any, CheckpointMeta, int] | None:
+                load: Callable[[int], Any], train_loader: Any, schedule_steps: int | None = None,
+                loaded_from: Checkpointer | None = None) -> tuple[Any, CheckpointMeta, int] | None:
     """Restore the checkpoint a run resumes from: ``(state, meta, step)``, or None for a fresh
     start (``resume=True`` into a run with no checkpoint yet). ``schedule_steps``: the length of
     the resumed run's schedule when its rates depend on it; a change from the checkpoint's is said.
+    ``loaded_from``: the run a trainer from ``load_from_checkpoint`` was loaded from, into another
+    folder (with no checkpoint there yet, training goes on from the loaded model: said, no warning).
 
     Without ``resume_from``: the newest readable checkpoint of ``own`` (the run's own folder),
     restored by ``load(step)`` (the trainer's ``load_model``); damaged newer ones are skipped
@@ -178,6 +180,10 @@ def restore_run(own: Checkpointer, resume_from: str | os.PathLike | None, state:
     if not checkpointer.all_steps():
         if resume_from is not None:
             raise FileNotFoundError(f"resume_from={os.fspath(resume_from)!r}: no checkpoint there.")
+        if loaded_from is not None:
+            messages.info(f"resume=True: no checkpoint in {checkpointer.directory} yet; training goes on from the "
+                          f"model loaded from {loaded_from.directory}.")
+            return None
         warnings.warn(f"resume=True, but there is no checkpoint in {checkpointer.directory}: starting from scratch. "
                       f"If you meant to continue a run, check the log_dir.", RuntimeWarning, stacklevel=4)
         return None

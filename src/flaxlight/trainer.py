@@ -466,7 +466,8 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
         """Continue from a checkpoint (see :func:`flaxlight.resume.restore_run`): the state, the
         loop's position, the best validation, the callbacks' states and the loggers' step."""
         restored = resume.restore_run(self.checkpointer, resume_from, self.state, load=self._load_for_resume,
-                                      train_loader=train_loader, schedule_steps=self._fitted_schedule_steps)
+                                      train_loader=train_loader, schedule_steps=self._fitted_schedule_steps,
+                                      loaded_from=self._loaded_from)
         if restored is not None:
             self.state, meta, step = restored
             self._loop, self._best_eval_metrics = meta.loop_state(), meta.best_eval_metrics

@@ -165,7 +165,11 @@ class TrainerVerbsMixin:
         if which not in ("current", "best", "last"):
             raise ValueError(f"which must be 'current', 'best' or 'last'; got {which!r}.")
         stem = _test_stem(name)
-        self._claim_records()  # before loading anything: another run's folder is refused as it is
+        with self._writing_records("test results"):  # before loading anything: a folder in use is refused
+            return self._test_in_claimed_folder(test_loader, which, stem)
+
+    def _test_in_claimed_folder(self, test_loader, which: str, stem: str) -> dict[str, float]:
+        """:meth:`_test`'s work, while the run folder's lock is held."""
         source = self._checkpoint_source()
         if which != "current" and source.all_steps():
             own_load = not type(self).load_model.__qualname__.startswith("TrainerModule.")  # a seam of the user's
