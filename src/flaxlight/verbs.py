@@ -125,6 +125,8 @@ class TrainerVerbsMixin:
             inputs = _model_inputs(batch, self._input_count)
             if i == 0:
                 _check_like_example(inputs, as_input_list(self.exmp_input))
+                if self.options.check_batches:
+                    _check_input_shapes(self._predict_step, state, inputs, as_input_list(self.exmp_input))
             out = self._predict_step(state, inputs)
             with deliberate_reads():
                 for leaf in jax.tree.leaves(out):
@@ -290,13 +292,63 @@ class TrainerVerbsMixin:
 
 def _check_like_example(inputs: tuple, examples: list) -> None:
     """Fail with a readable message when predict's inputs are not structured as ``exmp_input``
-    (e.g. dict batches ``{"x", "y"}`` for a model of one array)."""
+    (e.g. dict batches ``{"x", "y"}`` for a model of one array, one array for a model of two)."""
     want, got = [jax.tree.structure(x) for x in examples], [jax.tree.structure(x) for x in inputs]
-    if want != got:
-        raise TypeError(f"predict feeds the model the first {len(examples)} element(s) of a tuple batch, or the whole "
-                        f"batch otherwise; its batches give {got}, but the model takes inputs like exmp_input: {want}. "
-                        f"Give predict the inputs only, e.g. trainer.predict(x, batch_size=256) (for dict batches: "
-                        f"[batch['x'] for batch in batches]).")
+    if want == got:
+        return
+    if len(examples) == 1:
+        fix = "e.g. trainer.predict(x, batch_size=256) (for dict batches: [batch['x'] for batch in batches])"
+        takes = "the whole batch, or the first element of a tuple batch (the rest, e.g. labels, left out)"
+    else:
+        names = ", ".join(f"x{i}" for i in range(len(examples)))
+        fix = f"as one tuple of its {len(examples)} inputs: trainer.predict(({names}), batch_size=256)"
+        takes = f"the first {len(examples)} elements of each tuple batch (the rest, e.g. labels, left out)"
+    raise TypeError(f"predict feeds the model {takes}; the model takes {len(examples)} input{'s' * (len(examples) > 1)} like exmp_input: "
+                    f"{_describe_inputs(examples)}, but predict's batches give {len(inputs)}: "
+                    f"{_describe_inputs(inputs)}. Give predict the model's inputs only, {fix}.")
+
+
+def _describe_inputs(inputs) -> str:
+    """``"an array of shape (64, 8), a dict with keys ['a', 'b']"``: what each input is, readably."""
+    def describe(value) -> str:
+        if hasattr(value, "shape"):
+            return f"an array of shape {tuple(np.shape(value))}"
+        if isinstance(value, Mapping):
+            return f"a dict with keys {sorted(map(str, value))}"
+        if isinstance(value, (tuple, list)):
+            return f"a {type(value).__name__} of {len(value)}"
+        return f"a {type(value).__name__}"
+
+    return "; ".join(describe(value) for value in inputs)
+
+
+def _check_input_shapes(forward, state, inputs: tuple, examples: list) -> None:
+    """Fail with flaxlight's shape message (as ``test()`` does for its batches) when predict's first
+    batch is shaped unlike ``exmp_input`` in any dimension but the batch axis and the model cannot
+    take it (traced, shapes only: a model of variable sizes is given what it takes)."""
+    for i, (given, example) in enumerate(zip(inputs, examples)):
+        pairs = zip(jax.tree_util.tree_leaves_with_path(given), jax.tree.leaves(example))
+        for (path, leaf), want_leaf in pairs:
+            got, want = tuple(np.shape(leaf)), tuple(np.shape(want_leaf))
+            if len(got) == len(want) and got[1:] == want[1:]:
+                continue
+            try:
+                jax.eval_shape(forward, state, inputs)
+            except Exception as exc:  # noqa: BLE001 - the model's own error, shown under ours
+                raise ValueError(_shape_message(f"{f'[{i}]' if len(examples) > 1 else ''}"
+                                                f"{jax.tree_util.keystr(path)}", got, want, exc)) from exc
+            return
+
+
+def _shape_message(where: str, got: tuple, want: tuple, exc: Exception) -> str:
+    expected = "(N" + "".join(f", {d}" for d in want[1:]) + ")"
+    hint = ""
+    if len(got) == len(want) - 1 and got[1:] == want[2:]:
+        hint = (f" The data seems to lack the batch axis: pass one example as x[:1] or x[None] (shape "
+                f"{(1,) + want[1:]}), not x[0] (shape {want[1:]}), which predict splits into rows of shape {want[2:]}.")
+    return (f"predict's data does not fit the model: its batches' input{where} has shape {got}, but the model was "
+            f"initialised with exmp_input{where} of shape {want}; all dimensions but the first (the batch axis) "
+            f"must match: expected {expected}.{hint} (The model, traced on it: {type(exc).__name__}: {str(exc)[:200]})")
 
 
 def _forward(state, inputs, *, precision: str = "fp32"):
