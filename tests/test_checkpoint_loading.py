@@ -286,3 +286,16 @@ def test_a_loaded_trainer_tested_into_a_new_folder_fine_tunes_there(tmp_path, re
         assert rows[0]["step"] == "16" and float(rows[0]["test/loss"]) == pytest.approx(baseline)
         assert any(r["val/loss"] for r in rows[1:]) and (tuned_dir / "metrics" / "test.json").is_file()
     assert "training goes on from the model loaded from" in caplog.text
+
+
+def test_a_wrong_exmp_input_at_load_is_named_beside_the_different_model_message(tmp_path, regression_loaders):
+    """exmp_input=x[0] (no batch axis) blamed the checkpoint ("saved from a different model") and the
+    model hyperparameters only; the checkpoint was this very model's."""
+    train, val, _ = regression_loaders
+    RegressTrainer(model_class=TinyMLP, model_hparams={"hidden_dims": [8]}, optimizer_hparams={"lr": 1e-2},
+                   exmp_input=X0, **quiet(tmp_path)).train_model(train, val, num_epochs=1)
+    with pytest.raises(ValueError) as raised:  # a flaxlight.checkpoint.ModelMismatchError
+        RegressTrainer.load_from_checkpoint(tmp_path / "run", exmp_input=X0[0])
+    message = str(raised.value)
+    assert "saved from a different model" in message and "Dense_0/kernel: checkpoint (4, 8), model (1, 8)" in message
+    assert "exmp_input is an array of shape (4,)" in message and "x[0] instead of x[:1]" in message

@@ -30,7 +30,7 @@ import numpy as np
 from flaxlight.metrics import deliberate_reads, device_copy, is_typed_key
 from flaxlight.writer import BackgroundWriter, Job
 
-__all__ = ["Checkpointer", "DamagedCheckpointError"]
+__all__ = ["Checkpointer", "DamagedCheckpointError", "ModelMismatchError"]
 
 _OWN_ITEMS = ("params", "opt_state")  # the checkpoint's other items; every other array field is "model_state"
 
@@ -96,6 +96,11 @@ def _model_state(state) -> dict:
 class DamagedCheckpointError(ValueError):
     """A checkpoint whose files cannot be read (a partial write, damaged files), where no other
     checkpoint will do: the one asked for, or the run's best model, whose weights no other holds."""
+
+
+class ModelMismatchError(ValueError):
+    """A checkpoint whose parameters are shaped unlike the model's: saved from another model (or
+    the model was built from another ``exmp_input``); the message names the mismatching paths."""
 
 
 class Checkpointer:
@@ -332,9 +337,7 @@ class Checkpointer:
         self.wait()
         ocp = _ocp()
         step = self._resolve(step)
-        mismatch = self.describe_mismatch(target, step)
-        if mismatch:
-            raise ValueError(mismatch)
+        self._refuse_mismatch(target, step)
         wanted = {"params": target.params, "model_state": self._saved_part(_model_state(target), step)}
         restore_opt = with_opt_state and target.opt_state is not None
         if restore_opt:
@@ -405,9 +408,7 @@ class Checkpointer:
         if not steps:
             raise FileNotFoundError(f"No checkpoint found in {self.directory}.")
         for i, step in enumerate(steps):
-            mismatch = self.describe_mismatch(target, step)
-            if mismatch:
-                raise ValueError(mismatch)
+            self._refuse_mismatch(target, step)
             try:
                 meta = self.read_meta(step)
                 state = load(step) if load is not None else self.restore(target, step, with_opt_state)
@@ -423,6 +424,12 @@ class Checkpointer:
                     stacklevel=2,
                 )
         raise AssertionError("unreachable")
+
+    def _refuse_mismatch(self, target, step: int) -> None:
+        """Raise :meth:`describe_mismatch`'s message: :class:`ModelMismatchError` for parameters."""
+        mismatch = self.describe_mismatch(target, step)
+        if mismatch:
+            raise (ModelMismatchError if "different model" in mismatch else ValueError)(mismatch)
 
     def describe_mismatch(self, target, step: int, limit: int = 5) -> str | None:
         """What differs between checkpoint ``step`` and ``target`` (a readable list of parameter

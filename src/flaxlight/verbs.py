@@ -24,6 +24,7 @@ import numpy as np
 
 from flaxlight import distributed as dist
 from flaxlight import resume, runfiles
+from flaxlight.checkpoint import ModelMismatchError
 from flaxlight.data import as_input_list, as_loader
 from flaxlight.messages import logger as messages
 from flaxlight.metrics import deliberate_reads, to_host
@@ -93,7 +94,15 @@ class TrainerVerbsMixin:
         if with_optimizer or averaged:
             trainer.init_optimizer(*resume.run_length(source))
         trainer._place_state()
-        trainer.state = resume.load_with_fallback(source, trainer.state, which, trainer._load_for_resume if own else None)
+        try:
+            trainer.state = resume.load_with_fallback(source, trainer.state, which,
+                                                      trainer._load_for_resume if own else None)
+        except ModelMismatchError as exc:  # the model was shaped from exmp_input: it may be the one at fault
+            given = _describe_inputs(as_input_list(exmp_input))
+            raise ModelMismatchError(f"{exc}\nThis trainer's exmp_input is {given}, and the model's first layers are "
+                                     f"shaped from it: a wrong exmp_input (e.g. x[0] instead of x[:1]) gives this error "
+                                     f"too. It must be shaped like one batch of the run's inputs, batch axis first.") \
+                from None
         if averaged:  # an inference load serves the moving average the run was validated with
             trainer.state = trainer._serving(trainer.state).replace(opt_state=None)
         trainer.global_step = int(to_host(trainer.state.step))
