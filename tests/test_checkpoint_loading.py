@@ -299,3 +299,22 @@ def test_a_wrong_exmp_input_at_load_is_named_beside_the_different_model_message(
     message = str(raised.value)
     assert "saved from a different model" in message and "Dense_0/kernel: checkpoint (4, 8), model (1, 8)" in message
     assert "exmp_input is an array of shape (4,)" in message and "x[0] instead of x[:1]" in message
+
+
+def test_one_checkpoint_of_a_run_loads_by_its_step_folder_or_load_model(tmp_path, regression_loaders):
+    """load_from_checkpoint(".../checkpoints/<step>") failed with "No hparams.yaml"; load_model(step)
+    restored the step but left global_step at the loaded one's, so test() logged at the wrong step."""
+    train, val, test = regression_loaders
+    RegressTrainer(model_class=TinyMLP, model_hparams={"hidden_dims": [8]}, optimizer_hparams={"lr": 1e-2},
+                   exmp_input=X0, callbacks=[flaxlight.ModelCheckpoint(save_top_k=-1, every_n_epochs=1)],
+                   **quiet(tmp_path)).train_model(train, val, num_epochs=3)
+    run = tmp_path / "run"
+    first = RegressTrainer.load_from_checkpoint(run / "checkpoints" / "8", exmp_input=X0)
+    assert int(first.state.step) == first.global_step == 8 and first.log_dir == str(run)
+    by_step = first.test(test, name="first")
+    loaded = RegressTrainer.load_from_checkpoint(run, exmp_input=X0, which="last")
+    assert loaded.global_step == 24
+    loaded.load_model(8)
+    assert int(loaded.state.step) == loaded.global_step == 8
+    assert loaded.test(test, name="again")["test_again/loss"] == pytest.approx(by_step["test_first/loss"], rel=1e-6)
+    assert [r["step"] for r in _csv_rows(run) if r.get("test_first/loss") or r.get("test_again/loss")] == ["8", "8"]

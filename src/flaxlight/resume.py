@@ -226,29 +226,41 @@ def run_length(checkpointer: Checkpointer) -> tuple[int, int]:
 
 
 def load_with_fallback(checkpointer: Checkpointer, state: Any, which: str,
-                       load: Callable[[int], Any] | None = None) -> Any:
-    """The ``which`` checkpoint loaded by ``load(step)`` (default: restored into ``state``); past a
-    damaged one, with a warning, the newest that reads; a damaged best checkpoint kept for its
-    score (older than the newest) raises :class:`DamagedCheckpointError` instead: no other
-    checkpoint holds that model. A checkpoint of another model or optimizer raises its own error."""
+                       load: Callable[[int], Any] | None = None, step: int | None = None) -> Any:
+    """The ``which`` checkpoint (``step``: that one) loaded by ``load(step)`` (default: restored into
+    ``state``); past a damaged one, with a warning, the newest that reads; a damaged best checkpoint
+    kept for its score (older than the newest), or the ``step`` asked for, raises
+    :class:`DamagedCheckpointError` instead: no other checkpoint holds that model. A checkpoint of
+    another model or optimizer raises its own error."""
     load = load or (lambda step: checkpointer.restore(state, step=step))
-    step = pick_checkpoint(checkpointer, which)
+    asked = step is not None
+    step = step if asked else pick_checkpoint(checkpointer, which)
     try:
         return load(step)
     except Exception as exc:  # noqa: BLE001 - orbax, tensorstore and JSON raise many types
         if checkpointer.describe_mismatch(state, step):
             raise
-        problem = (f"Checkpoint {step} in {checkpointer.directory} is damaged or partial ({type(exc).__name__}: "
-                   f"{str(exc)[:200]})")
+        cause = exc.__cause__ if isinstance(exc, DamagedCheckpointError) and exc.__cause__ is not None else exc
+        problem = (f"Checkpoint {step} in {checkpointer.directory} is damaged or partial ({type(cause).__name__}: "
+                   f"{_first_line(cause)})")
         earlier = [s for s in checkpointer.all_steps() if s != step]
-        if which == "best" and earlier and step < max(earlier):  # a best kept for its score: no other is it
+        if asked:
+            others = f"; the run holds {', '.join(map(str, sorted(earlier)))}" if earlier else ""
+            raise DamagedCheckpointError(f"{problem}. It is the checkpoint asked for{others}.") from exc
+        if not earlier:
+            raise DamagedCheckpointError(f"{problem}, and it is the run's only checkpoint: train again.") from exc
+        if which == "best" and step < max(earlier):  # a best kept for its score: no other is it
             raise DamagedCheckpointError(f"{problem}. It is the run's best checkpoint and no other holds that model: "
                                          f"load which='last' (step {max(earlier)}) for the newest one, or train "
                                          f"again.") from exc
         warnings.warn(f"{problem}; loading the newest readable checkpoint instead.", RuntimeWarning, stacklevel=3)
-        if not earlier:
-            raise
         return checkpointer.restore_latest_valid(state, load=load, before=max(earlier) + 1)[0]
+
+
+def _first_line(exc: BaseException, limit: int = 200) -> str:
+    """An error's message, first line, at most ``limit`` characters: one line to show."""
+    text = (str(exc).strip().splitlines() or [""])[0]
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def checkpointer_for(path: str | os.PathLike) -> Checkpointer:

@@ -457,10 +457,11 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
         self.checkpointer.save(step, self.state, meta=meta.to_json(), metrics=chosen.score_of(step) if chosen else None)
 
     def load_model(self, step: int | None = None) -> None:
-        """Restore a checkpoint into ``self.state``: ``step``, else the best, else the newest."""
+        """Restore a checkpoint into ``self.state`` (``global_step`` too): ``step``, else the best, else the newest."""
         self.checkpointer.wait()
         step = resume.pick_checkpoint(self.checkpointer, "best") if step is None else step
         self.state = self.checkpointer.restore(self.state, step=step)
+        self.global_step = int(to_host(self.state.step))
 
     def _resume(self, resume_from, train_loader) -> None:
         """Continue from a checkpoint (see :func:`flaxlight.resume.restore_run`): the state, the

@@ -59,6 +59,25 @@ def _model_inputs(batch: Any, count: int = 1) -> tuple:
     return tuple(batch[:count]) if isinstance(batch, (tuple, list)) else (batch,)
 
 
+def _run_and_step(checkpoint: str | os.PathLike) -> tuple[str, int | None]:
+    """``(run folder, step)`` of what ``load_from_checkpoint`` was given: a run's folder (step None),
+    its ``checkpoints`` folder, or one ``checkpoints/<step>`` folder (the run is two folders up)."""
+    path = os.path.abspath(os.fspath(checkpoint))
+    step = resume.step_in_path(path)
+    folder = os.path.dirname(path) if step is not None else path
+    run = os.path.dirname(folder)
+    if os.path.basename(folder) == runfiles.CHECKPOINT_DIR and os.path.isfile(os.path.join(run, runfiles.HPARAMS_FILE)):
+        return run, step
+    return path, step
+
+
+def _exmp_input_note(exmp_input: Any) -> str:
+    """What a checkpoint of "a different model" may also mean when loading: a wrong ``exmp_input``."""
+    return (f"This trainer's exmp_input is {_describe_inputs(as_input_list(exmp_input))}, and the model's first "
+            f"layers are shaped from it: a wrong exmp_input (e.g. x[0] instead of x[:1]) gives this error too. It "
+            f"must be shaped like one batch of the run's inputs, batch axis first.")
+
+
 def _construct(cls: type, exmp_input: Any, kwargs: dict, overrides: Mapping[str, Any]):
     """``cls(exmp_input=..., **kwargs)``; a constructor that names its model itself (the seed's
     pattern, no model hyperparameters saved to tell) is called again without ``model_class`` /
@@ -84,7 +103,8 @@ class TrainerVerbsMixin:
         moving average, which evaluation used); ``overrides`` replace saved settings (``logger_params`` are merged;
         a ``log_dir`` there logs to that folder). ``test()`` and ``log_metrics`` add to the run's records.
         Example: ``MyTrainer.load_from_checkpoint("checkpoints/MLP/version_0", exmp_input=x[:1])``."""
-        trainer = _construct(cls, exmp_input, runfiles.trainer_kwargs(cls, checkpoint, which, overrides), overrides)
+        run, step = _run_and_step(checkpoint)
+        trainer = _construct(cls, exmp_input, runfiles.trainer_kwargs(cls, run, which, overrides), overrides)
         source = resume.checkpointer_for(checkpoint)  # the run's own, also when logger_params moves the logs
         own = source.directory == trainer.checkpointer.directory
         trainer._loaded_from = None if own else source  # which="best"/"last" until the trainer saves its own
@@ -96,13 +116,9 @@ class TrainerVerbsMixin:
         trainer._place_state()
         try:
             trainer.state = resume.load_with_fallback(source, trainer.state, which,
-                                                      trainer._load_for_resume if own else None)
+                                                      trainer._load_for_resume if own else None, step=step)
         except ModelMismatchError as exc:  # the model was shaped from exmp_input: it may be the one at fault
-            given = _describe_inputs(as_input_list(exmp_input))
-            raise ModelMismatchError(f"{exc}\nThis trainer's exmp_input is {given}, and the model's first layers are "
-                                     f"shaped from it: a wrong exmp_input (e.g. x[0] instead of x[:1]) gives this error "
-                                     f"too. It must be shaped like one batch of the run's inputs, batch axis first.") \
-                from None
+            raise ModelMismatchError(f"{exc}\n{_exmp_input_note(exmp_input)}") from None
         if averaged:  # an inference load serves the moving average the run was validated with
             trainer.state = trainer._serving(trainer.state).replace(opt_state=None)
         trainer.global_step = int(to_host(trainer.state.step))
@@ -190,7 +206,9 @@ class TrainerVerbsMixin:
                 self.state = resume.load_with_fallback(source, self.state, which)
             else:
                 source.wait()
+                step = self.global_step  # the test is logged at the trainer's step (after training: the last)
                 self.load_model(None if which == "best" else resume.pick_checkpoint(source, which))  # None: best
+                self.global_step = step
         test_metrics = self.eval_model(test_loader, log_prefix=f"{stem}/")
         self._log(test_metrics)
         self.save_metrics(self._unused_metrics_name(stem), test_metrics)
@@ -312,7 +330,8 @@ def _check_like_example(inputs: tuple, examples: list) -> None:
         names = ", ".join(f"x{i}" for i in range(len(examples)))
         fix = f"as one tuple of its {len(examples)} inputs: trainer.predict(({names}), batch_size=256)"
         takes = f"the first {len(examples)} elements of each tuple batch (the rest, e.g. labels, left out)"
-    raise TypeError(f"predict feeds the model {takes}; the model takes {len(examples)} input{'s' * (len(examples) > 1)} like exmp_input: "
+    plural = "s" * (len(examples) > 1)
+    raise TypeError(f"predict feeds the model {takes}; the model takes {len(examples)} input{plural} like exmp_input: "
                     f"{_describe_inputs(examples)}, but predict's batches give {len(inputs)}: "
                     f"{_describe_inputs(inputs)}. Give predict the model's inputs only, {fix}.")
 
