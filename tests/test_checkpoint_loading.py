@@ -318,3 +318,5 @@ def test_one_checkpoint_of_a_run_loads_by_its_step_folder_or_load_model(tmp_path
     assert int(loaded.state.step) == loaded.global_step == 8
     assert loaded.test(test, name="again")["test_again/loss"] == pytest.approx(by_step["test_first/loss"], rel=1e-6)
     assert [r["step"] for r in _csv_rows(run) if r.get("test_first/loss") or r.get("test_again/loss")] == ["8", "8"]
+    with pytest.raises(FileNotFoundError, match=r"No checkpoint of step 9 in .*checkpoints: it holds steps 8, 16, 24"):
+        RegressTrainer.load_from_checkpoint(run / "checkpoints" / "9", exmp_input=X0)

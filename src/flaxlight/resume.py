@@ -234,6 +234,8 @@ def load_with_fallback(checkpointer: Checkpointer, state: Any, which: str,
     another model or optimizer raises its own error."""
     load = load or (lambda step: checkpointer.restore(state, step=step))
     asked = step is not None
+    if asked and step not in checkpointer.all_steps():
+        raise FileNotFoundError(_missing_checkpoint_message(os.path.join(checkpointer.directory, str(step))))
     step = step if asked else pick_checkpoint(checkpointer, which)
     try:
         return load(step)

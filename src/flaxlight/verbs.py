@@ -63,12 +63,13 @@ def _run_and_step(checkpoint: str | os.PathLike) -> tuple[str, int | None]:
     """``(run folder, step)`` of what ``load_from_checkpoint`` was given: a run's folder (step None),
     its ``checkpoints`` folder, or one ``checkpoints/<step>`` folder (the run is two folders up)."""
     path = os.path.abspath(os.fspath(checkpoint))
-    step = resume.step_in_path(path)
-    folder = os.path.dirname(path) if step is not None else path
+    name = os.path.basename(path)
+    step = int(name) if name.isdigit() else None  # a step the run did not keep is said when it is loaded
+    folder = path if step is None else os.path.dirname(path)
     run = os.path.dirname(folder)
     if os.path.basename(folder) == runfiles.CHECKPOINT_DIR and os.path.isfile(os.path.join(run, runfiles.HPARAMS_FILE)):
         return run, step
-    return path, step
+    return path, None
 
 
 def _exmp_input_note(exmp_input: Any) -> str:
@@ -105,7 +106,7 @@ class TrainerVerbsMixin:
         Example: ``MyTrainer.load_from_checkpoint("checkpoints/MLP/version_0", exmp_input=x[:1])``."""
         run, step = _run_and_step(checkpoint)
         trainer = _construct(cls, exmp_input, runfiles.trainer_kwargs(cls, run, which, overrides), overrides)
-        source = resume.checkpointer_for(checkpoint)  # the run's own, also when logger_params moves the logs
+        source = resume.checkpointer_for(run if step is None else os.path.join(run, runfiles.CHECKPOINT_DIR))
         own = source.directory == trainer.checkpointer.directory
         trainer._loaded_from = None if own else source  # which="best"/"last" until the trainer saves its own
         trainer._hparams_written, trainer._loaded = own, True  # its hparams.yaml describes this trainer already
