@@ -188,3 +188,61 @@ def test_flaxlight_test_of_a_damaged_best_checkpoint_fails_in_one_line(tmp_path,
     code = cli.main(["test", "--ckpt", str(run), "--which", "best"])
     err = capsys.readouterr().err
     assert code == 1 and "Traceback" not in err and f"Checkpoint {best}" in err and "which='last'" in err
+
+
+def test_flaxlight_test_of_a_bit_flipped_only_checkpoint_fails_in_one_line(tmp_path):
+    """Corrupted bytes (not a truncation) in a run's only checkpoint: orbax's reads left behind
+    printed dozens of "RuntimeError: Event loop is closed" tracebacks, and a warning said "loading
+    the newest readable checkpoint instead" though there was none."""
+    import subprocess
+    import sys
+
+    from flaxlight import cli
+
+    configs = Path(__file__).resolve().parents[1] / "examples" / "configs"
+    run = tmp_path / "run"
+    assert cli.main(["fit", "--config", str(configs / "sine_regression.yaml"), "trainer.max_epochs=1",
+                     "trainer.check_val_every_n_epoch=1", "trainer.enable_progress_bar=false",
+                     "--log-dir", str(run)]) == 0
+    (only,) = _steps(run)
+    for path in (run / "checkpoints" / str(only) / "state").rglob("*"):
+        if path.is_file() and path.parent.name == "d":  # the array data: every 7th byte flipped
+            data = bytearray(path.read_bytes())
+            data[::7] = bytes(b ^ 0xFF for b in data[::7])
+            path.write_bytes(bytes(data))
+    done = subprocess.run([sys.executable, "-m", "flaxlight", "test", "--ckpt", str(run)], capture_output=True,
+                          text=True, timeout=300, env=dict(os.environ, CI="true"))
+    err = done.stderr
+    assert done.returncode == 1 and err.count("\n") == 1, err[-3000:]  # one line: no tracebacks, no warning
+    assert err.startswith(f"flaxlight test: error: Checkpoint {only} in ") and "damaged or partial" in err
+    assert "run's only checkpoint" in err
+
+
+def test_only_completions_sent_to_a_closed_event_loop_are_kept_off_the_screen(monkeypatch):
+    """The filter behind the one-line error drops what orbax's failed reads leave behind, nothing else."""
+    import asyncio
+    import sys
+    import types
+
+    from flaxlight import checkpoint
+
+    def unraisable(exc, traceback=None):
+        return types.SimpleNamespace(exc_type=type(exc), exc_value=exc, exc_traceback=traceback or exc.__traceback__,
+                                     err_msg=None, object=None)
+
+    loop = asyncio.new_event_loop()
+    loop.close()
+    try:
+        loop.call_soon_threadsafe(print)  # what a tensorstore read finishing after the failure does
+    except RuntimeError as exc:
+        orphan = unraisable(exc, exc.__traceback__.tb_next)  # from a tensorstore thread: no Python caller
+    try:
+        raise RuntimeError("Event loop is closed")  # the same words from elsewhere
+    except RuntimeError as exc:
+        lookalike = unraisable(exc)
+    seen = []
+    monkeypatch.setattr(sys, "unraisablehook", seen.append)
+    checkpoint._ocp()
+    for case in (orphan, lookalike, unraisable(ValueError("a real problem"))):
+        sys.unraisablehook(case)
+    assert seen == [lookalike, seen[1]] and str(seen[1].exc_value) == "a real problem"

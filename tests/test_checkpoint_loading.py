@@ -219,3 +219,104 @@ def test_resuming_with_another_monitor_ranks_the_new_validations_by_it(tmp_path,
     loaded = RegressTrainer.load_from_checkpoint(tmp_path / "run", exmp_input=X0)
     assert loaded.test(val)["test/loss"] == pytest.approx(returned["val/loss"], rel=1e-5)
     assert loaded.global_step in [row["step"] for row in trainer.history[2:]]  # one of the resumed run's
+
+
+def test_a_loaded_trainer_writes_nothing_into_a_run_that_is_still_training(tmp_path, regression_loaders):
+    """load_from_checkpoint(run) + test() while another process trained the run rewrote its
+    metrics.csv from the copy read at the load: the rows written since were lost."""
+    import os
+    import subprocess
+    import sys
+    import warnings
+
+    from flaxlight.runfiles import RunInUseError, RunLock
+
+    train, val, test = regression_loaders
+    run = tmp_path / "run"
+    RegressTrainer(model_class=TinyMLP, model_hparams={"hidden_dims": [8]}, optimizer_hparams={"lr": 1e-2},
+                   exmp_input=X0, **quiet(tmp_path)).train_model(train, val, num_epochs=2)
+    loaded = RegressTrainer.load_from_checkpoint(run, exmp_input=X0)
+    trainer_process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:  # it "trains" the run: it holds the run's lock
+        (run / RunLock.FILE).write_text(f"{trainer_process.pid} {os.uname().nodename}")
+        before = {path.name: path.read_bytes() for path in run.iterdir() if path.is_file()}
+        with pytest.raises(RunInUseError, match=rf"training in process {trainer_process.pid} .*Nothing was written.*"
+                                                r"logger_params=\{'log_dir': 'runs/eval'\}.*wait"):
+            loaded.test(test)
+        with pytest.raises(RunInUseError, match=f"training in process {trainer_process.pid}"):
+            loaded.log_metrics({"custom": 1.0})
+        assert {path.name: path.read_bytes() for path in run.iterdir() if path.is_file()} == before
+        assert sorted(os.listdir(run / "metrics")) == ["best_eval.json", "eval_epoch_001.json", "eval_epoch_002.json"]
+        elsewhere = RegressTrainer.load_from_checkpoint(run, exmp_input=X0,
+                                                        logger_params={"log_dir": str(tmp_path / "eval")})
+        assert "test/loss" in elsewhere.test(test) and "test/loss" in _csv_rows(tmp_path / "eval")[0]
+    finally:
+        trainer_process.kill()
+        trainer_process.wait()
+    with open(run / "metrics.csv", "a") as f:  # the training process wrote on after the load
+        f.write("99," + "," * (len(_csv_rows(run)[0]) - 2) + "\n")
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "Taking over", RuntimeWarning)  # the process is gone
+        result = loaded.test(test)  # on disk when test() returns
+    rows = _csv_rows(run)
+    assert [r["step"] for r in rows][-2:] == ["99", "16"] and float(rows[-1]["test/loss"]) == result["test/loss"]
+    assert len(rows) == 1 + len(before["metrics.csv"].decode().splitlines()) and not (run / RunLock.FILE).exists()
+
+
+def test_a_loaded_trainer_tested_into_a_new_folder_fine_tunes_there(tmp_path, regression_loaders, caplog):
+    """load -> baseline test() -> train_model into the new log_dir raised FileExistsError over the
+    metrics.csv the test had written; resume=True then warned "starting from scratch" and
+    overwrite=True deleted the baseline's results."""
+    import logging
+    import warnings
+
+    train, val, test = regression_loaders
+    RegressTrainer(model_class=TinyMLP, model_hparams={"hidden_dims": [8]}, optimizer_hparams={"lr": 1e-2},
+                   exmp_input=X0, **quiet(tmp_path)).train_model(train, val, num_epochs=2)
+    for how in ({}, {"resume": True}, {"overwrite": True}):
+        tuned_dir = tmp_path / f"tuned{len(how) and list(how)[0]}"
+        tuned = RegressTrainer.load_from_checkpoint(tmp_path / "run", exmp_input=X0, enable_progress_bar=False,
+                                                    logger_params={"log_dir": str(tuned_dir)})
+        baseline = tuned.test(test)["test/loss"]
+        with warnings.catch_warnings(), caplog.at_level(logging.INFO, logger="flaxlight"):
+            warnings.simplefilter("error", RuntimeWarning)  # no "starting from scratch"
+            tuned.train_model(train, val, num_epochs=1, **how)
+        assert tuned.global_step == 24  # went on from the loaded step 16
+        rows = _csv_rows(tuned_dir)
+        assert rows[0]["step"] == "16" and float(rows[0]["test/loss"]) == pytest.approx(baseline)
+        assert any(r["val/loss"] for r in rows[1:]) and (tuned_dir / "metrics" / "test.json").is_file()
+    assert "training goes on from the model loaded from" in caplog.text
+
+
+def test_a_wrong_exmp_input_at_load_is_named_beside_the_different_model_message(tmp_path, regression_loaders):
+    """exmp_input=x[0] (no batch axis) blamed the checkpoint ("saved from a different model") and the
+    model hyperparameters only; the checkpoint was this very model's."""
+    train, val, _ = regression_loaders
+    RegressTrainer(model_class=TinyMLP, model_hparams={"hidden_dims": [8]}, optimizer_hparams={"lr": 1e-2},
+                   exmp_input=X0, **quiet(tmp_path)).train_model(train, val, num_epochs=1)
+    with pytest.raises(ValueError) as raised:  # a flaxlight.checkpoint.ModelMismatchError
+        RegressTrainer.load_from_checkpoint(tmp_path / "run", exmp_input=X0[0])
+    message = str(raised.value)
+    assert "saved from a different model" in message and "Dense_0/kernel: checkpoint (4, 8), model (1, 8)" in message
+    assert "exmp_input is an array of shape (4,)" in message and "x[0] instead of x[:1]" in message
+
+
+def test_one_checkpoint_of_a_run_loads_by_its_step_folder_or_load_model(tmp_path, regression_loaders):
+    """load_from_checkpoint(".../checkpoints/<step>") failed with "No hparams.yaml"; load_model(step)
+    restored the step but left global_step at the loaded one's, so test() logged at the wrong step."""
+    train, val, test = regression_loaders
+    RegressTrainer(model_class=TinyMLP, model_hparams={"hidden_dims": [8]}, optimizer_hparams={"lr": 1e-2},
+                   exmp_input=X0, callbacks=[flaxlight.ModelCheckpoint(save_top_k=-1, every_n_epochs=1)],
+                   **quiet(tmp_path)).train_model(train, val, num_epochs=3)
+    run = tmp_path / "run"
+    first = RegressTrainer.load_from_checkpoint(run / "checkpoints" / "8", exmp_input=X0)
+    assert int(first.state.step) == first.global_step == 8 and first.log_dir == str(run)
+    by_step = first.test(test, name="first")
+    loaded = RegressTrainer.load_from_checkpoint(run, exmp_input=X0, which="last")
+    assert loaded.global_step == 24
+    loaded.load_model(8)
+    assert int(loaded.state.step) == loaded.global_step == 8
+    assert loaded.test(test, name="again")["test_again/loss"] == pytest.approx(by_step["test_first/loss"], rel=1e-6)
+    assert [r["step"] for r in _csv_rows(run) if r.get("test_first/loss") or r.get("test_again/loss")] == ["8", "8"]
+    with pytest.raises(FileNotFoundError, match=r"No checkpoint of step 9 in .*checkpoints: it holds steps 8, 16, 24"):
+        RegressTrainer.load_from_checkpoint(run / "checkpoints" / "9", exmp_input=X0)

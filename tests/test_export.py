@@ -140,7 +140,24 @@ def test_predict_on_batches_unlike_the_models_input_says_what_to_give(tmp_path):
     x, y = _digits_like()
     trainer = ClassifyTrainer(model_class=TinyMLP, model_hparams={"hidden_dims": [4], "output_dim": 2},
                               optimizer_hparams={"optimizer": "adam"}, exmp_input=x[:1], **quiet(tmp_path))
-    with pytest.raises(TypeError, match=r"its batches give \[PyTreeDef\(\{'x': \*, 'y': \*\}\)\].*exmp_input: "
-                                        r"\[PyTreeDef\(\*\)\]. Give predict the inputs only"):
+    with pytest.raises(TypeError, match=r"exmp_input: an array of shape \(1, 8\), but predict's batches give 1: a "
+                                        r"dict with keys \['x', 'y'\]. Give predict the model's inputs only, "
+                                        r"e.g. trainer.predict\(x, batch_size=256\)"):
         trainer.predict([{"x": x[:8], "y": y[:8]}])
     assert trainer.predict([{"x": x[:8], "y": y[:8]}[k] for k in ["x"]]).shape == (8, 2)
+
+
+def test_a_two_input_model_given_one_array_is_told_to_pass_a_tuple_of_both(tmp_path):
+    """predict(x) for a model of two inputs suggested trainer.predict(x, batch_size=256): the call
+    that had just failed; the inputs were shown as [PyTreeDef(*)]."""
+    x, _ = _digits_like()
+    a, b = x[:, :5], x[:, 5:]
+    trainer = TwoInputTrainer(model_class=TwoInputs, model_hparams={}, exmp_input=(a[:1], b[:1]),
+                              optimizer_hparams={"optimizer": "adam"}, **quiet(tmp_path))
+    with pytest.raises(TypeError) as raised:
+        trainer.predict(a, batch_size=16)
+    message = str(raised.value)
+    assert "takes 2 inputs like exmp_input: an array of shape (1, 5); an array of shape (1, 3)" in message
+    assert "predict's batches give 1: an array of shape (16, 5)" in message
+    assert "trainer.predict((x0, x1), batch_size=256)" in message
+    assert "predict(x, batch_size" not in message and "PyTreeDef" not in message

@@ -479,6 +479,37 @@ def test_continuing_a_metrics_csv_whose_last_line_was_cut_rewrites_it_whole(tmp_
         assert [(r["step"], r["train/loss"]) for r in csv.DictReader(f)] == [("1", "0.5"), ("2", "0.2"), ("3", "0.1")]
 
 
+
+def test_a_new_column_rewrites_metrics_csv_from_what_it_holds_now_and_atomically(tmp_path, monkeypatch):
+    """A new column made the logger rewrite metrics.csv (mode "w") from the rows it had read or
+    written itself: rows another writer had appended since were lost, and an exit during the
+    rewrite could leave the file empty."""
+    import csv
+
+    (tmp_path / "metrics.csv").write_text("step,train/loss\n1,0.5\n")
+    logger = CSVLogger(tmp_path)
+    logger.continue_run()  # a loaded trainer's copy of the rows
+    with open(tmp_path / "metrics.csv", "a") as f:
+        f.write("2,0.4\n3,0.3\n")  # the run's own process appended since
+    logger.log_metrics({"test/loss": 0.9}, step=3)  # a new column: the header must widen
+    logger.flush()
+    with open(tmp_path / "metrics.csv", newline="") as f:
+        rows = list(csv.reader(f))
+    assert rows == [["step", "train/loss", "test/loss"], ["1", "0.5", ""], ["2", "0.4", ""], ["3", "0.3", ""],
+                    ["3", "", "0.9"]]
+    before = (tmp_path / "metrics.csv").read_bytes()
+
+    def exit_midway(self, rows):
+        raise KeyboardInterrupt  # the process ends while the rewrite writes
+
+    logger.log_metrics({"test_shifted/loss": 1.5}, step=3)
+    monkeypatch.setattr(csv.DictWriter, "writerows", exit_midway)
+    with pytest.raises(KeyboardInterrupt):
+        logger.flush()
+    assert (tmp_path / "metrics.csv").read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == [
+        "metrics.csv"]  # the old file whole, no temporary file left
+
+
 # ---------------------------------------------------------------------------- a run's loggers are its own
 class FailAt(flaxlight.Callback):
     """Raises at ``step``, as a data error in the middle of an epoch would."""

@@ -192,3 +192,38 @@ def test_a_loaded_trainer_that_trained_since_tests_its_own_training(tmp_path, re
     result = tuned.train_model(train, val, test_loader=test, num_epochs=5)
     assert result["test/loss"] == pytest.approx(tuned.eval_model(test, "test/")["test/loss"], rel=1e-6)
     assert int(tuned.state.step) == tuned.global_step
+
+
+def test_predict_on_wrongly_shaped_data_names_the_shapes_as_test_does(tmp_path, regression_loaders):
+    """predict on data shaped unlike exmp_input raised Flax's ScopeParamShapeError about an
+    "initializer" (predict(x[0]), one example without its batch axis, too), while test() on the
+    same arrays gave flaxlight's shape message."""
+    trainer = _trained(tmp_path, regression_loaders)  # exmp_input of shape (1, 4)
+    x, _ = linear_data(20, 3, dim=6)
+    with pytest.raises(ValueError, match=r"predict's data does not fit the model: its batches' input has shape "
+                                         r"\(8, 6\), but the model was initialised with exmp_input of shape \(1, 4\).*"
+                                         r"expected \(N, 4\)") as raised:
+        trainer.predict(x, batch_size=8)
+    assert "batch axis: pass" not in str(raised.value)
+    one = linear_data(3, 3)[0][:, :, None]  # a model of (N, 4, 1) inputs, given one example x[0] of shape (4, 1)
+    image = RegressTrainer(model_class=TinyMLP, model_hparams={"hidden_dims": [4]}, optimizer_hparams={},
+                           exmp_input=one[:1], **quiet(tmp_path, logger_params={"log_dir": str(tmp_path / "i")}))
+    with pytest.raises(ValueError, match=r"input has shape \(1, 1\).*expected \(N, 4, 1\). The data seems to lack "
+                                         r"the batch axis: pass one example as x\[:1\] or x\[None\] \(shape "
+                                         r"\(1, 4, 1\)\), not x\[0\] \(shape \(4, 1\)\)"):
+        image.predict(one[0], batch_size=1)
+    assert image.predict(one[0][None], batch_size=1).shape == (1, 1)
+
+
+def test_predict_gives_a_model_of_variable_input_sizes_what_it_takes(tmp_path):
+    """The shape check refuses only what the model cannot take (it is traced on the batch)."""
+    import flax.linen as nn
+
+    class MeanOverTime(nn.Module):
+        @nn.compact
+        def __call__(self, x, train: bool = False):
+            return nn.Dense(1)(x.mean(axis=1))
+
+    trainer = RegressTrainer(model_class=MeanOverTime, model_hparams={}, optimizer_hparams={},
+                             exmp_input=np.zeros((1, 5, 4), np.float32), **quiet(tmp_path))
+    assert trainer.predict(np.ones((6, 9, 4), np.float32), batch_size=3).shape == (6, 1)

@@ -14,12 +14,15 @@ Examples:
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import itertools
 import logging
 import os
 import shutil
+import sys
 import time
+import traceback
 import uuid
 import warnings
 from typing import Any, Callable
@@ -30,7 +33,7 @@ import numpy as np
 from flaxlight.metrics import deliberate_reads, device_copy, is_typed_key
 from flaxlight.writer import BackgroundWriter, Job
 
-__all__ = ["Checkpointer", "DamagedCheckpointError"]
+__all__ = ["Checkpointer", "DamagedCheckpointError", "ModelMismatchError"]
 
 _OWN_ITEMS = ("params", "opt_state")  # the checkpoint's other items; every other array field is "model_state"
 
@@ -40,7 +43,72 @@ def _ocp():
     logging.getLogger("absl").setLevel(logging.ERROR)
     import orbax.checkpoint as ocp
 
+    _contain_failed_reads()
     return ocp
+
+
+_FAILED_READS: set[str] = set()  # step folders whose restore failed (said as DamagedCheckpointError)
+_ORPHANED = [0]  # read completions dropped so far (see _contain_failed_reads)
+
+
+def _contain_failed_reads() -> None:
+    """Keep what a failed orbax read leaves behind off the screen (installed before orbax is used).
+
+    orbax runs a restore's (or a metadata query's) reads in a fresh event loop and closes that
+    loop as soon as one read fails (``orbax.checkpoint._src.asyncio_utils.run_sync``), while tensorstore's other reads are
+    still in flight. Each of those that finishes later calls ``loop.call_soon_threadsafe`` on the
+    closed loop from a tensorstore thread; the ``RuntimeError('Event loop is closed')`` goes to
+    ``sys.unraisablehook``: dozens of tracebacks after one damaged checkpoint, already reported.
+    Only those are dropped (a closed-loop error raised in ``call_soon_threadsafe`` from native
+    code), and asyncio's "Task exception was never retrieved" for reads of a checkpoint whose
+    restore failed; anything else reaches the previous hook and the ``asyncio`` logger as before.
+    """
+    if getattr(sys.unraisablehook, "_flaxlight_reads", False):
+        return
+    previous = sys.unraisablehook
+
+    def hook(unraisable: Any) -> None:
+        if _orphaned_read_callback(unraisable):
+            _ORPHANED[0] += 1
+        else:
+            previous(unraisable)
+
+    hook._flaxlight_reads = True  # type: ignore[attr-defined]
+    sys.unraisablehook = hook
+    asyncio_logger = logging.getLogger("asyncio")
+    if not any(isinstance(f, _SaidReadErrors) for f in asyncio_logger.filters):
+        asyncio_logger.addFilter(_SaidReadErrors())
+
+
+def _settle_failed_reads(quiet: float = 0.05, limit: float = 1.0) -> None:
+    """Wait (at most ``limit`` seconds) until no read left behind by a failed restore has finished
+    for ``quiet`` seconds: they land, dropped, before the error is shown and before the process
+    exits (at exit Python no longer calls the hook, and would print them)."""
+    start = moment = time.monotonic()
+    seen = _ORPHANED[0]
+    while time.monotonic() - moment < quiet and time.monotonic() - start < limit:
+        time.sleep(quiet / 10)
+        if _ORPHANED[0] != seen:
+            seen, moment = _ORPHANED[0], time.monotonic()
+
+
+def _orphaned_read_callback(unraisable: Any) -> bool:
+    """A read's completion sent to an event loop that orbax closed (see :func:`_contain_failed_reads`)."""
+    exc = unraisable.exc_value
+    if unraisable.object is not None or not isinstance(exc, RuntimeError) or str(exc) != "Event loop is closed":
+        return False
+    frames = [frame.f_code.co_name for frame, _ in traceback.walk_tb(unraisable.exc_traceback)]
+    return bool(frames) and frames[0] == "call_soon_threadsafe"
+
+
+class _SaidReadErrors(logging.Filter):
+    """Drops asyncio's "Task exception was never retrieved" about a checkpoint whose restore failed."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not str(record.msg).startswith("Task exception was never retrieved") or not _FAILED_READS:
+            return True
+        text = f"{record.getMessage()} {record.exc_info[1] if record.exc_info else ''}"
+        return not any(folder in text for folder in _FAILED_READS)
 
 
 def _abstract(tree):
@@ -96,6 +164,11 @@ def _model_state(state) -> dict:
 class DamagedCheckpointError(ValueError):
     """A checkpoint whose files cannot be read (a partial write, damaged files), where no other
     checkpoint will do: the one asked for, or the run's best model, whose weights no other holds."""
+
+
+class ModelMismatchError(ValueError):
+    """A checkpoint whose parameters are shaped unlike the model's: saved from another model (or
+    the model was built from another ``exmp_input``); the message names the mismatching paths."""
 
 
 class Checkpointer:
@@ -332,9 +405,7 @@ class Checkpointer:
         self.wait()
         ocp = _ocp()
         step = self._resolve(step)
-        mismatch = self.describe_mismatch(target, step)
-        if mismatch:
-            raise ValueError(mismatch)
+        self._refuse_mismatch(target, step)
         wanted = {"params": target.params, "model_state": self._saved_part(_model_state(target), step)}
         restore_opt = with_opt_state and target.opt_state is not None
         if restore_opt:
@@ -346,6 +417,10 @@ class Checkpointer:
         try:
             restored = self._manager.restore(step, args=ocp.args.Composite(state=item))["state"]
         except Exception as exc:  # orbax raises several types; the shapes matched above, so the files are bad
+            if not _FAILED_READS:
+                atexit.register(_settle_failed_reads)
+            _FAILED_READS.add(os.path.join(self.directory, str(step), ""))
+            _settle_failed_reads()
             raise DamagedCheckpointError(
                 f"Could not restore checkpoint {step} from {self.directory}: it is damaged or partial (its "
                 f"structure matches the model and optimizer built now, its files do not read: "
@@ -405,9 +480,7 @@ class Checkpointer:
         if not steps:
             raise FileNotFoundError(f"No checkpoint found in {self.directory}.")
         for i, step in enumerate(steps):
-            mismatch = self.describe_mismatch(target, step)
-            if mismatch:
-                raise ValueError(mismatch)
+            self._refuse_mismatch(target, step)
             try:
                 meta = self.read_meta(step)
                 state = load(step) if load is not None else self.restore(target, step, with_opt_state)
@@ -423,6 +496,12 @@ class Checkpointer:
                     stacklevel=2,
                 )
         raise AssertionError("unreachable")
+
+    def _refuse_mismatch(self, target, step: int) -> None:
+        """Raise :meth:`describe_mismatch`'s message: :class:`ModelMismatchError` for parameters."""
+        mismatch = self.describe_mismatch(target, step)
+        if mismatch:
+            raise (ModelMismatchError if "different model" in mismatch else ValueError)(mismatch)
 
     def describe_mismatch(self, target, step: int, limit: int = 5) -> str | None:
         """What differs between checkpoint ``step`` and ``target`` (a readable list of parameter

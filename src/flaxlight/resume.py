@@ -171,11 +171,13 @@ def pick_checkpoint(checkpointer: Checkpointer, which: str = "best") -> int:
 
 
 def restore_run(own: Checkpointer, resume_from: str | os.PathLike | None, state: Any, *,
-                load: Callable[[int], Any], train_loader: Any,
-                schedule_steps: int | None = None) -> tuple[Any, CheckpointMeta, int] | None:
+                load: Callable[[int], Any], train_loader: Any, schedule_steps: int | None = None,
+                loaded_from: Checkpointer | None = None) -> tuple[Any, CheckpointMeta, int] | None:
     """Restore the checkpoint a run resumes from: ``(state, meta, step)``, or None for a fresh
     start (``resume=True`` into a run with no checkpoint yet). ``schedule_steps``: the length of
     the resumed run's schedule when its rates depend on it; a change from the checkpoint's is said.
+    ``loaded_from``: the run a trainer from ``load_from_checkpoint`` was loaded from, into another
+    folder (with no checkpoint there yet, training goes on from the loaded model: said, no warning).
 
     Without ``resume_from``: the newest readable checkpoint of ``own`` (the run's own folder),
     restored by ``load(step)`` (the trainer's ``load_model``); damaged newer ones are skipped
@@ -185,6 +187,10 @@ def restore_run(own: Checkpointer, resume_from: str | os.PathLike | None, state:
     if not checkpointer.all_steps():
         if resume_from is not None:
             raise FileNotFoundError(f"resume_from={os.fspath(resume_from)!r}: no checkpoint there.")
+        if loaded_from is not None:
+            messages.info(f"resume=True: no checkpoint in {checkpointer.directory} yet; training goes on from the "
+                          f"model loaded from {loaded_from.directory}.")
+            return None
         warnings.warn(f"resume=True, but there is no checkpoint in {checkpointer.directory}: starting from scratch. "
                       f"If you meant to continue a run, check the log_dir.", RuntimeWarning, stacklevel=4)
         return None
@@ -379,29 +385,43 @@ def run_length(checkpointer: Checkpointer) -> tuple[int, int]:
 
 
 def load_with_fallback(checkpointer: Checkpointer, state: Any, which: str,
-                       load: Callable[[int], Any] | None = None) -> Any:
-    """The ``which`` checkpoint loaded by ``load(step)`` (default: restored into ``state``); past a
-    damaged one, with a warning, the newest that reads; a damaged best checkpoint kept for its
-    score (older than the newest) raises :class:`DamagedCheckpointError` instead: no other
-    checkpoint holds that model. A checkpoint of another model or optimizer raises its own error."""
+                       load: Callable[[int], Any] | None = None, step: int | None = None) -> Any:
+    """The ``which`` checkpoint (``step``: that one) loaded by ``load(step)`` (default: restored into
+    ``state``); past a damaged one, with a warning, the newest that reads; a damaged best checkpoint
+    kept for its score (older than the newest), or the ``step`` asked for, raises
+    :class:`DamagedCheckpointError` instead: no other checkpoint holds that model. A checkpoint of
+    another model or optimizer raises its own error."""
     load = load or (lambda step: checkpointer.restore(state, step=step))
-    step = pick_checkpoint(checkpointer, which)
+    asked = step is not None
+    if asked and step not in checkpointer.all_steps():
+        raise FileNotFoundError(_missing_checkpoint_message(os.path.join(checkpointer.directory, str(step))))
+    step = step if asked else pick_checkpoint(checkpointer, which)
     try:
         return load(step)
     except Exception as exc:  # noqa: BLE001 - orbax, tensorstore and JSON raise many types
         if checkpointer.describe_mismatch(state, step):
             raise
-        problem = (f"Checkpoint {step} in {checkpointer.directory} is damaged or partial ({type(exc).__name__}: "
-                   f"{str(exc)[:200]})")
+        cause = exc.__cause__ if isinstance(exc, DamagedCheckpointError) and exc.__cause__ is not None else exc
+        problem = (f"Checkpoint {step} in {checkpointer.directory} is damaged or partial ({type(cause).__name__}: "
+                   f"{_first_line(cause)})")
         earlier = [s for s in checkpointer.all_steps() if s != step]
-        if which == "best" and earlier and step < max(earlier):  # a best kept for its score: no other is it
+        if asked:
+            others = f"; the run holds {', '.join(map(str, sorted(earlier)))}" if earlier else ""
+            raise DamagedCheckpointError(f"{problem}. It is the checkpoint asked for{others}.") from exc
+        if not earlier:
+            raise DamagedCheckpointError(f"{problem}, and it is the run's only checkpoint: train again.") from exc
+        if which == "best" and step < max(earlier):  # a best kept for its score: no other is it
             raise DamagedCheckpointError(f"{problem}. It is the run's best checkpoint and no other holds that model: "
                                          f"load which='last' (step {max(earlier)}) for the newest one, or train "
                                          f"again.") from exc
         warnings.warn(f"{problem}; loading the newest readable checkpoint instead.", RuntimeWarning, stacklevel=3)
-        if not earlier:
-            raise
         return checkpointer.restore_latest_valid(state, load=load, before=max(earlier) + 1)[0]
+
+
+def _first_line(exc: BaseException, limit: int = 200) -> str:
+    """An error's message, first line, at most ``limit`` characters: one line to show."""
+    text = (str(exc).strip().splitlines() or [""])[0]
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def checkpointer_for(path: str | os.PathLike) -> Checkpointer:

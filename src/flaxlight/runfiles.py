@@ -103,7 +103,15 @@ class LoggerParams:
 
 
 class RunInUseError(RuntimeError):
-    """Another live process holds the run folder's lock: two runs must not write into one folder."""
+    """Another live process holds the run folder's lock: two runs must not write into one folder.
+
+    Attributes:
+        log_dir: the folder; pid, host: the process holding it, as its lock file says ("?" unknown).
+    """
+
+    def __init__(self, message: str, log_dir: str = "", pid: str = "?", host: str = "?"):
+        super().__init__(message)
+        self.log_dir, self.pid, self.host = log_dir, pid, host
 
 
 def next_version_dir(base: str | os.PathLike) -> str:
@@ -251,7 +259,8 @@ class RunLock:
         raise RunInUseError(
             f"{os.path.dirname(self.path)} is in use by process {pid_text or '?'} on {host or '?'} (lock file "
             f"{self.path}): two runs must not write into one folder. Wait for it to finish or choose another "
-            f"log_dir; if that process is gone, delete the lock file.")
+            f"log_dir; if that process is gone, delete the lock file.", os.path.dirname(self.path),
+            pid_text or "?", host or "?")
 
     def release(self) -> None:
         if self.held:

@@ -462,15 +462,17 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
         self.checkpointer.save(step, self.state, meta=meta.to_json(), metrics=chosen.score_of(step) if chosen else None)
 
     def load_model(self, step: int | None = None) -> None:
-        """Restore a checkpoint into ``self.state``: ``step``, else the best, else the newest."""
+        """Restore a checkpoint into ``self.state`` (``global_step`` too): ``step``, else the best, else the newest."""
         self.checkpointer.wait()
         step = resume.pick_checkpoint(self.checkpointer, "best") if step is None else step
         self.state = self.checkpointer.restore(self.state, step=step)
+        self.global_step = int(to_host(self.state.step))
 
     def _resume(self, target: ResumeTarget, train_loader) -> None:
         """Continue from a checkpoint (:func:`flaxlight.resume.restore_run`): state, loop, best, callbacks, loggers."""
         restored = resume.restore_run(self.checkpointer, target.resume_from, self.state, load=self._load_for_resume,
-                                      train_loader=train_loader, schedule_steps=self._fitted_schedule_steps)
+                                      train_loader=train_loader, schedule_steps=self._fitted_schedule_steps,
+                                      loaded_from=self._loaded_from)
         if restored is not None:
             self.state, meta, step = restored
             target.begin(meta, self.checkpointer, self.log_dir, self.steps_per_epoch, train_loader)  # checks, a rewind

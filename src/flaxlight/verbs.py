@@ -24,6 +24,7 @@ import numpy as np
 
 from flaxlight import distributed as dist
 from flaxlight import resume, runfiles
+from flaxlight.checkpoint import ModelMismatchError
 from flaxlight.data import as_input_list, as_loader
 from flaxlight.messages import logger as messages
 from flaxlight.metrics import deliberate_reads, to_host
@@ -58,6 +59,26 @@ def _model_inputs(batch: Any, count: int = 1) -> tuple:
     return tuple(batch[:count]) if isinstance(batch, (tuple, list)) else (batch,)
 
 
+def _run_and_step(checkpoint: str | os.PathLike) -> tuple[str, int | None]:
+    """``(run folder, step)`` of what ``load_from_checkpoint`` was given: a run's folder (step None),
+    its ``checkpoints`` folder, or one ``checkpoints/<step>`` folder (the run is two folders up)."""
+    path = os.path.abspath(os.fspath(checkpoint))
+    name = os.path.basename(path)
+    step = int(name) if name.isdigit() else None  # a step the run did not keep is said when it is loaded
+    folder = path if step is None else os.path.dirname(path)
+    run = os.path.dirname(folder)
+    if os.path.basename(folder) == runfiles.CHECKPOINT_DIR and os.path.isfile(os.path.join(run, runfiles.HPARAMS_FILE)):
+        return run, step
+    return path, None
+
+
+def _exmp_input_note(exmp_input: Any) -> str:
+    """What a checkpoint of "a different model" may also mean when loading: a wrong ``exmp_input``."""
+    return (f"This trainer's exmp_input is {_describe_inputs(as_input_list(exmp_input))}, and the model's first "
+            f"layers are shaped from it: a wrong exmp_input (e.g. x[0] instead of x[:1]) gives this error too. It "
+            f"must be shaped like one batch of the run's inputs, batch axis first.")
+
+
 def _construct(cls: type, exmp_input: Any, kwargs: dict, overrides: Mapping[str, Any]):
     """``cls(exmp_input=..., **kwargs)``; a constructor that names its model itself (the seed's
     pattern, no model hyperparameters saved to tell) is called again without ``model_class`` /
@@ -83,8 +104,9 @@ class TrainerVerbsMixin:
         moving average, which evaluation used); ``overrides`` replace saved settings (``logger_params`` are merged;
         a ``log_dir`` there logs to that folder). ``test()`` and ``log_metrics`` add to the run's records.
         Example: ``MyTrainer.load_from_checkpoint("checkpoints/MLP/version_0", exmp_input=x[:1])``."""
-        trainer = _construct(cls, exmp_input, runfiles.trainer_kwargs(cls, checkpoint, which, overrides), overrides)
-        source = resume.checkpointer_for(checkpoint)  # the run's own, also when logger_params moves the logs
+        run, step = _run_and_step(checkpoint)
+        trainer = _construct(cls, exmp_input, runfiles.trainer_kwargs(cls, run, which, overrides), overrides)
+        source = resume.checkpointer_for(run if step is None else os.path.join(run, runfiles.CHECKPOINT_DIR))
         own = source.directory == trainer.checkpointer.directory
         trainer._loaded_from = None if own else source  # which="best"/"last" until the trainer saves its own
         trainer._hparams_written, trainer._loaded = own, True  # its hparams.yaml describes this trainer already
@@ -93,7 +115,11 @@ class TrainerVerbsMixin:
         if with_optimizer or averaged:
             trainer.init_optimizer(*resume.run_length(source))
         trainer._place_state()
-        trainer.state = resume.load_with_fallback(source, trainer.state, which, trainer._load_for_resume if own else None)
+        try:
+            trainer.state = resume.load_with_fallback(source, trainer.state, which,
+                                                      trainer._load_for_resume if own else None, step=step)
+        except ModelMismatchError as exc:  # the model was shaped from exmp_input: it may be the one at fault
+            raise ModelMismatchError(f"{exc}\n{_exmp_input_note(exmp_input)}") from None
         if averaged:  # an inference load serves the moving average the run was validated with
             trainer.state = trainer._serving(trainer.state).replace(opt_state=None)
         trainer.global_step = int(to_host(trainer.state.step))
@@ -125,6 +151,8 @@ class TrainerVerbsMixin:
             inputs = _model_inputs(batch, self._input_count)
             if i == 0:
                 _check_like_example(inputs, as_input_list(self.exmp_input))
+                if self.options.check_batches:
+                    _check_input_shapes(self._predict_step, state, inputs, as_input_list(self.exmp_input))
             out = self._predict_step(state, inputs)
             with deliberate_reads():
                 for leaf in jax.tree.leaves(out):
@@ -165,7 +193,11 @@ class TrainerVerbsMixin:
         if which not in ("current", "best", "last"):
             raise ValueError(f"which must be 'current', 'best' or 'last'; got {which!r}.")
         stem = _test_stem(name)
-        self._claim_records()  # before loading anything: another run's folder is refused as it is
+        with self._writing_records("test results"):  # before loading anything: a folder in use is refused
+            return self._test_in_claimed_folder(test_loader, which, stem)
+
+    def _test_in_claimed_folder(self, test_loader, which: str, stem: str) -> dict[str, float]:
+        """:meth:`_test`'s work, while the run folder's lock is held."""
         source = self._checkpoint_source()
         if which != "current" and source.all_steps():
             own_load = not type(self).load_model.__qualname__.startswith("TrainerModule.")  # a seam of the user's
@@ -175,7 +207,9 @@ class TrainerVerbsMixin:
                 self.state = resume.load_with_fallback(source, self.state, which)
             else:
                 source.wait()
+                step = self.global_step  # the test is logged at the trainer's step (after training: the last)
                 self.load_model(None if which == "best" else resume.pick_checkpoint(source, which))  # None: best
+                self.global_step = step
         test_metrics = self.eval_model(test_loader, log_prefix=f"{stem}/")
         self._log(test_metrics)
         self.save_metrics(self._unused_metrics_name(stem), test_metrics)
@@ -286,13 +320,64 @@ class TrainerVerbsMixin:
 
 def _check_like_example(inputs: tuple, examples: list) -> None:
     """Fail with a readable message when predict's inputs are not structured as ``exmp_input``
-    (e.g. dict batches ``{"x", "y"}`` for a model of one array)."""
+    (e.g. dict batches ``{"x", "y"}`` for a model of one array, one array for a model of two)."""
     want, got = [jax.tree.structure(x) for x in examples], [jax.tree.structure(x) for x in inputs]
-    if want != got:
-        raise TypeError(f"predict feeds the model the first {len(examples)} element(s) of a tuple batch, or the whole "
-                        f"batch otherwise; its batches give {got}, but the model takes inputs like exmp_input: {want}. "
-                        f"Give predict the inputs only, e.g. trainer.predict(x, batch_size=256) (for dict batches: "
-                        f"[batch['x'] for batch in batches]).")
+    if want == got:
+        return
+    if len(examples) == 1:
+        fix = "e.g. trainer.predict(x, batch_size=256) (for dict batches: [batch['x'] for batch in batches])"
+        takes = "the whole batch, or the first element of a tuple batch (the rest, e.g. labels, left out)"
+    else:
+        names = ", ".join(f"x{i}" for i in range(len(examples)))
+        fix = f"as one tuple of its {len(examples)} inputs: trainer.predict(({names}), batch_size=256)"
+        takes = f"the first {len(examples)} elements of each tuple batch (the rest, e.g. labels, left out)"
+    plural = "s" * (len(examples) > 1)
+    raise TypeError(f"predict feeds the model {takes}; the model takes {len(examples)} input{plural} like exmp_input: "
+                    f"{_describe_inputs(examples)}, but predict's batches give {len(inputs)}: "
+                    f"{_describe_inputs(inputs)}. Give predict the model's inputs only, {fix}.")
+
+
+def _describe_inputs(inputs) -> str:
+    """``"an array of shape (64, 8), a dict with keys ['a', 'b']"``: what each input is, readably."""
+    def describe(value) -> str:
+        if hasattr(value, "shape"):
+            return f"an array of shape {tuple(np.shape(value))}"
+        if isinstance(value, Mapping):
+            return f"a dict with keys {sorted(map(str, value))}"
+        if isinstance(value, (tuple, list)):
+            return f"a {type(value).__name__} of {len(value)}"
+        return f"a {type(value).__name__}"
+
+    return "; ".join(describe(value) for value in inputs)
+
+
+def _check_input_shapes(forward, state, inputs: tuple, examples: list) -> None:
+    """Fail with flaxlight's shape message (as ``test()`` does for its batches) when predict's first
+    batch is shaped unlike ``exmp_input`` in any dimension but the batch axis and the model cannot
+    take it (traced, shapes only: a model of variable sizes is given what it takes)."""
+    for i, (given, example) in enumerate(zip(inputs, examples)):
+        pairs = zip(jax.tree_util.tree_leaves_with_path(given), jax.tree.leaves(example))
+        for (path, leaf), want_leaf in pairs:
+            got, want = tuple(np.shape(leaf)), tuple(np.shape(want_leaf))
+            if len(got) == len(want) and got[1:] == want[1:]:
+                continue
+            try:
+                jax.eval_shape(forward, state, inputs)
+            except Exception as exc:  # noqa: BLE001 - the model's own error, shown under ours
+                raise ValueError(_shape_message(f"{f'[{i}]' if len(examples) > 1 else ''}"
+                                                f"{jax.tree_util.keystr(path)}", got, want, exc)) from exc
+            return
+
+
+def _shape_message(where: str, got: tuple, want: tuple, exc: Exception) -> str:
+    expected = "(N" + "".join(f", {d}" for d in want[1:]) + ")"
+    hint = ""
+    if len(got) == len(want) - 1 and got[1:] == want[2:]:
+        hint = (f" The data seems to lack the batch axis: pass one example as x[:1] or x[None] (shape "
+                f"{(1,) + want[1:]}), not x[0] (shape {want[1:]}), which predict splits into rows of shape {want[2:]}.")
+    return (f"predict's data does not fit the model: its batches' input{where} has shape {got}, but the model was "
+            f"initialised with exmp_input{where} of shape {want}; all dimensions but the first (the batch axis) "
+            f"must match: expected {expected}.{hint} (The model, traced on it: {type(exc).__name__}: {str(exc)[:200]})")
 
 
 def _forward(state, inputs, *, precision: str = "fp32"):

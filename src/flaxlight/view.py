@@ -16,9 +16,10 @@ Examples:
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import warnings
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 import jax
 
@@ -130,15 +131,20 @@ class TrainerViewMixin:
     def log_image(self, tag: str, image: Any, step: int | None = None) -> None:
         """Send an image (``(H, W)`` or ``(H, W, C)``, uint8 or float in [0, 1]) to every logger
         that shows images (TensorBoard, W&B, MLflow); nothing in ``fast_dev_run``."""
-        self._claim_records()
-        self.logger.log_image(tag, image, self.global_step if step is None else int(step))
+        with self._writing_records("image"):
+            self.logger.log_image(tag, image, self.global_step if step is None else int(step))
 
     def _claim_records(self) -> None:
         """Before this trainer's first run or load: its first record (``test()``, ``log_metrics``
         of a baseline) makes the log folder its own, so a later ``train_model`` continues the same
-        records; a folder holding another run's files is refused, as ``train_model`` refuses it."""
-        if self._wrote_here or self._trained_here or self._loaded or self.log_dir is None \
+        records; a folder holding another run's files is refused, as ``train_model`` refuses it.
+        A trainer from ``load_from_checkpoint`` adds to the loaded run's records in that run's
+        folder; logging to another folder (``logger_params={'log_dir': ...}``), it claims that
+        folder as a new trainer does (a fine-tuning run after a baseline test continues its records)."""
+        if self._wrote_here or self._trained_here or self.log_dir is None \
                 or not dist.is_main_process():  # the others write no records (and claim no folder)
+            return
+        if self._loaded and self._loaded_from is None:  # the loaded run's own folder: its records go on
             return
         present = runfiles.run_files_present(self.log_dir)
         if present:
@@ -147,12 +153,50 @@ class TrainerViewMixin:
                                   f"(load_from_checkpoint), or choose another log_dir.")
         self._wrote_here = True
 
+    @contextlib.contextmanager
+    def _writing_records(self, what: str) -> Iterator[None]:
+        """Records written outside ``train_model`` (``test()``, ``log_metrics``, ``log_image``): the
+        run folder's lock is taken first, as a training run takes it, and held while they are
+        written (a live process training there is refused: its ``metrics.csv`` would lose rows);
+        the folder is claimed (:meth:`_claim_records`); the records are on disk when this ends.
+        Inside ``train_model`` (the lock held already) it does nothing."""
+        held = self._run_lock is not None and self._run_lock.held
+        if held or self.log_dir is None or not dist.is_main_process():
+            yield
+            return
+        lock = runfiles.RunLock(self.log_dir)
+        try:
+            lock.acquire()
+        except runfiles.RunInUseError as busy:
+            raise runfiles.RunInUseError(self._in_use_message(busy, what), busy.log_dir, busy.pid, busy.host) from None
+        self._run_lock = lock
+        try:
+            self._claim_records()
+            yield
+            self.logger.flush()
+        finally:
+            lock.release()
+
+    def _in_use_message(self, busy: "runfiles.RunInUseError", what: str) -> str:
+        """Why a record cannot be written into a folder a live process holds, and what to do instead."""
+        if self._loaded:
+            instead = (f"To test the checkpoint while the run goes on, log into another folder: "
+                       f"{type(self).__name__}.load_from_checkpoint(run, exmp_input=..., "
+                       f"logger_params={{'log_dir': 'runs/eval'}}); or wait for process {busy.pid} to finish.")
+        else:
+            instead = (f"Log into another folder (logger_params={{'log_dir': ...}}), or wait for process {busy.pid} "
+                       f"to finish.")
+        return (f"The run in {busy.log_dir} is training in process {busy.pid} on {busy.host} (that process holds its "
+                f"lock file {runfiles.RunLock.FILE}): this trainer's {what} would be written into the run's records "
+                f"(metrics.csv, metrics/) while it writes them, and rows would be lost. Nothing was written. {instead} "
+                f"If that process is gone, delete the lock file.")
+
     def _log(self, metrics: Mapping[str, float], step: int | None = None) -> None:
-        self._claim_records()
-        step = self.global_step if step is None else step
-        self.callback_metrics.update(metrics)
-        self.logger.log_metrics(metrics, step=step)
-        self._call_callbacks("on_log", step, metrics)
+        with self._writing_records("logged metrics"):
+            step = self.global_step if step is None else step
+            self.callback_metrics.update(metrics)
+            self.logger.log_metrics(metrics, step=step)
+            self._call_callbacks("on_log", step, metrics)
 
     def _call_callbacks(self, hook: str, *args) -> None:
         for callback in self.callbacks:

@@ -15,7 +15,8 @@ class CSVLogger(Logger):
     """Writes ``<log_dir>/metrics.csv``; columns are ``step`` then metrics in order of appearance.
 
     When a new metric appears the file is rewritten with the wider header, so it always parses
-    with a plain CSV reader (empty cells where a metric was not logged). Rows are buffered and
+    with a plain CSV reader (empty cells where a metric was not logged); the rewrite starts from
+    what the file holds then and replaces it atomically (a temporary file, then ``os.replace``). Rows are buffered and
     written by :meth:`flush` (the trainer flushes at every epoch end and checkpoint) and
     :meth:`finalize`, or once ``flush_every_n_records`` rows are waiting.
 
@@ -54,34 +55,24 @@ class CSVLogger(Logger):
             self.columns, self.rows, self._written_rows, self._on_disk = ["step"], [], 0, False
 
     def continue_run(self) -> None:
-        """Reload ``metrics.csv``: new rows are appended to every row it holds."""
+        """Read ``metrics.csv``: new rows are added to every row it holds (nothing is written now)."""
         self._reload(up_to=None)
 
     def _reload(self, up_to: int | None) -> None:
+        """Take the file's rows; with ``up_to``, the later ones are dropped from it too (a resumed
+        run's lock is held). Without, nothing is written: a last line cut short is mended at the
+        next :meth:`flush`, which re-reads the file."""
         if not os.path.isfile(self.path):
             return
-        with open(self.path, newline="") as f:
-            reader = csv.DictReader(f)
-            columns = list(reader.fieldnames or ["step"])
-            rows = [  # a row cut short (a full disk) keeps the values it has; the cells it lacks read None
-                {k: _parse(v) for k, v in row.items() if k is not None and v not in ("", None)}
-                for row in reader
-                if _step_of(row) is not None and (up_to is None or _step_of(row) <= up_to)
-            ]
-        self.columns, self.rows, self._on_disk = columns, rows, True
-        with open(self.path, "rb") as f:  # a last line cut short (no newline) is rewritten whole, not appended to
-            whole = f.seek(0, os.SEEK_END) == 0 or (f.seek(-1, os.SEEK_END) >= 0 and f.read(1) == b"\n")
-        self._written_rows = len(rows) if up_to is None and whole else 0  # nothing dropped: the file stands
-        if self._written_rows == 0:
-            self.flush(force=True)
+        self.columns, self.rows = _read(self.path, up_to)
+        self._written_rows, self._on_disk = len(self.rows), True
+        if up_to is not None:
+            self._rewrite(self.columns, self.rows)
 
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
         row = {"step": int(step)}
         row.update(metrics)
-        new = [key for key in row if key not in self.columns]
-        if new:
-            self.columns.extend(new)
-            self._written_rows = 0  # header changed: rewrite the whole file at the next flush
+        self.columns.extend(key for key in row if key not in self.columns)
         self.rows.append(row)
         if len(self.rows) - self._written_rows >= self.flush_every_n_records:
             self.flush()
@@ -90,16 +81,82 @@ class CSVLogger(Logger):
         self.flush()
 
     def flush(self, force: bool = False) -> None:
+        """Write the rows logged since the last flush. They are appended while the file's header
+        names every column they have; otherwise the file is rewritten with a wider header, from
+        what it holds now (rows another writer added since are kept) plus the new rows, into a
+        temporary file that then replaces it: an exit at any moment leaves the old or the new file."""
         if self._written_rows == len(self.rows) and not force:
             return
-        os.makedirs(os.path.dirname(self.path), exist_ok=True)
-        mode = "a" if self._written_rows else "w"
-        with open(self.path, mode, newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=self.columns, restval="")
-            if mode == "w":
-                writer.writeheader()
-            writer.writerows(self.rows[self._written_rows :])
+        os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
+        new_rows = self.rows[self._written_rows:]
+        header = _header(self.path) if self._on_disk else None  # a file this logger never read is replaced
+        if header is not None and set(self.columns) <= set(header):
+            with open(self.path, "a", newline="") as f:
+                csv.DictWriter(f, fieldnames=header, restval="").writerows(new_rows)
+            self.columns = header
+        else:
+            columns, rows = list(self.columns), list(self.rows)
+            if self._on_disk and _holds_rows(self.path):  # what the file holds now, not what was read before
+                columns, rows = _read(self.path, None)
+                columns += [key for key in self.columns if key not in columns]
+                rows += new_rows
+            self._rewrite(columns, rows)
+            self.columns, self.rows = columns, rows
         self._written_rows, self._on_disk = len(self.rows), True
+
+    def _rewrite(self, columns: list[str], rows: list[dict]) -> None:
+        """``metrics.csv`` replaced at once (a temporary file, then ``os.replace``)."""
+        temporary = f"{self.path}.{os.getpid()}.tmp"
+        try:
+            with open(temporary, "w", newline="") as f:
+                writer = csv.DictWriter(f, fieldnames=columns, restval="")
+                writer.writeheader()
+                writer.writerows(rows)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(temporary, self.path)
+        except BaseException:
+            if os.path.exists(temporary):
+                os.remove(temporary)
+            raise
+
+
+def _header(path: str) -> list[str] | None:
+    """The columns of the CSV file at ``path``; None when it is missing, empty or its last line is
+    cut short (no newline: a row appended now would join it)."""
+    try:
+        with open(path, "rb") as f:
+            if f.seek(0, os.SEEK_END) == 0:
+                return None
+            f.seek(-1, os.SEEK_END)
+            if f.read(1) != b"\n":
+                return None
+            f.seek(0)
+            first = f.readline().decode("utf-8").rstrip("\r\n")
+    except FileNotFoundError:
+        return None
+    return next(csv.reader([first]), None) or None
+
+
+def _holds_rows(path: str) -> bool:
+    """Whether the file at ``path`` holds a header line (it may hold rows)."""
+    try:
+        return os.path.getsize(path) > 0
+    except FileNotFoundError:
+        return False
+
+
+def _read(path: str, up_to: int | None) -> tuple[list[str], list[dict]]:
+    """``(columns, rows)`` of the CSV file at ``path``: the rows up to step ``up_to`` (all for None)."""
+    with open(path, newline="") as f:
+        reader = csv.DictReader(f)
+        columns = list(reader.fieldnames or ["step"])
+        rows = [  # a row cut short (a full disk) keeps the values it has; the cells it lacks read None
+            {k: _parse(v) for k, v in row.items() if k is not None and v not in ("", None)}
+            for row in reader
+            if _step_of(row) is not None and (up_to is None or _step_of(row) <= up_to)
+        ]
+    return columns, rows
 
 
 def _step_of(row: Mapping) -> int | None:
