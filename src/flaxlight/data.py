@@ -653,8 +653,8 @@ def _list_of_arrays_error(data: list, what: str) -> ValueError:
     return ValueError(f"{what} is a list of {len(data)} arrays that share their first dimension ({shapes}), like "
                       f"Keras' [{names}]; a list is a loader of batches here (each item one batch), so it is not cut "
                       f"by batch_size. Pass the arrays as a tuple, ({names}), to cut them into batches; if the items "
-                      f"are batches, give the other data as loaders too (e.g. flaxlight.ArrayLoader(x, y, "
-                      f"batch_size=64)) and drop batch_size.")
+                      f"are batches, drop batch_size (and give any other data as loaders, e.g. "
+                      f"flaxlight.ArrayLoader(x, y, batch_size=64)).")
 
 
 def _as_arrays(data: Any, split: bool, what: str = "data") -> Any:
@@ -667,10 +667,10 @@ def _as_arrays(data: Any, split: bool, what: str = "data") -> Any:
     :func:`_looks_like_one_datasets_arrays`) is an error asking for a tuple."""
     if _is_array(data):
         return data
+    if split and _looks_like_one_datasets_arrays(data):  # also [x.tolist(), y.tolist()]
+        raise _list_of_arrays_error(data, what)
     if split and _holds_values(data):  # one array as a Python list
         return lists_as_arrays(data, what)
-    if split and _looks_like_one_datasets_arrays(data):
-        raise _list_of_arrays_error(data, what)
     if not isinstance(data, (tuple, dict)) or not data:
         return None
     parts = data.values() if isinstance(data, dict) else data
