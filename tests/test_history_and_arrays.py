@@ -135,6 +135,33 @@ def test_a_second_call_resumed_after_a_crash_ends_bitwise_as_if_uninterrupted(tm
     jax.tree.map(np.testing.assert_array_equal, resumed.state.params, straight.state.params)
 
 
+def _adam_counts(trainer):
+    return {int(leaf) for path, leaf in jax.tree_util.tree_leaves_with_path(trainer.state.opt_state)
+            if "count" in jax.tree_util.keystr(path)}
+
+
+def test_a_loop_of_calls_starts_a_new_optimizer_each_time_and_resume_carries_it(tmp_path):
+    """docs/from-keras.md: unlike Keras' fit loop, each train_model call builds a new optimizer;
+    the loop written with resume=True keeps its state and, with a constant schedule, ends bit for
+    bit as one call of num_epochs=3."""
+    x, y = _data()
+
+    def trainer(name):
+        return RegressTrainer(model_class=TinyMLP, model_hparams={"hidden_dims": [16], "output_dim": 1},
+                              optimizer_hparams={"optimizer": "adam", "lr": 3e-2, "schedule": "constant"},
+                              exmp_input=x[:1], **quiet(tmp_path, logger_params={"log_dir": str(tmp_path / name)}))
+
+    plain, resumed, once = trainer("plain"), trainer("resumed"), trainer("once")
+    for n in (1, 2, 3):
+        plain.train_model((x, y), None, num_epochs=1, batch_size=8)
+        assert plain.global_step == 5 * n and _adam_counts(plain) == {5}  # the optimizer's count starts again
+        resumed.train_model((x, y), None, num_epochs=n, batch_size=8, resume=n > 1)
+        assert resumed.global_step == 5 * n and _adam_counts(resumed) == {5 * n}
+    once.train_model((x, y), None, num_epochs=3, batch_size=8)
+    jax.tree.map(np.testing.assert_array_equal, resumed.state.params, once.state.params)
+    assert [row["epoch"] for row in resumed.history] == [1, 2, 3]
+
+
 @pytest.mark.parametrize("through", ["arrays", "ArrayLoader"])
 @pytest.mark.parametrize("labels", ["text", "objects"])
 def test_text_labels_are_named_by_the_first_batch_check_before_any_copy_to_the_device(tmp_path, through, labels):
