@@ -276,3 +276,21 @@ def test_keras_keywords_say_what_to_pass_instead(tmp_path, keyword, hint):
     with pytest.raises(TypeError, match=rf"train_model\(\) got an unexpected keyword argument '{keyword}': {hint}"):
         _trainer(tmp_path).train_model((x, y), batch_size=8, **{keyword: 0.2})
     assert not (tmp_path / "run" / "hparams.yaml").exists()  # refused before the run began
+
+
+class _WithOwnKeyword(RegressTrainer):
+    def train_model(self, train_loader, val_loader=None, *, log_images=False, **kwargs):
+        self.log_images = log_images
+        return super().train_model(train_loader, val_loader, **kwargs)
+
+
+def test_an_unknown_keyword_is_matched_against_a_subclass_s_own_keywords_too(tmp_path):
+    x, y = _data()
+    trainer = _WithOwnKeyword(model_class=TinyMLP, model_hparams={"hidden_dims": [16], "output_dim": 1},
+                              optimizer_hparams={"lr": 1e-2}, exmp_input=x[:1], **quiet(tmp_path))
+    with pytest.raises(TypeError, match=r"unexpected keyword argument 'log_image': did you mean 'log_images'\?"):
+        trainer.train_model((x, y), batch_size=8, log_image=True)
+    with pytest.raises(TypeError, match=r"unexpected keyword argument 'zzz': it takes .*\blog_images\b.*num_epochs"):
+        trainer.train_model((x, y), batch_size=8, zzz=1)
+    trainer.train_model((x, y), num_epochs=1, batch_size=8, log_images=True)
+    assert trainer.log_images and trainer.global_step == 5

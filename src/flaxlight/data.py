@@ -760,10 +760,26 @@ KERAS_KEYWORDS = {
 }
 
 
+def _keyword_names(method: Callable) -> set[str]:
+    """The parameters ``method`` takes by name (not ``self``, ``*args`` or ``**kwargs``)."""
+    try:
+        parameters = inspect.signature(method).parameters.values()
+    except (TypeError, ValueError):  # no signature to read
+        return set()
+    return {p.name for p in parameters if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)} - {"self"}
+
+
+def _subclass_keywords(owner: Any, name: str) -> set[str]:
+    """The keywords of the ``name`` methods that ``owner``'s classes define (a subclass's own
+    ``train_model(self, ..., *, log_images=False, **kwargs)`` that calls ``super()``'s)."""
+    return set().union(*(_keyword_names(cls.__dict__[name]) for cls in type(owner).__mro__
+                         if callable(cls.__dict__.get(name))))
+
+
 def explains_unknown_keywords(method: Callable) -> Callable:
     """Wrap ``train_model`` so that a keyword it does not take fails with what to do instead
     (Keras' ``validation_split``, ``epochs``, ...) or the closest name it takes, not a bare
-    ``TypeError``.
+    ``TypeError``; a subclass's own ``train_model`` keywords are among those suggested.
 
     Examples:
         >>> @explains_unknown_keywords
@@ -772,16 +788,16 @@ def explains_unknown_keywords(method: Callable) -> Callable:
         Traceback (most recent call last):
         TypeError: fit() got an unexpected keyword argument 'epochs': it is num_epochs=N.
     """
-    names = set(inspect.signature(method).parameters)
+    names = _keyword_names(method)
 
     @functools.wraps(method)
     def checked(self, *args: Any, **kwargs: Any) -> Any:
         unknown = [name for name in kwargs if name not in names]
         if unknown:
-            name = unknown[0]
-            close = difflib.get_close_matches(name, sorted(names - {"self"}), n=1)
+            name, known = unknown[0], sorted(names | _subclass_keywords(self, method.__name__))
+            close = difflib.get_close_matches(name, known, n=1)
             hint = KERAS_KEYWORDS.get(name) or (f"did you mean {close[0]!r}?" if close else
-                                                f"it takes {', '.join(sorted(names - {'self'}))}.")
+                                                f"it takes {', '.join(known)}.")
             raise TypeError(f"{method.__name__}() got an unexpected keyword argument {name!r}: "
                             f"{hint}{'' if hint.endswith(('.', '?')) else '.'}")
         return method(self, *args, **kwargs)
