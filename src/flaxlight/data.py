@@ -649,7 +649,7 @@ def _looks_like_one_datasets_arrays(data: Any) -> bool:
 
 def _list_of_arrays_error(data: list, what: str) -> ValueError:
     shapes = ", ".join(f"[{i}] {tuple(np.shape(v))}" for i, v in enumerate(data))
-    names = ", ".join("xyz"[:len(data)])
+    names = ", ".join(("x", "y", "w")[:len(data)])
     return ValueError(f"{what} is a list of {len(data)} arrays that share their first dimension ({shapes}), like "
                       f"Keras' [{names}]; a list is a loader of batches here (each item one batch), so it is not cut "
                       f"by batch_size. Pass the arrays as a tuple, ({names}), to cut them into batches; if the items "
