@@ -135,6 +135,33 @@ def test_a_second_call_resumed_after_a_crash_ends_bitwise_as_if_uninterrupted(tm
     jax.tree.map(np.testing.assert_array_equal, resumed.state.params, straight.state.params)
 
 
+def _adam_counts(trainer):
+    return {int(leaf) for path, leaf in jax.tree_util.tree_leaves_with_path(trainer.state.opt_state)
+            if "count" in jax.tree_util.keystr(path)}
+
+
+def test_a_loop_of_calls_starts_a_new_optimizer_each_time_and_resume_carries_it(tmp_path):
+    """docs/from-keras.md: unlike Keras' fit loop, each train_model call builds a new optimizer;
+    the loop written with resume=True keeps its state and, with a constant schedule, ends bit for
+    bit as one call of num_epochs=3."""
+    x, y = _data()
+
+    def trainer(name):
+        return RegressTrainer(model_class=TinyMLP, model_hparams={"hidden_dims": [16], "output_dim": 1},
+                              optimizer_hparams={"optimizer": "adam", "lr": 3e-2, "schedule": "constant"},
+                              exmp_input=x[:1], **quiet(tmp_path, logger_params={"log_dir": str(tmp_path / name)}))
+
+    plain, resumed, once = trainer("plain"), trainer("resumed"), trainer("once")
+    for n in (1, 2, 3):
+        plain.train_model((x, y), None, num_epochs=1, batch_size=8)
+        assert plain.global_step == 5 * n and _adam_counts(plain) == {5}  # the optimizer's count starts again
+        resumed.train_model((x, y), None, num_epochs=n, batch_size=8, resume=n > 1)
+        assert resumed.global_step == 5 * n and _adam_counts(resumed) == {5 * n}
+    once.train_model((x, y), None, num_epochs=3, batch_size=8)
+    jax.tree.map(np.testing.assert_array_equal, resumed.state.params, once.state.params)
+    assert [row["epoch"] for row in resumed.history] == [1, 2, 3]
+
+
 @pytest.mark.parametrize("through", ["arrays", "ArrayLoader"])
 @pytest.mark.parametrize("labels", ["text", "objects"])
 def test_text_labels_are_named_by_the_first_batch_check_before_any_copy_to_the_device(tmp_path, through, labels):
@@ -154,11 +181,11 @@ class DictInputs(nn.Module):
         return nn.Dense(1)(jnp.concatenate([inputs["a"], inputs["b"]], axis=-1))
 
 
-@pytest.mark.parametrize("form", ["labels as a list", "a list [x, y]", "validation labels as a list",
-                                  "dict inputs, Keras style"])
+@pytest.mark.parametrize("form", ["labels as a list", "validation labels as a list", "dict inputs, Keras style"])
 def test_keras_style_containers_of_arrays_are_cut_by_batch_size(tmp_path, form):
-    """What Keras' fit takes: lists of numbers become arrays, a list [x, y] is a tuple, and a
-    nested pytree of arrays is cut into batches (never taken as "a loader of 2 batches")."""
+    """What Keras' fit takes: lists of numbers in a tuple become arrays, and a nested pytree of
+    arrays is cut into batches (never taken as "a loader of 2 batches"). A list [x, y] is not: see
+    the next tests."""
     x, y = _data()
     xv, yv = _data(16, seed=1)
     if form == "dict inputs, Keras style":
@@ -172,7 +199,7 @@ def test_keras_style_containers_of_arrays_are_cut_by_batch_size(tmp_path, form):
         same.train_model(ArrayLoader({"a": x[:, :2], "b": x[:, 2:]}, y, batch_size=8, shuffle=True, seed=42),
                          ArrayLoader({"a": xv[:, :2], "b": xv[:, 2:]}, yv, batch_size=8), num_epochs=2)
     else:
-        train, val = {"labels as a list": ((x, y.tolist()), (xv, yv)), "a list [x, y]": ([x, y], [xv, yv]),
+        train, val = {"labels as a list": ((x, y.tolist()), (xv, yv)),
                       "validation labels as a list": ((x, y), (xv, yv.tolist()))}[form]
         given, same = _trainer(tmp_path / "given"), _trainer(tmp_path / "same")
         given.train_model(train, val, num_epochs=2, batch_size=8)
@@ -180,6 +207,51 @@ def test_keras_style_containers_of_arrays_are_cut_by_batch_size(tmp_path, form):
     assert given.global_step == 10 and [row["epoch"] for row in given.history] == [1, 2]
     assert [row["val/loss"] for row in given.history] == [row["val/loss"] for row in same.history]
     jax.tree.map(np.testing.assert_array_equal, given.state.params, same.state.params)
+
+
+class _AutoEncode(RegressTrainer):
+    """Each batch is one array, the input and the target."""
+
+    def loss_fn(self, params, batch, *, train, rng, state):
+        pred, updates = state.apply_model(params, batch, train=train, rng=rng)
+        return jnp.mean((pred - batch) ** 2), ({}, updates)
+
+
+@pytest.mark.parametrize("sizes", [(16, 16, 16), (16, 16, 8)])
+def test_a_list_of_single_array_batches_next_to_arrays_stays_a_list_of_batches(tmp_path, sizes):
+    """An autoencoder's validation batches given as a list, next to training arrays and a
+    batch_size: each item is one batch (not arrays cut into batches of batch_size)."""
+    x, _ = _data(64)
+    xv, _ = _data(sum(sizes), seed=1)
+    batches = np.split(xv, np.cumsum(sizes)[:-1])
+    trainer = _AutoEncode(model_class=TinyMLP, model_hparams={"hidden_dims": [8], "output_dim": 4},
+                          optimizer_hparams={"lr": 1e-2}, exmp_input=x[:1], **quiet(tmp_path))
+    result = trainer.train_model(x, batches, num_epochs=1, batch_size=32)
+    true_mean = float(np.mean((np.asarray(trainer.bind_model()(xv)) - xv) ** 2))
+    assert result.history[-1]["val/loss"] == pytest.approx(true_mean, rel=1e-5)
+
+
+@pytest.mark.parametrize("where", ["training", "validation", "test", "eval_model"])
+def test_a_list_x_y_with_a_batch_size_asks_for_a_tuple(tmp_path, where):
+    """Keras' [x, y] (arrays sharing their first dimension, with other shapes) is ambiguous with a
+    list of batches, which a list is here: with a batch_size it is an error asking for (x, y)."""
+    x, y = _data()
+    trainer = _trainer(tmp_path)
+    named = "eval_model's data" if where == "eval_model" else f"train_model's {where} data"
+    with pytest.raises(ValueError, match=rf"{named} is a list of 2 arrays that share their first dimension \(\[0\] "
+                                         rf"\(40, 4\), \[1\] \(40, 1\)\), like Keras' \[x, y\]; a list is a loader of "
+                                         rf"batches here .* Pass the arrays as a tuple, \(x, y\), to cut them into batches"):
+        if where == "eval_model":
+            trainer.eval_model([x, y.tolist()], batch_size=8)
+        else:
+            given = {"training": (x, y), "validation": (x, y), "test": (x, y)}
+            given[where] = [x, y]
+            trainer.train_model(given["training"], given["validation"], test_loader=given["test"], num_epochs=1,
+                                batch_size=8)
+    assert not (tmp_path / "run" / "hparams.yaml").exists()  # refused before the run began
+    with pytest.raises(ValueError, match=r"is for arrays; the data given are loaders, whose batches are used as they "
+                                         r"are \(a list is a loader of batches; arrays go in a tuple\)"):
+        trainer.train_model([x, x], None, num_epochs=1, batch_size=8)  # one shape: 2 batches
 
 
 def test_a_ragged_list_or_a_stray_value_in_the_arrays_is_named(tmp_path):
@@ -204,3 +276,21 @@ def test_keras_keywords_say_what_to_pass_instead(tmp_path, keyword, hint):
     with pytest.raises(TypeError, match=rf"train_model\(\) got an unexpected keyword argument '{keyword}': {hint}"):
         _trainer(tmp_path).train_model((x, y), batch_size=8, **{keyword: 0.2})
     assert not (tmp_path / "run" / "hparams.yaml").exists()  # refused before the run began
+
+
+class _WithOwnKeyword(RegressTrainer):
+    def train_model(self, train_loader, val_loader=None, *, log_images=False, **kwargs):
+        self.log_images = log_images
+        return super().train_model(train_loader, val_loader, **kwargs)
+
+
+def test_an_unknown_keyword_is_matched_against_a_subclass_s_own_keywords_too(tmp_path):
+    x, y = _data()
+    trainer = _WithOwnKeyword(model_class=TinyMLP, model_hparams={"hidden_dims": [16], "output_dim": 1},
+                              optimizer_hparams={"lr": 1e-2}, exmp_input=x[:1], **quiet(tmp_path))
+    with pytest.raises(TypeError, match=r"unexpected keyword argument 'log_image': did you mean 'log_images'\?"):
+        trainer.train_model((x, y), batch_size=8, log_image=True)
+    with pytest.raises(TypeError, match=r"unexpected keyword argument 'zzz': it takes .*\blog_images\b.*num_epochs"):
+        trainer.train_model((x, y), batch_size=8, zzz=1)
+    trainer.train_model((x, y), num_epochs=1, batch_size=8, log_images=True)
+    assert trainer.log_images and trainer.global_step == 5

@@ -191,6 +191,68 @@ def test_a_resumed_stream_goes_on_after_every_batch_the_run_trained_on(tmp_path,
     jax.tree.map(np.testing.assert_array_equal, resumed.state.params, reference.state.params)
 
 
+class _EpochIterator:
+    """A loader whose ``set_epoch(epoch)`` builds that epoch's shuffled iterator and whose ``__iter__``
+    hands it out (``iter(l) is iter(l)``)."""
+
+    def __init__(self, x, y):
+        self.x, self.y, self.iterator = x, y, None
+
+    def set_epoch(self, epoch):
+        order = np.random.default_rng(epoch).permutation(len(self.x))
+        self.iterator = iter([(self.x[order[i:i + 16]], self.y[order[i:i + 16]]) for i in range(0, len(self.x), 16)])
+
+    def __len__(self):
+        return 6
+
+    def __iter__(self):
+        return self.iterator
+
+
+class _SamplerWithSetEpoch:
+    """A sampler whose ``set_epoch`` builds ``loader``'s epoch iterator."""
+
+    def __init__(self, loader):
+        self.loader = loader
+
+    def set_epoch(self, epoch):
+        self.loader.set_epoch(epoch)
+
+
+class _SamplerEpochIterator:
+    """The same loader, told the epoch through its ``sampler`` (as a torch DistributedSampler is)."""
+
+    def __init__(self, x, y):
+        self.sampler = _SamplerWithSetEpoch(_EpochIterator(x, y))
+
+    def __len__(self):
+        return 6
+
+    def __iter__(self):
+        return self.sampler.loader.iterator
+
+
+@pytest.mark.parametrize("loader_class", [_EpochIterator, _SamplerEpochIterator], ids=["own", "sampler"])
+def test_a_loader_whose_set_epoch_builds_the_epochs_iterator_resumes_bitwise_equal(tmp_path, loader_class):
+    """``set_epoch`` restarts such a loader at each epoch, so a resume mid epoch 2 passes over only
+    that epoch's batches, not the earlier epochs' too: all 18 steps, the same parameters."""
+    x, y = linear_data(96, 0)
+
+    def run(name, resume=False, callbacks=()):
+        trainer = _regressor(tmp_path, name, enable_checkpointing=True, callbacks=list(callbacks))
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", RuntimeWarning)  # "ran out after 3 of the epoch's 6 batches" before
+            trainer.train_model(loader_class(x, y), [linear_data(32, 1)], num_epochs=3, resume=resume)
+        return trainer
+
+    reference = run("ref")
+    with pytest.raises(SystemExit):
+        run("run", callbacks=[_KillAt(9)])  # epoch 2, after its batch 3
+    resumed = run("run", resume=True)
+    assert resumed.global_step == reference.global_step == 18
+    jax.tree.map(np.testing.assert_array_equal, resumed.state.params, reference.state.params)
+
+
 class _SharedStream:
     """A loader whose ``__iter__`` hands out one generator, made once: it runs dry after one pass."""
 

@@ -632,19 +632,45 @@ class Prefetcher:
         self._thread.join(timeout=5)
 
 
+def _looks_like_one_datasets_arrays(data: Any) -> bool:
+    """Whether ``data`` is a list of 2 or 3 arrays (or lists of numbers) that share their leading
+    dimension but differ in the rest of their shape, as Keras' ``[x, y]`` does: the arrays of one
+    dataset, not batches of one loader (those have one shape, bar a shorter last one)."""
+    if not isinstance(data, list) or not 2 <= len(data) <= 3:
+        return False
+    if not all((_is_array(v) and np.ndim(v) >= 1) or _holds_values(v) for v in data):
+        return False
+    try:
+        shapes = [tuple(np.shape(v)) for v in data]
+    except ValueError:  # a ragged list of numbers: no shape
+        return False
+    return len({shape[0] for shape in shapes}) == 1 and len(set(shapes)) > 1
+
+
+def _list_of_arrays_error(data: list, what: str) -> ValueError:
+    shapes = ", ".join(f"[{i}] {tuple(np.shape(v))}" for i, v in enumerate(data))
+    names = ", ".join(("x", "y", "w")[:len(data)])
+    return ValueError(f"{what} is a list of {len(data)} arrays that share their first dimension ({shapes}), like "
+                      f"Keras' [{names}]; a list is a loader of batches here (each item one batch), so it is not cut "
+                      f"by batch_size. Pass the arrays as a tuple, ({names}), to cut them into batches; if the items "
+                      f"are batches, drop batch_size (and give any other data as loaders, e.g. "
+                      f"flaxlight.ArrayLoader(x, y, batch_size=64)).")
+
+
 def _as_arrays(data: Any, split: bool, what: str = "data") -> Any:
     """``data`` as the arrays to cut into batches, or None when it is a loader (or a list of batches).
 
     Arrays are an array, or a tuple / dict of arrays (lists of numbers, as ``y.tolist()``, made
     arrays). With ``split`` (a ``batch_size`` was given) also a nested tuple / dict pytree of them
-    (Keras' ``({"a": xa, "b": xb}, y)``) and a list that holds arrays (``[x, y]``, as a tuple); a
-    list of batches (tuples or dicts) stays a loader."""
+    (Keras' ``({"a": xa, "b": xb}, y)``) and one array as a Python list of numbers. A list of
+    arrays or batches stays a loader; with ``split``, one that looks like Keras' ``[x, y]`` (see
+    :func:`_looks_like_one_datasets_arrays`) is an error asking for a tuple."""
     if _is_array(data):
         return data
+    if split and _looks_like_one_datasets_arrays(data):  # also [x.tolist(), y.tolist()]
+        raise _list_of_arrays_error(data, what)
     if split and _holds_values(data):  # one array as a Python list
         return lists_as_arrays(data, what)
-    if split and isinstance(data, list) and any(_is_array(v) or _holds_values(v) for v in data):
-        data = tuple(data)
     if not isinstance(data, (tuple, dict)) or not data:
         return None
     parts = data.values() if isinstance(data, dict) else data
@@ -664,9 +690,9 @@ def _array_loader(arrays: Any, batch_size: int, what: str, shuffle: bool, seed: 
 def as_loader(data: Any, batch_size: int | None = None, *, what: str = "data", shuffle: bool = False,
               seed: int = 0) -> Any:
     """``data`` as something to iterate batches from: an array, a tuple or dict of arrays (with
-    ``batch_size`` also a nested one, or a list ``[x, y]``; lists of numbers become arrays)
-    becomes an :class:`ArrayLoader` of ``batch_size``; anything else (a loader, a list of
-    batches) is returned as it is. ``what`` names the argument in errors.
+    ``batch_size`` also a nested one; lists of numbers become arrays) becomes an
+    :class:`ArrayLoader` of ``batch_size``; anything else (a loader, a list of batches) is
+    returned as it is. ``what`` names the argument in errors.
 
     Examples:
         >>> len(as_loader((np.zeros((10, 3)), np.zeros(10)), batch_size=4))
@@ -700,9 +726,11 @@ def fit_loaders(train: Any, val: Any, test: Any, batch_size: int | None, *, seed
     arrays = {name: _as_arrays(data, batch_size is not None, f"train_model's {name} data")
               for name, (data, _) in given.items()}
     if batch_size is not None and all(a is None for a in arrays.values()):
-        raise ValueError("train_model(batch_size=...) is for arrays; the data given are loaders, whose batches are "
-                         "used as they are. Drop batch_size, or pass arrays, e.g. train_model((x, y), (xv, yv), "
-                         "batch_size=64).")
+        lists = " (a list is a loader of batches; arrays go in a tuple)" if any(
+            isinstance(data, list) for data, _ in given.values()) else ""
+        raise ValueError(f"train_model(batch_size=...) is for arrays; the data given are loaders, whose batches are "
+                         f"used as they are{lists}. Drop batch_size, or pass arrays, e.g. train_model((x, y), (xv, yv), "
+                         f"batch_size=64).")
     loaders = []
     for name, (data, shuffle) in given.items():
         if arrays[name] is None:
@@ -732,10 +760,26 @@ KERAS_KEYWORDS = {
 }
 
 
+def _keyword_names(method: Callable) -> set[str]:
+    """The parameters ``method`` takes by name (not ``self``, ``*args`` or ``**kwargs``)."""
+    try:
+        parameters = inspect.signature(method).parameters.values()
+    except (TypeError, ValueError):  # no signature to read
+        return set()
+    return {p.name for p in parameters if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)} - {"self"}
+
+
+def _subclass_keywords(owner: Any, name: str) -> set[str]:
+    """The keywords of the ``name`` methods that ``owner``'s classes define (a subclass's own
+    ``train_model(self, ..., *, log_images=False, **kwargs)`` that calls ``super()``'s)."""
+    return set().union(*(_keyword_names(cls.__dict__[name]) for cls in type(owner).__mro__
+                         if callable(cls.__dict__.get(name))))
+
+
 def explains_unknown_keywords(method: Callable) -> Callable:
     """Wrap ``train_model`` so that a keyword it does not take fails with what to do instead
     (Keras' ``validation_split``, ``epochs``, ...) or the closest name it takes, not a bare
-    ``TypeError``.
+    ``TypeError``; a subclass's own ``train_model`` keywords are among those suggested.
 
     Examples:
         >>> @explains_unknown_keywords
@@ -744,16 +788,16 @@ def explains_unknown_keywords(method: Callable) -> Callable:
         Traceback (most recent call last):
         TypeError: fit() got an unexpected keyword argument 'epochs': it is num_epochs=N.
     """
-    names = set(inspect.signature(method).parameters)
+    names = _keyword_names(method)
 
     @functools.wraps(method)
     def checked(self, *args: Any, **kwargs: Any) -> Any:
         unknown = [name for name in kwargs if name not in names]
         if unknown:
-            name = unknown[0]
-            close = difflib.get_close_matches(name, sorted(names - {"self"}), n=1)
+            name, known = unknown[0], sorted(names | _subclass_keywords(self, method.__name__))
+            close = difflib.get_close_matches(name, known, n=1)
             hint = KERAS_KEYWORDS.get(name) or (f"did you mean {close[0]!r}?" if close else
-                                                f"it takes {', '.join(sorted(names - {'self'}))}.")
+                                                f"it takes {', '.join(known)}.")
             raise TypeError(f"{method.__name__}() got an unexpected keyword argument {name!r}: "
                             f"{hint}{'' if hint.endswith(('.', '?')) else '.'}")
         return method(self, *args, **kwargs)

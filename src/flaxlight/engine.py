@@ -52,6 +52,7 @@ from flaxlight.data import (ArrayLoader, DeviceEpoch, FirstBatches, Prefetcher, 
 from flaxlight.lean import LeanLoop, strip_idle_fields
 from flaxlight.metrics import (accumulate, batch_size, deliberate_reads, fresh_zeros, init_accumulator, step_finite,
                                tree_finite, with_saved_objects, device_copy as device_copy_of)
+from flaxlight.resume import epoch_setter
 
 __all__ = ["Engine", "Feed", "Span", "LearningRateTable", "check_step_pair", "block_length_for"]
 
@@ -294,7 +295,9 @@ class Engine:
         continues from there instead of skipping ``start`` batches); see :meth:`loader_position`.
         ``skip``: for a stream (see :func:`flaxlight.data.is_stream`: not restarted between epochs)
         given again after a resume, the batches the run's earlier epochs took from it, passed over
-        first."""
+        first. A loader with a ``set_epoch`` (its own or its samplers': see
+        :func:`flaxlight.resume.epoch_setter`) restarts at each epoch, even when its ``iter()`` hands
+        out the epoch's one iterator: nothing of the earlier epochs is in it to pass over."""
         if self.serves_device_epochs(loader):
             epoch, self._epoch_ahead = self._epoch_ahead, None
             if epoch is None or not epoch.serves(loader, stop):
@@ -303,7 +306,7 @@ class Engine:
         iterator, reader = positioned_iterator(loader, position)
         if position is not None:
             start, stop = 0, None if stop is None else stop - start
-        elif skip and is_stream(loader):
+        elif skip and epoch_setter(loader) is None and is_stream(loader):
             start, stop = start + skip, None if stop is None else stop + skip
         # The position read at an event is that of the batches trained on when they are pulled
         # one at a time (no background loading ahead, no blocks).

@@ -21,6 +21,7 @@ Examples:
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import functools
@@ -266,18 +267,36 @@ def with_saved_objects(template: dict, restored: dict) -> dict:
     return out
 
 
-def batch_size(batch) -> int:
-    """Number of examples in a batch: the leading dimension of its first array leaf.
+def batch_size(batch: Any) -> int:
+    """Number of examples in a batch: the leading dimension that most of its array leaves share,
+    so a scalar (no leading dimension) or class weights of another length next to per-example
+    arrays do not change it. Leaves that disagree with no majority (an ``(8, 4)`` array and a
+    ``(10,)`` vector, one each) are an error naming them.
 
-    Inside ``jit`` this is a static Python int, so weighting costs nothing at run time.
+    Shapes only: inside ``jit`` this is a static Python int, so weighting costs nothing at run time.
+
+    Examples:
+        >>> batch_size({"cw": np.ones(10), "w": np.float32(0.5), "x": np.zeros((64, 3)), "y": np.zeros(64)})
+        64
     """
-    leaves = jax.tree.leaves(batch)
-    if not leaves or not hasattr(leaves[0], "shape") or len(leaves[0].shape) == 0:
+    leaves = [(path, tuple(leaf.shape)) for path, leaf in jax.tree_util.tree_leaves_with_path(batch)
+              if len(getattr(leaf, "shape", ())) > 0]
+    if not leaves:
         raise ValueError(
             "Cannot tell the batch size: a batch must be a pytree (array, tuple, list or dict) of "
             f"arrays with a leading batch dimension; got {type(batch).__name__}."
         )
-    return int(leaves[0].shape[0])
+    counts = collections.Counter(shape[0] for _, shape in leaves)
+    (rows, most), *others = counts.most_common()
+    if others and others[0][1] == most:
+        shapes = ", ".join(f"{jax.tree_util.keystr(path) or '(the whole batch)'} {shape}" for path, shape in leaves)
+        raise ValueError(
+            f"Cannot tell the batch size: the batch's arrays disagree on their leading dimension and no one "
+            f"dimension is shared by most of them ({shapes}). The metrics are weighted by the number of examples, "
+            f"the leading dimension most arrays share: yield per-example arrays (one row per example), and keep "
+            f"constants such as class weights in the model (model_hparams) or in your loss_fn."
+        )
+    return int(rows)
 
 
 @functools.cache
