@@ -21,7 +21,7 @@ import jax
 import numpy as np
 
 __all__ = ["FirstBatches", "ArrayLoader", "DeviceEpoch", "Prefetcher", "as_loader", "check_batch", "fit_loaders", "group_batches", "take_batches",
-           "is_stream", "lists_as_arrays", "explains_unknown_keywords"]
+           "is_stream", "lists_as_arrays", "refuse_unknown_keywords"]
 
 DEVICE_EPOCH_MAX_BYTES = 1 << 30
 
@@ -776,30 +776,23 @@ def _subclass_keywords(owner: Any, name: str) -> set[str]:
                          if callable(cls.__dict__.get(name))))
 
 
-def explains_unknown_keywords(method: Callable) -> Callable:
-    """Wrap ``train_model`` so that a keyword it does not take fails with what to do instead
-    (Keras' ``validation_split``, ``epochs``, ...) or the closest name it takes, not a bare
-    ``TypeError``; a subclass's own ``train_model`` keywords are among those suggested.
+def refuse_unknown_keywords(owner: Any, method: str, unknown: Mapping[str, Any]) -> None:
+    """Raise for the keywords ``owner.<method>`` does not take (gathered in its ``**unknown``):
+    what to do instead (Keras' ``validation_split``, ``epochs``, ...) or the closest name it
+    takes, not a bare ``TypeError``; a subclass's own keywords for ``method`` are suggested too.
 
     Examples:
-        >>> @explains_unknown_keywords
-        ... def fit(self, data, num_epochs=1): ...
-        >>> fit(None, [], epochs=3)
+        >>> class Fit:
+        ...     def fit(self, data, num_epochs=1, **unknown):
+        ...         refuse_unknown_keywords(self, "fit", unknown)
+        >>> Fit().fit([], epochs=3)
         Traceback (most recent call last):
         TypeError: fit() got an unexpected keyword argument 'epochs': it is num_epochs=N.
     """
-    names = _keyword_names(method)
-
-    @functools.wraps(method)
-    def checked(self, *args: Any, **kwargs: Any) -> Any:
-        unknown = [name for name in kwargs if name not in names]
-        if unknown:
-            name, known = unknown[0], sorted(names | _subclass_keywords(self, method.__name__))
-            close = difflib.get_close_matches(name, known, n=1)
-            hint = KERAS_KEYWORDS.get(name) or (f"did you mean {close[0]!r}?" if close else
-                                                f"it takes {', '.join(known)}.")
-            raise TypeError(f"{method.__name__}() got an unexpected keyword argument {name!r}: "
-                            f"{hint}{'' if hint.endswith(('.', '?')) else '.'}")
-        return method(self, *args, **kwargs)
-
-    return checked
+    if not unknown:
+        return
+    name, known = next(iter(unknown)), sorted(_subclass_keywords(owner, method))
+    close = difflib.get_close_matches(name, known, n=1)
+    hint = KERAS_KEYWORDS.get(name) or (f"did you mean {close[0]!r}?" if close else f"it takes {', '.join(known)}.")
+    raise TypeError(f"{method}() got an unexpected keyword argument {name!r}: "
+                    f"{hint}{'' if hint.endswith(('.', '?')) else '.'}")

@@ -17,7 +17,8 @@ import jax
 from flaxlight import distributed as dist
 from flaxlight import optim, resume, runfiles
 from flaxlight.callbacks import Callback, FitResult, NaNGuard, one_best, start_fresh, with_default_callbacks
-from flaxlight.data import FirstBatches, as_input_list, as_loader, explains_unknown_keywords, fit_loaders, no_batches_error
+from flaxlight.data import (FirstBatches, as_input_list, as_loader, fit_loaders, no_batches_error,
+                            refuse_unknown_keywords)
 from flaxlight.engine import Engine, Span, check_step_pair
 from flaxlight.loggers import LoggerCollection
 from flaxlight.loop import (BatchLimits, EventSchedule, Interrupted, LoopState, NonfiniteTally, RunPlan, SignalGuard,
@@ -185,11 +186,10 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
                 self.options.sharding_rules)
 
     # ------------------------------------------------------------------ the loop
-    @explains_unknown_keywords
-    def train_model(self, train_loader: Iterable, val_loader: Iterable | None, test_loader: Iterable | None = None,
+    def train_model(self, train_loader: Iterable, val_loader: Iterable | None = None, test_loader: Iterable | None = None,
                     num_epochs: int = 500, steps_per_epoch: int | None = None, resume: bool = False,
                     resume_from: str | os.PathLike | None = None, overwrite: bool = False,
-                    batch_size: int | None = None) -> dict[str, float]:
+                    batch_size: int | None = None, **unknown: Any) -> dict[str, float]:
         """Train ``num_epochs``, validate every ``check_val_every_n_epoch``, keep the best model.
 
         Returns the best validation metrics merged with the train metrics of the last epoch finished by then (for a
@@ -204,6 +204,7 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
         ends as an uninterrupted one when the data order is a pure function of the epoch (:class:`ArrayLoader`, or
         ``set_epoch``). SIGTERM/SIGINT finish the step, save and exit. A ``log_dir`` holding a run is an error unless
         that run is resumed or ``overwrite=True``."""
+        refuse_unknown_keywords(self, "train_model", unknown)  # Keras' epochs=, validation_split=: what to write
         train_loader, val_loader, test_loader = fit_loaders(train_loader, val_loader, test_loader, batch_size,
                                                             seed=self.seed)
         num_epochs = self._prepare_run(train_loader, val_loader, num_epochs, steps_per_epoch)
