@@ -72,11 +72,6 @@ def test_a_jax_make_mesh_mesh_trains_as_its_shape_dict_does(tmp_path):
                "fsdp_dict": run("fsdp_dict", Wide, distributed="fsdp", mesh={"data": 4}),
                "tp": run("tp", Annotated, mesh=jax.make_mesh((2, 2), ("data", "model"))),
                "tp_dict": run("tp_dict", Annotated, mesh={"data": 2, "model": 2})}
-        try:
-            with jax.set_mesh(jax.make_mesh((4,), ("data",))):  # an Explicit context mesh around the trainer
-                run("context", Wide, distributed="fsdp")
-        except ValueError as exc:
-            out["context"] = str(exc)
         print(json.dumps(out))
     """, tmp_path)
     assert got["fsdp"]["specs"]["['Dense_1']['kernel']"] == "P(None, 'data')"  # Dense(256): built second
@@ -86,45 +81,93 @@ def test_a_jax_make_mesh_mesh_trains_as_its_shape_dict_does(tmp_path):
         assert got[given]["loss"] == pytest.approx(got[shaped]["loss"], rel=1e-6)
         for name, value in got[given]["params"].items():
             np.testing.assert_allclose(value, got[shaped]["params"][name], rtol=1e-6, atol=1e-7, err_msg=name)
-    assert "Explicit axes is JAX's context mesh" in got["context"] and "outside that `with` block" in got["context"]
 
 
-def test_a_batch_leaf_that_is_not_per_example_is_named_on_a_mesh(tmp_path):
-    """A (10,) class-weight leaf next to 32 examples gave JAX's IndivisibleError, or (dict batches,
-    whose first leaf it was) "A batch of 10 examples cannot be split"; one device trains on it."""
+def test_under_jax_set_mesh_the_same_mesh_trains_as_given(tmp_path):
+    """`with jax.set_mesh(m):` around a trainer given mesh=m (m from jax.make_mesh: Explicit axes)
+    trained before m was converted to Auto axes, which JAX then refused under the Explicit context.
+    Now m is used as given there, with the numbers of mesh={"data": 4}; what cannot run under it
+    (another mesh, FSDP-split parameters) is refused at construction, saying what to do."""
     got = _on_4_devices("""
+        class Wide(nn.Module):
+            @nn.compact
+            def __call__(self, x, train: bool = False):
+                return nn.Dense(10)(nn.relu(nn.Dense(256)(x)))
+
+        def run(tag, **kwargs):
+            trainer = ClassifyTrainer(model_class=Wide, model_hparams={}, exmp_input=x[:1],
+                                      optimizer_hparams={"optimizer": "adam", "lr": 1e-2}, **quiet(tmp / tag, **kwargs))
+            metrics = trainer.train_model((x, y), (x, y), num_epochs=2, batch_size=32)
+            test = trainer.eval_model((x, y), batch_size=32)["loss"]
+            return {"loss": float(metrics["val/loss"]), "test": float(test),
+                    "types": [t.name for t in trainer.mesh.axis_types]}
+
+        m = jax.make_mesh((4,), ("data",))
+        out = {"outside": run("outside", mesh={"data": 4})}
+        with jax.set_mesh(m):
+            out["context"] = run("context", mesh=m)
+            for tag, kwargs in (("dict", {"mesh": {"data": 4}}), ("fsdp", {"mesh": m, "distributed": "fsdp"})):
+                try:
+                    run(tag, **kwargs)
+                    out[tag] = "trained"
+                except ValueError as exc:
+                    out[tag] = str(exc)
+        print(json.dumps(out))
+    """, tmp_path)
+    assert got["context"]["types"] == ["Explicit"]  # used as given
+    assert got["context"]["loss"] == pytest.approx(got["outside"]["loss"], rel=1e-5)
+    assert got["context"]["test"] == pytest.approx(got["outside"]["test"], rel=1e-5)
+    assert "JAX's context mesh here has Explicit axes ({'data': 4}" in got["dict"], got["dict"]
+    assert "from mesh={'data': 4} (made with Auto axes), is another mesh" in got["dict"]
+    assert "mesh=m for `with jax.set_mesh(m):`" in got["dict"] and "outside the `with` block" in got["dict"]
+    assert "distributed='fsdp' splits parameters over 'data'" in got["fsdp"], got["fsdp"]
+    assert "outside the `with` block" in got["fsdp"] and "distributed='data_parallel'" in got["fsdp"]
+
+
+def test_batch_leaves_that_are_not_per_example_train_on_a_mesh_as_on_one_device(tmp_path):
+    """A (10,) class-weight leaf (or a scalar) next to 32 examples gave JAX's IndivisibleError on 4
+    devices (10 does not split over 4), then was refused on any mesh, even one device's. On one
+    process it is the same global array on every device: it is put whole on each, the examples
+    are split, and the run matches one device's."""
+    got = _on_4_devices("""
+        import jax.numpy as jnp
+
         class Weighted(ClassifyTrainer):
             def loss_fn(self, params, batch, *, train, rng, state):
                 x, y, w = (batch["x"], batch["y"], batch["a_weights"]) if isinstance(batch, dict) else batch
                 logits, updates = state.apply_model(params, x, train=train, rng=rng)
-                return (optax.softmax_cross_entropy_with_integer_labels(logits, y) * w[y]).mean(), ({}, updates)
+                loss = optax.softmax_cross_entropy_with_integer_labels(logits, y) * (w[y] if w.ndim else w)
+                return loss.mean(), ({"weighted": jnp.sum(w)}, updates)
 
-        weights = np.ones(10, np.float32)
-        batches = {"tuple": [(x[i:i + 32], y[i:i + 32], weights) for i in range(0, 128, 32)],
-                   "dict": [{"a_weights": weights, "x": x[i:i + 32], "y": y[i:i + 32]} for i in range(0, 128, 32)],
-                   "scalar": [(x[i:i + 32], y[i:i + 32], np.float32(1.0)) for i in range(0, 128, 32)]}
-        batches["generator"] = (batch for batch in batches["tuple"])
+        weights = np.linspace(0.5, 2.0, 10).astype(np.float32)
+        def batch(tag, i, j):
+            if tag == "dict":  # the weights sort first: they were taken for the batch size
+                return {"a_weights": weights, "x": x[i:j], "y": y[i:j]}
+            return x[i:j], y[i:j], np.float32(0.5) if tag == "scalar" else weights
+
         out = {}
-        for tag, train in batches.items():
-            trainer = Weighted(model_class=nn.Dense, model_hparams={"features": 10}, optimizer_hparams={"lr": 0.1},
-                               exmp_input=x[:1], **quiet(tmp / tag, distributed="data_parallel"))
-            try:
-                trainer.train_model(train, None, num_epochs=1, steps_per_epoch=4)
-                out[tag] = "trained"
-            except ValueError as exc:
-                out[tag] = f"{type(exc).__name__}: {exc}"
-            out[tag + "_claimed"] = (tmp / tag / "run" / "hparams.yaml").exists()
+        for tag, kwargs in (("tuple", {}), ("dict", {}), ("scalar", {}), ("generator", {}),
+                            ("fused", {"steps_per_execution": 2})):
+            for where, mesh in (("one", {}), ("mesh", {"distributed": "data_parallel"})):
+                trainer = Weighted(model_class=nn.Dense, model_hparams={"features": 10}, optimizer_hparams={"lr": 0.1},
+                                   exmp_input=x[:1], **quiet(tmp / tag / where, **kwargs, **mesh))
+                train = [batch(tag, i, i + 32) for i in range(0, 128, 32)]
+                train = (b for b in train) if tag == "generator" else train
+                val = [batch(tag, 0, 32), batch(tag, 32, 62)]  # the second: 30 examples, not split over 4
+                metrics = trainer.train_model(train, val, num_epochs=1, steps_per_epoch=4)
+                out[f"{tag}/{where}"] = {k: float(v) for k, v in metrics.items() if k.startswith(("train/", "val/"))}
+                out[f"{tag}/{where}"]["kernel"] = np.asarray(trainer.state.params["kernel"]).tolist()
+        placed = flaxlight.distributed.to_global_batch(batch("tuple", 0, 32), flaxlight.distributed.make_mesh())
+        out["specs"] = [str(leaf.sharding.spec) for leaf in placed]
         print(json.dumps(out))
     """, tmp_path)
-    for tag, leaf, shape in (("tuple", "[2]", "(10,)"), ("dict", "['a_weights']", "(10,)"), ("scalar", "[2]", "()"),
-                             ("generator", "[2]", "(10,)")):
-        message = got[tag]
-        assert f"The batch's leaf {leaf} has shape {shape}" in message, message
-        assert "the batch holds 32 examples" in message and "(32, 64)" in message, message
-        assert "split along its first axis over the 'data' axis (4 device(s))" in message, message
-        assert "per-example arrays only" in message and "loss_fn" in message, message
-        assert "cannot be split" not in message and "IndivisibleError" not in message
-    assert not got["tuple_claimed"] and not got["dict_claimed"]  # a list is checked before the run's folder
+    for tag in ("tuple", "dict", "scalar", "generator", "fused"):
+        one, mesh = got[f"{tag}/one"], got[f"{tag}/mesh"]
+        assert set(mesh) == set(one) and "val/loss" in one, (tag, one, mesh)
+        for name, value in one.items():
+            np.testing.assert_allclose(mesh[name], value, rtol=1e-5, atol=1e-6, err_msg=f"{tag} {name}")
+    assert got["tuple/one"]["val/weighted"] == pytest.approx(12.5)  # the weights reached the loss whole
+    assert got["specs"] == ["P('data',)", "P('data',)", "P()"]  # the examples are split, the weights are not
 
 
 def test_batch_leaves_that_are_not_per_example_train_on_one_device(tmp_path):
@@ -142,6 +185,73 @@ def test_batch_leaves_that_are_not_per_example_train_on_one_device(tmp_path):
                        exmp_input=x[:1], **quiet(tmp_path))
     batches = [(x[i:i + 16], y[i:i + 16], np.ones(3, np.float32)) for i in range(0, 64, 16)]
     assert np.isfinite(trainer.train_model(batches, None, num_epochs=1)["train/loss"])
+
+
+TWO_PROCESSES = """
+import os, sys
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+import numpy as np, flax.linen as nn, flaxlight
+from pathlib import Path
+from conftest import ClassifyTrainer, quiet
+flaxlight.distributed.initialize(f"127.0.0.1:{sys.argv[1]}", 2, int(sys.argv[2]))
+rng = np.random.default_rng(0)
+x, y = rng.normal(size=(64, 8)).astype(np.float32), rng.integers(0, 10, 64).astype(np.int32)
+class_weights = np.ones(10, np.float32)
+batches = [{"image": x[i:i + 8], "class_weights": class_weights, "label": y[i:i + 8]} for i in range(0, 64, 8)]
+trainer = ClassifyTrainer(model_class=nn.Dense, model_hparams={"features": 10}, optimizer_hparams={"lr": 0.1},
+                          exmp_input=x[:1], **quiet(Path(sys.argv[3]), distributed="data_parallel"))
+try:
+    trainer.train_model(batches, None, num_epochs=1)
+except ValueError as exc:
+    print(type(exc).__name__, exc)
+"""
+
+
+def test_with_several_processes_a_leaf_that_is_not_per_example_is_named(tmp_path):
+    """Each process passes its own rows of every leaf: a (10,) leaf has none, so with two processes
+    it stays an error naming the leaf (on one process it is put whole on every device)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = dict(os.environ, CI="true", JAX_PLATFORMS="cpu",
+               PYTHONPATH=os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]))
+    env.pop("XLA_FLAGS", None)
+    workers = [subprocess.Popen([sys.executable, "-c", TWO_PROCESSES, str(port), str(i), str(tmp_path / str(i))],
+                                env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE) for i in range(2)]
+    for worker in workers:
+        out, err = worker.communicate(timeout=300)
+        assert worker.returncode == 0, err[-3000:]
+        assert "UnsplittableBatchError The batch's leaf ['class_weights'] has shape (10,)" in out, out + err[-2000:]
+        assert "the batch holds 8 examples (leaf ['image'] has shape (8, 8))" in out and "ambiguous" not in out
+        assert "With several processes (2) each passes its own rows of every leaf" in out
+        assert "per-example arrays only" in out and "put whole on every device" in out
+
+
+@pytest.mark.parametrize("batch, leaf, rows, ambiguous", [
+    ({"image": np.zeros((8, 4), np.float32), "class_weights": np.ones(10, np.float32)},
+     "['class_weights'] has shape (10,)", 8, True),
+    ({"class_weights": np.ones(10, np.float32), "image": np.zeros((8, 4), np.float32)},
+     "['image'] has shape (8, 4)", 10, True),
+    ({"class_weights": np.ones(10, np.float32), "image": np.zeros((8, 4), np.float32), "label": np.zeros(8, np.int32)},
+     "['class_weights'] has shape (10,)", 8, False),
+    ((np.zeros((8, 4), np.float32), np.float32(1.0)), "[1] has shape () (a scalar)", 8, False)])
+def test_the_leaf_named_is_the_one_that_is_not_per_example(monkeypatch, batch, leaf, rows, ambiguous):
+    """The examples were the most common leading dimension, ties going to the larger one, so
+    {"image": (8, 4), "class_weights": (10,)} blamed image. Now a tie goes to the first leaf as
+    the batch is written (a dict's first key), and the message says the count was ambiguous."""
+    import jax
+
+    monkeypatch.setattr(jax, "process_count", lambda: 2)  # the check made with several processes
+    mesh = flaxlight.distributed.make_mesh(jax.devices()[:1])
+    for check in (lambda: flaxlight.distributed.to_global_batch(batch, mesh),
+                  lambda: flaxlight.distributed.check_loader_divisible([batch], mesh)):  # before the run
+        with pytest.raises(flaxlight.distributed.UnsplittableBatchError) as raised:
+            check()
+        message = str(raised.value)
+        assert f"The batch's leaf {leaf}" in message and f"the batch holds {rows} examples" in message, message
+        assert ("that count is ambiguous" in message) == ambiguous, message
 
 
 def test_a_list_loader_whose_batches_do_not_split_is_refused_before_the_run_folder(tmp_path):

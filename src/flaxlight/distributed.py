@@ -9,9 +9,11 @@
 - ``auto``: ``fsdp`` when the parameters are large (over 64 MiB), else ``data_parallel``.
 
 ``mesh=`` may be a :class:`jax.sharding.Mesh` or its shape, ``{"data": 2, "model": 2}``; batches
-are split over the ``data`` axis (every leaf of a batch along its first axis: per-example arrays
-only). A mesh's axes are used as ``Auto`` axes (``jax.make_mesh`` makes ``Explicit`` ones): the
-step is one program over the global batch, and XLA decides how it is split. Parameters annotated by the model (Linen
+are split over the ``data`` axis (each per-example leaf along its first axis; on one process a
+leaf that is not per-example, such as class weights, is put whole on every device). A mesh's axes
+are used as ``Auto`` axes (``jax.make_mesh`` makes ``Explicit`` ones; under an ``Explicit``
+context mesh, ``with jax.set_mesh(m):``, ``mesh=m`` is used as given): the step is one program
+over the global batch, and XLA decides how it is split. Parameters annotated by the model (Linen
 ``nn.with_partitioning`` / ``nn.with_logical_partitioning``, the latter mapped to mesh axes by
 ``sharding_rules=[("embed", "model"), ...]``) are placed as annotated in every mode; the mode
 decides only for the others. The optimizer state follows its parameters.
@@ -43,7 +45,8 @@ import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 __all__ = ["MODES", "make_mesh", "mesh_for", "batch_sharding", "replicated", "state_shardings", "initialize",
-           "resolve_mode", "is_main_process", "to_global_batch", "split_annotations"]
+           "resolve_mode", "is_main_process", "to_global_batch", "split_annotations", "example_count",
+           "step_batch_sharding"]
 
 MODES = ("data_parallel", "fsdp", "auto")
 DATA_AXIS = "data"
@@ -78,6 +81,8 @@ def mesh_for(mesh: Mesh | dict[str, int] | None, distributed: str | None) -> Mes
     """The trainer's mesh: ``mesh`` as given (a shape dict becomes a :func:`make_mesh`; a
     ``Mesh`` with ``Explicit`` axes, as ``jax.make_mesh`` makes, the same mesh with ``Auto``
     axes), or all devices on ``data`` when only ``distributed`` is set, or None (one device).
+    Under an ``Explicit`` context mesh (``with jax.set_mesh(m):`` around the trainer) JAX runs
+    steps only on that mesh: ``mesh=m`` is used as given, and another mesh is refused.
 
     Examples:
         >>> mesh_for(jax.make_mesh((1,), ("data",)), None).axis_types
@@ -86,30 +91,52 @@ def mesh_for(mesh: Mesh | dict[str, int] | None, distributed: str | None) -> Mes
     mesh = checked_mesh_argument(mesh)
     if mesh is None and distributed is None:
         return None
-    _check_context_mesh()
+    context = _explicit_context_mesh()
     if isinstance(mesh, dict):
-        return make_mesh(shape=mesh)
-    if mesh is None:
-        return make_mesh()
-    if DATA_AXIS not in mesh.axis_names:
+        given, mesh = f"mesh={mesh} (made with Auto axes)", make_mesh(shape=mesh)
+    elif mesh is None:
+        given, mesh = f"distributed={distributed!r} without mesh= (all devices on {DATA_AXIS!r}, Auto axes)", \
+            make_mesh()
+    elif DATA_AXIS not in mesh.axis_names:
         raise ValueError(f"The mesh's axes are {mesh.axis_names}; it needs a {DATA_AXIS!r} axis to split batches over.")
-    auto = (jax.sharding.AxisType.Auto,) * len(mesh.axis_names)
-    if tuple(getattr(mesh, "axis_types", auto)) != auto:  # Explicit axes would type the model's ops by sharding
-        mesh = Mesh(mesh.devices, mesh.axis_names, axis_types=auto)
+    else:
+        given = f"the mesh= given ({dict(mesh.shape)}, {'/'.join(sorted({t.name for t in mesh.axis_types}))} axes)"
+        if context is None:  # Explicit axes would type the model's ops by sharding (FSDP failed inside the model)
+            mesh = Mesh(mesh.devices, mesh.axis_names, axis_types=(jax.sharding.AxisType.Auto,) * len(mesh.axis_names))
+    if context is not None and mesh.abstract_mesh != context:
+        raise ValueError(f"JAX's context mesh here has Explicit axes ({dict(context.shape)}, set by jax.set_mesh or "
+                         f"jax.sharding.use_mesh around the trainer), and the trainer's mesh, from {given}, is "
+                         f"another mesh: JAX runs a step only on arrays of its context mesh (the same axes, sizes and "
+                         f"axis types). Pass that mesh itself (mesh=m for `with jax.set_mesh(m):`; it is used as "
+                         f"given), or create and train the trainer outside the `with` block (any mesh; one from "
+                         f"jax.make_mesh is then used with Auto axes).")
     return mesh
 
 
-def _check_context_mesh() -> None:
-    """Refuse an ``Explicit`` context mesh (``with jax.set_mesh(jax.make_mesh(...)):`` around the
-    trainer): JAX will not trace the trainer's ``Auto``-axes steps under it."""
+def _explicit_context_mesh() -> Any:
+    """JAX's context mesh (``jax.set_mesh``, ``jax.sharding.use_mesh``) when it has ``Explicit`` axes, else None."""
     context = getattr(jax.sharding, "get_abstract_mesh", lambda: None)()
-    if context is not None and not getattr(context, "empty", True) and \
-            jax.sharding.AxisType.Explicit in tuple(getattr(context, "axis_types", ())):
-        raise ValueError(f"A mesh with Explicit axes is JAX's context mesh here ({dict(context.shape)}, set by "
-                         f"jax.set_mesh or jax.sharding.use_mesh around the trainer): flaxlight's steps are one "
-                         f"program over the global batch on Auto axes, and JAX does not trace them under an Explicit "
-                         f"context mesh. Create and train the trainer outside that `with` block, and pass the mesh "
-                         f"as mesh=... (its axes are then used as Auto axes).")
+    if context is None or getattr(context, "empty", True):
+        return None
+    return context if jax.sharding.AxisType.Explicit in tuple(getattr(context, "axis_types", ())) else None
+
+
+def _check_fsdp_axes(mesh: Mesh, params) -> None:
+    """Refuse FSDP-split parameters on a mesh with ``Explicit`` axes (the context mesh's, used as
+    given): JAX types the model's ops by sharding, and a layer whose inputs and kernel are both
+    split over ``data`` is an illegal op for it (``ShardingTypeError`` inside the model)."""
+    if jax.sharding.AxisType.Explicit not in tuple(getattr(mesh, "axis_types", ())):
+        return
+    split = [(jax.tree_util.keystr(path), sharding.spec) for path, sharding in
+             jax.tree_util.tree_leaves_with_path(params) if any(axis is not None for axis in sharding.spec)]
+    if split:
+        raise ValueError(f"distributed='fsdp' splits parameters over {DATA_AXIS!r} (here {split[0][0]} as "
+                         f"{split[0][1]}), and the mesh has Explicit axes ({dict(mesh.shape)}: the context mesh "
+                         f"of jax.set_mesh around the trainer, used as given). With Explicit axes JAX types the "
+                         f"model's ops by sharding, and a layer whose inputs and kernel are both split over "
+                         f"{DATA_AXIS!r} is an illegal op. Create and train the trainer outside the `with` block "
+                         f"(the mesh, passed as mesh=..., is then used with Auto axes and XLA splits the step), or "
+                         f"use distributed='data_parallel' under it.")
 
 
 def checked_mesh_argument(mesh: Any) -> Mesh | dict[str, int] | None:
@@ -174,15 +201,51 @@ def data_axis_size(mesh: Mesh) -> int:
 
 
 def splits(batch, mesh: Mesh) -> bool:
-    """Whether ``batch``'s leading dimension divides over the mesh's ``data`` axis."""
-    leaves = jax.tree.leaves(batch)
-    return not leaves or _leading(leaves[0]) % _data_size(mesh) == 0
+    """Whether ``batch``'s examples (:func:`example_count`) divide over the mesh's ``data`` axis."""
+    rows, _ = example_count(batch)
+    return rows is None or rows % _data_size(mesh) == 0
 
 
-def _leading(leaf) -> int:
-    """The leading dimension of an array (or a ``jax.ShapeDtypeStruct``)."""
+def _shape(leaf, block: bool = False) -> tuple[int, ...]:
+    """The shape of an array (or a ``jax.ShapeDtypeStruct``); ``block``: without its first (steps) axis."""
     shape = getattr(leaf, "shape", None)
-    return int((shape if shape is not None else np.shape(leaf))[0])
+    return tuple(int(n) for n in (shape if shape is not None else np.shape(leaf)))[1 if block else 0:]
+
+
+def example_count(batch, block: bool = False) -> tuple[int | None, bool]:
+    """``(examples, ambiguous)``: how many examples ``batch`` holds, as the leading dimension
+    most of its leaves share (a leaf with another one, such as class weights, is not
+    per-example), and whether that was a tie, broken in favour of the batch's first leaf as
+    written (a dict's first key, a tuple's first item). ``block``: a stack of batches (steps
+    first), counted along its second axis. ``(None, False)`` for a batch of scalars.
+
+    Examples:
+        >>> example_count({"x": np.zeros((8, 3)), "y": np.zeros(8), "class_weights": np.ones(10)})
+        (8, False)
+        >>> example_count({"image": np.zeros((8, 4)), "class_weights": np.ones(10)})
+        (8, True)
+    """
+    shapes = [_shape(leaf, block) for leaf in jax.tree.leaves(batch)]
+    counts = collections.Counter(shape[0] for shape in shapes if shape)
+    if not counts:
+        return None, False
+    top = max(counts.values())
+    tied = [rows for rows, count in counts.items() if count == top]
+    if len(tied) == 1:
+        return tied[0], False
+    first = _first_leaf(batch)
+    first = _shape(first, block)[:1] if first is not None else ()
+    return (first[0] if first and first[0] in tied else tied[0]), True
+
+
+def _first_leaf(batch) -> Any:
+    """``batch``'s first leaf in its own order: a dict's first key as written (JAX sorts the
+    keys when it flattens a dict), a tuple's or list's first item; None when it has none."""
+    tree = batch
+    while isinstance(tree, (Mapping, list, tuple)) and len(tree):
+        tree = next(iter(tree.values())) if isinstance(tree, Mapping) else tree[0]
+    leaves = jax.tree.leaves(tree)
+    return leaves[0] if leaves else None
 
 
 def split_annotations(params, given: Any = None) -> tuple[Any, Any]:
@@ -245,6 +308,21 @@ def batch_sharding(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, PartitionSpec(DATA_AXIS))
 
 
+def step_batch_sharding(mesh: Mesh, block: bool = False) -> NamedSharding | None:
+    """The batch's ``in_shardings`` for the jitted steps: on one process None, the batch as
+    :func:`to_global_batch` placed it, leaf by leaf (split along ``data``, or whole on every
+    device); with several processes the split along ``data`` (every leaf is per-example and
+    the global batch divides). ``block``: for a stack of batches (split along its second axis).
+
+    Examples:
+        >>> step_batch_sharding(make_mesh()) is None
+        True
+    """
+    if jax.process_count() == 1:
+        return None
+    return NamedSharding(mesh, PartitionSpec(None, DATA_AXIS)) if block else batch_sharding(mesh)
+
+
 def resolve_mode(mode: str, params) -> str:
     if mode not in MODES:
         raise ValueError(f"distributed must be one of {MODES} or None; got {mode!r}.")
@@ -283,6 +361,8 @@ def state_shardings(state, mesh: Mesh, mode: str, annotations=None, rules=None):
 
     shardings = jax.tree.map(lambda _: rep, state)
     if annotations is None:
+        if mode == "fsdp":
+            _check_fsdp_axes(mesh, jax.tree.map(for_leaf, state.params))
         return shardings.replace(params=jax.tree.map(for_leaf, state.params),
                                  opt_state=jax.tree.map(for_leaf, state.opt_state))
 
@@ -316,17 +396,18 @@ def check_batch_divisible(batch_size: int, mesh: Mesh) -> None:
     """Fail unless a (global) batch of ``batch_size`` examples splits evenly over the mesh."""
     devices = _data_size(mesh)
     if batch_size % devices:
-        raise ValueError(
+        raise UnsplittableBatchError(
             f"A batch of {batch_size} examples cannot be split over {devices} devices (the mesh's data axis): use "
             f"a batch size that is a multiple of {devices} (global batch = per-device batch x {devices} devices)."
         )
 
 
 def check_loader_divisible(loader: Any, mesh: Mesh | None) -> None:
-    """:func:`check_batch_divisible` (and :func:`check_per_example`) before a run: for a loader
-    that says its batch size (an :class:`~flaxlight.ArrayLoader`, a torch ``DataLoader``) on one
-    process, from that size; for a list of batches, or a loader whose each ``iter()`` starts a
-    new pass, from its first batch (read from a pass of its own, as the validation loader's).
+    """:func:`check_batch_divisible` (with several processes also :func:`check_per_example`)
+    before a run: for a loader that says its batch size (an :class:`~flaxlight.ArrayLoader`, a
+    torch ``DataLoader``) on one process, from that size; for a list of batches, or a loader
+    whose each ``iter()`` starts a new pass, from its first batch's :func:`example_count` (read
+    from a pass of its own, as the validation loader's).
     A generator (or a loader handing out one shared stream) is checked at its first batch, when
     training starts: its batch would be used up here.
 
@@ -339,8 +420,11 @@ def check_loader_divisible(loader: Any, mesh: Mesh | None) -> None:
     if isinstance(size, bool) or not isinstance(size, int) or size < 1:
         first = _first_batch_ahead(loader)
         if first is not None and _checkable(first):
-            check_per_example(first, mesh)
-            check_batch_divisible(_leading(jax.tree.leaves(first)[0]) * jax.process_count(), mesh)
+            if jax.process_count() > 1:
+                check_per_example(first, mesh)
+            rows, _ = example_count(first)
+            if rows is not None:  # scalars only: nothing is split
+                check_batch_divisible(rows * jax.process_count(), mesh)
         return
     if jax.process_count() > 1:
         return
@@ -363,36 +447,44 @@ def _first_batch_ahead(loader: Any) -> Any:
 
 
 class UnsplittableBatchError(ValueError):
-    """A batch the mesh cannot split: a leaf without one row per example (see :func:`check_per_example`)."""
+    """A batch the mesh cannot split: its examples do not divide over the ``data`` axis
+    (:func:`check_batch_divisible`), or, with several processes, a leaf without one row per
+    example (:func:`check_per_example`)."""
 
 
 def check_per_example(batch, mesh: Mesh, block: bool = False) -> None:
-    """Fail, naming the leaf, unless every leaf of ``batch`` has the same leading (batch)
-    dimension: on a mesh each leaf is split along it over the ``data`` axis, so a leaf that
-    is not per-example (class weights next to the examples, a scalar) cannot be split.
-    ``block``: a stack of batches (steps first), checked along its second axis. Leaves that are
-    not numeric arrays are left to :func:`flaxlight.data.check_batch`.
+    """Fail, naming the leaf, unless every leaf of ``batch`` is per-example: its leading
+    dimension is the batch's example count (:func:`example_count`). Checked with several
+    processes, where each one passes its own rows of every leaf and JAX joins them along the
+    first axis into the global batch: a leaf that is not per-example (class weights next to
+    the examples, a scalar) has no rows to join. On one process such a leaf is put whole on
+    every device instead (:func:`to_global_batch`). ``block``: a stack of batches (steps
+    first), checked along its second axis. Leaves that are not numeric arrays are left to
+    :func:`flaxlight.data.check_batch`.
 
     Examples:
         >>> check_per_example({"x": np.zeros((8, 3)), "y": np.zeros(8)}, make_mesh())
     """
-    shapes = [tuple(np.shape(leaf))[1 if block else 0:] for leaf in jax.tree.leaves(batch)]
+    leaves = jax.tree_util.tree_leaves_with_path(batch)
+    shapes = [_shape(leaf, block) for _, leaf in leaves]
     if not shapes or all(shape and shape[:1] == shapes[0][:1] for shape in shapes) or not _checkable(batch):
         return  # the per-step path: shapes only
-    leaves = jax.tree_util.tree_leaves_with_path(batch)
-    counts = collections.Counter(shape[0] for shape in shapes if shape)
-    rows = max(counts, key=lambda n: (counts[n], n)) if counts else None  # the most common leading dimension
+    rows, ambiguous = example_count(batch, block)
     where = [(jax.tree_util.keystr(path) or "(the whole batch)", shape) for (path, _), shape in zip(leaves, shapes)]
     odd = [(place, shape) for place, shape in where if shape[:1] != (rows,)]
     example = next(((place, shape) for place, shape in where if shape[:1] == (rows,)), None)
     holds = "" if example is None else f", and the batch holds {rows} examples (leaf {example[0]} has shape {example[1]})"
+    if ambiguous:
+        holds += (f"; that count is ambiguous: as many leaves have another first dimension, and the batch's first "
+                  f"leaf as written is taken for the examples")
     others = f" Also: {', '.join(f'{place} {shape}' for place, shape in odd[1:])}." if len(odd) > 1 else ""
     raise UnsplittableBatchError(
-        f"The batch's leaf {odd[0][0]} has shape {odd[0][1]}{'' if odd[0][1] else ' (a scalar)'}{holds}.{others} On a "
-        f"mesh every leaf of a batch is split along its first axis over the {DATA_AXIS!r} axis ({_data_size(mesh)} "
-        f"device(s)), so every leaf needs one row per example. Yield per-example arrays only: a constant such as "
-        f"class weights belongs in the model (model_hparams) or in your loss_fn (e.g. an attribute of the trainer "
-        f"that loss_fn reads).")
+        f"The batch's leaf {odd[0][0]} has shape {odd[0][1]}{'' if odd[0][1] else ' (a scalar)'}{holds}.{others} With "
+        f"several processes ({jax.process_count()}) each passes its own rows of every leaf, joined along the first "
+        f"axis into the global batch that is split over the {DATA_AXIS!r} axis ({_data_size(mesh)} device(s)), so "
+        f"every leaf needs one row per example. Yield per-example arrays only: a constant such as class weights "
+        f"belongs in the model (model_hparams) or in your loss_fn (e.g. an attribute of the trainer that loss_fn "
+        f"reads). (On one process such a leaf is put whole on every device.)")
 
 
 def _checkable(batch) -> bool:
@@ -409,19 +501,30 @@ def to_global_batch(batch, mesh: Mesh, block: bool = False):
     """A process-local batch as a global array split along ``data`` (one process: a plain put).
 
     ``block``: a stack of batches (steps first), split along its second axis. On one process, a
-    batch that does not divide (an epoch's smaller last batch) is put whole on every device
-    (:func:`splits`); with several, it fails with :func:`check_batch_divisible`'s message. A
-    leaf that is not per-example fails with :func:`check_per_example`'s.
+    leaf that is not per-example (its leading dimension is not the batch's
+    :func:`example_count`: class weights, a scalar) is put whole on every device, and so is
+    every leaf of a batch whose examples do not divide (an epoch's smaller last batch): the
+    step sees the global batch a single device would. With several processes every leaf must
+    be per-example (:func:`check_per_example`) and the global batch must divide
+    (:func:`check_batch_divisible`).
+
+    Examples:
+        >>> [leaf.sharding.spec for leaf in to_global_batch((np.zeros((8, 3)), np.ones(10)), make_mesh())]
+        [P('data',), P()]
     """
-    check_per_example(batch, mesh, block=block)
-    sharding = NamedSharding(mesh, PartitionSpec(None, DATA_AXIS)) if block else batch_sharding(mesh)
-    if not block and jax.process_count() > 1:  # process-local rows: the global batch must split
-        check_batch_divisible(_leading(jax.tree.leaves(batch)[0]) * jax.process_count(), mesh)
-    elif not block and not splits(batch, mesh):
-        sharding = replicated(mesh)
-    if jax.process_count() == 1:
-        return jax.device_put(batch, sharding)
-    return jax.tree.map(lambda x: jax.make_array_from_process_local_data(sharding, np.asarray(x)), batch)
+    rows, _ = example_count(batch, block)
+    processes = jax.process_count()
+    if processes > 1:
+        check_per_example(batch, mesh, block=block)
+        if not block and rows is not None:  # process-local rows: the global batch must split
+            check_batch_divisible(rows * processes, mesh)
+    split = NamedSharding(mesh, PartitionSpec(None, DATA_AXIS) if block else PartitionSpec(DATA_AXIS))
+    whole, rep = processes == 1 and (rows is None or rows % _data_size(mesh) != 0), replicated(mesh)
+    shardings = jax.tree.map(lambda leaf: split if not whole and _shape(leaf, block)[:1] == (rows,) else rep, batch)
+    if processes == 1:
+        return jax.device_put(batch, shardings)
+    return jax.tree.map(lambda x, sharding: jax.make_array_from_process_local_data(sharding, np.asarray(x)),
+                        batch, shardings)
 
 
 @contextlib.contextmanager

@@ -43,7 +43,6 @@ from typing import Any, Callable, Iterable, Mapping
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import NamedSharding, PartitionSpec
 
 from flaxlight import distributed as dist
 from flaxlight.messages import logger as messages
@@ -215,8 +214,11 @@ class Engine:
             self._evaluate = self._jit(fns.evaluate, donate_argnums=1)
             self._evaluate_jit = lambda batch: self._evaluate  # the jitted eval step for a batch (its .lower)
             return
-        rep, batch = dist.replicated(self.mesh), dist.batch_sharding(self.mesh)
-        block = NamedSharding(self.mesh, PartitionSpec(None, dist.DATA_AXIS))
+        # Batches come placed by dist.to_global_batch, leaf by leaf: split over the devices, or
+        # whole on every device (a leaf that is not per-example; every leaf of an epoch's smaller
+        # last batch: the same numbers, without data parallelism for that one batch).
+        rep, batch = dist.replicated(self.mesh), dist.step_batch_sharding(self.mesh)
+        block = dist.step_batch_sharding(self.mesh, block=True)
         bounded = _in_flight_bound(self.mesh)
 
         def jit_train(fn, data_sharding):
@@ -227,14 +229,10 @@ class Engine:
             return bounded(jax.jit(with_token, in_shardings=(state_shardings, rep, data_sharding),
                                    out_shardings=(state_shardings, rep, rep), donate_argnums=0))
 
-        # A batch that does not divide over the devices (an epoch's smaller last batch) runs whole
-        # on every device: the same numbers, without data parallelism for that one batch.
-        self._train = _by_batch_split(self.mesh, jit_train(fns.train, batch), jit_train(fns.train, rep))
-        self._block = jit_train(fns.block, block)
-        evaluate, evaluate_whole = (jax.jit(fns.evaluate, in_shardings=(state_shardings, rep, data),
-                                            out_shardings=rep, donate_argnums=1) for data in (batch, rep))
-        self._evaluate = _by_batch_split(self.mesh, evaluate, evaluate_whole)
-        self._evaluate_jit = lambda batch: evaluate if dist.splits(batch, self.mesh) else evaluate_whole
+        self._train, self._block = jit_train(fns.train, batch), jit_train(fns.block, block)
+        self._evaluate = jax.jit(fns.evaluate, in_shardings=(state_shardings, rep, batch), out_shardings=rep,
+                                 donate_argnums=1)
+        self._evaluate_jit = lambda batch: self._evaluate
 
     # ------------------------------------------------------------------ placement and sums
     def distribute(self, state, mesh, mode: str | None, annotations=None, rules=None):
@@ -589,7 +587,10 @@ class Engine:
         if self.mesh is not None:
             batch = dist.to_global_batch(batch, self.mesh)
         acc = self.zero_sums("eval", state, batch)
-        return jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype), (state, acc, batch))
+        state, acc = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype), (state, acc))
+        placed = self.mesh is not None  # the batch's placement, leaf by leaf (see dist.step_batch_sharding)
+        return state, acc, jax.tree.map(lambda x: jax.ShapeDtypeStruct(
+            np.shape(x), x.dtype, sharding=x.sharding if placed else None), batch)
 
 
 class LearningRateTable:
@@ -644,18 +645,6 @@ class LearningRateTable:
             with deliberate_reads():
                 table = self._table = (table[0], table[1], np.asarray(table[2]))
         return float(table[2][step - table[1]])
-
-
-def _by_batch_split(mesh, split: Callable, whole: Callable) -> Callable:
-    """``split(state, acc, batch)`` for a batch that divides over the mesh's ``data`` axis, else
-    ``whole`` (the batch on every device). Per step: one shape read, no device read."""
-    devices = dist.data_axis_size(mesh)
-
-    def call(state, acc, batch):
-        leaves = jax.tree.leaves(batch)
-        return (split if not leaves or leaves[0].shape[0] % devices == 0 else whole)(state, acc, batch)
-
-    return call
 
 
 def _in_flight_bound(mesh) -> Callable:

@@ -338,8 +338,8 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
         """Check the epoch's first batch and return zeroed metric sums for its structure."""
         self._check_first_batch(batch, "train_loader")
         self.batch_size = batch_size(batch)
-        if self.mesh is not None:
-            dist.check_batch_divisible(self.batch_size, self.mesh)
+        if self.mesh is not None:  # its examples: a leaf that is not per-example may be the first
+            dist.check_batch_divisible(dist.example_count(batch)[0] or self.batch_size, self.mesh)
         return self.engine.zero_sums("train", self.state, batch)
 
     def _take(self, span: Span) -> None:
