@@ -15,13 +15,13 @@ import itertools
 import queue
 import threading
 import warnings
-from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, NamedTuple, Sequence
 
 import jax
 import numpy as np
 
-__all__ = ["FirstBatches", "ArrayLoader", "DeviceEpoch", "Prefetcher", "as_loader", "check_batch", "fit_loaders", "group_batches", "take_batches",
-           "is_stream", "lists_as_arrays", "refuse_unknown_keywords"]
+__all__ = ["FirstBatches", "ArrayLoader", "DeviceEpoch", "EpochRows", "Prefetcher", "as_loader", "check_batch", "fit_loaders",
+           "group_batches", "take_batches", "is_stream", "lists_as_arrays", "refuse_unknown_keywords"]
 
 DEVICE_EPOCH_MAX_BYTES = 1 << 30
 
@@ -234,16 +234,20 @@ def _device_indices(count: int) -> tuple:
     return tuple(jax.device_put([np.int32(i) for i in range(count)]))
 
 
-@jax.jit
-def _gather_epoch(data, rows):
-    return jax.tree.map(lambda a: a[rows], data)
+class EpochRows(NamedTuple):
+    """An epoch's batches as row numbers into the data on the device: batch ``i`` is
+    ``data[rows[i]]``, gathered inside the jitted step by :func:`take_batches` (the data are
+    copied once per step, into the batch, as a loader's own batches are)."""
+
+    data: Any
+    rows: Any
 
 
-def _device_gather(loader: ArrayLoader) -> Callable[[np.ndarray], Any]:
-    """Rows of the loader's device copy of the data, gathered on the device (an accelerator:
-    only the row indices cross to it)."""
+def _device_rows(loader: ArrayLoader) -> Callable[[np.ndarray], EpochRows]:
+    """Batches as row numbers into the loader's device copy of the data (only the row numbers
+    cross to the device)."""
     data = loader.device_data()
-    return lambda rows: _gather_epoch(data, jax.device_put(rows))
+    return lambda rows: EpochRows(data, jax.device_put(rows))
 
 
 def _host_gather(loader: ArrayLoader) -> Callable[[np.ndarray], Any]:
@@ -253,10 +257,11 @@ def _host_gather(loader: ArrayLoader) -> Callable[[np.ndarray], Any]:
 
 class DeviceEpoch:
     """An :class:`ArrayLoader` epoch on the device: its first ``stop`` batches in the epoch's
-    order, as leaves of shape ``(batches, batch_size, ...)`` (the smaller last batch, when
-    reached, as a second array of one batch). They are gathered on the device in one dispatch
-    from the loader's device copy of the data (made once; the host only sends the permutation),
-    or with ``host_gather=True`` by numpy and put on the device in one transfer.
+    order. By default they are row numbers of shape ``(batches, batch_size)`` into the loader's
+    device copy of the data (made once; the host only sends the permutation), and each step
+    gathers its batch there; with ``host_gather=True`` numpy gathers the epoch as leaves of shape
+    ``(batches, batch_size, ...)`` and puts it on the device in one transfer. The smaller last
+    batch, when reached, is a second such source of one batch.
 
     :meth:`items` yields ``(steps, (batches, index))``: ``steps`` batches starting at batch
     ``index`` (a device scalar); the jitted step slices them out (:func:`take_batches`), so a
@@ -279,7 +284,7 @@ class DeviceEpoch:
         size = loader.batch_size
         full = min(stop, loader.num_examples // size)
         order = loader.order(epoch).astype(np.int32)
-        gather = _host_gather(loader) if host_gather else _device_gather(loader)
+        gather = _host_gather(loader) if host_gather else _device_rows(loader)
         self.num_full = full
         self.full = gather(order[: full * size].reshape(full, size)) if full else None
         self.index = _device_indices(full + 1)
@@ -364,15 +369,21 @@ def _from_json(value: Any) -> Any:
 
 
 def take_batches(batches, index, count: int | None = None):
-    """Inside a jitted step: batch ``index`` of a :class:`DeviceEpoch`'s stacked batches, or
-    with ``count`` the ``count`` batches from there (a block for fused steps).
+    """Inside a jitted step: batch ``index`` of a :class:`DeviceEpoch`'s batches (stacked
+    arrays, or :class:`EpochRows` gathered here), or with ``count`` the ``count`` batches from
+    there (a block for fused steps).
 
     Examples:
         >>> batches = np.arange(12.0).reshape(3, 2, 2)   # 3 batches of 2 examples
         >>> take_batches(batches, 1)
         array([[4., 5.],
                [6., 7.]])
+        >>> take_batches(EpochRows(np.arange(6.0) * 10, np.array([[5, 0], [2, 3]])), 0)
+        array([50.,  0.])
     """
+    if isinstance(batches, EpochRows):
+        rows = batches.rows[index] if count is None else jax.lax.dynamic_slice_in_dim(batches.rows, index, count)
+        return jax.tree.map(lambda a: a[rows], batches.data)
     if count is None:
         return jax.tree.map(lambda a: a[index], batches)
     return jax.tree.map(lambda a: jax.lax.dynamic_slice_in_dim(a, index, count), batches)
