@@ -103,8 +103,8 @@ class ArrayLoader:
     makes each process yield its contiguous part of every global batch of ``batch_size``
     examples (the global order is the same as with one process).
 
-    ``on_device``: the trainer (on one device) moves a whole epoch to the device at its start,
-    in one transfer, and the jitted step picks its batch there (see :class:`DeviceEpoch`): the
+    ``on_device``: the trainer (on one device) copies the data to the device once and sends
+    each epoch's order, and the jitted step gathers its batch there (see :class:`DeviceEpoch`): the
     same batches in the same order, without a host-to-device copy per step. ``None`` (the
     default) does so when the data take at most 1 GiB; ``False`` always goes batch by batch.
     Once training has started, do not edit the arrays in place (the device copy is made once, so
