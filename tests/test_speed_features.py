@@ -235,13 +235,14 @@ def test_eval_is_compiled_ahead_in_the_background(tmp_path):
     (False, 10, 6, 4, 6),   # resumed at batch 6: blocks from there, then the last batch
     (False, 5, 0, 1, 0),    # limit_train_batches: the first 5
 ])
-@pytest.mark.parametrize("host_gather", [False, True])
-def test_device_epoch_serves_exactly_the_loaders_batches(host_gather, drop_last, stop, start, steps, global_step):
+@pytest.mark.parametrize("host_gather, device_rows", [(False, False), (False, True), (True, None)])
+def test_device_epoch_serves_exactly_the_loaders_batches(host_gather, device_rows, drop_last, stop, start, steps,
+                                                         global_step):
     x, y = linear_data(300, 0)
     loader = ArrayLoader(x, y, batch_size=32, shuffle=True, seed=3, drop_last=drop_last)
     loader.set_epoch(7)
     expected = list(itertools.islice(iter(loader), start, stop))
-    epoch = DeviceEpoch(loader, stop=stop, host_gather=host_gather)
+    epoch = DeviceEpoch(loader, stop=stop, host_gather=host_gather, device_rows=device_rows)
     served, sizes = [], []
     for n, (source, i) in epoch.items(start=start, steps=steps, global_step=global_step):
         sizes.append(n)
@@ -259,12 +260,15 @@ def test_device_epoch_serves_exactly_the_loaders_batches(host_gather, drop_last,
         position += n
 
 
-@pytest.mark.parametrize("steps_per_execution", [1, 4])
-def test_device_epochs_train_exactly_like_host_batches(tmp_path, steps_per_execution):
+@pytest.mark.parametrize("steps_per_execution, dim", [(1, 4), (4, 4), (1, 300)])  # 300 floats: each step gathers
+def test_device_epochs_train_exactly_like_host_batches(tmp_path, steps_per_execution, dim):
+    x, y = linear_data(300, 0, dim=dim)
+    assert (x.nbytes + y.nbytes) / len(x) >= flaxlight.data.ROWS_MIN_EXAMPLE_BYTES or dim == 4
+
     def run(name, on_device):
-        train = ArrayLoader(*linear_data(300, 0), batch_size=32, shuffle=True, seed=0, on_device=on_device)
+        train = ArrayLoader(x, y, batch_size=32, shuffle=True, seed=0, on_device=on_device)
         trainer = RegressTrainer(model_class=TinyMLP, model_hparams={"hidden_dims": [16]},
-                                 optimizer_hparams={"optimizer": "adam", "lr": 1e-2}, exmp_input=X0,
+                                 optimizer_hparams={"optimizer": "adam", "lr": 1e-2}, exmp_input=x[:1],
                                  **quiet(tmp_path, logger_params={"log_dir": str(tmp_path / name)},
                                          log_every_n_steps=3, steps_per_execution=steps_per_execution))
         trainer.train_model(train, None, num_epochs=3)
@@ -278,16 +282,18 @@ def test_device_epochs_train_exactly_like_host_batches(tmp_path, steps_per_execu
     assert device_rows == host_rows
 
 
-def test_device_epochs_transfer_nothing_per_step(tmp_path):
-    train = ArrayLoader(*linear_data(300, 0), batch_size=32, shuffle=True)  # on_device: automatic (small data)
-    trainer = RegressTrainer(model_class=TinyMLP, model_hparams={}, optimizer_hparams={}, exmp_input=X0,
+@pytest.mark.parametrize("dim", [4, 300])  # an epoch gathered at once; each step gathering its batch
+def test_device_epochs_transfer_nothing_per_step(tmp_path, dim):
+    train = ArrayLoader(*linear_data(300, 0, dim=dim), batch_size=32, shuffle=True)  # on_device: automatic
+    trainer = RegressTrainer(model_class=TinyMLP, model_hparams={}, optimizer_hparams={},
+                             exmp_input=linear_data(1, dim=dim)[0],
                              **quiet(tmp_path, log_every_n_steps=4))
     trainer.init_optimizer(3, len(train))
     trainer.train_epoch(train)  # compiles; the data go to the device once
     train.set_epoch(2)
     with jax.transfer_guard_host_to_device("disallow"):
         trainer.train_epoch(train)  # only explicit transfers: the epoch's permutation and indices
-    streamed = ArrayLoader(*linear_data(300, 0), batch_size=32, on_device=False)
+    streamed = ArrayLoader(*linear_data(300, 0, dim=dim), batch_size=32, on_device=False)
     with pytest.raises(Exception, match="Disallowed host-to-device transfer"):
         with jax.transfer_guard_host_to_device("disallow"):
             trainer.train_epoch(streamed)  # batch by batch: each step sends its batch
