@@ -275,11 +275,11 @@ class DeviceEpoch:
     order, taken from the loader's device copy of the data (made once; the host only sends the
     permutation). Examples of at least ``ROWS_MIN_EXAMPLE_BYTES`` are served as row numbers of
     shape ``(batches, batch_size)`` (:class:`EpochRows`) and each step gathers its batch: one
-    copy of the data per step, where a gathered epoch would cost a second (a 784-float MLP
-    epoch's steps ran ~4% faster so). Smaller examples are gathered as one epoch in one dispatch,
-    leaves of shape ``(batches, batch_size, ...)``, from which a step slices its batch (a step's
-    gather of short rows costs more than that copy: ~9% on a 64-float MLP); ``device_rows``
-    forces either. With ``host_gather=True`` numpy gathers the epoch and puts it on the device in
+    copy of the data per step where a gathered epoch costs a second, and no epoch copies held on
+    the device (784-float MLPs on the CPU: 1-4% faster). Smaller examples are gathered as one
+    epoch in one dispatch, leaves of shape ``(batches, batch_size, ...)``, from which a step
+    slices its batch (a step's gather of short rows costs more than that copy: 2-12% slower on
+    64-float MLPs); ``device_rows`` forces either. With ``host_gather=True`` numpy gathers the epoch and puts it on the device in
     one transfer. The smaller last batch, when reached, is a second such source of one batch.
 
     :meth:`items` yields ``(steps, (batches, index))``: ``steps`` batches starting at batch
