@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import tempfile
 from typing import Sequence
 
@@ -95,6 +96,41 @@ def linear_data(num: int, seed: int = 0, dim: int = 4):
     x = rng.normal(size=(num, dim)).astype(np.float32)
     w = np.arange(1, dim + 1, dtype=np.float32).reshape(dim, 1) / dim
     return x, (x @ w).astype(np.float32)
+
+
+class AtStep(flaxlight.Callback):
+    """Does ``act(trainer)`` once step ``step`` is done: a stop, a SIGTERM, a crash mid-epoch."""
+
+    every_n_steps = 1
+
+    def __init__(self, step: int):
+        self.step = step
+
+    def on_step(self, trainer, step):
+        if step == self.step:
+            self.act(trainer)
+
+    def act(self, trainer):
+        raise NotImplementedError
+
+
+class StopAt(AtStep):
+    def act(self, trainer):
+        trainer.stop(f"stopped at step {self.step}")
+
+
+class SigtermAt(AtStep):
+    """Sends SIGTERM to this process (the trainer saves a checkpoint and exits)."""
+
+    def act(self, trainer):
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+class FailAt(AtStep):
+    """Raises, as a data error in the middle of an epoch would."""
+
+    def act(self, trainer):
+        raise RuntimeError(f"data error at step {self.step}")
 
 
 class CrashAfterEpoch(flaxlight.Callback):

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import flaxlight
-from conftest import RegressTrainer, TinyMLP, linear_data, quiet
+from conftest import FailAt, RegressTrainer, TinyMLP, linear_data, quiet
 from flaxlight.state import TrainState
 
 
@@ -39,17 +39,6 @@ class EMATrainer(RegressTrainer):
         return with_ema, eval_step
 
 
-class CrashAtStep(flaxlight.Callback):
-    every_n_steps = 1
-
-    def __init__(self, at):
-        self.at = at
-
-    def on_step(self, trainer, step):
-        if step == self.at:
-            raise RuntimeError("crash mid-epoch")
-
-
 def _ema_trainer(log_dir, **kwargs):
     x, _ = linear_data(8)
     return EMATrainer(model_class=TinyMLP, model_hparams={"hidden_dims": [8]},
@@ -71,8 +60,8 @@ def test_a_train_state_subclass_trains_resumes_and_loads_with_its_own_fields(tmp
     whole.train_model(*_loaders(), num_epochs=3)
     assert type(whole.state) is EMAState and int(whole.state.updates_seen) == 24
 
-    broken = _ema_trainer(tmp_path / "resumed", callbacks=[CrashAtStep(13)])
-    with pytest.raises(RuntimeError, match="crash mid-epoch"):
+    broken = _ema_trainer(tmp_path / "resumed", callbacks=[FailAt(13)])
+    with pytest.raises(RuntimeError, match="data error at step 13"):
         broken.train_model(*_loaders(), num_epochs=3)
     resumed = _ema_trainer(tmp_path / "resumed")
     resumed.train_model(*_loaders(), num_epochs=3, resume=True)

@@ -22,7 +22,7 @@ import jax
 import numpy as np
 import pytest
 import torch.utils.data
-from conftest import ClassifyTrainer, CrashAfterEpoch, RegressTrainer, TinyMLP, linear_data, quiet
+from conftest import ClassifyTrainer, CrashAfterEpoch, RegressTrainer, SigtermAt, TinyMLP, linear_data, quiet
 from sklearn.datasets import load_digits
 
 import flaxlight
@@ -130,19 +130,6 @@ def test_a_generator_is_consumed_across_epochs_with_prefetch_and_fused_steps(tmp
 
 
 
-class _KillAt(flaxlight.Callback):
-    """Sends SIGTERM to this process at ``step`` (the trainer saves a checkpoint and exits)."""
-
-    every_n_steps = 1
-
-    def __init__(self, step):
-        self.step = step
-
-    def on_step(self, trainer, step):
-        if step == self.step:
-            os.kill(os.getpid(), signal.SIGTERM)
-
-
 class _OneSharedStream:
     """A loader whose ``iter()`` hands out one generator, made once: a stream, as the generator."""
 
@@ -178,7 +165,7 @@ def test_a_resumed_stream_goes_on_after_every_batch_the_run_trained_on(tmp_path,
     reference = _stream_run(tmp_path, "ref", [], **options)
     if interrupt == "sigterm":
         with pytest.raises(SystemExit):
-            _stream_run(tmp_path, "run", [], callbacks=[_KillAt(9)], **options)  # epoch 2, after its batch 3
+            _stream_run(tmp_path, "run", [], callbacks=[SigtermAt(9)], **options)  # epoch 2, after its batch 3
         trained = 9
     else:
         with pytest.raises(RuntimeError, match="crash"):
@@ -247,7 +234,7 @@ def test_a_loader_whose_set_epoch_builds_the_epochs_iterator_resumes_bitwise_equ
 
     reference = run("ref")
     with pytest.raises(SystemExit):
-        run("run", callbacks=[_KillAt(9)])  # epoch 2, after its batch 3
+        run("run", callbacks=[SigtermAt(9)])  # epoch 2, after its batch 3
     resumed = run("run", resume=True)
     assert resumed.global_step == reference.global_step == 18
     jax.tree.map(np.testing.assert_array_equal, resumed.state.params, reference.state.params)

@@ -13,7 +13,7 @@ import time
 
 import numpy as np
 import pytest
-from conftest import RegressTrainer, TinyMLP, quiet
+from conftest import FailAt, RegressTrainer, TinyMLP, quiet
 
 import flaxlight
 from flaxlight.loggers import CSVLogger, Logger, LoggerCollection, TensorBoardLogger, as_image
@@ -511,19 +511,6 @@ def test_a_new_column_rewrites_metrics_csv_from_what_it_holds_now_and_atomically
 
 
 # ---------------------------------------------------------------------------- a run's loggers are its own
-class FailAt(flaxlight.Callback):
-    """Raises at ``step``, as a data error in the middle of an epoch would."""
-
-    every_n_steps = 1
-
-    def __init__(self, step):
-        self.step = step
-
-    def on_step(self, trainer, step):
-        if step == self.step:
-            raise RuntimeError(f"data error at step {step}")
-
-
 def test_resuming_a_run_reopens_its_own_wandb_and_mlflow_runs_when_the_loggers_have_no_save_dir(
         tmp_path, regression_loaders, wandb_offline, monkeypatch):
     """Logger objects without save_dir kept their run ids in the current directory: after another

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import jax.numpy as jnp
 import pytest
-from conftest import RegressTrainer, TinyMLP, linear_data
+from conftest import RegressTrainer, SigtermAt, StopAt, TinyMLP, linear_data
 
 import flaxlight
 from flaxlight.callbacks import ModelCheckpoint
@@ -132,17 +132,6 @@ def test_a_rewind_makes_best_eval_json_the_best_up_to_that_checkpoint(tmp_path):
 
 
 # ------------------------------------------------------------------------------------ another batch size
-class StopAt(flaxlight.Callback):
-    every_n_steps = 1
-
-    def __init__(self, step):
-        self.step = step
-
-    def on_step(self, trainer, step):
-        if step == self.step:
-            trainer.stop(f"stopped at step {step}")
-
-
 def test_a_mid_epoch_checkpoint_resumed_with_another_batch_size_is_refused(tmp_path, capsys):
     run = tmp_path / "run"
     _trainer(run, callbacks=[ModelCheckpoint(every_n_epochs=1, save_top_k=-1), StopAt(12)]).train_model(
@@ -184,17 +173,9 @@ class NaNFrom(RegressTrainer):
         return jnp.where(state.step >= 10, jnp.nan, loss), aux
 
 
-class SigtermAt(flaxlight.Callback):
-    every_n_steps = 1
-
-    def on_step(self, trainer, step):
-        if step == 14:
-            os.kill(os.getpid(), signal.SIGTERM)
-
-
 def test_sigterm_after_a_nan_step_says_which_checkpoint_is_on_disk_not_that_it_saved_one(tmp_path, capsys):
     run = tmp_path / "run"
-    trainer = _trainer(run, cls=NaNFrom, callbacks=[ModelCheckpoint(every_n_epochs=1, save_top_k=-1), SigtermAt()])
+    trainer = _trainer(run, cls=NaNFrom, callbacks=[ModelCheckpoint(every_n_epochs=1, save_top_k=-1), SigtermAt(14)])
     with pytest.warns(RuntimeWarning, match="Not saving checkpoint 14"), pytest.raises(SystemExit) as stopped:
         trainer.train_model(*_loaders(), num_epochs=3)
     said = capsys.readouterr().err
