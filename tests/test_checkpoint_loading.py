@@ -357,6 +357,32 @@ def test_a_loaded_trainer_still_may_not_log_into_a_folder_holding_another_run(tm
     assert sorted(os.listdir(tmp_path / "other" / "metrics")) == ["best_eval.json", "eval_epoch_001.json"]
 
 
+def test_load_model_from_a_callback_restores_weights_and_leaves_the_runs_step_count_alone(tmp_path, regression_loaders):
+    """load_model(step) set global_step to the step loaded, also inside train_model: a callback
+    rolling the weights back at epoch 3 sent the run back to step 8, and epochs 4 and 5 overwrote
+    checkpoints 16 and 24 (and metrics.csv went 24, 16, 24)."""
+    train, val, _ = regression_loaders
+    restored = []
+
+    class RollBack(flaxlight.Callback):
+        def on_epoch_end(self, trainer, epoch):
+            if epoch == 3:
+                trainer.checkpointer.wait()
+                trainer.load_model(8)
+                restored.append((int(trainer.state.step), trainer.global_step))
+
+    trainer = RegressTrainer(model_class=TinyMLP, model_hparams={"hidden_dims": [8]}, optimizer_hparams={"lr": 1e-2},
+                             exmp_input=X0, **quiet(tmp_path, callbacks=[
+                                 RollBack(), flaxlight.ModelCheckpoint(every_n_epochs=1, save_top_k=-1)]))
+    trainer.train_model(train, val, num_epochs=5)
+    trainer.checkpointer.wait()
+    assert restored == [(8, 24)] and trainer.global_step == 40
+    steps = trainer.checkpointer.all_steps()
+    assert sorted(steps) == [8, 16, 24, 32, 40]
+    assert [trainer.checkpointer.read_meta(step)["epoch"] for step in sorted(steps)] == [1, 2, 3, 4, 5]
+    assert [int(row["step"]) for row in _csv_rows(tmp_path / "run")] == [8, 8, 16, 16, 24, 24, 32, 32, 40, 40]
+
+
 def test_a_test_holds_the_runs_lock_only_while_writing_its_records(tmp_path, regression_loaders):
     """test() held the run's lock for the whole evaluation: a resume=True of the run in another
     process meanwhile (a restarted job) was refused with RunInUseError."""

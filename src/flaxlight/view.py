@@ -310,6 +310,7 @@ class TrainerViewMixin:
                                                 overwrite=overwrite, owned=self._trained_here or self._wrote_here)
             self._trained_here = True
             self.logger.start_run()  # a loaded trainer's records were late ones; overwrite deleted files
+        self._in_run = True  # until _finish_files: load_model leaves global_step to the loop
 
     def _check_monitor_ahead(self) -> None:
         """The trainer's ``monitor`` (the best model is picked among the eval step's metrics) checked
