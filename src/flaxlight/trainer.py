@@ -475,11 +475,11 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
         """Continue from a checkpoint (:func:`flaxlight.resume.restore_run`): state, loop, best, callbacks, loggers."""
         restored = resume.restore_run(self.checkpointer, target.resume_from, self.state, load=self._load_for_resume,
                                       train_loader=train_loader, schedule_steps=self._fitted_schedule_steps,
-                                      loaded_from=self._loaded_from)
+                                      loaded_from=self._loaded_from, steps_per_epoch=self.steps_per_epoch)
         if restored is not None:
             self.state, meta, step = restored
-            target.begin(meta, self.checkpointer, self.log_dir, self.steps_per_epoch, train_loader)  # checks, a rewind
-            self._loop, self._best_eval_metrics = meta.loop_state(), meta.best_eval_metrics
+            target.begin(meta, self.checkpointer, self.log_dir)  # a rewind sets the later branch aside
+            self._loop, self._best_eval_metrics = meta.loop_state(self.steps_per_epoch), meta.best_eval_metrics
             meta.restore_callbacks(self.callbacks)
             self.engine.adopt_block_length(meta.block_length)
             self._nonfinite.steps, self._nonfinite.before_epoch = meta.nonfinite
