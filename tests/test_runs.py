@@ -327,3 +327,17 @@ def test_a_second_trainer_in_the_process_of_a_live_run_is_refused_and_the_runs_l
     assert "logger_params={'log_dir': 'runs/eval'}" in message
     assert not any(row.get("test/loss") for row in _rows(run)) and not (run / "metrics" / "test.json").exists()
     assert not (run / RunLock.FILE).exists()  # released at the end
+
+
+def test_a_run_whose_loggers_fail_to_start_leaves_no_lock_that_would_refuse_a_retry(tmp_path, regression_loaders):
+    from flaxlight.loggers import Logger
+
+    class FailsToStart(Logger):
+        def start_run(self):
+            raise ConnectionError("the tracking server is down")
+
+    train, val, _ = regression_loaders
+    with pytest.raises(ConnectionError, match="tracking server is down"):
+        _trainer(tmp_path / "run", loggers=[FailsToStart()]).train_model(train, val, num_epochs=1)
+    assert not (tmp_path / "run" / RunLock.FILE).exists()
+    _trainer(tmp_path / "run").train_model(train, val, num_epochs=1)  # the retry, in this process

@@ -309,7 +309,11 @@ class TrainerViewMixin:
             self._run_lock = runfiles.claim_run(self.log_dir, self.checkpointer, continuing=continuing,
                                                 overwrite=overwrite, owned=self._trained_here or self._wrote_here)
             self._trained_here = True
-            self.logger.start_run()  # a loaded trainer's records were late ones; overwrite deleted files
+            try:
+                self.logger.start_run()  # a loaded trainer's records were late ones; overwrite deleted files
+            except BaseException:  # the run never starts: its lock goes (this process would refuse itself)
+                self._run_lock.release()
+                raise
         self._in_run = True  # until _finish_files: load_model leaves global_step to the loop
 
     def _check_monitor_ahead(self) -> None:
