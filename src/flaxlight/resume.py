@@ -126,7 +126,14 @@ class CheckpointMeta:
 
     @property
     def mid_epoch(self) -> bool:
-        """Saved part-way through an epoch's batches (some trained, some not)."""
+        """Saved part-way through an epoch's batches (some trained, some not).
+
+        Examples:
+            >>> CheckpointMeta(step=12, epoch=2, phase="train", batch_index=4, steps_per_epoch=8).mid_epoch
+            True
+            >>> CheckpointMeta(step=8, epoch=1, phase="train", batch_index=8, steps_per_epoch=8).mid_epoch
+            False
+        """
         return self.phase == "train" and 0 < self.batch_index and not self.trained_whole_epoch
 
     @property

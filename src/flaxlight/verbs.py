@@ -102,7 +102,8 @@ class TrainerVerbsMixin:
         ``"best"`` (the newest when no validation ran) or ``"last"``; ``with_optimizer=True`` also
         restores the optimizer state (without it, a run with ``ema_decay`` loads its parameters'
         moving average, which evaluation used); ``overrides`` replace saved settings (``logger_params`` are merged;
-        a ``log_dir`` there logs to that folder). ``test()`` and ``log_metrics`` add to the run's records.
+        a ``log_dir`` there logs to that folder, a new one or one holding only earlier tests' records: an
+        eval folder). ``test()`` and ``log_metrics`` add to the run's records.
         Example: ``MyTrainer.load_from_checkpoint("checkpoints/MLP/version_0", exmp_input=x[:1])``."""
         run, step = _run_and_step(checkpoint)
         trainer = _construct(cls, exmp_input, runfiles.trainer_kwargs(cls, run, which, overrides), overrides)
