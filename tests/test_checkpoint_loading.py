@@ -2,7 +2,7 @@
 
 import numpy as np
 import pytest
-from conftest import RegressTrainer, TinyMLP, quiet
+from conftest import RegressTrainer, TinyMLP, linear_data, quiet
 
 import flaxlight
 from flaxlight import TrainerModule
@@ -320,3 +320,107 @@ def test_one_checkpoint_of_a_run_loads_by_its_step_folder_or_load_model(tmp_path
     assert [r["step"] for r in _csv_rows(run) if r.get("test_first/loss") or r.get("test_again/loss")] == ["8", "8"]
     with pytest.raises(FileNotFoundError, match=r"No checkpoint of step 9 in .*checkpoints: it holds steps 8, 16, 24"):
         RegressTrainer.load_from_checkpoint(run / "checkpoints" / "9", exmp_input=X0)
+
+
+def test_loaded_trainers_test_again_and_again_into_one_eval_folder(tmp_path, regression_loaders, capsys):
+    """The in-use message's advice, load_from_checkpoint(run, logger_params={'log_dir': eval}).test(),
+    done a second time into the same eval folder (the eval script run again, the next checkpoint
+    while the run trains) was refused: "already holds a run (metrics.csv)"."""
+    import os
+
+    train, val, test = regression_loaders
+    RegressTrainer(model_class=TinyMLP, model_hparams={"hidden_dims": [8]}, optimizer_hparams={"lr": 1e-2},
+                   exmp_input=X0, **quiet(tmp_path)).train_model(train, val, num_epochs=2)
+    results = []
+    for which in ("best", "last", "best"):
+        loaded = RegressTrainer.load_from_checkpoint(tmp_path / "run", exmp_input=X0, which=which,
+                                                     logger_params={"log_dir": str(tmp_path / "eval")})
+        results.append(loaded.test(test)["test/loss"])
+    assert sorted(os.listdir(tmp_path / "eval" / "metrics")) == ["test.2.json", "test.3.json", "test.json"]
+    assert [float(row["test/loss"]) for row in _csv_rows(tmp_path / "eval")] == pytest.approx(results)
+    assert "metrics/test.json holds an earlier test's metrics: this one's (test/...) are saved to metrics/test.3.json" \
+        in capsys.readouterr().err
+
+
+def test_a_loaded_trainer_still_may_not_log_into_a_folder_holding_another_run(tmp_path, regression_loaders):
+    import os
+
+    train, val, test = regression_loaders
+    for name in ("run", "other"):
+        RegressTrainer(model_class=TinyMLP, model_hparams={"hidden_dims": [8]}, optimizer_hparams={"lr": 1e-2},
+                       exmp_input=X0, **quiet(tmp_path, logger_params={"log_dir": str(tmp_path / name)})).train_model(
+            train, val, num_epochs=1)
+    loaded = RegressTrainer.load_from_checkpoint(tmp_path / "run", exmp_input=X0,
+                                                 logger_params={"log_dir": str(tmp_path / "other")})
+    with pytest.raises(FileExistsError, match=r"other already holds a run \(hparams.yaml, metrics.csv, checkpoints/\)"):
+        loaded.test(test)
+    assert sorted(os.listdir(tmp_path / "other" / "metrics")) == ["best_eval.json", "eval_epoch_001.json"]
+
+
+def test_load_model_from_a_callback_restores_weights_and_leaves_the_runs_step_count_alone(tmp_path, regression_loaders):
+    """load_model(step) set global_step to the step loaded, also inside train_model: a callback
+    rolling the weights back at epoch 3 sent the run back to step 8, and epochs 4 and 5 overwrote
+    checkpoints 16 and 24 (and metrics.csv went 24, 16, 24)."""
+    train, val, _ = regression_loaders
+    restored = []
+
+    class RollBack(flaxlight.Callback):
+        def on_epoch_end(self, trainer, epoch):
+            if epoch == 3:
+                trainer.checkpointer.wait()
+                trainer.load_model(8)
+                restored.append((int(trainer.state.step), trainer.global_step))
+
+    trainer = RegressTrainer(model_class=TinyMLP, model_hparams={"hidden_dims": [8]}, optimizer_hparams={"lr": 1e-2},
+                             exmp_input=X0, **quiet(tmp_path, callbacks=[
+                                 RollBack(), flaxlight.ModelCheckpoint(every_n_epochs=1, save_top_k=-1)]))
+    trainer.train_model(train, val, num_epochs=5)
+    trainer.checkpointer.wait()
+    assert restored == [(8, 24)] and trainer.global_step == 40
+    steps = trainer.checkpointer.all_steps()
+    assert sorted(steps) == [8, 16, 24, 32, 40]
+    assert [trainer.checkpointer.read_meta(step)["epoch"] for step in sorted(steps)] == [1, 2, 3, 4, 5]
+    assert [int(row["step"]) for row in _csv_rows(tmp_path / "run")] == [8, 8, 16, 16, 24, 24, 32, 32, 40, 40]
+
+
+def test_a_test_holds_the_runs_lock_only_while_writing_its_records(tmp_path, regression_loaders):
+    """test() held the run's lock for the whole evaluation: a resume=True of the run in another
+    process meanwhile (a restarted job) was refused with RunInUseError."""
+    import os
+    import subprocess
+    import sys
+
+    from flaxlight.runfiles import RunInUseError, RunLock
+
+    train, val, test = regression_loaders
+    run = tmp_path / "run"
+    RegressTrainer(model_class=TinyMLP, model_hparams={"hidden_dims": [8]}, optimizer_hparams={"lr": 1e-2},
+                   exmp_input=X0, **quiet(tmp_path)).train_model(train, val, num_epochs=2)
+    x, y = linear_data(64, 2)
+    locked_during_evaluation, taken_by = [], []
+
+    class Batches:  # the test's data; while it is read, another process may take the run
+        def __iter__(self):
+            locked_during_evaluation.append((run / RunLock.FILE).exists())
+            if taken_by:
+                (run / RunLock.FILE).write_text(f"{taken_by[0]} {os.uname().nodename}")
+            return iter([(x[i:i + 32], y[i:i + 32]) for i in range(0, 64, 32)])
+
+    loaded = RegressTrainer.load_from_checkpoint(run, exmp_input=X0)
+    result = loaded.test(Batches())
+    assert locked_during_evaluation == [False] and not (run / RunLock.FILE).exists()
+    assert float(_csv_rows(run)[-1]["test/loss"]) == result["test/loss"]
+
+    restarted = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:  # it resumes the run while the test evaluates: the test's records are refused, its result said
+        taken_by.append(restarted.pid)
+        before = {path.name: path.read_bytes() for path in run.iterdir() if path.is_file()}
+        with pytest.raises(RunInUseError, match=rf"training in process {restarted.pid} .*Nothing was written.* The "
+                                                rf"test ran meanwhile; its metrics, not written: \{{'test/loss': "):
+            loaded.test(Batches())
+        after = {path.name: path.read_bytes() for path in run.iterdir() if path.is_file()}
+        assert after.pop(RunLock.FILE) == f"{restarted.pid} {os.uname().nodename}".encode() and after == before
+        assert not (run / "metrics" / "test.2.json").exists()
+    finally:
+        restarted.kill()
+        restarted.wait()

@@ -194,3 +194,63 @@ def test_a_metrics_file_whose_write_fails_keeps_what_it_held(tmp_path):
     assert _json(tmp_path / "run" / "metrics" / "best_eval.json") == {"val/loss": 0.5}
     assert os.listdir(tmp_path / "run" / "metrics") == ["best_eval.json"]  # no temporary file left
 
+
+
+class SigtermAfter(flaxlight.Callback):
+    every_n_steps = 1
+
+    def __init__(self, step):
+        self.step = step
+
+    def on_step(self, trainer, step):
+        if step == self.step:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+def test_a_checkpoint_after_an_epochs_last_batch_resumes_with_another_batch_size(tmp_path, capsys):
+    """SIGTERM after the last batch of epoch 1 (checkpoint 8: batch 8 of 8) was refused as
+    "mid-epoch" with another batch size, suggesting that same checkpoint; the epoch ends listed
+    (step % steps_per_epoch) missed those of an earlier batch size; "Resumed from" came first."""
+    run = tmp_path / "run"
+    with pytest.raises(SystemExit):
+        _trainer(run, callbacks=[ModelCheckpoint(every_n_epochs=1, save_top_k=-1), SigtermAfter(8)]).train_model(
+            *_loaders(), num_epochs=3)
+    assert _steps(run / "checkpoints") == [8]
+    capsys.readouterr()
+    with pytest.raises(SystemExit):  # 16 batches per epoch from epoch 2 on; SIGTERM in epoch 3, after batch 4
+        _trainer(run, callbacks=[ModelCheckpoint(every_n_epochs=1, save_top_k=-1), SigtermAfter(28)]).train_model(
+            *_loaders(batch_size=16), num_epochs=3, resume=True)
+    assert "this run's have 16 (another batch size or limit): from epoch 2 on, each has 16" in capsys.readouterr().err
+    assert _steps(run / "checkpoints") == [8, 24, 28]  # epoch 1 trained no batch again: epoch 2 ended at 8 + 16
+    assert Checkpointer(str(run / "checkpoints"), read_only=True).read_meta(24)["epoch"] == 2
+
+    with pytest.raises(ValueError, match=r"Checkpoint 28 .*saved mid-epoch \(epoch 3, after batch 4 of 16\), and this "
+                                         r"run's epochs have 8 batches.*\(steps there: 8, 24\)"):
+        _trainer(run).train_model(*_loaders(), num_epochs=3, resume=True)
+    assert "Resumed from" not in capsys.readouterr().err
+    resumed = _trainer(run)
+    resumed.train_model(*_loaders(), num_epochs=3, resume_from=run / "checkpoints" / "24")  # a listed one: taken
+    assert resumed.global_step == 32 and _steps(run / "checkpoints") == [8, 24, 32]
+
+
+def test_a_rewind_moves_the_later_tests_results_aside_and_keeps_the_earlier_ones(tmp_path):
+    """A rewind left the abandoned branch's metrics/test.json in the run (its metrics.csv row
+    dropped), so the rewound run's next test() was saved as test.2.json."""
+    run = tmp_path / "run"
+    train, val = _loaders()
+    _trainer(run).train_model(train, val, test_loader=val, num_epochs=2)  # test.json: logged at step 16
+    early = RegressTrainer.load_from_checkpoint(run / "checkpoints" / "8", exmp_input=X0, enable_progress_bar=False)
+    early.test(val, name="early")  # test_early.json: checkpoint 8's, logged at step 8
+    RegressTrainer.load_from_checkpoint(run, exmp_input=X0, which="last", enable_progress_bar=False).test(
+        val, name="late")  # test_late.json: logged at step 16
+    files = _files(run / "metrics")
+    assert {"test.json", "test_early.json", "test_late.json"} <= set(files)
+
+    rewound = _trainer(run)
+    rewound.train_model(train, val, num_epochs=1, resume_from=run / "checkpoints" / "8")
+    aside = run / "abandoned" / "after_step_8" / "metrics"
+    assert sorted(os.listdir(run / "metrics")) == ["best_eval.json", "eval_epoch_001.json", "test_early.json"]
+    assert {name: files[name] for name in ("test.json", "test_late.json")} == {
+        name: (aside / name).read_bytes() for name in ("test.json", "test_late.json")}
+    rewound.test(val)
+    assert (run / "metrics" / "test.json").is_file() and not (run / "metrics" / "test.2.json").exists()

@@ -299,3 +299,45 @@ def test_a_baseline_test_before_training_stays_in_the_run_it_starts(tmp_path, re
         stranger.test(test)
     assert (tmp_path / "other" / "metrics.csv").read_bytes() == before
     jax.tree.map(np.testing.assert_array_equal, jax.device_get(stranger.state.params), start)  # not the run's
+
+
+def test_a_second_trainer_in_the_process_of_a_live_run_is_refused_and_the_runs_lock_stays(tmp_path, regression_loaders):
+    """A loaded copy of a run tested from a callback of that run's train_model (one process) took
+    its lock as a stale one (same pid) and deleted it: another process could then train there too."""
+    train, val, test = regression_loaders
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / RunLock.FILE).write_text(f"{os.getpid()} {os.uname().nodename}")  # an earlier process's, same pid
+    seen = []
+
+    class TestACopy(Callback):
+        def on_train_epoch_start(self, trainer, epoch):
+            if epoch == 2:
+                trainer.checkpointer.wait()  # checkpoint 8 written
+                copy = RegressTrainer.load_from_checkpoint(run, exmp_input=X0, enable_progress_bar=False)
+                with pytest.raises(RunInUseError) as refused:
+                    copy.test(test)
+                seen.append((str(refused.value), (run / RunLock.FILE).read_text(), trainer._run_lock.held))
+
+    trainer = _trainer(run, callbacks=[ModelCheckpoint(every_n_epochs=1), TestACopy()])
+    trainer.train_model(train, val, num_epochs=2)  # the earlier process's lock is taken over
+    ((message, lock, held),) = seen
+    assert lock == f"{os.getpid()} {os.uname().nodename}" and held  # the live run's lock, still there
+    assert "another trainer object in this process" in message and "Nothing was written" in message
+    assert "logger_params={'log_dir': 'runs/eval'}" in message
+    assert not any(row.get("test/loss") for row in _rows(run)) and not (run / "metrics" / "test.json").exists()
+    assert not (run / RunLock.FILE).exists()  # released at the end
+
+
+def test_a_run_whose_loggers_fail_to_start_leaves_no_lock_that_would_refuse_a_retry(tmp_path, regression_loaders):
+    from flaxlight.loggers import Logger
+
+    class FailsToStart(Logger):
+        def start_run(self):
+            raise ConnectionError("the tracking server is down")
+
+    train, val, _ = regression_loaders
+    with pytest.raises(ConnectionError, match="tracking server is down"):
+        _trainer(tmp_path / "run", loggers=[FailsToStart()]).train_model(train, val, num_epochs=1)
+    assert not (tmp_path / "run" / RunLock.FILE).exists()
+    _trainer(tmp_path / "run").train_model(train, val, num_epochs=1)  # the retry, in this process

@@ -16,7 +16,10 @@ Examples:
 
 from __future__ import annotations
 
+import csv
 import dataclasses
+import json
+import math
 import os
 import re
 import shutil
@@ -105,17 +108,38 @@ class CheckpointMeta:
                    callbacks={name: encode_state(cb.state_dict(), f"{type(cb).__name__}.state_dict()")
                               for name, cb in named_callbacks(callbacks)}, **run)
 
-    def loop_state(self) -> LoopState:
-        """Where the loop continues: the saved position, or the next epoch after an epoch's end."""
+    def loop_state(self, steps_per_epoch: int | None = None) -> LoopState:
+        """Where the loop continues: the saved position, or the next epoch after an epoch's end.
+        ``steps_per_epoch``: the resumed run's epoch length; a checkpoint taken after the last batch
+        of an epoch of another length (before the epoch's end routine) continues with none left."""
         loop = LoopState(epoch=self.epoch, phase=self.phase, batch_index=self.batch_index, validated=self.validated,
                          acc=sums_from_json(self.train_sums), train_metrics=dict(self.train_metrics),
                          loader_position=self.loader_position if self.phase == "train" else None,
                          owed_events=list(self.owed_events), owed_steps=self.owed_steps,
                          epochs_before=self.epochs_before, resumed_epoch_length=self.steps_per_epoch)
         loop.running_log.load_state_dict(self.running_log)
+        if self.trained_whole_epoch and steps_per_epoch:
+            loop.batch_index = steps_per_epoch
         if loop.phase == "epoch_end":
             loop.epoch, loop.batch_index, loop.validated = loop.epoch + 1, 0, False
         return loop
+
+    @property
+    def mid_epoch(self) -> bool:
+        """Saved part-way through an epoch's batches (some trained, some not).
+
+        Examples:
+            >>> CheckpointMeta(step=12, epoch=2, phase="train", batch_index=4, steps_per_epoch=8).mid_epoch
+            True
+            >>> CheckpointMeta(step=8, epoch=1, phase="train", batch_index=8, steps_per_epoch=8).mid_epoch
+            False
+        """
+        return self.phase == "train" and 0 < self.batch_index and not self.trained_whole_epoch
+
+    @property
+    def trained_whole_epoch(self) -> bool:
+        """Saved in the training phase after the epoch's last batch (before its end routine)."""
+        return self.phase == "train" and bool(self.steps_per_epoch) and self.batch_index >= self.steps_per_epoch
 
     def restore_callbacks(self, callbacks: Sequence[Any]) -> None:
         for name, callback in named_callbacks(callbacks):
@@ -172,12 +196,16 @@ def pick_checkpoint(checkpointer: Checkpointer, which: str = "best") -> int:
 
 def restore_run(own: Checkpointer, resume_from: str | os.PathLike | None, state: Any, *,
                 load: Callable[[int], Any], train_loader: Any, schedule_steps: int | None = None,
-                loaded_from: Checkpointer | None = None) -> tuple[Any, CheckpointMeta, int] | None:
+                loaded_from: Checkpointer | None = None,
+                steps_per_epoch: int | None = None) -> tuple[Any, CheckpointMeta, int] | None:
     """Restore the checkpoint a run resumes from: ``(state, meta, step)``, or None for a fresh
     start (``resume=True`` into a run with no checkpoint yet). ``schedule_steps``: the length of
     the resumed run's schedule when its rates depend on it; a change from the checkpoint's is said.
     ``loaded_from``: the run a trainer from ``load_from_checkpoint`` was loaded from, into another
     folder (with no checkpoint there yet, training goes on from the loaded model: said, no warning).
+    ``steps_per_epoch``: the resumed run's epoch length; a mid-epoch checkpoint of epochs of another
+    length is refused before anything is said (:func:`check_epoch_position`; not for a
+    ``train_loader`` without ``len()``, a stream whose epoch ``max_steps`` sets).
 
     Without ``resume_from``: the newest readable checkpoint of ``own`` (the run's own folder),
     restored by ``load(step)`` (the trainer's ``load_model``); damaged newer ones are skipped
@@ -204,7 +232,9 @@ def restore_run(own: Checkpointer, resume_from: str | os.PathLike | None, state:
             for newer in [s for s in checkpointer.all_steps() if s > step]:
                 checkpointer.delete(newer)  # unreadable: it would block re-saving that step
     meta = CheckpointMeta.from_json(meta)
-    position = meta.loop_state()
+    if safe_len(train_loader) is not None:
+        check_epoch_position(meta, steps_per_epoch, checkpointer)
+    position = meta.loop_state()  # where the checkpoint was, as said
     if epoch_setter(train_loader) is None and meta.loader_position is None:
         warnings.warn(_stream_resume_message(step, position, meta.steps_per_epoch) if is_stream(train_loader) else
                       "Resuming with a train_loader that has no set_epoch(epoch) method: the run continues exactly "
@@ -282,15 +312,9 @@ class ResumeTarget:
                 f"{log_dir}, or use resume=True without resume_from to continue the run in {log_dir} itself.")
         return cls(resume_from, resumes=True, continuing=False, replaces=bool(present))
 
-    def begin(self, meta: CheckpointMeta, own: Checkpointer, log_dir: str | None, steps_per_epoch: int | None,
-              train_loader: Any = None) -> None:
-        """Once the checkpoint is read, before the run goes on from it: a mid-epoch checkpoint
-        with another number of batches per epoch is refused (:func:`check_epoch_position`; not for
-        a ``train_loader`` without ``len()``, a stream whose epoch ``max_steps`` sets); a rewind
-        sets the run's later checkpoints aside (:func:`set_aside_branch`)."""
-        source = own if self.resume_from is None else checkpointer_for(self.resume_from)
-        if safe_len(train_loader) is not None:
-            check_epoch_position(meta, steps_per_epoch, source)
+    def begin(self, meta: CheckpointMeta, own: Checkpointer, log_dir: str | None) -> None:
+        """Once the checkpoint is read (and accepted by :func:`restore_run`), before the run goes on
+        from it: a rewind sets the run's later checkpoints aside (:func:`set_aside_branch`)."""
         if self.rewind_step is not None and log_dir is not None:
             set_aside_branch(own, log_dir, meta)
 
@@ -298,13 +322,15 @@ class ResumeTarget:
 def check_epoch_position(meta: CheckpointMeta, steps_per_epoch: int | None, source: Checkpointer) -> None:
     """A checkpoint saved mid-epoch continues at its batch number: with epochs of another number of
     batches (another batch size), that batch starts elsewhere in the data, so part of the epoch
-    would be trained twice or skipped. That is a ``ValueError`` naming the checkpoints saved at an
-    epoch's end (of ``source``), where the batch size may change (said)."""
+    would be trained twice or skipped. That is a ``ValueError`` naming the checkpoints of
+    ``source`` saved at an epoch's end (:func:`_epoch_end_steps`), where the batch size may change
+    (said). A checkpoint taken after an epoch's last batch (an interrupt before the epoch's end
+    routine) is at an epoch's end: the resumed run trains none of that epoch's batches again."""
     saved = meta.steps_per_epoch
     if not saved or not steps_per_epoch or saved == steps_per_epoch:
         return
-    if meta.phase == "train" and meta.batch_index > 0:
-        ends = [str(step) for step in source.all_steps() if step <= meta.step and step % saved == 0]
+    if meta.mid_epoch:
+        ends = _epoch_end_steps(source, up_to=meta.step)
         raise ValueError(
             f"Checkpoint {meta.step} in {source.directory} was saved mid-epoch (epoch {meta.epoch}, after batch "
             f"{meta.batch_index} of {saved}), and this run's epochs have {steps_per_epoch} batches: another batch "
@@ -313,10 +339,26 @@ def check_epoch_position(meta: CheckpointMeta, steps_per_epoch: int | None, sour
             f"the run's train_loader and settings ({saved} batches per epoch: a checkpoint it saves at an epoch's "
             f"end then resumes with the new batch size), or from a checkpoint saved at an epoch's end, where the "
             f"batch size may change: resume_from='{source.directory}/<step>' "
-            f"({'steps there: ' + ', '.join(ends) if ends else 'none is kept there yet'}).")
+            f"({'steps there: ' + ', '.join(map(str, ends)) if ends else 'none is kept there yet'}).")
+    next_epoch = meta.epoch + (meta.phase != "train" or meta.trained_whole_epoch)
     messages.info("The run's epochs had %d batches and this run's have %d (another batch size or limit): from "
-                  "epoch %d on, each has %d.", saved, steps_per_epoch, meta.epoch + (meta.phase != "train"),
-                  steps_per_epoch)
+                  "epoch %d on, each has %d.", saved, steps_per_epoch, next_epoch, steps_per_epoch)
+
+
+def _epoch_end_steps(source: Checkpointer, up_to: int) -> list[int]:
+    """The checkpoints of ``source`` up to step ``up_to`` saved at an epoch's end (not
+    :attr:`CheckpointMeta.mid_epoch`: a resume may change the batch size there), by their meta."""
+    ends = []
+    for step in source.all_steps():
+        if step > up_to:
+            continue
+        try:
+            meta = CheckpointMeta.from_json(source.read_meta(step))
+        except Exception:  # noqa: BLE001 - a damaged checkpoint's meta: not one to suggest
+            continue
+        if not meta.mid_epoch:
+            ends.append(step)
+    return sorted(ends)
 
 
 def set_aside_branch(own: Checkpointer, log_dir: str, meta: CheckpointMeta) -> str | None:
@@ -324,8 +366,9 @@ def set_aside_branch(own: Checkpointer, log_dir: str, meta: CheckpointMeta) -> s
     (a branch the run leaves) move to ``<log_dir>/abandoned/after_step_<step>/checkpoints/``,
     next to copies of the run's ``hparams.yaml``, ``metrics.csv`` and ``metrics/`` as they were
     (a run folder: ``load_from_checkpoint`` reads it), and that is said. The run's own
-    ``metrics/`` then drops the later validations' files and its ``best_eval.json`` is the
-    checkpoint's best (the CSV rows after the step are dropped by the loggers' resume).
+    ``metrics/`` then drops the later validations' and tests' files (their copies stay there) and
+    its ``best_eval.json`` is the checkpoint's best (the CSV rows after the step are dropped by the
+    loggers' resume).
     Returns the folder (None when no checkpoint came after the step: nothing moves)."""
     own.wait()
     later = sorted((step for step in own.all_steps() if step > meta.step), reverse=True)
@@ -353,20 +396,56 @@ def set_aside_branch(own: Checkpointer, log_dir: str, meta: CheckpointMeta) -> s
 
 
 def _drop_later_metrics(log_dir: str, meta: CheckpointMeta) -> None:
-    """The run's ``metrics/`` as of checkpoint ``meta.step``: no validation files after it, and
-    ``best_eval.json`` the checkpoint's best validation (none before one)."""
+    """The run's ``metrics/`` as of checkpoint ``meta.step``: no validation or test files after it
+    (:func:`_later_tests`), and ``best_eval.json`` the checkpoint's best validation (none before one)."""
     folder = os.path.join(log_dir, METRICS_DIR)
     last_epoch = meta.epoch if meta.phase == "epoch_end" or meta.validated else meta.epoch - 1
     for name in os.listdir(folder) if os.path.isdir(folder) else []:
         found = re.fullmatch(r"eval_(epoch|step)_(\d+)\.json", name)
         if found and int(found[2]) > (last_epoch if found[1] == "epoch" else meta.step):
             os.remove(os.path.join(folder, name))
+    for name in _later_tests(log_dir, meta.step):
+        os.remove(os.path.join(folder, name))
     best = {key: value for key, value in (meta.best_eval_metrics or {}).items()
             if not key.startswith("train/") and key != "epoch_time"}  # the train means saved with it
     if best:
         write_metrics(log_dir, "best_eval", best)
     elif os.path.isfile(os.path.join(folder, "best_eval.json")):
         os.remove(os.path.join(folder, "best_eval.json"))
+
+
+def _later_tests(log_dir: str, step: int) -> list[str]:
+    """The run's test results (``metrics/test*.json``: ``test.json``, ``test.2.json``,
+    ``test_<name>.json``, ...) logged after ``step``: a file whose metrics only ``metrics.csv`` rows
+    of later steps hold (a test's row holds its metrics; the file does not say its step)."""
+    folder, table = os.path.join(log_dir, METRICS_DIR), os.path.join(log_dir, "metrics.csv")
+    if not os.path.isdir(folder) or not os.path.isfile(table):
+        return []
+    with open(table, newline="") as f:
+        rows = list(csv.DictReader(f))
+    later = []
+    for name in sorted(os.listdir(folder)):
+        if not re.fullmatch(r"test(_[A-Za-z0-9_-]+)?(\.\d+)?\.json", name):
+            continue
+        try:
+            with open(os.path.join(folder, name)) as f:
+                result = {key: value for key, value in json.load(f).items() if isinstance(value, (int, float))}
+        except (OSError, ValueError, AttributeError):  # not a test's metrics: left alone
+            continue
+        steps = [int(row["step"]) for row in rows if result and str(row.get("step") or "").isdigit()
+                 and all(_same_number(row.get(key), value) for key, value in result.items())]
+        if steps and min(steps) > step:
+            later.append(name)
+    return later
+
+
+def _same_number(cell: str | None, value: float) -> bool:
+    """Whether a ``metrics.csv`` cell holds ``value`` (as the CSV writes it; NaN equals NaN)."""
+    try:
+        number = float(cell)
+    except (TypeError, ValueError):
+        return False
+    return (math.isnan(number) and math.isnan(value)) or math.isclose(number, value, rel_tol=1e-6, abs_tol=1e-12)
 
 
 def run_length(checkpointer: Checkpointer) -> tuple[int, int]:

@@ -113,6 +113,11 @@ class RunInUseError(RuntimeError):
         super().__init__(message)
         self.log_dir, self.pid, self.host = log_dir, pid, host
 
+    @property
+    def in_this_process(self) -> bool:
+        """Whether the holder is this very process (another trainer object of it)."""
+        return self.pid == str(os.getpid()) and self.host == socket.gethostname()
+
 
 def next_version_dir(base: str | os.PathLike) -> str:
     """Claim ``<base>/version_<N>``, N one more than the highest there (``version_0`` first).
@@ -210,11 +215,18 @@ def claim_run(log_dir: str, checkpointer: Checkpointer, *, continuing: bool, ove
     return lock
 
 
+_HELD_HERE: dict[str, int] = {}  # the lock files held in this process (by RunLock), by real path: the pid
+
+
 class RunLock:
     """``<log_dir>/.flaxlight.lock``: the process training into the folder (pid and host).
 
     A second process that tries to train into a live run's folder is refused; a lock left by a
-    process that no longer runs (on this host) is taken over with a warning.
+    process that no longer runs (on this host) is taken over with a warning. In one process, a
+    second lock on a folder this process holds (another trainer object's, e.g. one built in a
+    callback of the ``train_model`` that holds it) is refused too, and the holder's lock stays;
+    a lock file naming this process's pid that this process does not hold (left by an earlier
+    process that had the same pid, as in a restarted container) is taken over.
 
     Examples:
         >>> lock = RunLock("runs/sine"); lock.acquire()   # doctest: +SKIP
@@ -225,9 +237,12 @@ class RunLock:
 
     def __init__(self, log_dir: str):
         self.path, self.held = os.path.join(log_dir, self.FILE), False
+        self._key = os.path.realpath(self.path)  # one folder reached by two paths is one lock
 
     def acquire(self) -> None:
         me = f"{os.getpid()} {socket.gethostname()}"
+        if _HELD_HERE.get(self._key) == os.getpid():
+            raise self._in_use(str(os.getpid()), socket.gethostname())
         for _ in range(3):
             try:
                 fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
@@ -238,12 +253,13 @@ class RunLock:
                 continue
             with os.fdopen(fd, "w") as f:
                 f.write(me)
-            self.held = True
+            self.held, _HELD_HERE[self._key] = True, os.getpid()
             return
         raise RuntimeError(f"Could not take the lock {self.path}: other processes keep claiming it.")
 
     def _check_owner(self) -> None:
-        """Raise when the lock's owner runs; remove the lock when it is gone (or is us)."""
+        """Raise when the lock's owner runs; remove the lock when it is gone (or an earlier process
+        with this one's pid: :meth:`acquire` refused the locks this process holds)."""
         try:
             with open(self.path) as f:
                 pid_text, _, host = f.read().strip().partition(" ")
@@ -256,15 +272,25 @@ class RunLock:
                               RuntimeWarning, stacklevel=4)
             os.remove(self.path)
             return
-        raise RunInUseError(
-            f"{os.path.dirname(self.path)} is in use by process {pid_text or '?'} on {host or '?'} (lock file "
-            f"{self.path}): two runs must not write into one folder. Wait for it to finish or choose another "
-            f"log_dir; if that process is gone, delete the lock file.", os.path.dirname(self.path),
-            pid_text or "?", host or "?")
+        raise self._in_use(pid_text or "?", host or "?")
+
+    def _in_use(self, pid: str, host: str) -> RunInUseError:
+        folder = os.path.dirname(self.path)
+        if pid == str(os.getpid()) and host == socket.gethostname():
+            return RunInUseError(
+                f"{folder} is in use by this process ({pid} on {host}, lock file {self.path}): another trainer object "
+                f"trains into it (e.g. the one whose train_model runs the callback asking now) or writes its records. "
+                f"Two trainers must not write into one folder: write through that trainer, or choose another log_dir.",
+                folder, pid, host)
+        return RunInUseError(
+            f"{folder} is in use by process {pid} on {host} (lock file {self.path}): two runs must not write into one "
+            f"folder. Wait for it to finish or choose another log_dir; if that process is gone, delete the lock file.",
+            folder, pid, host)
 
     def release(self) -> None:
         if self.held:
             self.held = False
+            _HELD_HERE.pop(self._key, None)
             try:
                 os.remove(self.path)
             except FileNotFoundError:

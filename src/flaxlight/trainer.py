@@ -96,7 +96,7 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
         self._loop, self._schedule, self._nonfinite = LoopState(), EventSchedule(), NonfiniteTally()
         self._best_eval_metrics, self._is_best, self._val_loader, self._unsaved = None, False, None, None  # _unsaved: why
         self._trained_here, self._wrote_here, self._run_lock, self._loaded = False, False, None, False
-        self._loaded_from = None  # load_from_checkpoint's run, when the trainer logs to another folder
+        self._loaded_from, self._in_run = None, False  # _loaded_from: the loaded run, when logging to another folder
 
     def _set_up_run_files(self, logger_params: Mapping[str, Any] | None) -> None:
         """The run's folder and loggers (``init_logger``); none in ``fast_dev_run``."""
@@ -463,21 +463,23 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
         self.checkpointer.save(step, self.state, meta=meta.to_json(), metrics=chosen.score_of(step) if chosen else None)
 
     def load_model(self, step: int | None = None) -> None:
-        """Restore a checkpoint into ``self.state`` (``global_step`` too): ``step``, else the best, else the newest."""
+        """Restore a checkpoint into ``self.state``: ``step``, else the best, else the newest; outside
+        ``train_model``, ``global_step`` too (inside, e.g. from a callback, the run's step count goes on)."""
         self.checkpointer.wait()
         step = resume.pick_checkpoint(self.checkpointer, "best") if step is None else step
         self.state = self.checkpointer.restore(self.state, step=step)
-        self.global_step = int(to_host(self.state.step))
+        if not self._in_run:
+            self.global_step = int(to_host(self.state.step))
 
     def _resume(self, target: ResumeTarget, train_loader) -> None:
         """Continue from a checkpoint (:func:`flaxlight.resume.restore_run`): state, loop, best, callbacks, loggers."""
         restored = resume.restore_run(self.checkpointer, target.resume_from, self.state, load=self._load_for_resume,
                                       train_loader=train_loader, schedule_steps=self._fitted_schedule_steps,
-                                      loaded_from=self._loaded_from)
+                                      loaded_from=self._loaded_from, steps_per_epoch=self.steps_per_epoch)
         if restored is not None:
             self.state, meta, step = restored
-            target.begin(meta, self.checkpointer, self.log_dir, self.steps_per_epoch, train_loader)  # checks, a rewind
-            self._loop, self._best_eval_metrics = meta.loop_state(), meta.best_eval_metrics
+            target.begin(meta, self.checkpointer, self.log_dir)  # a rewind sets the later branch aside
+            self._loop, self._best_eval_metrics = meta.loop_state(self.steps_per_epoch), meta.best_eval_metrics
             meta.restore_callbacks(self.callbacks)
             self.engine.adopt_block_length(meta.block_length)
             self._nonfinite.steps, self._nonfinite.before_epoch = meta.nonfinite
@@ -488,5 +490,6 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
         return self.state
 
     def _finish_files(self, status: str, best: dict | None = None) -> None:
+        self._in_run = False  # every end of train_model comes here
         runfiles.finish_run(status, self.checkpointer, self.logger, self._run_lock, before=self.engine.close,
                             best=(best, self.global_step) if best else None)

@@ -102,7 +102,8 @@ class TrainerVerbsMixin:
         ``"best"`` (the newest when no validation ran) or ``"last"``; ``with_optimizer=True`` also
         restores the optimizer state (without it, a run with ``ema_decay`` loads its parameters'
         moving average, which evaluation used); ``overrides`` replace saved settings (``logger_params`` are merged;
-        a ``log_dir`` there logs to that folder). ``test()`` and ``log_metrics`` add to the run's records.
+        a ``log_dir`` there logs to that folder, a new one or one holding only earlier tests' records: an
+        eval folder). ``test()`` and ``log_metrics`` add to the run's records.
         Example: ``MyTrainer.load_from_checkpoint("checkpoints/MLP/version_0", exmp_input=x[:1])``."""
         run, step = _run_and_step(checkpoint)
         trainer = _construct(cls, exmp_input, runfiles.trainer_kwargs(cls, run, which, overrides), overrides)
@@ -193,11 +194,20 @@ class TrainerVerbsMixin:
         if which not in ("current", "best", "last"):
             raise ValueError(f"which must be 'current', 'best' or 'last'; got {which!r}.")
         stem = _test_stem(name)
-        with self._writing_records("test results"):  # before loading anything: a folder in use is refused
-            return self._test_in_claimed_folder(test_loader, which, stem)
+        self._check_records_folder("test results")  # before loading anything: a folder in use is refused
+        test_metrics = self._evaluate_test(test_loader, which, stem)
+        try:  # the run folder's lock is held while the records are written, not during the evaluation
+            with self._writing_records("test results"):
+                self._log(test_metrics)
+                self.save_metrics(self._unused_metrics_name(stem), test_metrics)
+        except runfiles.RunInUseError as busy:  # taken since the evaluation began: its result is said
+            raise runfiles.RunInUseError(f"{busy} The test ran meanwhile; its metrics, not written: {test_metrics}.",
+                                         busy.log_dir, busy.pid, busy.host) from None
+        self._call_callbacks("on_test_end", test_metrics)
+        return test_metrics
 
-    def _test_in_claimed_folder(self, test_loader, which: str, stem: str) -> dict[str, float]:
-        """:meth:`_test`'s work, while the run folder's lock is held."""
+    def _evaluate_test(self, test_loader, which: str, stem: str) -> dict[str, float]:
+        """Restore the ``which`` checkpoint (when there is one) and evaluate it: ``<stem>/...`` metrics."""
         source = self._checkpoint_source()
         if which != "current" and source.all_steps():
             own_load = not type(self).load_model.__qualname__.startswith("TrainerModule.")  # a seam of the user's
@@ -210,11 +220,7 @@ class TrainerVerbsMixin:
                 step = self.global_step  # the test is logged at the trainer's step (after training: the last)
                 self.load_model(None if which == "best" else resume.pick_checkpoint(source, which))  # None: best
                 self.global_step = step
-        test_metrics = self.eval_model(test_loader, log_prefix=f"{stem}/")
-        self._log(test_metrics)
-        self.save_metrics(self._unused_metrics_name(stem), test_metrics)
-        self._call_callbacks("on_test_end", test_metrics)
-        return test_metrics
+        return self.eval_model(test_loader, log_prefix=f"{stem}/")
 
     def _unused_metrics_name(self, stem: str) -> str:
         """``stem``, or ``stem.2``, ``stem.3``, ... when ``metrics/<stem>.json`` holds an earlier

@@ -140,13 +140,22 @@ class TrainerViewMixin:
         records; a folder holding another run's files is refused, as ``train_model`` refuses it.
         A trainer from ``load_from_checkpoint`` adds to the loaded run's records in that run's
         folder; logging to another folder (``logger_params={'log_dir': ...}``), it claims that
-        folder as a new trainer does (a fine-tuning run after a baseline test continues its records)."""
+        folder as a new trainer does (a fine-tuning run after a baseline test continues its records),
+        or, when it holds records alone (``metrics.csv``, ``metrics/``: no ``hparams.yaml``, no
+        checkpoints), the tests of other loaded trainers (an eval folder), adds to them without
+        making the folder its own (training there then needs ``resume=True`` or ``overwrite=True``)."""
         if self._wrote_here or self._trained_here or self.log_dir is None \
                 or not dist.is_main_process():  # the others write no records (and claim no folder)
             return
         if self._loaded and self._loaded_from is None:  # the loaded run's own folder: its records go on
             return
         present = runfiles.run_files_present(self.log_dir)
+        if self._loaded and present == ["metrics.csv"]:  # an eval folder: records of tests, no run
+            return
+        if present == ["metrics.csv"]:
+            raise FileExistsError(f"log_dir {self.log_dir} holds earlier records (metrics.csv) and no run: this new "
+                                  f"trainer's records would start a run there. Choose another log_dir (a trainer from "
+                                  f"load_from_checkpoint adds its tests to such a folder).")
         if present:
             raise FileExistsError(f"log_dir {self.log_dir} already holds a run ({', '.join(present)}): this trainer "
                                   f"would log into it before training. Load that run to add to it "
@@ -160,10 +169,28 @@ class TrainerViewMixin:
         written (a live process training there is refused: its ``metrics.csv`` would lose rows);
         the folder is claimed (:meth:`_claim_records`); the records are on disk when this ends.
         Inside ``train_model`` (the lock held already) it does nothing."""
-        held = self._run_lock is not None and self._run_lock.held
-        if held or self.log_dir is None or not dist.is_main_process():
+        if not self._records_need_lock():
             yield
             return
+        lock = self._take_records_lock(what)
+        try:
+            yield
+            self.logger.flush()
+        finally:
+            lock.release()
+
+    def _check_records_folder(self, what: str) -> None:
+        """Refuse now what :meth:`_writing_records` would refuse (a folder in use, another run's),
+        e.g. before a long evaluation whose records come at its end; the lock is not kept meanwhile."""
+        if self._records_need_lock():
+            self._take_records_lock(what).release()
+
+    def _records_need_lock(self) -> bool:
+        held = self._run_lock is not None and self._run_lock.held  # inside train_model, or records being written
+        return not held and self.log_dir is not None and dist.is_main_process()
+
+    def _take_records_lock(self, what: str) -> "runfiles.RunLock":
+        """The run folder's lock, taken for this trainer's ``what``, and the folder claimed."""
         lock = runfiles.RunLock(self.log_dir)
         try:
             lock.acquire()
@@ -172,17 +199,25 @@ class TrainerViewMixin:
         self._run_lock = lock
         try:
             self._claim_records()
-            yield
-            self.logger.flush()
-        finally:
+        except BaseException:
             lock.release()
+            raise
+        return lock
 
     def _in_use_message(self, busy: "runfiles.RunInUseError", what: str) -> str:
         """Why a record cannot be written into a folder a live process holds, and what to do instead."""
+        another_folder = (f"{type(self).__name__}.load_from_checkpoint(run, exmp_input=..., "
+                          f"logger_params={{'log_dir': 'runs/eval'}})")
+        if busy.in_this_process:  # another trainer object of this process: e.g. a callback's copy of the run
+            return (f"The run in {busy.log_dir} is being trained (or written) by another trainer object in this "
+                    f"process ({busy.pid}; e.g. the trainer whose train_model runs the callback asking now): this "
+                    f"trainer's {what} would be written into its records (metrics.csv, metrics/) beside that "
+                    f"trainer's, and rows would be lost. Nothing was written. Log into another folder: "
+                    f"{another_folder}; or, in a callback, evaluate with the training trainer itself "
+                    f"(trainer.eval_model(data, log_prefix='test/'), then trainer.log_metrics(...)).")
         if self._loaded:
-            instead = (f"To test the checkpoint while the run goes on, log into another folder: "
-                       f"{type(self).__name__}.load_from_checkpoint(run, exmp_input=..., "
-                       f"logger_params={{'log_dir': 'runs/eval'}}); or wait for process {busy.pid} to finish.")
+            instead = (f"To test the checkpoint while the run goes on, log into another folder: {another_folder}; "
+                       f"or wait for process {busy.pid} to finish.")
         else:
             instead = (f"Log into another folder (logger_params={{'log_dir': ...}}), or wait for process {busy.pid} "
                        f"to finish.")
@@ -274,7 +309,12 @@ class TrainerViewMixin:
             self._run_lock = runfiles.claim_run(self.log_dir, self.checkpointer, continuing=continuing,
                                                 overwrite=overwrite, owned=self._trained_here or self._wrote_here)
             self._trained_here = True
-            self.logger.start_run()  # a loaded trainer's records were late ones; overwrite deleted files
+            try:
+                self.logger.start_run()  # a loaded trainer's records were late ones; overwrite deleted files
+            except BaseException:  # the run never starts: its lock goes (this process would refuse itself)
+                self._run_lock.release()
+                raise
+        self._in_run = True  # until _finish_files: load_model leaves global_step to the loop
 
     def _check_monitor_ahead(self) -> None:
         """The trainer's ``monitor`` (the best model is picked among the eval step's metrics) checked
