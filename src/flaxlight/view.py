@@ -121,9 +121,13 @@ class TrainerViewMixin:
     def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
         """Log numbers the way the trainer logs its own: to the loggers, into
         ``callback_metrics`` and to every callback's ``on_log`` (``step`` default: now). Each value
-        must be one number; anything else fails here, naming its key. Outside ``train_model`` the
-        run folder's lock is taken while they are written (:meth:`_writing_records`)."""
+        must be one number; anything else fails here, naming its key. Called by you outside
+        ``train_model``, the run folder's lock is taken while they are written
+        (:meth:`_writing_records`); from a callback, the loop running it writes them as its own."""
         metrics = checked_scalars(metrics)
+        if getattr(self, "_in_callbacks", 0):
+            self._log(metrics, step)
+            return
         with self._writing_records("logged metrics"):
             self._log(metrics, step)
 
@@ -240,8 +244,12 @@ class TrainerViewMixin:
         self._call_callbacks("on_log", step, metrics)
 
     def _call_callbacks(self, hook: str, *args) -> None:
-        for callback in self.callbacks:
-            getattr(callback, hook)(self, *args)
+        self._in_callbacks = getattr(self, "_in_callbacks", 0) + 1  # their log_metrics: the loop's own records
+        try:
+            for callback in self.callbacks:
+                getattr(callback, hook)(self, *args)
+        finally:
+            self._in_callbacks -= 1
 
     def _save_on_interrupt(self, interrupt: Interrupted) -> None:
         """SIGTERM / SIGINT: save the step trained, end the run's files, say how to resume, exit 128 + signal."""
