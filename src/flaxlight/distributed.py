@@ -29,7 +29,6 @@ Examples:
 
 from __future__ import annotations
 
-import collections
 import collections.abc
 import contextlib
 import math
@@ -43,6 +42,8 @@ import jax
 import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from flaxlight.metrics import majority_leading_dims
 
 __all__ = ["MODES", "make_mesh", "mesh_for", "batch_sharding", "replicated", "state_shardings", "initialize",
            "resolve_mode", "is_main_process", "to_global_batch", "split_annotations", "example_count",
@@ -225,12 +226,9 @@ def example_count(batch, block: bool = False) -> tuple[int | None, bool]:
         >>> example_count({"image": np.zeros((8, 4)), "class_weights": np.ones(10)})
         (8, True)
     """
-    shapes = [_shape(leaf, block) for leaf in jax.tree.leaves(batch)]
-    counts = collections.Counter(shape[0] for shape in shapes if shape)
-    if not counts:
+    tied, _ = majority_leading_dims(batch, block)
+    if not tied:
         return None, False
-    top = max(counts.values())
-    tied = [rows for rows, count in counts.items() if count == top]
     if len(tied) == 1:
         return tied[0], False
     first = _first_leaf(batch)

@@ -37,7 +37,7 @@ except ImportError:  # pragma: no cover - a JAX without it: the guard sees every
     _explicit_scope = contextlib.nullcontext
 
 __all__ = ["Totals", "init_accumulator", "accumulate", "all_finite", "step_finite", "read_means", "to_host",
-           "batch_size", "HostSnapshot", "is_metric_object", "with_saved_objects"]
+           "batch_size", "majority_leading_dims", "HostSnapshot", "is_metric_object", "with_saved_objects"]
 
 
 def deliberate_reads() -> contextlib.AbstractContextManager:
@@ -279,16 +279,13 @@ def batch_size(batch: Any) -> int:
         >>> batch_size({"cw": np.ones(10), "w": np.float32(0.5), "x": np.zeros((64, 3)), "y": np.zeros(64)})
         64
     """
-    leaves = [(path, tuple(leaf.shape)) for path, leaf in jax.tree_util.tree_leaves_with_path(batch)
-              if len(getattr(leaf, "shape", ())) > 0]
+    majority, leaves = majority_leading_dims(batch)
     if not leaves:
         raise ValueError(
             "Cannot tell the batch size: a batch must be a pytree (array, tuple, list or dict) of "
             f"arrays with a leading batch dimension; got {type(batch).__name__}."
         )
-    counts = collections.Counter(shape[0] for _, shape in leaves)
-    (rows, most), *others = counts.most_common()
-    if others and others[0][1] == most:
+    if len(majority) > 1:
         shapes = ", ".join(f"{jax.tree_util.keystr(path) or '(the whole batch)'} {shape}" for path, shape in leaves)
         raise ValueError(
             f"Cannot tell the batch size: the batch's arrays disagree on their leading dimension and no one "
@@ -296,7 +293,28 @@ def batch_size(batch: Any) -> int:
             f"the leading dimension most arrays share: yield per-example arrays (one row per example), and keep "
             f"constants such as class weights in the model (model_hparams) or in your loss_fn."
         )
-    return int(rows)
+    return majority[0]
+
+
+def majority_leading_dims(batch: Any, block: bool = False) -> tuple[list[int], list[tuple[Any, tuple[int, ...]]]]:
+    """``(dims, leaves)``: the leading dimensions shared by the most array leaves of ``batch`` (one
+    unless there is a tie), and ``(path, shape)`` of each leaf with a leading dimension. ``block``:
+    a stack of batches (steps first), read along its second axis. The one count of examples that
+    :func:`batch_size` (metrics' weights) and the device placement both use.
+
+    Examples:
+        >>> majority_leading_dims({"cw": np.ones(10), "x": np.zeros((64, 3)), "y": np.zeros(64)})[0]
+        [64]
+    """
+    leaves = []
+    for path, leaf in jax.tree_util.tree_leaves_with_path(batch):
+        shape = getattr(leaf, "shape", None)
+        shape = tuple(int(n) for n in (shape if shape is not None else np.shape(leaf)))[1 if block else 0:]
+        if shape:
+            leaves.append((path, shape))
+    counts = collections.Counter(shape[0] for _, shape in leaves)
+    top = max(counts.values(), default=0)
+    return [rows for rows, count in counts.items() if count == top], leaves
 
 
 @functools.cache
