@@ -148,7 +148,9 @@ def test_the_writer_thread_ends_when_idle(tmp_path, state):
     checkpointer = Checkpointer(tmp_path / "ckpt")
     checkpointer.save(1, state)
     checkpointer.wait()
-    ours = lambda: [t for t in threading.enumerate() if t.name == "flaxlight-checkpoints" and t not in earlier]  # noqa: E731
+    def ours():
+        return [t for t in threading.enumerate() if t.name == "flaxlight-checkpoints" and t not in earlier]
+
     deadline = time.monotonic() + 30  # its idle second, plus slack for a busy machine
     while ours() and time.monotonic() < deadline:
         time.sleep(0.01)

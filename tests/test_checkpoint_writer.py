@@ -305,7 +305,8 @@ def test_threads_and_open_files_stay_flat_over_200_epochs_with_a_checkpoint_each
     # A writer's thread ends soon after its queue empties: at epoch 200, this run's (the one seen at
     # epoch 20, or after a stall of an idle second on a busy machine, its successor), not one per save.
     # Earlier checkpointers' threads still waiting out their idle time (or a pause) are left aside.
-    assert len(writers_200 - writers_20) <= 1 and len(writers_200) <= len(writers_20) + 1, (writers_20, writers_200)
+    started = writers_200 - writers_20
+    assert len(started) <= 1 and len(writers_200) <= len(writers_20) + 1, (writers_20, writers_200)
     assert _steps(tmp_path / "run" / "checkpoints") == [400]
 
 
