@@ -101,12 +101,12 @@ def test_metric_records_are_written_together_with_the_next_call_or_within_the_id
     recorder = Recorder()
     collection = LoggerCollection([recorder])
     earlier = set(threading.enumerate())  # other tests' writers may still wait out their idle time
-    collection.log_hyperparams({"lr": 0.1})
+    collection.log_hyperparams({"lr": 0.1})  # starts the writer thread
     (writer,) = [t for t in threading.enumerate() if t.name == "flaxlight-logs" and t not in earlier]
-    collection.flush()
-    # The writer thread has finished that job; wait until it sleeps, waiting for work (records
-    # queued while it is still awake it takes right away: that is not a wake-up). A fixed pause
-    # was not enough on a busy machine, where the thread may not run for a while.
+    # Wait until that thread has written the job and sleeps, waiting for work: records queued while
+    # it is still awake it takes right away (not a wake-up). A fixed pause was not enough on a busy
+    # machine, where the thread may not run for a while; nor was a flush() first: its wake-up call
+    # could find the thread asleep already, which then woke as the records came.
     assert _wait_for(lambda: _sleeps(writer), 5.0)
     idle_from = time.monotonic()
     for step in (1, 2, 3):
