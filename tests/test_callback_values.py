@@ -5,6 +5,7 @@ ModelCheckpoint keeps, the time Timer counts."""
 import csv
 import math
 import os
+import statistics
 import time
 
 import jax
@@ -187,7 +188,11 @@ class RatesSeen(flaxlight.Callback):
 
 def _steady(values, sleep_ms):
     assert all(value >= sleep_ms for value in values), values  # every step slept that long
-    assert all(max(a, b) / min(a, b) < 1.5 for a, b in zip(values, values[1:])), values
+    # Each interval times its own steps: the values agree (they alternated between about 2x too slow
+    # and 4-8x too fast). On a busy machine a stall of the training thread lengthens an interval or
+    # two, so compare each with the median and allow two outliers, not a pair of neighbours.
+    typical = statistics.median(values)
+    assert sum(typical / 1.5 < value < typical * 1.5 for value in values) >= len(values) - 2, values
 
 
 def test_throughput_and_progress_rates_time_the_steps_they_are_logged_for(tmp_path, regression_loaders):

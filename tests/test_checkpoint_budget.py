@@ -53,9 +53,9 @@ def test_kill_9_loses_at_most_an_epoch_plus_the_writers_pause_plus_a_write(tmp_p
     trainer.train_model(train, None, num_epochs=2)  # compile outside the timed run
     watch.seen.clear()
     again = _trainer(tmp_path / "timed", [watch, ModelCheckpoint(max_overhead=budget)])
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + 60
 
-    class Until(flaxlight.Callback):  # until three periodic checkpoints reached the disk (or 20 s)
+    class Until(flaxlight.Callback):  # until three periodic checkpoints reached the disk (or 60 s: a busy machine)
         def on_epoch_end(self, trainer, epoch):
             if len({step for _, _, on_disk in watch.seen for step in on_disk}) >= 3 or time.monotonic() > deadline:
                 trainer.stop("enough")
@@ -144,13 +144,17 @@ def test_a_deletion_behind_a_replaced_save_waits_for_the_next_save(tmp_path, sta
 def test_the_writer_thread_ends_when_idle(tmp_path, state):
     import threading
 
+    earlier = set(threading.enumerate())  # another checkpointer's writer may still wait out its idle time
     checkpointer = Checkpointer(tmp_path / "ckpt")
     checkpointer.save(1, state)
     checkpointer.wait()
-    deadline = time.monotonic() + 5
-    while any(t.name == "flaxlight-checkpoints" for t in threading.enumerate()) and time.monotonic() < deadline:
+    def ours():
+        return [t for t in threading.enumerate() if t.name == "flaxlight-checkpoints" and t not in earlier]
+
+    deadline = time.monotonic() + 30  # its idle second, plus slack for a busy machine
+    while ours() and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert not any(t.name == "flaxlight-checkpoints" for t in threading.enumerate())
+    assert not ours()
     checkpointer.close()
 
 

@@ -236,7 +236,8 @@ def test_a_loaded_trainer_writes_nothing_into_a_run_that_is_still_training(tmp_p
     RegressTrainer(model_class=TinyMLP, model_hparams={"hidden_dims": [8]}, optimizer_hparams={"lr": 1e-2},
                    exmp_input=X0, **quiet(tmp_path)).train_model(train, val, num_epochs=2)
     loaded = RegressTrainer.load_from_checkpoint(run, exmp_input=X0)
-    trainer_process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    # Killed below; it must outlive the test, which may take minutes on a busy machine.
+    trainer_process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     try:  # it "trains" the run: it holds the run's lock
         (run / RunLock.FILE).write_text(f"{trainer_process.pid} {os.uname().nodename}")
         before = {path.name: path.read_bytes() for path in run.iterdir() if path.is_file()}
@@ -411,7 +412,8 @@ def test_a_test_holds_the_runs_lock_only_while_writing_its_records(tmp_path, reg
     assert locked_during_evaluation == [False] and not (run / RunLock.FILE).exists()
     assert float(_csv_rows(run)[-1]["test/loss"]) == result["test/loss"]
 
-    restarted = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    # Killed below; it must outlive the test, which may take minutes on a busy machine.
+    restarted = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     try:  # it resumes the run while the test evaluates: the test's records are refused, its result said
         taken_by.append(restarted.pid)
         before = {path.name: path.read_bytes() for path in run.iterdir() if path.is_file()}

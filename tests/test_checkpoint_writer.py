@@ -124,6 +124,16 @@ def _trainer(tmp_path, callbacks, hidden=(8,)):
                           **quiet(tmp_path, callbacks=callbacks, log_every_n_steps=1000))
 
 
+def _settled(checkpointer, seconds=30.0):
+    """Wait until the checkpointer's writer has nothing running or queued (after a failed write:
+    the failure is recorded, the jobs behind it dropped). A fixed pause was not enough on a busy
+    machine, where the writer thread may not run for a while after the write raised."""
+    deadline = time.monotonic() + seconds
+    while checkpointer.busy and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return not checkpointer.busy
+
+
 class DiskFails(flaxlight.Callback):
     """At step 10, once checkpoint 8 is on disk, every later write fails as on a full disk (the
     writer's writes and deletions are recorded, in order); at step 16, before ModelCheckpoint
@@ -137,7 +147,7 @@ class DiskFails(flaxlight.Callback):
     def on_step(self, trainer, step):
         if step == 16:
             assert self.failed.wait(30)
-            time.sleep(0.2)  # the writer records its failure
+            assert _settled(trainer.checkpointer)  # the writer recorded its failure
         if step != 10:
             return
         checkpointer = trainer.checkpointer
@@ -192,7 +202,7 @@ class AfterTheFailure(flaxlight.Callback):
     def on_step(self, trainer, step):
         if step == 14:
             assert self.disk.failed.wait(30)
-            time.sleep(0.2)  # the writer records its failure
+            assert _settled(trainer.checkpointer)  # the writer recorded its failure
             if self.action == "error":
                 raise ValueError("a user's error at step 14")
             os.kill(os.getpid(), signal.SIGTERM)
@@ -292,9 +302,11 @@ def test_threads_and_open_files_stay_flat_over_200_epochs_with_a_checkpoint_each
     # and other tests' background threads finishing or starting on this worker (seen: +3 in CI).
     assert threads_200 <= threads_20 + 8, (threads_20, threads_200)
     assert files_200 <= files_20 + 5, (files_20, files_200)
-    # A writer's thread ends soon after its queue empties: this run's, and at most one of an
-    # earlier checkpointer still waiting out its idle second, are seen.
-    assert len(writers_20) <= 2 and len(writers_200) <= 2, (writers_20, writers_200)
+    # A writer's thread ends soon after its queue empties: at epoch 200, this run's (the one seen at
+    # epoch 20, or after a stall of an idle second on a busy machine, its successor), not one per save.
+    # Earlier checkpointers' threads still waiting out their idle time (or a pause) are left aside.
+    started = writers_200 - writers_20
+    assert len(started) <= 1 and len(writers_200) <= len(writers_20) + 1, (writers_20, writers_200)
     assert _steps(tmp_path / "run" / "checkpoints") == [400]
 
 

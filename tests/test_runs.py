@@ -82,7 +82,8 @@ def test_a_live_run_folder_is_refused_and_a_stale_lock_is_taken_over(tmp_path, r
     train, val, _ = regression_loaders
     run = tmp_path / "run"
     run.mkdir()
-    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    # Killed below; it must outlive the test, which may take minutes on a busy machine.
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     try:
         (run / RunLock.FILE).write_text(f"{sleeper.pid} {os.uname().nodename}")
         with pytest.raises(RunInUseError, match=rf"in use by process {sleeper.pid}.*delete the lock file") as busy:
