@@ -129,3 +129,47 @@ def test_the_factory_route_the_message_names_tunes_an_optax_chains_lr(tmp_path, 
     study = tune(make, {"lr": Float(1e-2, 0.5, log=True)}, hparams=hparams, train_loader=loaders[0],
                  val_loader=loaders[1], num_epochs=1, metric="val/acc", n_trials=1, base_dir=tmp_path, pruner="none")
     assert [t.state.name for t in study.trials] == ["COMPLETE"]
+
+
+# ----------------------------------------------------------------------------- the same from a config
+def digits_config(tmp_path, trainer, **tune_section):
+    return {
+        "trainer": {"name": "classification", "max_epochs": 3, "enable_progress_bar": False,
+                    "enable_model_summary": False, **trainer},
+        "model": {"name": "mlp_classifier", "hparams": {"hidden_dims": [16], "num_classes": 10}},
+        "optimizer": {"optimizer": "adam", "lr": 3e-3},
+        "data": {"name": "digits", "batch_size": 128},
+        "tune": {"search_space": {"optimizer.lr": {"type": "float", "low": 1e-3, "high": 1e-2, "log": True}},
+                 "metric": "val/acc", "n_trials": 1, "base_dir": str(tmp_path), "study_name": "cfg",
+                 "pruner": "none", **tune_section},
+    }
+
+
+def test_a_config_trainer_monitor_other_than_the_studys_is_refused_before_any_trial(tmp_path):
+    from flaxlight.config import ConfigError
+    from flaxlight.tune import tune_from_config
+
+    with pytest.raises(ConfigError, match=r"trainer.monitor='val/loss' would rank a trial's checkpoints by another "
+                                          r"metric.*remove 'monitor' \(and 'mode'\) from the trainer section"):
+        tune_from_config(digits_config(tmp_path, {"monitor": "val/loss", "mode": "min"}))
+    assert not (tmp_path / "cfg").exists()
+
+
+@pytest.mark.parametrize("trainer", [{"monitor": "val/acc"}, {"monitor": "val/acc", "mode": "min"}])
+def test_a_config_trainer_monitor_gets_the_studys_mode(tmp_path, trainer):
+    """``trainer: {monitor: val/acc}`` kept the trainer's mode, by default 'min', in each trial: the
+    trial ranked by the lowest accuracy and the study recorded its worst epoch. A config's mode
+    cannot be told from the default (the CLI passes the config with its defaults), so it follows
+    the study's direction."""
+    pytest.importorskip("sklearn")
+    from flaxlight.tune import tune_from_config
+
+    study = tune_from_config(digits_config(tmp_path, trainer))
+    (trial,) = study.trials
+    log_dir = trial.user_attrs["log_dir"]
+    with open(os.path.join(log_dir, "metrics.csv")) as f:
+        accs = [float(row["val/acc"]) for row in csv.DictReader(f) if row.get("val/acc")]
+    assert len(accs) == 3 and trial.value == pytest.approx(max(accs)) and max(accs) > min(accs)
+    with open(os.path.join(log_dir, "config.yaml")) as f:
+        saved = yaml.safe_load(f)["trainer"]
+    assert (saved["monitor"], saved["mode"]) == ("val/acc", "max")

@@ -1096,24 +1096,29 @@ def _base_trial_hparams(hparams: Mapping[str, Any] | None, metric: str, directio
     return base
 
 
-def _check_monitor_and_mode(hparams: Mapping[str, Any], metric: str, direction: str, mode: str) -> None:
-    """Refuse a ``monitor``/``mode`` in ``hparams`` other than the study's: a trial's best checkpoint,
-    and the value the study records, come from its best validation by the trainer's monitor."""
-    monitor, given = hparams.get("monitor"), hparams.get("mode")
+def _check_monitor_and_mode(settings: Mapping[str, Any], metric: str, direction: str, mode: str,
+                            config: bool = False) -> None:
+    """Refuse a ``monitor``/``mode`` in ``hparams`` (or a config's ``trainer:`` section) other than the
+    study's: a trial's best checkpoint, and the value the study records, come from its best
+    validation by the trainer's monitor."""
+    monitor, given = settings.get("monitor"), settings.get("mode")
+    name = (lambda key: f"trainer.{key}") if config else (lambda key: f"hparams[{key!r}]")  # noqa: E731
+    where, source = ("the trainer section", "tune.metric and tune.direction") if config else \
+        ("hparams", "metric= and direction=")
     if monitor not in (None, metric):
         raise ValueError(
-            f"hparams['monitor']={monitor!r} would rank a trial's checkpoints by another metric than the study's "
+            f"{name('monitor')}={monitor!r} would rank a trial's checkpoints by another metric than the study's "
             f"{metric!r}, so a trial's best checkpoint, and the value the study records for it, would not be its "
-            f"best {metric}. tune sets monitor and mode from metric= and direction=: remove 'monitor' (and 'mode') "
-            f"from hparams, or optimise that metric (metric={monitor!r}).")
+            f"best {metric}. tune sets monitor and mode from {source}: remove 'monitor' (and 'mode') from {where}, "
+            f"or optimise that metric (metric={monitor!r}).")
     if given is not None and given != mode:
         if given not in ("min", "max"):
-            raise ValueError(f"hparams['mode']={given!r} is neither 'min' nor 'max'; tune sets the mode from "
-                             f"direction= (here {direction!r}: mode={mode!r}): remove 'mode' from hparams.")
+            raise ValueError(f"{name('mode')}={given!r} is neither 'min' nor 'max'; tune sets the mode from "
+                             f"{source} (here {direction!r}: mode={mode!r}): remove 'mode' from {where}.")
         raise ValueError(
-            f"hparams['mode']={given!r} is the opposite of the study's direction={direction!r} (mode={mode!r} for "
+            f"{name('mode')}={given!r} is the opposite of the study's direction={direction!r} (mode={mode!r} for "
             f"{metric!r}), so each trial would keep its worst checkpoint by {metric}, and the study would record "
-            f"that one's value. tune sets mode from direction=: remove 'mode' from hparams, or pass "
+            f"that one's value. tune sets mode from {source}: remove 'mode' from {where}, or pass "
             f"direction={'maximize' if given == 'max' else 'minimize'!r} if that is what you mean.")
 
 
@@ -1489,6 +1494,15 @@ def _check_tune_config(config: Mapping[str, Any], opt_in: Mapping[str, Any]) -> 
     except ValueError as exc:
         raise config_module.ConfigError(_in_tune_section(exc)) from None
     base_config = {k: v for k, v in config.items() if k != "tune"}
+    trainer = base_config.get("trainer") or {}
+    if settings["metric"].startswith("val/") and isinstance(trainer, Mapping):  # monitor and mode: the study's
+        mode = "max" if settings["direction"] == "maximize" else "min"
+        try:  # its mode only follows: a dumped config (the CLI's) holds the default 'min' when none was given
+            _check_monitor_and_mode({"monitor": trainer.get("monitor")}, settings["metric"], settings["direction"],
+                                    mode, config=True)
+        except ValueError as exc:
+            raise config_module.ConfigError(str(exc)) from None
+        base_config["trainer"] = {**trainer, "monitor": settings["metric"], "mode": mode}
     space: SearchSpace = settings["search_space"]
     try:
         for values in _sample_values(space):
