@@ -230,9 +230,19 @@ class NNXAdapter:
         return model(*inputs, **kwargs)
 
     def apply(self, variables, *inputs, train: bool = False, rngs=None, mutable=False, model_rngs=None, **kwargs):
-        """Linen-style apply: returns outputs, or ``(outputs, {"batch_stats": ...})`` if mutable.
+        """Linen-style apply: returns outputs, or ``(outputs, {"batch_stats": ...})`` if mutable
+        (``True`` or a list naming ``"batch_stats"``); a list naming ``"intermediates"`` adds what
+        the module sows (``self.sow(nnx.Intermediate, ...)``) as ``updates["intermediates"]``.
         ``rngs``: the trainer's streams (``{"dropout": key}``); ``model_rngs``: an ``nnx.Rngs``
         for a ``__call__`` that takes ``rngs``."""
+        if mutable is True:
+            collections = {"batch_stats"}
+        else:
+            collections = {mutable} if isinstance(mutable, str) else set(mutable or ())
+        unknown = sorted(collections - {"batch_stats", "intermediates"})
+        if unknown:
+            raise ValueError(f"{self.model_class.__name__}: mutable={mutable!r} names {unknown}; an NNX module's "
+                             f"collections here are 'batch_stats' (its model state) and 'intermediates' (sown values).")
         model = self.merge(variables)
         key = rngs.get("dropout") if rngs is not None else None
         if key is not None and self.rng_streams:
@@ -247,7 +257,10 @@ class NNXAdapter:
                             f"apply_model; give the module its rngs at construction instead.")
         unseeded = train and key is None and self.rng_streams  # the streams hold the keys they were built with
         counts = jax.tree.leaves(nnx.state(model, nnx.RngCount)) if unseeded else []
-        outputs = self._call(model, inputs, train, kwargs)
+        if "intermediates" in collections:
+            outputs, sown = self._call_capturing(model, inputs, train, kwargs)
+        else:
+            outputs = self._call(model, inputs, train, kwargs)
         if unseeded and any(now is not before
                             for now, before in zip(jax.tree.leaves(nnx.state(model, nnx.RngCount)), counts)):
             raise ValueError(
@@ -258,9 +271,23 @@ class NNXAdapter:
         if not mutable:
             return outputs
         updates = {}
-        if self.has_batch_stats:
+        if self.has_batch_stats and "batch_stats" in collections:
             updates["batch_stats"] = nnx.to_pure_dict(nnx.state(model, MODEL_STATE))
+        if "intermediates" in collections:
+            updates["intermediates"] = sown
         return outputs, updates
+
+    def _call_capturing(self, model, inputs, train: bool, kwargs) -> tuple[Any, dict]:
+        """``(outputs, sown)``: the call, with what the module sows as ``nnx.Intermediate`` as a
+        pure dict (``{"hidden": (value,)}``, nested by submodule). ``nnx.capture`` (flax >= 0.12)
+        collects them; older flax stores them on the module, where ``nnx.pop`` takes them."""
+        capture = getattr(nnx, "capture", None)
+        if capture is not None:
+            outputs, sown = capture(lambda module: self._call(module, inputs, train, kwargs), nnx.Intermediate)(model)
+        else:  # pragma: no cover - flax < 0.12
+            outputs = self._call(model, inputs, train, kwargs)
+            sown = nnx.pop(model, nnx.Intermediate)
+        return outputs, nnx.to_pure_dict(sown)
 
     def tabulate(self, inputs: Sequence[Any]) -> str:
         """``nnx.tabulate``'s table, in eval mode (same shapes; a dropout built without rngs

@@ -110,7 +110,7 @@ class TrainState(train_state.TrainState):
             variables["batch_stats"] = self.batch_stats
         return variables
 
-    def apply_model(self, params, *inputs, train: bool, rng=None, **kwargs):
+    def apply_model(self, params, *inputs, train: bool, rng=None, mutable=None, **kwargs):
         """Run the model; returns ``(outputs, updates)`` with ``updates`` the changed collections.
 
         In training mode BatchNorm statistics are mutable and returned in ``updates``
@@ -118,8 +118,17 @@ class TrainState(train_state.TrainState):
         ``updates`` is an empty dict. ``rngs=`` adds Linen streams (a dict) or, for an NNX
         module whose ``__call__`` takes ``rngs``, is passed to it (an ``nnx.Rngs``).
 
+        ``mutable=["intermediates"]`` also returns what the model sows, in training and in eval,
+        as ``updates["intermediates"]`` (Linen: ``self.sow("intermediates", name, value)``; NNX:
+        ``self.sow(nnx.Intermediate, name, value)``, collected with ``nnx.capture``), for the loss
+        to read; the train step never keeps them. ``"batch_stats"`` may be listed too (Flax's
+        spelling; returned in training as always). Any other collection is a ``ValueError``.
+
         Examples:
             >>> logits, updates = state.apply_model(params, x, train=True, rng=rng)  # doctest: +SKIP
+            >>> logits, updates = state.apply_model(params, x, train=train, rng=rng,  # doctest: +SKIP
+            ...                                     mutable=["intermediates"])
+            >>> hidden = updates["intermediates"]["hidden"][0]                       # doctest: +SKIP
         """
         rngs = {"dropout": rng} if rng is not None else None
         extra = kwargs.pop("rngs", None)
@@ -127,12 +136,42 @@ class TrainState(train_state.TrainState):
             rngs = {**(rngs or {}), **extra}
         elif extra is not None:  # an nnx.Rngs for the module's own rngs argument
             kwargs["model_rngs"] = extra
+        if mutable is not None and mutable is not False and _wants_intermediates(mutable):
+            collections = (["batch_stats"] if train and self.batch_stats is not None else []) + ["intermediates"]
+            outputs, updates = self.apply_fn(
+                self.variables(params), *inputs, train=train, rngs=rngs, mutable=collections, **kwargs)
+            return outputs, {**updates, "intermediates": updates.get("intermediates", {})}
         if train and self.batch_stats is not None:
             return self.apply_fn(
                 self.variables(params), *inputs, train=True, rngs=rngs, mutable=["batch_stats"], **kwargs
             )
         outputs = self.apply_fn(self.variables(params), *inputs, train=train, rngs=rngs, **kwargs)
         return outputs, {}
+
+
+_MUTABLE_EXAMPLE = ("outputs, updates = state.apply_model(params, x, train=train, rng=rng, mutable=['intermediates']), "
+                    "then updates['intermediates'] (docs/models.md, 'Sown intermediates in the loss')")
+
+
+def _wants_intermediates(mutable) -> bool:
+    """Whether ``apply_model``'s ``mutable`` asks for the sown intermediates; a clear error for a
+    collection the trainer cannot make mutable (only ``batch_stats`` is state, and it is already)."""
+    names = [mutable] if isinstance(mutable, str) else mutable
+    if mutable is True or not isinstance(names, (list, tuple, set, frozenset)) or \
+            not all(isinstance(name, str) for name in names):
+        raise ValueError(f"apply_model(mutable={mutable!r}): give a list of collection names; the one apply_model "
+                         f"returns on request is 'intermediates' (what the model sows). To read it: "
+                         f"{_MUTABLE_EXAMPLE}.")
+    other = [name for name in names if name not in ("intermediates", "batch_stats")]
+    if other:
+        why = ("the params are changed by the optimizer, not by the forward pass" if other[0] == "params" else
+               "the train state holds only 'params' and 'batch_stats', so it would not be kept (keep a model's "
+               "mutable state in 'batch_stats'); to call the model with another mutable collection yourself, e.g. "
+               "a decoding 'cache', use state.apply_fn(state.variables(params), x, mutable=[...]) directly")
+        raise ValueError(f"apply_model(mutable={mutable!r}): the trainer cannot make {other[0]!r} mutable: {why}. "
+                         f"apply_model returns 'intermediates' (what the model sows) on request, and 'batch_stats' "
+                         f"in training without asking. To read sown values: {_MUTABLE_EXAMPLE}.")
+    return "intermediates" in names
 
 
 def step_key(state: TrainState):

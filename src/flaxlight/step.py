@@ -61,6 +61,8 @@ def _split_loss(out, where: str):
 def _checked_updates(updates: dict, state: TrainState, where: str, *, warn: bool = True) -> dict:
     """``updates`` when each key is a field of the state (``batch_stats``), else a clear error."""
     fields = {field.name for field in dataclasses.fields(state)}
+    if "intermediates" not in fields:  # sown values (apply_model(mutable=["intermediates"])): read, never kept
+        updates = {key: value for key, value in updates.items() if key != "intermediates"}
     unknown = sorted(str(key) for key in updates if key not in fields)
     if unknown:
         raise TypeError(f"{where} returned updates with keys {unknown}, which are not model collections of the "

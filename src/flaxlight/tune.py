@@ -45,6 +45,8 @@ import time
 import warnings
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
+import optax
+
 from flaxlight.callbacks.pruning import MetricNotLoggedError, PruningCallback
 from flaxlight.loop import RESUME_ADVICE
 from flaxlight.messages import logger as messages
@@ -383,22 +385,46 @@ def _with_overrides(base: Mapping[str, Any], overrides: Mapping[str, Any]) -> di
             if last:
                 node[part] = value
                 break
-            child = node[part] if isinstance(node, list) else node.get(part)
-            if child is None:
-                child = {}
-            elif isinstance(child, Mapping):
-                child = dict(child)
-            elif isinstance(child, (list, tuple)):
-                child = list(child)
-            elif dataclasses.is_dataclass(child) and not isinstance(child, type):
-                child = dataclasses.asdict(child)
-            else:
-                raise ValueError(f"search_space key {key!r}: {'.'.join(parts[:depth + 1])!r} is "
-                                 f"{type(child).__name__} ({child!r}), not a dict, so {parts[depth + 1]!r} "
-                                 f"cannot be set inside it.")
+            child = _settable_copy(key, parts, depth, node[part] if isinstance(node, list) else node.get(part))
             node[part] = child
             node = child
     return result
+
+
+def _settable_copy(key: str, parts: list[str], depth: int, child: Any) -> dict | list:
+    """A copy of ``child`` (the value at ``parts[:depth + 1]``) that ``parts[depth + 1]`` can be set in,
+    or a ValueError saying why it cannot."""
+    where, inner = ".".join(parts[:depth + 1]), parts[depth + 1]
+    if child is None:
+        return {}
+    if isinstance(child, Mapping):
+        return dict(child)
+    if isinstance(child, optax.GradientTransformation):  # a NamedTuple of functions, not a list
+        raise ValueError(
+            f"search_space key {key!r}: {where!r} is an optax GradientTransformation, a ready optimizer whose "
+            f"settings (its learning rate included) are fixed inside it, so {inner!r} cannot be set by key. To tune "
+            f"it, give {where} in the dict form ({{'optimizer': 'adamw', 'lr': 1e-3}}) or as "
+            f"flaxlight.OptimizerConfig(optimizer='adamw', lr=1e-3), which {key!r} sets (they add flaxlight's "
+            f"defaults, such as gradient_clip=1.0 and the warmup_cosine schedule: see docs/optimizers.md); or keep "
+            f"your optax chain and pass tune a trainer factory f(hparams) -> trainer that builds it from a sampled "
+            f"value (search key 'lr', optimizer_hparams=optax.adamw(hparams['lr'])).")
+    if isinstance(child, tuple) and hasattr(child, "_fields"):  # a NamedTuple: a record, not a list
+        raise ValueError(f"search_space key {key!r}: {where!r} is a {type(child).__name__} (a NamedTuple), not a "
+                         f"dict, so {inner!r} cannot be set inside it. Give {where} as a dict to tune its parts.")
+    if isinstance(child, (list, tuple)):
+        return list(child)
+    if dataclasses.is_dataclass(child) and not isinstance(child, type):
+        return dataclasses.asdict(child)
+    raise ValueError(f"search_space key {key!r}: {where!r} is {type(child).__name__} ({child!r:.200}), not a dict, "
+                     f"so {inner!r} cannot be set inside it.")
+
+
+def _check_overrides(base: Mapping[str, Any], space: "SearchSpace") -> None:
+    """Set every search-space key in ``base`` (each choice, both ends of each range) before the
+    first trial: a key that cannot be set inside the hparams fails now, before the study has a
+    trial, not once per trial."""
+    for values in _sample_values(space):
+        _with_overrides(base, values)
 
 
 def _trainer_keywords(trainer_class) -> set[str]:
@@ -963,11 +989,13 @@ def tune(
             for each trial, or a factory ``f(hparams: dict) -> trainer``. The dict it receives is
             ``hparams`` with the trial's sampled values set at their dotted keys, plus
             ``logger_params={"log_dir": <trial dir>, ...}``, ``callbacks=[..., PruningCallback]``
-            and ``monitor``/``mode`` (from ``metric``/``direction``) — pass those on to the
-            trainer (a factory that drops the callbacks still gets the pruning callback added).
+            and ``monitor``/``mode`` (from ``metric``/``direction``; a different ``monitor`` or
+            ``mode`` in ``hparams`` is refused) — pass those on to the trainer (a factory that
+            drops the callbacks still gets the pruning callback added).
         search_space: ``{dotted key: Float(...) | Int(...) | Categorical(...) | YAML dict}``;
             see :class:`SearchSpace`. Keys index into ``hparams``: ``optimizer_hparams.lr``,
-            ``model_hparams.dropout_prob``, ``seed``, ``data.batch_size`` (see ``loaders``).
+            ``model_hparams.dropout_prob``, ``seed``, ``data.batch_size`` (see ``loaders``); one
+            that cannot be set in ``hparams`` (an optax transformation's ``lr``) fails at once.
         hparams: the fixed keyword arguments of every trial's trainer (``model_class``,
             ``model_hparams``, ``optimizer_hparams``, ``exmp_input``, trainer options...). Trial
             trainers default to no progress bar and no model table.
@@ -1010,6 +1038,7 @@ def tune(
     _check_data_arguments(train_loader, val_loader, loaders)
     base = _base_trial_hparams(hparams, metric, direction)
     make_trainer = _trainer_maker(trainer, base, space, data_key="data" if loaders is not None else None)
+    _check_overrides(base, space)
     build = _trial_builder(make_trainer, base, train_loader, val_loader, loaders, num_epochs)
     return _run_study(build, space, metric=metric, direction=direction, n_trials=n_trials, timeout=timeout,
                       storage=storage, study_name=study_name, base_dir=base_dir, sampler=sampler, pruner=pruner,
@@ -1038,9 +1067,10 @@ def _check_data_arguments(train_loader: Iterable | None, val_loader: Iterable | 
 
 
 def _base_trial_hparams(hparams: Mapping[str, Any] | None, metric: str, direction: str) -> dict[str, Any]:
-    """``hparams`` with the trial defaults: no progress bar or model table; monitor a ``val/`` metric.
-    Refused: logger objects (every trial would write into the same one) and a ``ModelCheckpoint``
-    ranking by another metric (the trial's best checkpoint would not be its value's)."""
+    """``hparams`` with the trial defaults: no progress bar or model table; ``monitor``/``mode`` the
+    study's ``val/`` metric and direction. Refused: logger objects (every trial would write into the
+    same one), and a ``monitor``/``mode`` in ``hparams`` or a ``ModelCheckpoint`` ranking by another
+    metric or in the other direction (the trial's best checkpoint would not be its value's)."""
     base = dict(hparams or {})
     if base.get("loggers") or (base.get("logger_params") or {}).get("loggers"):
         raise ValueError("hparams['loggers'] holds logger objects, which every trial would share (all trials in one "
@@ -1058,12 +1088,38 @@ def _base_trial_hparams(hparams: Mapping[str, Any] | None, metric: str, directio
                 and metric.startswith("val/"):
             raise ValueError(f"ModelCheckpoint(monitor={metric!r}, mode={callback.mode!r}) keeps the opposite of the "
                              f"study's best (direction={direction!r}): give it mode={mode!r}, or no monitor.")
-    trial_defaults = {"enable_progress_bar": False, "enable_model_summary": False}
     if metric.startswith("val/"):
-        trial_defaults.update(monitor=metric, mode=mode)
-    for key, value in trial_defaults.items():
+        _check_monitor_and_mode(base, metric, direction, mode)
+        base.update(monitor=metric, mode=mode)  # both from the study, never one of each
+    for key, value in {"enable_progress_bar": False, "enable_model_summary": False}.items():
         base.setdefault(key, value)
     return base
+
+
+def _check_monitor_and_mode(settings: Mapping[str, Any], metric: str, direction: str, mode: str,
+                            config: bool = False) -> None:
+    """Refuse a ``monitor``/``mode`` in ``hparams`` (or a config's ``trainer:`` section) other than the
+    study's: a trial's best checkpoint, and the value the study records, come from its best
+    validation by the trainer's monitor."""
+    monitor, given = settings.get("monitor"), settings.get("mode")
+    name = (lambda key: f"trainer.{key}") if config else (lambda key: f"hparams[{key!r}]")  # noqa: E731
+    where, source = ("the trainer section", "tune.metric and tune.direction") if config else \
+        ("hparams", "metric= and direction=")
+    if monitor not in (None, metric):
+        raise ValueError(
+            f"{name('monitor')}={monitor!r} would rank a trial's checkpoints by another metric than the study's "
+            f"{metric!r}, so a trial's best checkpoint, and the value the study records for it, would not be its "
+            f"best {metric}. tune sets monitor and mode from {source}: remove 'monitor' (and 'mode') from {where}, "
+            f"or optimise that metric (metric={monitor!r}).")
+    if given is not None and given != mode:
+        if given not in ("min", "max"):
+            raise ValueError(f"{name('mode')}={given!r} is neither 'min' nor 'max'; tune sets the mode from "
+                             f"{source} (here {direction!r}: mode={mode!r}): remove 'mode' from {where}.")
+        raise ValueError(
+            f"{name('mode')}={given!r} is the opposite of the study's direction={direction!r} (mode={mode!r} for "
+            f"{metric!r}), so each trial would keep its worst checkpoint by {metric}, and the study would record "
+            f"that one's value. tune sets mode from {source}: remove 'mode' from {where}, or pass "
+            f"direction={'maximize' if given == 'max' else 'minimize'!r} if that is what you mean.")
 
 
 def _trainer_maker(trainer: type | Callable[[dict], Any], base: Mapping[str, Any], space: SearchSpace,
@@ -1438,6 +1494,15 @@ def _check_tune_config(config: Mapping[str, Any], opt_in: Mapping[str, Any]) -> 
     except ValueError as exc:
         raise config_module.ConfigError(_in_tune_section(exc)) from None
     base_config = {k: v for k, v in config.items() if k != "tune"}
+    trainer = base_config.get("trainer") or {}
+    if settings["metric"].startswith("val/") and isinstance(trainer, Mapping):  # monitor and mode: the study's
+        mode = "max" if settings["direction"] == "maximize" else "min"
+        try:  # its mode only follows: a dumped config (the CLI's) holds the default 'min' when none was given
+            _check_monitor_and_mode({"monitor": trainer.get("monitor")}, settings["metric"], settings["direction"],
+                                    mode, config=True)
+        except ValueError as exc:
+            raise config_module.ConfigError(str(exc)) from None
+        base_config["trainer"] = {**trainer, "monitor": settings["metric"], "mode": mode}
     space: SearchSpace = settings["search_space"]
     try:
         for values in _sample_values(space):
