@@ -28,6 +28,7 @@ from flaxlight import runfiles
 from flaxlight.callbacks.history import History
 from flaxlight.data import check_first_batch
 from flaxlight.loggers.base import checked_scalars
+from flaxlight.loggers.csv import LoggedStep
 from flaxlight.loop import Interrupted, SignalGuard
 from flaxlight.messages import logger as messages
 from flaxlight.options import MetricNotLoggedError
@@ -123,8 +124,18 @@ class TrainerViewMixin:
         ``callback_metrics`` and to every callback's ``on_log`` (``step`` default: now). Each value
         must be one number; anything else fails here, naming its key. Called by you outside
         ``train_model``, the run folder's lock is taken while they are written
-        (:meth:`_writing_records`); from a callback, the loop running it writes them as its own."""
+        (:meth:`_writing_records`); from a callback, the loop running it writes them as its own.
+
+        A ``step`` of your own beyond ``global_step`` (samples seen, say) is the loggers' x value;
+        the record still belongs to the training position it was logged at: ``metrics.csv`` keeps
+        that ``global_step`` in its ``trainer/global_step`` column, and a resume from a checkpoint
+        at step ``s`` keeps the records logged by then, whatever their step. TensorBoard's purge
+        goes by step: such scalars are written again after it (from ``metrics.csv``), images are
+        not. A step of your own up to ``global_step`` (a log point's, in ``on_log``) is kept or
+        dropped by its value; W&B and MLflow keep every record (docs/logging.md, Resume)."""
         metrics = checked_scalars(metrics)
+        if step is not None and int(step) > self.global_step:  # the loggers' x; the row's position is now
+            step = LoggedStep(step, self.global_step)
         if getattr(self, "_in_callbacks", 0):
             self._log(metrics, step)
             return
