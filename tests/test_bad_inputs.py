@@ -337,7 +337,8 @@ CASES = [
         lambda c: c.fit(c.train, []), ValueError, r"val_loader yielded no batches"),
     row("fit-monitor-never-logged",
         lambda c: c.fit(c.train, c.val, trainer_kwargs={"monitor": "val/accuracy"}), KeyError,
-        r"monitor 'val/accuracy', which was never logged: it is not among the validation metrics \['val/loss'\]"),
+        r"monitor 'val/accuracy', which no validation of this run logs: it is not among the eval step's metrics "
+        r"\['val/loss'\]"),
     row("fit-resume_from-a-missing-path",
         lambda c: c.fit(resume_from=c.tmp / "no_such_run"), FileNotFoundError, r"no_such_run"),
     row("fit-resume_from-a-folder-without-checkpoints",

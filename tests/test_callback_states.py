@@ -11,7 +11,7 @@ import pytest
 
 import flaxlight
 from conftest import RegressTrainer, TinyMLP, linear_data, quiet
-from flaxlight.callbacks import ModelCheckpoint
+from flaxlight.callbacks import EarlyStopping, ModelCheckpoint
 
 
 def _trainer(tmp_path, callbacks, **kwargs):
@@ -289,3 +289,95 @@ def test_an_own_load_model_is_used_by_test_of_a_trainer_loaded_for_inference(tmp
     before = OwnLoad.loads
     loaded.test(linear_data(40, 7), batch_size=32, which="last")
     assert OwnLoad.loads == before + 1
+
+
+def test_a_stopper_added_at_a_resume_starts_fresh_and_the_one_before_gets_its_own_state_back(
+        tmp_path, regression_loaders):
+    """States were matched by class and position: an EarlyStopping put in front at the resume got
+    the val/loss stopper's state (a loss as its best) and the val/loss stopper started again."""
+    from conftest import SigtermAt
+
+    train, val, _ = regression_loaders
+    whole = EarlyStopping("val/loss", patience=5, min_delta=1e9)  # only the first validation improves
+    _trainer(tmp_path / "whole", [whole], logger_params={"log_dir": str(tmp_path / "whole")}).train_model(
+        train, val, num_epochs=3)
+    run = {"logger_params": {"log_dir": str(tmp_path / "cut")}}
+    with pytest.raises(SystemExit):  # SIGTERM in epoch 3: its checkpoint holds the state after epoch 2
+        _trainer(tmp_path, [EarlyStopping("val/loss", patience=5, min_delta=1e9), SigtermAt(20),
+                            ModelCheckpoint(every_n_epochs=1)], **run).train_model(train, val, num_epochs=3)
+    added, old = EarlyStopping("train/loss", patience=2), EarlyStopping("val/loss", patience=5, min_delta=1e9)
+    resumed = _trainer(tmp_path, [added, old, ModelCheckpoint(every_n_epochs=1)], **run)
+    resumed.train_model(train, val, num_epochs=3, resume=True)
+    assert old.state_dict() == whole.state_dict() and old.state_dict()["wait"] == 2
+    assert added.state_dict() == {"best": resumed.history[-1]["train/loss"], "best_epoch": 3, "wait": 0,
+                                  "monitor": "train/loss", "mode": "min"}
+    assert resumed.stop_reason is None
+
+
+def test_a_saved_state_no_callback_takes_is_named_in_a_warning(tmp_path, regression_loaders):
+    train, val, _ = regression_loaders
+    _trainer(tmp_path, [EarlyStopping("val/loss", patience=5)]).train_model(train, val, num_epochs=1)
+    stopper = EarlyStopping("val/loss", mode="max", patience=5)  # another mode: another stopper
+    with pytest.warns(RuntimeWarning, match=r"holds the state of \"EarlyStopping\{'monitor': 'val/loss', 'mode': "
+                                            r"'min'\}\", which no callback of this run takes .* not restored\. This "
+                                            r"run's callbacks with no saved state start fresh: \"EarlyStopping\{'"
+                                            r"monitor': 'val/loss', 'mode': 'max'\}\""):
+        _trainer(tmp_path, [stopper]).train_model(train, val, num_epochs=2, resume=True)
+    assert stopper.best_epoch == 2  # its first validation
+
+
+def test_states_of_an_earlier_flaxlight_named_by_class_and_position_restore_when_unambiguous():
+    """Checkpoints written before state_key named states "EarlyStopping", "EarlyStopping_2", ...:
+    a lone one still finds the lone callback of its class; two cannot be told apart (warned)."""
+    from flaxlight.resume import CheckpointMeta
+
+    saved = {"EarlyStopping": {"best": 0.5, "best_epoch": 2, "wait": 1}, "Remembers": {"per_epoch": {}, "last": None,
+                                                                                      "seen_steps": {"__set__": [8]}}}
+    meta = CheckpointMeta.from_json({"step": 16, "callbacks": saved})  # no "state_keys": the earlier naming
+    stopper, remembers = EarlyStopping("val/loss"), Remembers()
+    meta.restore_callbacks([remembers, stopper])
+    assert (stopper.best, stopper.best_epoch, stopper.wait) == (0.5, 2, 1) and remembers.seen_steps == {8}
+
+    two = CheckpointMeta.from_json({"step": 16, "callbacks": {"EarlyStopping": {"best": 0.5, "wait": 1},
+                                                              "EarlyStopping_2": {"best": 0.9, "wait": 0}}})
+    stoppers = [EarlyStopping("val/acc", mode="max"), EarlyStopping("val/loss")]
+    with pytest.warns(RuntimeWarning, match=r"holds the state of 'EarlyStopping', 'EarlyStopping_2', which no "
+                                            r"callback of this run takes"):
+        two.restore_callbacks(stoppers)
+    assert [stopper.best for stopper in stoppers] == [None, None]
+
+
+def test_an_early_stopping_refuses_a_state_saved_for_another_monitor():
+    saved = EarlyStopping("val/loss")
+    saved.best, saved.best_epoch, saved.wait = 1.5, 2, 1
+    stopper = EarlyStopping("val/acc", mode="max")
+    with pytest.warns(RuntimeWarning, match=r"EarlyStopping\(monitor='val/acc', mode='max'\) was given the state of "
+                                            r"an EarlyStopping on 'val/loss' \(min, best 1\.5\).*starts fresh"):
+        stopper.load_state_dict(saved.state_dict())
+    assert (stopper.best, stopper.best_epoch, stopper.wait) == (None, None, 0)
+    stopper.load_state_dict({"best": 0.5, "best_epoch": 1, "wait": 1})  # an earlier flaxlight's: kept no monitor
+    assert stopper.best == 0.5
+
+
+def test_a_callback_names_its_own_state_key():
+    class Smoother(flaxlight.Callback):
+        def __init__(self, metric):
+            self.metric, self.value = metric, None
+
+        @property
+        def state_key(self):
+            return f"Smoother[{self.metric}]"
+
+        def state_dict(self):
+            return {"value": self.value}
+
+        def load_state_dict(self, state):
+            self.value = state["value"]
+
+    from flaxlight.resume import CheckpointMeta
+
+    meta = CheckpointMeta.from_json({"step": 8, "state_keys": True, "callbacks": {
+        "Smoother[val/loss]": {"value": 1.0}, "Smoother[train/loss]": {"value": 2.0}}})
+    train_smoother, val_smoother = Smoother("train/loss"), Smoother("val/loss")
+    meta.restore_callbacks([val_smoother, train_smoother])  # another order than when saved
+    assert (train_smoother.value, val_smoother.value) == (2.0, 1.0)

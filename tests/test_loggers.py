@@ -2,6 +2,7 @@
 reader, W&B's record format, the MLflow client), the trainer's ``logger_params`` and ``loggers=``,
 and the errors for missing extras."""
 
+import csv
 import glob
 import io
 import json
@@ -682,3 +683,62 @@ def test_one_wandb_or_mlflow_logger_object_given_to_two_trainers_is_refused(tmp_
             _trainer(tmp_path, loggers=[logger], logger_params={"log_dir": str(tmp_path / f"{name}-second")})
         del unused
         logger.close()
+
+
+class _SamplesSeen(flaxlight.Callback):
+    """Logs each epoch's loss against the examples seen (32 per step), a step of its own."""
+
+    def on_train_epoch_end(self, trainer, epoch, metrics):
+        trainer.log_metrics({"samples/train_loss": metrics["train/loss"]}, step=trainer.global_step * 32)
+
+
+def _samples_points(run):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    with open(run / "metrics.csv") as f:
+        rows = [(int(r["step"]), float(r["samples/train_loss"]), r.get("trainer/global_step"))
+                for r in csv.DictReader(f) if r.get("samples/train_loss")]
+    events = EventAccumulator(str(run), size_guidance={"scalars": 0})
+    events.Reload()
+    return rows, [(e.step, round(e.value, 5)) for e in events.Scalars("samples/train_loss")]
+
+
+def test_a_resume_keeps_the_records_logged_before_its_checkpoint_with_a_later_step_of_their_own(
+        tmp_path, regression_loaders):
+    """A record logged at step 8 with step=256 was dropped from metrics.csv and purged from
+    TensorBoard by a resume from checkpoint 13 (kept only rows whose step column was <= 13)."""
+    from conftest import SigtermAt
+
+    train, val, _ = regression_loaders
+    logged = {"logger_type": ["tensorboard"]}
+    _trainer(tmp_path / "whole", callbacks=[_SamplesSeen(), flaxlight.callbacks.LearningRateMonitor()],
+             log_every_n_steps=3, logger_params={**logged, "log_dir": str(tmp_path / "whole")}).train_model(
+        train, val, num_epochs=3)
+    with open(tmp_path / "whole" / "metrics.csv") as f:  # train/lr: logged at its (late) log point's own step
+        assert not [row for row in csv.DictReader(f) if row["train/lr"] and row["trainer/global_step"]]
+    cut = {**logged, "log_dir": str(tmp_path / "cut")}
+    with pytest.raises(SystemExit):  # SIGTERM at step 13: the record of step 8 (step=256) is already written
+        _trainer(tmp_path, callbacks=[_SamplesSeen(), SigtermAt(13)], logger_params=cut).train_model(
+            train, val, num_epochs=3)
+    _trainer(tmp_path, callbacks=[_SamplesSeen()], logger_params=cut).train_model(train, val, num_epochs=3,
+                                                                                  resume=True)
+    rows, scalars = _samples_points(tmp_path / "cut")
+    assert rows == _samples_points(tmp_path / "whole")[0]
+    assert [(step, position) for step, _, position in rows] == [(256, "8"), (512, "16"), (768, "24")]
+    assert scalars == _samples_points(tmp_path / "whole")[1] and [step for step, _ in scalars] == [256, 512, 768]
+
+
+def test_the_csv_position_column_appears_only_with_a_step_of_ones_own(tmp_path):
+    """metrics.csv keeps its columns for runs that log with the trainer's step."""
+    csv_logger = CSVLogger(tmp_path)
+    csv_logger.log_metrics({"train/loss": 1.0}, step=8)
+    csv_logger.flush()
+    assert (tmp_path / "metrics.csv").read_text().splitlines()[0] == "step,train/loss"
+    csv_logger.log_metrics({"samples/loss": 0.5}, step=flaxlight.loggers.csv.LoggedStep(512, global_step=16))
+    csv_logger.log_metrics({"train/loss": 0.4}, step=17)
+    csv_logger.flush()
+    assert (tmp_path / "metrics.csv").read_text().splitlines() == [
+        "step,train/loss,samples/loss,trainer/global_step", "8,1.0,,", "512,,0.5,16", "17,0.4,,"]
+    again = CSVLogger(tmp_path)
+    again.resume_from_step(16)  # logged at 16: kept, whatever its step
+    assert (tmp_path / "metrics.csv").read_text().splitlines()[1:] == ["8,1.0,,", "512,,0.5,16"]

@@ -118,3 +118,17 @@ def test_reading_the_rate_from_the_device_adds_no_wait_to_the_loop(tmp_path):
     assert reads["copy"] + reads["read"] <= 6 * (128 // 16 + 2), reads  # per log point, not per step
     trainer.logger.flush()
     assert sorted(_logged(tmp_path)) == list(range(16, 257, 16))
+
+
+def test_an_accumulating_inject_hyperparams_optimizer_logs_the_next_updates_rate_at_every_step(
+        tmp_path, regression_loaders):
+    """optax.MultiSteps(inject_hyperparams(...)): at a step completing an update the monitor logged
+    the previous update's rate (the zero-gradient probe only accumulated): sched(2) at step 6 for sched(3)."""
+    train, val, _ = regression_loaders  # 8 steps per epoch: 4 updates of 2 batches
+    schedule = optax.linear_schedule(0.1, 0.0, 100)
+    ready = optax.MultiSteps(optax.inject_hyperparams(optax.sgd)(learning_rate=schedule), every_k_schedule=2)
+    _trainer(tmp_path, ready.gradient_transformation(), callbacks=[LearningRateMonitor()],
+             log_every_n_steps=3).train_model(train, val, num_epochs=3)
+    logged = _logged(tmp_path)
+    assert sorted(logged) == [3, 6, 9, 12, 15, 18, 21, 24]
+    assert logged == pytest.approx({step: float(schedule(step // 2)) for step in logged})  # s // 2 updates made

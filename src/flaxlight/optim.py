@@ -821,7 +821,8 @@ def current_learning_rate(state_or_opt_state) -> jax.Array | None:
     update, the schedule is asked through ``state.tx``: pass the TrainState) times the scale of
     any ``optax.contrib.reduce_on_plateau`` (the scale of the last update: the next one depends on
     the next loss); None when the state holds no rate. Given only an inject state's optimizer
-    state, or inside ``optax.MultiSteps`` between two updates, it is the last update's rate.
+    state (no ``tx`` to ask), it is the last update's rate; inside ``optax.MultiSteps`` (TrainState
+    given), it is the rate of the update the accumulation completes next.
 
     Example (log it from a loss function):
         >>> metrics = {"lr": current_learning_rate(state)}     # doctest: +SKIP
@@ -853,22 +854,40 @@ def _next_injected_rate(state_or_opt_state) -> jax.Array | None:
     return _rate_after_one_more_update(tx, state_or_opt_state.opt_state, state_or_opt_state.params, index, name)
 
 
+#: The most mini-steps :func:`_rate_after_one_more_update` runs to reach an ``optax.MultiSteps``' next update.
+_MAX_ACCUMULATION = 4096
+
+
 @functools.partial(jax.jit, static_argnums=(0, 3, 4))
 def _rate_after_one_more_update(tx, opt_state, params, index: int, name: str) -> jax.Array:
     """The schedule's value for the next update as ``tx`` computes it: an update with zero
-    gradients of which only that value is kept, so XLA drops the rest (no optimizer work)."""
+    gradients of which only that value is kept, so XLA drops the rest (no optimizer work). Inside
+    ``optax.MultiSteps``, where a mini-step that completes no update leaves the inner state as
+    it was, zero mini-steps are taken until the inner ``inject_hyperparams`` state counts one more
+    update (a loop whose other values XLA drops too)."""
     zeros = jax.tree.map(jnp.zeros_like, params)
-    if isinstance(tx, optax.GradientTransformationExtraArgs):  # the extras the train step passes
-        value = jnp.zeros((), jnp.float32)
-        try:
-            _, new_state = tx.update(zeros, opt_state, params, value=value, grad=zeros, value_fn=lambda p: value)
-        except TypeError as exc:  # an update(..., *, value) without **extra_args
-            if "unexpected keyword argument" not in str(exc):
-                raise
-            _, new_state = tx.update(zeros, opt_state, params, value=value)
-    else:
-        _, new_state = tx.update(zeros, opt_state, params)
-    return jnp.asarray(_find(new_state, _INJECT_STATES)[index].hyperparams[name], jnp.float32)
+
+    def update(state):
+        if isinstance(tx, optax.GradientTransformationExtraArgs):  # the extras the train step passes
+            value = jnp.zeros((), jnp.float32)
+            try:
+                return tx.update(zeros, state, params, value=value, grad=zeros, value_fn=lambda p: value)[1]
+            except TypeError as exc:  # an update(..., *, value) without **extra_args
+                if "unexpected keyword argument" not in str(exc):
+                    raise
+                return tx.update(zeros, state, params, value=value)[1]
+        return tx.update(zeros, state, params)[1]
+
+    def injected(state):
+        return _find(state, _INJECT_STATES)[index]
+
+    new_state = update(opt_state)
+    if _find(opt_state, optax.MultiStepsState):
+        counted = injected(opt_state).count
+        new_state, _ = jax.lax.while_loop(
+            lambda carry: (injected(carry[0]).count == counted) & (carry[1] < _MAX_ACCUMULATION),
+            lambda carry: (update(carry[0]), carry[1] + 1), (new_state, jnp.ones((), jnp.int32)))
+    return jnp.asarray(injected(new_state).hyperparams[name], jnp.float32)
 
 
 # --- building -----------------------------------------------------------------------------------

@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-from typing import Any, Mapping
+import re
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 from flaxlight import distributed as dist
 from flaxlight.messages import logger as messages
 
-__all__ = ["TrainerOptions", "DEFAULT_MONITORS", "check_trainer_arguments"]
+__all__ = ["TrainerOptions", "DEFAULT_MONITORS", "check_trainer_arguments", "written_otherwise"]
 
 # The constructor arguments of TrainerModule itself (for messages).
 TRAINER_ARGUMENTS = ("model_class", "model_hparams", "optimizer_hparams", "exmp_input", "seed", "logger_params",
@@ -174,19 +175,48 @@ class TrainerOptions:
         for key, larger_is_better in candidates:
             if key in metrics:
                 return key, larger_is_better
+        raise MetricNotLoggedError(self.missing_monitor_message(metrics))
+
+    def missing_monitor_message(self, metrics: Mapping[str, float], logged_before: Sequence[str] = (),
+                                ahead: bool = False) -> str:
+        """Why the best model cannot be picked among a validation's ``metrics`` (the eval step's
+        and those logged during it): no default monitor there, or ``monitor`` absent: a train
+        metric, one logged only at other times (``logged_before``: the names logged outside the
+        validation), an eval metric's name written another way (``val_loss``), or never logged
+        (``ahead``: before training, where nothing of the user's runs during validations to log it).
+
+        Examples:
+            >>> print(TrainerOptions(monitor="val_loss").missing_monitor_message({"val/loss": 0.1}))  # doctest: +ELLIPSIS
+            The best model is picked by monitor 'val_loss', which is not a metric of this run: ... Did you mean 'val/loss'? ...
+        """
         fix = "Pass monitor='val/<name>' (and mode='min'/'max') to the trainer, or override is_new_model_better."
         if not self.monitor:
-            raise MetricNotLoggedError(f"None of the metrics {[key for key, _ in DEFAULT_MONITORS]} that pick the best "
-                                       f"model by default is among the validation metrics {sorted(metrics)}. {fix}")
-        close = difflib.get_close_matches(self.monitor, list(metrics), n=1)
-        hint = f" Did you mean {close[0]!r}?" if close else ""
-        if not self.monitor.startswith("val/"):  # a train metric, or one a callback logs: not the eval step's
-            raise MetricNotLoggedError(
-                f"The best model is picked by monitor {self.monitor!r}, but the best model (and ModelCheckpoint's "
-                f"ranking) is chosen at each validation among the eval step's metrics {sorted(metrics)}.{hint} Monitor "
-                f"one of those; to stop on a train metric, use EarlyStopping(monitor={self.monitor!r}).")
-        raise MetricNotLoggedError(f"The best model is picked by monitor {self.monitor!r}, which was never logged: it is "
-                                   f"not among the validation metrics {sorted(metrics)}.{hint} {fix}")
+            return (f"None of the metrics {[key for key, _ in DEFAULT_MONITORS]} that pick the best model by default "
+                    f"is among the validation metrics {sorted(metrics)}. {fix}")
+        close = written_otherwise(self.monitor, metrics) or (None if self.monitor.startswith("train/") else next(
+            iter(difflib.get_close_matches(self.monitor, list(metrics), n=1, cutoff=0.7)), None))  # not val/f1 -> val/acc
+        hint = f" Did you mean {close!r}?" if close else ""
+        said = f"The best model is picked by monitor {self.monitor!r}"
+        where = (f"the best model (and ModelCheckpoint's ranking) is chosen at each validation among the eval step's "
+                 f"metrics {sorted(metrics)} and the values logged during the validation")
+        during = (" A value counts when it is logged during the validation before the best model is chosen: by the "
+                  "trainer's on_validation_epoch_end, or a callback's on_validation_end (ModelCheckpoint runs after "
+                  "the other callbacks; a callback reading trainer.is_best_validation must come after the one that "
+                  "logs it).")
+        if self.monitor.startswith("train/"):
+            return (f"{said}, a train metric, but {where}.{hint} Monitor one of those; to stop on a train metric, use "
+                    f"EarlyStopping(monitor={self.monitor!r}).")
+        if self.monitor in logged_before:
+            return f"{said}, which is logged, but not during this validation: {where}.{hint}{during}"
+        if close and not self.monitor.startswith("val/"):  # Lightning's "val_loss"
+            return (f"{said}, which is not a metric of this run: flaxlight names validation metrics 'val/<name>' "
+                    f"(Lightning's 'val_loss' is 'val/loss').{hint} {fix}")
+        if ahead:
+            return (f"{said}, which no validation of this run logs: it is not among the eval step's metrics "
+                    f"{sorted(metrics)}, and nothing of yours runs during a validation to log it (an "
+                    f"on_validation_epoch_end override, or a callback's on_validation_end or on_log).{hint} {fix}")
+        return (f"{said}, which was never logged: it is not among the validation metrics {sorted(metrics)}.{hint}"
+                f"{during} {fix}")
 
     def describe_monitor(self, metrics: Mapping[str, float]) -> str:
         """What picks the best model, said once at the first validation (a fallback names why)."""
@@ -246,6 +276,21 @@ def check_trainer_arguments(*, model_hparams: Any, enable_progress_bar: Any, deb
     if check_val_every_n_epoch is not None and not _is_int(check_val_every_n_epoch, 1):
         raise ValueError(f"check_val_every_n_epoch must be a positive int, or None to validate only every "
                          f"val_check_interval steps; got {check_val_every_n_epoch!r}.")
+
+
+def written_otherwise(name: str, names: Sequence[str]) -> str | None:
+    """The one of ``names`` that ``name`` writes another way (case, and ``_ - . /`` between its
+    words): Lightning's ``val_loss`` for flaxlight's ``val/loss``; None if none or ``name`` itself.
+
+    Examples:
+        >>> written_otherwise("val_loss", ["val/loss", "val/acc"]), written_otherwise("val/f1", ["val/acc"])
+        ('val/loss', None)
+    """
+    def plain(text: str) -> str:
+        return re.sub(r"[^0-9a-z]+", "/", text.lower()).strip("/")
+
+    found = [other for other in names if other != name and plain(other) == plain(name)]
+    return found[0] if len(found) == 1 else None
 
 
 def _is_nan(value: Any) -> bool:

@@ -25,7 +25,7 @@ from flaxlight.loggers.base import run_display_name
 __all__ = ["plot_runs", "read_metrics", "main"]
 
 METRICS_FILE = "metrics.csv"
-SKIPPED_COLUMNS = ("step", "epoch", "epoch_time")
+SKIPPED_COLUMNS = ("step", "epoch", "epoch_time", "trainer/global_step")  # its position column: see CSVLogger
 SPLITS = ("train", "val", "test")
 STEP_SUFFIX = "_step"
 _STYLE = {  # split -> (line style, line width, alpha, marker)

@@ -39,7 +39,7 @@ from flaxlight.runfiles import CHECKPOINT_DIR, HPARAMS_FILE, METRICS_DIR, run_fi
 
 __all__ = ["CheckpointMeta", "choose_step", "pick_checkpoint", "restore_run", "run_length", "load_with_fallback",
            "checkpointer_for", "ResumeTarget", "check_epoch_position", "set_aside_branch", "ABANDONED_DIR",
-           "step_in_path", "named_callbacks",
+           "step_in_path", "named_callbacks", "match_states",
            "sums_to_json", "sums_from_json", "encode_state", "decode_state", "epoch_setter", "set_loader_epoch"]
 
 
@@ -64,7 +64,9 @@ class CheckpointMeta:
         block_length: the steps per dispatch ``steps_per_execution="auto"`` chose (None before).
         nonfinite: the run's non-finite steps so far and those before the current epoch
             (:class:`flaxlight.loop.NonfiniteTally`).
-        callbacks: each stateful callback's ``state_dict()``, by :func:`named_callbacks` name.
+        callbacks: each callback's ``state_dict()``, by :func:`named_callbacks` name (its
+            ``state_key``). state_keys: whether they are (False: a checkpoint of a flaxlight that
+            named them by class and position, matched by :func:`match_states` when unambiguous).
         owed_events, owed_steps: the events of ``step`` an interrupt came before (``"log"``,
             ``"val"``, ``"callbacks"``) and the updates they cover: a resume runs them first.
         epochs_before: the model's training epochs before the run (earlier ``train_model`` calls):
@@ -91,6 +93,7 @@ class CheckpointMeta:
     block_length: int | None = None
     nonfinite: list = dataclasses.field(default_factory=lambda: [0, 0])
     epochs_before: int = 0
+    state_keys: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return _jsonable(dataclasses.asdict(self))  # a metric object's array result as nested lists
@@ -104,7 +107,7 @@ class CheckpointMeta:
                    batch_index=loop.batch_index, train_metrics=loop.train_metrics,
                    validated=loop.validated and not loop.cut, train_sums=sums_to_json(loop.acc),
                    running_log=loop.running_log.state_dict(), owed_events=list(loop.owed_events),
-                   owed_steps=loop.owed_steps, epochs_before=loop.epochs_before,
+                   owed_steps=loop.owed_steps, epochs_before=loop.epochs_before, state_keys=True,
                    callbacks={name: encode_state(cb.state_dict(), f"{type(cb).__name__}.state_dict()")
                               for name, cb in named_callbacks(callbacks)}, **run)
 
@@ -142,9 +145,23 @@ class CheckpointMeta:
         return self.phase == "train" and bool(self.steps_per_epoch) and self.batch_index >= self.steps_per_epoch
 
     def restore_callbacks(self, callbacks: Sequence[Any]) -> None:
-        for name, callback in named_callbacks(callbacks):
-            if name in self.callbacks:
-                callback.load_state_dict(decode_state(self.callbacks[name]))
+        """Hand each callback the state saved under its key (:func:`match_states`); a saved state
+        that no callback takes is named in one warning (it is not restored)."""
+        saved = {name: decode_state(state) for name, state in self.callbacks.items()}
+        matched, left = match_states(saved, callbacks, by_position=not self.state_keys)
+        for callback, state in matched:
+            callback.load_state_dict(state)
+        left = [name for name in left if saved[name]]  # a stateless callback's {}: nothing lost
+        if left:
+            taken = {id(callback) for callback, _ in matched}
+            fresh = [name for name, callback in named_callbacks(callbacks) if id(callback) not in taken
+                     and callback.state_dict()]
+            warnings.warn(f"The checkpoint holds the state of {_names(left)}, which no callback of this run takes "
+                          f"(removed, or its state_key changed: EarlyStopping's includes its monitor and mode), so "
+                          f"{'it is' if len(left) == 1 else 'they are'} not restored."
+                          + (f" This run's callbacks with no saved state start fresh: {_names(fresh)}." if fresh else "")
+                          + " A callback finds its state again under the same state_key.",
+                          RuntimeWarning, stacklevel=3)
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> "CheckpointMeta":
@@ -536,14 +553,65 @@ def step_in_path(path: str | os.PathLike) -> int | None:
 
 
 def named_callbacks(callbacks: Sequence[Any]) -> list[tuple[str, Any]]:
-    """Stable names for callback states in checkpoints: class name, numbered when repeated."""
+    """The names callback states are saved under: each callback's ``state_key`` (by default its
+    class name; EarlyStopping adds its monitor and mode, as Lightning's ``Callback.state_key``),
+    numbered in list order when several callbacks share one (``"Counter"``, ``"Counter_2"``).
+
+    Examples:
+        >>> from flaxlight.callbacks import EarlyStopping, Timer
+        >>> [name for name, _ in named_callbacks([EarlyStopping("val/acc", mode="max"), Timer(60), Timer(90)])]
+        ["EarlyStopping{'monitor': 'val/acc', 'mode': 'max'}", 'Timer', 'Timer_2']
+    """
     counts: dict[str, int] = {}
     named = []
     for callback in callbacks:
-        base = type(callback).__name__
+        base = getattr(callback, "state_key", type(callback).__name__)
+        if not isinstance(base, str) or not base:
+            raise TypeError(f"{type(callback).__name__}.state_key must be a non-empty str (the name its state is "
+                            f"saved under in checkpoints), got {base!r}.")
         counts[base] = counts.get(base, 0) + 1
         named.append((base if counts[base] == 1 else f"{base}_{counts[base]}", callback))
     return named
+
+
+def match_states(saved: Mapping[str, Any], callbacks: Sequence[Any],
+                 by_position: bool = False) -> tuple[list[tuple[Any, Any]], list[str]]:
+    """``([(callback, state)], names left)``: each callback with the state saved under its name
+    (:func:`named_callbacks`). ``by_position``: the states of a checkpoint whose flaxlight named them
+    by class and position (``"EarlyStopping"``, ``"EarlyStopping_2"``); a name that is no callback's
+    now still goes to the callback of its class when it is the only one of that class without a
+    state and the only such state (several: which is which is unknown, so none is given).
+
+    Examples:
+        >>> from flaxlight.callbacks import EarlyStopping
+        >>> stoppers = [EarlyStopping("val/acc", mode="max"), EarlyStopping("val/loss")]
+        >>> matched, left = match_states({"EarlyStopping{'monitor': 'val/loss', 'mode': 'min'}": {"wait": 1}}, stoppers)
+        >>> [(callback.monitor, state) for callback, state in matched], left
+        ([('val/loss', {'wait': 1})], [])
+        >>> match_states({"EarlyStopping": {"wait": 1}, "EarlyStopping_2": {"wait": 2}}, stoppers, by_position=True)[1]
+        ['EarlyStopping', 'EarlyStopping_2']
+    """
+    left = dict(saved)
+    matched, unmatched = [], []
+    for name, callback in named_callbacks(callbacks):
+        if name in left:
+            matched.append((callback, left.pop(name)))
+        else:
+            unmatched.append(callback)
+    if by_position:
+        def class_of(name: str) -> str:
+            return re.sub(r"_\d+$", "", name)
+
+        for callback in unmatched:
+            kind = type(callback).__name__
+            names = [name for name in left if class_of(name) == kind]
+            if len(names) == 1 and sum(type(other).__name__ == kind for other in unmatched) == 1:
+                matched.append((callback, left.pop(names[0])))
+    return matched, list(left)
+
+
+def _names(names: Sequence[str]) -> str:
+    return ", ".join(map(repr, names))
 
 
 _TAGS = ("__tuple__", "__set__", "__frozenset__", "__items__", "__array__")  # a callback state's non-JSON parts

@@ -287,16 +287,14 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
         if self._limits.val is not None:
             val_loader = FirstBatches(val_loader, self._limits.val_batches(safe_len(val_loader)))
         eval_metrics = self.eval_model(val_loader, log_prefix="val/")
+        self._begin_validation_records()  # what hooks and callbacks log from here on may rank the best model
         self.on_validation_epoch_end(loop.epoch, eval_metrics, val_loader)
         self._log({**eval_metrics, "epoch": loop.epoch})
         self.save_metrics(f"eval_epoch_{loop.epoch:03d}" if loop.phase != "train" else f"eval_step_{self.global_step}",
                           eval_metrics)
-        self._is_best = bool(self.is_new_model_better(eval_metrics, self._best_eval_metrics))
-        if self._is_best:
-            self._best_eval_metrics = {**eval_metrics, **loop.train_metrics}
-            self.save_metrics("best_eval", eval_metrics)
+        self._choose_best(eval_metrics)  # is_new_model_better, now or (a monitor a callback logs) once logged
         loop.validated = loop.phase == "val"  # an epoch's validation: a checkpoint from now on says it ran
-        self._call_callbacks("on_validation_end", loop.epoch, eval_metrics)
+        self._end_validation(loop.epoch, eval_metrics)
 
     def train_epoch(self, train_loader: Iterable) -> dict[str, float]:
         """One pass over ``train_loader``; returns ``train/...`` means and ``epoch_time``.

@@ -5,7 +5,9 @@ inherits it; the members it reads are set up by the trainer: ``_loop`` (a
 :class:`~flaxlight.loop.LoopState`), ``_nonfinite`` (a :class:`~flaxlight.loop.NonfiniteTally`),
 ``_is_best``, ``engine`` (an :class:`~flaxlight.engine.Engine`), ``optimizer_plan``,
 ``callbacks``, ``logger``, ``callback_metrics``, ``global_step``, ``should_stop``, ``stop_reason``,
-``options``. It also holds the trainer's private logging and stop bookkeeping behind these.
+``options``, ``_best_eval_metrics``. It also holds the trainer's private logging, stop and
+best-model bookkeeping behind these (the best model is chosen once per validation, when its
+``monitor`` is known: :meth:`TrainerViewMixin._choose_best`).
 
 Examples:
     >>> class EpochAtLogPoints(flaxlight.Callback):                               # doctest: +SKIP
@@ -26,11 +28,13 @@ import jax
 from flaxlight import distributed as dist
 from flaxlight import runfiles
 from flaxlight.callbacks.history import History
+from flaxlight.callbacks.model_checkpoint import ModelCheckpoint
 from flaxlight.data import check_first_batch
 from flaxlight.loggers.base import checked_scalars
+from flaxlight.loggers.csv import LoggedStep
 from flaxlight.loop import Interrupted, SignalGuard
 from flaxlight.messages import logger as messages
-from flaxlight.options import MetricNotLoggedError
+from flaxlight.options import MetricNotLoggedError, written_otherwise as _written_otherwise
 from flaxlight.progress import progress
 
 __all__ = ["TrainerViewMixin"]
@@ -38,6 +42,10 @@ __all__ = ["TrainerViewMixin"]
 
 class TrainerViewMixin:
     """The read-only loop status, ``stop``, ``log_metrics`` and friends (see the module docstring)."""
+
+    _validation_logged: dict | None = None  # what was logged since the latest validation began
+    _validation_open = False  # from its evaluation's end until its callbacks' on_validation_end ended
+    _best_pending: dict | None = None  # a validation's metrics whose best-model question waits for its monitor
 
     def stop(self, reason: str) -> None:
         """Ask the loop to stop after the current step's work (and the epoch's end routine)."""
@@ -91,8 +99,19 @@ class TrainerViewMixin:
 
     @property
     def is_best_validation(self) -> bool:
-        """Whether the latest validation is the best so far (``is_new_model_better``'s answer)."""
+        """Whether the latest validation is the best so far (``is_new_model_better``'s answer; read
+        during a validation whose monitor a callback logs, it is asked now, so that callback must
+        come first in the list)."""
+        self._settle_best()
         return self._is_best
+
+    @property
+    def validation_metrics(self) -> dict[str, float]:
+        """The latest validation's metrics: the eval step's (``val/...``) and every value logged
+        from its start until its callbacks' ``on_validation_end`` ended (by the trainer's
+        ``on_validation_epoch_end``, or a callback's ``on_validation_end`` or ``on_log``). The best
+        model and :class:`~flaxlight.callbacks.ModelCheckpoint` rank among them."""
+        return {key: value for key, value in (self._validation_logged or {}).items() if key != "epoch"}
 
     @property
     def train_loader(self) -> Any:
@@ -123,8 +142,18 @@ class TrainerViewMixin:
         ``callback_metrics`` and to every callback's ``on_log`` (``step`` default: now). Each value
         must be one number; anything else fails here, naming its key. Called by you outside
         ``train_model``, the run folder's lock is taken while they are written
-        (:meth:`_writing_records`); from a callback, the loop running it writes them as its own."""
+        (:meth:`_writing_records`); from a callback, the loop running it writes them as its own.
+
+        A ``step`` of your own beyond ``global_step`` (samples seen, say) is the loggers' x value;
+        the record still belongs to the training position it was logged at: ``metrics.csv`` keeps
+        that ``global_step`` in its ``trainer/global_step`` column, and a resume from a checkpoint
+        at step ``s`` keeps the records logged by then, whatever their step. TensorBoard's purge
+        goes by step: such scalars are written again after it (from ``metrics.csv``), images are
+        not. A step of your own up to ``global_step`` (a log point's, in ``on_log``) is kept or
+        dropped by its value; W&B and MLflow keep every record (docs/logging.md, Resume)."""
         metrics = checked_scalars(metrics)
+        if step is not None and int(step) > self.global_step:  # the loggers' x; the row's position is now
+            step = LoggedStep(step, self.global_step)
         if getattr(self, "_in_callbacks", 0):
             self._log(metrics, step)
             return
@@ -240,16 +269,64 @@ class TrainerViewMixin:
         self._claim_records()
         step = self.global_step if step is None else step
         self.callback_metrics.update(metrics)
+        if self._validation_open:
+            self._validation_logged.update(metrics)
         self.logger.log_metrics(metrics, step=step)
         self._call_callbacks("on_log", step, metrics)
 
-    def _call_callbacks(self, hook: str, *args) -> None:
+    def _call_callbacks(self, hook: str, *args, before_checkpoint: Callable[[], None] | None = None) -> None:
+        """Call ``hook`` of every callback in order; ``before_checkpoint`` first runs before the
+        first :class:`ModelCheckpoint` (they come last: :func:`~flaxlight.callbacks.with_default_callbacks`)."""
         self._in_callbacks = getattr(self, "_in_callbacks", 0) + 1  # their log_metrics: the loop's own records
         try:
             for callback in self.callbacks:
+                if before_checkpoint is not None and isinstance(callback, ModelCheckpoint):
+                    before_checkpoint()
                 getattr(callback, hook)(self, *args)
         finally:
             self._in_callbacks -= 1
+
+    def _begin_validation_records(self) -> None:
+        """From now until :meth:`_end_validation`, what is logged is the validation's
+        (:attr:`validation_metrics`): its eval record, and what hooks and callbacks log then."""
+        self._validation_logged, self._validation_open = {}, True
+
+    def _choose_best(self, eval_metrics: Mapping[str, float]) -> None:
+        """Ask ``is_new_model_better`` once for this validation (:meth:`_settle_best`): now when the
+        ``monitor`` is among the eval metrics or was logged since the validation began (by
+        ``on_validation_epoch_end``); else once callbacks may have logged it, before
+        :class:`ModelCheckpoint` hears of the validation (it comes after the others, as in
+        Lightning) or when a callback reads ``is_best_validation``."""
+        self._best_pending, self._is_best = dict(eval_metrics), False
+        if not self.options.monitor or self.options.monitor in self.validation_metrics:
+            self._settle_best()
+
+    def _settle_best(self) -> None:
+        """The pending best-model question asked (nothing when none waits): the monitor's value
+        logged during the validation joins its metrics (the best ones, ``best_eval.json``), or an
+        error says why it is missing."""
+        if self._best_pending is None:
+            return
+        metrics, self._best_pending = self._best_pending, None
+        monitor, logged = self.options.monitor, self.validation_metrics
+        if monitor and monitor not in metrics:
+            if monitor not in logged:
+                raise MetricNotLoggedError(self.options.missing_monitor_message(
+                    metrics, logged_before=[key for key in self.callback_metrics if key not in logged]))
+            metrics[monitor] = logged[monitor]
+        self._is_best = bool(self.is_new_model_better(metrics, self._best_eval_metrics))
+        if self._is_best:
+            self._best_eval_metrics = {**metrics, **self._loop.train_metrics}
+            self.save_metrics("best_eval", metrics)
+
+    def _end_validation(self, epoch: int, eval_metrics: Mapping[str, float]) -> None:
+        """The callbacks' ``on_validation_end``, the best model chosen before :class:`ModelCheckpoint`
+        hears of the validation; what is logged after them is not the validation's."""
+        try:
+            self._call_callbacks("on_validation_end", epoch, eval_metrics, before_checkpoint=self._settle_best)
+            self._settle_best()
+        finally:
+            self._validation_open, self._best_pending = False, None
 
     def _save_on_interrupt(self, interrupt: Interrupted) -> None:
         """SIGTERM / SIGINT: save the step trained, end the run's files, say how to resume, exit 128 + signal."""
@@ -331,15 +408,24 @@ class TrainerViewMixin:
         self._in_run = True  # until _finish_files: load_model leaves global_step to the loop
 
     def _check_monitor_ahead(self) -> None:
-        """The trainer's ``monitor`` (the best model is picked among the eval step's metrics) checked
-        against the names of the eval step traced ahead, so a misspelt one fails before training."""
-        names, own = self.engine.eval_metric_names, type(self)  # own eval_model / hook: they may add metrics
-        if names is None or not self.options.monitor or not self.options.monitor.startswith("val/") or any(
-                not getattr(own, hook).__qualname__.startswith("TrainerModule.")
-                for hook in ("eval_model", "on_validation_epoch_end")):
+        """The trainer's ``monitor`` (the best model is picked among the validation's metrics)
+        checked against the names of the eval step traced ahead, so a misspelt one fails before
+        training: a name the eval step does not return is refused now when nothing of the user's
+        can log it during validation (an ``on_validation_epoch_end`` override, a callback's own
+        ``on_validation_end`` or ``on_log``), or when it is an eval metric's name written another way
+        (``val_loss`` for ``val/loss``); else it is looked for at each validation (:meth:`_settle_best`)."""
+        names, monitor = self.engine.eval_metric_names, self.options.monitor
+        if names is None or not monitor or not _is_flaxlights(type(self).eval_model):  # it may add metrics
             return
-        if self.options.monitor.split("/")[1] not in names:  # "val/f1/macro": a metric object's result
-            self.options.monitored({f"val/{name}": 0.0 for name in names})  # raises, with the names and a hint
+        known = {f"val/{name}": 0.0 for name in names}
+        if monitor in known or (monitor.startswith("val/") and monitor.split("/")[1] in names):  # "val/f1/macro"
+            return
+        if _written_otherwise(monitor, known) is None and (
+                not _is_flaxlights(type(self).on_validation_epoch_end) or any(
+                    not _is_flaxlights(getattr(type(cb), hook)) for cb in self.callbacks
+                    for hook in ("on_validation_end", "on_log"))):
+            return  # a callback or hook of the user's may log it during validation
+        raise MetricNotLoggedError(self.options.missing_monitor_message(known, ahead=True))
 
     def _val_batch_check(self) -> Callable[[Any], None] | None:
         """The check of the validation loader's first batch before training (None with
@@ -388,3 +474,9 @@ class TrainerViewMixin:
             self.stop_reason = f"max_steps={self.options.max_steps} reached."
         if self.stop_reason:
             messages.info(self.stop_reason)
+
+
+def _is_flaxlights(method: Callable) -> bool:
+    """Whether ``method`` is flaxlight's own (inherited, not the user's override)."""
+    module = getattr(method, "__module__", "") or ""
+    return module == "flaxlight" or module.startswith("flaxlight.")

@@ -20,6 +20,8 @@ class TrainerView(Protocol):
         every logged metric. nonfinite_steps / nonfinite_checked_step: steps whose loss was
         NaN/Inf, as of that step. is_best_validation: whether the latest validation is the best
         so far (the trainer's ``is_new_model_better``, asked once per validation).
+        validation_metrics: the latest validation's metrics, the eval step's and those logged
+        during it (by ``on_validation_epoch_end`` or callbacks), which the best model is ranked by.
         should_stop / stop_reason: whether (and why) the loop was asked to stop.
         checkpointer: the run's :class:`~flaxlight.Checkpointer` (where ``save_model`` writes).
         train_loader / val_loader: the loaders ``train_model`` was given (e.g. to compute a
@@ -65,6 +67,9 @@ class TrainerView(Protocol):
     def is_best_validation(self) -> bool: ...
 
     @property
+    def validation_metrics(self) -> dict[str, float]: ...
+
+    @property
     def train_loader(self) -> Any: ...
 
     @property
@@ -101,8 +106,8 @@ class Callback:
 
     ``on_step`` is only called at multiples of ``every_n_steps`` (None: never), decided by the
     trainer in one place, so a callback costs nothing on the other steps. Stateful callbacks
-    return their state from ``state_dict()``; it is saved in every checkpoint and handed back
-    to ``load_state_dict()`` on resume.
+    return their state from ``state_dict()``; it is saved in every checkpoint under the
+    callback's :attr:`state_key` and handed back to ``load_state_dict()`` on resume.
 
     Examples:
         >>> class PrintLoss(Callback):
@@ -141,6 +146,27 @@ class Callback:
 
     def on_exception(self, trainer: TrainerView, exc: BaseException) -> None:
         """When the loop is left by an exception (including a preemption signal)."""
+
+    @property
+    def state_key(self) -> str:
+        """The name this callback's state is saved under in checkpoints, by which a resume finds
+        it again (Lightning's ``Callback.state_key``). Default: the class name; callbacks that
+        share a key are told apart by their order in the list. Override it with the settings
+        that tell two callbacks of the class apart (``EarlyStopping`` adds its monitor and mode),
+        so that each finds its own state when callbacks are added, removed or reordered at a
+        resume. A saved state that no callback's key finds is named in a warning.
+
+        Examples:
+            >>> class Smoother(Callback):
+            ...     def __init__(self, metric):
+            ...         self.metric = metric
+            ...     @property
+            ...     def state_key(self):
+            ...         return f"Smoother[{self.metric}]"
+            >>> Smoother("val/loss").state_key
+            'Smoother[val/loss]'
+        """
+        return type(self).__name__
 
     def state_dict(self) -> dict[str, Any]:
         """JSON-serialisable state to keep in checkpoints (empty for stateless callbacks)."""

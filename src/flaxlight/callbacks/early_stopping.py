@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any, Mapping
 
 from flaxlight.callbacks.base import Callback
@@ -25,7 +26,9 @@ class EarlyStopping(Callback):
 
     The loop finishes the current epoch (its checkpoint included) and stops; the reason is
     printed and kept in ``trainer.stop_reason``. Its state (best score, validations waited) is
-    saved in checkpoints, so a resumed run keeps counting. A run without validation data is
+    saved in checkpoints under its :attr:`state_key`, which names its monitor and mode (as in
+    Lightning), so a resumed run keeps counting, each stopper on its own metric; a state saved
+    for another monitor or mode is refused with a warning (the stopper starts fresh). A run without validation data is
     checked after each epoch's training instead (as in Lightning; ``patience`` then counts
     epochs), which suits a ``train/...`` monitor; a ``val/...`` one is an error there.
 
@@ -108,8 +111,25 @@ class EarlyStopping(Callback):
         if reason is not None:
             trainer.stop(reason)
 
+    @property
+    def state_key(self) -> str:
+        """``EarlyStopping{'monitor': 'val/loss', 'mode': 'min'}``: two stoppers on different
+        metrics keep their own states (Lightning's key)."""
+        return f"{type(self).__name__}{{'monitor': {self.monitor!r}, 'mode': {self.mode!r}}}"
+
     def state_dict(self) -> dict[str, Any]:
-        return {"best": self.best, "best_epoch": self.best_epoch, "wait": self.wait}
+        return {"best": self.best, "best_epoch": self.best_epoch, "wait": self.wait, "monitor": self.monitor,
+                "mode": self.mode}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue from ``state`` (``{}``: a fresh start). One saved for another monitor or mode
+        (a state of an earlier flaxlight, which kept neither, is taken as this stopper's) is
+        refused with a warning: its best score is another metric's, so the stopper starts fresh."""
+        saved = (state.get("monitor", self.monitor), state.get("mode", self.mode))
+        if saved != (self.monitor, self.mode):
+            warnings.warn(f"EarlyStopping(monitor={self.monitor!r}, mode={self.mode!r}) was given the state of an "
+                          f"EarlyStopping on {saved[0]!r} ({saved[1]}, best {state.get('best')!r}): its best score and "
+                          f"patience count do not apply here, so this stopper starts fresh.", RuntimeWarning,
+                          stacklevel=2)
+            state = {}
         self.best, self.best_epoch, self.wait = state.get("best"), state.get("best_epoch"), int(state.get("wait", 0))

@@ -8,6 +8,7 @@ import warnings
 from typing import Any, Mapping
 
 from flaxlight.callbacks.base import Callback
+from flaxlight.options import MetricNotLoggedError
 
 __all__ = ["ModelCheckpoint"]
 
@@ -16,9 +17,12 @@ class ModelCheckpoint(Callback):
     """Save the full train state at validations, epochs or steps; keep the best k and the last.
 
     Args:
-        monitor: metric that ranks checkpoints (e.g. ``"val/acc"``); None follows the trainer's
-            ``is_new_model_better`` (the seed's rule, asked once per validation by the trainer)
-            and keeps only the single best.
+        monitor: metric that ranks checkpoints (e.g. ``"val/acc"``): one the eval step returns, or
+            one logged during the validation before this callback runs (it runs after the other
+            callbacks), from the trainer's ``on_validation_epoch_end`` or a callback's
+            ``on_validation_end`` (``trainer.log_metrics({"val/f1": f1})``, as Lightning ranks by
+            anything logged by then); None follows the trainer's ``is_new_model_better`` (the
+            seed's rule, asked once per validation by the trainer) and keeps only the single best.
         mode: ``"min"`` or ``"max"`` for ``monitor``.
         save_top_k: how many best checkpoints to keep (0: none kept for being best). -1 keeps
             every checkpoint written, as in Lightning: each validation's (ranked by ``monitor``,
@@ -110,6 +114,21 @@ class ModelCheckpoint(Callback):
         value = float(metrics[self.monitor])
         return -value if self.mode == "max" else value  # lower is better internally
 
+    def _with_logged_monitor(self, trainer, metrics: Mapping[str, float]) -> Mapping[str, float]:
+        """The eval step's ``metrics`` and the monitored value when another hook or callback logged
+        it during this validation (``trainer.validation_metrics``; they run before this callback)."""
+        monitor = self.monitor or getattr(trainer.options, "monitor", None)
+        if not monitor or monitor in metrics:
+            return metrics
+        logged = trainer.validation_metrics
+        if monitor not in logged:  # the trainer says why first, when it ranks by it too
+            if self.monitor is None:
+                return metrics
+            raise MetricNotLoggedError(f"ModelCheckpoint(monitor={monitor!r}) ranks checkpoints at each validation "
+                                       f"among its metrics {sorted(logged)} (the eval step's and those logged during "
+                                       f"it, before this callback), and {monitor!r} is not among them.")
+        return {**metrics, monitor: logged[monitor]}
+
     def _is_top_k(self, trainer, metrics: Mapping[str, float]) -> bool:
         if self.save_top_k == 0:
             return False
@@ -172,6 +191,7 @@ class ModelCheckpoint(Callback):
                 or trainer.options.reached_max_steps(step) or trainer.should_stop)
 
     def on_validation_end(self, trainer, epoch: int, metrics: Mapping[str, float]) -> None:
+        metrics = self._with_logged_monitor(trainer, metrics)
         ranked = self._is_top_k(trainer, metrics)
         if ranked or self.keeps_all:  # save_top_k=-1 without a monitor: kept, the best still the trainer's
             self._save(trainer, trainer.global_step, best_metrics=metrics if ranked else None,

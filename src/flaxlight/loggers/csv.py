@@ -8,11 +8,42 @@ from typing import Mapping
 
 from flaxlight.loggers.base import Logger
 
-__all__ = ["CSVLogger"]
+__all__ = ["CSVLogger", "LoggedStep", "POSITION_COLUMN", "rows_logged_ahead"]
+
+#: The column of the rows logged with a step of their own: the trainer's ``global_step`` then.
+POSITION_COLUMN = "trainer/global_step"
+
+
+class LoggedStep(int):
+    """A step given to ``trainer.log_metrics(..., step=...)`` beyond the trainer's ``global_step``
+    (samples seen, say): an ``int`` for every logger, carrying the ``global_step`` it was logged
+    at, the training position a resume compares with its checkpoint's step.
+
+    Examples:
+        >>> step = LoggedStep(256, global_step=8)
+        >>> step + 0, step.global_step
+        (256, 8)
+    """
+
+    global_step: int
+
+    def __new__(cls, step: int, global_step: int) -> "LoggedStep":
+        made = super().__new__(cls, int(step))
+        made.global_step = int(global_step)
+        return made
+
+    def __reduce__(self):
+        return LoggedStep, (int(self), self.global_step)
 
 
 class CSVLogger(Logger):
     """Writes ``<log_dir>/metrics.csv``; columns are ``step`` then metrics in order of appearance.
+
+    A row logged with a step of its own (``trainer.log_metrics(..., step=n)``, ``n`` beyond the
+    trainer's ``global_step``, a :class:`LoggedStep`) also holds that ``global_step`` in the column
+    ``trainer/global_step`` (empty in the other rows; there only once such a row is logged): a
+    resume keeps the rows logged up to its checkpoint's step by when they were logged, whatever
+    their own step.
 
     When a new metric appears the file is rewritten with the wider header, so it always parses
     with a plain CSV reader (empty cells where a metric was not logged); the rewrite starts from
@@ -45,7 +76,8 @@ class CSVLogger(Logger):
         return self.log_dir
 
     def resume_from_step(self, step: int) -> None:
-        """Reload ``metrics.csv`` and keep the rows up to ``step``; later rows are dropped."""
+        """Reload ``metrics.csv`` and keep the rows logged up to ``step`` (by their
+        ``trainer/global_step``, else their step); those logged later are dropped."""
         self._reload(up_to=step)
 
     def start_run(self) -> None:
@@ -72,6 +104,8 @@ class CSVLogger(Logger):
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
         row = {"step": int(step)}
         row.update(metrics)
+        if isinstance(step, LoggedStep):  # logged at another training position than its step says
+            row[POSITION_COLUMN] = step.global_step
         self.columns.extend(key for key in row if key not in self.columns)
         self.rows.append(row)
         if len(self.rows) - self._written_rows >= self.flush_every_n_records:
@@ -147,23 +181,48 @@ def _holds_rows(path: str) -> bool:
 
 
 def _read(path: str, up_to: int | None) -> tuple[list[str], list[dict]]:
-    """``(columns, rows)`` of the CSV file at ``path``: the rows up to step ``up_to`` (all for None)."""
+    """``(columns, rows)`` of the CSV file at ``path``: the rows logged up to step ``up_to`` (their
+    ``trainer/global_step``, else their step; all for None)."""
     with open(path, newline="") as f:
         reader = csv.DictReader(f)
         columns = list(reader.fieldnames or ["step"])
         rows = [  # a row cut short (a full disk) keeps the values it has; the cells it lacks read None
             {k: _parse(v) for k, v in row.items() if k is not None and v not in ("", None)}
             for row in reader
-            if _step_of(row) is not None and (up_to is None or _step_of(row) <= up_to)
+            if _step_of(row) is not None and (up_to is None or _step_of(row, POSITION_COLUMN) <= up_to)
         ]
     return columns, rows
 
 
-def _step_of(row: Mapping) -> int | None:
-    try:
-        return int(row.get("step") or "")
-    except ValueError:
-        return None
+def rows_logged_ahead(path: str | os.PathLike, step: int) -> list[tuple[int, dict[str, float]]]:
+    """``[(row's step, its numbers)]`` of the ``metrics.csv`` at ``path`` logged by step ``step``
+    with a later step of their own (:class:`LoggedStep`): what a purge from ``step + 1`` on would
+    hide although the checkpoint at ``step`` came after it (none without the file).
+
+    Examples:
+        >>> rows_logged_ahead("runs/no_such_run/metrics.csv", 13)
+        []
+    """
+    if not os.path.isfile(path):
+        return []
+    ahead = []
+    for row in _read(os.fspath(path), up_to=step)[1]:
+        if _step_of(row) > step:
+            numbers = {key: float(value) for key, value in row.items()
+                       if key not in ("step", POSITION_COLUMN) and isinstance(value, (int, float))}
+            ahead.append((_step_of(row), numbers))
+    return ahead
+
+
+def _step_of(row: Mapping, column: str = "step") -> int | None:
+    """The row's ``column`` as an int (``trainer/global_step`` empty or cut short: its step); None
+    if neither is one."""
+    for key in (column, "step"):
+        try:
+            return int(row.get(key) or "")
+        except ValueError:
+            continue
+    return None
 
 
 def _parse(text: str):

@@ -9,6 +9,7 @@ import time
 from typing import Any, Mapping
 
 from flaxlight.loggers.base import Logger, as_image, flatten_params
+from flaxlight.loggers.csv import rows_logged_ahead
 
 __all__ = ["TensorBoardLogger", "tensorboard_available"]
 
@@ -59,6 +60,7 @@ class TensorBoardLogger(Logger):
         self._writer = None
         self._opened = False  # whether this logger has written an event file
         self._purge_step: int | None = None
+        self._logged_ahead: list[tuple[int, dict[str, float]]] = []  # written again after the purge
         self._hparams: dict[str, Any] = {}  # every hyperparameter logged so far, nested
 
     @property
@@ -82,7 +84,9 @@ class TensorBoardLogger(Logger):
                 event_pb2 = _tensorboardx("tensorboardX.proto.event_pb2")
                 self._write_event(step=self._purge_step,
                                   session_log=event_pb2.SessionLog(status=event_pb2.SessionLog.START))
-            self._purge_step = None
+            self._purge_step, ahead, self._logged_ahead = None, self._logged_ahead, []
+            for step, metrics in ahead:  # behind the purge, which hid them: shown again
+                self.log_metrics(metrics, step)
         return self._writer
 
     def _write_event(self, step: int, **fields) -> None:
@@ -100,9 +104,13 @@ class TensorBoardLogger(Logger):
             self._purge_step = 0
 
     def resume_from_step(self, step: int) -> None:
-        """TensorBoard drops events after ``step`` written by the interrupted run (purge_step)."""
+        """TensorBoard drops events after ``step`` written by the interrupted run (purge_step).
+        The purge goes by step, so it also hides scalars logged before the checkpoint with a later
+        step of their own (``trainer.log_metrics(..., step=samples_seen)``): those the run's
+        ``metrics.csv`` in ``log_dir`` holds are written again behind it (images are not)."""
         self.finalize("resumed")
         self._purge_step = int(step) + 1
+        self._logged_ahead = rows_logged_ahead(os.path.join(self.log_dir, "metrics.csv"), int(step))
 
     def log_hyperparams(self, params: Mapping) -> None:
         import yaml

@@ -1,0 +1,148 @@
+"""What the best model and ModelCheckpoint rank by: the eval step's metrics, and those a hook or a
+callback logs during the validation (as Lightning ranks by anything logged before its checkpoint
+callback); a monitor name checked before training where it can be known."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+
+import pytest
+from conftest import RegressTrainer, TinyMLP, linear_data, quiet
+
+import flaxlight
+from flaxlight.callbacks import EarlyStopping, ModelCheckpoint
+from flaxlight.options import MetricNotLoggedError
+
+F1 = [0.5, 0.7, 0.6, 0.9, 0.8]  # a validation metric of the user's (an sklearn F1, say), by epoch
+BEST_STEPS = [32, 40]  # epochs 4 and 5 (8 steps each): the two highest
+
+
+def _trainer(tmp_path, callbacks=(), trainer_class=RegressTrainer, **kwargs):
+    x, _ = linear_data(8)
+    return trainer_class(model_class=TinyMLP, model_hparams={"hidden_dims": [8]}, exmp_input=x[:1],
+                         optimizer_hparams={"optimizer": "adam", "lr": 1e-2}, callbacks=list(callbacks),
+                         **quiet(tmp_path, **kwargs))
+
+
+class LogsF1(flaxlight.Callback):
+    def on_validation_end(self, trainer, epoch, metrics):
+        trainer.log_metrics({"val/f1": F1[epoch - 1]})
+
+
+class LogsF1FromTheHook(RegressTrainer):
+    def on_validation_epoch_end(self, epoch_idx, eval_metrics, val_loader):
+        self.log_metrics({"val/f1": F1[epoch_idx - 1]})
+
+
+def _orbax_scores(run):
+    """``{step: the metrics orbax keeps with it}`` for the checkpoints of ``run``."""
+    import orbax.checkpoint as ocp
+
+    options = ocp.CheckpointManagerOptions(best_fn=lambda metrics: metrics["val/f1"], best_mode="max", read_only=True)
+    with ocp.CheckpointManager(str(run / "checkpoints"), options=options) as manager:
+        return {info.step: info.metrics for info in manager._checkpoints}, manager.best_step()
+
+
+@pytest.mark.parametrize("where", ["callback", "hook"])
+def test_a_validation_metric_logged_with_log_metrics_ranks_the_checkpoints_and_the_best_model(
+        tmp_path, regression_loaders, where):
+    """It was refused: before training ("val/f1 ... was never logged", from a callback) or at the
+    first validation (from the hook), with val/f1 already in metrics.csv."""
+    train, val, _ = regression_loaders
+    checkpoint = ModelCheckpoint(monitor="val/f1", mode="max", save_top_k=2, save_last=False)
+    if where == "callback":
+        trainer = _trainer(tmp_path, [LogsF1(), checkpoint])
+    else:
+        trainer = _trainer(tmp_path, [checkpoint], trainer_class=LogsF1FromTheHook)
+    result = trainer.train_model(train, val, num_epochs=5)
+    trainer.checkpointer.wait()
+    assert result["val/f1"] == 0.9 and trainer.options.monitor == "val/f1"
+    assert sorted(trainer.checkpointer.all_steps()) == sorted(BEST_STEPS) and checkpoint.best_step == 32
+    scores, best = _orbax_scores(tmp_path / "run")
+    assert best == 32 and scores == {32: {"val/f1": 0.9}, 40: {"val/f1": 0.8}}  # the scores logged
+    best_eval = json.loads((tmp_path / "run" / "metrics" / "best_eval.json").read_text())
+    assert best_eval["val/f1"] == 0.9
+    with open(tmp_path / "run" / "metrics.csv") as f:
+        logged = [float(row["val/f1"]) for row in csv.DictReader(f) if row.get("val/f1")]
+    assert logged == F1
+
+
+def test_the_trainers_monitor_on_a_callbacks_metric_picks_the_best_model_after_that_callback(
+        tmp_path, regression_loaders):
+    train, val, _ = regression_loaders
+
+    class ReadsBest(flaxlight.Callback):
+        def __init__(self):
+            self.answers = []
+
+        def on_validation_end(self, trainer, epoch, metrics):
+            self.answers.append(trainer.is_best_validation)
+
+    reads = ReadsBest()
+    trainer = _trainer(tmp_path, [LogsF1(), reads], monitor="val/f1", mode="max")
+    assert trainer.train_model(train, val, num_epochs=5)["val/f1"] == 0.9
+    assert reads.answers == [True, True, False, True, False]
+    assert trainer.validation_metrics["val/f1"] == 0.8 and "val/loss" in trainer.validation_metrics
+
+
+def test_a_monitor_logged_at_an_earlier_validation_only_is_not_said_to_be_never_logged(tmp_path, regression_loaders):
+    class LogsF1EveryOtherEpoch(LogsF1):  # an expensive metric, computed every other validation
+        def on_validation_end(self, trainer, epoch, metrics):
+            if epoch % 2:
+                super().on_validation_end(trainer, epoch, metrics)
+
+    train, val, _ = regression_loaders
+    trainer = _trainer(tmp_path, [LogsF1EveryOtherEpoch(), ModelCheckpoint(monitor="val/f1", mode="max")])
+    with pytest.raises(MetricNotLoggedError) as info:
+        trainer.train_model(train, val, num_epochs=2)
+    message = str(info.value)
+    assert "never logged" not in message and trainer.global_step == 16  # the second validation
+    assert message.startswith("The best model is picked by monitor 'val/f1', which is logged, but not during this "
+                              "validation: the best model (and ModelCheckpoint's ranking) is chosen at each validation "
+                              "among the eval step's metrics ['val/loss'] and the values logged during the validation.")
+    assert "a callback's on_validation_end (ModelCheckpoint runs after the other callbacks" in message
+
+
+@pytest.mark.parametrize("callbacks", [[], [LogsF1()]], ids=["alone", "beside-a-callback-that-logs"])
+def test_a_lightning_style_val_loss_monitor_is_refused_before_training_with_the_right_name(
+        tmp_path, regression_loaders, callbacks):
+    """monitor="val_loss" failed after a whole epoch (rows written), saying to use
+    EarlyStopping(monitor='val_loss') for "a train metric"."""
+    train, val, _ = regression_loaders
+    trainer = _trainer(tmp_path, callbacks + [ModelCheckpoint(monitor="val_loss")])
+    with pytest.raises(MetricNotLoggedError) as info:
+        trainer.train_model(train, val, num_epochs=2)
+    message = str(info.value)
+    assert "Did you mean 'val/loss'?" in message and "names validation metrics 'val/<name>'" in message
+    assert "EarlyStopping" not in message and "train metric" not in message
+    assert trainer.global_step == 0 and not os.path.exists(tmp_path / "run" / "metrics.csv")
+
+
+def test_a_monitor_nothing_can_log_is_refused_before_training_and_one_a_callback_may_log_is_not(
+        tmp_path, regression_loaders):
+    train, val, _ = regression_loaders
+    trainer = _trainer(tmp_path / "a", [ModelCheckpoint(monitor="val/f1", mode="max")])
+    with pytest.raises(MetricNotLoggedError, match=r"'val/f1', which no validation of this run logs: it is not among "
+                                                   r"the eval step's metrics \['val/loss'\], and nothing of yours runs"):
+        trainer.train_model(train, val, num_epochs=1)
+    assert trainer.global_step == 0
+
+    class LogsF1FromTheSecondEpoch(flaxlight.Callback):
+        def on_validation_end(self, trainer, epoch, metrics):
+            if epoch > 1:
+                trainer.log_metrics({"val/f1": F1[epoch - 1]})
+
+    late = _trainer(tmp_path / "b", [LogsF1FromTheSecondEpoch(), ModelCheckpoint(monitor="val/f1", mode="max")])
+    with pytest.raises(MetricNotLoggedError, match=r"'val/f1', which was never logged"):
+        late.train_model(train, val, num_epochs=2)
+    assert late.global_step == 8  # looked for at the first validation, where it is missing
+
+
+def test_early_stopping_and_the_checkpoint_agree_on_a_callbacks_metric(tmp_path, regression_loaders):
+    train, val, _ = regression_loaders
+    stopper = EarlyStopping("val/f1", mode="max", patience=1)
+    trainer = _trainer(tmp_path, [LogsF1(), stopper, ModelCheckpoint(monitor="val/f1", mode="max")])
+    result = trainer.train_model(train, val, num_epochs=5)
+    assert trainer.current_epoch == 3 and result["val/f1"] == 0.7 and stopper.best == 0.7
