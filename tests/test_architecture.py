@@ -22,7 +22,7 @@ PACKAGE_UNITS = {"callbacks", "loggers", "zoo"}
 # A module imports only from its own layer (without cycles) or the layers below.
 LAYERS: dict[str, int] = {
     **dict.fromkeys(["state", "metrics", "metric_objects", "optim", "models", "data", "checkpoint", "distributed",
-                     "lean", "loggers", "registry", "progress", "messages", "writer", "export"], 0),
+                     "lean", "loggers", "registry", "progress", "messages", "writer", "export", "configyaml"], 0),
     **dict.fromkeys(["options", "step", "engine", "loop", "runfiles", "resume", "callbacks",
                      "view", "verbs"], 1),  # view / verbs: the trainer's mixins (TrainerView; predict, test)
     "trainer": 2,

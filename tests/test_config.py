@@ -199,7 +199,8 @@ def test_wrong_type_names_expected_type(override, expected):
 def test_an_optax_argument_that_defaults_to_none_is_checked_against_its_annotation():
     sgd = ["optimizer.optimizer=sgd", "optimizer.schedule=constant"]
     assert error_of(minimal(), sgd + ["optimizer.momentum=fast"]) == (
-        "optimizer.momentum: expected a number or null (optax's default is None), got str 'fast'.")
+        "optimizer.momentum: expected a number or null (optax's default is None), got str 'fast'. It was set by the "
+        "override 'optimizer.momentum=fast'.")
     assert load_config(minimal(), sgd + ["optimizer.momentum=0.9"]).optimizer.optimizer_kwargs == {"momentum": 0.9}
     assert load_config(minimal(), sgd + ["optimizer.momentum=null"]).optimizer.optimizer_kwargs == {"momentum": None}
     assert load_config(minimal(), ["optimizer.mu_dtype=bfloat16"]).optimizer.optimizer_kwargs == {"mu_dtype": "bfloat16"}
@@ -511,9 +512,11 @@ def test_boundaries_and_scales_keys_must_be_whole_steps():
     """A key 15.7 was cut to step 15 and 'ten' failed with int()'s bare message."""
     piecewise = ["optimizer.schedule=piecewise"]
     assert error_of(minimal(), [*piecewise, "optimizer.boundaries_and_scales={15.7: 0.1}"]) == \
-        "optimizer.boundaries_and_scales: every key must be int, got float 15.7."
+        "optimizer.boundaries_and_scales: every key must be int, got float 15.7. It was set by the override " \
+        "'optimizer.boundaries_and_scales={15.7: 0.1}'."
     assert error_of(minimal(), [*piecewise, "optimizer.boundaries_and_scales={ten: 0.1}"]) == \
-        "optimizer.boundaries_and_scales: every key must be int, got str 'ten'."
+        "optimizer.boundaries_and_scales: every key must be int, got str 'ten'. It was set by the override " \
+        "'optimizer.boundaries_and_scales={ten: 0.1}'."
     cfg = load_config(minimal(), [*piecewise, "optimizer.boundaries_and_scales={15: 0.1, 30: 0.5}"])
     assert cfg.optimizer.boundaries_and_scales == {15: 0.1, 30: 0.5}
     cfg = load_config(minimal(), [*piecewise, "optimizer.boundaries_and_scales={15: 0.1}",

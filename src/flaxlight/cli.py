@@ -31,6 +31,9 @@ overrides: any number of dotted KEY=VALUE pairs after the options; values are re
   optimizer.lr=3e-4 trainer.max_epochs=20 model.hparams.hidden_dims=[256,256] callbacks.0.args.patience=5
 
 """ + _TRUST_EPILOG
+_TOP_EPILOG = _EPILOG.replace("\n\ntrust:", "\n  (validate, test, predict and export take data.* overrides only; "
+                              "validate also trainer.limit_val_batches;\n  validate, test and predict take data.name, "
+                              "data.seed and data.kwargs other than the run's only with --allow-resplit)\n\ntrust:", 1)
 
 # validate, test, predict and export load the run's model with its saved settings (hparams.yaml):
 # they take data.* overrides only (validate also trainer.limit_val_batches) and refuse the others.
@@ -40,6 +43,11 @@ _EVAL_OVERRIDES = {  # command: (what it accepts, an example)
     "predict": ("data.*", "data.eval_batch_size=256"),
     "export": ("data.*", "data.kwargs.KEY=VALUE"),  # the data gives only the example input (its train split)
 }
+# The data section's fields that decide which examples each split holds: validate, test and
+# predict refuse a value other than the run's unless --allow-resplit (batch sizes are safe).
+_SPLIT_FIELDS = ("name", "seed", "kwargs")
+_RESPLIT_TEXT = ("data.name, data.seed and data.kwargs must be the run's (they decide which examples each split "
+                 "holds) unless --allow-resplit is given")
 
 
 def _eval_epilog(command: str) -> str:
@@ -48,7 +56,8 @@ def _eval_epilog(command: str) -> str:
     accepted, example = _EVAL_OVERRIDES[command]
     text = (f"overrides: dotted KEY=VALUE pairs after the options; values are read as YAML. {command} loads the "
             f"run's model with its saved settings (hparams.yaml), so only {accepted} overrides apply, e.g. "
-            f"{example}; others (optimizer.*, model.*, trainer.max_epochs, ...) are refused.")
+            f"{example}; others (optimizer.*, model.*, trainer.max_epochs, ...) are refused."
+            + (f" Of the data section, {_RESPLIT_TEXT}." if command != "export" else ""))
     return textwrap.fill(text, width=100, subsequent_indent="  ", break_on_hyphens=False) + "\n\n" + _TRUST_EPILOG
 
 
@@ -128,11 +137,16 @@ def _add_fit_arguments(fit: argparse.ArgumentParser) -> None:
                      help="replace the run already in --log-dir (its checkpoints and metrics are deleted)")
 
 
-def _add_checkpoint_arguments(parser: argparse.ArgumentParser) -> None:
+def _add_checkpoint_arguments(parser: argparse.ArgumentParser, *, scores: bool = True) -> None:
     parser.add_argument("--ckpt", "--ckpt_path", "--ckpt-path", dest="ckpt", required=True, metavar="RUN_DIR",
                         help="a run's log dir (with hparams.yaml and checkpoints/), as printed by fit")
     parser.add_argument("--which", choices=("best", "last"), default="best",
                         help="which checkpoint to load (default: %(default)s)")
+    if scores:  # validate, test, predict: the data's splits matter (export takes one example input)
+        parser.add_argument("--allow-resplit", action="store_true",
+                            help="evaluate on data whose data.name, data.seed or data.kwargs differ from the run's "
+                                 "(they change which examples each split holds, so a split may then hold examples "
+                                 "the run trained on)")
 
 
 _EXPORT_TEXT = ("Load a run's checkpoint and write its eval-mode forward pass, trained variables baked in, with "
@@ -142,7 +156,7 @@ _EXPORT_TEXT = ("Load a run's checkpoint and write its eval-mode forward pass, t
 
 def _add_export_arguments(export: argparse.ArgumentParser) -> None:
     _add_config_arguments(export, config_required=False, evaluates="export")
-    _add_checkpoint_arguments(export)
+    _add_checkpoint_arguments(export, scores=False)
     export.add_argument("-o", "--output", metavar="DIR",
                         help="the folder to write (default: RUN_DIR/export, or RUN_DIR/export_last for --which last)")
     export.add_argument("--batch-size", type=_positive_int, metavar="N",
@@ -165,9 +179,7 @@ def _build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argumen
     top = argparse.ArgumentParser(
         prog="flaxlight",
         description="Train, evaluate, tune and plot flaxlight runs from YAML configs.",
-        epilog=("Run 'flaxlight COMMAND --help' for a command's options.\n\n" + _EPILOG.replace(
-            "\n\ntrust:", "\n  (validate, test, predict and export take data.* overrides only; validate also "
-                          "trainer.limit_val_batches)\n\ntrust:", 1)),
+        epilog="Run 'flaxlight COMMAND --help' for a command's options.\n\n" + _TOP_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     top.add_argument("--version", action="version", version=f"flaxlight {__version__}")
@@ -253,6 +265,11 @@ def _load(args: argparse.Namespace, default_config: str | None = None):
     if path is None:
         raise ConfigError("No config given: pass --config PATH.")
     ckpt = getattr(args, "ckpt", None)
+    if ckpt and os.path.isfile(ckpt):
+        run = os.path.dirname(os.path.normpath(ckpt)) or "."
+        raise ConfigError(f"--ckpt {ckpt} is a file; --ckpt takes a run's folder, the one holding config.yaml, "
+                          f"hparams.yaml and checkpoints/ (here: --ckpt {run}), and --which picks its best or last "
+                          f"checkpoint. To evaluate with another config, add --config FILE.")
     if ckpt and os.path.basename(os.path.normpath(ckpt)).isdigit() and \
             os.path.basename(os.path.dirname(os.path.normpath(ckpt))) == "checkpoints":
         run = os.path.dirname(os.path.dirname(os.path.normpath(ckpt)))
@@ -277,38 +294,96 @@ def _print_config(cfg) -> int:
 
 # ---------------------------------------------------------------------------------------- commands
 def _fit(args: argparse.Namespace) -> int:
-    from flaxlight.config import CONFIG_FILE, fit
+    from flaxlight.config import CONFIG_FILE, ConfigError, fit
 
     cfg = _load(args)
     if args.resume and args.log_dir and os.path.abspath(args.resume) != os.path.abspath(args.log_dir):
-        from flaxlight.config import ConfigError
-
         raise ConfigError("--resume RUN_DIR continues the run in RUN_DIR; do not also give a different --log-dir.")
-    if args.resume and not os.path.isdir(os.path.join(args.resume, "checkpoints")):
-        from flaxlight.config import ConfigError
-
-        raise ConfigError(f"--resume {args.resume}: no run to continue there (no checkpoints/ folder). Give the "
-                          f"folder of an earlier run (it holds hparams.yaml and checkpoints/), or drop --resume.")
+    if args.resume and args.overwrite:
+        raise ConfigError(f"--resume {args.resume} continues the run there and --overwrite replaces it (its "
+                          f"checkpoints and metrics are deleted): give one of them.")
+    if args.resume:
+        _check_resumable(args.resume)
     if args.log_dir or args.resume:
         cfg.trainer.logger_params.log_dir = args.resume or args.log_dir
     if args.print_config:
         return _print_config(cfg)
+    done = _nothing_to_train(cfg, args.resume) if args.resume else None
+    if done:
+        print(done)
+        return 0
     try:
         result = fit(cfg, resume=bool(args.resume), overwrite=args.overwrite, **_opt_in(args))
     except FileExistsError as exc:
         if "already holds a run" not in str(exc):
             raise
-        run_dir = cfg.trainer.logger_params.log_dir
-        named = f"--log-dir {run_dir}" if args.log_dir else f"The config's trainer.logger_params.log_dir {run_dir}"
-        fresh = "" if args.log_dir else ", or trainer.logger_params.log_dir=null for a new version_N folder"
-        raise _UsageError(f"{named} already holds a run. --resume {run_dir} continues it, --overwrite "
-                          f"replaces it (its checkpoints and metrics are deleted), or give another --log-dir"
-                          f"{fresh or ' (without one, each run gets a new version_N folder)'}.") from None
+        raise _UsageError(_run_in_the_way(cfg.trainer.logger_params.log_dir, bool(args.log_dir))) from None
     print("metrics:\n" + _format_metrics(result.metrics))
     if result.log_dir:
         print(f"config: {os.path.join(result.log_dir, CONFIG_FILE)}")
         print(f"log dir: {result.log_dir}")
     return 0
+
+
+def _has_checkpoint(run_dir: str) -> bool:
+    from flaxlight.runfiles import CHECKPOINT_DIR
+
+    folder = os.path.join(run_dir, CHECKPOINT_DIR)
+    return os.path.isdir(folder) and any(name.isdigit() for name in os.listdir(folder))
+
+
+def _check_resumable(run_dir: str) -> None:
+    """``--resume RUN_DIR`` needs a checkpoint there; without one, what the folder holds and the way on."""
+    from flaxlight.config import ConfigError
+    from flaxlight.runfiles import failed_start, run_files_present
+
+    if _has_checkpoint(run_dir):
+        return
+    if not os.path.isdir(run_dir) or not run_files_present(run_dir):
+        raise ConfigError(f"--resume {run_dir}: no run to continue there (no checkpoints/ folder). Give the folder of "
+                          f"an earlier run (it holds hparams.yaml and checkpoints/), or drop --resume.")
+    if failed_start(run_dir):
+        raise ConfigError(f"--resume {run_dir}: the run there failed before its first checkpoint and record, so "
+                          f"there is nothing to continue. Drop --resume to start it again there (the failed "
+                          f"attempt's files are moved to {run_dir}/failed_start_N/, nothing is deleted).")
+    raise ConfigError(f"--resume {run_dir}: the run there saved no checkpoint (it stopped before its first, or ran with "
+                      f"trainer.enable_checkpointing: false), so it cannot be continued. Train it again with "
+                      f"--log-dir {run_dir} --overwrite (its records are deleted), or in another --log-dir.")
+
+
+def _run_in_the_way(run_dir: str, from_flag: bool) -> str:
+    """The refusal of a ``fit`` into a folder that holds a run: ``--resume`` only where a checkpoint is."""
+    named = f"--log-dir {run_dir}" if from_flag else f"The config's trainer.logger_params.log_dir {run_dir}"
+    fresh = " (without one, each run gets a new version_N folder)" if from_flag else \
+        ", or trainer.logger_params.log_dir=null for a new version_N folder"
+    if _has_checkpoint(run_dir):
+        return (f"{named} already holds a run. --resume {run_dir} continues it, --overwrite replaces it (its "
+                f"checkpoints and metrics are deleted), or give another --log-dir{fresh}.")
+    return (f"{named} already holds a run's records (metrics) but no checkpoint, so it cannot be resumed. "
+            f"--overwrite replaces it (its records are deleted), or give another --log-dir{fresh}.")
+
+
+def _nothing_to_train(cfg: Any, run_dir: str) -> str | None:
+    """What to say when the run's newest checkpoint already reached the config's ``max_epochs`` or
+    ``max_steps`` (training would do nothing, and testing again add a duplicate test); else None."""
+    from flaxlight.resume import CheckpointMeta, checkpointer_for
+
+    try:
+        checkpointer = checkpointer_for(run_dir)
+        step = max(checkpointer.all_steps())
+        meta = CheckpointMeta.from_json(checkpointer.read_meta(step))
+    except Exception:  # noqa: BLE001 - unreadable: the resume itself says what is wrong
+        return None
+    max_steps, max_epochs = cfg.trainer.max_steps, cfg.trainer.max_epochs
+    if max_steps is not None and meta.step >= max_steps:
+        reached, more = f"trainer.max_steps={max_steps} (its newest checkpoint is step {meta.step})", "max_steps"
+    elif meta.epoch >= max_epochs and (meta.phase == "epoch_end" or (meta.phase == "val" and meta.validated)):
+        reached = f"trainer.max_epochs={max_epochs} (its newest checkpoint, step {meta.step}, ends epoch {meta.epoch})"
+        more = "max_epochs"
+    else:
+        return None
+    return (f"Nothing to train: the run in {run_dir} has reached {reached}; nothing was run or written. To train "
+            f"on, raise it (trainer.{more}=N); to test the run again: flaxlight test --ckpt {run_dir}.")
 
 
 def _evaluate(args: argparse.Namespace) -> int:
@@ -327,6 +402,8 @@ def _evaluate(args: argparse.Namespace) -> int:
                           f"model or its training, fit a new run.")
     if args.print_config:
         return _print_config(cfg)
+    if args.command != "export" and not args.allow_resplit:
+        _check_same_splits(cfg, args)
     resolved = resolve_config(cfg, **_opt_in(args))
     train, val, test = build_data(cfg, resolved)
     split = getattr(args, "split", None) or {"validate": "val", "test": "test", "export": "train"}[args.command]
@@ -360,6 +437,36 @@ def _evaluate(args: argparse.Namespace) -> int:
     limited = f", limit_val_batches={limit}" + ("" if limit_given else " as in the run") if limit is not None else ""
     print(f"{args.command} ({args.which} checkpoint of {trainer.log_dir}{limited}):\n" + _format_metrics(metrics))
     return 0
+
+
+def _check_same_splits(cfg: Any, args: argparse.Namespace) -> None:
+    """Refuse data settings that change which examples each split holds (:data:`_SPLIT_FIELDS`),
+    compared with the run's own ``config.yaml`` (else the ``--config`` files without the overrides):
+    the model would be scored on examples it may have trained on."""
+    from flaxlight.config import CONFIG_FILE, ConfigError, load_config
+
+    saved = os.path.join(args.ckpt, CONFIG_FILE)
+    reference = None
+    for source, what in ((saved, f"the run's config ({saved})"), (args.config, " + ".join(args.config or []))):
+        if source and (isinstance(source, list) or os.path.isfile(source)):
+            try:
+                reference = load_config(source, check=False)
+                break
+            except ConfigError:
+                continue
+    if reference is None or reference.model != cfg.model:  # a config for another model: loading says so first
+        return
+    differ = [f"data.{key}: {getattr(cfg.data, key)!r} here, {getattr(reference.data, key)!r} in {what}"
+              for key in _SPLIT_FIELDS if getattr(cfg.data, key) != getattr(reference.data, key)]
+    if not differ:
+        return
+    given = [text for text in args.overrides if text.split("=", 1)[0].strip().split(".")[0] == "data"
+             and text.split("=", 1)[0].strip() not in ("data.batch_size", "data.eval_batch_size")]
+    by = f" (the override{'s' * (len(given) > 1)} {', '.join(given)})" if given else ""
+    raise ConfigError(f"{args.command} would score the run's model on other data than the run's: {'; '.join(differ)}"
+                      f"{by}. data.name, data.seed and data.kwargs decide which examples each split holds, so this "
+                      f"split may hold examples the run trained on. Keep the run's (data.batch_size and "
+                      f"data.eval_batch_size may change), or pass --allow-resplit to evaluate on this data anyway.")
 
 
 def _in_order(loader):

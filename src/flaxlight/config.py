@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import collections.abc
 import dataclasses
+import datetime
 import difflib
 import inspect
 import itertools
@@ -41,7 +42,7 @@ from typing import Any, Callable, Iterable, Literal, Mapping, Sequence, Union
 import numpy as np
 import yaml
 
-from flaxlight import registry
+from flaxlight import configyaml, registry
 from flaxlight.callbacks import Callback
 from flaxlight.callbacks.timer import parse_duration
 from flaxlight.messages import logger as messages
@@ -86,7 +87,20 @@ CONFIG_FILE = "config.yaml"
 
 
 class ConfigError(ValueError):
-    """A config that cannot be used; the message names the key's path and the fix."""
+    """A config that cannot be used; the message names the key's path and the fix.
+
+    Attributes:
+        key: the setting at fault, as the message writes it (``trainer.max_epochs``,
+            ``callbacks[0].args.patience``), where there is one; else None.
+
+    Examples:
+        >>> ConfigError("trainer.max_epochs: expected int, got str 'ten'.", key="trainer.max_epochs").key
+        'trainer.max_epochs'
+    """
+
+    def __init__(self, message: str = "", key: str | None = None):
+        super().__init__(message)
+        self.key = key
 
 
 # ---------------------------------------------------------------------------------------- trust
@@ -148,7 +162,7 @@ def _refused_import(path: str, value: str, kind: str, policy: _ImportPolicy) -> 
                f"registered name here, or, if you trust this config, pass --allow-import {package} (or "
                f"--trust-config; Python: allow_imports=[{package!r}] or trust_config=True)")
     what = "was not imported" if kind == "module" else "is an import path, which was not imported"
-    return ConfigError(f"{path}: {value!r} {what}: {why}. Fix: {fix}.")
+    return ConfigError(f"{path}: {value!r} {what}: {why}. Fix: {fix}.", key=path)
 
 
 def _import_paths(cfg: "Config") -> list[tuple[str, str, str]]:
@@ -182,70 +196,15 @@ def _check_import_policy(cfg: "Config", policy: _ImportPolicy) -> list[tuple[str
 
 
 # ---------------------------------------------------------------------------------------- YAML
-class _SafeLoader(yaml.SafeLoader):
-    """PyYAML's safe loader, also reading ``1e-3`` as a float (YAML 1.1 would make it a string),
-    reading YAML 1.1's base-60 numbers as strings, as YAML 1.2 does (``max_time: 1:00:00:00`` is
-    the duration text, not 216000), and refusing a key given twice in one mapping (PyYAML would
-    keep the last silently)."""
-
-    def construct_mapping(self, node, deep=False):
-        seen = set()
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=True)
-            if isinstance(key, collections.abc.Hashable) and key in seen:
-                raise yaml.constructor.ConstructorError(
-                    "while reading a mapping", node.start_mark, f"the key {key!r} is given twice", key_node.start_mark)
-            seen.add(key)
-        return super().construct_mapping(node, deep=deep)
-
-
-_SafeLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+)$"""),
-    list("-+0123456789"),
-)
-for _first in "-+0123456789":  # before YAML 1.1's int and float resolvers, which read 1:30 as 90
-    _SafeLoader.yaml_implicit_resolvers[_first].insert(
-        0, ("tag:yaml.org,2002:str", re.compile(r"^[-+]?[0-9][0-9_]*(?::[0-5]?[0-9])+(?:\.[0-9_]*)?$")))
-
-
-class _Dumper(yaml.SafeDumper):
-    """PyYAML's safe dumper; short lists of scalars in flow style (``hidden_dims: [256, 256]``)."""
-
-
-def _represent_list(dumper: yaml.SafeDumper, data: list):
-    flow = all(isinstance(v, (str, int, float, bool)) or v is None for v in data) and len(data) <= 16
-    return dumper.represent_sequence("tag:yaml.org,2002:seq", data, flow_style=flow)
-
-
-_Dumper.add_representer(list, _represent_list)
-
-
 def _yaml_dump(data: Any) -> str:
-    return yaml.dump(data, Dumper=_Dumper, sort_keys=False, allow_unicode=True)
+    return configyaml.dump(data)
 
 
 def _yaml_load(text: str, where: str) -> Any:
     try:
-        return yaml.load(text, Loader=_SafeLoader)  # noqa: S506 - a SafeLoader subclass
+        return configyaml.load(text)
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{where} is not valid YAML: {_yaml_problem(exc)}") from None
-
-
-def _yaml_problem(exc: yaml.YAMLError) -> str:
-    """PyYAML's error on one line: ``line 4, column 6: expected ',' or ']', but got ':' (while
-    parsing a flow sequence started at line 3, column 15)``."""
-    def at(mark) -> str:
-        return f"line {mark.line + 1}, column {mark.column + 1}"
-
-    problem, mark = getattr(exc, "problem", None), getattr(exc, "problem_mark", None)
-    if not problem:
-        return " ".join(str(exc).split())
-    text = f"{at(mark)}: {problem}" if mark is not None else problem
-    context, context_mark = getattr(exc, "context", None), getattr(exc, "context_mark", None)
-    if context:
-        text += f" ({context}" + (f" started at {at(context_mark)})" if context_mark is not None else ")")
-    return text + "."
+        raise ConfigError(f"{where} is not valid YAML: {configyaml.problem(exc)}") from None
 
 
 # ---------------------------------------------------------------------------------------- schema
@@ -469,11 +428,20 @@ def _type_name(tp: Any) -> str:
 
 
 def _type_error(path: str, tp: Any, value: Any) -> ConfigError:
-    return ConfigError(f"{path}: expected {_type_name(tp)}, got {_got(value)}.")
+    hint = ""
+    takes_text = tp is str or (typing.get_origin(tp) in (Union, types.UnionType) and str in typing.get_args(tp))
+    if takes_text and isinstance(value, (bool, float, datetime.date)):  # a text that YAML read as something else
+        kind = "a boolean" if isinstance(value, bool) else "a number" if isinstance(value, float) else "a date"
+        hint = (f" YAML reads that value as {kind}: quote it to give it as text ({path.rsplit('.', 1)[-1]}: \"...\" "
+                f"in a file, '{path}=\"...\"' as an override).")
+    return ConfigError(f"{path}: expected {_type_name(tp)}, got {_got(value)}.{hint}", key=path)
 
 
-def _convert(value: Any, tp: Any, path: str) -> Any:
-    """``value`` checked against the annotation ``tp`` (dataclasses built, lists of them too)."""
+def _convert(value: Any, tp: Any, path: str, *, schema: bool = False) -> Any:
+    """``value`` checked against the annotation ``tp`` (dataclasses built, lists of them too).
+    ``schema``: a field of the config's own schema, where a whole number given for a ``str``
+    field is its text (``run_name: 123`` is ``"123"``, as jsonargparse reads it); a free-form
+    argument is passed as it is, so there it is an error."""
     if tp is Any or tp is object:
         return value
     if dataclasses.is_dataclass(tp) and isinstance(tp, type):
@@ -489,7 +457,7 @@ def _convert(value: Any, tp: Any, path: str) -> Any:
         arms = [a for a in args if a is not type(None)]
         for arm in arms:
             try:
-                return _convert(value, arm, path)
+                return _convert(value, arm, path, schema=schema and len(arms) == 1)  # str | None, not bool | str
             except ConfigError as exc:
                 if len(arms) == 1 and not str(exc).startswith(f"{path}: expected"):
                     raise  # Optional[X] failing deeper (inside a list or section): that message
@@ -502,34 +470,21 @@ def _convert(value: Any, tp: Any, path: str) -> Any:
         if value not in args:
             raise _type_error(path, tp, value)
         return value
-    if tp is bool:
-        if not isinstance(value, (bool, np.bool_)):
-            raise _type_error(path, tp, value)
-        return bool(value)
-    if tp is int:
-        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-            raise _type_error(path, tp, value)
-        return int(value)
-    if tp is float:
-        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
-            raise _type_error(path, tp, value)
-        return float(value)
-    if tp is str:
-        if not isinstance(value, str):
-            raise _type_error(path, tp, value)
-        return value
+    if tp in (bool, int, float, str):
+        return _convert_scalar(value, tp, path, schema)
     if origin in (list, tuple, collections.abc.Sequence) or tp in (list, tuple):
         if not isinstance(value, (list, tuple)):
             raise _type_error(path, tp, value)
         inner = [a for a in args if a is not Ellipsis]
         item_tp = inner[0] if len(inner) == 1 or (origin is tuple and Ellipsis in args) else Any
-        items = [_convert(v, item_tp, _join(path, i)) for i, v in enumerate(value)]
+        items = [_convert(v, item_tp, _join(path, i), schema=schema) for i, v in enumerate(value)]
         return tuple(items) if (origin is tuple or tp is tuple) else items
     if origin in (dict, collections.abc.Mapping) or tp in (dict, collections.abc.Mapping):
         if not isinstance(value, Mapping):
             raise _type_error(path, tp, value)
         key_tp, value_tp = args if len(args) == 2 else (Any, Any)
-        return {_convert_key(k, key_tp, path): _convert(v, value_tp, _join(path, k)) for k, v in value.items()}
+        return {_convert_key(k, key_tp, path): _convert(v, value_tp, _join(path, k), schema=schema)
+                for k, v in value.items()}
     if origin is collections.abc.Callable or tp is collections.abc.Callable:
         if not callable(value):
             raise _type_error(path, tp, value)
@@ -537,6 +492,22 @@ def _convert(value: Any, tp: Any, path: str) -> Any:
     if isinstance(tp, type) and not isinstance(value, tp):
         raise _type_error(path, tp, value)
     return value
+
+
+def _convert_scalar(value: Any, tp: type, path: str, schema: bool) -> Any:
+    """``value`` as a bool, int, float or str (see :func:`_convert`)."""
+    number = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
+    if tp is bool and isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if tp is int and number and isinstance(value, (int, np.integer)):
+        return int(value)
+    if tp is float and number:
+        return float(value)
+    if tp is str and isinstance(value, str):
+        return value
+    if tp is str and schema and number and isinstance(value, int):
+        return str(value)  # a whole number for a str field of the schema is its text
+    raise _type_error(path, tp, value)
 
 
 def _convert_key(key: Any, tp: Any, path: str) -> Any:
@@ -547,7 +518,7 @@ def _convert_key(key: Any, tp: Any, path: str) -> Any:
     try:
         return _convert(key, tp, path)
     except ConfigError:
-        raise ConfigError(f"{path}: every key must be {_type_name(tp)}, got {_got(key)}.") from None
+        raise ConfigError(f"{path}: every key must be {_type_name(tp)}, got {_got(key)}.", key=path) from None
 
 
 _HINTS: dict[Any, dict[str, Any]] = {}
@@ -586,7 +557,8 @@ _LIGHTNING_KEYS = {
 
 def _unknown_key(key: Any, valid: Sequence[str], path: str, what: str) -> ConfigError:
     hint = _lightning_hint(key, path) or _suggest(str(key), valid, path)
-    return ConfigError(f"Unknown key {_join(path, key)!r}.{hint} Valid keys of {what}: {', '.join(valid)}.")
+    return ConfigError(f"Unknown key {_join(path, key)!r}.{hint} Valid keys of {what}: {', '.join(valid)}.",
+                       key=_join(path, key))
 
 
 def _lightning_hint(key: Any, path: str) -> str:
@@ -626,11 +598,18 @@ def _build(cls: type, data: Any, path: str) -> Any:
             f"{_REQUIRED_HELP.get(_join(path, missing[0]), 'add it to the config')}."
         )
     hints = _hints(cls)
-    kwargs = {name: _convert(value, hints.get(name, Any), _join(path, name)) for name, value in data.items()}
+    kwargs = {name: _convert(value, hints.get(name, Any), _join(path, name), schema=True)
+              for name, value in data.items()}
     try:
         return cls(**kwargs)
     except (ValueError, TypeError) as exc:
-        raise ConfigError(f"{what}: {exc}") from None
+        raise ConfigError(f"{what}: {exc}", key=_checked_key(path, exc, fields)) from None
+
+
+def _checked_key(path: str, exc: Exception, fields: Iterable[str]) -> str:
+    """The setting a section's own check names first (``mode must be 'min' or 'max'``: ``trainer.mode``), else the section."""
+    first = str(exc).split(" ", 1)[0]
+    return _join(path, first) if first in set(fields) else path
 
 
 _REQUIRED_HELP = {
@@ -675,7 +654,7 @@ def _optax_value(value: Any, parameter: inspect.Parameter, path: str) -> Any:
     else:
         return value
     if not ok:
-        raise ConfigError(f"{path}: expected {wanted} (optax's default is {default!r}), got {_got(value)}.")
+        raise ConfigError(f"{path}: expected {wanted} (optax's default is {default!r}), got {_got(value)}.", key=path)
     return value
 
 
@@ -691,7 +670,7 @@ def _build_optimizer(data: Mapping, path: str) -> OptimizerConfig:
     for key, value in data.items():
         field_name = _OPTIMIZER_ALIASES.get(key, key)
         if field_name in fields:
-            converted[key] = _convert(value, hints.get(field_name, Any), _join(path, key))
+            converted[key] = _convert(value, hints.get(field_name, Any), _join(path, key), schema=True)
         elif optax_params is None or key in optax_params:
             converted[key] = value if optax_params is None else _optax_value(value, optax_params[key], _join(path, key))
         else:
@@ -701,12 +680,12 @@ def _build_optimizer(data: Mapping, path: str) -> OptimizerConfig:
             raise ConfigError(
                 f"Unknown key {_join(path, key)!r}.{hint} "
                 f"Valid keys of {path or 'optimizer'}: {', '.join(own)}; optax.{name.lower()} also takes: "
-                f"{', '.join(theirs) or '(nothing else)'}."
+                f"{', '.join(theirs) or '(nothing else)'}.", key=_join(path, key)
             )
     try:
         return OptimizerConfig.from_dict(converted)
     except (ValueError, TypeError) as exc:
-        raise ConfigError(f"{path or 'optimizer'}: {exc}") from None
+        raise ConfigError(f"{path or 'optimizer'}: {exc}", key=_checked_key(path or "optimizer", exc, fields)) from None
 
 
 # ---------------------------------------------------------------------------------------- overrides
@@ -724,6 +703,10 @@ def parse_override(text: str) -> tuple[str, Any]:
 
 def apply_overrides(data: Mapping[str, Any], overrides: Iterable[str]) -> dict[str, Any]:
     """A copy of ``data`` with each ``dotted.key=value`` set (list items by index: ``callbacks.0.args.x=1``)."""
+    return _apply_overrides(data, overrides, _Sources())
+
+
+def _apply_overrides(data: Mapping[str, Any], overrides: Iterable[str], sources: "_Sources") -> dict[str, Any]:
     import copy
 
     data = _canonical(copy.deepcopy(dict(data or {})))
@@ -735,7 +718,51 @@ def apply_overrides(data: Mapping[str, Any], overrides: Iterable[str]) -> dict[s
             raise ConfigError(f"Override {text!r}: {exc}") from None
         for key, value in pairs:
             _set_override(data, key, value, text)
+            sources.replaced(key, value, f"by the override {text!r}")
     return data
+
+
+class _Sources:
+    """Which config file or override set each setting, for errors that name it (``It was set in
+    b.yaml.``). ``by_path``: a setting's path (``("callbacks", 0, "args")``) -> where it was set;
+    a mapping's keys are recorded one by one (later files merge into it), anything else whole."""
+
+    def __init__(self):
+        self.by_path: dict[tuple, str] = {}
+
+    def merged(self, data: Mapping[str, Any], origin: str, at: tuple = ()) -> None:
+        """A file's ``data`` merged over the earlier ones (:func:`_merged`)."""
+        for key, value in data.items():
+            if isinstance(value, Mapping) and value:
+                self.by_path.pop(at + (key,), None)
+                self.merged(value, origin, at + (key,))
+            else:
+                self.replaced(at + (key,), value, origin)
+
+    def replaced(self, key: str | tuple, value: Any, origin: str) -> None:
+        """``key`` set whole to ``value`` (an override, a file's list or scalar)."""
+        at = key if isinstance(key, tuple) else _path_parts(key)
+        self.by_path = {path: o for path, o in self.by_path.items() if path[:len(at)] != at}
+        if isinstance(value, Mapping) and value:
+            self.merged(value, origin, at)
+        else:
+            self.by_path[at] = origin
+
+    def note(self, key: str | None) -> str:
+        """`` It was set in b.yaml.`` for an error about ``key``, when more than one source set the config."""
+        if key is None or len(set(self.by_path.values())) < 2:
+            return ""
+        at = _path_parts(key)
+        for n in range(len(at), 0, -1):
+            if at[:n] in self.by_path:
+                return f" It was set {self.by_path[at[:n]]}."
+        under = {origin for path, origin in self.by_path.items() if path[:len(at)] == at}
+        return f" It was set {under.pop()}." if len(under) == 1 else ""
+
+
+def _path_parts(key: str) -> tuple:
+    """``"callbacks[0].args.x"`` or ``"callbacks.0.args.x"`` -> ``("callbacks", 0, "args", "x")``."""
+    return tuple(int(part) if part.isdigit() else part for part in re.findall(r"[^.\[\]]+", key))
 
 
 def _set_override(data: dict[str, Any], key: str, value: Any, text: str) -> None:
@@ -746,9 +773,8 @@ def _set_override(data: dict[str, Any], key: str, value: Any, text: str) -> None
         last = depth == len(parts) - 1
         where = ".".join(parts[:depth]) or "the config"
         if isinstance(node, list):
-            if not part.isdigit() or int(part) > len(node) or (int(part) == len(node) and not last):
-                raise ConfigError(f"Override {text!r}: {where} is a list of {len(node)} items; "
-                                  f"{part!r} is not an index into it.")
+            if not part.isdigit() or int(part) >= len(node):
+                raise _not_an_index(text, where, node, part)
             index = int(part)
             if last:
                 node[index:index + 1] = [value]
@@ -769,6 +795,17 @@ def _set_override(data: dict[str, Any], key: str, value: Any, text: str) -> None
             raise ConfigError(f"Override {text!r}: {where} is {_got(node)}, not a section with keys.")
 
 
+def _not_an_index(text: str, where: str, items: list, part: str) -> ConfigError:
+    """An override's list index out of range: the list's length, its indices, and how to change its length."""
+    if items:
+        valid = "index 0" if len(items) == 1 else f"indices 0 to {len(items) - 1}"
+        what = f"a list of {len(items)} item{'s' * (len(items) != 1)} ({valid})"
+    else:
+        what = "an empty list"
+    return ConfigError(f"Override {text!r}: {where} is {what}; {part!r} is not an index into it. To add or remove "
+                       f"items, give the whole list: {where}=[...].")
+
+
 # ---------------------------------------------------------------------------------------- load / save
 def load_config(source: str | os.PathLike | Sequence[str | os.PathLike] | Mapping[str, Any] | Config | None,
                 overrides: Iterable[str] = (), *, check: bool = True, trust_config: bool = False,
@@ -784,7 +821,7 @@ def load_config(source: str | os.PathLike | Sequence[str | os.PathLike] | Mappin
     ``allow_imports=["mypkg", ...]`` (module prefixes) or ``trust_config=True`` allows them.
     """
     policy = _ImportPolicy.of(trust_config, allow_imports)
-    where = "the config"
+    where, sources = "the config", _Sources()
     if isinstance(source, Config):
         data = config_to_dict(source)
     elif isinstance(source, Mapping):
@@ -795,9 +832,9 @@ def load_config(source: str | os.PathLike | Sequence[str | os.PathLike] | Mappin
         paths = [os.fspath(p) for p in source] if isinstance(source, (list, tuple)) else [os.fspath(source)]
         where, data = " + ".join(paths), {}
         for path in paths:
-            data = _merged(data, _read_config_file(path))
+            data = _merged(data, _read_config_file(path, sources))
     overrides = list(overrides)
-    data = apply_overrides(data, overrides)
+    data = _apply_overrides(data, overrides, sources)
     if overrides and where != "the config":
         where += " with the overrides"
     try:
@@ -805,13 +842,15 @@ def load_config(source: str | os.PathLike | Sequence[str | os.PathLike] | Mappin
         if check:
             _resolve_config(cfg, policy)
     except ConfigError as exc:
-        if where != "the config":
-            raise ConfigError(f"{where}: {exc}") from None
+        note = sources.note(exc.key)
+        if where != "the config" or note:
+            raise ConfigError(f"{where}: {exc}{note}" if where != "the config" else f"{exc}{note}",
+                              key=exc.key) from None
         raise
     return cfg
 
 
-def _read_config_file(path: str) -> dict[str, Any]:
+def _read_config_file(path: str, sources: _Sources | None = None) -> dict[str, Any]:
     if os.path.isdir(path):
         raise ConfigError(f"Config file {path!r} is a folder; give a YAML file (a run's folder holds its "
                           f"config.yaml).")
@@ -829,9 +868,12 @@ def _read_config_file(path: str) -> dict[str, Any]:
     if not isinstance(data, Mapping):
         raise ConfigError(f"{path}: expected a mapping of sections (trainer:, model:, ...), got {_got(data)}.")
     try:
-        return _canonical(data)
+        data = _canonical(data)
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc}") from None
+    if sources is not None:
+        sources.merged(data, f"in {path}")
+    return data
 
 
 def _merged(base: Mapping[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
@@ -1028,8 +1070,8 @@ def _check_kwargs(target: Callable, kwargs: Mapping[str, Any], path: str, what: 
             accepted = [n for n in named if n not in set(supplied)]
             raise ConfigError(
                 f"Unknown key {_join(path, key)!r}: {what} does not take {key!r}."
-                f"{_suggest(str(key), accepted, path)} It takes: {', '.join(accepted) or '(no arguments)'}."
-            )
+                f"{_suggest(str(key), accepted, path)} It takes: {', '.join(accepted) or '(no arguments)'}.",
+                key=_join(path, key))
     missing = [n for n, p in named.items()
                if p.default is p.empty and n not in kwargs and n not in set(supplied)]
     if missing:
@@ -1050,7 +1092,7 @@ def _resolve(kind: str, name: str, path: str, policy: _ImportPolicy) -> Any:
     try:
         return registry.resolve(kind, name)
     except registry.RegistryError as exc:
-        raise ConfigError(f"{path}: {exc}") from None
+        raise ConfigError(f"{path}: {exc}", key=path) from None
 
 
 def _model_ignored_parameters(model_class: type) -> set[str]:
@@ -1107,7 +1149,8 @@ def resolve_config(cfg: Config, *, trust_config: bool = False,
 
     Names resolve through the registry. Import paths (``mypkg.models.ResNet``) and ``imports:``
     need an opt-in: ``allow_imports=["mypkg"]`` (modules under those prefixes) or
-    ``trust_config=True`` (any module); the current directory is then put on ``sys.path``.
+    ``trust_config=True`` (any module). The current directory is then searched too, after the
+    installed modules: for the allowed modules only with ``allow_imports``, for any with ``trust_config``.
     Without it they fail with a :class:`ConfigError` before anything is imported.
     """
     return _resolve_config(cfg, _ImportPolicy.of(trust_config, allow_imports))
@@ -1117,24 +1160,24 @@ def _resolve_config(cfg: Config, policy: _ImportPolicy) -> Resolved:
     import importlib
 
     if _check_import_policy(cfg, policy):  # something to import, and the caller opted in to all of it
-        _ensure_cwd_on_path()
+        _let_working_directory_serve(policy)
     for i, module in enumerate(cfg.imports):
         try:
             importlib.import_module(module)
         except Exception as exc:  # noqa: BLE001
-            raise ConfigError(f"imports[{i}]: importing {module!r} failed: {type(exc).__name__}: {exc}") from None
+            raise _import_failed(f"imports[{i}]", module, exc) from None
 
     trainer_class = _resolve("trainer", cfg.trainer.name, "trainer.name", policy)
     if not (isinstance(trainer_class, type) and issubclass(trainer_class, TrainerModule)):
         raise ConfigError(f"trainer.name: {cfg.trainer.name!r} is {_display(trainer_class)}, not a subclass of "
-                          f"flaxlight.TrainerModule.")
+                          f"flaxlight.TrainerModule.", key="trainer.name")
     if _takes_model_class(trainer_class):
         if cfg.model.name is None:
             raise ConfigError(f"Missing required key 'model.name': {_REQUIRED_HELP['model.name']}.")
         model_class = _resolve("model", cfg.model.name, "model.name", policy)
         if not _is_flax_module_class(model_class):
             raise ConfigError(f"model.name: {cfg.model.name!r} is {_display(model_class)}, not a model class (a "
-                              f"subclass of flax.linen.Module or flax.nnx.Module).")
+                              f"subclass of flax.linen.Module or flax.nnx.Module).", key="model.name")
         _check_kwargs(model_class, cfg.model.hparams, "model.hparams", f"model {_display(model_class)}",
                       ignore=_model_ignored_parameters(model_class), supplied={"rngs"})
     else:  # the seed's pattern: MyTrainer(hidden_dims, output_dim, **kwargs) picks its model
@@ -1148,7 +1191,7 @@ def _resolve_config(cfg: Config, policy: _ImportPolicy) -> Resolved:
             if key not in params:
                 raise ConfigError(f"Unknown key {_join('model.hparams', key)!r}: trainer {_display(trainer_class)} "
                                   f"does not take {key!r}.{_suggest(key, sorted(params), 'model.hparams')} "
-                                  f"It takes: {', '.join(sorted(params))}.")
+                                  f"It takes: {', '.join(sorted(params))}.", key=_join("model.hparams", key))
 
     dataset = _resolve("dataset", cfg.data.name, "data.name", policy)
     _check_dataset_kind(dataset, cfg.data.name, policy)
@@ -1172,7 +1215,8 @@ def _resolve_classes(items, section: str, kind: str, base: type, base_name: str,
         path = f"{section}[{i}]"
         cls = _resolve(kind, item.name, f"{path}.name", policy)
         if not (isinstance(cls, type) and issubclass(cls, base)):
-            raise ConfigError(f"{path}.name: {item.name!r} is {_display(cls)}, not a {base_name} subclass.")
+            raise ConfigError(f"{path}.name: {item.name!r} is {_display(cls)}, not a {base_name} subclass.",
+                              key=f"{path}.name")
         _check_kwargs(cls, item.args, f"{path}.args", f"{kind} {cls.__name__}", **check)
         classes.append(cls)
     return classes
@@ -1196,26 +1240,69 @@ def _dataset_arguments(dataset: Callable, data: DataConfig) -> dict[str, Any]:
         if name in params or accepts_any:
             arguments[name] = value
         elif value != defaults[name]:
-            raise ConfigError(f"data.{name}: dataset {_display(dataset)} does not take {name!r}, so it cannot be set.")
+            raise ConfigError(f"data.{name}: dataset {_display(dataset)} does not take {name!r}, so it cannot be set.",
+                              key=f"data.{name}")
     return arguments
 
 
 def _check_dataset(dataset: Callable, data: DataConfig) -> None:
     for key in data.kwargs:
         if key in _DATA_FIELDS or key == "name":
-            raise ConfigError(f"data.kwargs.{key}: set data.{key} instead (it is a field of the data section).")
+            raise ConfigError(f"data.kwargs.{key}: set data.{key} instead (it is a field of the data section).",
+                              key=f"data.kwargs.{key}")
     supplied = _dataset_arguments(dataset, data)
     _check_kwargs(dataset, data.kwargs, "data.kwargs", f"dataset {_display(dataset)}", supplied=supplied)
 
 
-def _ensure_cwd_on_path() -> None:
-    """User modules next to the config import as with ``python -m`` (the console script lacks cwd);
-    called only when the caller opted in to the config's imports."""
+def _let_working_directory_serve(policy: _ImportPolicy) -> None:
+    """Let the opted-in imports find modules in the current directory, after the installed ones (the
+    console script does not search it): ``--allow-import mypkg`` finds ``./mypkg`` only for modules
+    under its prefixes (no other file there can be imported by this, and an installed ``mypkg`` wins);
+    ``--trust-config`` (a config trusted as a script) appends the directory to ``sys.path``."""
     import sys
 
     cwd = os.getcwd()
-    if "" not in sys.path and cwd not in sys.path:
-        sys.path.insert(0, cwd)
+    if "" in sys.path or cwd in sys.path:  # python -m flaxlight: Python put it there already
+        return
+    if policy.trust:
+        sys.path.append(cwd)
+        return
+    if _WORKING_DIRECTORY_FINDER not in sys.meta_path:
+        sys.meta_path.append(_WORKING_DIRECTORY_FINDER)
+    for prefix in policy.allow:
+        folders = _WORKING_DIRECTORY_FINDER.folders.setdefault(prefix.split(".")[0], [])
+        if cwd not in folders:
+            folders.append(cwd)
+
+
+class _AllowedModulesFinder:
+    """The last finder on ``sys.meta_path``: a top-level module allowed by ``--allow-import``, in
+    the folders it was allowed from (``folders``: name -> folders), and nothing else."""
+
+    def __init__(self):
+        self.folders: dict[str, list[str]] = {}
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        import importlib.machinery
+
+        if path is not None or fullname not in self.folders:  # a submodule: its package's __path__ finds it
+            return None
+        return importlib.machinery.PathFinder.find_spec(fullname, self.folders[fullname])
+
+
+_WORKING_DIRECTORY_FINDER = _AllowedModulesFinder()
+
+
+def _import_failed(key: str, module: str, exc: Exception) -> ConfigError:
+    """``imports[i]`` failed; a module missing because ``--allow-import`` serves the current
+    directory only for the allowed modules says which prefix to add."""
+    text = f"{key}: importing {module!r} failed: {type(exc).__name__}: {exc}"
+    missing = getattr(exc, "name", None) if isinstance(exc, ModuleNotFoundError) else None
+    if missing and "." not in missing and any(os.path.exists(os.path.join(os.getcwd(), missing + end))
+                                               for end in (".py", os.sep + "__init__.py")):
+        text += (f" (./{missing} is in the current directory, which --allow-import searches only for the modules "
+                 f"it allows: add --allow-import {missing} if you trust it)")
+    return ConfigError(text)
 
 
 # ---------------------------------------------------------------------------------------- building

@@ -37,13 +37,15 @@ from flaxlight.messages import logger as messages
 from flaxlight.registry import RegistryError, explicit_parameters, import_object
 
 __all__ = ["RunInUseError", "LoggerParams", "HPARAMS_FILE", "CHECKPOINT_DIR", "METRICS_DIR", "LOGGER_TYPES", "next_version_dir",
-           "open_run", "no_run_files", "finish_run", "claim_run", "RunLock", "run_files_present", "make_loggers",
+           "open_run", "no_run_files", "finish_run", "claim_run", "RunLock", "run_files_present", "failed_start",
+           "set_aside_failed_start", "FAILED_START_DIR", "make_loggers",
            "write_hparams", "read_hparams", "trainer_kwargs", "write_metrics", "to_yaml_safe", "class_path",
            "enable_compilation_cache"]
 
 HPARAMS_FILE = "hparams.yaml"
 CHECKPOINT_DIR = "checkpoints"
 METRICS_DIR = "metrics"
+FAILED_START_DIR = "failed_start"  # <log_dir>/failed_start_<N>/: the files of a start that failed, set aside
 LOGGER_TYPES = ("csv", "tensorboard", "wandb", "mlflow")
 
 
@@ -179,6 +181,49 @@ def run_files_present(log_dir: str) -> list[str]:
     return found
 
 
+def failed_start(log_dir: str) -> bool:
+    """Whether ``log_dir`` holds only what a run that failed before its first record left: its
+    settings (``hparams.yaml``), and no checkpoint, no row in ``metrics.csv``, no file in ``metrics/``.
+
+    Examples:
+        >>> failed_start("runs/never_made")
+        False
+    """
+    present = run_files_present(log_dir)
+    if not present or CHECKPOINT_DIR + "/" in present:
+        return False
+    csv = os.path.join(log_dir, "metrics.csv")
+    if os.path.isfile(csv):
+        with open(csv, encoding="utf-8", errors="replace") as f:
+            if sum(1 for line in f if line.strip()) > 1:  # a header and a row
+                return False
+    metrics = os.path.join(log_dir, METRICS_DIR)
+    return not (os.path.isdir(metrics) and any(os.scandir(metrics)))
+
+
+def _start_file(name: str) -> bool:
+    """A file a run writes at its start in its folder (``config.yaml``: what ``flaxlight fit`` saves)."""
+    return name in (HPARAMS_FILE, "metrics.csv", "wandb_run.json", "mlflow_run.json", "config.yaml") \
+        or name.startswith("events.out.tfevents.") or re.fullmatch(r"(hparams|config)\.[0-9]+\.yaml", name) is not None
+
+
+def set_aside_failed_start(log_dir: str) -> str:
+    """Move the files of a start that failed (:func:`failed_start`) into ``<log_dir>/failed_start_<N>/``
+    and return that folder: a new run can start in ``log_dir``, and nothing is deleted.
+
+    Examples:
+        >>> set_aside_failed_start("runs/r")   # doctest: +SKIP
+        'runs/r/failed_start_1'
+    """
+    target = next(path for n in itertools.count(1)
+                  if not os.path.exists(path := os.path.join(log_dir, f"{FAILED_START_DIR}_{n}")))
+    os.makedirs(target)
+    for name in sorted(os.listdir(log_dir)):
+        if _start_file(name) and os.path.isfile(os.path.join(log_dir, name)):
+            os.replace(os.path.join(log_dir, name), os.path.join(target, name))
+    return target
+
+
 def claim_run(log_dir: str, checkpointer: Checkpointer, *, continuing: bool, overwrite: bool,
               owned: bool) -> "RunLock":
     """Make sure training into ``log_dir`` overwrites no other run, and lock it for this process.
@@ -186,18 +231,28 @@ def claim_run(log_dir: str, checkpointer: Checkpointer, *, continuing: bool, ove
     A folder holding an earlier run's files is an error unless the run is continued (``resume``)
     or replaced (``overwrite=True``: its checkpoints, ``hparams.yaml``, ``metrics.csv``,
     ``metrics/``, TensorBoard event files and the W&B / MLflow run ids are deleted first, so the
-    loggers start new runs); ``owned``: this trainer wrote them itself, in this process.
+    loggers start new runs); ``owned``: this trainer wrote them itself, in this process. The files
+    of a run that failed before its first record (:func:`failed_start`: no checkpoint, no metrics)
+    are no run: they are moved into ``failed_start_<N>/`` and the new run starts there.
     """
     lock = RunLock(log_dir)
     lock.acquire()
     try:
         present = run_files_present(log_dir)
+        if present and not (continuing or owned) and failed_start(log_dir):
+            kept = set_aside_failed_start(log_dir)
+            messages.info(f"log_dir {log_dir} held a run that failed before its first record or checkpoint: its "
+                          f"files ({', '.join(sorted(os.listdir(kept)))}) were moved to {kept}, and this run starts "
+                          f"there.")
+            present = []
         if present and not (continuing or owned):
             if not overwrite:
+                resume = "Pass train_model(..., resume=True) to continue it, " if CHECKPOINT_DIR + "/" in present \
+                    else "It saved no checkpoint, so it cannot be resumed. Pass "
                 raise FileExistsError(
-                    f"log_dir {log_dir} already holds a run ({', '.join(present)}). Pass train_model(..., resume=True) "
-                    f"to continue it, train_model(..., overwrite=True) to replace it, or choose another log_dir "
-                    f"(without log_dir, each run gets a new version_N folder).")
+                    f"log_dir {log_dir} already holds a run ({', '.join(present)}). {resume}train_model(..., "
+                    f"overwrite=True) to replace it, or choose another log_dir (without log_dir, each run gets a new "
+                    f"version_N folder).")
             checkpointer.wait()
             for path in (os.path.join(log_dir, CHECKPOINT_DIR), os.path.join(log_dir, METRICS_DIR)):
                 shutil.rmtree(path, ignore_errors=True)

@@ -1,0 +1,161 @@
+"""The `flaxlight` command line on real (short) runs: a run's own config read back, evaluation on
+the run's own splits, resuming a run that is done, and a run folder left by a start that failed."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+import flaxlight
+from flaxlight import cli, registry
+
+SINE = Path(__file__).resolve().parents[1] / "examples" / "configs" / "sine_regression.yaml"
+SHORT = ["trainer.max_epochs=2", "trainer.check_val_every_n_epoch=1", "data.batch_size=50", "data.eval_batch_size=500",
+         "trainer.enable_progress_bar=false", "trainer.enable_model_summary=false"]
+
+
+def run(capsys, *argv) -> tuple[int, str, str]:
+    code = cli.main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def digests(folder: Path) -> dict[str, str]:
+    return {str(p.relative_to(folder)): hashlib.md5(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file() and p.name != ".flaxlight.lock"}
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    """A finished 2-epoch sine run, shared by the tests that only read it."""
+    run_dir = tmp_path_factory.mktemp("cli_runs") / "sine"
+    code = cli.main([str(a) for a in ["fit", "-c", SINE, *SHORT, "--log-dir", run_dir]])
+    assert code == 0
+    return run_dir
+
+
+@pytest.fixture
+def run_copy(finished_run, tmp_path):
+    copy = tmp_path / "run"
+    shutil.copytree(finished_run, copy)
+    return copy
+
+
+def test_a_run_named_like_a_number_is_evaluated_from_its_own_config(tmp_path, capsys):
+    """Its config.yaml held `run_name: 3e-4`, read back as the float 0.0003: every verb refused the run."""
+    run_dir = tmp_path / "lr"
+    code, _, err = run(capsys, "fit", "-c", SINE, *SHORT, "trainer.max_epochs=1", 'trainer.logger_params.run_name="3e-4"',
+                       "--log-dir", run_dir)
+    assert code == 0, err
+    assert "run_name: '3e-4'" in (run_dir / "config.yaml").read_text()
+    code, out, err = run(capsys, "test", "--ckpt", run_dir)
+    assert code == 0 and "test/loss:" in out, err
+    code, out, err = run(capsys, "validate", "--ckpt", run_dir, "-c", run_dir / "config.yaml")
+    assert code == 0 and "val/loss:" in out, err
+
+
+# ------------------------------------------------------------------------------------ the run's own splits
+@pytest.mark.parametrize("command, override, shown", [
+    ("test", "data.seed=3", "data.seed: 3 here, 0 in the run's config"),
+    ("validate", "data.kwargs.num_val=600", "data.kwargs: {'num_val': 600} here, {} in the run's config"),
+    ("predict", "data.name=digits", "data.name: 'digits' here, 'sine' in the run's config"),
+])
+def test_evaluation_refuses_data_settings_that_change_the_splits_unless_allowed(finished_run, capsys, command,
+                                                                                override, shown):
+    """`test --ckpt RUN data.seed=3` scored the model on a re-split whose test set held its training examples."""
+    code, _, err = run(capsys, command, "--ckpt", finished_run, override)
+    assert code == 2 and err.count("\n") == 1, err
+    assert shown in err and f"(the override {override})" in err
+    assert "may hold examples the run trained on" in err and "pass --allow-resplit" in err
+
+
+def test_evaluation_takes_batch_sizes_and_an_explicit_resplit(finished_run, tmp_path, capsys):
+    code, out, err = run(capsys, "test", "--ckpt", finished_run, "data.eval_batch_size=100", "data.batch_size=10")
+    assert code == 0 and "test/loss:" in out, err
+    code, out, err = run(capsys, "test", "--ckpt", finished_run, "data.seed=3", "--allow-resplit")
+    assert code == 0 and "test/loss:" in out, err
+    code, out, err = run(capsys, "test", "--ckpt", finished_run, "data.seed=3", "--print-config")
+    assert code == 0 and "seed: 3" in out, err  # printing evaluates nothing
+    other = yaml.safe_load((finished_run / "config.yaml").read_text())
+    other["data"]["kwargs"] = {"num_test": 100}
+    other["trainer"]["logger_params"]["run_name"] = "other"  # yaml.safe_dump writes "3e-4" unquoted
+    (tmp_path / "other.yaml").write_text(yaml.safe_dump(other))
+    code, _, err = run(capsys, "test", "--ckpt", finished_run, "-c", tmp_path / "other.yaml")
+    assert code == 2 and "data.kwargs: {'num_test': 100} here, {} in the run's config" in err
+    with pytest.raises(SystemExit):
+        cli.main(["test", "--help"])
+    assert "--allow-resplit" in capsys.readouterr().out
+
+
+# ------------------------------------------------------------------------------------ resuming, overwriting
+def test_resuming_a_run_that_reached_max_epochs_trains_and_writes_nothing(run_copy, capsys):
+    """It tested again and appended a duplicate test row to metrics.csv (and metrics/test.2.json), silently."""
+    before = digests(run_copy)
+    code, out, err = run(capsys, "fit", "-c", run_copy / "config.yaml", "--resume", run_copy)
+    assert code == 0, err
+    assert out.startswith(f"Nothing to train: the run in {run_copy} has reached trainer.max_epochs=2")
+    assert "trainer.max_epochs=N" in out and f"flaxlight test --ckpt {run_copy}" in out
+    assert digests(run_copy) == before
+    steps = {int(name) for name in os.listdir(run_copy / "checkpoints")}
+    code, out, err = run(capsys, "fit", "-c", run_copy / "config.yaml", "--resume", run_copy, "trainer.max_epochs=3")
+    assert code == 0 and "Nothing to train" not in out, err
+    assert max(int(name) for name in os.listdir(run_copy / "checkpoints")) > max(steps)  # a third epoch trained
+
+
+def test_resume_and_overwrite_together_are_refused(run_copy, capsys):
+    before = digests(run_copy)
+    code, _, err = run(capsys, "fit", "-c", run_copy / "config.yaml", "--resume", run_copy, "--overwrite")
+    assert code == 2 and f"--resume {run_copy} continues the run there and --overwrite replaces it" in err
+    assert "give one of them" in err and digests(run_copy) == before
+
+
+def test_ckpt_of_a_file_in_the_run_names_the_run_folder(finished_run, capsys):
+    code, _, err = run(capsys, "test", "--ckpt", finished_run / "config.yaml")
+    assert code == 2 and f"--ckpt {finished_run / 'config.yaml'} is a file" in err
+    assert f"(here: --ckpt {finished_run})" in err and "no such folder" not in err
+
+
+# ------------------------------------------------------------------------------------ a start that failed
+class FailsAtFitStart(flaxlight.Callback):
+    def on_fit_start(self, trainer):
+        raise RuntimeError("this callback fails at the start")
+
+
+def test_a_run_that_failed_before_its_first_record_is_set_aside_and_fit_starts_there(tmp_path, capsys):
+    """fit said "already holds a run. --resume continues it", and --resume said "no run to continue there"."""
+    registry.register_callback("fails_at_fit_start_for_tests", FailsAtFitStart)
+    run_dir = tmp_path / "run"
+    with pytest.raises(RuntimeError, match="fails at the start"):
+        cli.main([str(a) for a in ["fit", "-c", SINE, *SHORT, "callbacks=[fails_at_fit_start_for_tests]",
+                                   "--log-dir", run_dir]])
+    capsys.readouterr()
+    left = {name: (run_dir / name).read_bytes() for name in os.listdir(run_dir) if (run_dir / name).is_file()}
+    assert "hparams.yaml" in left and not (run_dir / "checkpoints").is_dir()
+    code, _, err = run(capsys, "fit", "-c", SINE, *SHORT, "--resume", run_dir)
+    assert code == 2 and "failed before its first checkpoint and record, so there is nothing to continue" in err
+    assert "Drop --resume" in err
+    code, out, err = run(capsys, "fit", "-c", SINE, *SHORT, "--log-dir", run_dir)
+    assert code == 0, err
+    kept = run_dir / "failed_start_1"
+    assert f"were moved to {kept}, and this run starts there" in err
+    assert {name: (kept / name).read_bytes() for name in left} == left  # moved, not deleted or rewritten
+    assert (run_dir / "checkpoints").is_dir() and "test/loss:" in out
+
+
+def test_a_run_without_checkpoints_is_not_offered_resume(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    no_checkpoints = [*SHORT, "trainer.max_epochs=1", "trainer.enable_checkpointing=false"]
+    code, _, err = run(capsys, "fit", "-c", SINE, *no_checkpoints, "--log-dir", run_dir)
+    assert code == 0, err
+    before = digests(run_dir)
+    code, _, err = run(capsys, "fit", "-c", SINE, *no_checkpoints, "--log-dir", run_dir)
+    assert code == 2 and "holds a run's records (metrics) but no checkpoint, so it cannot be resumed" in err
+    assert "--resume" not in err and "--overwrite replaces it" in err
+    code, _, err = run(capsys, "fit", "-c", SINE, *no_checkpoints, "--resume", run_dir)
+    assert code == 2 and "the run there saved no checkpoint" in err and f"--log-dir {run_dir} --overwrite" in err
+    assert digests(run_dir) == before
