@@ -414,7 +414,8 @@ def test_grain_pipeline_with_set_epoch_reshuffles_and_resumes_exactly(tmp_path, 
         run("crashed", callbacks=[flaxlight.ModelCheckpoint(every_n_steps=19, every_n_epochs=None), Crash()])
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no "no set_epoch" warning
-        resumed = run("crashed", resume=True)
+        resumed = run("crashed", callbacks=[flaxlight.ModelCheckpoint(every_n_steps=19, every_n_epochs=None)],
+                      resume=True)  # the same checkpoint callback: its state is taken, not warned about
     assert "Resumed from checkpoint 19" in capsys.readouterr().err  # mid-epoch 3 (8 steps per epoch)
     assert resumed.global_step == reference.global_step == 32
     jax.tree.map(np.testing.assert_array_equal, jax.device_get(resumed.state.params),
@@ -478,7 +479,8 @@ def test_grain_dataloader_resumes_from_its_saved_position_without_rereading(tmp_
     reads.clear()
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the loader's position is saved: no "no set_epoch" warning
-        resumed = run("crashed", resume=True)
+        resumed = run("crashed", callbacks=[flaxlight.ModelCheckpoint(every_n_steps=13, every_n_epochs=None)],
+                      resume=True)  # the same checkpoint callback: its state is taken, not warned about
     assert "Resumed from checkpoint 13 " in capsys.readouterr().err
     assert len(reads) == 256 - 5 * 32 + 256  # the rest of epoch 2 and epoch 3: no record read twice
     jax.tree.map(np.testing.assert_array_equal, jax.device_get(resumed.state.params),

@@ -2,6 +2,7 @@
 keywords, the learning rate of a ready optax transformation, the loaders a callback can read."""
 
 import csv
+import warnings
 
 import flax.linen as nn
 import jax
@@ -288,3 +289,24 @@ def test_resume_from_a_step_that_was_not_kept_names_the_steps_that_were(tmp_path
                                                 rf"{', '.join(map(str, kept))}\. By default only the best and the last"):
         _trainer(tmp_path, logger_params={"log_dir": str(tmp_path / "run2")}).train_model(
             train, val, num_epochs=3, resume_from=tmp_path / "run" / "checkpoints" / "99999")
+
+
+def test_a_monitor_whose_name_reads_as_a_score_with_the_default_min_mode_is_warned_at_the_users_line(tmp_path):
+    """``monitor="val/acc"`` without ``mode`` keeps the lowest accuracy (mode defaults to 'min', as in
+    Lightning): said at construction, attributed to the line that wrote it, for the trainer and both
+    callbacks; a mode that fits the name, or a name that tells nothing, is not warned about."""
+    with pytest.warns(UserWarning, match=r"the trainer: monitor='val/acc' with mode='min' keeps the lowest val/acc, "
+                                         r"but its name reads as a metric to maximize: pass mode='max'") as caught:
+        _trainer(tmp_path / "a", monitor="val/acc")
+    assert {w.filename for w in caught if "monitor='val/acc'" in str(w.message)} == {__file__}
+    with pytest.warns(UserWarning, match=r"EarlyStopping: monitor='val/f1' with mode='min' keeps the lowest") as caught:
+        flaxlight.callbacks.EarlyStopping(monitor="val/f1")
+    assert caught[0].filename == __file__
+    with pytest.warns(UserWarning, match=r"ModelCheckpoint: monitor='val/loss' with mode='max' keeps the highest "
+                                         r"val/loss, but its name reads as a metric to minimize: pass mode='min'"):
+        flaxlight.callbacks.ModelCheckpoint(monitor="val/loss", mode="max")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        flaxlight.callbacks.EarlyStopping(monitor="val/acc", mode="max")
+        flaxlight.callbacks.ModelCheckpoint(monitor="val/logits_norm")
+        _trainer(tmp_path / "b", monitor="val/loss")

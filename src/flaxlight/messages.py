@@ -20,11 +20,33 @@ Examples:
 from __future__ import annotations
 
 import logging
+import os
 import sys
+import warnings
 
-__all__ = ["logger"]
+__all__ = ["logger", "warn_at_user"]
 
 logger = logging.getLogger("flaxlight")
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def _in_package(frame) -> bool:
+    return os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE_DIR)
+
+
+def warn_at_user(message: str, category: type[Warning] = UserWarning) -> None:
+    """``warnings.warn`` attributed to the first caller outside flaxlight (the user's line that
+    built the trainer or callback), however deep inside flaxlight the check runs.
+
+    Examples:
+        >>> warn_at_user("monitor='val/acc' with mode='min' keeps the lowest val/acc")  # doctest: +SKIP
+    """
+    frame, level = sys._getframe(1), 2
+    while frame is not None and (_in_package(frame) or (  # a dataclass's generated __init__ called by flaxlight
+            frame.f_code.co_filename == "<string>" and frame.f_back is not None and _in_package(frame.f_back))):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(message, category, stacklevel=level)
 
 
 class _CurrentStderr(logging.StreamHandler):

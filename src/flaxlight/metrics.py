@@ -37,7 +37,7 @@ except ImportError:  # pragma: no cover - a JAX without it: the guard sees every
     _explicit_scope = contextlib.nullcontext
 
 __all__ = ["Totals", "init_accumulator", "accumulate", "all_finite", "step_finite", "read_means", "to_host",
-           "batch_size", "majority_leading_dims", "HostSnapshot", "is_metric_object", "with_saved_objects"]
+           "batch_size", "majority_leading_dims", "name_direction", "HostSnapshot", "is_metric_object", "with_saved_objects"]
 
 
 def deliberate_reads() -> contextlib.AbstractContextManager:
@@ -315,6 +315,27 @@ def majority_leading_dims(batch: Any, block: bool = False) -> tuple[list[int], l
     counts = collections.Counter(shape[0] for _, shape in leaves)
     top = max(counts.values(), default=0)
     return [rows for rows, count in counts.items() if count == top], leaves
+
+
+_MAXIMIZED_NAMES = ("acc", "accuracy", "f1", "auc", "auroc", "precision", "recall", "r2", "iou", "dice",
+                    "map", "bleu", "score", "top1", "top5")
+_MINIMIZED_NAMES = ("loss", "error", "err", "mse", "mae", "rmse", "nll", "perplexity", "ppl", "bpc", "val_metric")
+
+
+def name_direction(metric: str) -> str | None:
+    """``"max"`` when ``metric``'s name reads as a score to maximize (accuracy, F1, AUC, ...),
+    ``"min"`` when it reads as a loss or an error, None when the name does not tell.
+
+    Examples:
+        >>> name_direction("val/acc"), name_direction("val/loss"), name_direction("val/logits_norm")
+        ('max', 'min', None)
+    """
+    name = str(metric).rsplit("/", 1)[-1].lower()
+    if name in _MINIMIZED_NAMES or name.endswith(("loss", "_error", "_mse", "_mae")):
+        return "min"
+    if name in _MAXIMIZED_NAMES or name.endswith(("acc", "accuracy", "_f1", "_auc")):
+        return "max"
+    return None
 
 
 @functools.cache

@@ -16,7 +16,8 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from flaxlight import distributed as dist
-from flaxlight.messages import logger as messages
+from flaxlight.messages import logger as messages, warn_at_user
+from flaxlight.metrics import name_direction
 
 __all__ = ["TrainerOptions", "DEFAULT_MONITORS", "check_trainer_arguments", "written_otherwise"]
 
@@ -128,6 +129,8 @@ class TrainerOptions:
             _require(self, name, value is None or _is_int(value, 1) or fraction,
                      "a number of batches (int >= 1) or a fraction in (0, 1]")
         _require(self, "mode", self.mode in ("min", "max"), "'min' or 'max'")
+        if self.monitor:
+            warn_if_mode_contradicts_name("the trainer", self.monitor, self.mode)
         _require(self, "distributed", self.distributed is None or self.distributed in dist.MODES,
                  f"one of {dist.MODES} or None")
 
@@ -259,6 +262,23 @@ class TrainerOptions:
                 f"beats it; only while every validation gives NaN does the newest count as the best (test(), "
                 f"which='best' and metrics/best_eval.json follow). Check how {key} is computed (a 0/0, such as the "
                 f"precision of a class the model never predicts, is NaN) or monitor another metric. (Said once.)")
+
+
+def warn_if_mode_contradicts_name(owner: str, monitor: str, mode: str) -> None:
+    """Warn (at the user's line) when ``mode`` keeps the opposite of what ``monitor``'s name reads
+    as: ``monitor="val/acc"`` with the default ``mode="min"`` (Lightning's default too) keeps the
+    model with the lowest accuracy.
+
+    Examples:
+        >>> warn_if_mode_contradicts_name("EarlyStopping", "val/acc", "max")  # no warning
+    """
+    named = name_direction(monitor)
+    if named is None or named == mode:
+        return
+    kept = "lowest" if mode == "min" else "highest"
+    warn_at_user(f"{owner}: monitor={monitor!r} with mode={mode!r} keeps the {kept} {monitor}, but its name reads as a "
+                 f"metric to {'maximize' if named == 'max' else 'minimize'}: pass mode={named!r}. (mode defaults to "
+                 f"'min', as in Lightning; if the {kept} is meant, ignore this warning.)")
 
 
 def check_trainer_arguments(*, model_hparams: Any, enable_progress_bar: Any, debug: Any, callbacks: Any,

@@ -50,6 +50,7 @@ import optax
 from flaxlight.callbacks.pruning import MetricNotLoggedError, PruningCallback
 from flaxlight.loop import RESUME_ADVICE
 from flaxlight.messages import logger as messages
+from flaxlight.metrics import name_direction
 from flaxlight.registry import explicit_parameters, takes_var_keyword
 
 try:
@@ -631,20 +632,13 @@ def _check_sqlite_folder(url: str) -> None:
                                f"Create it, or leave storage=None to use an SQLite file in the study's run dir.")
 
 
-_MAXIMIZE_WORDS = ("acc", "accuracy", "f1", "auc", "auroc", "precision", "recall", "r2", "iou", "dice",
-                   "map", "bleu", "score", "top1", "top5")
-_MINIMIZE_WORDS = ("loss", "error", "err", "mse", "mae", "rmse", "nll", "perplexity", "ppl", "bpc", "val_metric")
-
-
 def infer_direction(metric: str) -> str:
     """``"maximize"`` for accuracy-like names, ``"minimize"`` for loss-like ones; else a ValueError."""
-    name = metric.rsplit("/", 1)[-1].lower()
-    if name in _MINIMIZE_WORDS or name.endswith(("loss", "_error", "_mse", "_mae")):
-        return "minimize"
-    if name in _MAXIMIZE_WORDS or name.endswith(("acc", "accuracy", "_f1", "_auc")):
-        return "maximize"
-    raise ValueError(f"Cannot tell whether to maximize or minimize {metric!r}: pass direction='maximize' or "
-                     f"direction='minimize'.")
+    named = name_direction(metric)
+    if named is None:
+        raise ValueError(f"Cannot tell whether to maximize or minimize {metric!r}: pass direction='maximize' or "
+                         f"direction='minimize'.")
+    return {"max": "maximize", "min": "minimize"}[named]
 
 
 def _check_direction(direction: str | None, metric: str) -> str:

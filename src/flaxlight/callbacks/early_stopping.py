@@ -7,6 +7,7 @@ import warnings
 from typing import Any, Mapping
 
 from flaxlight.callbacks.base import Callback
+from flaxlight.options import warn_if_mode_contradicts_name
 
 __all__ = ["EarlyStopping"]
 
@@ -46,6 +47,7 @@ class EarlyStopping(Callback):
         if not isinstance(min_delta, (int, float)) or min_delta < 0:
             raise ValueError(f"EarlyStopping min_delta must be a number >= 0, got {min_delta!r}.")
         self.monitor, self.mode, self.patience, self.min_delta = monitor, mode, patience, float(min_delta)
+        warn_if_mode_contradicts_name("EarlyStopping", monitor, mode)
         self.check_finite = check_finite
         self.stopping_threshold, self.divergence_threshold = stopping_threshold, divergence_threshold
         self.best: float | None = None

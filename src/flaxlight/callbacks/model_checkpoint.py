@@ -8,7 +8,7 @@ import warnings
 from typing import Any, Mapping
 
 from flaxlight.callbacks.base import Callback
-from flaxlight.options import MetricNotLoggedError
+from flaxlight.options import MetricNotLoggedError, warn_if_mode_contradicts_name
 
 __all__ = ["ModelCheckpoint"]
 
@@ -67,6 +67,8 @@ class ModelCheckpoint(Callback):
                  every_n_seconds: float | None = None, max_overhead: float | None = None):
         if mode not in ("min", "max"):
             raise ValueError(f"ModelCheckpoint mode must be 'min' or 'max', got {mode!r}.")
+        if monitor is not None:
+            warn_if_mode_contradicts_name("ModelCheckpoint", monitor, mode)
         if not isinstance(save_top_k, int) or save_top_k < -1:
             raise ValueError(f"save_top_k must be an int >= 0, or -1 to keep every checkpoint written; "
                              f"got {save_top_k!r}.")
