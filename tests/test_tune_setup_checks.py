@@ -173,3 +173,28 @@ def test_a_config_trainer_monitor_gets_the_studys_mode(tmp_path, trainer):
     with open(os.path.join(log_dir, "config.yaml")) as f:
         saved = yaml.safe_load(f)["trainer"]
     assert (saved["monitor"], saved["mode"]) == ("val/acc", "max")
+
+
+# ----------------------------------------------------------------------------- a study continued with another set-up
+def test_a_study_continued_with_other_fixed_settings_is_warned_about_naming_them(tmp_path, loaders, recwarn):
+    """Optuna loads an existing study and mixes the new trials with the old ones, and the best trial is
+    picked across both set-ups: the change is said, naming each setting; the same set-up continued is
+    not warned about, and neither is a changed range of a searched key's base value."""
+    train, val = loaders
+
+    def run(num_epochs, hidden, lr=0.1):
+        hparams = tiny_hparams()
+        hparams["model_hparams"] = {"hidden_dims": hidden, "output_dim": 2}
+        hparams["optimizer_hparams"] = {"optimizer": "sgd", "lr": lr}
+        return tune(ClassifyTrainer, LR, hparams=hparams, train_loader=train, val_loader=val, num_epochs=num_epochs,
+                    metric="val/acc", n_trials=1, base_dir=tmp_path, study_name="s", seed=0)
+
+    run(1, (8,))
+    run(1, (8,), lr=0.3)  # the base value of a searched key: overridden in every trial anyway
+    assert not [w for w in recwarn if "other fixed settings" in str(w.message)]
+    with pytest.warns(UserWarning, match=r"Study 's' is continued with other fixed settings than its last call "
+                                         r"\(hparams\.model_hparams\.hidden_dims: \[8\] -> \[16\]; num_epochs: 1 -> 2\)"
+                                         r".*give this set-up another study_name") as caught:
+        study = run(2, (16,))
+    assert [w.filename for w in caught if "other fixed settings" in str(w.message)] == [__file__]
+    assert len(study.trials) == 3

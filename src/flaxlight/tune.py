@@ -49,7 +49,7 @@ import optax
 
 from flaxlight.callbacks.pruning import MetricNotLoggedError, PruningCallback
 from flaxlight.loop import RESUME_ADVICE
-from flaxlight.messages import logger as messages
+from flaxlight.messages import logger as messages, warn_at_user
 from flaxlight.metrics import name_direction
 from flaxlight.registry import explicit_parameters, takes_var_keyword
 
@@ -660,6 +660,63 @@ def _check_direction(direction: str | None, metric: str) -> str:
     return value
 
 
+def _setup_summary(value: Any, searched: Iterable[str] = ()) -> Any:
+    """A JSON summary of a study's fixed settings, to tell whether a later call changed them:
+    numbers, strings and containers as they are, classes and functions by their import path,
+    other objects (arrays, callbacks) by their type only; the ``searched`` dotted keys left out.
+
+    Examples:
+        >>> _setup_summary({"model_hparams": {"hidden": 8, "act": len}, "lr": 0.1}, searched=["lr"])
+        {'model_hparams': {'hidden': 8, 'act': 'builtins.len'}}
+    """
+    if isinstance(value, Mapping):
+        summary = {str(key): _setup_summary(item) for key, item in value.items()}
+    elif isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
+        return [_setup_summary(item) for item in value]
+    elif value is None or isinstance(value, (bool, int, float, str)):
+        return value if not isinstance(value, float) or math.isfinite(value) else str(value)
+    elif isinstance(value, type) or callable(value) and hasattr(value, "__qualname__"):
+        return f"{getattr(value, '__module__', '?')}.{value.__qualname__}"
+    else:
+        return f"<{type(value).__qualname__}>"
+    for key in searched:
+        parts = key.split(".")
+        node = summary
+        for part in parts[:-1]:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            node.pop(parts[-1], None)
+    return summary
+
+
+def _setup_changes(before: Any, after: Any, prefix: str = "") -> list[str]:
+    """``"key: old -> new"`` for each dotted key whose value differs between two summaries."""
+    if isinstance(before, dict) and isinstance(after, dict):
+        return [change for key in sorted(set(before) | set(after), key=str)
+                for change in _setup_changes(before.get(key, "(not set)"), after.get(key, "(not set)"),
+                                             f"{prefix}{key}.")]
+    if before == after:
+        return []
+    show = lambda v: (repr(v) if len(repr(v)) <= 40 else repr(v)[:37] + "...")  # noqa: E731
+    return [f"{prefix.rstrip('.')}: {show(before)} -> {show(after)}"]
+
+
+def _check_same_setup(study, study_name: str, setup: Any) -> None:
+    """Warn when a study is continued with other fixed settings than its last call (Optuna would
+    mix the trials silently and pick the best across both set-ups); remember the new ones."""
+    if setup is None:
+        return
+    before = study.user_attrs.get("setup")
+    changes = _setup_changes(before, setup) if before is not None else []
+    if changes and any(t.state.is_finished() for t in study.get_trials(deepcopy=False)):
+        shown = "; ".join(changes[:6]) + ("; ..." if len(changes) > 6 else "")
+        warn_at_user(f"Study {study_name!r} is continued with other fixed settings than its last call ({shown}). Its "
+                      f"trials are compared across both set-ups and its best trial is picked among them all; to keep "
+                      f"them apart, give this set-up another study_name.")
+    if before != setup:
+        study.set_user_attr("setup", setup)
+
+
 def _open_study(storage, study_name: str, direction: str, metric: str, run_dir: str, sampler, pruner):
     """Create the study or load it (resume / another worker); check it optimises the same thing."""
     try:
@@ -1028,15 +1085,15 @@ def tune(
     """
     space = search_space if isinstance(search_space, SearchSpace) else SearchSpace(search_space)
     direction = _check_trial_settings(metric, direction, num_epochs)
-    catch = tuple(catch)
     _check_data_arguments(train_loader, val_loader, loaders)
     base = _base_trial_hparams(hparams, metric, direction)
     make_trainer = _trainer_maker(trainer, base, space, data_key="data" if loaders is not None else None)
     _check_overrides(base, space)
     build = _trial_builder(make_trainer, base, train_loader, val_loader, loaders, num_epochs)
+    setup = _setup_summary({"trainer": trainer, "hparams": base, "num_epochs": num_epochs}, [f"hparams.{k}" for k in space])
     return _run_study(build, space, metric=metric, direction=direction, n_trials=n_trials, timeout=timeout,
                       storage=storage, study_name=study_name, base_dir=base_dir, sampler=sampler, pruner=pruner,
-                      seed=seed, catch=catch, max_failed_in_a_row=max_failed_in_a_row)
+                      seed=seed, catch=tuple(catch), max_failed_in_a_row=max_failed_in_a_row, setup=setup)
 
 
 def _check_trial_settings(metric: str, direction: str | None, num_epochs: int) -> str:
@@ -1162,7 +1219,7 @@ def _trial_builder(make_trainer: Callable[[dict], Any], base: Mapping[str, Any],
 def _run_study(build: Callable[..., tuple], space: SearchSpace, *, metric: str, direction: str,
                n_trials: int | None, timeout: float | None, storage: Any, study_name: str,
                base_dir: str | os.PathLike, sampler: Any, pruner: Any, seed: int | None,
-               catch: tuple, max_failed_in_a_row: int | None) -> "optuna.Study":
+               catch: tuple, max_failed_in_a_row: int | None, setup: Any = None) -> "optuna.Study":
     """Open (or create) the study, run the trials, report a stop for too many failures."""
     if n_trials is not None and (isinstance(n_trials, bool) or not isinstance(n_trials, int) or n_trials < 0):
         raise ValueError(f"n_trials must be an int >= 0 (or None with a timeout), got {n_trials!r}.")
@@ -1178,6 +1235,7 @@ def _run_study(build: Callable[..., tuple], space: SearchSpace, *, metric: str, 
     storage_obj = make_storage(storage, default_path=os.path.join(run_dir, STORAGE_FILE))
     os.makedirs(run_dir, exist_ok=True)
     study = _open_study(storage_obj, study_name, direction, metric, run_dir, first_sampler, pruner)
+    _check_same_setup(study, study_name, setup)
     if seed is not None and study.trials:  # a seeded sampler made again would replay the study's first trials
         study.sampler = make_sampler(sampler_spec, seed + len(study.trials))
     _check_trial_dirs_free(study, run_dir)
@@ -1465,6 +1523,7 @@ def tune_from_config(config: Mapping[str, Any], n_trials: int | None = None, *, 
             base_dir=settings.get("base_dir") or DEFAULT_BASE_DIR, sampler=settings.get("sampler"),
             pruner=settings.get("pruner"), seed=settings.get("seed"),
             catch=(Exception,), max_failed_in_a_row=settings.get("max_failed_in_a_row", 5),
+            setup=_setup_summary(base_config, searched=list(space)),
         )
     except ValueError as exc:
         if isinstance(exc, config_module.ConfigError):
