@@ -72,3 +72,22 @@ def test_a_better_second_call_becomes_the_runs_best(tmp_path):
     loaded = RegressTrainer.load_from_checkpoint(tmp_path / "run", exmp_input=X[:1],
                                                  logger_params={"log_dir": str(tmp_path / "b")})
     assert loaded.global_step == max(_steps(tmp_path)) == 4 * 8
+
+
+def test_rewinding_into_the_second_call_keeps_the_files_before_it_and_drops_the_later_ones(tmp_path):
+    """A rewind dropped the validation files after its checkpoint by the call's own epoch number:
+    back to the second call's first epoch, it dropped every file after eval_epoch_001."""
+    every = [lambda: flaxlight.ModelCheckpoint(save_top_k=-1)]  # every epoch's checkpoint kept
+    trainer = _trainer(tmp_path, every)
+    trainer.train_model((X, Y), (XV, YV), num_epochs=3, batch_size=32)
+    trainer.train_model((X, -Y), (XV, YV), num_epochs=2, batch_size=32)
+    before = _metrics(tmp_path)
+    rewound = _trainer(tmp_path, every)
+    rewound.train_model((X, -Y), (XV, YV), num_epochs=2, batch_size=32,
+                        resume_from=tmp_path / "run" / "checkpoints" / "32")  # the second call's first epoch
+    files = _metrics(tmp_path)
+    assert sorted(files) == ["best_eval.json"] + [f"eval_epoch_{epoch:03d}.json" for epoch in range(1, 6)]
+    assert [files[f"eval_epoch_{epoch:03d}.json"] for epoch in range(1, 5)] == \
+        [before[f"eval_epoch_{epoch:03d}.json"] for epoch in range(1, 5)]
+    assert files["eval_epoch_005.json"]["val/loss"] == pytest.approx(rewound.history[-1]["val/loss"])
+    assert (tmp_path / "run" / "abandoned" / "after_step_32" / "metrics" / "eval_epoch_005.json").exists()
