@@ -62,9 +62,9 @@ def test_plain_jax_serves_the_exported_model_at_any_batch_size(tmp_path):
     np.testing.assert_allclose(np.load(tmp_path / "y96.npy"), expected, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(np.load(tmp_path / "y5.npy"), expected[:5], rtol=1e-5, atol=1e-6)
     info = json.loads((tmp_path / "export" / "export.json").read_text())
-    assert info["inputs"] == [{"shape": [None, 8], "dtype": "float32"}] and info["which"] == "best"
+    assert info["inputs"] == [{"name": "x", "shape": [None, 8], "dtype": "float32"}] and info["which"] == "best"
     # the same notation for outputs (was ["b", "1"]: the symbolic name and numbers as strings)
-    assert info["outputs"] == [{"shape": [None, 2], "dtype": "float32"}]
+    assert info["outputs"] == [{"path": "outputs", "shape": [None, 2], "dtype": "float32"}]
 
 
 def test_batch_norm_dropout_and_dict_outputs_export_in_eval_mode(tmp_path):
@@ -121,7 +121,8 @@ def test_a_model_of_two_inputs_predicts_and_exports(tmp_path):
     served = flaxlight.load_exported(trainer.export(tmp_path / "export", which="current"))
     np.testing.assert_allclose(np.asarray(served(a[:7], b[:7])), expected[:7], rtol=1e-5, atol=1e-6)
     info = json.loads((tmp_path / "export" / "export.json").read_text())
-    assert info["inputs"] == [{"shape": [None, 5], "dtype": "float32"}, {"shape": [None, 3], "dtype": "float32"}]
+    assert info["inputs"] == [{"name": "x0", "shape": [None, 5], "dtype": "float32"},
+                              {"name": "x1", "shape": [None, 3], "dtype": "float32"}]
 
 
 def test_a_model_that_fails_on_its_inputs_gets_its_own_error_from_export(tmp_path):

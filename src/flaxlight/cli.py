@@ -150,7 +150,8 @@ def _add_checkpoint_arguments(parser: argparse.ArgumentParser, *, scores: bool =
 
 
 _EXPORT_TEXT = ("Load a run's checkpoint and write its eval-mode forward pass, trained variables baked in, with "
-                "jax.export (any batch size) to a folder that serves without flaxlight; plain JAX loads it: "
+                "jax.export (any batch size; for this machine's platform, or --platforms cpu,cuda) to a folder that "
+                "serves without flaxlight; plain JAX loads it: "
                 "jax.export.deserialize(open(DIR/model.jax_exported, 'rb').read()).call(x).")
 
 
@@ -161,6 +162,21 @@ def _add_export_arguments(export: argparse.ArgumentParser) -> None:
                         help="the folder to write (default: RUN_DIR/export, or RUN_DIR/export_last for --which last)")
     export.add_argument("--batch-size", type=_positive_int, metavar="N",
                         help="export for exactly N examples (default: any batch size)")
+    export.add_argument("--platforms", type=_platforms, metavar="NAMES",
+                        help="the platforms the artifact runs on, comma-separated: cpu, cuda, rocm, tpu (e.g. "
+                             "cpu,cuda; default: this machine's). It runs on no other")
+
+
+def _platforms(text: str) -> tuple[str, ...]:
+    from flaxlight.export import PLATFORMS
+
+    names = tuple(name.strip().lower() for name in text.split(",") if name.strip())
+    unknown = [name for name in names if name not in PLATFORMS]
+    if not names or unknown:
+        raise argparse.ArgumentTypeError(f"expected platforms among {', '.join(PLATFORMS)}, comma-separated (e.g. "
+                                         f"cpu,cuda); got {text!r}" + (" (gpu: cuda for NVIDIA, rocm for AMD)"
+                                                                       if "gpu" in unknown else ""))
+    return names
 
 
 def _positive_int(text: str) -> int:
@@ -225,13 +241,15 @@ def _build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argumen
     _add_config_arguments(tune, config_required=True)
     tune.add_argument("--n-trials", type=int, metavar="N", help="trials to run (default: the tune: section's)")
 
-    plot = add("plot", "draw learning curves of runs, or an Optuna study's plots, as PNG",
+    plot = add("plot", "draw learning curves of runs (PNG, SVG, PDF, ...), or an Optuna study's plots (PNG)",
                "flaxlight plot RUN_DIR [RUN_DIR ...] [-o curves.png]: learning curves from the runs' metrics.csv, "
-               "several runs overlaid.\nflaxlight plot --study STORAGE_URL --study-name NAME -o DIR: optimisation "
-               "history, intermediate values, parameter importances and a contour plot of a study.")
+               "several runs overlaid, in the format the file's suffix names (curves.svg, curves.pdf, ...).\n"
+               "flaxlight plot --study STORAGE_URL --study-name NAME -o DIR: optimisation history, intermediate "
+               "values, parameter importances and a contour plot of a study.")
     plot.add_argument("run_dirs", nargs="*", metavar="RUN_DIR", help="runs' log dirs (with metrics.csv)")
     plot.add_argument("-o", "--output", metavar="PATH",
-                      help="the PNG (default: learning_curves.png), or the folder for --study (default: study_plots)")
+                      help="the image, in the format its suffix names: .png, .svg, .pdf, ... (default: "
+                           "learning_curves.png), or the folder for --study (default: study_plots)")
     plot.add_argument("--metrics", nargs="+", metavar="NAME", help="panels to draw, e.g. loss acc (default: all)")
     plot.add_argument("--study", metavar="STORAGE_URL", help="an Optuna storage, e.g. sqlite:///runs/study.db")
     plot.add_argument("--study-name", metavar="NAME", help="the study in that storage")
@@ -418,7 +436,7 @@ def _evaluate(args: argparse.Namespace) -> int:
     if args.command == "export":
         path = trainer.export(args.output or os.path.join(args.ckpt, "export" if args.which == "best" else
                                                            f"export_{args.which}"), which=args.which,
-                              batch_size=args.batch_size)
+                              batch_size=args.batch_size, platforms=args.platforms)
         print(f"exported ({args.which} checkpoint of {args.ckpt}): {path}")
         return 0
     limit = (cfg.trainer.limit_val_batches if limit_given else trainer.options.limit_val_batches) \

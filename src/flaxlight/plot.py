@@ -1,4 +1,5 @@
-"""PNG learning curves from runs' ``metrics.csv`` (the ``plot`` extra: matplotlib).
+"""Learning curves from runs' ``metrics.csv`` as an image (the ``plot`` extra: matplotlib): a PNG,
+or the format the file's suffix names (``.svg``, ``.pdf``, ``.jpg``, ...).
 
 One panel per metric (``train/loss`` and ``val/loss`` share the ``loss`` panel), the runs
 overlaid in one colour each (a single run: one colour per split): train solid, val dashed, test
@@ -8,7 +9,7 @@ Examples:
     >>> from flaxlight.plot import plot_runs
     >>> plot_runs(["checkpoints/MLP/version_0", "checkpoints/MLP/version_1"], "curves.png")  # doctest: +SKIP
 
-From a shell: ``python -m flaxlight.plot RUN_DIR [RUN_DIR ...] [-o curves.png]``.
+From a shell: ``python -m flaxlight.plot RUN_DIR [RUN_DIR ...] [-o curves.png]`` (or ``curves.svg``, ...).
 """
 
 from __future__ import annotations
@@ -102,23 +103,28 @@ def plot_runs(
     panel_size: tuple[float, float] = (4.8, 3.4),
     dpi: int = 100,
 ) -> str:
-    """Draw the learning curves of one or more runs into a PNG and return its path.
+    """Draw the learning curves of one or more runs into an image file and return its path.
 
     Args:
         run_dirs: run log dirs (each with a ``metrics.csv``), or the CSV files themselves.
-        out_path: the PNG to write (folders are created).
+        out_path: the file to write (folders are created), in the format its suffix names, as
+            matplotlib's ``savefig``: ``.png``, ``.svg``, ``.pdf``, ``.jpg``, ... (another or none:
+            a ``ValueError`` listing them).
         metrics: panels to draw, in order: metric names without the split (``"loss"``,
             ``"acc"``) or full columns (``"val/acc"``); default: every metric in the files.
         include_step: also draw the per-step running train values (``train/loss_step``).
         ncols: panels per row (fewer when there are fewer metrics).
-        panel_size: inches per panel; the PNG is ``ncols*w*dpi`` x ``nrows*h*dpi`` pixels.
-        dpi: pixels per inch.
+        panel_size: inches per panel; a PNG is ``ncols*w*dpi`` x ``nrows*h*dpi`` pixels.
+        dpi: pixels per inch (of the raster formats).
 
     Examples:
         >>> plot_runs("checkpoints/MLP/version_0", "curves.png", metrics=["loss"])  # doctest: +SKIP
         'curves.png'
+        >>> plot_runs("checkpoints/MLP/version_0", "curves.svg")  # doctest: +SKIP
+        'curves.svg'
     """
     Figure, FigureCanvasAgg, MaxNLocator = _import_matplotlib()
+    image_format = _image_format(out_path, FigureCanvasAgg.get_supported_filetypes())
     run_dirs = _as_run_dirs(run_dirs)
     runs = [read_metrics(p) for p in run_dirs]
     names = _run_names(run_dirs)
@@ -135,7 +141,7 @@ def plot_runs(
         ax.set_visible(False)
     if len(runs) == 1:
         fig.suptitle(names[0])
-    return _save_png(fig, out_path, dpi)
+    return _save(fig, out_path, image_format, dpi)
 
 
 # panel -> [(run index, split, column, (steps, values))]
@@ -208,12 +214,24 @@ def _draw_panel(ax: Any, panel: str, entries: list[tuple[int, str, str, tuple]],
     ax.legend(fontsize="small")
 
 
-def _save_png(fig: Any, out_path: str | os.PathLike, dpi: int) -> str:
-    """Write ``fig`` to ``out_path`` as a PNG (its folder created) and return the path."""
+def _image_format(out_path: str | os.PathLike, supported: dict[str, str]) -> str:
+    """The format ``out_path``'s suffix names (``"svg"`` for ``curves.svg``), one of matplotlib's
+    ``supported`` ones; else a ``ValueError`` listing them (checked before anything is drawn)."""
+    suffix = os.path.splitext(os.fspath(out_path))[1].lstrip(".").lower()
+    if suffix in supported:
+        return suffix
+    named = f"its suffix .{suffix} is not an image format matplotlib writes" if suffix else "it has no suffix"
+    raise ValueError(f"plot_runs writes the image format the file's suffix names, and {os.fspath(out_path)!r}: "
+                     f"{named}. Name the file with one of {', '.join('.' + name for name in sorted(supported))} "
+                     f"(e.g. curves.png, curves.svg, curves.pdf).")
+
+
+def _save(fig: Any, out_path: str | os.PathLike, image_format: str, dpi: int) -> str:
+    """Write ``fig`` to ``out_path`` in ``image_format`` (its folder created) and return the path."""
     out_path = os.fspath(out_path)
     if os.path.dirname(out_path):
         os.makedirs(os.path.dirname(out_path), exist_ok=True)
-    fig.savefig(out_path, format="png", dpi=dpi)
+    fig.savefig(out_path, format=image_format, dpi=dpi)
     return out_path
 
 
@@ -228,14 +246,16 @@ def _split_order(split: str) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m flaxlight.plot RUN_DIR [RUN_DIR ...] [-o out.png] [--metrics loss acc]``."""
+    """``python -m flaxlight.plot RUN_DIR [RUN_DIR ...] [-o out.png|out.svg|out.pdf] [--metrics loss acc]``."""
     parser = argparse.ArgumentParser(
         prog="python -m flaxlight.plot",
-        description="Draw PNG learning curves from runs' metrics.csv: one panel per metric, train and val "
+        description="Draw learning curves from runs' metrics.csv: one panel per metric, train and val "
                     "together, several runs overlaid.",
     )
     parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="a run's log dir (with metrics.csv)")
-    parser.add_argument("-o", "--output", default="learning_curves.png", help="PNG to write (default: %(default)s)")
+    parser.add_argument("-o", "--output", default="learning_curves.png",
+                        help="the image to write, in the format its suffix names: .png, .svg, .pdf, ... "
+                             "(default: %(default)s)")
     parser.add_argument("--metrics", nargs="+", default=None, help="panels to draw, e.g. loss acc (default: all)")
     parser.add_argument("--no-step", action="store_true", help="leave out the per-step train values")
     args = parser.parse_args(argv)

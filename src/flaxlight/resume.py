@@ -416,7 +416,7 @@ def _drop_later_metrics(log_dir: str, meta: CheckpointMeta) -> None:
     """The run's ``metrics/`` as of checkpoint ``meta.step``: no validation or test files after it
     (:func:`_later_tests`), and ``best_eval.json`` the checkpoint's best validation (none before one)."""
     folder = os.path.join(log_dir, METRICS_DIR)
-    last_epoch = meta.epoch if meta.phase == "epoch_end" or meta.validated else meta.epoch - 1
+    last_epoch = meta.epochs_before + (meta.epoch if meta.phase == "epoch_end" or meta.validated else meta.epoch - 1)
     for name in os.listdir(folder) if os.path.isdir(folder) else []:
         found = re.fullmatch(r"eval_(epoch|step)_(\d+)\.json", name)
         if found and int(found[2]) > (last_epoch if found[1] == "epoch" else meta.step):

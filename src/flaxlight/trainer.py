@@ -250,7 +250,7 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
         dist.check_loader_divisible(train_loader, self.mesh)  # before the run's folder is claimed
         self.init_optimizer(plan.schedule_epochs, plan.schedule_steps_per_epoch)
         self._place_state()
-        self._loop, self._best_eval_metrics = LoopState.fresh(self.state), None  # its data order goes on from state.epoch
+        self._loop = LoopState.fresh(self.state)  # its data order goes on from state.epoch; the run's best stays its best
         self.should_stop, self.stop_reason = False, None
         start_fresh(self.callbacks, validates=val_loader is not None)  # a resume then restores the run's states
         return plan.num_epochs
@@ -290,7 +290,7 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
         self._begin_validation_records()  # what hooks and callbacks log from here on may rank the best model
         self.on_validation_epoch_end(loop.epoch, eval_metrics, val_loader)
         self._log({**eval_metrics, "epoch": loop.epoch})
-        self.save_metrics(f"eval_epoch_{loop.epoch:03d}" if loop.phase != "train" else f"eval_step_{self.global_step}",
+        self.save_metrics(f"eval_epoch_{loop.model_epoch:03d}" if loop.phase != "train" else f"eval_step_{self.global_step}",
                           eval_metrics)
         self._choose_best(eval_metrics)  # is_new_model_better, now or (a monitor a callback logs) once logged
         loop.validated = loop.phase == "val"  # an epoch's validation: a checkpoint from now on says it ran

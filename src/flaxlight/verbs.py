@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 import os
 import re
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -28,7 +28,7 @@ from flaxlight.checkpoint import ModelMismatchError
 from flaxlight.data import as_input_list, as_loader
 from flaxlight.messages import logger as messages
 from flaxlight.metrics import deliberate_reads, to_host
-from flaxlight.optim import as_optimizer_config, ema_params
+from flaxlight.optim import PRECISIONS, as_optimizer_config, ema_params
 from flaxlight.step import cast_floating, step_owner
 
 __all__ = ["TrainerVerbsMixin"]
@@ -237,34 +237,52 @@ class TrainerVerbsMixin:
                           f"to metrics/{name}.json.{hint}")
         return name
 
-    def export(self, path: str | os.PathLike, *, which: str = "best", batch_size: int | None = None) -> str:
+    def export(self, path: str | os.PathLike, *, which: str | None = None, batch_size: int | None = None,
+               platforms: str | Sequence[str] | None = None, precision: str | None = None) -> str:
         """Write the model's eval-mode forward pass with its trained variables to the folder
         ``path`` as a ``jax.export`` artifact that serves without flaxlight (see
         :mod:`flaxlight.export`); returns the file written.
 
-        ``which``: ``"best"`` (default), ``"last"`` or ``"current"``, as in :meth:`predict`.
+        ``which``: ``"best"``, ``"last"`` or ``"current"``, as in :meth:`test`. Default:
+        ``"current"`` for a trainer from :meth:`load_from_checkpoint` (the checkpoint it loaded,
+        as :meth:`predict` and :meth:`test` use it), else ``"best"``.
         The inputs are shaped like the trainer's ``exmp_input`` with any batch size, or exactly
-        ``batch_size`` when given (for a model whose shapes cannot be symbolic).
+        ``batch_size`` (a whole number >= 1) when given (for a model whose shapes cannot be symbolic).
+        ``platforms``: what the artifact is lowered for, any of ``"cpu"``, ``"cuda"``, ``"rocm"``,
+        ``"tpu"`` (one or several; lowering for one needs no such device); default: the platform
+        exporting. An artifact runs only on a platform it was lowered for, so a model trained on a
+        GPU and served on CPUs is exported with ``platforms=("cpu", "cuda")``.
+        ``precision``: ``"bf16"`` or ``"fp32"``; default: the run's, as :meth:`predict` and
+        validation compute (``"bf16"``: bfloat16 parameters and inputs, float32 outputs).
+        ``export.json`` records ``which``, the step, ``platforms`` and ``precision``.
 
         Examples:
             >>> trainer.export("export")                                              # doctest: +SKIP
+            >>> trainer.export("export_any", platforms=("cpu", "cuda"))             # doctest: +SKIP
             >>> exported = jax.export.deserialize(open("export/model.jax_exported", "rb").read())  # doctest: +SKIP
             >>> exported.call(x_test)                                                 # doctest: +SKIP
         """
         from flaxlight.export import export_forward
 
+        if which is None:  # test()'s rule: a loaded trainer serves the checkpoint it loaded
+            which = "current" if self._loaded and not self._trained_here else "best"
+        precision = getattr(step_owner(self.eval_step), "precision", "fp32") if precision is None else precision
+        if precision not in PRECISIONS:
+            raise ValueError(f"export's precision must be one of {PRECISIONS} or None (the run's); got {precision!r}.")
         try:
             state = self._state_for(which)
         except FileNotFoundError as exc:
             raise FileNotFoundError(f"{exc} export(which={which!r}) needs a saved checkpoint; pass which='current' "
                                     f"to export the trainer's state now.") from None
         example = _model_inputs(self.exmp_input, self._input_count)
-        info = {"which": which, "step": int(np.asarray(state.step)), "model": getattr(self.model_class, "__name__", type(self.model_adapter).__name__),
+        info = {"which": which, "step": int(np.asarray(state.step)), "precision": precision,
+                "model": getattr(self.model_class, "__name__", type(self.model_adapter).__name__),
                 "flaxlight": _version()}
-        forward = functools.partial(_forward, state)
+        forward = functools.partial(_forward, state, precision=precision)
+        options = {"batch_size": batch_size, "info": info, "platforms": platforms}
         if len(example) == 1:  # one input: the artifact is called as f(x)
-            return export_forward(lambda x: forward((x,)), example[0], path, batch_size=batch_size, info=info)
-        return export_forward(forward, example, path, batch_size=batch_size, info=info, several_inputs=True)
+            return export_forward(lambda x: forward((x,)), example[0], path, **options)
+        return export_forward(forward, example, path, several_inputs=True, **options)
 
     @property
     def _input_count(self) -> int:

@@ -93,10 +93,12 @@ def one_best(options: Any, callbacks: list[Callback], *,
 
 def start_fresh(callbacks: list[Callback], validates: bool = True) -> None:
     """Forget what the built-in callbacks kept from an earlier ``train_model`` of the same trainer
-    (the history, the checkpoints' ranking, early stopping's patience, the time spent): a new run
-    starts afresh, and a resume then restores the run's own states. Settings that cannot work in
-    this run (an ``EarlyStopping`` on ``val/...`` when it does not validate) fail here, before the
-    run's folder is written.
+    (the history, early stopping's patience, the time spent): a new call starts afresh, and a
+    resume then restores the run's own states. The checkpoints' ranking goes on
+    (:meth:`ModelCheckpoint.start_call`): the run's best so far stays its best until a better one
+    comes, as Keras' and Lightning's checkpoint callbacks keep theirs across ``fit`` calls.
+    Settings that cannot work in this run (an ``EarlyStopping`` on ``val/...`` when it does not
+    validate) fail here, before the run's folder is written.
 
     Examples:
         >>> start_fresh(trainer.callbacks, validates=val_loader is not None)   # doctest: +SKIP
@@ -106,5 +108,7 @@ def start_fresh(callbacks: list[Callback], validates: bool = True) -> None:
             callback.check_run(validates)
         if isinstance(callback, History):
             callback.clear()
-        elif isinstance(callback, (ModelCheckpoint, EarlyStopping, Timer)):
+        elif isinstance(callback, ModelCheckpoint):
+            callback.start_call()
+        elif isinstance(callback, (EarlyStopping, Timer)):
             callback.load_state_dict({})

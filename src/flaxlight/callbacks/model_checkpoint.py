@@ -266,6 +266,19 @@ class ModelCheckpoint(Callback):
             if step not in keep and step not in self._earlier_runs:
                 trainer.checkpointer.delete(step)
 
+    def start_call(self) -> None:
+        """A new ``train_model`` call of the same trainer (into its run folder): the ranking goes on,
+        so the run's best checkpoint stays its best until this call validates a better one (as
+        Keras' and Lightning's checkpoint callbacks across ``fit`` calls); the checkpoints already
+        in the folder are never pruned (a resume then restores the checkpoint's own ranking).
+
+        Examples:
+            >>> checkpoint.start_call()   # doctest: +SKIP
+        """
+        best, best_metrics = self.best, self.best_metrics
+        self.load_state_dict({})
+        self.best, self.best_metrics = best, best_metrics
+
     def state_dict(self) -> dict[str, Any]:
         return {"best": [[score, step] for score, step in self.best], "best_metrics": self.best_metrics,
                 "last_step": self.last_step, "monitor": self.monitor, "mode": self.mode,
