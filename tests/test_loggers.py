@@ -742,3 +742,27 @@ def test_the_csv_position_column_appears_only_with_a_step_of_ones_own(tmp_path):
     again = CSVLogger(tmp_path)
     again.resume_from_step(16)  # logged at 16: kept, whatever its step
     assert (tmp_path / "metrics.csv").read_text().splitlines()[1:] == ["8,1.0,,", "512,,0.5,16"]
+
+
+class _DataSize(flaxlight.Callback):
+    """Logs a number once at the start, at step 0 (a row whose step is 0)."""
+
+    def on_fit_start(self, trainer):
+        trainer.log_metrics({"data/train_examples": 256.0})
+
+
+def test_a_tensorboard_run_with_a_row_at_step_0_resumes(tmp_path, regression_loaders):
+    """A row at step 0 (logged from on_fit_start) made the TensorBoard resume fail with a TypeError
+    (its step read as None) once records logged ahead of their step were looked for."""
+    from conftest import SigtermAt
+
+    train, val, _ = regression_loaders
+    logged = {"logger_type": ["tensorboard"], "log_dir": str(tmp_path / "run")}
+    with pytest.raises(SystemExit):
+        _trainer(tmp_path, callbacks=[_DataSize(), SigtermAt(13)], logger_params=logged).train_model(
+            train, val, num_epochs=3)
+    trainer = _trainer(tmp_path, callbacks=[_DataSize()], logger_params=logged)
+    trainer.train_model(train, val, num_epochs=3, resume=True)
+    assert trainer.current_epoch == 3
+    with open(tmp_path / "run" / "metrics.csv") as f:
+        assert [row["step"] for row in csv.DictReader(f) if row["data/train_examples"]][0] == "0"

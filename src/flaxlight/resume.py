@@ -578,9 +578,8 @@ def match_states(saved: Mapping[str, Any], callbacks: Sequence[Any],
                  by_position: bool = False) -> tuple[list[tuple[Any, Any]], list[str]]:
     """``([(callback, state)], names left)``: each callback with the state saved under its name
     (:func:`named_callbacks`). ``by_position``: the states of a checkpoint whose flaxlight named them
-    by class and position (``"EarlyStopping"``, ``"EarlyStopping_2"``); a name that is no callback's
-    now still goes to the callback of its class when it is the only one of that class without a
-    state and the only such state (several: which is which is unknown, so none is given).
+    by class and position (``"EarlyStopping"``, ``"EarlyStopping_2"``): a state no name matches goes, as it did then, to
+    the callback of that class at that position among the callbacks of its class.
 
     Examples:
         >>> from flaxlight.callbacks import EarlyStopping
@@ -588,8 +587,10 @@ def match_states(saved: Mapping[str, Any], callbacks: Sequence[Any],
         >>> matched, left = match_states({"EarlyStopping{'monitor': 'val/loss', 'mode': 'min'}": {"wait": 1}}, stoppers)
         >>> [(callback.monitor, state) for callback, state in matched], left
         ([('val/loss', {'wait': 1})], [])
-        >>> match_states({"EarlyStopping": {"wait": 1}, "EarlyStopping_2": {"wait": 2}}, stoppers, by_position=True)[1]
-        ['EarlyStopping', 'EarlyStopping_2']
+        >>> matched, left = match_states({"EarlyStopping": {"wait": 1}, "EarlyStopping_2": {"wait": 2}}, stoppers,
+        ...                              by_position=True)
+        >>> [(callback.monitor, state) for callback, state in matched], left
+        ([('val/acc', {'wait': 1}), ('val/loss', {'wait': 2})], [])
     """
     left = dict(saved)
     matched, unmatched = [], []
@@ -598,16 +599,24 @@ def match_states(saved: Mapping[str, Any], callbacks: Sequence[Any],
             matched.append((callback, left.pop(name)))
         else:
             unmatched.append(callback)
-    if by_position:
-        def class_of(name: str) -> str:
-            return re.sub(r"_\d+$", "", name)
-
-        for callback in unmatched:
-            kind = type(callback).__name__
-            names = [name for name in left if class_of(name) == kind]
-            if len(names) == 1 and sum(type(other).__name__ == kind for other in unmatched) == 1:
-                matched.append((callback, left.pop(names[0])))
+    if by_position:  # the names earlier versions gave, in list order: class, then class_2, class_3, ...
+        waiting = {id(callback) for callback in unmatched}
+        for old_name, callback in _positional_names(callbacks):
+            if id(callback) in waiting and old_name in left:
+                matched.append((callback, left.pop(old_name)))
     return matched, list(left)
+
+
+def _positional_names(callbacks: Sequence[Any]) -> list[tuple[str, Any]]:
+    """The state names of checkpoints written before ``Callback.state_key``: the class name,
+    numbered by position among the callbacks of that class."""
+    counts: dict[str, int] = {}
+    named = []
+    for callback in callbacks:
+        kind = type(callback).__name__
+        counts[kind] = counts.get(kind, 0) + 1
+        named.append((kind if counts[kind] == 1 else f"{kind}_{counts[kind]}", callback))
+    return named
 
 
 def _names(names: Sequence[str]) -> str:

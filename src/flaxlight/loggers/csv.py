@@ -207,7 +207,7 @@ def rows_logged_ahead(path: str | os.PathLike, step: int) -> list[tuple[int, dic
         return []
     ahead = []
     for row in _read(os.fspath(path), up_to=step)[1]:
-        if _step_of(row) > step:
+        if (_step_of(row) or 0) > step:
             numbers = {key: float(value) for key, value in row.items()
                        if key not in ("step", POSITION_COLUMN) and isinstance(value, (int, float))}
             ahead.append((_step_of(row), numbers))
@@ -218,9 +218,12 @@ def _step_of(row: Mapping, column: str = "step") -> int | None:
     """The row's ``column`` as an int (``trainer/global_step`` empty or cut short: its step); None
     if neither is one."""
     for key in (column, "step"):
+        value = row.get(key)
+        if isinstance(value, int) and not isinstance(value, bool):  # a parsed row (0 is a step too)
+            return value
         try:
-            return int(row.get(key) or "")
-        except ValueError:
+            return int(value or "")
+        except (TypeError, ValueError):
             continue
     return None
 
