@@ -105,19 +105,43 @@ def test_a_monitor_logged_at_an_earlier_validation_only_is_not_said_to_be_never_
     assert "a callback's on_validation_end (ModelCheckpoint runs after the other callbacks" in message
 
 
-@pytest.mark.parametrize("callbacks", [[], [LogsF1()]], ids=["alone", "beside-a-callback-that-logs"])
 def test_a_lightning_style_val_loss_monitor_is_refused_before_training_with_the_right_name(
-        tmp_path, regression_loaders, callbacks):
+        tmp_path, regression_loaders):
     """monitor="val_loss" failed after a whole epoch (rows written), saying to use
     EarlyStopping(monitor='val_loss') for "a train metric"."""
     train, val, _ = regression_loaders
-    trainer = _trainer(tmp_path, callbacks + [ModelCheckpoint(monitor="val_loss")])
+    trainer = _trainer(tmp_path, [ModelCheckpoint(monitor="val_loss")])
     with pytest.raises(MetricNotLoggedError) as info:
         trainer.train_model(train, val, num_epochs=2)
     message = str(info.value)
     assert "Did you mean 'val/loss'?" in message and "names validation metrics 'val/<name>'" in message
     assert "EarlyStopping" not in message and "train metric" not in message
     assert trainer.global_step == 0 and not os.path.exists(tmp_path / "run" / "metrics.csv")
+
+
+def test_a_val_loss_monitor_beside_a_callback_that_logs_is_looked_for_at_the_first_validation(
+        tmp_path, regression_loaders):
+    """A callback of the user's may log any name during validation: the name is not refused ahead, and
+    the first validation without it says what was meant."""
+    train, val, _ = regression_loaders
+    trainer = _trainer(tmp_path, [LogsF1(), ModelCheckpoint(monitor="val_loss")])
+    with pytest.raises(MetricNotLoggedError, match=r"'val_loss'.*Did you mean 'val/loss'\?"):
+        trainer.train_model(train, val, num_epochs=2)
+    assert trainer.current_epoch == 1
+
+
+class LogsValLossTheLightningWay(RegressTrainer):
+    def on_validation_epoch_end(self, epoch_idx, eval_metrics, val_loader):
+        self.log_metrics({"val_loss": float(eval_metrics["val/loss"]) + epoch_idx})  # worse each epoch
+
+
+def test_a_val_loss_the_users_hook_logs_ranks_the_best_model(tmp_path, regression_loaders):
+    """A hook logging "val_loss" itself (Lightning's self.log("val_loss", ...)) and monitoring it was
+    refused before training as a misspelling of val/loss."""
+    train, val, _ = regression_loaders
+    trainer = _trainer(tmp_path, trainer_class=LogsValLossTheLightningWay, monitor="val_loss")
+    best = trainer.train_model(train, val, num_epochs=3)
+    assert best["val_loss"] == pytest.approx(float(best["val/loss"]) + 1)  # the first epoch's: lowest val_loss
 
 
 def test_a_monitor_nothing_can_log_is_refused_before_training_and_one_a_callback_may_log_is_not(

@@ -34,7 +34,7 @@ from flaxlight.loggers.base import checked_scalars
 from flaxlight.loggers.csv import LoggedStep
 from flaxlight.loop import Interrupted, SignalGuard
 from flaxlight.messages import logger as messages
-from flaxlight.options import MetricNotLoggedError, written_otherwise as _written_otherwise
+from flaxlight.options import MetricNotLoggedError
 from flaxlight.progress import progress
 
 __all__ = ["TrainerViewMixin"]
@@ -412,19 +412,19 @@ class TrainerViewMixin:
         checked against the names of the eval step traced ahead, so a misspelt one fails before
         training: a name the eval step does not return is refused now when nothing of the user's
         can log it during validation (an ``on_validation_epoch_end`` override, a callback's own
-        ``on_validation_end`` or ``on_log``), or when it is an eval metric's name written another way
-        (``val_loss`` for ``val/loss``); else it is looked for at each validation (:meth:`_settle_best`)."""
+        ``on_validation_end`` or ``on_log``), with "did you mean" for an eval metric's name written
+        another way (``val_loss`` for ``val/loss``); else it is looked for at each validation
+        (:meth:`_settle_best`), whose message says the same."""
         names, monitor = self.engine.eval_metric_names, self.options.monitor
         if names is None or not monitor or not _is_flaxlights(type(self).eval_model):  # it may add metrics
             return
         known = {f"val/{name}": 0.0 for name in names}
         if monitor in known or (monitor.startswith("val/") and monitor.split("/")[1] in names):  # "val/f1/macro"
             return
-        if _written_otherwise(monitor, known) is None and (
-                not _is_flaxlights(type(self).on_validation_epoch_end) or any(
-                    not _is_flaxlights(getattr(type(cb), hook)) for cb in self.callbacks
-                    for hook in ("on_validation_end", "on_log"))):
-            return  # a callback or hook of the user's may log it during validation
+        if not _is_flaxlights(type(self).on_validation_epoch_end) or any(
+                not _is_flaxlights(getattr(type(cb), hook)) for cb in self.callbacks
+                for hook in ("on_validation_end", "on_log")):
+            return  # a callback or hook of the user's may log it (even as "val_loss") during validation
         raise MetricNotLoggedError(self.options.missing_monitor_message(known, ahead=True))
 
     def _val_batch_check(self) -> Callable[[Any], None] | None:
