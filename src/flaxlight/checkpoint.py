@@ -473,7 +473,8 @@ class Checkpointer:
 
         A damaged or partial newest checkpoint (truncated or missing files) is skipped with a
         warning and the one before it is tried. A checkpoint of a *different model* is not
-        skipped: that is a user error and raises with the mismatching paths.
+        skipped: that is a user error and raises with the mismatching paths; so is an error of a
+        ``load_model`` override's own code (marked ``flaxlight_user_code`` by the trainer).
         """
         self.wait()
         steps = sorted((s for s in self.all_steps() if before is None or s < before), reverse=True)
@@ -486,6 +487,8 @@ class Checkpointer:
                 state = load(step) if load is not None else self.restore(target, step, with_opt_state)
                 return state, meta, step
             except Exception as exc:  # noqa: BLE001 - any read failure means "damaged": try the previous one
+                if getattr(exc, "flaxlight_user_code", False):  # the trainer's load_model override's own error
+                    raise
                 remaining = steps[i + 1 :]
                 if not remaining:
                     raise ValueError(f"No readable checkpoint in {self.directory}; the last error: {exc}") from exc

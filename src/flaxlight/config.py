@@ -49,7 +49,7 @@ from flaxlight.messages import logger as messages
 from flaxlight.models import ModelHparamsError
 from flaxlight.optim import OptimizerConfig, suggest_key
 from flaxlight.options import MetricNotLoggedError, TrainerOptions
-from flaxlight.runfiles import HPARAMS_FILE, LoggerParams, class_path, next_version_dir, read_hparams, to_yaml_safe
+from flaxlight.runfiles import HPARAMS_FILE, LoggerParams, class_path, read_hparams, run_dir, to_yaml_safe
 from flaxlight.trainer import TrainerModule
 
 __all__ = [
@@ -1380,7 +1380,7 @@ def _logger_params(cfg: Config, resolved: Resolved) -> dict[str, Any]:
     params = {k: v for k, v in config_to_dict(cfg)["trainer"]["logger_params"].items() if v is not None}
     if cfg.loggers and "log_dir" not in params:  # the loggers need the run's folder before the trainer exists
         owner = resolved.model_class or resolved.trainer_class
-        params["log_dir"] = next_version_dir(os.path.join(params["base_log_dir"], owner.__name__))
+        params["log_dir"] = run_dir(LoggerParams.from_mapping(params), owner.__name__)  # logger_name's folder too
     return params
 
 

@@ -253,15 +253,19 @@ class Engine:
         return jax.device_put(value, dist.replicated(self.mesh)) if self.mesh is not None else jnp.asarray(value)
 
     def zero_sums(self, kind: str, state, batch) -> dict:
-        """Zeroed metric sums for a ``"train"``/``"eval"`` step on ``batch`` (shapes traced once)."""
+        """Zeroed metric sums for a ``"train"``/``"eval"`` step on ``batch`` (shapes traced once per
+        batch shape). With ``debug=True`` nothing is traced: the step runs once on ``batch`` with real
+        values, its result unused (so ``float(x)`` and ``breakpoint()`` work; the step's prints show once
+        more then)."""
         key = (kind, jax.tree.structure(batch),
                tuple((np.shape(x), np.result_type(x.dtype)) for x in jax.tree.leaves(batch)))
         if key not in self._templates:
+            shapes_of = (lambda step, *args: step(*args)) if self.debug else jax.eval_shape
             with dist.axis_names_explained():  # the steps' first trace: nn.BatchNorm(axis_name=...) fails here
                 if kind == "train":
-                    _, metrics = jax.eval_shape(self.step_functions["train"], state, batch)
+                    _, metrics = shapes_of(self.step_functions["train"], state, batch)
                 else:
-                    metrics = jax.eval_shape(self.step_functions["eval"], state, batch)
+                    metrics = shapes_of(self.step_functions["eval"], state, batch)
             if not isinstance(metrics, Mapping):
                 raise TypeError(f"The {kind} step must return metrics as a dict; got {type(metrics).__name__}.")
             self._templates[key] = init_accumulator(metrics)

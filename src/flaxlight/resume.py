@@ -226,7 +226,9 @@ def restore_run(own: Checkpointer, resume_from: str | os.PathLike | None, state:
 
     Without ``resume_from``: the newest readable checkpoint of ``own`` (the run's own folder),
     restored by ``load(step)`` (the trainer's ``load_model``); damaged newer ones are skipped
-    with a warning and removed. ``resume_from``: a run dir, its ``checkpoints`` dir or a step dir.
+    with a warning and removed. An error ``load`` marks as the user's code (``flaxlight_user_code``:
+    a ``load_model`` override's own) propagates: no checkpoint is skipped or removed for it.
+    ``resume_from``: a run dir, its ``checkpoints`` dir or a step dir.
     """
     checkpointer = own if resume_from is None else checkpointer_for(resume_from)
     if not checkpointer.all_steps():
@@ -495,8 +497,8 @@ def load_with_fallback(checkpointer: Checkpointer, state: Any, which: str,
     try:
         return load(step)
     except Exception as exc:  # noqa: BLE001 - orbax, tensorstore and JSON raise many types
-        if checkpointer.describe_mismatch(state, step):
-            raise
+        if getattr(exc, "flaxlight_user_code", False) or checkpointer.describe_mismatch(state, step):
+            raise  # an error of the user's load_model (never damage), or another model's checkpoint
         cause = exc.__cause__ if isinstance(exc, DamagedCheckpointError) and exc.__cause__ is not None else exc
         problem = (f"Checkpoint {step} in {checkpointer.directory} is damaged or partial ({type(cause).__name__}: "
                    f"{_first_line(cause)})")

@@ -56,6 +56,8 @@ class LoggerParams:
     Attributes:
         log_dir: the run's folder; None: ``<base_log_dir>/<ModelClass>/version_N``, a new N each run.
         base_log_dir: parent of the versioned folders.
+        logger_name: a folder between the model's and the versions, as in the UvA guide:
+            ``<base_log_dir>/<ModelClass>/<logger_name>/version_N`` (not used with ``log_dir``).
         logger_type: ``csv``, ``tensorboard``, ``wandb``, ``mlflow`` or a list; None: CSV plus
             TensorBoard when tensorboardX is installed (CSV alone when ``loggers`` are given).
         project_name: W&B project / MLflow experiment.
@@ -64,6 +66,7 @@ class LoggerParams:
 
     log_dir: str | None = None
     base_log_dir: str = "checkpoints"
+    logger_name: str | None = None
     logger_type: str | list[str] | None = None
     project_name: str | None = None
     run_name: str | None = None
@@ -150,8 +153,12 @@ def check_folders(log_dir: str) -> None:
 
 
 def run_dir(params: LoggerParams, owner_name: str) -> str:
-    """The run's folder, absolute: ``log_dir``, or the next version under ``base_log_dir/owner_name``."""
-    log_dir = params.log_dir or next_version_dir(os.path.join(params.base_log_dir, owner_name))
+    """The run's folder, absolute: ``log_dir``, or the next version under ``base_log_dir/owner_name``
+    (``/logger_name``, when given)."""
+    versions = os.path.join(params.base_log_dir, owner_name)
+    if params.logger_name:  # the UvA guide's sub-folder
+        versions = os.path.join(versions, os.fspath(params.logger_name))
+    log_dir = params.log_dir or next_version_dir(versions)
     return os.path.abspath(os.fspath(log_dir))
 
 
@@ -521,9 +528,10 @@ def read_hparams(log_dir: str) -> dict:
 
 
 def trainer_kwargs(trainer_class: type, run: str | os.PathLike, which: str,
-                   overrides: Mapping[str, Any]) -> dict[str, Any]:
+                   overrides: Mapping[str, Any], need_checkpoint: bool = True) -> dict[str, Any]:
     """Constructor arguments that rebuild the trainer of the run folder ``run`` from its
-    ``hparams.yaml``, after checking that the folder holds a run with a checkpoint.
+    ``hparams.yaml``, after checking that the folder holds a run with a checkpoint (of flaxlight's;
+    ``need_checkpoint=False``: a run whose ``save_model`` wrote checkpoints of its own).
 
     Works for trainers taking ``model_class``/``model_hparams`` and for the seed's pattern of a
     constructor taking the model hyperparameters by name. The model class named in the file is
@@ -534,7 +542,7 @@ def trainer_kwargs(trainer_class: type, run: str | os.PathLike, which: str,
     log_dir = os.path.abspath(os.fspath(run))
     hparams, ckpt_dir = read_hparams(log_dir), os.path.join(log_dir, CHECKPOINT_DIR)
     check_folders(log_dir)
-    if not os.path.isdir(ckpt_dir) or not Checkpointer(ckpt_dir, read_only=True).all_steps():
+    if need_checkpoint and (not os.path.isdir(ckpt_dir) or not Checkpointer(ckpt_dir, read_only=True).all_steps()):
         raise FileNotFoundError(f"No checkpoint in {ckpt_dir}: this run saved no model yet.")
     model_class_path = hparams.pop("model_class")
     model_hparams = hparams.pop("model_hparams", {}) or {}

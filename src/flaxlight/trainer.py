@@ -113,7 +113,7 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
     def init_model(self, exmp_input: Any) -> None:
         """Initialise parameters (and batch stats) from ``exmp_input``; no optimizer yet."""
         model_rng, init_rng = jax.random.split(jax.random.PRNGKey(self.seed))
-        variables = self.run_model_init(as_input_list(exmp_input), init_rng)
+        variables = self._init_variables(as_input_list(exmp_input), init_rng)  # run_model_init; its inputs noted
         params, self.param_annotations = dist.split_annotations(variables["params"], self.model_adapter.annotations)
         self.state = TrainState.create(apply_fn=self.model_adapter.apply, params=params,
                                        batch_stats=variables.get("batch_stats"), rng=model_rng, tx=None)
@@ -208,6 +208,7 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
         train_loader, val_loader, test_loader = fit_loaders(train_loader, val_loader, test_loader, batch_size,
                                                             seed=self.seed)
         num_epochs = self._prepare_run(train_loader, val_loader, num_epochs, steps_per_epoch)
+        self._check_load_seam("train_model(test_loader=...)" if test_loader is not None else None)
         self.engine.compile_eval_ahead(self.state, val_loader, check=self._val_batch_check())  # a bad one writes nothing
         target = ResumeTarget.make(resume, resume_from, own=self.checkpointer, log_dir=self.log_dir, overwrite=overwrite)
         if target.replaces:  # overwrite=True: the run in log_dir is replaced, one this trainer wrote too
@@ -248,7 +249,7 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
                             val_check_interval=self.options.val_check_interval, max_steps=self.options.max_steps)
         self.num_epochs, self.steps_per_epoch = plan.num_epochs, plan.steps_per_epoch
         dist.check_loader_divisible(train_loader, self.mesh)  # before the run's folder is claimed
-        self.init_optimizer(plan.schedule_epochs, plan.schedule_steps_per_epoch)
+        self._build_optimizer(plan.schedule_epochs, plan.schedule_steps_per_epoch)  # init_optimizer; its state checked
         self._place_state()
         self._loop = LoopState.fresh(self.state)  # its data order goes on from state.epoch; the run's best stays its best
         self.should_stop, self.stop_reason = False, None
@@ -440,8 +441,9 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
     def save_model(self, step: int | None = None) -> None:
         """Checkpoint everything needed to continue (state, loop position, callbacks, log history) as step ``step``
         (default: now). :class:`ModelCheckpoint` decides when; the arrays are copied off the device before this
-        returns and written in the background; a non-finite state is not saved (a warning says why)."""
-        step = self.global_step if step is None else int(step)
+        returns and written in the background; a non-finite state is not saved (a warning says why). An override
+        not calling it saves its own way, at new best models only, as the UvA guide's (:attr:`own_checkpoints`)."""
+        step, self._saved_by_flaxlight = (self.global_step if step is None else int(step)), True
         self._unsaved = self._nonfinite.damage(self._loop, self.state.params, self._nonfinite_guard() == "skip")
         if self._unsaved:  # an interrupt's message says it again
             warnings.warn(f"Not saving checkpoint {step}: {self._unsaved}; the earlier checkpoints are kept.",
@@ -462,12 +464,9 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
 
     def load_model(self, step: int | None = None) -> None:
         """Restore a checkpoint into ``self.state``: ``step``, else the best, else the newest; outside
-        ``train_model``, ``global_step`` too (inside, e.g. from a callback, the run's step count goes on)."""
-        self.checkpointer.wait()
-        step = resume.pick_checkpoint(self.checkpointer, "best") if step is None else step
-        self.state = self.checkpointer.restore(self.state, step=step)
-        if not self._in_run:
-            self.global_step = int(to_host(self.state.step))
+        ``train_model``, ``global_step`` too (inside, e.g. from a callback, the run's step count goes on). An
+        override may drop ``step`` (the UvA guide's ``load_model(self)``: the best only), see docs/from-uva.md."""
+        self._restore_checkpoint(step)
 
     def _resume(self, target: ResumeTarget, train_loader) -> None:
         """Continue from a checkpoint (:func:`flaxlight.resume.restore_run`): state, loop, best, callbacks, loggers."""
@@ -482,10 +481,6 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
             self.engine.adopt_block_length(meta.block_length)
             self._nonfinite.steps, self._nonfinite.before_epoch = meta.nonfinite
             self.logger.resume_from_step(step)
-
-    def _load_for_resume(self, step: int) -> TrainState:  # load_model's result, for resume and loading
-        self.load_model(step)
-        return self.state
 
     def _finish_files(self, status: str, best: dict | None = None) -> None:
         self._in_run = False  # every end of train_model comes here

@@ -18,6 +18,7 @@ import os
 import re
 from typing import Any, Mapping, Sequence
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -30,6 +31,7 @@ from flaxlight.messages import logger as messages
 from flaxlight.metrics import deliberate_reads, to_host
 from flaxlight.optim import PRECISIONS, as_optimizer_config, ema_params
 from flaxlight.step import cast_floating, step_owner
+from flaxlight.view import _is_flaxlights, writes_own_checkpoints
 
 __all__ = ["TrainerVerbsMixin"]
 
@@ -106,6 +108,8 @@ class TrainerVerbsMixin:
         eval folder). ``test()`` and ``log_metrics`` add to the run's records.
         Example: ``MyTrainer.load_from_checkpoint("checkpoints/MLP/version_0", exmp_input=x[:1])``."""
         run, step = _run_and_step(checkpoint)
+        if writes_own_checkpoints(cls) and runfiles.CHECKPOINT_DIR + "/" not in runfiles.run_files_present(run):
+            return cls._load_own_checkpoint(run, step, exmp_input, which, overrides)
         trainer = _construct(cls, exmp_input, runfiles.trainer_kwargs(cls, run, which, overrides), overrides)
         source = resume.checkpointer_for(run if step is None else os.path.join(run, runfiles.CHECKPOINT_DIR))
         own = source.directory == trainer.checkpointer.directory
@@ -114,11 +118,11 @@ class TrainerVerbsMixin:
         config = as_optimizer_config(trainer.optimizer_hparams)
         averaged = not with_optimizer and getattr(config, "ema_decay", None) is not None  # the EMA is in its state
         if with_optimizer or averaged:
-            trainer.init_optimizer(*resume.run_length(source))
+            trainer._build_optimizer(*resume.run_length(source))
         trainer._place_state()
+        load = functools.partial(trainer._load_for_resume, purpose="load_from_checkpoint") if own else None
         try:
-            trainer.state = resume.load_with_fallback(source, trainer.state, which,
-                                                      trainer._load_for_resume if own else None, step=step)
+            trainer.state = resume.load_with_fallback(source, trainer.state, which, load, step=step)
         except ModelMismatchError as exc:  # the model was shaped from exmp_input: it may be the one at fault
             raise ModelMismatchError(f"{exc}\n{_exmp_input_note(exmp_input)}") from None
         if averaged:  # an inference load serves the moving average the run was validated with
@@ -127,13 +131,41 @@ class TrainerVerbsMixin:
         trainer.logger.continue_run()  # test() and log_metrics add to the run's records
         return trainer
 
+    @classmethod
+    def _load_own_checkpoint(cls, run: str, step: int | None, exmp_input: Any, which: str,
+                             overrides: Mapping[str, Any]) -> Any:
+        """``load_from_checkpoint`` of a run whose ``save_model`` wrote checkpoints of its own (the UvA
+        guide's pair, :func:`~flaxlight.view.writes_own_checkpoints`): the trainer rebuilt from
+        ``hparams.yaml``, its best model restored by its ``load_model()``."""
+        name = cls.__name__
+        if _is_flaxlights(cls.load_model):
+            raise FileNotFoundError(f"No checkpoint of flaxlight's in {os.path.join(run, runfiles.CHECKPOINT_DIR)}: "
+                                    f"{name}.save_model writes checkpoints of its own (it does not call "
+                                    f"super().save_model(step)), which flaxlight cannot read. Override "
+                                    f"load_model(self) to restore self.state from them (the UvA guide's pair: "
+                                    f"save_model(step) at each new best model, load_model() for it): "
+                                    f"load_from_checkpoint then calls it.")
+        if which != "best" or step is not None:
+            raise ValueError(f"{name}.save_model writes checkpoints of its own, called at new best models only: "
+                             f"load_from_checkpoint loads the best model, through {name}.load_model(); "
+                             f"{'which=' + repr(which) if which != 'best' else 'a step folder'} has no checkpoint.")
+        kwargs = runfiles.trainer_kwargs(cls, run, which, overrides, need_checkpoint=False)
+        trainer = _construct(cls, exmp_input, kwargs, overrides)
+        trainer._hparams_written = trainer._loaded = True
+        trainer._load_for_resume(None, purpose="load_from_checkpoint")
+        trainer.global_step = int(to_host(trainer.state.step))
+        trainer.logger.continue_run()
+        return trainer
+
     def predict(self, data: Any, *, batch_size: int | None = None, which: str = "current") -> Any:
         """The model's outputs on ``data`` in eval mode, stacked over batches (numpy arrays, in
         the structure the model returns).
 
         ``data``: a loader (its batches' first element, or the first ``len(exmp_input)`` for a
         model of several inputs, or the whole batch when it is not a tuple, is what the model
-        takes), or an array / a tuple of arrays with ``batch_size``.
+        takes), or an array / a tuple of arrays with ``batch_size``. An ``exmp_input`` that is a
+        whole ``(inputs, labels)`` batch, of which a ``run_model_init`` of yours gave the model the
+        inputs (the UvA guide's classifier), counts as those inputs.
         ``which``: ``"current"`` (the trainer's state now), ``"best"`` or ``"last"`` (that
         checkpoint, restored for this call; ``self.state`` is not changed). One jitted call per
         batch (the shorter last batch compiles once); outputs are copied to the host as they
@@ -147,14 +179,19 @@ class TrainerVerbsMixin:
         if getattr(self, "_predict_step", None) is None:
             precision = getattr(step_owner(self.eval_step), "precision", "fp32")  # as validation computes
             self._predict_step = jax.jit(functools.partial(_forward, precision=precision))
-        outputs = []
+        outputs, examples = [], as_input_list(self.exmp_input)[: self._input_count]
         for i, batch in enumerate(loader):
             inputs = _model_inputs(batch, self._input_count)
             if i == 0:
-                _check_like_example(inputs, as_input_list(self.exmp_input))
+                _check_like_example(inputs, examples, self._whole_batch_hint())
                 if self.options.check_batches:
-                    _check_input_shapes(self._predict_step, state, inputs, as_input_list(self.exmp_input))
-            out = self._predict_step(state, inputs)
+                    _check_input_shapes(self._predict_step, state, inputs, examples)
+            try:
+                out = self._predict_step(state, inputs)
+            except TypeError as exc:  # e.g. labels given as a second input: "got multiple values for argument"
+                if i == 0 and self._whole_batch_hint():
+                    exc.add_note(self._whole_batch_hint())
+                raise
             with deliberate_reads():
                 for leaf in jax.tree.leaves(out):
                     leaf.copy_to_host_async()
@@ -207,10 +244,13 @@ class TrainerVerbsMixin:
         return test_metrics
 
     def _evaluate_test(self, test_loader, which: str, stem: str) -> dict[str, float]:
-        """Restore the ``which`` checkpoint (when there is one) and evaluate it: ``<stem>/...`` metrics."""
+        """Restore the ``which`` checkpoint (when there is one) and evaluate it: ``<stem>/...`` metrics.
+        A ``save_model`` writing checkpoints of its own (the UvA guide's): the best through ``load_model()``."""
         source = self._checkpoint_source()
-        if which != "current" and source.all_steps():
-            own_load = not type(self).load_model.__qualname__.startswith("TrainerModule.")  # a seam of the user's
+        if which != "current" and self.own_checkpoints and not source.all_steps():
+            self._load_own_best(which, "the test")
+        elif which != "current" and source.all_steps():
+            own_load = not _is_flaxlights(type(self).load_model)  # a seam of the user's
             if self.state.opt_state is None and not own_load:  # loaded for inference: served as loaded (the EMA)
                 self.state = self._state_for(which).replace(opt_state=None)
             elif source is not self.checkpointer:  # loaded from another run's folder, with its optimizer
@@ -218,7 +258,8 @@ class TrainerVerbsMixin:
             else:
                 source.wait()
                 step = self.global_step  # the test is logged at the trainer's step (after training: the last)
-                self.load_model(None if which == "best" else resume.pick_checkpoint(source, which))  # None: best
+                self._load_for_resume(None if which == "best" else resume.pick_checkpoint(source, which),
+                                      purpose="the test")  # None: the best, by load_model()
                 self.global_step = step
         return self.eval_model(test_loader, log_prefix=f"{stem}/")
 
@@ -286,8 +327,41 @@ class TrainerVerbsMixin:
 
     @property
     def _input_count(self) -> int:
-        """How many inputs the model takes: ``exmp_input``'s (a tuple / list holds several)."""
-        return len(as_input_list(self.exmp_input))
+        """How many inputs the model takes: ``exmp_input``'s (a tuple / list holds several), or the
+        first of them a ``run_model_init`` of the user's gave the model (:meth:`_init_variables`)."""
+        return getattr(self, "_model_input_count", None) or len(as_input_list(self.exmp_input))
+
+    def _init_variables(self, exmp_inputs: list, init_rng) -> dict:
+        """``run_model_init``'s variables. For a Linen ``run_model_init`` of the user's and an
+        ``exmp_input`` of several elements, which of them it gave the model is noted: the UvA guide's
+        classifier passes a whole ``(imgs, labels)`` batch and unpacks ``imgs, _ = exmp_input``, so
+        ``predict`` and ``export`` feed the model ``imgs`` only (:func:`_inputs_given`)."""
+        self._model_input_count = None
+        if _is_flaxlights(type(self).run_model_init) or self.model_adapter.kind != "linen" or len(exmp_inputs) < 2:
+            return self.run_model_init(exmp_inputs, init_rng)
+        calls = []
+
+        def note_first_call(next_fun, args, kwargs, context):  # the model's own method, entered first
+            if not calls and context.method_name != "setup":
+                calls.append((args, kwargs))
+            return next_fun(*args, **kwargs)
+
+        with nn.intercept_methods(note_first_call):
+            variables = self.run_model_init(exmp_inputs, init_rng)
+        self._model_input_count = _inputs_given(exmp_inputs, *calls[0]) if calls else None
+        return variables
+
+    def _whole_batch_hint(self) -> str:
+        """What to do when ``exmp_input`` may be a whole ``(inputs, labels)`` batch that flaxlight
+        could not split (its elements all taken as model inputs); "" when that cannot be it."""
+        count = len(as_input_list(self.exmp_input))
+        if count < 2 or self._input_count < count or _is_flaxlights(type(self).run_model_init):
+            return ""
+        return (f"exmp_input holds {count} elements, all taken as the model's inputs, as flaxlight could not tell "
+                f"which of them {type(self).__name__}.run_model_init gives the model. If exmp_input is a whole batch "
+                f"with labels (the UvA guide's classifier passes next(iter(train_loader)) and unpacks imgs, _ = "
+                f"exmp_input), pass the model's inputs only, e.g. exmp_input=batch[:1] (a list of one array, as the "
+                f"guide's regression example does), and unpack just those in run_model_init.")
 
     @property
     def model(self):
@@ -327,6 +401,8 @@ class TrainerVerbsMixin:
         if which not in ("best", "last"):
             raise ValueError(f"which must be 'current', 'best' or 'last'; got {which!r}.")
         checkpoints = self._checkpoint_source()
+        if self.own_checkpoints and not checkpoints.all_steps():  # the UvA guide's pair: the best by load_model()
+            return self._serving(self._own_best_state(which))
         checkpoints.wait()
         step = resume.pick_checkpoint(checkpoints, which)
         template = self.state
@@ -336,15 +412,44 @@ class TrainerVerbsMixin:
         restored = checkpoints.restore(template if with_ema else self.state, step=step, with_opt_state=with_ema)
         return self._serving(restored)
 
+    def _own_best_state(self, which: str):
+        """The best model a ``save_model`` of the user's wrote, restored by its ``load_model()`` for
+        this call (``self.state`` and ``global_step`` are left as they were)."""
+        kept, step = self.state, self.global_step
+        try:
+            self._load_own_best(which, f"predict / export with which={which!r}")
+            return self.state
+        finally:
+            self.state, self.global_step = kept, step
+
     def _serving(self, state):
         """``state`` with the parameters the eval step uses: :func:`_served`, unless the trainer's
         :class:`~flaxlight.TrainStep` was built with ``eval_with_ema=False``."""
         return _served(state) if getattr(step_owner(self.eval_step), "eval_with_ema", True) else state
 
 
-def _check_like_example(inputs: tuple, examples: list) -> None:
+def _inputs_given(examples: list, args: tuple, kwargs: Mapping[str, Any]) -> int | None:
+    """How many leading elements of ``exmp_input`` (``examples``) the model's first call at init got
+    (positional or by keyword): the same objects, else (traced, e.g. under ``jax.jit``) values of
+    the same structure, shapes and dtypes. None when that is all of them, none, or not the first few."""
+    given = [*args, *kwargs.values()]
+
+    def signature(value):
+        return jax.tree.structure(value), [(np.shape(x), getattr(x, "dtype", type(x))) for x in jax.tree.leaves(value)]
+
+    used = [i for i, example in enumerate(examples) if any(value is example for value in given)]
+    if not used:
+        try:
+            used = [i for i, example in enumerate(examples) if any(signature(v) == signature(example) for v in given)]
+        except Exception:  # noqa: BLE001 - values numpy cannot shape: not known
+            return None
+    return len(used) if used and used == list(range(len(used))) and len(used) < len(examples) else None
+
+
+def _check_like_example(inputs: tuple, examples: list, hint: str = "") -> None:
     """Fail with a readable message when predict's inputs are not structured as ``exmp_input``
-    (e.g. dict batches ``{"x", "y"}`` for a model of one array, one array for a model of two)."""
+    (e.g. dict batches ``{"x", "y"}`` for a model of one array, one array for a model of two);
+    ``hint``: what to do when ``exmp_input`` may be a whole batch with labels."""
     want, got = [jax.tree.structure(x) for x in examples], [jax.tree.structure(x) for x in inputs]
     if want == got:
         return
@@ -356,9 +461,11 @@ def _check_like_example(inputs: tuple, examples: list) -> None:
         fix = f"as one tuple of its {len(examples)} inputs: trainer.predict(({names}), batch_size=256)"
         takes = f"the first {len(examples)} elements of each tuple batch (the rest, e.g. labels, left out)"
     plural = "s" * (len(examples) > 1)
+    advice = f"{hint} If the model does take {len(examples)} inputs, pass them {fix}." if hint else \
+        f"Give predict the model's inputs only, {fix}."
     raise TypeError(f"predict feeds the model {takes}; the model takes {len(examples)} input{plural} like exmp_input: "
                     f"{_describe_inputs(examples)}, but predict's batches give {len(inputs)}: "
-                    f"{_describe_inputs(inputs)}. Give predict the model's inputs only, {fix}.")
+                    f"{_describe_inputs(inputs)}. {advice}")
 
 
 def _describe_inputs(inputs) -> str:

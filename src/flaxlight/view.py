@@ -19,14 +19,16 @@ Examples:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import difflib
+import inspect
 import warnings
 from typing import Any, Callable, Iterator, Mapping
 
 import jax
 
 from flaxlight import distributed as dist
-from flaxlight import runfiles
+from flaxlight import resume, runfiles
 from flaxlight.callbacks.history import History
 from flaxlight.callbacks.model_checkpoint import ModelCheckpoint
 from flaxlight.data import check_first_batch
@@ -34,8 +36,10 @@ from flaxlight.loggers.base import checked_scalars
 from flaxlight.loggers.csv import LoggedStep
 from flaxlight.loop import Interrupted, SignalGuard
 from flaxlight.messages import logger as messages
+from flaxlight.metrics import to_host
 from flaxlight.options import MetricNotLoggedError
 from flaxlight.progress import progress
+from flaxlight.state import TrainState
 
 __all__ = ["TrainerViewMixin"]
 
@@ -104,6 +108,17 @@ class TrainerViewMixin:
         come first in the list)."""
         self._settle_best()
         return self._is_best
+
+    @property
+    def own_checkpoints(self) -> bool:
+        """Whether ``save_model`` writes checkpoints of its own: an override that does not call
+        ``super().save_model(step)`` (the UvA guide's way, e.g. with ``flax.training.checkpoints``;
+        :func:`writes_own_checkpoints`). As in the guide's loop, such a ``save_model(step)`` is then
+        called only when a validation gives a new best model (``ModelCheckpoint``'s periodic,
+        last and interrupt saves are not made: they would overwrite the best), and the best model
+        is restored through ``load_model()`` for a test, ``predict(which="best")`` and
+        ``load_from_checkpoint`` (docs/from-uva.md). False once flaxlight's ``save_model`` ran."""
+        return not getattr(self, "_saved_by_flaxlight", False) and writes_own_checkpoints(type(self))
 
     @property
     def validation_metrics(self) -> dict[str, float]:
@@ -331,7 +346,10 @@ class TrainerViewMixin:
     def _save_on_interrupt(self, interrupt: Interrupted) -> None:
         """SIGTERM / SIGINT: save the step trained, end the run's files, say how to resume, exit 128 + signal."""
         try:
-            if self.log_dir is not None:  # fast_dev_run writes nothing
+            if self.own_checkpoints:  # the guide's save_model(step) means "a new best": the state now is not one
+                self._unsaved = (f"{type(self).__name__}.save_model writes checkpoints of its own, which flaxlight "
+                                 f"asks for at new best models only")
+            elif self.log_dir is not None:  # fast_dev_run writes nothing
                 with SignalGuard.ignoring():  # a second Ctrl-C waits for the save
                     self.save_model(self.global_step)
                     self.checkpointer.wait()
@@ -474,6 +492,209 @@ class TrainerViewMixin:
             self.stop_reason = f"max_steps={self.options.max_steps} reached."
         if self.stop_reason:
             messages.info(self.stop_reason)
+
+    # ------------------------------------------------------------------ the seed's seams of the user's
+    def _build_optimizer(self, num_epochs: int, num_steps_per_epoch: int) -> None:
+        """``init_optimizer`` (an override of the user's, if any), with ``self.state`` checked before and
+        after: a Flax ``TrainState`` (the UvA guide's, built by its ``init_model`` / ``init_optimizer``) is
+        taken into a :class:`~flaxlight.TrainState`, anything else is refused now, before training
+        (:func:`adopt_state`)."""
+        name = type(self).__name__
+        self.state = adopt_state(self.state, None, f"{name}.init_model", self._say_once)
+        before = self.state
+        self.init_optimizer(num_epochs, num_steps_per_epoch)
+        self.state = adopt_state(self.state, before, f"{name}.init_optimizer", self._say_once)
+
+    def _say_once(self, message: str) -> None:
+        """Say ``message`` the first time only (each ``train_model`` builds the optimizer again)."""
+        if not getattr(self, "_adopted_said", False):
+            messages.info(message)
+            self._adopted_said = True
+
+    def _restore_checkpoint(self, step: int | None) -> None:
+        """flaxlight's ``load_model``: checkpoint ``step`` (None: the best, else the newest) into
+        ``self.state``; outside ``train_model``, ``global_step`` too. A failure to read the files is
+        marked as one (``flaxlight_checkpoint_read``): called by an override (``super().load_model``),
+        it is a damaged checkpoint, as when flaxlight calls it; any other error of an override is the
+        user's code (:meth:`_load_for_resume`)."""
+        try:
+            self.checkpointer.wait()
+            step = resume.pick_checkpoint(self.checkpointer, "best") if step is None else step
+            self.state = self.checkpointer.restore(self.state, step=step)
+        except Exception as exc:
+            exc.flaxlight_checkpoint_read = True
+            raise
+        if not self._in_run:
+            self.global_step = int(to_host(self.state.step))
+
+    def _load_for_resume(self, step: int | None = None, purpose: str = "a resume") -> Any:
+        """Checkpoint ``step`` (None: the best) restored through ``load_model`` for ``purpose``; returns
+        ``self.state``. An override that takes no step (the UvA guide's ``load_model(self)``) is called
+        without one for the best model and refused, with what to write, for another. An exception of an
+        override's own code propagates as it is, with a note that it came from there, and marked
+        ``flaxlight_user_code``: the fallback past damaged checkpoints never takes it for damage, so
+        nothing on disk is deleted or moved because of it."""
+        if _is_flaxlights(type(self).load_model):
+            self.load_model(step)
+            return self.state
+        name = f"{type(self).__name__}.load_model"
+        args, kwargs = self._load_model_arguments(step, purpose)
+        try:
+            self.load_model(*args, **kwargs)
+        except Exception as exc:
+            if not getattr(exc, "flaxlight_checkpoint_read", False):
+                exc.flaxlight_user_code = True
+                what = "the best model" if step is None else f"checkpoint {step} of {self.checkpointer.directory}"
+                exc.add_note(f"Raised by {name} (your code) while flaxlight restored {what} for {purpose}. flaxlight "
+                             f"takes it for an error of that code, not for a damaged checkpoint: nothing on disk was "
+                             f"deleted or moved.")
+            raise
+        return self.state
+
+    def _load_model_arguments(self, step: int | None, purpose: str) -> tuple[tuple, dict]:
+        """How to call the user's ``load_model`` for ``step`` (None: the best): ``()`` for the best
+        when it can be called so (the guide's ``load_model()``), else the step, by position or as
+        ``step=``; an override taking no step is called without one for the best checkpoint only."""
+        ways = [((), {}), ((None,), {}), ((), {"step": None})] if step is None else \
+            [((step,), {}), ((), {"step": step})]
+        for args, kwargs in ways:
+            if _accepts(self.load_model, *args, **kwargs):
+                return args, kwargs
+        if step is None or step == resume.pick_checkpoint(self.checkpointer, "best"):  # what load_model() restores
+            return (), {}
+        refusal = TypeError(f"{type(self).__name__}.load_model(self) takes no step (the UvA guide's signature), so it "
+                            f"restores the best model only, and {purpose} needs checkpoint {step}. Give it one, as "
+                            f"flaxlight's has: def load_model(self, step=None): super().load_model(step) (None: the "
+                            f"best). Nothing on disk was changed.")
+        refusal.flaxlight_user_code = True  # the override's signature, not a damaged checkpoint: no fallback
+        raise refusal
+
+    def _check_load_seam(self, purpose: str | None) -> None:
+        """Before training (``purpose``: a test to come; None: none): a ``save_model`` writing its own
+        checkpoints needs a ``load_model`` of the user's to restore the best model for the test."""
+        if purpose is not None and self.own_checkpoints and _is_flaxlights(type(self).load_model):
+            raise TypeError(self._own_checkpoints_message(purpose))
+
+    def _own_checkpoints_message(self, purpose: str) -> str:
+        name = type(self).__name__
+        return (f"{name}.save_model writes checkpoints of its own (it does not call super().save_model(step)), which "
+                f"flaxlight cannot read, and {purpose} restores the best model: override load_model(self) too, to "
+                f"restore self.state from what your save_model wrote (the UvA guide's pair: save_model(step) at each "
+                f"new best model, load_model() for it); or call super().save_model(step) in save_model so that "
+                f"flaxlight's checkpoints are written as well.")
+
+    def _load_own_best(self, which: str, purpose: str) -> bool:
+        """With :attr:`own_checkpoints`, restore the best model through the user's ``load_model()``
+        for ``purpose`` (``global_step`` kept); False when this trainer saved none (no validation ran):
+        the state stays as it is. ``which="last"`` has no checkpoint then: a ``ValueError`` says so."""
+        if which != "best":
+            raise ValueError(f"{type(self).__name__}.save_model writes checkpoints of its own, which flaxlight asks "
+                             f"for at new best models only, so there is no '{which}' checkpoint for {purpose}: use "
+                             f"which='best' (restored by your load_model()) or which='current' (the state now).")
+        chosen = getattr(self, "_checkpoint_callback", None)
+        if not self._loaded and (chosen is None or chosen.best_step is None):
+            messages.info(f"{type(self).__name__}.save_model saved no best model (no validation ran): {purpose} uses "
+                          f"the current state.")
+            return False
+        if _is_flaxlights(type(self).load_model):
+            raise TypeError(self._own_checkpoints_message(purpose))
+        step = self.global_step
+        self._load_for_resume(None, purpose)
+        self.global_step = step
+        return True
+
+
+def writes_own_checkpoints(cls: type) -> bool:
+    """Whether ``cls.save_model`` writes checkpoints of its own rather than flaxlight's: the
+    nearest override (up to flaxlight's) that never refers to ``save_model`` (no
+    ``super().save_model(step)``), as the UvA guide's ``save_model`` with
+    ``flax.training.checkpoints``. An override that calls flaxlight's adds to its checkpoints.
+
+    Examples:
+        >>> class Guide(flaxlight.TrainerModule):                         # doctest: +SKIP
+        ...     def save_model(self, step=0):
+        ...         checkpoints.save_checkpoint(self.log_dir, {"params": self.state.params}, step, overwrite=True)
+        >>> writes_own_checkpoints(Guide)                                  # doctest: +SKIP
+        True
+    """
+    for klass in cls.__mro__:
+        method = vars(klass).get("save_model")
+        if method is None:
+            continue
+        method = getattr(method, "__func__", method)
+        if _is_flaxlights(method):
+            return False
+        if not _refers_to(method, "save_model"):
+            return True
+    return False
+
+
+def _refers_to(function: Callable, name: str) -> bool:
+    """Whether ``function``'s code (nested functions included) looks up an attribute or global ``name``;
+    True when it has no Python code to read (it cannot be told)."""
+    code = getattr(inspect.unwrap(function), "__code__", None)
+    if code is None:
+        return True
+    codes = [code]
+    while codes:
+        code = codes.pop()
+        if name in code.co_names:
+            return True
+        codes.extend(const for const in code.co_consts if inspect.iscode(const))
+    return False
+
+
+def _accepts(method: Callable, *args: Any, **kwargs: Any) -> bool:
+    """Whether ``method`` (bound) can be called with these arguments (True when its signature
+    cannot be read)."""
+    try:
+        inspect.signature(method).bind(*args, **kwargs)
+    except TypeError:
+        return False
+    except ValueError:
+        return True
+    return True
+
+
+def adopt_state(state: Any, before: Any, where: str, say: Callable[[str], None]) -> Any:
+    """``state`` (set by ``where``) as a :class:`~flaxlight.TrainState`: one already, as it is; a Flax
+    ``flax.training.train_state.TrainState`` whose fields flaxlight's has too (the UvA guide's, with
+    ``batch_stats`` and ``rng``), rebuilt as one by ``TrainState.create`` (a fresh optimizer state
+    for its ``tx``; the fields it lacks, ``epoch`` and ``metrics``, from ``before``), which ``say``
+    tells; anything else is a ``TypeError`` saying what to build.
+
+    Examples:
+        >>> state = flaxlight.TrainState.create(apply_fn=f, params=p, tx=tx)   # doctest: +SKIP
+        >>> adopt_state(state, None, "MyTrainer.init_optimizer", print) is state   # doctest: +SKIP
+        True
+    """
+    if isinstance(state, TrainState):
+        return state
+    from flax.training import train_state as flax_train_state
+
+    kind = f"{type(state).__module__}.{type(state).__qualname__}"
+    known = {field.name for field in dataclasses.fields(TrainState)}
+    extra = sorted({field.name for field in dataclasses.fields(state)} - known) \
+        if isinstance(state, flax_train_state.TrainState) else None
+    if extra == []:
+        names = ("batch_stats", "rng", "epoch", "metrics")  # a Flax TrainState may lack them
+        fields = {name: getattr(state, name) for name in names if hasattr(state, name)}
+        kept = {name: getattr(before, name) for name in names if before is not None and name not in fields}
+        say(f"{where} set self.state to a {kind} (a Flax TrainState): it is rebuilt as a flaxlight.TrainState with "
+            f"its fields and a fresh optimizer state for its tx ({', '.join(sorted(kept)) or 'nothing'} kept from the "
+            f"state before), as flaxlight's loop keeps the epoch in the state. Build flaxlight.TrainState.create(...) "
+            f"there to skip this.")
+        return TrainState.create(apply_fn=state.apply_fn, params=state.params, tx=state.tx, step=state.step,
+                                 **{**kept, **fields})
+    why = (f"its fields {extra} are not a flaxlight.TrainState's, and would be lost" if extra else
+           "it is not a Flax TrainState")
+    raise TypeError(f"{where} set self.state to a {kind}: flaxlight's loop needs a flaxlight.TrainState (or a "
+                    f"subclass), which keeps the epoch, batch_stats and rng in the state, and {why}. Build it with "
+                    f"flaxlight.TrainState.create(apply_fn=self.state.apply_fn, params=self.state.params, "
+                    f"tx=optimizer, batch_stats=self.state.batch_stats, rng=self.state.rng), or "
+                    f"self.state.with_optimizer(optimizer) "
+                    f"(every field kept); for fields of your own, subclass it: class MyState(flaxlight.TrainState): "
+                    f"ema: Any = None.")
 
 
 def _is_flaxlights(method: Callable) -> bool:

@@ -24,6 +24,8 @@ class TrainerView(Protocol):
         during it (by ``on_validation_epoch_end`` or callbacks), which the best model is ranked by.
         should_stop / stop_reason: whether (and why) the loop was asked to stop.
         checkpointer: the run's :class:`~flaxlight.Checkpointer` (where ``save_model`` writes).
+        own_checkpoints: whether ``save_model`` writes checkpoints of its own (an override not
+        calling ``super().save_model``, the UvA guide's), to be called at new best models only.
         train_loader / val_loader: the loaders ``train_model`` was given (e.g. to compute a
         confusion matrix at ``on_validation_end``; val_loader is None without validation).
 
@@ -68,6 +70,9 @@ class TrainerView(Protocol):
 
     @property
     def validation_metrics(self) -> dict[str, float]: ...
+
+    @property
+    def own_checkpoints(self) -> bool: ...
 
     @property
     def train_loader(self) -> Any: ...

@@ -51,7 +51,10 @@ class ModelCheckpoint(Callback):
     write: about 3 s for the 80 ms a small model's write takes) plus one write.
 
     This callback decides *when* to save and what to keep; the trainer's ``save_model(step)``
-    decides *how* (override it to save differently). Checkpoints land in
+    decides *how* (override it to save differently). An override that does not call
+    ``super().save_model(step)`` writes checkpoints of its own (``trainer.own_checkpoints``, the
+    UvA guide's way): it is called at each new best model only, as in the guide, never for the
+    periodic and last checkpoints (nor the other top-k ones), which would replace the best. Checkpoints land in
     ``<log_dir>/checkpoints/<step>/`` (asynchronously; atomically). A checkpoint saved for its
     validation score carries that score as orbax metrics (``{"val/acc": 0.97}``), so plain
     orbax finds the same best step: ``ocp.CheckpointManager(dir, options=
@@ -229,6 +232,9 @@ class ModelCheckpoint(Callback):
               scored: Mapping[str, float] | None = None) -> None:
         """Save ``step``; ``best_metrics``: it ranks among the best with these; ``scored``: the
         validation metrics it carries as orbax metrics (default: ``best_metrics``)."""
+        own = trainer.own_checkpoints  # a save_model of the UvA guide's: called at a new best model only
+        if own and best_metrics is None:
+            return
         # Deletions queue behind the saves before them on the checkpointer's writer, and none runs
         # after a failed write: a failed or killed save never leaves the run without a checkpoint.
         self._prune(trainer, also_keep=step)  # `step` itself may be saved again right below
@@ -240,6 +246,8 @@ class ModelCheckpoint(Callback):
                 entry = (self._score(best_metrics), step)
                 ranked = sorted([b for b in self.best if b[1] != step] + [entry])
                 self.best = ranked if self.save_top_k == -1 else ranked[: self.save_top_k]
+        if own and self.best_step != step:  # among the top k, not the best: it would replace the best
+            return
         self.last_step, self._last_save_time = step, time.monotonic()
         scored = best_metrics if scored is None else scored
         self._scored = (step, self._ranking_metric(trainer, scored)) if scored is not None else None
