@@ -12,23 +12,10 @@ import pytest
 import yaml
 
 from flaxlight import cli, config
-from flaxlight.config import ConfigError, config_to_dict, dump_config, load_config, save_config
+from flaxlight.config import config_to_dict, dump_config, load_config, save_config
+from test_config import error_of, minimal
 
 TRICKY = ["3e-4", "1e5", "null", "yes", "0x10", "1_000", ".inf", "2026-11-26", "1:30", "~", "No", "-2.5E+3", ""]
-
-
-def minimal(**sections) -> dict:
-    cfg = {"trainer": {"name": "regression", "max_epochs": 2},
-           "model": {"name": "mlp_regressor", "hparams": {"hidden_dims": [8], "output_dim": 1}},
-           "data": {"name": "sine"}}
-    cfg.update(sections)
-    return cfg
-
-
-def error_of(source, overrides=(), **opt_in) -> str:
-    with pytest.raises(ConfigError) as info:
-        load_config(source, overrides, **opt_in)
-    return str(info.value)
 
 
 def run(capsys, *argv) -> tuple[int, str, str]:
