@@ -159,6 +159,53 @@ def test_a_save_model_calling_super_still_gets_every_save(tmp_path, regression_l
     assert metrics["test/loss"] == pytest.approx(trainer.tested[1]["test/loss"])
 
 
+def _counted(save_model):
+    """A decorator without functools.wraps: the class's save_model is this wrapper."""
+    def wrapper(self, step=None):
+        self.__dict__.setdefault("saved", []).append(step)
+        return save_model(self, step)
+    return wrapper
+
+
+def persist(trainer, step):  # a module-level helper that reaches flaxlight's save_model
+    trainer.save_model_of_flaxlight(step)
+
+
+class ThroughAHelper(FirstIsBest):
+    def save_model(self, step=None):
+        self.__dict__.setdefault("saved", []).append(step)
+        self._really_save(step)
+
+    def _really_save(self, step):
+        super().save_model(step)
+
+
+class ThroughADecorator(FirstIsBest):
+    @_counted
+    def save_model(self, step=None):
+        super().save_model(step)
+
+
+class ThroughAFunction(FirstIsBest):
+    def save_model(self, step=None):
+        self.__dict__.setdefault("saved", []).append(step)
+        persist(self, step)
+
+    def save_model_of_flaxlight(self, step):
+        flaxlight.TrainerModule.save_model(self, step)
+
+
+@pytest.mark.parametrize("cls", [ThroughAHelper, ThroughADecorator, ThroughAFunction],
+                         ids=["helper-method", "decorator-without-wraps", "module-function"])
+def test_a_save_model_reaching_super_indirectly_is_not_taken_for_an_own_format(tmp_path, regression_loaders, cls):
+    """Reading only the override's own code took these for the guide's own format: a test_loader was
+    refused before training, and periodic and interrupt saves were skipped."""
+    trainer, metrics = _train_guide(tmp_path, regression_loaders, cls=cls)
+    assert not trainer.own_checkpoints
+    assert trainer.saved[0] == 8 and trainer.saved[-1] == 24 and _steps(trainer.log_dir) == [8, 24]
+    assert metrics["test/loss"] == pytest.approx(trainer.tested[1]["test/loss"])
+
+
 # ---------------------------------------------------------------------- 5. errors of a load_model override
 class SidecarLoad(RegressTrainer):
     """A save_model writing a sidecar file for best saves only, and a load_model that needs it."""
@@ -288,7 +335,9 @@ def test_a_train_state_with_fields_flaxlight_lacks_is_refused_before_training(tm
 
 
 # ---------------------------------------------------------------------- 3. debug=True: concrete values
-def test_debug_steps_see_concrete_values(tmp_path, regression_loaders):
+@pytest.mark.parametrize("steps_per_execution", [1, 4])
+def test_debug_steps_see_concrete_values(tmp_path, regression_loaders, steps_per_execution):
+    """With steps_per_execution=4 the steps ran in a lax.scan even with debug=True: tracers again."""
     seen = []
 
     class Reading(RegressTrainer):
@@ -310,7 +359,7 @@ def test_debug_steps_see_concrete_values(tmp_path, regression_loaders):
             return train, evaluate
 
     train, val, _ = regression_loaders
-    trainer = Reading(**_kwargs(tmp_path, debug=True))
+    trainer = Reading(**_kwargs(tmp_path, debug=True, steps_per_execution=steps_per_execution))
     metrics = trainer.train_model(train, val, num_epochs=1)
     assert all(isinstance(value, float) for value in seen) and len(seen) >= 8 + 2
     assert np.isfinite(metrics["val/loss"])
@@ -385,3 +434,34 @@ def test_logger_name_is_the_guides_folder_between_the_model_and_the_versions(tmp
     assert second.log_dir == str(tmp_path / "checkpoints" / "TinyMLP" / "exp1" / "version_1")
     named = RegressTrainer(**_kwargs(tmp_path, logger_params={**params, "log_dir": str(tmp_path / "mine")}))
     assert named.log_dir == str(tmp_path / "mine")  # as in the guide: a log_dir is the run's folder itself
+
+
+class TwoInputs(nn.Module):
+    @nn.compact
+    def __call__(self, x, t, train: bool = False):
+        return nn.Dense(1)(jnp.concatenate([x, t], -1))
+
+
+class ConvertsAnInput(flaxlight.TrainerModule):
+    """A run_model_init that converts the second input on the way (a new object of the same shape)."""
+
+    def run_model_init(self, exmp_input, init_rng):
+        x, t = exmp_input
+        return self.model.init({"params": init_rng}, x, jnp.asarray(t, jnp.float32), train=True)
+
+    def loss_fn(self, params, batch, *, train, rng, state):
+        x, t, y = batch
+        pred, updates = state.apply_model(params, x, t, train=train, rng=rng)
+        return jnp.mean((pred - y) ** 2), ({}, updates)
+
+
+def test_an_input_converted_in_run_model_init_is_still_an_input(tmp_path):
+    """Matching by object first took only x for the model's input: predict fed one input to a model
+    of two (``missing 1 required positional argument: 't'``)."""
+    rng = np.random.default_rng(0)
+    x, t = rng.normal(size=(64, 3)).astype(np.float32), rng.normal(size=(64, 1)).astype(np.float32)
+    y = x.sum(-1, keepdims=True) + t
+    trainer = ConvertsAnInput(**{**_kwargs(tmp_path, model_hparams={}, exmp_input=(x[:1], t[:1])),
+                                 "model_class": TwoInputs})
+    trainer.train_model(flaxlight.ArrayLoader(x, t, y, batch_size=16), num_epochs=1)
+    assert trainer.predict(flaxlight.ArrayLoader(x, t, y, batch_size=16)).shape == (64, 1)

@@ -173,7 +173,7 @@ def check_step_pair(functions: Any, rule: str) -> tuple[Callable, Callable]:
 class Engine:
     """Builds and runs the jitted loop for one pair of steps (see the module docstring).
 
-    ``debug=True`` runs everything un-jitted (prints and breakpoints work). ``nonfinite_guard``
+    ``debug=True`` runs everything un-jitted, one step per execution (prints and breakpoints work). ``nonfinite_guard``
     (``"stop"``/``"skip"``, a NaNGuard's action) also checks each step's updated params.
     """
 
@@ -183,7 +183,10 @@ class Engine:
         # "auto": single steps until the first epoch has been measured (see choose_block_length)
         self.choosing_block_length = steps_per_execution == "auto" and not debug
         self.auto_block_length = steps_per_execution == "auto"
-        self.block_length = 1 if steps_per_execution == "auto" else steps_per_execution
+        self.block_length = 1 if steps_per_execution == "auto" or debug else steps_per_execution
+        if debug and steps_per_execution not in (1, "auto"):  # a block is a lax.scan: traced, never concrete
+            messages.info("debug=True runs one step per execution (steps_per_execution=%s is ignored), so that "
+                          "steps see concrete values.", steps_per_execution)
         self.prefetch, self.debug, self.guard = prefetch, debug, nonfinite_guard
         self.mesh = None
         self.compile_time: float | None = None  # the first step's wall time, compilation included

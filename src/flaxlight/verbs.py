@@ -437,12 +437,14 @@ def _inputs_given(examples: list, args: tuple, kwargs: Mapping[str, Any]) -> int
     def signature(value):
         return jax.tree.structure(value), [(np.shape(x), getattr(x, "dtype", type(x))) for x in jax.tree.leaves(value)]
 
-    used = [i for i, example in enumerate(examples) if any(value is example for value in given)]
-    if not used:
-        try:
-            used = [i for i, example in enumerate(examples) if any(signature(v) == signature(example) for v in given)]
-        except Exception:  # noqa: BLE001 - values numpy cannot shape: not known
-            return None
+    same = [i for i, example in enumerate(examples) if any(value is example for value in given)]
+    try:  # an input converted on the way (jnp.asarray(t)) is the same example by its shape and dtype
+        alike = [i for i, example in enumerate(examples) if any(signature(v) == signature(example) for v in given)]
+    except Exception:  # noqa: BLE001 - values numpy cannot shape: not known
+        alike = []
+    used = sorted(set(same) | set(alike))
+    if len(used) > len(given):  # more examples look alike than the model got values: trust the same objects
+        used = same
     return len(used) if used and used == list(range(len(used))) and len(used) < len(examples) else None
 
 

@@ -624,24 +624,48 @@ def writes_own_checkpoints(cls: type) -> bool:
         method = getattr(method, "__func__", method)
         if _is_flaxlights(method):
             return False
-        if not _refers_to(method, "save_model"):
+        if not _refers_to(method, "save_model", cls):
             return True
     return False
 
 
-def _refers_to(function: Callable, name: str) -> bool:
-    """Whether ``function``'s code (nested functions included) looks up an attribute or global ``name``;
-    True when it has no Python code to read (it cannot be told)."""
-    code = getattr(inspect.unwrap(function), "__code__", None)
-    if code is None:
+def _refers_to(function: Callable, name: str, cls: type | None = None, depth: int = 4) -> bool:
+    """Whether ``function``'s code looks up an attribute or global ``name``, in its nested
+    functions, the functions it closes over (a decorator's wrapper without ``functools.wraps``),
+    the module-level functions it names and ``cls``'s own (not flaxlight's) methods it names (a
+    helper reaching ``super().save_model(step)``), ``depth`` calls deep; True when it has no Python
+    code to read (it cannot be told)."""
+    if getattr(inspect.unwrap(function), "__code__", None) is None:
         return True
-    codes = [code]
-    while codes:
-        code = codes.pop()
-        if name in code.co_names:
+    seen, todo = set(), [(inspect.unwrap(function), 0)]
+    while todo:
+        function, level = todo.pop()
+        if id(function) in seen or level > depth:
+            continue
+        seen.add(id(function))
+        codes, names = [function.__code__], set()
+        while codes:
+            code = codes.pop()
+            names.update(code.co_names)
+            codes.extend(const for const in code.co_consts if inspect.iscode(const))
+        if name in names:
             return True
-        codes.extend(const for const in code.co_consts if inspect.iscode(const))
+        found = [cell.cell_contents for cell in (function.__closure__ or ()) if _has_cell(cell)]
+        found += [function.__globals__.get(other) for other in names]
+        found += [getattr(cls, other, None) for other in names] if cls is not None else []
+        for callee in found:
+            callee = inspect.unwrap(getattr(callee, "__func__", callee)) if callable(callee) else None
+            if callee is not None and inspect.isfunction(callee) and not _is_flaxlights(callee):
+                todo.append((callee, level + 1))
     return False
+
+
+def _has_cell(cell) -> bool:
+    try:
+        cell.cell_contents
+    except ValueError:  # an empty cell
+        return False
+    return True
 
 
 def _accepts(method: Callable, *args: Any, **kwargs: Any) -> bool:
