@@ -170,3 +170,16 @@ def test_early_stopping_and_the_checkpoint_agree_on_a_callbacks_metric(tmp_path,
     trainer = _trainer(tmp_path, [LogsF1(), stopper, ModelCheckpoint(monitor="val/f1", mode="max")])
     result = trainer.train_model(train, val, num_epochs=5)
     assert trainer.current_epoch == 3 and result["val/f1"] == 0.7 and stopper.best == 0.7
+
+
+def test_an_early_stopping_on_val_loss_is_refused_before_training_with_the_right_name(tmp_path, regression_loaders):
+    """EarlyStopping(monitor="val_loss") failed only at the first validation, after an epoch."""
+    train, val, _ = regression_loaders
+    trainer = _trainer(tmp_path, [flaxlight.callbacks.EarlyStopping(monitor="val_loss")])
+    with pytest.raises(MetricNotLoggedError, match=r"EarlyStopping monitors 'val_loss', which is not a metric of this "
+                                                   r"run.*Did you mean 'val/loss'\? Pass EarlyStopping\(monitor="
+                                                   r"'val/loss'\)"):
+        trainer.train_model(train, val, num_epochs=2)
+    assert trainer.global_step == 0 and not os.path.exists(tmp_path / "run" / "metrics.csv")
+    _trainer(tmp_path / "b", [flaxlight.callbacks.EarlyStopping(monitor="train/loss")]).train_model(
+        train, val, num_epochs=1)  # any other logged name is looked for as before

@@ -29,6 +29,7 @@ import jax
 
 from flaxlight import distributed as dist
 from flaxlight import resume, runfiles
+from flaxlight.callbacks.early_stopping import EarlyStopping
 from flaxlight.callbacks.history import History
 from flaxlight.callbacks.model_checkpoint import ModelCheckpoint
 from flaxlight.data import check_first_batch
@@ -37,7 +38,7 @@ from flaxlight.loggers.csv import LoggedStep
 from flaxlight.loop import Interrupted, SignalGuard
 from flaxlight.messages import logger as messages
 from flaxlight.metrics import to_host
-from flaxlight.options import MetricNotLoggedError
+from flaxlight.options import MetricNotLoggedError, written_otherwise
 from flaxlight.progress import progress
 from flaxlight.state import TrainState
 
@@ -432,18 +433,25 @@ class TrainerViewMixin:
         can log it during validation (an ``on_validation_epoch_end`` override, a callback's own
         ``on_validation_end`` or ``on_log``), with "did you mean" for an eval metric's name written
         another way (``val_loss`` for ``val/loss``); else it is looked for at each validation
-        (:meth:`_settle_best`), whose message says the same."""
+        (:meth:`_settle_best`), whose message says the same. An ``EarlyStopping`` monitor that is an
+        eval metric's name written another way is refused too (it may watch any other logged name)."""
         names, monitor = self.engine.eval_metric_names, self.options.monitor
-        if names is None or not monitor or not _is_flaxlights(type(self).eval_model):  # it may add metrics
+        if names is None or not _is_flaxlights(type(self).eval_model):  # it may add metrics
             return
         known = {f"val/{name}": 0.0 for name in names}
-        if monitor in known or (monitor.startswith("val/") and monitor.split("/")[1] in names):  # "val/f1/macro"
-            return
         if not _is_flaxlights(type(self).on_validation_epoch_end) or any(
                 not _is_flaxlights(getattr(type(cb), hook)) for cb in self.callbacks
                 for hook in ("on_validation_end", "on_log")):
             return  # a callback or hook of the user's may log it (even as "val_loss") during validation
-        raise MetricNotLoggedError(self.options.missing_monitor_message(known, ahead=True))
+        for stopper in self.callbacks:  # EarlyStopping may watch any logged name: refused only when misspelt
+            close = written_otherwise(stopper.monitor, known) if isinstance(stopper, EarlyStopping) else None
+            if close is not None and stopper.monitor not in known:
+                raise MetricNotLoggedError(
+                    f"EarlyStopping monitors {stopper.monitor!r}, which is not a metric of this run: flaxlight names "
+                    f"validation metrics 'val/<name>' (Lightning's 'val_loss' is 'val/loss'). Did you mean {close!r}? "
+                    f"Pass EarlyStopping(monitor={close!r}).")
+        if monitor and monitor not in known and not (monitor.startswith("val/") and monitor.split("/")[1] in names):
+            raise MetricNotLoggedError(self.options.missing_monitor_message(known, ahead=True))  # not "val/f1/macro"
 
     def _val_batch_check(self) -> Callable[[Any], None] | None:
         """The check of the validation loader's first batch before training (None with
