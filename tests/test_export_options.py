@@ -12,6 +12,7 @@ import pytest
 
 import flaxlight
 from conftest import ClassifyTrainer, TinyMLP, quiet
+from test_export import TwoInputs, TwoInputTrainer
 
 
 def _data(n=96, seed=0):
@@ -126,19 +127,6 @@ def test_export_json_names_dict_inputs_and_outputs_and_its_load_line_runs(tmp_pa
         os.chdir(cwd)
     expected = trainer.predict(jax.tree.map(lambda a: a[:5], inputs), batch_size=5)
     np.testing.assert_allclose(np.asarray(namespace["outputs"]["logits"]), expected["logits"], rtol=1e-5, atol=1e-6)
-
-
-class TwoInputs(nn.Module):
-    @nn.compact
-    def __call__(self, a, b, train: bool = False):
-        return nn.Dense(2)(nn.relu(nn.Dense(8)(a)) + nn.Dense(8)(b))
-
-
-class TwoInputTrainer(flaxlight.TrainerModule):
-    def loss_fn(self, params, batch, *, train, rng, state):
-        a, b, y = batch
-        logits, updates = state.apply_model(params, a, b, train=train, rng=rng)
-        return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean(), ({}, updates)
 
 
 def test_export_json_of_a_model_of_two_inputs_calls_it_with_both(tmp_path):
