@@ -198,6 +198,7 @@ class Engine:
         self._eval_lowered: list = []  # eval steps traced before the run, compiled once it trains
         self.eval_metric_names: tuple[str, ...] | None = None  # what they return, known once traced
         self._epoch_ahead: DeviceEpoch | None = None
+        self._work_before_waiting: Callable[[], None] | None = None  # see work_before_waiting
         self._position: Callable[[], Any] | None = None
         self._served: weakref.WeakSet = weakref.WeakSet()  # loaders that yielded batches (see served_before)
         self.train_step = self._jit(train_step, donate_argnums=0)
@@ -366,14 +367,29 @@ class Engine:
                 span.acc = start_sums(feed.first_batch)
             elif "saved_objects" in span.acc:  # resumed mid-epoch: metric objects back in their classes
                 span.acc = with_saved_objects(start_sums(feed.first_batch), span.acc)
+            ahead: list[DeviceEpoch] = []
+            if feed.path == "indexed":
+                self._work_before_waiting = lambda: ahead.append(DeviceEpoch(
+                    loader, stop=stop, epoch=loader.epoch + 1, host_gather=self._gathers_on_host())) \
+                    if more_epochs() else None
             self.run(feed, span, schedule, on_event)
             if self.choosing_block_length and span.batches >= 2 * BLOCK_LENGTHS[-1]:
                 self.choose_block_length(span.state, feed.first_batch)
-            if feed.path == "indexed" and more_epochs():
-                self._epoch_ahead = DeviceEpoch(loader, stop=stop, epoch=loader.epoch + 1,
-                                                host_gather=self._gathers_on_host())
+            self.work_before_waiting()  # not done yet: now, before the epoch's end waits for its last steps
+            self._epoch_ahead = ahead[0] if ahead and more_epochs() else None
         finally:
+            self._work_before_waiting = None
             feed.close()
+
+    def work_before_waiting(self) -> None:
+        """Do the host work put off until the training thread would wait for the device: the
+        next epoch's device data (see :meth:`train`). The trainer calls it before a log point's
+        read that would wait: the steps queued by then overlap it, where the host alone would
+        gather after the wait (the tiny MLP's fused epochs: 8.0 against up to 9.5 ms when a log
+        point fell late in the epoch). Runs once per span; nothing to do is a no-op."""
+        work, self._work_before_waiting = self._work_before_waiting, None
+        if work is not None:
+            work()
 
     def choose_block_length(self, state, batch, budget: float = 0.3) -> int:
         """``steps_per_execution="auto"``: time single steps and blocks of 16 on ``batch`` (on

@@ -71,6 +71,10 @@ class RunningLog:
         self.pending.append((step, HostSnapshot(acc), time.perf_counter()))
         return arrived
 
+    def would_wait(self) -> bool:
+        """Whether :meth:`mark` or :meth:`flush` would wait now for a pending point's step (asks only)."""
+        return not all(snapshot.ready() for _, snapshot, _ in self.pending)
+
     def flush(self) -> list[tuple[int, dict[str, float], int]]:
         """The pending log point's values, now (waits for its copy)."""
         arrived, finished = [], {}

@@ -371,6 +371,8 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
         while loop.owed_events:
             event = loop.owed_events.pop(0)
             if event == "log":
+                if loop.running_log.would_wait():  # the host's put-off work first: queued steps overlap it
+                    self.engine.work_before_waiting()
                 self._log_running(loop.running_log.mark(step, loop.acc))
             elif event == "callbacks":
                 for callback in self.callbacks:
