@@ -169,7 +169,7 @@ def test_export_of_a_bf16_run_computes_as_predict_and_validation_do(tmp_path):
         trainer.export(tmp_path / "export_fp16", precision="fp16")
 
 
-def test_cli_export_takes_platforms(tmp_path, capsys):
+def test_cli_export_takes_platforms_and_precision(tmp_path, capsys):
     from pathlib import Path
 
     from flaxlight import cli
@@ -182,6 +182,9 @@ def test_cli_export_takes_platforms(tmp_path, capsys):
                      "--log-dir", str(run)]) == 0
     assert cli.main(["export", "--ckpt", str(run), "-o", str(tmp_path / "export"), "--platforms", "cpu,cuda"]) == 0
     assert _info(tmp_path / "export")["platforms"] == ["cpu", "cuda"]
+    assert _info(tmp_path / "export")["precision"] == "fp32"  # the run's
+    assert cli.main(["export", "--ckpt", str(run), "-o", str(tmp_path / "export_bf16"), "--precision", "bf16"]) == 0
+    assert _info(tmp_path / "export_bf16")["precision"] == "bf16"
     capsys.readouterr()
     with pytest.raises(SystemExit) as usage:
         cli.main(["export", "--ckpt", str(run), "--platforms", "cpu,gpu"])

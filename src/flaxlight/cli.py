@@ -165,6 +165,8 @@ def _add_export_arguments(export: argparse.ArgumentParser) -> None:
     export.add_argument("--platforms", type=_platforms, metavar="NAMES",
                         help="the platforms the artifact runs on, comma-separated: cpu, cuda, rocm, tpu (e.g. "
                              "cpu,cuda; default: this machine's). It runs on no other")
+    export.add_argument("--precision", choices=("fp32", "bf16"),
+                        help="the forward pass's precision (default: the run's, as its validation computed)")
 
 
 def _platforms(text: str) -> tuple[str, ...]:
@@ -436,7 +438,8 @@ def _evaluate(args: argparse.Namespace) -> int:
     if args.command == "export":
         path = trainer.export(args.output or os.path.join(args.ckpt, "export" if args.which == "best" else
                                                            f"export_{args.which}"), which=args.which,
-                              batch_size=args.batch_size, platforms=args.platforms)
+                              batch_size=args.batch_size, platforms=args.platforms,
+                              precision=args.precision)
         print(f"exported ({args.which} checkpoint of {args.ckpt}): {path}")
         return 0
     limit = (cfg.trainer.limit_val_batches if limit_given else trainer.options.limit_val_batches) \
