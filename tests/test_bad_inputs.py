@@ -135,6 +135,19 @@ def _classify(ctx, bad):
     return trainer.train_model(_labels(bad), None, num_epochs=1)
 
 
+def _classify_weighted(ctx, where: str):
+    """Keras-style (x, y, sample_weight) arrays given to the zoo's classifier, for training or validation."""
+    x = np.random.default_rng(0).normal(size=(16, 4)).astype(np.float32)
+    y, w = np.zeros(16, np.int32), np.ones(16, np.float32)
+    trainer = ctx.trainer(ClassificationTrainer, model_hparams={"hidden_dims": [8], "output_dim": 3})
+    train, val = ((x, y, w), None) if where == "train" else ((x, y), (x, y, w))
+    return trainer.train_model(train, val, num_epochs=1, batch_size=8)
+
+
+def _nothing_written(ctx, outcome):
+    assert not (ctx.tmp / "new" / "hparams.yaml").exists()
+
+
 def _damage_newest(run: Path) -> None:
     """Truncate every array file of the newest checkpoint (as tests/test_checkpoint_faults.py does)."""
     newest = run / "checkpoints" / str(_steps(run)[-1])
@@ -387,6 +400,16 @@ CASES = [
         lambda c: _classify(c, 3), ValueError, r"range over \[0, 3\].*num_classes=3.*labels must be in \[0, 2\]"),
     row("classify-float-labels",
         lambda c: _classify(c, 1.0), TypeError, r"integer class labels.*dtype float32.*astype\(np\.int32\)"),
+    row("classify-sample-weights",
+        lambda c: _classify_weighted(c, "train"), ValueError,
+        r"ClassificationTrainer takes \(inputs, labels\) batches.*first batch of train_loader is a tuple of 3 parts, "
+        r"of shapes \(8, 4\), \(8,\), \(8,\)\. Pass \(x, y\).*sample or class weights \(Keras' sample_weight, "
+        r"class_weight\) needs a loss_fn of your own: subclass ClassificationTrainer and override loss_fn to read "
+        r"\(x, y, w\) batches, see docs/data.md, \"Sample and class weights\""),
+    row("classify-sample-weights-in-validation",
+        lambda c: _classify_weighted(c, "val"), ValueError,
+        r"ClassificationTrainer takes \(inputs, labels\) batches.*first batch of val_loader is a tuple of 3 parts.*"
+        r"needs a loss_fn of your own", check=_nothing_written),
     # --- configs and the command line
     row("config-import-path-without-opt-in",
         lambda c: _load_config("model.name=mypkg.models.Net"), ValueError,

@@ -38,6 +38,17 @@ def _matched(pred, target, trainer: str, what: str):
     return pred, target
 
 
+def _describe_batch(batch) -> str:
+    """``a tuple of 3 parts, of shapes (64, 8), (64,), (64,)``, ``a dict with keys ['x', 'y']``."""
+    if isinstance(batch, dict):
+        return f"a dict with keys {sorted(map(str, batch))}"
+    if isinstance(batch, (tuple, list)):
+        shapes = ", ".join(str(tuple(np.shape(part))) if hasattr(part, "shape") else f"a {type(part).__name__}"
+                           for part in batch)
+        return f"a {type(batch).__name__} of {len(batch)} parts, of shapes {shapes}"
+    return f"one array of shape {tuple(np.shape(batch))}" if hasattr(batch, "shape") else f"a {type(batch).__name__}"
+
+
 @register_trainer("regression")
 class RegressionTrainer(TrainerModule):
     """Mean squared error on ``(inputs, targets)`` batches; BatchNorm updates returned if any.
@@ -62,7 +73,17 @@ class ClassificationTrainer(TrainerModule):
     The labels of each epoch's first training batch are checked once, on the host: integers in
     ``[0, num_classes)``, ``num_classes`` being the model's number of outputs. (Inside the step
     a label of -1 would silently pick the last class and one >= num_classes would give a NaN
-    loss.) Later batches are not checked, so the hot loop does no extra work.
+    loss.) Later batches are not checked, so the hot loop does no extra work. The first batch of
+    each loader must be a pair ``(inputs, labels)`` while this class's ``loss_fn`` reads it:
+    Keras-style ``(x, y, sample_weight)`` batches are refused with a message, as they need a
+    ``loss_fn`` of your own (docs/data.md, "Sample and class weights"), which may then read any
+    layout.
+
+    Examples:
+        >>> trainer = ClassificationTrainer(model_class=MLPClassifier,   # doctest: +SKIP
+        ...     model_hparams={"hidden_dims": [32], "num_classes": 10}, optimizer_hparams={"lr": 1e-3},
+        ...     exmp_input=x[:1])
+        >>> trainer.train_model((x, y), (x_val, y_val), num_epochs=5, batch_size=64)   # doctest: +SKIP
     """
 
     _num_classes: int | None = None
@@ -86,6 +107,30 @@ class ClassificationTrainer(TrainerModule):
         self.check_labels(batch, "train_loader")
         return super()._start_epoch_sums(batch)
 
+    def _check_first_batch(self, batch, loader_name: str) -> None:
+        """An evaluation loader's first batch (a validation's, ``eval_model``'s, ``test``'s): the
+        layout this class's ``loss_fn`` reads, then the trainer's own checks."""
+        self._check_layout(batch, f"the first batch of {loader_name}")
+        super()._check_first_batch(batch, loader_name)
+
+    def _reads_pairs(self) -> bool:
+        """Whether this class's own ``loss_fn`` reads the batches (a subclass's may take any layout)."""
+        return (type(self).loss_fn is ClassificationTrainer.loss_fn
+                and type(self).create_functions is TrainerModule.create_functions)
+
+    def _check_layout(self, batch, where: str) -> None:
+        """Refuse a batch other than ``(inputs, labels)`` when this class's ``loss_fn`` reads it."""
+        if (isinstance(batch, (tuple, list)) and len(batch) == 2) or not self._reads_pairs():
+            return
+        name = type(self).__name__
+        own = (f"a third array of sample or class weights (Keras' sample_weight, class_weight) needs a loss_fn of "
+               f"your own: subclass {name} and override loss_fn to read (x, y, w) batches, see docs/data.md, "
+               f"\"Sample and class weights\"" if isinstance(batch, (tuple, list)) and len(batch) > 2 else
+               f"another layout needs a loss_fn of your own: subclass {name} and override loss_fn")
+        raise ValueError(f"{name} takes (inputs, labels) batches, which its loss_fn reads; {where} is "
+                         f"{_describe_batch(batch)}. Pass (x, y), e.g. train_model((x, y), (x_val, y_val), "
+                         f"batch_size=64); {own}.")
+
     def _count_classes(self) -> int:
         """The model's number of outputs (the last dimension of its logits), traced once."""
         if self._num_classes is None:
@@ -98,7 +143,9 @@ class ClassificationTrainer(TrainerModule):
 
     def check_labels(self, batch, where: str) -> None:
         """Fail, naming the offending labels and the fix, unless ``batch = (inputs, labels)`` has
-        integer labels in ``[0, num_classes)``."""
+        integer labels in ``[0, num_classes)``; a batch of another layout is refused while this
+        class's ``loss_fn`` reads it (a subclass's own ``loss_fn`` may take any)."""
+        self._check_layout(batch, f"the first batch of {where}")
         if not isinstance(batch, (tuple, list)) or len(batch) != 2 or not hasattr(batch[1], "dtype"):
             return  # another layout: a subclass's loss_fn reads it
         labels = np.asarray(batch[1])
