@@ -110,3 +110,26 @@ def test_bad_settings_are_refused(kwargs, message):
         EarlyStopping(**kwargs)
 
 
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(restore_best_weights=True),
+     r"'restore_best_weights' \(a Keras one\): the run's best model is kept in its checkpoints: use "
+     r"trainer.predict\(x, batch_size=256, which='best'\).*load_from_checkpoint\(log_dir, exmp_input=x\[:1\], "
+     r"which='best'\).*trainer's monitor.*MyTrainer\(\.\.\., monitor='val/loss', mode='min'\)"),
+    (dict(baseline=0.5), r"'baseline' \(a Keras one\): flaxlight has no baseline; stopping_threshold=X stops the run "
+                         r"once the metric is better than X .*divergence_threshold=X once it is worse"),
+    (dict(start_from_epoch=2), r"'start_from_epoch' \(a Keras one\): flaxlight has no start_from_epoch: patience "
+                               r"counts the validations without improvement from the first one on"),
+    (dict(verbose=1), r"'verbose' \(a Keras one\): .*printed and kept in trainer.stop_reason"),
+])
+def test_keras_keywords_say_what_to_write_instead(kwargs, message):
+    with pytest.raises(TypeError, match=r"EarlyStopping\(\) got an unexpected keyword argument " + message):
+        EarlyStopping(monitor="val/loss", patience=3, **kwargs)
+    with pytest.raises(ValueError, match=r"got 'auto' \(Keras' 'auto' is not taken: 'max' for a score such as "
+                                         r"'val/acc', 'min' for a loss\)"):
+        EarlyStopping(mode="auto")
+    # the signature configs check keys against is still EarlyStopping's own (no **kwargs)
+    from flaxlight.config import ConfigError, _check_kwargs
+    with pytest.raises(ConfigError, match="Did you mean 'callbacks\\[0\\].patience'"):
+        _check_kwargs(EarlyStopping, {"patinece": 3}, "callbacks[0]", "EarlyStopping")

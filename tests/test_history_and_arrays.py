@@ -270,6 +270,15 @@ def test_a_ragged_list_or_a_stray_value_in_the_arrays_is_named(tmp_path):
     ("epochs", "it is num_epochs=N"),
     ("shuffle", r"training arrays are always shuffled, anew each epoch.*ArrayLoader\(x, y, batch_size=64, shuffle=False\)"),
     ("num_epoch", "did you mean 'num_epochs'"),
+    ("initial_epoch", r"num_epochs counts the whole run.*train_model\(\(x, y\), \(x_val, y_val\), num_epochs=10, "
+                      r"batch_size=64, resume=True\)"),
+    ("sample_weight", r"pass the weights as a third array, train_model\(\(x, y, w\), .*loss_fn that reads "
+                      r"\(x, y, w\) batches \(docs/data.md, \"Sample and class weights\"\)"),
+    ("class_weight", r"make per-example weights w = class_weights\[y\].*train_model\(\(x, y, w\), .*loss_fn that "
+                     r"reads \(x, y, w\) batches \(docs/data.md, \"Sample and class weights\"\)"),
+    ("validation_steps", r"it is the trainer's limit_val_batches=N"),
+    ("validation_batch_size", r"validation arrays are cut by batch_size too.*"
+                              r"flaxlight.ArrayLoader\(x_val, y_val, batch_size=256\)"),
 ])
 def test_keras_keywords_say_what_to_pass_instead(tmp_path, keyword, hint):
     x, y = _data()

@@ -790,6 +790,18 @@ KERAS_KEYWORDS = {
     "verbose": "progress bars are the trainer's: MyTrainer(..., enable_progress_bar=False)",
     "callbacks": "callbacks are the trainer's: MyTrainer(..., callbacks=[...])",
     "validation_freq": "it is the trainer's check_val_every_n_epoch=N",
+    "initial_epoch": "num_epochs counts the whole run, not this call's epochs, and resume=True goes on from the "
+                     "run's last checkpoint: to go on to epoch 10, train_model((x, y), (x_val, y_val), num_epochs=10, "
+                     "batch_size=64, resume=True)",
+    "sample_weight": "pass the weights as a third array, train_model((x, y, w), (x_val, y_val), batch_size=64), and "
+                     "write a loss_fn that reads (x, y, w) batches (docs/data.md, \"Sample and class weights\")",
+    "class_weight": "make per-example weights w = class_weights[y] (class_weights: an array of one weight per class), "
+                    "pass them as a third array, train_model((x, y, w), (x_val, y_val), batch_size=64), and write a "
+                    "loss_fn that reads (x, y, w) batches (docs/data.md, \"Sample and class weights\")",
+    "validation_steps": "it is the trainer's limit_val_batches=N (batches per validation): MyTrainer(..., "
+                        "limit_val_batches=N)",
+    "validation_batch_size": "validation arrays are cut by batch_size too; for another size pass them as a loader: "
+                             "train_model((x, y), flaxlight.ArrayLoader(x_val, y_val, batch_size=256), batch_size=64)",
 }
 
 

@@ -2,14 +2,43 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import warnings
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from flaxlight.callbacks.base import Callback
 from flaxlight.options import warn_if_mode_contradicts_name
 
 __all__ = ["EarlyStopping"]
+
+# Keras' EarlyStopping keywords that flaxlight's does not take, and what to write instead.
+KERAS_KEYWORDS = {
+    "restore_best_weights": "the run's best model is kept in its checkpoints: use trainer.predict(x, "
+                            "batch_size=256, which='best'), trainer.test((x, y), batch_size=256) (after "
+                            "train_model it tests the best model) or MyTrainer.load_from_checkpoint(log_dir, "
+                            "exmp_input=x[:1], which='best'). 'Best' is by the trainer's monitor: for the stopper's "
+                            "metric, MyTrainer(..., monitor='val/loss', mode='min')",
+    "baseline": "flaxlight has no baseline; stopping_threshold=X stops the run once the metric is better than X "
+                "(the goal is met) and divergence_threshold=X once it is worse than X",
+    "start_from_epoch": "flaxlight has no start_from_epoch: patience counts the validations without improvement "
+                        "from the first one on, so give a patience that covers the epochs to wait",
+    "verbose": "EarlyStopping always says why it stopped: the reason is printed and kept in trainer.stop_reason",
+}
+
+
+def _refuse_keras_keywords(init: Callable) -> Callable:
+    """``init`` that refuses Keras' keywords (:data:`KERAS_KEYWORDS`) with what to write instead;
+    its signature (read by configs) stays ``init``'s."""
+    @functools.wraps(init)
+    def checked(self, *args: Any, **kwargs: Any) -> None:
+        keras = next((name for name in kwargs if name in KERAS_KEYWORDS), None)
+        if keras is not None:
+            raise TypeError(f"{type(self).__name__}() got an unexpected keyword argument {keras!r} (a Keras one): "
+                            f"{KERAS_KEYWORDS[keras]}.")
+        init(self, *args, **kwargs)
+
+    return checked
 
 
 class EarlyStopping(Callback):
@@ -31,17 +60,22 @@ class EarlyStopping(Callback):
     Lightning), so a resumed run keeps counting, each stopper on its own metric; a state saved
     for another monitor or mode is refused with a warning (the stopper starts fresh). A run without validation data is
     checked after each epoch's training instead (as in Lightning; ``patience`` then counts
-    epochs), which suits a ``train/...`` monitor; a ``val/...`` one is an error there.
+    epochs), which suits a ``train/...`` monitor; a ``val/...`` one is an error there. Keras'
+    ``restore_best_weights``, ``baseline``, ``start_from_epoch`` and ``verbose`` are refused with
+    what to write instead (:data:`KERAS_KEYWORDS`).
 
     Examples:
         >>> stopper = EarlyStopping(monitor="val/loss", mode="min", patience=3, min_delta=1e-4)
     """
 
+    @_refuse_keras_keywords
     def __init__(self, monitor: str = "val/loss", mode: str = "min", patience: int = 3, min_delta: float = 0.0,
                  check_finite: bool = True, stopping_threshold: float | None = None,
                  divergence_threshold: float | None = None):
         if mode not in ("min", "max"):
-            raise ValueError(f"EarlyStopping mode must be 'min' or 'max', got {mode!r}.")
+            keras = " (Keras' 'auto' is not taken: 'max' for a score such as 'val/acc', 'min' for a loss)" \
+                if mode == "auto" else ""
+            raise ValueError(f"EarlyStopping mode must be 'min' or 'max', got {mode!r}{keras}.")
         if not isinstance(patience, int) or isinstance(patience, bool) or patience < 0:
             raise ValueError(f"EarlyStopping patience must be an int >= 0, got {patience!r}.")
         if not isinstance(min_delta, (int, float)) or min_delta < 0:
