@@ -1,0 +1,94 @@
+"""docs/from-keras.md stays true: every Keras keyword refused with a hint has a row, the
+ReduceLROnPlateau row's patience in epochs holds, and the zoo classifier's answer to Keras-style
+``(x, y, sample_weight)`` batches points at a docs section that exists."""
+
+import re
+from pathlib import Path
+
+import numpy as np
+import optax
+import pytest
+from conftest import RegressTrainer, TinyMLP, quiet
+
+import flaxlight
+from flaxlight.callbacks import early_stopping
+from flaxlight.data import KERAS_KEYWORDS
+from flaxlight.zoo import ClassificationTrainer
+
+DOCS = Path(__file__).resolve().parents[1] / "docs"
+FROM_KERAS = (DOCS / "from-keras.md").read_text()
+
+
+def _row(keras: str) -> str:
+    """The table row of from-keras.md whose Keras cell mentions ``keras``."""
+    rows = [line for line in FROM_KERAS.splitlines() if line.startswith("| ") and keras in line.split(" | ")[0]]
+    assert rows, f"docs/from-keras.md has no row for {keras}"
+    return rows[0]
+
+
+@pytest.mark.parametrize("keyword", [*KERAS_KEYWORDS, *early_stopping.KERAS_KEYWORDS])
+def test_every_keras_keyword_refused_with_a_hint_has_a_row(keyword):
+    assert re.search(rf"`[^`|]*\b{keyword}\b[^`|]*`", FROM_KERAS), keyword
+
+
+def test_the_keras_rows_say_what_to_write():
+    assert "loss_fn` that reads `(x, y, w)` batches ([data](data.md#sample-and-class-weights))" in _row("class_weight")
+    assert "`MyTrainer(..., limit_val_batches=10)`" in _row("validation_steps")
+    assert "`train_model(..., num_epochs=10, resume=True)`" in _row("initial_epoch")
+    assert 'which="best"' in _row("restore_best_weights") and "`monitor`" in _row("restore_best_weights")
+    assert "`stopping_threshold=`" in _row("baseline")
+    plateau = _row("ReduceLROnPlateau")
+    assert "**training** loss of each step" in plateau and '"accumulation_size": steps_per_epoch' in plateau
+    assert "so that `patience` counts epochs" in plateau
+    assert "No built-in option lowers the rate from a validation metric" in plateau
+
+
+def test_reduce_on_plateau_with_accumulation_size_counts_patience_in_epochs(tmp_path):
+    """What the ReduceLROnPlateau row promises: with ``accumulation_size`` = the steps of an epoch,
+    ``patience=1`` halves the rate once per epoch without improvement (lr ~ 0: the epoch's mean
+    loss stays the same); per step, it is halved within the first epoch already."""
+    assert '"accumulation_size": steps_per_epoch' in _row("ReduceLROnPlateau")
+    x = np.random.default_rng(0).normal(size=(32, 4)).astype(np.float32)
+    y = x.sum(1, keepdims=True)
+    scales = {}
+    for accumulation_size in (1, 4):  # 32 examples in batches of 8: 4 steps per epoch
+        seen = scales.setdefault(accumulation_size, [])
+
+        class Record(flaxlight.Callback):
+            def on_train_epoch_end(self, trainer, epoch, metrics):
+                seen.append(float(flaxlight.current_learning_rate(trainer.state)) / 1e-9)
+
+        trainer = RegressTrainer(
+            model_class=TinyMLP, model_hparams={"hidden_dims": [8], "output_dim": 1}, exmp_input=x[:1],
+            optimizer_hparams={"optimizer": "sgd", "lr": 1e-9, "schedule": "constant", "gradient_clip": None,
+                               "reduce_on_plateau": {"patience": 1, "factor": 0.5,
+                                                     "accumulation_size": accumulation_size}},
+            callbacks=[Record()], **quiet(tmp_path / str(accumulation_size)))
+        trainer.train_model((x, y), None, num_epochs=3, batch_size=8)
+    assert scales[4] == pytest.approx([1.0, 0.5, 0.25])
+    assert scales[1][0] < 1.0
+
+
+class _Weighted(ClassificationTrainer):
+    def loss_fn(self, params, batch, *, train, rng, state):
+        x, y, *w = batch
+        logits, updates = state.apply_model(params, x, train=train, rng=rng)
+        losses = optax.softmax_cross_entropy_with_integer_labels(logits, y)
+        return (losses * w[0]).mean() if w else losses.mean(), ({}, updates)
+
+
+def test_the_classifier_points_weights_at_the_docs_and_a_subclass_with_its_own_loss_takes_them(tmp_path):
+    x = np.random.default_rng(0).normal(size=(16, 4)).astype(np.float32)
+    y, w = (x[:, 0] > 0).astype(np.int32), np.full(16, 2.0, np.float32)
+    kwargs = dict(model_class=TinyMLP, model_hparams={"hidden_dims": [8], "output_dim": 2},
+                  optimizer_hparams={"lr": 1e-2}, exmp_input=x[:1])
+    with pytest.raises(ValueError, match=r"see docs/data.md, \"Sample and class weights\"") as refused:
+        ClassificationTrainer(**kwargs, **quiet(tmp_path / "zoo")).train_model((x, y, w), None, num_epochs=1,
+                                                                               batch_size=8)
+    section = re.search(r'docs/data.md, "([^"]+)"', str(refused.value)).group(1)
+    assert f"\n## {section}\n" in (DOCS / "data.md").read_text()
+    weighted = _Weighted(**kwargs, **quiet(tmp_path / "own"))  # its own loss_fn: any layout
+    result = weighted.train_model((x, y, w), (x, y), num_epochs=1, batch_size=8)
+    plain = weighted.eval_model((x, y), batch_size=8)["loss"]
+    assert weighted.eval_model((x, y, w), batch_size=8)["loss"] == pytest.approx(2 * plain, rel=1e-5)
+    assert result.history[-1]["val/loss"] == pytest.approx(plain, rel=1e-5)
