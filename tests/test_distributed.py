@@ -100,3 +100,28 @@ def test_unknown_distributed_mode(tmp_path):
     with pytest.raises(ValueError, match="distributed must be one of"):
         RegressTrainer(model_class=TinyMLP, model_hparams={}, optimizer_hparams={},
                        exmp_input=np.zeros((1, 4), np.float32), **quiet(tmp_path, distributed="ddp"))
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _classify_processes(tmp_path, *extra):
+    script, port = Path(__file__).with_name("classify_processes_script.py"), _free_port()
+    env = dict(os.environ, CI="true")
+    env.pop("XLA_FLAGS", None)
+    workers = [subprocess.Popen([sys.executable, str(script), str(i), "2", str(port), str(tmp_path / "run"), *extra],
+                                env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE) for i in range(2)]
+    return [worker.communicate(timeout=240) + (worker.returncode,) for worker in workers]
+
+
+def test_the_classification_trainer_trains_on_two_processes(tmp_path):
+    """Its first-batch label check read the whole batch, which spans both processes: it failed
+    with JAX's 'Fetching value for jax.Array that spans non-addressable devices'."""
+    for out, err, code in _classify_processes(tmp_path):
+        assert code == 0, err[-3000:]
+        assert float(out.split("accuracy")[-1]) > 0.8
+    for out, err, code in _classify_processes(tmp_path / "bad", "--label-offset", "1"):  # labels 1 and 2 of 2 classes
+        assert code != 0 and "labels must be in [0, 1]" in err, err[-3000:]

@@ -148,7 +148,7 @@ class ClassificationTrainer(TrainerModule):
         self._check_layout(batch, f"the first batch of {where}")
         if not isinstance(batch, (tuple, list)) or len(batch) != 2 or not hasattr(batch[1], "dtype"):
             return  # another layout: a subclass's loss_fn reads it
-        labels = np.asarray(batch[1])
+        labels = _this_process_values(batch[1])
         if not np.issubdtype(labels.dtype, np.integer):
             raise TypeError(f"{type(self).__name__} needs integer class labels; the first batch of {where} has labels "
                             f"of dtype {labels.dtype}. Convert them, e.g. y.astype(np.int32) (one-hot labels: "
@@ -161,3 +161,16 @@ class ClassificationTrainer(TrainerModule):
                              f"num_classes={num_classes} outputs, so labels must be in [0, {num_classes - 1}]. Map "
                              f"the labels to 0..{num_classes - 1} (e.g. y - 1 for labels counted from 1, no -1 for "
                              f"'ignore'), or build the model with more outputs.")
+
+
+def _this_process_values(array) -> np.ndarray:
+    """``array`` on the host; of a batch split over processes (a mesh spanning hosts), the rows
+    this process holds (each process checks the part it loaded; the rest cannot be read here).
+
+    Examples:
+        >>> _this_process_values(np.arange(3)).tolist()
+        [0, 1, 2]
+    """
+    if isinstance(array, jax.Array) and not array.is_fully_addressable:
+        return np.concatenate([np.asarray(shard.data).reshape(-1) for shard in array.addressable_shards])
+    return np.asarray(array)
