@@ -1,5 +1,8 @@
 """``train_model`` with arrays and a batch size, ``trainer.history`` and ``eval_model`` on arrays."""
 
+import csv
+import json
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -8,6 +11,7 @@ import pytest
 
 from conftest import CrashAfterEpoch, RegressTrainer, TinyMLP, quiet
 from flaxlight import ArrayLoader, Callback
+from flaxlight.callbacks import History, ModelCheckpoint
 
 
 def _data(n=40, seed=0):
@@ -72,6 +76,112 @@ def test_resumed_history_equals_the_uninterrupted_one(tmp_path):
     resumed.train_model((x, y), (x[:8], y[:8]), num_epochs=3, batch_size=8, resume=True)
     drop_time = lambda rows: [{k: v for k, v in r.items() if "time" not in k} for r in rows]  # noqa: E731
     assert drop_time(resumed.history) == drop_time(straight.history)
+
+
+class _LogsAtEachMoment(Callback):
+    """Logs one value at each moment of an epoch's end, as the docs' F1 callback does at validations."""
+
+    def on_train_epoch_end(self, trainer, epoch, metrics):
+        trainer.log_metrics({"train/extra": 100.0 + epoch})
+
+    def on_validation_end(self, trainer, epoch, metrics):
+        trainer.log_metrics({"val/score": 200.0 + trainer.global_step})
+
+    def on_epoch_end(self, trainer, epoch):
+        trainer.log_metrics({"done/epoch": 300.0 + epoch})
+
+
+class _HookLogs(RegressTrainer):
+    def on_validation_epoch_end(self, epoch_idx, eval_metrics, val_loader):
+        self.log_metrics({"val/hook": 400.0 + epoch_idx})
+
+
+def _hook_trainer(tmp_path, **kwargs):
+    return _HookLogs(model_class=TinyMLP, model_hparams={"hidden_dims": [16], "output_dim": 1},
+                     optimizer_hparams={"optimizer": "adam", "lr": 3e-2}, exmp_input=np.zeros((1, 4), np.float32),
+                     **quiet(tmp_path, **kwargs))
+
+
+def test_what_hooks_and_callbacks_log_joins_the_history_rows_and_validation_files(tmp_path):
+    """A value logged during a validation (the trainer's on_validation_epoch_end, a callback's
+    on_validation_end) is in that validation's history row and its metrics/eval_*.json; values
+    logged at an epoch's end (on_train_epoch_end, on_epoch_end) are in the epoch's row: the values
+    metrics.csv got at that step."""
+    x, y = _data()
+    trainer = _hook_trainer(tmp_path, callbacks=[_LogsAtEachMoment()], val_check_interval=3)
+    trainer.train_model((x, y), (x[:8], y[:8]), num_epochs=2, batch_size=8)
+
+    history = trainer.history
+    assert [(row["epoch"], row["step"], row["val/hook"], row["val/score"]) for row in history] == [
+        (1, 3, 401.0, 203.0), (1, 5, 401.0, 205.0), (2, 6, 402.0, 206.0), (2, 9, 402.0, 209.0), (2, 10, 402.0, 210.0)]
+    assert [(row["step"], row["train/extra"], row["done/epoch"]) for row in history if "train/loss" in row] == [
+        (5, 101.0, 301.0), (10, 102.0, 302.0)]
+    assert "train/extra" not in history[0] and "done/epoch" not in history[0]  # a step validation's row
+    files = tmp_path / "run" / "metrics"
+    epoch_1, step_3 = (json.loads((files / name).read_text()) for name in ("eval_epoch_001.json", "eval_step_3.json"))
+    assert epoch_1 == {"val/loss": history[1]["val/loss"], "val/hook": 401.0, "val/score": 205.0}
+    assert step_3 == {"val/loss": history[0]["val/loss"], "val/hook": 401.0, "val/score": 203.0}
+    with open(tmp_path / "run" / "metrics.csv") as f:
+        logged = {}
+        for record in csv.DictReader(f):
+            logged.setdefault(int(record["step"]), {}).update({k: float(v) for k, v in record.items() if v})
+    for row in history:
+        assert {key: row[key] for key in row if key != "epoch_time"} == pytest.approx(
+            {key: logged[row["step"]][key] for key in row if key != "epoch_time"}), row
+
+
+class _ReadsHistory(Callback):
+    def __init__(self):
+        self.seen = []
+
+    def on_validation_end(self, trainer, epoch, metrics):
+        row = trainer.history[-1]
+        self.seen.append((row["step"], row["val/loss"] == metrics["val/loss"], row.get("val/score")))
+
+
+def test_a_callback_after_the_history_reads_the_validation_row_with_what_was_logged_before_it(tmp_path):
+    x, y = _data()
+    reader = _ReadsHistory()
+    trainer = _hook_trainer(tmp_path, callbacks=[_LogsAtEachMoment(), History(), reader])
+    trainer.train_model((x, y), (x[:8], y[:8]), num_epochs=2, batch_size=8)
+    assert reader.seen == [(5, True, 205.0), (10, True, 210.0)]
+
+
+class _CrashAtEpochStart(Callback):
+    """Raises as an epoch starts, once the checkpoints before are on disk."""
+
+    def __init__(self, epoch):
+        self.epoch = epoch
+
+    def on_train_epoch_start(self, trainer, epoch):
+        if epoch == self.epoch:
+            trainer.checkpointer.wait()
+            raise RuntimeError("crash after the save")
+
+
+@pytest.mark.parametrize("save_top_k, crash", [(-1, CrashAfterEpoch(2)), (0, _CrashAtEpochStart(3))],
+                         ids=["after-validation-save", "after-epoch-end-save"])
+def test_a_resumed_history_keeps_what_callbacks_logged_after_the_history_heard_of_a_moment(tmp_path, save_top_k,
+                                                                                           crash):
+    """The History comes first here: the values logged after its hooks (and before the checkpoint
+    saved at that moment: at the validation with save_top_k=-1, at the epoch's end with 0) are in
+    the checkpoint's rows."""
+    x, y = _data()
+
+    def trainer(name, *more):
+        return _hook_trainer(tmp_path / name, callbacks=[History(), _LogsAtEachMoment(), *more,
+                                                         ModelCheckpoint(every_n_epochs=1, save_top_k=save_top_k)])
+
+    straight = trainer("straight")
+    straight.train_model((x, y), (x[:8], y[:8]), num_epochs=3, batch_size=8)
+    with pytest.raises(RuntimeError, match="crash"):
+        trainer("cut", crash).train_model((x, y), (x[:8], y[:8]), num_epochs=3, batch_size=8)
+    resumed = trainer("cut")
+    resumed.train_model((x, y), (x[:8], y[:8]), num_epochs=3, batch_size=8, resume=True)
+    drop_time = lambda rows: [{k: v for k, v in r.items() if "time" not in k} for r in rows]  # noqa: E731
+    assert drop_time(resumed.history) == drop_time(straight.history)
+    assert [(row["train/extra"], row["val/hook"], row["val/score"], row["done/epoch"]) for row in resumed.history] == [
+        (101.0, 401.0, 205.0, 301.0), (102.0, 402.0, 210.0, 302.0), (103.0, 403.0, 215.0, 303.0)]
 
 
 def test_array_errors_say_what_to_pass(tmp_path):

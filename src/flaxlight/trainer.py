@@ -268,14 +268,12 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
                 return
             loop.train_metrics = self.train_epoch(train_loader)
             self.state = self.state.replace(epoch=self.engine.device_scalar(loop.model_epoch))
-            self._log({**loop.train_metrics, "epoch": epoch_idx})
-            self.on_training_epoch_end(epoch_idx)
-            self._call_callbacks("on_train_epoch_end", epoch_idx, loop.train_metrics)
+            self._end_train_epoch(epoch_idx, loop.train_metrics)  # what its hooks log joins the history row
         if val_loader is not None and not loop.validated and epoch_validation_due(epoch_idx, self.check_val_every_n_epoch,
                                                                                   self._limits):
             self._validate(val_loader)
         loop.phase = "epoch_end"
-        self._call_callbacks("on_epoch_end", epoch_idx)
+        self._end_epoch(epoch_idx)
         getattr(self.logger, "flush_soon", self.logger.flush)()  # written behind the epoch's records
 
     def _validate(self, val_loader) -> None:
@@ -291,11 +289,10 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
         self._begin_validation_records()  # what hooks and callbacks log from here on may rank the best model
         self.on_validation_epoch_end(loop.epoch, eval_metrics, val_loader)
         self._log({**eval_metrics, "epoch": loop.epoch})
-        self.save_metrics(f"eval_epoch_{loop.model_epoch:03d}" if loop.phase != "train" else f"eval_step_{self.global_step}",
-                          eval_metrics)
         self._choose_best(eval_metrics)  # is_new_model_better, now or (a monitor a callback logs) once logged
         loop.validated = loop.phase == "val"  # an epoch's validation: a checkpoint from now on says it ran
-        self._end_validation(loop.epoch, eval_metrics)
+        self._end_validation(loop.epoch, eval_metrics,  # its file and history row: with what callbacks log
+                             f"eval_epoch_{loop.model_epoch:03d}" if loop.phase != "train" else f"eval_step_{self.global_step}")
 
     def train_epoch(self, train_loader: Iterable) -> dict[str, float]:
         """One pass over ``train_loader``; returns ``train/...`` means and ``epoch_time``.

@@ -49,6 +49,7 @@ class TrainerViewMixin:
     """The read-only loop status, ``stop``, ``log_metrics`` and friends (see the module docstring)."""
 
     _validation_logged: dict | None = None  # what was logged since the latest validation began
+    _row_logged: dict | None = None  # what was logged since the epoch's end records began (its history row's)
     _validation_open = False  # from its evaluation's end until its callbacks' on_validation_end ended
     _best_pending: dict | None = None  # a validation's metrics whose best-model question waits for its monitor
 
@@ -287,6 +288,8 @@ class TrainerViewMixin:
         self.callback_metrics.update(metrics)
         if self._validation_open:
             self._validation_logged.update(metrics)
+        if self._row_logged is not None:
+            self._row_logged.update(metrics)
         self.logger.log_metrics(metrics, step=step)
         self._call_callbacks("on_log", step, metrics)
 
@@ -335,14 +338,64 @@ class TrainerViewMixin:
             self._best_eval_metrics = {**metrics, **self._loop.train_metrics}
             self.save_metrics("best_eval", metrics)
 
-    def _end_validation(self, epoch: int, eval_metrics: Mapping[str, float]) -> None:
+    def _end_validation(self, epoch: int, eval_metrics: Mapping[str, float], file: str) -> None:
         """The callbacks' ``on_validation_end``, the best model chosen before :class:`ModelCheckpoint`
-        hears of the validation; what is logged after them is not the validation's."""
-        try:
-            self._call_callbacks("on_validation_end", epoch, eval_metrics, before_checkpoint=self._settle_best)
+        hears of the validation; what is logged after them is not the validation's. Before it
+        (it may save: the checkpoint's history is then whole) or after the last callback, the
+        validation's metrics, those logged during it too, join its history row and are written
+        to ``metrics/<file>.json``."""
+        recorded = False
+
+        def record() -> None:
+            nonlocal recorded
             self._settle_best()
+            if not recorded:
+                recorded = True
+                self._add_to_history(epoch, self.validation_metrics)
+                self.save_metrics(file, self.validation_metrics)
+
+        try:
+            self._call_callbacks("on_validation_end", epoch, eval_metrics, before_checkpoint=record)
+            record()
         finally:
             self._validation_open, self._best_pending = False, None
+
+    def _end_train_epoch(self, epoch: int, train_metrics: Mapping[str, Any]) -> None:
+        """The epoch's train record, the trainer's ``on_training_epoch_end`` and the callbacks'
+        ``on_train_epoch_end``; what they log joins the epoch's history row, as in ``metrics.csv``."""
+        with self._row_records(epoch):
+            self._log({**train_metrics, "epoch": epoch})
+            self.on_training_epoch_end(epoch)
+            self._call_callbacks("on_train_epoch_end", epoch, train_metrics)
+
+    def _end_epoch(self, epoch: int) -> None:
+        """The callbacks' ``on_epoch_end``; what they log joins the epoch's history row before
+        :class:`ModelCheckpoint` (which may save then) hears of it."""
+        with self._row_records(epoch) as record:
+            self._call_callbacks("on_epoch_end", epoch, before_checkpoint=record)
+
+    @contextlib.contextmanager
+    def _row_records(self, epoch: int) -> Iterator[Callable[[], None]]:
+        """What is logged inside, until the ``record()`` it yields is called (else the block's end),
+        joins the history row of ``epoch`` at this step (a save's flush of log points does not)."""
+        self._row_logged = {}
+
+        def record() -> None:
+            logged, self._row_logged = self._row_logged, None
+            if logged is not None:
+                self._add_to_history(epoch, logged)
+
+        try:
+            yield record
+            record()
+        finally:
+            self._row_logged = None
+
+    def _add_to_history(self, epoch: int, metrics: Mapping[str, Any]) -> None:
+        """``metrics`` join the :class:`History` row of ``epoch`` at this step (a new row if none)."""
+        history = next((cb for cb in self.callbacks if isinstance(cb, History)), None)
+        if history is not None and metrics:
+            history.record(epoch, self.global_step, metrics)
 
     def _save_on_interrupt(self, interrupt: Interrupted) -> None:
         """SIGTERM / SIGINT: save the step trained, end the run's files, say how to resume, exit 128 + signal."""

@@ -16,7 +16,14 @@ class History(Callback):
     ends): ``{"epoch": 3, "step": 96, "train/loss": ..., "val/loss": ..., "val/acc": ...}``.
 
     A validation at an epoch's end joins that epoch's row; a validation every ``val_check_interval``
-    steps gets its own row (same ``step``: never two rows). The rows are kept in every checkpoint,
+    steps gets its own row (same ``step``: never two rows). A row also holds what was logged
+    (``trainer.log_metrics``) at its moment, the values ``metrics.csv`` got there: a validation's
+    row everything logged during it (``trainer.validation_metrics``: by the trainer's
+    ``on_validation_epoch_end``, callbacks' ``on_validation_end``), an epoch's row what the
+    trainer's ``on_training_epoch_end`` and callbacks' ``on_train_epoch_end`` and ``on_epoch_end``
+    logged. Each moment's row is whole once its callbacks ran, and before :class:`ModelCheckpoint`
+    saves at it (a callback listed after this one reads, in ``on_validation_end``, the values
+    logged before it). The rows are kept in every checkpoint,
     so a resumed run's history is the uninterrupted run's; each new ``train_model`` call starts
     an empty one. Every trainer has one: ``trainer.history``, also ``train_model(...).history``.
 
@@ -33,7 +40,16 @@ class History(Callback):
         """Start an empty history (a new run)."""
         self.rows = []
 
-    def _record(self, epoch: int, step: int, metrics: Mapping[str, float]) -> None:
+    def record(self, epoch: int, step: int, metrics: Mapping[str, Any]) -> None:
+        """Add ``metrics`` to the row of ``epoch`` at ``step`` (the latest row, if it is that one;
+        else a new row); arrays are kept as nested lists, ``"epoch"`` is the row's own.
+
+        Examples:
+            >>> history = History()
+            >>> history.record(1, 8, {"train/loss": 0.5}); history.record(1, 8, {"val/loss": 0.6})
+            >>> history.rows
+            [{'epoch': 1, 'step': 8, 'train/loss': 0.5, 'val/loss': 0.6}]
+        """
         values = {key: value if np.ndim(value) == 0 else np.asarray(value).tolist()  # JSON, for checkpoints
                   for key, value in metrics.items() if key != "epoch"}
         last = self.rows[-1] if self.rows else None
@@ -43,10 +59,10 @@ class History(Callback):
             self.rows.append({"epoch": int(epoch), "step": int(step), **values})
 
     def on_train_epoch_end(self, trainer: TrainerView, epoch: int, metrics: Mapping[str, float]) -> None:
-        self._record(epoch, trainer.global_step, metrics)
+        self.record(epoch, trainer.global_step, metrics)
 
     def on_validation_end(self, trainer: TrainerView, epoch: int, metrics: Mapping[str, float]) -> None:
-        self._record(epoch, trainer.global_step, metrics)
+        self.record(epoch, trainer.global_step, {**metrics, **trainer.validation_metrics})
 
     def state_dict(self) -> dict[str, Any]:
         return {"rows": [dict(row) for row in self.rows]}
