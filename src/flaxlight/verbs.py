@@ -416,6 +416,9 @@ class TrainerVerbsMixin:
         if self.own_checkpoints and not checkpoints.all_steps():  # the UvA guide's pair: the best by load_model()
             return self._serving(self._own_best_state(which))
         checkpoints.wait()
+        saves_none = checkpoints is self.checkpointer and getattr(self, "_checkpoint_callback", None) is None
+        if saves_none and not checkpoints.all_steps():  # checkpointing off: not "no model yet"
+            raise FileNotFoundError(self._no_checkpointing_message(which))
         step = resume.pick_checkpoint(checkpoints, which)
         template = self.state
         if template.opt_state is None and template.tx is not None:  # loaded for inference: its optimizer's shape
@@ -423,6 +426,15 @@ class TrainerVerbsMixin:
         with_ema = ema_params(template) is not None  # the checkpoint's optimizer state holds the average
         restored = checkpoints.restore(template if with_ema else self.state, step=step, with_opt_state=with_ema)
         return self._serving(restored)
+
+    def _no_checkpointing_message(self, which: str) -> str:
+        """Why ``which="best"/"last"`` has no checkpoint on a trainer that saves none, and what to use."""
+        why = ("fast_dev_run=True writes no checkpoint" if self.options.fast_dev_run else
+               "checkpointing is off for this trainer (enable_checkpointing=False, and no ModelCheckpoint among its "
+               "callbacks)")
+        return (f"No {which!r} checkpoint: {why}, so no best or last model is saved to load. Use which='current' "
+                f"(the trainer's state now: the model as training left it), or turn checkpointing on "
+                f"(enable_checkpointing=True, or callbacks=[ModelCheckpoint(...)]) and train to keep them.")
 
     def _own_best_state(self, which: str):
         """The best model a ``save_model`` of the user's wrote, restored by its ``load_model()`` for
