@@ -2,6 +2,7 @@
 Lightning's checkpoint callbacks across ``fit`` calls) and never overwrites the first call's
 per-epoch validation files; ``resume=True`` afterwards agrees."""
 
+import csv
 import json
 import os
 
@@ -91,3 +92,92 @@ def test_rewinding_into_the_second_call_keeps_the_files_before_it_and_drops_the_
         [before[f"eval_epoch_{epoch:03d}.json"] for epoch in range(1, 5)]
     assert files["eval_epoch_005.json"]["val/loss"] == pytest.approx(rewound.history[-1]["val/loss"])
     assert (tmp_path / "run" / "abandoned" / "after_step_32" / "metrics" / "eval_epoch_005.json").exists()
+
+
+class _FirstIsBest(RegressTrainer):
+    """The first validation is the run's best: best checkpoint 8, last 24 after three epochs."""
+
+    def is_new_model_better(self, new_metrics, old_metrics):
+        return old_metrics is None
+
+
+def _rows(tmp_path):
+    return list(csv.DictReader(open(tmp_path / "run" / "metrics.csv")))
+
+
+def _first_is_best(tmp_path, name="run"):
+    return _FirstIsBest(model_class=TinyMLP, model_hparams={"hidden_dims": [16]},
+                        optimizer_hparams={"optimizer": "adam", "lr": 1e-2}, exmp_input=X[:1],
+                        **quiet(tmp_path, logger_params={"log_dir": str(tmp_path / name)}))
+
+
+def _train_test_train(tmp_path, how, second_epochs=2):
+    """Call 1 (3 epochs: best checkpoint 8, last 24), a test of the best (``trainer.test`` or the
+    call's ``test_loader``), call 2; returns the trainer, call 1's files and last model's outputs."""
+    trainer = _first_is_best(tmp_path)
+    trainer.train_model((X, Y), (XV, YV), test_loader=(XV, YV) if how == "test_loader" else None, num_epochs=3,
+                        batch_size=32)
+    assert _steps(tmp_path) == [8, 24]
+    if how == "test()":
+        trainer.test((XV, YV), batch_size=64)
+    first_files, first_last = _metrics(tmp_path), trainer.predict(XV, batch_size=64, which="last")
+    trainer.train_model((X, Y), (XV, YV), num_epochs=second_epochs, batch_size=32)
+    return trainer, first_files, first_last
+
+
+# test() restored the best checkpoint's step (8) and epoch (1) into the trainer while global_step stayed
+# the last (24): the next call counted steps 16, 24 again, replaced checkpoint 24 (the first call's
+# last model) and eval_epoch_002/003.json, and wrote metrics.csv rows twice; a shorter next call left
+# the first call's checkpoint 24 as "last", where resume=True went back to.
+@pytest.mark.parametrize("how", ["test()", "test_loader"])
+def test_a_call_after_a_test_keeps_the_first_calls_last_checkpoint(tmp_path, how):
+    trainer, _, first_last = _train_test_train(tmp_path, how)
+    assert _steps(tmp_path) == [8, 24, 40]  # the second call saved after the first's steps
+    at_24 = RegressTrainer.load_from_checkpoint(tmp_path / "run" / "checkpoints" / "24", exmp_input=X[:1],
+                                                logger_params={"log_dir": str(tmp_path / "a")})
+    np.testing.assert_array_equal(at_24.predict(XV, batch_size=64), first_last)
+    assert int(trainer.state.step) == trainer.global_step == 40
+
+
+@pytest.mark.parametrize("how", ["test()", "test_loader"])
+def test_a_call_after_a_test_rewrites_no_eval_file_of_the_first_call(tmp_path, how):
+    trainer, first_files, _ = _train_test_train(tmp_path, how)
+    files = _metrics(tmp_path)
+    assert {name: files[name] for name in first_files} == first_files
+    assert sorted(set(files) - set(first_files)) == ["eval_epoch_004.json", "eval_epoch_005.json"]
+
+
+@pytest.mark.parametrize("how", ["test()", "test_loader"])
+def test_a_call_after_a_test_writes_each_step_once_to_metrics_csv(tmp_path, how):
+    trainer, _, _ = _train_test_train(tmp_path, how)
+    assert [int(row["step"]) for row in _rows(tmp_path) if row["val/loss"]] == [8, 16, 24, 32, 40]
+    assert [row["step"] for row in trainer.history] == [32, 40]
+
+
+@pytest.mark.parametrize("how", ["test()", "test_loader"])
+def test_last_after_a_test_and_a_shorter_call_is_that_calls_end(tmp_path, how):
+    trainer, _, first_last = _train_test_train(tmp_path, how, second_epochs=1)
+    second_end = trainer.predict(XV, batch_size=64)
+    assert not np.array_equal(second_end, first_last)
+    np.testing.assert_array_equal(trainer.predict(XV, batch_size=64, which="last"), second_end)
+
+
+@pytest.mark.parametrize("how", ["test()", "test_loader"])
+def test_resume_after_a_test_and_a_shorter_call_goes_on_from_that_calls_end(tmp_path, how):
+    _train_test_train(tmp_path, how, second_epochs=1)
+    resumed = _first_is_best(tmp_path)
+    resumed.train_model((X, Y), (XV, YV), num_epochs=2, batch_size=32, resume=True)
+    assert [row["step"] for row in resumed.history] == [32, 40]  # on from the second call's end (step 32)
+
+
+def test_predict_after_train_model_is_the_same_with_or_without_a_test_loader(tmp_path):
+    """train_model(..., test_loader=...) left the best checkpoint in the trainer: predict()
+    gave the best model after it and the last model without it."""
+    outputs = []
+    for name, test_loader in (("plain", None), ("tested", (XV, YV))):
+        trainer = _first_is_best(tmp_path, name)
+        trainer.train_model((X, Y), (XV, YV), test_loader=test_loader, num_epochs=3, batch_size=32)
+        outputs.append(trainer.predict(XV, batch_size=64))
+        np.testing.assert_array_equal(outputs[-1], trainer.predict(XV, batch_size=64, which="last"))
+        assert not np.array_equal(outputs[-1], trainer.predict(XV, batch_size=64, which="best"))
+    np.testing.assert_array_equal(outputs[0], outputs[1])

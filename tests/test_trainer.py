@@ -82,7 +82,7 @@ def test_best_model_is_restored_for_testing(tmp_path, regression_loaders):
     trainer.__class__ = WorseOverTime
     trainer.create_jitted_functions()
     metrics = trainer.train_model(train, val, test_loader=test, num_epochs=3)
-    assert int(trainer.state.step) == 8  # the state after testing is the best (first) epoch's
+    assert int(trainer.state.step) == trainer.global_step == 24  # restored for the test only: the trainer goes on
 
     def saved(name):
         return json.loads((tmp_path / "run" / "metrics" / f"{name}.json").read_text())
@@ -96,7 +96,10 @@ def test_best_model_is_restored_for_testing(tmp_path, regression_loaders):
     assert train_loss[24] < train_loss[8]
     assert metrics["train/loss"] == pytest.approx(train_loss[8])  # epoch 1's train metrics, not the last epoch's
     assert metrics["test/loss"] == pytest.approx(saved("test")["test/loss"])
-    assert trainer.eval_model(test, log_prefix="test/")["test/loss"] == pytest.approx(metrics["test/loss"])
+    best = WorseOverTime.load_from_checkpoint(trainer.log_dir, exmp_input=np.zeros((1, 4), np.float32))
+    assert int(best.state.step) == 8  # the best (first) epoch's checkpoint is the one tested
+    assert best.eval_model(test, log_prefix="test/")["test/loss"] == pytest.approx(metrics["test/loss"])
+    assert trainer.eval_model(test, log_prefix="test/")["test/loss"] != pytest.approx(metrics["test/loss"])
 
 
 def test_monitor_and_mode_choose_the_best_model(tmp_path):
@@ -150,10 +153,11 @@ def test_a_nan_first_validation_does_not_stay_the_best(tmp_path, regression_load
     best_eval = json.loads((tmp_path / "run" / "metrics" / "best_eval.json").read_text())
     assert best_eval["val/score"] == 0.0
     assert sorted(int(s) for s in os.listdir(tmp_path / "run" / "checkpoints")) == [16, 24]  # best and last
-    trainer.test(test)
-    assert int(trainer.state.step) == 16  # test() used epoch 2's model
+    tested = trainer.test(test)
+    assert int(trainer.state.step) == trainer.global_step == 24  # the test restored the best for itself only
     loaded = _ScoreTrainer.load_from_checkpoint(str(tmp_path / "run"), exmp_input=np.zeros((1, 4), np.float32))
     assert int(loaded.state.step) == 16
+    assert loaded.test(test)["test/loss"] == pytest.approx(tested["test/loss"])  # test() used epoch 2's model
     err = capsys.readouterr().err
     assert err.count("The monitored metric val/score is NaN at the validation of epoch 1 (step 8)") == 1
     assert "ranks below every number" in err
@@ -174,8 +178,8 @@ def test_a_monitored_value_nan_at_every_validation_makes_the_newest_the_best(tmp
     best_eval = json.loads((tmp_path / "run" / "metrics" / "best_eval.json").read_text())
     assert best_eval["val/loss"] == pytest.approx(epoch_3["val/loss"])
     assert os.listdir(tmp_path / "run" / "checkpoints") == ["24"]
-    trainer.test(test)
-    assert int(trainer.state.step) == 24  # test() used the newest validated model
+    tested = trainer.test(test)["test/loss"]
+    assert tested == pytest.approx(trainer.test(test, which="last")["test/loss"])  # the newest validated model
     assert capsys.readouterr().err.count("The monitored metric val/score is NaN") == 1  # said once, not 3 times
 
 

@@ -96,6 +96,10 @@ def test_the_guides_save_and_load_pair_tests_the_best_model(tmp_path, regression
     with open(os.path.join(trainer.log_dir, "metrics", "test.json")) as f:
         assert json.load(f)["test/loss"] == pytest.approx(best)
     assert _steps(trainer.log_dir) == []  # flaxlight wrote no checkpoint of its own beside the user's
+    # load_model() restored the best for the test only: the trainer is the model as training left it
+    test = regression_loaders[2]
+    assert trainer.eval_model(test, log_prefix="test/")["test/loss"] == pytest.approx(last)
+    assert int(trainer.state.step) == trainer.global_step == 24
 
 
 def test_load_from_checkpoint_restores_the_guides_best_through_its_load_model(tmp_path, regression_loaders):
@@ -109,7 +113,7 @@ def test_load_from_checkpoint_restores_the_guides_best_through_its_load_model(tm
 
 
 def test_predict_which_best_restores_the_guides_best_for_the_call_only(tmp_path, regression_loaders):
-    trainer, _ = _train_guide(tmp_path, regression_loaders)  # the test left the best in self.state
+    trainer, _ = _train_guide(tmp_path, regression_loaders)
     trainer.state = trainer.state.replace(params=jax.tree.map(jnp.zeros_like, trainer.state.params))
     x = linear_data(8, 3)[0]
     best = trainer.predict(x, batch_size=8, which="best")

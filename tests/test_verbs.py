@@ -83,6 +83,25 @@ def test_predict_with_the_best_checkpoint_leaves_the_state_alone(tmp_path, regre
         trainer.predict(x, batch_size=8, which="newest")
 
 
+def test_which_best_or_last_with_checkpointing_off_says_so_and_what_to_use(tmp_path, regression_loaders):
+    """It said "this run saved no model yet", as if waiting or training longer would give one."""
+    train, val, _ = regression_loaders
+    trainer = RegressTrainer(model_class=TinyMLP, model_hparams={"hidden_dims": [8]}, exmp_input=linear_data(1)[0],
+                             optimizer_hparams={"optimizer": "adam", "lr": 3e-2}, enable_checkpointing=False,
+                             **quiet(tmp_path))
+    trainer.train_model(train, val, num_epochs=2)
+    x, _ = linear_data(8, 5)
+    for which in ("best", "last"):
+        with pytest.raises(FileNotFoundError) as raised:
+            trainer.predict(x, batch_size=8, which=which)
+        message = str(raised.value)
+        assert f"No '{which}' checkpoint: checkpointing is off for this trainer (enable_checkpointing=False" in message
+        assert "which='current'" in message and "enable_checkpointing=True" in message and "yet" not in message
+    with pytest.raises(FileNotFoundError, match="checkpointing is off.*export.which='best'. needs a saved"):
+        trainer.export(tmp_path / "export", which="best")
+    assert trainer.predict(x, batch_size=8).shape == (8, 1)  # which='current' serves the state as training left it
+
+
 def test_test_on_arrays_logs_and_saves_test_metrics_like_train_models_test_loader(tmp_path, regression_loaders):
     trainer = _trained(tmp_path, regression_loaders)
     _, _, test_loader = regression_loaders

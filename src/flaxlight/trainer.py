@@ -194,8 +194,9 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
 
         Returns the best validation metrics merged with the train metrics of the last epoch finished by then (for a
         validation within an epoch: the epoch before; none in the first) and, when a ``test_loader`` is given, the
-        best model's ``test/...`` metrics; its ``.history`` is :attr:`history`. Loaders may be arrays instead:
-        ``train_model((x, y), (xv, yv), batch_size=64)`` (training arrays shuffled by the seed, see
+        best model's ``test/...`` metrics (its checkpoint restored for the test only: the trainer stays as training left
+        it, and a next call goes on after this one's last step); its ``.history`` is :attr:`history`. Loaders may be
+        arrays instead: ``train_model((x, y), (xv, yv), batch_size=64)`` (training arrays shuffled by the seed, see
         :func:`flaxlight.data.fit_loaders`).
 
         ``resume=True`` continues from the newest readable checkpoint in this run's log dir; ``resume_from`` names a

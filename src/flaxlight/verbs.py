@@ -166,7 +166,8 @@ class TrainerVerbsMixin:
         takes), or an array / a tuple of arrays with ``batch_size``. An ``exmp_input`` that is a
         whole ``(inputs, labels)`` batch, of which a ``run_model_init`` of yours gave the model the
         inputs (the UvA guide's classifier), counts as those inputs.
-        ``which``: ``"current"`` (the trainer's state now), ``"best"`` or ``"last"`` (that
+        ``which``: ``"current"`` (the trainer's state now: after ``train_model``, the model as
+        training left it, with or without a ``test_loader``), ``"best"`` or ``"last"`` (that
         checkpoint, restored for this call; ``self.state`` is not changed). One jitted call per
         batch (the shorter last batch compiles once); outputs are copied to the host as they
         are made and read once at the end.
@@ -206,10 +207,12 @@ class TrainerVerbsMixin:
         metrics, logged, saved to ``metrics/test.json`` and returned; callbacks hear ``on_test_end``.
         ``data`` as in :meth:`predict` (with labels: ``(x, y)`` plus ``batch_size``).
 
-        ``which``: ``"best"`` or ``"last"`` restores that checkpoint into the trainer first (none
-        saved: the current state); ``"current"`` tests the state as it is. Default: ``"current"`` for
-        a trainer from :meth:`load_from_checkpoint` (the checkpoint it loaded), else ``"best"`` (as
-        Lightning's ``trainer.test()`` after ``fit``).
+        ``which``: ``"best"`` or ``"last"`` tests that checkpoint (none saved: the current state),
+        restored for the test only, as :meth:`predict` restores it: the trainer is left as it was
+        (``state``, ``global_step``, what :meth:`predict` serves by default and what a next
+        ``train_model`` continues from, as Keras' ``evaluate``); ``"current"`` tests the state as it
+        is. Default: ``"current"`` for a trainer from :meth:`load_from_checkpoint` (the checkpoint it
+        loaded), else ``"best"`` (as Lightning's ``trainer.test()`` after ``fit``).
 
         ``name``: tells test sets apart (letters, digits, ``_``, ``-``): ``name="shifted"`` gives
         ``test_shifted/...`` metrics (their own columns in ``metrics.csv``) saved to
@@ -244,8 +247,20 @@ class TrainerVerbsMixin:
         return test_metrics
 
     def _evaluate_test(self, test_loader, which: str, stem: str) -> dict[str, float]:
-        """Restore the ``which`` checkpoint (when there is one) and evaluate it: ``<stem>/...`` metrics.
-        A ``save_model`` writing checkpoints of its own (the UvA guide's): the best through ``load_model()``."""
+        """Evaluate the ``which`` checkpoint (when there is one) on ``test_loader``: ``<stem>/...`` metrics.
+        The checkpoint is restored for the test only (through ``load_model``: a seam of the user's; a
+        ``save_model`` writing checkpoints of its own, the UvA guide's, has the best restored by its
+        ``load_model()``): ``self.state`` and ``global_step`` are put back afterwards, so the trainer
+        (what ``predict()`` serves, what a next ``train_model`` continues from) is as it was."""
+        kept, step = self.state, self.global_step
+        try:
+            self._restore_for_test(which)
+            return self.eval_model(test_loader, log_prefix=f"{stem}/")
+        finally:
+            self.state, self.global_step = kept, step
+
+    def _restore_for_test(self, which: str) -> None:
+        """``self.state`` := the ``which`` checkpoint (none saved, or ``"current"``: left as it is)."""
         source = self._checkpoint_source()
         if which != "current" and self.own_checkpoints and not source.all_steps():
             self._load_own_best(which, "the test")
@@ -257,11 +272,8 @@ class TrainerVerbsMixin:
                 self.state = resume.load_with_fallback(source, self.state, which)
             else:
                 source.wait()
-                step = self.global_step  # the test is logged at the trainer's step (after training: the last)
                 self._load_for_resume(None if which == "best" else resume.pick_checkpoint(source, which),
                                       purpose="the test")  # None: the best, by load_model()
-                self.global_step = step
-        return self.eval_model(test_loader, log_prefix=f"{stem}/")
 
     def _unused_metrics_name(self, stem: str) -> str:
         """``stem``, or ``stem.2``, ``stem.3``, ... when ``metrics/<stem>.json`` holds an earlier
@@ -404,6 +416,9 @@ class TrainerVerbsMixin:
         if self.own_checkpoints and not checkpoints.all_steps():  # the UvA guide's pair: the best by load_model()
             return self._serving(self._own_best_state(which))
         checkpoints.wait()
+        saves_none = checkpoints is self.checkpointer and getattr(self, "_checkpoint_callback", None) is None
+        if saves_none and not checkpoints.all_steps():  # checkpointing off: not "no model yet"
+            raise FileNotFoundError(self._no_checkpointing_message(which))
         step = resume.pick_checkpoint(checkpoints, which)
         template = self.state
         if template.opt_state is None and template.tx is not None:  # loaded for inference: its optimizer's shape
@@ -411,6 +426,15 @@ class TrainerVerbsMixin:
         with_ema = ema_params(template) is not None  # the checkpoint's optimizer state holds the average
         restored = checkpoints.restore(template if with_ema else self.state, step=step, with_opt_state=with_ema)
         return self._serving(restored)
+
+    def _no_checkpointing_message(self, which: str) -> str:
+        """Why ``which="best"/"last"`` has no checkpoint on a trainer that saves none, and what to use."""
+        why = ("fast_dev_run=True writes no checkpoint" if self.options.fast_dev_run else
+               "checkpointing is off for this trainer (enable_checkpointing=False, and no ModelCheckpoint among its "
+               "callbacks)")
+        return (f"No {which!r} checkpoint: {why}, so no best or last model is saved to load. Use which='current' "
+                f"(the trainer's state now: the model as training left it), or turn checkpointing on "
+                f"(enable_checkpointing=True, or callbacks=[ModelCheckpoint(...)]) and train to keep them.")
 
     def _own_best_state(self, which: str):
         """The best model a ``save_model`` of the user's wrote, restored by its ``load_model()`` for
