@@ -182,6 +182,12 @@ def test_lightning_model_checkpoint_arguments_are_answered_with_flaxlights(key, 
     message = str(caught.value)
     assert message.startswith(f"ModelCheckpoint got an unexpected keyword argument {key!r}.")
     assert written in message and "It takes monitor, mode, save_top_k, save_last, every_n_epochs" in message
+    # A config naming it is refused by the config's own check, at its key (the file's line).
+    from flaxlight.config import ConfigError, load_config
+    with pytest.raises(ConfigError, match=rf"Unknown key 'callbacks\[0\]\.args\.{key}': callback ModelCheckpoint"):
+        load_config({"trainer": {"name": "regression"}, "data": {"name": "sine"},
+                     "model": {"name": "mlp_regressor", "hparams": {"hidden_dims": [4], "output_dim": 1}},
+                     "callbacks": [{"name": "ModelCheckpoint", "args": {key: value}}]})
 
 
 def test_best_model_path_and_score_name_the_best_checkpoint(tmp_path, regression_loaders):

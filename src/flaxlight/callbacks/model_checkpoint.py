@@ -46,6 +46,17 @@ _LIGHTNING_ATTRIBUTES = {
 }
 
 
+class _DeclaredSignature:
+    """``inspect.signature`` of the class: its ``__init__``'s without the ``**unknown`` that only
+    refuses (with Lightning's spelling), so a config naming an unknown argument is refused there,
+    with its key."""
+
+    def __get__(self, instance: Any, owner: type) -> inspect.Signature:
+        signature = inspect.signature(owner.__init__)
+        return signature.replace(parameters=[p for name, p in signature.parameters.items()
+                                             if name not in ("self", "unknown")])
+
+
 class ModelCheckpoint(Callback):
     """Save the full train state at validations, epochs or steps; keep the best k and the last.
 
@@ -105,6 +116,8 @@ class ModelCheckpoint(Callback):
         >>> every_500 = ModelCheckpoint(every_n_steps=500, save_top_k=-1, save_last=False)  # a snapshot every 500 steps
         >>> every_2nd = ModelCheckpoint(every_n_epochs=2, save_top_k=-1)  # epochs 2, 4, ... (and the best)
     """
+
+    __signature__ = _DeclaredSignature()
 
     def __init__(self, monitor: str | None = None, mode: str = "min", save_top_k: int = 1, save_last: bool = True,
                  every_n_epochs: int | None = None, every_n_steps: int | None = None,
