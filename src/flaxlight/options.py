@@ -19,11 +19,61 @@ from flaxlight import distributed as dist
 from flaxlight.messages import logger as messages, warn_at_user
 from flaxlight.metrics import name_direction
 
-__all__ = ["TrainerOptions", "DEFAULT_MONITORS", "check_trainer_arguments", "written_otherwise"]
+__all__ = ["TrainerOptions", "DEFAULT_MONITORS", "LIGHTNING_TRAINER_ARGUMENTS", "check_trainer_arguments",
+           "lightning_argument_message", "written_otherwise"]
 
 # The constructor arguments of TrainerModule itself (for messages).
 TRAINER_ARGUMENTS = ("model_class", "model_hparams", "optimizer_hparams", "exmp_input", "seed", "logger_params",
                      "enable_progress_bar", "debug", "check_val_every_n_epoch")
+
+# Lightning ``Trainer`` arguments that flaxlight spells otherwise or does not have: what to write
+# instead ({value}: the value given). Kept as an extra hparam, such a keyword would do nothing.
+LIGHTNING_TRAINER_ARGUMENTS = {
+    "max_epochs": "the number of epochs is train_model's: trainer.train_model(train_loader, val_loader, "
+                  "num_epochs={value!r})",
+    "min_epochs": "flaxlight has no minimum number of epochs: train_model(num_epochs=...) sets the length, and an "
+                  "EarlyStopping callback may stop at any validation; drop min_epochs",
+    "min_steps": "flaxlight has no minimum number of steps: max_steps=N sets the length, and an EarlyStopping "
+                 "callback may stop at any validation; drop min_steps",
+    "accumulate_grad_batches": "it is an optimizer setting: optimizer_hparams={{..., 'accumulate_grad_batches': "
+                               "{value!r}}} (a ready optax transformation: "
+                               "optax.MultiSteps(tx, {value!r}).gradient_transformation())",
+    "gradient_clip_val": "it is an optimizer setting: optimizer_hparams={{..., 'gradient_clip': {value!r}}} (clip by "
+                         "global norm, Lightning's default algorithm; 'gradient_clip_value': {value!r} clips each "
+                         "entry). flaxlight clips at global norm 1.0 by default; 'gradient_clip': None turns it off",
+    "gradient_clip_algorithm": "the algorithm is the optimizer_hparams key: 'gradient_clip': v clips by global norm "
+                               "('norm'), 'gradient_clip_value': v each entry ('value')",
+    "precision": "it is an optimizer setting: optimizer_hparams={{..., 'precision': 'bf16'}} (bf16 compute with fp32 "
+                 "master weights and optimizer state: Lightning's 'bf16-mixed') or 'fp32' (the default)",
+    "deterministic": "flaxlight has no such switch: a run is a function of its seeds (seed= for initialisation and "
+                     "dropout, the loader's seed for the data order), and on CPU the same seeds give the same "
+                     "parameters, bit for bit; on a GPU, also set XLA_FLAGS=--xla_gpu_deterministic_ops=true before "
+                     "JAX starts; drop deterministic",
+    "num_sanity_val_steps": "flaxlight runs no sanity validation: before the first epoch, train_model checks the "
+                            "validation loader's first batch and traces the eval step on it (nothing is logged); "
+                            "check_batches=False skips that check",
+    "default_root_dir": "the run's folder is set by logger_params: logger_params={{'base_log_dir': {value!r}}} (runs "
+                        "go to <base_log_dir>/<Model>/version_N) or {{'log_dir': ...}} for one folder",
+    "logger": "loggers are given as loggers=[...] (flaxlight.loggers.TensorBoardLogger(log_dir), ...) or "
+              "logger_params={{'logger_type': [...]}}; metrics.csv is always written",
+    "limit_test_batches": "test() evaluates the whole loader it is given: pass a shorter one (e.g. arrays x[:n], "
+                          "y[:n])",
+    "limit_predict_batches": "predict() runs over the whole loader it is given: pass a shorter one (e.g. x[:n])",
+    "overfit_batches": "flaxlight has no overfit mode: train and validate on the same few examples, e.g. "
+                       "train_model((x[:n], y[:n]), (x[:n], y[:n]), batch_size=n)",
+    "strategy": "several devices are used with distributed='data_parallel' or 'fsdp' (or mesh=...; see "
+                "docs/distributed.md)",
+    "accelerator": "JAX picks the platform (set JAX_PLATFORMS=cpu to force the CPU); distributed='data_parallel' "
+                   "trains on all its devices; drop accelerator",
+    "devices": "one device is used unless distributed='data_parallel' / 'fsdp' (all devices) or mesh=... (a "
+               "jax.sharding.Mesh of the ones chosen) is given",
+    "num_nodes": "several hosts start with flaxlight.distributed.initialize() in each process (see "
+                 "docs/distributed.md), then distributed='data_parallel'",
+    "detect_anomaly": "callbacks=[flaxlight.callbacks.NaNGuard()] stops at a non-finite loss; "
+                      "jax.config.update('jax_debug_nans', True) finds the operation that made it",
+    "reload_dataloaders_every_n_epochs": "the loaders are yours and are kept: the trainer calls a loader's "
+                                         "set_epoch(epoch) before each epoch, where it may rebuild its data",
+}
 
 # The seed's priority for choosing the best model: (metric, higher is better).
 DEFAULT_MONITORS = (("val/val_metric", False), ("val/acc", True), ("val/loss", False))
@@ -146,7 +196,9 @@ class TrainerOptions:
                      keep_extras: bool = True) -> tuple["TrainerOptions", dict[str, Any]]:
         """``(options, extras)`` from a trainer's extra keyword arguments. As in the seed, keywords
         that are no option are kept (in the run's config: ``extra_args=...``) and listed once; one
-        close to an option's name (``max_step``, ``check_val_every_n_nepoch``) is an error naming it.
+        close to an option's name (``max_step``, ``check_val_every_n_nepoch``) is an error naming it,
+        and so is an argument of Lightning's ``Trainer`` (``max_epochs``, ``gradient_clip_val``, ...:
+        :data:`LIGHTNING_TRAINER_ARGUMENTS`), with what flaxlight writes instead.
 
         Examples:
             >>> TrainerOptions.split_kwargs({"max_steps": 5, "extra_args": 1})[1]   # doctest: +SKIP
@@ -155,7 +207,9 @@ class TrainerOptions:
         names = [f.name for f in dataclasses.fields(cls)]
         known = names + list(TRAINER_ARGUMENTS) + ["callbacks", "loggers", "mesh"]
         extras = {key: value for key, value in kwargs.items() if key not in names}
-        for key in extras:
+        for key, value in extras.items():
+            if key in LIGHTNING_TRAINER_ARGUMENTS:
+                raise TypeError(lightning_argument_message(owner, key, value))
             close = difflib.get_close_matches(key, known, n=1, cutoff=0.8 if keep_extras else 0.6)
             if close or not keep_extras:
                 hint = f" Did you mean {close[0]!r}?" if close else ""
@@ -262,6 +316,19 @@ class TrainerOptions:
                 f"beats it; only while every validation gives NaN does the newest count as the best (test(), "
                 f"which='best' and metrics/best_eval.json follow). Check how {key} is computed (a 0/0, such as the "
                 f"precision of a class the model never predicts, is NaN) or monitor another metric. (Said once.)")
+
+
+def lightning_argument_message(owner: str, key: str, value: Any) -> str:
+    """Why a Lightning ``Trainer`` argument given to a trainer is refused, and what to write.
+
+    Examples:
+        >>> print(lightning_argument_message("MyTrainer", "max_epochs", 3))  # doctest: +ELLIPSIS
+        MyTrainer got max_epochs=3, an argument of Lightning's Trainer and none of flaxlight's: ... num_epochs=3)...
+    """
+    hint = LIGHTNING_TRAINER_ARGUMENTS[key].format(value=value)
+    return (f"{owner} got {key}={value!r}, an argument of Lightning's Trainer and none of flaxlight's: "
+            f"{hint}. (Kept as an extra hparam, as other unknown keywords are, it would change nothing; so it is "
+            f"refused. See docs/from-lightning.md.)")
 
 
 def warn_if_mode_contradicts_name(owner: str, monitor: str, mode: str) -> None:

@@ -34,6 +34,7 @@ from flaxlight.distributed import fit_mesh
 from flaxlight.loggers import CSVLogger, Logger, LoggerCollection, TensorBoardLogger, tensorboard_available
 from flaxlight.loggers.base import run_display_name
 from flaxlight.messages import logger as messages
+from flaxlight.options import LIGHTNING_TRAINER_ARGUMENTS
 from flaxlight.registry import RegistryError, explicit_parameters, import_object
 
 __all__ = ["RunInUseError", "LoggerParams", "HPARAMS_FILE", "CHECKPOINT_DIR", "METRICS_DIR", "LOGGER_TYPES", "next_version_dir",
@@ -557,6 +558,11 @@ def trainer_kwargs(trainer_class: type, run: str | os.PathLike, which: str,
             messages.info(f"The run's mesh does not fit the {jax.device_count()} device(s) here: the model loads on "
                           f"one device (pass mesh=... to load_from_checkpoint to place it).")
     named = explicit_parameters(trainer_class.__init__)
+    ignored = sorted(key for key in hparams if key in LIGHTNING_TRAINER_ARGUMENTS and key not in named)
+    if ignored:  # a run from before they were refused: they were kept as extra hparams and did nothing
+        messages.info(f"{HPARAMS_FILE} holds {', '.join(ignored)}, Lightning's Trainer argument(s) that this run was "
+                      f"given and that flaxlight never read: left out (flaxlight now refuses them).")
+        hparams = {key: value for key, value in hparams.items() if key not in ignored}
     if "model_hparams" in named or not model_hparams or not set(model_hparams) <= set(named):
         hparams["model_hparams"] = model_hparams
         if "model_class" not in overrides:

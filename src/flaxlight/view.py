@@ -71,6 +71,18 @@ class TrainerViewMixin:
         return list(self.logger.loggers)
 
     @property
+    def checkpoint_callback(self) -> ModelCheckpoint | None:
+        """The trainer's :class:`ModelCheckpoint` (the user's, or the one added by default), as
+        Lightning's ``trainer.checkpoint_callback``; None without one (``enable_checkpointing=False``,
+        ``fast_dev_run``). Its ``best_model_path`` is the best checkpoint's folder.
+
+        Examples:
+            >>> trainer.checkpoint_callback.best_model_path   # doctest: +SKIP
+            'runs/MLP/version_0/checkpoints/380'
+        """
+        return getattr(self, "_checkpoint_callback", None)
+
+    @property
     def current_epoch(self) -> int:
         """The epoch being trained (1-based; the next one between epochs)."""
         return self._loop.epoch

@@ -2,9 +2,51 @@
 
 from __future__ import annotations
 
+import difflib
+import inspect
 from typing import Any, Mapping, Protocol
 
-__all__ = ["Callback", "TrainerView"]
+from flaxlight.messages import warn_at_user
+
+__all__ = ["Callback", "TrainerView", "LIGHTNING_HOOKS", "check_callback_hooks"]
+
+_BEFORE_NONE = "no hook runs before {what}; "
+_IN_THE_STEP = ("gradients exist only inside the jitted train step: log_grad_norm=True logs their norm, "
+                "optimizer_hparams sets clipping and accumulation, and create_functions() of your own does the rest")
+_BATCHES = ("{what} batches run in one jitted loop with no hook per batch: return per-batch values from loss_fn "
+            "(train=False) as metrics, or read the results in {hook}")
+
+# Lightning's callback hooks that flaxlight never calls: what to write instead.
+LIGHTNING_HOOKS = {
+    "on_train_start": "on_fit_start(trainer)",
+    "on_train_end": "on_fit_end(trainer) (after the final test too)",
+    "on_train_batch_end": "on_step(trainer, step) with the class attribute every_n_steps = 1 (after each optimizer "
+                          "update; the step's metrics reach on_log(trainer, step, metrics) at log points)",
+    "on_train_batch_start": _BEFORE_NONE.format(what="a batch") + "on_step(trainer, step) with the class attribute "
+                                                                  "every_n_steps = 1 runs after each",
+    "on_validation_epoch_end": "on_validation_end(trainer, epoch, metrics)",
+    "on_validation_start": _BEFORE_NONE.format(what="a validation") + "on_validation_end(trainer, epoch, metrics) "
+                                                                      "runs after each",
+    "on_validation_epoch_start": _BEFORE_NONE.format(what="a validation") + "on_validation_end(trainer, epoch, "
+                                                                            "metrics) runs after each",
+    "on_validation_batch_start": _BATCHES.format(what="validation", hook="on_validation_end(trainer, epoch, metrics)"),
+    "on_validation_batch_end": _BATCHES.format(what="validation", hook="on_validation_end(trainer, epoch, metrics)"),
+    "on_test_epoch_end": "on_test_end(trainer, metrics)",
+    "on_test_start": _BEFORE_NONE.format(what="a test") + "on_test_end(trainer, metrics) runs after each",
+    "on_test_epoch_start": _BEFORE_NONE.format(what="a test") + "on_test_end(trainer, metrics) runs after each",
+    "on_test_batch_start": _BATCHES.format(what="test", hook="on_test_end(trainer, metrics)"),
+    "on_test_batch_end": _BATCHES.format(what="test", hook="on_test_end(trainer, metrics)"),
+    "on_sanity_check_start": "flaxlight runs no sanity validation (train_model checks the validation loader's first "
+                             "batch instead); on_fit_start(trainer) runs before the first epoch",
+    "on_sanity_check_end": "flaxlight runs no sanity validation; on_fit_start(trainer) runs before the first epoch",
+    "on_save_checkpoint": "state_dict(): what it returns is saved in every checkpoint (under state_key) and given "
+                          "back to load_state_dict(state) at a resume",
+    "on_load_checkpoint": "load_state_dict(state), called at a resume with what state_dict() returned",
+    "on_before_backward": _IN_THE_STEP, "on_after_backward": _IN_THE_STEP,
+    "on_before_optimizer_step": _IN_THE_STEP, "on_before_zero_grad": _IN_THE_STEP,
+    **{f"on_predict_{moment}": "predict() calls no callbacks: use the predictions it returns"
+       for moment in ("start", "end", "epoch_start", "epoch_end", "batch_start", "batch_end")},
+}
 
 
 class TrainerView(Protocol):
@@ -179,3 +221,68 @@ class Callback:
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore what :meth:`state_dict` returned."""
+
+
+def check_callback_hooks(callback: Callback) -> None:
+    """Refuse a hook of ``callback`` that flaxlight could not call (another signature than the
+    :class:`Callback` hook it overrides, e.g. Lightning's ``(trainer, pl_module)``), naming the
+    signature to write; warn of an ``on_*`` method flaxlight never calls (Lightning's
+    ``on_train_batch_end``, a misspelt hook), naming the hook to use. Run when the trainer is built.
+
+    Examples:
+        >>> class Ported(Callback):
+        ...     def on_train_epoch_end(self, trainer, pl_module): ...
+        >>> check_callback_hooks(Ported())   # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        TypeError: Ported.on_train_epoch_end(trainer, pl_module) cannot take what flaxlight passes: ...
+    """
+    hooks = [name for name in vars(Callback) if name.startswith("on_")]
+    owner = type(callback).__name__
+    for name in sorted(dir(type(callback))):
+        method = getattr(callback, name, None)
+        if not name.startswith("on_") or not callable(method):
+            continue
+        if name not in hooks:
+            warn_at_user(_never_called_message(owner, name, hooks))
+        elif getattr(type(callback), name) is not getattr(Callback, name):
+            _check_signature(owner, name, method)
+
+
+def _check_signature(owner: str, name: str, method: Any) -> None:
+    """A clear error for an overridden hook that cannot be called with flaxlight's arguments."""
+    expected = [p for p in inspect.signature(getattr(Callback, name)).parameters if p != "self"]
+    try:
+        signature = inspect.signature(method)
+    except (TypeError, ValueError):  # a builtin or C callable: nothing to check
+        return
+    try:
+        signature.bind(*expected)
+        fits = "pl_module" not in signature.parameters
+    except TypeError:
+        fits = False
+    if fits:
+        return
+    lightning = (" It is written as Lightning's hook, whose arguments are (trainer, pl_module, ...): in flaxlight the "
+                 "trainer is both (the model's parameters are trainer.state.params)." if "pl_module" in
+                 signature.parameters else "")
+    raise TypeError(f"{owner}.{name}{_plain(signature)} cannot take what flaxlight passes: it calls "
+                    f"{name}({', '.join(expected)}).{lightning} Write def {name}(self, {', '.join(expected)}) (see "
+                    f"flaxlight.Callback.{name}).")
+
+
+def _plain(signature: inspect.Signature) -> str:
+    """A signature without annotations: ``(trainer, pl_module)``."""
+    return str(signature.replace(parameters=[p.replace(annotation=inspect.Parameter.empty)
+                                             for p in signature.parameters.values()],
+                                 return_annotation=inspect.Signature.empty))
+
+
+def _never_called_message(owner: str, name: str, hooks: list[str]) -> str:
+    said = f"{owner}.{name} is never called: flaxlight.Callback has no hook {name!r}"
+    if name in LIGHTNING_HOOKS:
+        return f"{said} (Lightning's). Use {LIGHTNING_HOOKS[name]}."
+    close = difflib.get_close_matches(name, hooks, n=1, cutoff=0.75)
+    if close:
+        return f"{said}. Did you mean {close[0]!r}?"
+    return (f"{said}; its hooks are {', '.join(hooks)}. (A method of yours that your hooks call: ignore this "
+            f"warning, or name it without 'on_'.)")

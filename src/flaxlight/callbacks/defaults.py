@@ -6,7 +6,7 @@ import dataclasses
 from typing import Any
 
 from flaxlight import distributed as dist
-from flaxlight.callbacks.base import Callback
+from flaxlight.callbacks.base import Callback, check_callback_hooks
 from flaxlight.callbacks.early_stopping import EarlyStopping
 from flaxlight.callbacks.history import History
 from flaxlight.callbacks.model_checkpoint import ModelCheckpoint
@@ -30,6 +30,7 @@ def with_default_callbacks(callbacks: list[Callback], options: Any, enable_progr
     for callback in callbacks:
         if not isinstance(callback, Callback):
             raise TypeError(f"callbacks must be flaxlight.Callback instances; got {type(callback).__name__}.")
+        check_callback_hooks(callback)  # Lightning's hook names and signatures: said before any training
     def given(kind: type) -> bool:  # a subclass counts: it replaces the default
         return any(isinstance(cb, kind) for cb in callbacks)
 

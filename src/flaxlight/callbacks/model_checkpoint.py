@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import difflib
+import inspect
 import math
+import os
 import time
 import warnings
 from typing import Any, Mapping
@@ -11,6 +14,47 @@ from flaxlight.callbacks.base import Callback
 from flaxlight.options import MetricNotLoggedError, warn_if_mode_contradicts_name
 
 __all__ = ["ModelCheckpoint"]
+
+# Lightning's ModelCheckpoint arguments and attributes that flaxlight spells otherwise or has not.
+_LIGHTNING_ARGUMENTS = {
+    "every_n_train_steps": "every_n_steps={value!r}",
+    "every_n_val_epochs": "every_n_epochs={value!r}",
+    "train_time_interval": "every_n_seconds=<seconds> (a timedelta's .total_seconds())",
+    "dirpath": "checkpoints are written to <log_dir>/checkpoints/<step>/: choose the run's folder with the "
+               "trainer's logger_params={{'log_dir': {value!r}}} (its checkpoints then go to {value}/checkpoints), "
+               "or {{'base_log_dir': ...}}",
+    "filename": "checkpoints are named by their step, <log_dir>/checkpoints/<step>/, with no file-name template; one "
+                "saved for its score carries it as orbax metrics, and the best validation's metrics are in "
+                "<log_dir>/metrics/best_eval.json (best_model_path and best_model_score name the best after fit)",
+    "auto_insert_metric_name": "checkpoints are named by their step, with no file-name template",
+    "enable_version_counter": "checkpoints are named by their step: one name per checkpoint, never reused",
+    "save_on_train_epoch_end": "a validation's checkpoint is written after that validation, the periodic ones "
+                               "(every_n_epochs) at the epoch's end, after its validation; there is no switch",
+    "save_weights_only": "a checkpoint holds the whole train state (an exact resume needs it); "
+                         "MyTrainer.load_from_checkpoint(...) reads the parameters from it",
+    "verbose": "ModelCheckpoint says nothing per save (its checkpoints are the folders of <log_dir>/checkpoints); "
+               "flaxlight's messages go to the logging logger 'flaxlight'",
+}
+_LIGHTNING_ATTRIBUTES = {
+    "best_k_models": "best_step and best_model_path name the best; the checkpoints kept are the steps in "
+                     "trainer.checkpointer.all_steps(), folders <log_dir>/checkpoints/<step>",
+    "kth_best_model_path": "the checkpoints kept are the steps in trainer.checkpointer.all_steps(), folders "
+                           "<log_dir>/checkpoints/<step>; best_model_path names the best",
+    "last_model_path": "last_step is the newest checkpoint's step: <log_dir>/checkpoints/<last_step>",
+    "dirpath": "checkpoints are in <log_dir>/checkpoints (trainer.checkpointer.directory)",
+    "filename": "checkpoints are named by their step: <log_dir>/checkpoints/<step>",
+}
+
+
+class _DeclaredSignature:
+    """``inspect.signature`` of the class: its ``__init__``'s without the ``**unknown`` that only
+    refuses (with Lightning's spelling), so a config naming an unknown argument is refused there,
+    with its key."""
+
+    def __get__(self, instance: Any, owner: type) -> inspect.Signature:
+        signature = inspect.signature(owner.__init__)
+        return signature.replace(parameters=[p for name, p in signature.parameters.items()
+                                             if name not in ("self", "unknown")])
 
 
 class ModelCheckpoint(Callback):
@@ -27,7 +71,10 @@ class ModelCheckpoint(Callback):
         save_top_k: how many best checkpoints to keep (0: none kept for being best). -1 keeps
             every checkpoint written, as in Lightning: each validation's (ranked by ``monitor``,
             or, without one, by ``is_new_model_better``, which still picks the best) and each
-            periodic one. With a ``monitor``, any k; without one, 0, 1 or -1.
+            periodic one. With an ``every_n_*``, a validation's checkpoint is written when one is
+            due (``every_n_epochs=2``: the validations of epochs 2, 4, ..., as in Lightning), or
+            when it is the best so far, kept while it is the best (so ``test()`` and
+            ``which="best"`` find it). With a ``monitor``, any k; without one, 0, 1 or -1.
         save_last: keep the most recent checkpoint, so a run can resume from it; the state at the
             end of training is always saved. ``False``: only the checkpoints ``save_top_k``
             keeps; periodic saves (``every_n_*``) then need ``save_top_k=-1`` (they are written
@@ -43,6 +90,10 @@ class ModelCheckpoint(Callback):
             out: an epoch-end save is skipped while the previous write is in progress or its
             pause (its duration / ``max_overhead``) lasts; the first waits as long (the pause
             of a typical write), so a run of a few seconds writes only the saves below.
+
+    Lightning's other arguments (``every_n_train_steps``, ``dirpath``, ``filename``, ...) are
+    refused with flaxlight's way (checkpoints are ``<log_dir>/checkpoints/<step>``). After
+    training, :attr:`best_model_path` and :attr:`best_model_score` name the best, as in Lightning.
 
     What is never skipped: the best checkpoints (a new best is queued; one not yet written when
     a better one arrives is replaced unwritten), the state at the end of training, and the state
@@ -63,11 +114,16 @@ class ModelCheckpoint(Callback):
     Examples:
         >>> trainer = MyTrainer(..., callbacks=[ModelCheckpoint(monitor="val/acc", mode="max", save_top_k=3)])  # doctest: +SKIP
         >>> every_500 = ModelCheckpoint(every_n_steps=500, save_top_k=-1, save_last=False)  # a snapshot every 500 steps
+        >>> every_2nd = ModelCheckpoint(every_n_epochs=2, save_top_k=-1)  # epochs 2, 4, ... (and the best)
     """
+
+    __signature__ = _DeclaredSignature()
 
     def __init__(self, monitor: str | None = None, mode: str = "min", save_top_k: int = 1, save_last: bool = True,
                  every_n_epochs: int | None = None, every_n_steps: int | None = None,
-                 every_n_seconds: float | None = None, max_overhead: float | None = None):
+                 every_n_seconds: float | None = None, max_overhead: float | None = None, **unknown: Any):
+        if unknown:  # Lightning's every_n_train_steps, dirpath, filename, ...: what flaxlight writes
+            raise TypeError(_unknown_argument_message(unknown))
         if mode not in ("min", "max"):
             raise ValueError(f"ModelCheckpoint mode must be 'min' or 'max', got {mode!r}.")
         if monitor is not None:
@@ -89,6 +145,9 @@ class ModelCheckpoint(Callback):
         self.every_n_epochs, self.every_n_steps, self.every_n_seconds = every_n_epochs, every_n_steps, every_n_seconds
         self.spaced = every_n_epochs is None and every_n_steps is None and every_n_seconds is None
         self.keeps_all = save_top_k == -1  # every checkpoint written stays
+        # save_top_k=-1 with every_n_*: a validation's checkpoint only when one is due (as in Lightning), or it is
+        # the new best (kept while it is the best: test() and which="best" load it)
+        self.snapshots_only = self.keeps_all and not self.spaced
         _check_periodic_kept(save_last, save_top_k, every_n_epochs=every_n_epochs, every_n_steps=every_n_steps,
                              every_n_seconds=every_n_seconds)
         # Periodic saves (every_n_*, the budget's epoch-end saves, the final state) are written for
@@ -102,12 +161,49 @@ class ModelCheckpoint(Callback):
         self._scored: tuple[int, dict[str, float]] | None = None  # the step being saved for its score
         self._owed_at_epoch_end = False  # a step save deferred to the epoch's end (see on_step)
         self._started_fresh, self._earlier_runs = True, set()  # an earlier run's checkpoints in the folder stay
+        self._interim: set[int] = set()  # snapshots_only: validations saved for being the best, not periodic
+        self._directory: str | None = None  # the run's checkpoints folder, once known
+
+    def __getattr__(self, name: str) -> Any:  # only for names not found otherwise: Lightning's, with a hint
+        if name in _LIGHTNING_ATTRIBUTES:
+            raise AttributeError(f"ModelCheckpoint has no attribute {name!r} (Lightning's): "
+                                 f"{_LIGHTNING_ATTRIBUTES[name]}.")
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     # ---------------------------------------------------------------- decisions
     @property
     def best_step(self) -> int | None:
         """Step of the best checkpoint kept so far (None before the first validation)."""
         return self.best[0][1] if self.best else None
+
+    @property
+    def best_model_path(self) -> str | None:
+        """The best checkpoint's folder, ``<log_dir>/checkpoints/<best_step>`` (Lightning's
+        ``best_model_path``; None until a ``train_model`` run has saved one). Load it with
+        ``MyTrainer.load_from_checkpoint(checkpoint.best_model_path, exmp_input=x[:1])``.
+
+        Examples:
+            >>> ModelCheckpoint().best_model_path is None
+            True
+        """
+        if self.best_step is None or self._directory is None:
+            return None
+        return os.path.join(self._directory, str(self.best_step))
+
+    @property
+    def best_model_score(self) -> float | None:
+        """The best checkpoint's ``monitor`` value (Lightning's ``best_model_score``, a float here);
+        None before one is saved, and without a ``monitor`` (the trainer's ``is_new_model_better``
+        ranks then; ``best_metrics`` holds that validation's metrics).
+
+        Examples:
+            >>> ModelCheckpoint(monitor="val/loss").best_model_score is None
+            True
+        """
+        if self.monitor is None or not self.best:
+            return None
+        score = self.best[0][0]
+        return -score if self.mode == "max" else score
 
     def _score(self, metrics: Mapping[str, float]) -> float | None:
         if self.monitor is None:
@@ -158,6 +254,20 @@ class ModelCheckpoint(Callback):
             return None
         return {key: float(metrics[key])}
 
+    def _is_new_best(self, trainer, metrics: Mapping[str, float]) -> bool:
+        """Whether this validation beats every checkpoint ranked so far (a NaN never does)."""
+        if self.monitor is None:
+            return trainer.is_best_validation
+        score = self._score(metrics)
+        return not math.isnan(score) and (not self.best or score < self.best[0][0])
+
+    def _validation_due(self, trainer, epoch: int) -> bool:
+        """Whether a validation falls on a periodic point (``every_n_epochs``: any validation of
+        such an epoch, as in Lightning; ``every_n_steps``: at such a step; ``every_n_seconds``)."""
+        return ((self.every_n_epochs is not None and epoch % self.every_n_epochs == 0)
+                or (self.every_n_steps is not None and trainer.global_step % self.every_n_steps == 0)
+                or self._seconds_due())
+
     def _seconds_due(self) -> bool:
         return self.every_n_seconds is not None and time.monotonic() - self._last_save_time >= self.every_n_seconds
 
@@ -174,6 +284,7 @@ class ModelCheckpoint(Callback):
                           f"has no validation data: no checkpoint is kept for being best, only the last (and the "
                           f"periodic ones save_top_k=-1 keeps).", RuntimeWarning, stacklevel=2)
         trainer.checkpointer.budget_writes(self.max_overhead)
+        self._directory = trainer.checkpointer.directory
         self._last_save_time = time.monotonic()
         self._owed_at_epoch_end = False
         # A fresh run in a folder with checkpoints (the same trainer training again): they are an
@@ -198,6 +309,10 @@ class ModelCheckpoint(Callback):
     def on_validation_end(self, trainer, epoch: int, metrics: Mapping[str, float]) -> None:
         metrics = self._with_logged_monitor(trainer, metrics)
         ranked = self._is_top_k(trainer, metrics)
+        if self.snapshots_only and not self._validation_due(trainer, epoch):
+            if not self._is_new_best(trainer, metrics):
+                return  # save_top_k=-1 with every_n_*: the due validations' checkpoints, and the best
+            self._interim.add(trainer.global_step)  # kept while it is the best
         if ranked or self.keeps_all:  # save_top_k=-1 without a monitor: kept, the best still the trainer's
             self._save(trainer, trainer.global_step, best_metrics=metrics if ranked else None,
                        scored=metrics if ranked or self.monitor is None else None)
@@ -264,8 +379,10 @@ class ModelCheckpoint(Callback):
 
     def _prune(self, trainer, also_keep: int | None = None) -> None:
         """Delete (in the background) the checkpoints neither best, last nor ``also_keep``
-        (none with ``save_top_k=-1``: every checkpoint written is kept)."""
+        (with ``save_top_k=-1``: every checkpoint written is kept, but the ones written only for
+        being the best when ``every_n_*`` decides the others, once they are no longer the best)."""
         if self.keeps_all:
+            self._prune_interim(trainer, also_keep)
             return
         keep, steps = self._keep() | {also_keep}, trainer.checkpointer.all_steps()
         if self.save_last and steps and self.last_step not in steps and also_keep not in steps:
@@ -273,6 +390,15 @@ class ModelCheckpoint(Callback):
         for step in steps:
             if step not in keep and step not in self._earlier_runs:
                 trainer.checkpointer.delete(step)
+
+    def _prune_interim(self, trainer, also_keep: int | None) -> None:
+        keep = {self.best_step, also_keep} | ({self.last_step} if self.save_last else set())
+        steps = trainer.checkpointer.all_steps()
+        for step in sorted(self._interim - keep):
+            if step in steps and step not in self._earlier_runs:
+                trainer.checkpointer.delete(step)
+            self._interim.discard(step)
+            self.best = [entry for entry in self.best if entry[1] != step]
 
     def start_call(self) -> None:
         """A new ``train_model`` call of the same trainer (into its run folder): the ranking goes on,
@@ -290,7 +416,7 @@ class ModelCheckpoint(Callback):
     def state_dict(self) -> dict[str, Any]:
         return {"best": [[score, step] for score, step in self.best], "best_metrics": self.best_metrics,
                 "last_step": self.last_step, "monitor": self.monitor, "mode": self.mode,
-                "earlier_runs": sorted(self._earlier_runs)}
+                "earlier_runs": sorted(self._earlier_runs), "interim": sorted(self._interim)}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue a run's ranking (``{}``: a fresh start, which leaves the checkpoints already in
@@ -302,6 +428,7 @@ class ModelCheckpoint(Callback):
         self.best = [(float(score), int(step)) for score, step in state.get("best", [])]
         self.best_metrics = state.get("best_metrics")
         self.last_step = state.get("last_step")
+        self._interim = set(state.get("interim", []))
         saved = (state.get("monitor", self.monitor), state.get("mode", self.mode))
         if self.monitor is None:  # the trainer's rule ranks from now on; its best so far is the run's
             self.best = self.best[:1]
@@ -324,3 +451,16 @@ def _check_periodic_kept(save_last: bool, save_top_k: int, **every: Any) -> None
                      f"their validation score stay (save_top_k={save_top_k} of them). To keep every periodic "
                      f"checkpoint (Lightning's every_n_train_steps with save_top_k=-1), pass save_top_k=-1; to keep "
                      f"the newest for resuming, save_last=True; else drop {', '.join(asked)}.")
+
+
+def _unknown_argument_message(unknown: Mapping[str, Any]) -> str:
+    """The error for keywords ``ModelCheckpoint`` does not take: Lightning's with flaxlight's way."""
+    key, value = next(iter(unknown.items()))
+    takes = [name for name in inspect.signature(ModelCheckpoint.__init__).parameters if name not in ("self", "unknown")]
+    if key in _LIGHTNING_ARGUMENTS:
+        hint = f" It is Lightning's; in flaxlight: {_LIGHTNING_ARGUMENTS[key].format(value=value)}."
+    else:
+        close = difflib.get_close_matches(key, takes, n=1, cutoff=0.6)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+    return (f"ModelCheckpoint got an unexpected keyword argument {key!r}.{hint} It takes {', '.join(takes)} "
+            f"(see docs/from-lightning.md).")

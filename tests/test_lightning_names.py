@@ -1,0 +1,219 @@
+"""A PyTorch Lightning user's spellings: Trainer arguments, callback hooks and ModelCheckpoint
+arguments flaxlight writes otherwise are refused (or warned of) with flaxlight's way; what it
+shares with Lightning (``every_n_epochs`` with ``save_top_k=-1``, ``best_model_path``) behaves so."""
+
+import json
+import os
+import warnings
+
+import jax
+import numpy as np
+import pytest
+from conftest import RegressTrainer, TinyMLP, linear_data, quiet
+
+import flaxlight
+from flaxlight.callbacks import ModelCheckpoint
+
+X0 = np.zeros((1, 4), np.float32)
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _trainer(tmp_path, trainer_class=RegressTrainer, **kwargs):
+    kwargs.setdefault("optimizer_hparams", {"optimizer": "adam", "lr": 1e-2})
+    return trainer_class(model_class=TinyMLP, model_hparams={"hidden_dims": [8]}, exmp_input=X0,
+                         **quiet(tmp_path, **kwargs))
+
+
+def _steps(trainer):
+    folder = os.path.join(trainer.log_dir, "checkpoints")
+    return sorted(int(name) for name in os.listdir(folder) if name.isdigit())
+
+
+# ---------------------------------------------------------------- Trainer arguments (finding 4)
+@pytest.mark.parametrize("key, value, written", [
+    ("max_epochs", 3, "trainer.train_model(train_loader, val_loader, num_epochs=3)"),
+    ("accumulate_grad_batches", 4, "optimizer_hparams={..., 'accumulate_grad_batches': 4}"),
+    ("gradient_clip_val", 0.5, "optimizer_hparams={..., 'gradient_clip': 0.5}"),
+    ("precision", "bf16-mixed", "optimizer_hparams={..., 'precision': 'bf16'}"),
+    ("deterministic", True, "XLA_FLAGS=--xla_gpu_deterministic_ops=true"),
+    ("min_epochs", 2, "flaxlight has no minimum number of epochs"),
+    ("num_sanity_val_steps", 0, "check_batches=False"),
+    ("default_root_dir", "/tmp/x", "logger_params={'base_log_dir': '/tmp/x'}"),
+    ("limit_test_batches", 0.1, "test() evaluates the whole loader it is given"),
+])
+def test_a_lightning_trainer_argument_is_refused_with_what_flaxlight_writes(tmp_path, key, value, written):
+    with pytest.raises(TypeError) as caught:
+        _trainer(tmp_path, **{key: value})
+    message = str(caught.value)
+    assert message.startswith(f"RegressTrainer got {key}={value!r}, an argument of Lightning's Trainer and none "
+                              f"of flaxlight's: ")
+    assert written in message and "Did you mean" not in message
+    assert not (tmp_path / "run").exists()
+
+
+def test_what_a_refusal_says_to_write_works_and_other_keywords_are_still_kept(tmp_path, regression_loaders, capsys,
+                                                                              caplog):
+    train, val, _ = regression_loaders
+    with pytest.raises(TypeError, match="gradient_clip_val=0.5, an argument of Lightning's Trainer"):
+        _trainer(tmp_path, gradient_clip_val=0.5, teacher="small")
+    trainer = _trainer(tmp_path, optimizer_hparams={"optimizer": "adam", "lr": 1e-2, "accumulate_grad_batches": 2,
+                                                    "gradient_clip": 0.5, "precision": "bf16"},
+                       logger_params={"base_log_dir": str(tmp_path / "runs")}, check_batches=False, teacher="small")
+    assert trainer.extra_hparams == {"teacher": "small"}  # a keyword of the user's own, as before
+    assert "extra hparams kept in the run's config (no trainer option reads them): teacher." in capsys.readouterr().err
+    trainer.train_model(train, val, num_epochs=2)
+    assert trainer.current_epoch == 2 and trainer.log_dir.startswith(str(tmp_path / "runs"))
+    # A run recorded before the refusal, with max_epochs among its extra hparams, still loads.
+    hparams = os.path.join(trainer.log_dir, "hparams.yaml")
+    with open(hparams, "a") as f:
+        f.write("max_epochs: 3\n")
+    with caplog.at_level("INFO", logger="flaxlight"):
+        loaded = RegressTrainer.load_from_checkpoint(trainer.log_dir, exmp_input=X0)
+    assert loaded.extra_hparams == {"teacher": "small"}
+    assert "hparams.yaml holds max_epochs, Lightning's Trainer argument(s)" in caplog.text
+    # "on CPU the same seeds give the same parameters, bit for bit" (what deterministic=True is told)
+    twins = [_trainer(tmp_path / str(i), enable_checkpointing=False) for i in range(2)]
+    for twin in twins:
+        twin.train_model(train, val, num_epochs=1)
+    for a, b in zip(*(jax.tree_util.tree_leaves(twin.state.params) for twin in twins)):
+        np.testing.assert_array_equal(a, b)
+    # The config's spelling of the same Lightning keys is still refused there, with its own hint.
+    from flaxlight.config import ConfigError, load_config
+    with pytest.raises(ConfigError, match=r"trainer\.gradient_clip_val'\. In flaxlight that is optimizer\.gradient_clip"):
+        load_config({"trainer": {"name": "regression", "gradient_clip_val": 0.5}, "model": {"name": "mlp_regressor"},
+                     "data": {"name": "sine"}})
+
+
+# ---------------------------------------------------------------- callback hooks (finding 6)
+def test_lightning_hook_names_are_warned_of_at_construction_with_the_hook_to_use(tmp_path):
+    class Ported(flaxlight.Callback):
+        def on_train_start(self, trainer, pl_module=None): ...
+        def on_train_batch_end(self, trainer, *args): ...
+        def on_validation_epoch_end(self, trainer, *args): ...
+        def on_save_checkpoint(self, trainer, *args): ...
+        def on_validaton_end(self, trainer, epoch, metrics): ...  # misspelt
+        def on_validation_end(self, trainer, epoch, metrics): ...  # flaxlight's: no warning
+
+    class Fine(flaxlight.Callback):  # hooks as flaxlight declares them, other signatures that fit: nothing said
+        every_n_steps = 1
+
+        def on_step(self, trainer, step): ...
+        def on_train_epoch_end(self, trainer, epoch, metrics=None): ...
+        def on_validation_end(self, trainer, *args): ...
+        def on_fit_end(self, trainer, **extra): ...
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _trainer(tmp_path, callbacks=[Ported(), Fine()])
+    said = sorted(str(w.message) for w in caught if "is never called" in str(w.message))
+    assert len(said) == 5 and not any("Fine" in str(w.message) for w in caught)
+    assert ("Ported.on_train_batch_end is never called: flaxlight.Callback has no hook 'on_train_batch_end' "
+            "(Lightning's). Use on_step(trainer, step) with the class attribute every_n_steps = 1") in said[1]
+    assert said[2].endswith("Use on_fit_start(trainer).")
+    assert said[3].endswith("Use on_validation_end(trainer, epoch, metrics).")
+    assert "Use state_dict(): what it returns is saved in every checkpoint" in said[0]
+    assert said[4].endswith("no hook 'on_validaton_end'. Did you mean 'on_validation_end'?")
+    assert all(w.filename == __file__ for w in caught if "is never called" in str(w.message))
+
+
+@pytest.mark.parametrize("hook, signature, expected", [
+    ("on_train_epoch_end", "(self, trainer, pl_module)", "on_train_epoch_end(trainer, epoch, metrics)"),
+    ("on_fit_start", "(self, trainer, pl_module)", "on_fit_start(trainer)"),
+    ("on_train_epoch_start", "(self, trainer, pl_module)", "on_train_epoch_start(trainer, epoch)"),  # same arity
+    ("on_validation_end", "(self, trainer)", "on_validation_end(trainer, epoch, metrics)"),
+])
+def test_a_hook_with_another_signature_is_refused_before_training(tmp_path, hook, signature, expected):
+    namespace = {}
+    exec(f"def {hook}{signature}: pass", namespace)
+    Ported = type("Ported", (flaxlight.Callback,), {hook: namespace[hook]})
+    with pytest.raises(TypeError) as caught:
+        _trainer(tmp_path, callbacks=[Ported()])
+    message = str(caught.value)
+    plain = signature.replace("self, ", "")
+    assert message.startswith(f"Ported.{hook}{plain} cannot take what flaxlight passes: it calls {expected}.")
+    assert f"Write def {expected.replace('(', '(self, ')}" in message
+    assert ("in flaxlight the trainer is both" in message) == ("pl_module" in signature)
+    assert not (tmp_path / "run").exists()
+
+
+# ---------------------------------------------------------------- every_n_epochs with save_top_k=-1 (finding 5)
+class FirstIsBest(RegressTrainer):
+    def is_new_model_better(self, new_metrics, old_metrics):
+        return old_metrics is None
+
+
+class LatestIsBest(RegressTrainer):
+    def is_new_model_better(self, new_metrics, old_metrics):
+        return True
+
+
+@pytest.mark.parametrize("trainer_class, kept", [(LatestIsBest, [16, 32]), (FirstIsBest, [8, 16, 32])])
+def test_every_n_epochs_with_save_top_k_minus_one_keeps_those_epochs_and_the_best(tmp_path, regression_loaders,
+                                                                                  trainer_class, kept):
+    """8 steps per epoch, 4 epochs, validation at each: Lightning keeps epochs 2 and 4; flaxlight
+    also keeps the best while it is the best (test() and which="best" load it)."""
+    train, val, _ = regression_loaders
+    checkpoint = ModelCheckpoint(every_n_epochs=2, save_top_k=-1)
+    trainer = _trainer(tmp_path, trainer_class=trainer_class, callbacks=[checkpoint])
+    trainer.train_model(train, val, num_epochs=4)
+    assert _steps(trainer) == kept
+    assert checkpoint.best_step == (8 if trainer_class is FirstIsBest else 32)
+    assert trainer.test(val, which="best")  # the best checkpoint is there to test
+
+
+def test_every_n_steps_with_save_top_k_minus_one_keeps_those_steps_not_each_validation(tmp_path, regression_loaders):
+    train, val, _ = regression_loaders
+    trainer = _trainer(tmp_path, trainer_class=FirstIsBest,
+                       callbacks=[ModelCheckpoint(every_n_steps=12, save_top_k=-1, save_last=False)])
+    trainer.train_model(train, val, num_epochs=4)  # validations at 8, 16, 24, 32; the first is the best
+    assert _steps(trainer) == [8, 12, 24]
+
+
+# ---------------------------------------------------------------- ModelCheckpoint's Lightning names (finding 7)
+@pytest.mark.parametrize("key, value, written", [
+    ("every_n_train_steps", 100, "It is Lightning's; in flaxlight: every_n_steps=100."),
+    ("dirpath", "ckpts", "choose the run's folder with the trainer's logger_params={'log_dir': 'ckpts'}"),
+    ("filename", "{epoch}-{val_loss:.2f}", "checkpoints are named by their step, <log_dir>/checkpoints/<step>/"),
+    ("every_n_epoch", 2, "Did you mean 'every_n_epochs'?"),
+])
+def test_lightning_model_checkpoint_arguments_are_answered_with_flaxlights(key, value, written):
+    with pytest.raises(TypeError) as caught:
+        ModelCheckpoint(**{key: value})
+    message = str(caught.value)
+    assert message.startswith(f"ModelCheckpoint got an unexpected keyword argument {key!r}.")
+    assert written in message and "It takes monitor, mode, save_top_k, save_last, every_n_epochs" in message
+    # A config naming it is refused by the config's own check, at its key (the file's line).
+    from flaxlight.config import ConfigError, load_config
+    with pytest.raises(ConfigError, match=rf"Unknown key 'callbacks\[0\]\.args\.{key}': callback ModelCheckpoint"):
+        load_config({"trainer": {"name": "regression"}, "data": {"name": "sine"},
+                     "model": {"name": "mlp_regressor", "hparams": {"hidden_dims": [4], "output_dim": 1}},
+                     "callbacks": [{"name": "ModelCheckpoint", "args": {key: value}}]})
+
+
+def test_best_model_path_and_score_name_the_best_checkpoint(tmp_path, regression_loaders):
+    train, val, _ = regression_loaders
+    checkpoint = ModelCheckpoint(monitor="val/loss", save_top_k=2)
+    trainer = _trainer(tmp_path, callbacks=[checkpoint])
+    assert trainer.checkpoint_callback is checkpoint
+    assert checkpoint.best_model_path is None and checkpoint.best_model_score is None
+    trainer.train_model(train, val, num_epochs=3)
+    best = json.loads((tmp_path / "run" / "metrics" / "best_eval.json").read_text())
+    assert checkpoint.best_model_path == str(tmp_path / "run" / "checkpoints" / str(checkpoint.best_step))
+    assert os.path.isdir(checkpoint.best_model_path)
+    assert checkpoint.best_model_score == pytest.approx(best["val/loss"])
+    loaded = RegressTrainer.load_from_checkpoint(checkpoint.best_model_path, exmp_input=X0)
+    assert loaded.global_step == checkpoint.best_step
+    with pytest.raises(AttributeError, match=r"no attribute 'last_model_path' \(Lightning's\): last_step is the "
+                                             r"newest checkpoint's step"):
+        checkpoint.last_model_path
+    assert _trainer(tmp_path / "none", enable_checkpointing=False).checkpoint_callback is None
+
+
+# ---------------------------------------------------------------- docs (finding 10 and the above)
+def test_from_lightning_says_what_differs():
+    text = open(os.path.join(ROOT, "docs", "from-lightning.md")).read()
+    for said in ("`val_check_interval=N` counts global steps", "`max_epochs`", "`best_model_path`",
+                 "`trainer.checkpoint_callback`", "`on_train_batch_end`", "(trainer, pl_module)",
+                 "`ModelCheckpoint(every_n_epochs=N, save_top_k=-1)` keeps a snapshot every N epochs", "`dirpath`",
+                 "`filename`"):
+        assert said in text, said
