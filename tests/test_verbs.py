@@ -102,6 +102,26 @@ def test_which_best_or_last_with_checkpointing_off_says_so_and_what_to_use(tmp_p
     assert trainer.predict(x, batch_size=8).shape == (8, 1)  # which='current' serves the state as training left it
 
 
+
+def test_a_test_with_checkpointing_off_says_it_tests_the_last_model_and_refuses_which_best(tmp_path, regression_loaders,
+                                                                                          caplog):
+    """With checkpointing off, train_model's test_loader and test() quietly tested the last model under
+    the best validation's name, and test(which='best') did too (predict(which='best') raised)."""
+    train, val, test_loader = regression_loaders
+    trainer = RegressTrainer(model_class=TinyMLP, model_hparams={"hidden_dims": [8]}, exmp_input=linear_data(1)[0],
+                             optimizer_hparams={"optimizer": "adam", "lr": 3e-2}, enable_checkpointing=False,
+                             **quiet(tmp_path))
+    with caplog.at_level("WARNING", logger="flaxlight"):
+        returned = trainer.train_model(train, val, test_loader=test_loader, num_epochs=2)
+    said = [r.getMessage() for r in caplog.records if "Testing the model as training left it" in r.getMessage()]
+    assert len(said) == 1 and "checkpointing is off" in said[0] and "which='current'" in said[0]
+    assert returned["test/loss"] == pytest.approx(trainer.eval_model(test_loader)["loss"])  # the last model's
+    for which in ("best", "last"):
+        with pytest.raises(FileNotFoundError, match=f"No '{which}' checkpoint: checkpointing is off"):
+            trainer.test(test_loader, which=which)
+    assert trainer.test(test_loader, which="current", name="now")["test_now/loss"] == pytest.approx(
+        returned["test/loss"])
+
 def test_test_on_arrays_logs_and_saves_test_metrics_like_train_models_test_loader(tmp_path, regression_loaders):
     trainer = _trained(tmp_path, regression_loaders)
     _, _, test_loader = regression_loaders

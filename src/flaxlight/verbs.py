@@ -207,7 +207,8 @@ class TrainerVerbsMixin:
         metrics, logged, saved to ``metrics/test.json`` and returned; callbacks hear ``on_test_end``.
         ``data`` as in :meth:`predict` (with labels: ``(x, y)`` plus ``batch_size``).
 
-        ``which``: ``"best"`` or ``"last"`` tests that checkpoint (none saved: the current state),
+        ``which``: ``"best"`` or ``"last"`` tests that checkpoint (asked for by name on a trainer with
+        checkpointing off: an error, as in :meth:`predict`; by default there: the current state, said once),
         restored for the test only, as :meth:`predict` restores it: the trainer is left as it was
         (``state``, ``global_step``, what :meth:`predict` serves by default and what a next
         ``train_model`` continues from, as Keras' ``evaluate``); ``"current"`` tests the state as it
@@ -227,6 +228,8 @@ class TrainerVerbsMixin:
         """
         if which is None:
             which = "current" if self._loaded and not self._trained_here else "best"
+        elif which != "current" and self._saves_no_checkpoints():  # asked for by name: as predict(which=...)
+            raise FileNotFoundError(self._no_checkpointing_message(which))
         return self._test(as_loader(data, batch_size, what="test's data"), which, name=name)
 
     def _test(self, test_loader, which: str = "best", name: str | None = None) -> dict[str, float]:
@@ -262,7 +265,14 @@ class TrainerVerbsMixin:
     def _restore_for_test(self, which: str) -> None:
         """``self.state`` := the ``which`` checkpoint (none saved, or ``"current"``: left as it is)."""
         source = self._checkpoint_source()
-        if which != "current" and self.own_checkpoints and not source.all_steps():
+        if which != "current" and self._saves_no_checkpoints():
+            if not getattr(self, "_said_tests_current", False):
+                messages.warning(f"Testing the model as training left it, not the {which} checkpoint: "
+                                 f"{self._no_checkpointing_reason()}, so none was kept (the val/... metrics "
+                                 f"train_model returns are its best validation's). Pass which='current' to say so, "
+                                 f"or turn checkpointing on to test the {which} model.")
+                self._said_tests_current = True
+        elif which != "current" and self.own_checkpoints and not source.all_steps():
             self._load_own_best(which, "the test")
         elif which != "current" and source.all_steps():
             own_load = not _is_flaxlights(type(self).load_model)  # a seam of the user's
@@ -415,10 +425,9 @@ class TrainerVerbsMixin:
         checkpoints = self._checkpoint_source()
         if self.own_checkpoints and not checkpoints.all_steps():  # the UvA guide's pair: the best by load_model()
             return self._serving(self._own_best_state(which))
-        checkpoints.wait()
-        saves_none = checkpoints is self.checkpointer and getattr(self, "_checkpoint_callback", None) is None
-        if saves_none and not checkpoints.all_steps():  # checkpointing off: not "no model yet"
+        if self._saves_no_checkpoints():  # checkpointing off: not "no model yet"
             raise FileNotFoundError(self._no_checkpointing_message(which))
+        checkpoints.wait()
         step = resume.pick_checkpoint(checkpoints, which)
         template = self.state
         if template.opt_state is None and template.tx is not None:  # loaded for inference: its optimizer's shape
@@ -427,11 +436,23 @@ class TrainerVerbsMixin:
         restored = checkpoints.restore(template if with_ema else self.state, step=step, with_opt_state=with_ema)
         return self._serving(restored)
 
+    def _saves_no_checkpoints(self) -> bool:
+        """Whether this trainer keeps no checkpoint (checkpointing off, or ``fast_dev_run``) and has none."""
+        checkpoints = self._checkpoint_source()
+        if checkpoints is not self.checkpointer or getattr(self, "_checkpoint_callback", None) is not None \
+                or self.own_checkpoints:
+            return False
+        checkpoints.wait()
+        return not checkpoints.all_steps()
+
+    def _no_checkpointing_reason(self) -> str:
+        return ("fast_dev_run=True writes no checkpoint" if self.options.fast_dev_run else
+                "checkpointing is off for this trainer (enable_checkpointing=False, and no ModelCheckpoint among its "
+                "callbacks)")
+
     def _no_checkpointing_message(self, which: str) -> str:
         """Why ``which="best"/"last"`` has no checkpoint on a trainer that saves none, and what to use."""
-        why = ("fast_dev_run=True writes no checkpoint" if self.options.fast_dev_run else
-               "checkpointing is off for this trainer (enable_checkpointing=False, and no ModelCheckpoint among its "
-               "callbacks)")
+        why = self._no_checkpointing_reason()
         return (f"No {which!r} checkpoint: {why}, so no best or last model is saved to load. Use which='current' "
                 f"(the trainer's state now: the model as training left it), or turn checkpointing on "
                 f"(enable_checkpointing=True, or callbacks=[ModelCheckpoint(...)]) and train to keep them.")
