@@ -13,7 +13,8 @@ The :class:`Engine` takes the user's pure ``train_step(state, batch) -> (state, 
 * :meth:`Engine.train` / :meth:`Engine.run`: a span of steps, one comparison per step against the
   next event;
 * evaluation, and the eval step compiled ahead in a background thread;
-* the learning-rate table that log points read without waiting for the device.
+* the learning-rate table that log points read without waiting for the device;
+* the update that ends an epoch's partial group of accumulated gradients (one jitted call).
 
 It knows nothing of callbacks, loggers or the trainer: the trainer hands it an
 :class:`~flaxlight.loop.EventSchedule`-like object (``next_step``) and an ``on_event`` function.
@@ -51,6 +52,7 @@ from flaxlight.data import (ArrayLoader, DeviceEpoch, FirstBatches, Prefetcher, 
 from flaxlight.lean import LeanLoop, strip_idle_fields
 from flaxlight.metrics import (accumulate, batch_size, deliberate_reads, fresh_zeros, init_accumulator, step_finite,
                                tree_finite, with_saved_objects, device_copy as device_copy_of)
+from flaxlight.optim import apply_accumulated, updates_at_epoch_end
 from flaxlight.resume import epoch_setter
 
 __all__ = ["Engine", "Feed", "Span", "LearningRateTable", "check_step_pair", "block_length_for"]
@@ -200,6 +202,7 @@ class Engine:
         self._epoch_ahead: DeviceEpoch | None = None
         self._work_before_waiting: Callable[[], None] | None = None  # see work_before_waiting
         self._position: Callable[[], Any] | None = None
+        self._updated_at: int | None = None  # the step of the last epoch-end update (see end_accumulation)
         self._served: weakref.WeakSet = weakref.WeakSet()  # loaders that yielded batches (see served_before)
         self.train_step = self._jit(train_step, donate_argnums=0)
         self.eval_step = self._jit(eval_step)
@@ -215,6 +218,7 @@ class Engine:
         if state_shardings is None:
             self._train, self._block, self._train_at, self._block_at = (
                 self._jit(fn, donate_argnums=0) for fn in (fns.train, fns.block, fns.train_at, fns.block_at))
+            self._epoch_end_update = self._jit(_epoch_end_update, donate_argnums=0)
             self._evaluate = self._jit(fns.evaluate, donate_argnums=1)
             self._evaluate_jit = lambda batch: self._evaluate  # the jitted eval step for a batch (its .lower)
             return
@@ -234,6 +238,8 @@ class Engine:
                                    out_shardings=(state_shardings, rep, rep), donate_argnums=0))
 
         self._train, self._block = jit_train(fns.train, batch), jit_train(fns.block, block)
+        self._epoch_end_update = jax.jit(_epoch_end_update, in_shardings=(state_shardings, rep),
+                                         out_shardings=state_shardings, donate_argnums=0)
         self._evaluate = jax.jit(fns.evaluate, in_shardings=(state_shardings, rep, batch), out_shardings=rep,
                                  donate_argnums=1)
         self._evaluate_jit = lambda batch: self._evaluate
@@ -355,12 +361,16 @@ class Engine:
 
         ``start_sums(first batch)`` gives the epoch's zeroed sums when ``span.acc`` is None (a
         fresh epoch); when ``more_epochs()`` after the span, the next epoch's device data are
-        gathered before this epoch's end waits for its last steps.
+        gathered before this epoch's end waits for its last steps. A span that ends without an
+        exception ends the epoch's training: an optimizer accumulating gradients makes its
+        epoch-end update then (:meth:`end_accumulation`; at an event on the last batch, before it).
         """
         self._start_eval_compile()
+        self._updated_at = None
         feed = self.feed(loader, span.batches, stop, span.step, position, skip)
         try:
             if feed.empty:
+                self.end_accumulation(span)  # e.g. resumed at the end of the epoch, or stopped there
                 return
             self.note_served(loader)
             if span.acc is None:
@@ -372,7 +382,8 @@ class Engine:
                 self._work_before_waiting = lambda: ahead.append(DeviceEpoch(
                     loader, stop=stop, epoch=loader.epoch + 1, host_gather=self._gathers_on_host())) \
                     if more_epochs() else None
-            self.run(feed, span, schedule, on_event)
+            self.run(feed, span, schedule, self._updating_at_end(stop, span.state, on_event))
+            self.end_accumulation(span)  # the epoch (or the run) ends here
             if self.choosing_block_length and span.batches >= 2 * BLOCK_LENGTHS[-1]:
                 self.choose_block_length(span.state, feed.first_batch)
             self.work_before_waiting()  # not done yet: now, before the epoch's end waits for its last steps
@@ -380,6 +391,34 @@ class Engine:
         finally:
             self._work_before_waiting = None
             feed.close()
+
+    def _updating_at_end(self, stop: int | None, state, on_event: Callable[[Span, int], bool]
+                         ) -> Callable[[Span, int], bool]:
+        """``on_event``, with the epoch's end update (:meth:`end_accumulation`) made first when
+        the event comes at the epoch's last batch: its log point, checkpoint or validation sees
+        every batch trained on. Only events pay for the check."""
+        if stop is None or not updates_at_epoch_end(getattr(state, "tx", None)):
+            return on_event
+
+        def at_event(span: Span, steps: int) -> bool:
+            if span.batches >= stop:
+                self.end_accumulation(span)
+            return on_event(span, steps)
+
+        return at_event
+
+    def end_accumulation(self, span: Span) -> None:
+        """At the end of an epoch (or of a run, cut short by ``max_steps`` or a stop): the
+        gradients accumulated since the optimizer's last update become one update, their mean
+        (:func:`~flaxlight.optim.apply_accumulated`; the loss handed to optimizers that take one:
+        the epoch's mean training loss), in one jitted call. Nothing for an optimizer that is not
+        one of :func:`~flaxlight.optim.accumulate_gradients` (a plain ``optax.MultiSteps`` goes on
+        accumulating across epochs), or when made at this step already."""
+        if span.acc is None or self._updated_at == span.step or not updates_at_epoch_end(
+                getattr(span.state, "tx", None)):
+            return
+        span.state = self._epoch_end_update(span.state, span.acc)
+        self._updated_at = span.step
 
     def work_before_waiting(self) -> None:
         """Do the host work put off until the training thread would wait for the device: the
@@ -480,8 +519,8 @@ class Engine:
 
         When ``span.step`` reaches ``schedule.next_step``, ``span`` is brought up to date and
         ``on_event(span, steps)`` runs (``steps``: updates since the previous item); it may
-        replace ``span.state`` and returns True to end the span. ``span`` is current when this
-        returns, also by an exception.
+        replace ``span.state`` (and then raise: the replacement is kept) and returns True to end
+        the span. ``span`` is current when this returns, also by an exception.
         """
         lean = self._lean_loop(feed, span)
         single, fused = lean.single, lean.fused
@@ -501,12 +540,15 @@ class Engine:
                 batches += steps
                 if step >= schedule.next_step:
                     span.state, span.acc, span.step, span.batches = lean.join(state, kept), acc, step, batches
+                    state = None  # span.state is the state now (on_event may replace it, and then raise)
                     end = on_event(span, steps)
                     state, kept = lean.split(span.state)
                     if end:
                         break
         finally:
-            span.state, span.acc, span.step, span.batches = lean.join(state, kept), acc, step, batches
+            if state is not None:
+                span.state = lean.join(state, kept)
+            span.acc, span.step, span.batches = acc, step, batches
 
     def _lean_loop(self, feed: Feed, span: Span) -> LeanLoop:
         """The loop's functions for a data path without the state fields the step never uses
@@ -668,6 +710,16 @@ class LearningRateTable:
             with deliberate_reads():
                 table = self._table = (table[0], table[1], np.asarray(table[2]))
         return float(table[2][step - table[1]])
+
+
+def _epoch_end_update(state, acc):
+    """:func:`~flaxlight.optim.apply_accumulated` with the epoch's mean training loss as ``value``
+    (when the step's metrics have a ``loss``)."""
+    totals = acc["totals"]
+    value = None
+    if "loss" in totals.names:
+        value = totals.values[totals.names.index("loss")] / jnp.maximum(totals.count, 1.0)
+    return apply_accumulated(state, value=value)
 
 
 def _in_flight_bound(mesh) -> Callable:

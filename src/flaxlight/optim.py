@@ -54,6 +54,10 @@ __all__ = [
     "OptimizerConfig",
     "OptimizerFactory",
     "OptimizerPlan",
+    "accumulate_gradients",
+    "accumulated_updates",
+    "apply_accumulated",
+    "updates_at_epoch_end",
     "as_optimizer_config",
     "describe_optimizer",
     "recorded_optimizer",
@@ -247,7 +251,10 @@ class OptimizerConfig(Mapping):
             decay) or such a pytree.
         reduce_on_plateau: keyword arguments of ``optax.contrib.reduce_on_plateau`` (which watches
             the loss), or None.
-        accumulate_grad_batches: average the gradients of N batches per update (``optax.MultiSteps``).
+        accumulate_grad_batches: average the gradients of N batches per update (``optax.MultiSteps``,
+            see :func:`accumulate_gradients`); the trainer also updates at each epoch's end from the
+            batches accumulated since the last update (their mean), so an epoch of B batches makes
+            ``ceil(B / N)`` updates and no update mixes two epochs. Not with ``lbfgs``.
         ema_decay: keep an exponential moving average of the parameters (evaluation uses it).
         precision: ``"fp32"`` or ``"bf16"`` (bf16 compute, fp32 master weights and optimizer state).
         optimizer_kwargs: further keyword arguments of the optax optimizer (``b1``, ``momentum``...).
@@ -298,6 +305,12 @@ class OptimizerConfig(Mapping):
         self._check_weight_decay()
         self._check_reduce_on_plateau()
         self.accumulate_grad_batches = _positive_int(self.accumulate_grad_batches, "accumulate_grad_batches", 1)
+        if self.accumulate_grad_batches > 1 and self.optimizer == "lbfgs":
+            raise ValueError(
+                f"optimizer_hparams: 'lbfgs' cannot accumulate gradients (accumulate_grad_batches="
+                f"{self.accumulate_grad_batches}): its line search evaluates the loss of the batch it steps on "
+                f"(value_fn), and the update that ends an epoch from the batches accumulated so far has no batch "
+                f"to evaluate. Use accumulate_grad_batches=1 (a larger batch_size gives each update more examples).")
         if self.ema_decay is not None:
             self.ema_decay = float(self.ema_decay)
             if not 0 < self.ema_decay < 1:
@@ -890,6 +903,99 @@ def _rate_after_one_more_update(tx, opt_state, params, index: int, name: str) ->
     return jnp.asarray(injected(new_state).hyperparams[name], jnp.float32)
 
 
+# --- gradient accumulation ----------------------------------------------------------------------
+class _EpochEndMultiSteps(optax.MultiSteps):
+    """``optax.MultiSteps`` with a fixed group size whose partial group :func:`apply_accumulated`
+    applies (what :func:`accumulate_gradients` builds; its state is ``optax.MultiStepsState``)."""
+
+    def __init__(self, inner: optax.GradientTransformation, every: int):
+        super().__init__(inner, every_k_schedule=every)
+        self.every = every
+
+
+def accumulate_gradients(tx: optax.GradientTransformation, every: int) -> optax.GradientTransformationExtraArgs:
+    """``tx`` updating once per ``every`` batches from the mean of their gradients, as
+    ``optax.MultiSteps`` does, and, at the end of each training epoch, from the mean of the
+    batches accumulated since its last update (the trainer calls :func:`apply_accumulated`
+    there): an epoch of B batches makes ``ceil(B / every)`` updates, none of them mixing two
+    epochs, as Lightning's ``accumulate_grad_batches``. What ``optimizer_hparams``'
+    ``accumulate_grad_batches`` builds; wrap a ready transformation of yours with it for the same
+    behaviour (a plain ``optax.MultiSteps`` of yours is used as optax defines it: an update every
+    k batches counted across epoch ends, and a run's last partial group is never applied).
+
+    Examples:
+        >>> tx = accumulate_gradients(optax.adam(1e-3), every=4)
+        >>> trainer = MyTrainer(..., optimizer_hparams=tx)     # doctest: +SKIP
+    """
+    every = _positive_int(every, "accumulate_grad_batches", 1)
+    multi = _EpochEndMultiSteps(tx, every)
+    return optax.GradientTransformationExtraArgs(multi.init, multi.update)
+
+
+def _epoch_end_accumulation(tx: Any) -> _EpochEndMultiSteps | None:
+    """The accumulation of ``tx`` when it is one of :func:`accumulate_gradients`, else None."""
+    owner = getattr(getattr(tx, "update", None), "__self__", None)
+    return owner if isinstance(owner, _EpochEndMultiSteps) else None
+
+
+def updates_at_epoch_end(tx: Any) -> bool:
+    """Whether ``tx`` is one of :func:`accumulate_gradients` (the trainer then calls
+    :func:`apply_accumulated` at each epoch's end).
+
+    Examples:
+        >>> updates_at_epoch_end(accumulate_gradients(optax.sgd(0.1), every=2))
+        True
+        >>> updates_at_epoch_end(optax.MultiSteps(optax.sgd(0.1), every_k_schedule=2).gradient_transformation())
+        False
+    """
+    return _epoch_end_accumulation(tx) is not None
+
+
+def apply_accumulated(state: Any, value: Any = None) -> Any:
+    """``state`` with the gradients accumulated since its optimizer's last update applied as one
+    update (their mean, through the same ``optax.MultiSteps`` code as a full group), when some are
+    pending and ``state.tx`` is one of :func:`accumulate_gradients`; else ``state`` as it is. Pure
+    (the trainer jits it once per epoch end); ``state.step`` is kept (it counts batches).
+    ``value``: the loss handed to optimizers that take one (``reduce_on_plateau``,
+    ``polyak_sgd``); the trainer gives the epoch's mean training loss.
+
+    Examples:
+        >>> state = jax.jit(apply_accumulated)(state)     # doctest: +SKIP
+    """
+    multi = _epoch_end_accumulation(getattr(state, "tx", None))
+    if multi is None:
+        return state
+
+    def apply(operands):
+        params, opt_state = operands
+        mean = opt_state.acc_grads  # MultiSteps adds (g - mean) / (n + 1): the mean again, and emits
+        last = opt_state._replace(mini_step=jnp.asarray(multi.every - 1, opt_state.mini_step.dtype))
+        extra = {} if value is None else {"value": value, "grad": mean}
+        updates, opt_state = multi.update(mean, last, params, **extra)
+        return optax.apply_updates(params, updates), opt_state
+
+    params, opt_state = jax.lax.cond(state.opt_state.mini_step > 0, apply, lambda operands: operands,
+                                     (state.params, state.opt_state))
+    return state.replace(params=params, opt_state=opt_state)
+
+
+def accumulated_updates(batches: int, every: int, epoch_length: int | None = None) -> int:
+    """Optimizer updates in ``batches`` train steps with an update every ``every`` batches and one
+    at each epoch's end (epochs of ``epoch_length`` batches; the last one may be cut short, as
+    ``max_steps`` cuts it). None: no epoch ends (a loop of your own): ``batches // every``.
+
+    Examples:
+        >>> accumulated_updates(38, every=4, epoch_length=19)    # 4+4+4+4+3 per epoch
+        10
+        >>> accumulated_updates(20, every=4, epoch_length=19)    # 5, then 1 batch applied at the end
+        6
+    """
+    if epoch_length is None:
+        return batches // every
+    epochs, rest = divmod(batches, epoch_length)
+    return epochs * -(-epoch_length // every) + -(-rest // every)
+
+
 # --- building -----------------------------------------------------------------------------------
 @dataclasses.dataclass(frozen=True)
 class OptimizerPlan:
@@ -903,6 +1009,9 @@ class OptimizerPlan:
         regularizer: ``params -> penalty`` the train step must add to the loss (``"l2"`` mode), or None.
         total_steps: train steps (batches) of the run; ``num_updates`` optimizer updates.
         weight_decay: the decay strength in effect (0 when none).
+        first_step: the model's step when the optimizer was built.
+        epoch_length: batches per epoch, where the trainer applies a partial group of
+            ``accumulate_grad_batches`` (see :func:`accumulated_updates`); None: no epoch ends.
     """
 
     tx: optax.GradientTransformation
@@ -913,18 +1022,27 @@ class OptimizerPlan:
     num_updates: int
     weight_decay: float
     first_step: int = 0
+    epoch_length: int | None = None
 
     @functools.cached_property
     def step_schedule(self) -> Callable[[Any], Any] | None:
         """The learning rate after a number of train steps (batches): ``schedule`` at the updates
-        this optimizer made by then, ``(step - first_step) // accumulate_grad_batches`` (what a log
-        point at ``step`` shows; ``first_step``: the model's step when the optimizer was built, e.g.
-        a checkpoint's when a loaded model trains on)."""
+        this optimizer made by then (what a log point at ``step`` shows): with
+        ``accumulate_grad_batches=N``, ``ceil(epoch_length / N)`` per whole epoch and one per N
+        batches of the current one, counted from ``first_step`` (the model's step when the
+        optimizer was built, e.g. a checkpoint's when a loaded model trains on)."""
         every = self.config.accumulate_grad_batches if self.config is not None else 1
         if self.schedule is None or (every == 1 and self.first_step == 0):
             return self.schedule
-        schedule, first = self.schedule, self.first_step
-        return lambda step: schedule(jnp.maximum(step - first, 0) // every)
+        schedule, first, length = self.schedule, self.first_step, self.epoch_length
+
+        def at_step(step):
+            batches = jnp.maximum(step - first, 0)
+            if every == 1 or length is None:
+                return schedule(batches // every)
+            return schedule(batches // length * -(-length // every) + batches % length // every)
+
+        return at_step
 
 
 def warn_settings_outside_step(trainer_name: str, plan: OptimizerPlan, step: Any) -> None:
@@ -944,8 +1062,11 @@ def warn_settings_outside_step(trainer_name: str, plan: OptimizerPlan, step: Any
             trainer_name, getattr(step, "precision", None) or "the dtypes of your own step", precision)
 
 
-def make_optimizer_plan(optimizer_hparams, total_steps: int, first_step: int = 0) -> OptimizerPlan:
+def make_optimizer_plan(optimizer_hparams, total_steps: int, first_step: int = 0,
+                        epoch_length: int | None = None) -> OptimizerPlan:
     """Build the optimizer for a run of ``total_steps`` train steps and say what the step must add.
+    ``epoch_length``: batches per epoch; with ``accumulate_grad_batches`` the schedule then spans
+    :func:`accumulated_updates` updates (the trainer updates at each epoch's end too).
 
     Examples:
         >>> plan = make_optimizer_plan({"optimizer": "adamw", "lr": 1e-3, "weight_decay": 0.01}, 1000)
@@ -964,7 +1085,7 @@ def make_optimizer_plan(optimizer_hparams, total_steps: int, first_step: int = 0
     config = as_optimizer_config(optimizer_hparams)
     if config is None:
         return _ready_plan(optimizer_hparams, total_steps)
-    num_updates = _num_updates(config, total_steps)
+    num_updates = _num_updates(config, total_steps, epoch_length)
     schedule = _plan_schedule(config, num_updates)
     kwargs = _optimizer_kwargs(config, schedule)
     weight_decay = config.resolved_weight_decay()
@@ -974,7 +1095,7 @@ def make_optimizer_plan(optimizer_hparams, total_steps: int, first_step: int = 0
         tx=_assemble_tx(config, kwargs, tail, schedule), config=config, schedule=schedule,
         regularizer=config.l2_regularizer() if weight_decay > 0 else None,
         total_steps=total_steps, num_updates=num_updates,
-        weight_decay=weight_decay, first_step=int(first_step),
+        weight_decay=weight_decay, first_step=int(first_step), epoch_length=epoch_length,
     )
 
 
@@ -991,13 +1112,15 @@ def _ready_plan(optimizer_hparams: Any, total_steps: int) -> OptimizerPlan:
                          num_updates=total_steps, weight_decay=0.0)
 
 
-def _num_updates(config: OptimizerConfig, total_steps: int) -> int:
+def _num_updates(config: OptimizerConfig, total_steps: int, epoch_length: int | None = None) -> int:
     """Optimizer updates in a run of ``total_steps`` train steps; the warmup must fit in them."""
-    num_updates = max(total_steps // config.accumulate_grad_batches, 1)
+    every = config.accumulate_grad_batches
+    num_updates = max(accumulated_updates(total_steps, every, epoch_length), 1)
     if config.warmup_steps > num_updates:
+        per_epoch = f", {epoch_length} per epoch" if every > 1 and epoch_length else ""
         raise ValueError(
             f"optimizer_hparams['warmup_steps']={config.warmup_steps} is longer than the run: {num_updates} optimizer "
-            f"updates ({total_steps} train steps / accumulate_grad_batches={config.accumulate_grad_batches}). "
+            f"updates ({total_steps} train steps{per_epoch}, accumulate_grad_batches={every}). "
             f"Lower warmup_steps or train longer."
         )
     return num_updates
@@ -1072,8 +1195,7 @@ def _assemble_tx(config: OptimizerConfig, kwargs: dict[str, Any], tail: optax.Gr
         chain.append(track_params_ema(config.ema_decay))
     tx = optax.chain(*chain)
     if config.accumulate_grad_batches > 1:
-        multi = optax.MultiSteps(tx, every_k_schedule=config.accumulate_grad_batches)
-        tx = optax.GradientTransformationExtraArgs(multi.init, multi.update)
+        tx = accumulate_gradients(tx, config.accumulate_grad_batches)
     return tx
 
 

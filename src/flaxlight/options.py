@@ -18,6 +18,7 @@ import numpy as np
 from flaxlight import distributed as dist
 from flaxlight.messages import logger as messages, warn_at_user
 from flaxlight.metrics import name_direction
+from flaxlight.optim import accumulated_updates
 
 __all__ = ["TrainerOptions", "DEFAULT_MONITORS", "LIGHTNING_TRAINER_ARGUMENTS", "check_trainer_arguments",
            "lightning_argument_message", "written_otherwise"]
@@ -100,7 +101,11 @@ class TrainerOptions:
         enable_model_summary: print the model table (``print_tabulate``) at construction.
         enable_checkpointing: add a default :class:`ModelCheckpoint` (``monitor``/``mode`` as
             above, best and last kept) unless one is among the callbacks.
-        max_steps: stop after this many optimizer steps (the schedule is fitted to it).
+        max_steps: stop after this many train steps (batches; the trainer's ``global_step``),
+            mid-epoch too; the learning-rate schedule is fitted to it. With
+            ``accumulate_grad_batches=N`` an update takes N batches (and one more ends each
+            epoch), so these are not optimizer updates: Lightning's ``max_steps`` counts updates,
+            and its ``max_steps=U`` is ``max_steps=U * N`` here (said at the start of a run).
         max_time: stop after this much training time (seconds, ``timedelta`` or
             ``"DD:HH:MM:SS"``), via a :class:`Timer` callback.
         val_check_interval: also validate every N steps, not only at epoch ends; with
@@ -223,6 +228,18 @@ class TrainerOptions:
 
     def reached_max_steps(self, step: int) -> bool:
         return self.max_steps is not None and step >= self.max_steps
+
+    def max_steps_note(self, plan: Any, steps_per_epoch: int | None) -> str | None:
+        """What ``max_steps`` gives under ``accumulate_grad_batches`` (an
+        :class:`~flaxlight.optim.OptimizerPlan`'s), said at the start of a run; None without both."""
+        every = getattr(getattr(plan, "config", None), "accumulate_grad_batches", 1)
+        if self.max_steps is None or every == 1:
+            return None
+        updates = accumulated_updates(self.max_steps, every, steps_per_epoch)
+        return (f"max_steps={self.max_steps} counts batches (train steps), not optimizer updates: with "
+                f"accumulate_grad_batches={every} (an update every {every} batches, and one at each epoch's end; "
+                f"{steps_per_epoch} batches per epoch) it gives {updates} optimizer updates. Lightning's max_steps "
+                f"counts updates: to port its max_steps=U, write max_steps=U * {every}.")
 
     def monitored(self, metrics: Mapping[str, float]) -> tuple[str, bool]:
         """``(key, larger_is_better)`` that picks the best model among validation ``metrics``:

@@ -132,10 +132,12 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
               f"{optim.describe_optimizer(self.optimizer_hparams)}")
 
     def init_optimizer(self, num_epochs: int, num_steps_per_epoch: int) -> None:
-        """Build the optimizer for ``num_epochs * num_steps_per_epoch`` train steps; keep params.
+        """Build the optimizer for ``num_epochs * num_steps_per_epoch`` train steps (epochs of
+        ``self.steps_per_epoch`` batches, where a partial accumulation group is applied); keep params.
         ``self.optimizer_plan`` keeps what was built (schedule, weight decay in effect)."""
         plan = optim.make_optimizer_plan(self.optimizer_hparams, total_steps=num_epochs * num_steps_per_epoch,
-                                         first_step=self.global_step)  # the model's step: its first update
+                                         first_step=self.global_step,  # the model's step: its first update
+                                         epoch_length=self.steps_per_epoch or num_steps_per_epoch)
         optim.warn_settings_outside_step(type(self).__name__, plan, self._step_owner)
         self.optimizer_plan, self.state = plan, self.state.with_optimizer(plan.tx)  # a TrainState subclass kept
 
@@ -251,6 +253,8 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
         self.num_epochs, self.steps_per_epoch = plan.num_epochs, plan.steps_per_epoch
         dist.check_loader_divisible(train_loader, self.mesh)  # before the run's folder is claimed
         self._build_optimizer(plan.schedule_epochs, plan.schedule_steps_per_epoch)  # init_optimizer; its state checked
+        if note := self.options.max_steps_note(self.optimizer_plan, plan.steps_per_epoch):
+            messages.info(note)  # max_steps counts batches, not accumulated updates (Lightning's)
         self._place_state()
         self._loop = LoopState.fresh(self.state)  # its data order goes on from state.epoch; the run's best stays its best
         self.should_stop, self.stop_reason = False, None

@@ -81,7 +81,7 @@ class ModelCheckpoint(Callback):
             and all kept; Lightning's ``ModelCheckpoint(every_n_train_steps=N, save_top_k=-1)``),
             else they would be deleted at the next save, so asking for them is an error.
         every_n_epochs: write a checkpoint every N epochs (after validation when it runs).
-        every_n_steps: also write one every N optimizer steps, mid-epoch included.
+        every_n_steps: also write one every N train steps (batches), mid-epoch included.
         every_n_seconds: write one at the first epoch end (or ``every_n_steps`` step) at least
             this many seconds after the previous save.
         max_overhead: the share of wall time checkpoint writes may take (they run on a
