@@ -284,6 +284,59 @@ def test_a_list_loader_whose_batches_do_not_split_is_refused_before_the_run_fold
         assert np.isfinite(got[tag + "_rerun"])  # the corrected run in the same log_dir
 
 
+def test_full_batch_training_on_a_mesh_matches_one_device(tmp_path):
+    """batch_size >= the dataset (118 examples, not a multiple of 4) was refused on 4 devices with
+    "use a batch size that is a multiple of 4", though 128 is one. The epoch's one batch is also its
+    smaller last batch, which runs whole on every device as documented: the same numbers as one
+    device, said once. drop_last=True leaves no batch, on a mesh as on one device."""
+    got = _on_4_devices("""
+        from conftest import TinyMLP
+        import logging
+
+        said = []
+        handler = logging.Handler()
+        handler.emit = lambda record: said.append(record.getMessage())
+        logging.getLogger("flaxlight").addHandler(handler)
+        train, val = (x[:118], y[:118]), flaxlight.ArrayLoader(x[118:], y[118:], batch_size=10)
+        out = {}
+        for tag, data, kwargs in (("loader", flaxlight.ArrayLoader(*train, batch_size=128), {}),
+                                  ("shuffled", flaxlight.ArrayLoader(*train, batch_size=256, shuffle=True), {}),
+                                  ("arrays", train, {"batch_size": 120}),
+                                  ("drop_last", flaxlight.ArrayLoader(*train, batch_size=128, drop_last=True), {})):
+            for where, mesh in (("one", {}), ("mesh", {"distributed": "data_parallel"})):
+                trainer = ClassifyTrainer(model_class=TinyMLP, model_hparams={"output_dim": 10, "batch_norm": True},
+                                          optimizer_hparams={"optimizer": "sgd", "lr": 0.1}, exmp_input=x[:1],
+                                          **quiet(tmp / tag / where, **mesh))
+                try:
+                    metrics = trainer.train_model(data, val, num_epochs=2, **kwargs)
+                except ValueError as exc:
+                    out[f"{tag}/{where}"] = {"error": f"{type(exc).__name__}: {exc}"}
+                    continue
+                out[f"{tag}/{where}"] = {k: float(v) for k, v in metrics.items() if k.startswith(("train/", "val/"))}
+                out[f"{tag}/{where}"]["params"] = [np.asarray(p).tolist() for p in jax.tree.leaves(trainer.state.params)]
+        out["said"] = said
+        jax.process_count = lambda: 2  # with several processes the last batch must split: say how
+        try:
+            flaxlight.distributed.to_global_batch((x[:59], y[:59]), flaxlight.distributed.make_mesh())
+        except ValueError as exc:
+            out["processes"] = str(exc)
+        print(json.dumps(out))
+    """, tmp_path)
+    for tag in ("loader", "shuffled", "arrays"):
+        one, mesh = got[f"{tag}/one"], got[f"{tag}/mesh"]
+        assert "error" not in mesh and set(mesh) == set(one), (tag, mesh)
+        for a, b in zip(mesh.pop("params"), one.pop("params"), strict=True):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6, err_msg=tag)
+        for name, value in one.items():
+            np.testing.assert_allclose(mesh[name], value, rtol=1e-5, atol=1e-6, err_msg=f"{tag} {name}")
+    assert got["drop_last/mesh"] == got["drop_last/one"] and "yielded no batches" in got["drop_last/one"]["error"]
+    full = [m for m in got["said"] if "fewer than batch_size" in m]
+    assert len(full) == 3 and "118 examples, fewer than batch_size=128" in full[0], got["said"]
+    assert "runs whole on every device (the same numbers as one device, without data parallelism)" in full[0]
+    assert "A batch of 118 examples cannot be split over 4 devices" in got["processes"]
+    assert "an epoch's smaller last batch" in got["processes"] and "drop_last=True" in got["processes"]
+
+
 @pytest.mark.parametrize("mesh, hint", [([2, 2], "mesh={'data': 2, 'model': 2}"), ((("data", 4),), "mesh={'data': 4}"),
                                         ({"data": "2"}, ""), ("data", "")])
 def test_a_mesh_in_another_form_lists_the_accepted_forms(tmp_path, mesh, hint):

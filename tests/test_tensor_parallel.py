@@ -97,6 +97,40 @@ def test_mesh_shapes_and_annotations_that_do_not_fit_say_why():
         make_mesh(shape={"model": 1})
 
 
+@pytest.mark.parametrize("spec, where, fix", [
+    (("model", "model"), "dimensions 0 and 1", "P('model', None)"),
+    ((("data", "model"), "model"), "dimensions 0 and 1", "P(('data', 'model'), None)"),
+    ((None, ("model", "model")), "dimension 1 twice", "P(None, 'model')")])
+@pytest.mark.parametrize("api", ["linen", "nnx"])
+def test_an_annotation_that_repeats_a_mesh_axis_names_the_parameter(tmp_path, api, spec, where, fix):
+    """P('model', 'model') failed with JAX's DuplicateSpecError, which names no parameter."""
+    import flax.linen as nn
+    from flax import nnx
+    from conftest import ClassifyTrainer, quiet
+
+    class Linen(nn.Module):
+        @nn.compact
+        def __call__(self, x, train: bool = False):
+            kernel_init = nn.with_partitioning(nn.initializers.lecun_normal(), spec)
+            return nn.Dense(2)(nn.relu(nn.Dense(8, kernel_init=kernel_init, name="hidden")(x)))
+
+    class Nnx(nnx.Module):
+        def __init__(self, *, rngs):
+            kernel_init = nnx.with_partitioning(nnx.initializers.lecun_normal(), spec)
+            self.hidden, self.out = nnx.Linear(4, 8, kernel_init=kernel_init, rngs=rngs), nnx.Linear(8, 2, rngs=rngs)
+
+        def __call__(self, x, train: bool = False):
+            return self.out(nnx.relu(self.hidden(x)))
+
+    with pytest.raises(ValueError) as raised:  # a one-device mesh is enough: JAX refuses the spec on any
+        ClassifyTrainer(model_class=Linen if api == "linen" else Nnx, model_hparams={}, optimizer_hparams={},
+                        exmp_input=np.zeros((1, 4), np.float32), mesh={"data": 1, "model": 1}, **quiet(tmp_path))
+    message = str(raised.value)
+    assert "Parameter ['hidden']['kernel'] is annotated P(" in message, message
+    assert f"which splits {where} over the mesh axis 'model'" in message, message
+    assert f"Name 'model' once (e.g. {fix})" in message, message
+
+
 def test_annotations_that_do_not_split_or_name_no_rule_are_said(tmp_path):
     """A model axis that does not divide a parameter gave JAX's bare IndivisibleError; a logical
     name without a sharding rule left its dimension whole on every device without a word."""

@@ -43,6 +43,7 @@ import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from flaxlight.messages import logger as messages
 from flaxlight.metrics import majority_leading_dims
 
 __all__ = ["MODES", "make_mesh", "mesh_for", "batch_sharding", "replicated", "state_shardings", "initialize",
@@ -268,17 +269,19 @@ def split_annotations(params, given: Any = None) -> tuple[Any, Any]:
 
 def _mesh_spec(annotation, path: str, shape: tuple[int, ...], mesh: Mesh, rules) -> PartitionSpec:
     """An annotation as a PartitionSpec of ``mesh``'s axes (logical names through ``rules``),
-    checked: known axes, and each split dimension a multiple of its axes' devices."""
+    checked: known axes, each used for one dimension at most, and each split dimension a
+    multiple of its axes' devices."""
     logical = not isinstance(annotation, PartitionSpec)  # a tuple of logical axis names
     spec = PartitionSpec(*nn.logical_to_mesh_axes(annotation, rules)) if logical else annotation
-    for dim, axes in enumerate(spec):
-        axes = tuple(a for a in (axes if isinstance(axes, tuple) else (axes,)) if a is not None)
-        for axis in axes:
-            if axis not in mesh.axis_names:
-                hint = ("map logical names to mesh axes with sharding_rules=[('embed', 'model'), ...]"
-                        if logical else "use the mesh's axis names (for a trainer that loads a run: pass its mesh=...)")
-                raise ValueError(f"Parameter {path} is annotated {annotation}, and {axis!r} is not an axis of the "
-                                 f"mesh {tuple(mesh.axis_names)}: {hint}.")
+    dims = [tuple(a for a in (axes if isinstance(axes, tuple) else (axes,)) if a is not None) for axes in spec]
+    for axis in (axis for axes in dims for axis in axes):
+        if axis not in mesh.axis_names:
+            hint = ("map logical names to mesh axes with sharding_rules=[('embed', 'model'), ...]"
+                    if logical else "use the mesh's axis names (for a trainer that loads a run: pass its mesh=...)")
+            raise ValueError(f"Parameter {path} is annotated {annotation}, and {axis!r} is not an axis of the "
+                             f"mesh {tuple(mesh.axis_names)}: {hint}.")
+    _check_axes_used_once(annotation, path, spec, dims)
+    for dim, axes in enumerate(dims):
         devices = math.prod(mesh.shape[axis] for axis in axes)
         if dim < len(shape) and shape[dim] % devices:
             raise ValueError(f"Parameter {path} of shape {shape} is annotated {annotation} ({spec} on the mesh "
@@ -286,6 +289,35 @@ def _mesh_spec(annotation, path: str, shape: tuple[int, ...], mesh: Mesh, rules)
                              f"({devices} devices). Give the mesh axis a size that divides {shape[dim]}, or change "
                              f"the annotation{' or sharding_rules' if logical else ''}.")
     return spec
+
+
+def _check_axes_used_once(annotation, path: str, spec: PartitionSpec, dims: list[tuple[str, ...]]) -> None:
+    """Fail, naming the parameter, when ``spec`` splits two dimensions (or one twice) over the
+    same mesh axis: each of a mesh axis's devices holds one block, so it can split one dimension."""
+    for axis in dict.fromkeys(axis for axes in dims for axis in axes):
+        used = [dim for dim, axes in enumerate(dims) for name in axes if name == axis]
+        if len(used) > 1:
+            where = (f"dimensions {', '.join(map(str, used[:-1]))} and {used[-1]}" if len(set(used)) > 1
+                     else f"dimension {used[0]} twice")
+            given = "" if isinstance(annotation, PartitionSpec) else f" ({spec} on the mesh, through sharding_rules)"
+            raise ValueError(
+                f"Parameter {path} is annotated {annotation}{given}, which splits {where} over the mesh axis "
+                f"{axis!r}: a mesh axis can split at most one dimension of a parameter, once. Name {axis!r} once "
+                f"(e.g. {_once(spec, axis)}), and split another dimension over another axis of the mesh if you want "
+                f"it split too.")
+
+
+def _once(spec: PartitionSpec, axis: str) -> PartitionSpec:
+    """``spec`` with ``axis`` kept only where it first appears (the suggestion of :func:`_check_axes_used_once`)."""
+    seen, out = False, []
+    for axes in spec:
+        kept = []
+        for name in (axes if isinstance(axes, tuple) else (axes,)):
+            if name != axis or not seen:
+                kept.append(name)
+            seen = seen or name == axis
+        out.append(tuple(kept) if isinstance(axes, tuple) and len(kept) > 1 else (kept[0] if kept else None))
+    return PartitionSpec(*out)
 
 
 def _unmapped_names(annotations, rules) -> list[str]:
@@ -390,32 +422,61 @@ def place(tree, shardings):
                    out_shardings=shardings)(tree)
 
 
-def check_batch_divisible(batch_size: int, mesh: Mesh) -> None:
-    """Fail unless a (global) batch of ``batch_size`` examples splits evenly over the mesh."""
+def check_batch_divisible(examples: int, mesh: Mesh, batch_size: Any = None) -> None:
+    """Fail unless a (global) batch of ``examples`` splits evenly over the mesh's ``data`` axis.
+    ``batch_size``: the loader's, when it says one. A batch with fewer examples is an epoch's
+    smaller last batch (all of an epoch when the dataset is smaller than ``batch_size``): on one
+    process it runs whole on every device (:func:`to_global_batch`), so it passes here; with
+    several processes it must split too.
+
+    Examples:
+        >>> check_batch_divisible(1197, make_mesh(), batch_size=1200)  # an epoch's last batch (any size on 1 device)
+    """
     devices = _data_size(mesh)
-    if batch_size % devices:
-        raise UnsplittableBatchError(
-            f"A batch of {batch_size} examples cannot be split over {devices} devices (the mesh's data axis): use "
-            f"a batch size that is a multiple of {devices} (global batch = per-device batch x {devices} devices)."
-        )
+    if examples % devices == 0:
+        return
+    if jax.process_count() == 1 and examples < (_declared_batch_size(batch_size) or 0):
+        return
+    last = ("" if jax.process_count() == 1 else
+            f" If the batch size is one, this is an epoch's smaller last batch (the examples left after the full "
+            f"batches, or all of a dataset smaller than batch_size), and with several processes "
+            f"({jax.process_count()}) it must split too: drop it (drop_last=True, with a batch_size no larger than "
+            f"the dataset), or use a dataset whose size splits.")
+    raise UnsplittableBatchError(
+        f"A batch of {examples} examples cannot be split over {devices} devices (the mesh's data axis): use "
+        f"a batch size that is a multiple of {devices} (global batch = per-device batch x {devices} devices).{last}"
+    )
+
+
+def _declared_batch_size(size: Any) -> int | None:
+    """``size`` (a loader's ``batch_size`` attribute) when it is a positive int, else None.
+
+    Examples:
+        >>> _declared_batch_size(64), _declared_batch_size(None), _declared_batch_size(True)
+        (64, None, None)
+    """
+    if isinstance(size, (bool, np.bool_)) or not isinstance(size, (int, np.integer)) or size < 1:
+        return None
+    return int(size)
 
 
 def check_loader_divisible(loader: Any, mesh: Mesh | None) -> None:
     """:func:`check_batch_divisible` (with several processes also :func:`check_per_example`)
     before a run: for a loader that says its batch size (an :class:`~flaxlight.ArrayLoader`, a
-    torch ``DataLoader``) on one process, from that size; for a list of batches, or a loader
-    whose each ``iter()`` starts a new pass, from its first batch's :func:`example_count` (read
-    from a pass of its own, as the validation loader's).
+    torch ``DataLoader``) on one process, from that size (a dataset smaller than it is one batch
+    per epoch, its last, which runs whole on every device: said once); for a list of batches, or
+    a loader whose each ``iter()`` starts a new pass, from its first batch's :func:`example_count`
+    (read from a pass of its own, as the validation loader's).
     A generator (or a loader handing out one shared stream) is checked at its first batch, when
     training starts: its batch would be used up here.
 
     Examples:
         >>> check_loader_divisible([(np.zeros((30, 2)), np.zeros(30))], make_mesh())  # one device: any size
     """
-    size = getattr(loader, "batch_size", None)
+    size = _declared_batch_size(getattr(loader, "batch_size", None))
     if mesh is None:
         return
-    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+    if size is None:
         first = _first_batch_ahead(loader)
         if first is not None and _checkable(first):
             if jax.process_count() > 1:
@@ -426,10 +487,16 @@ def check_loader_divisible(loader: Any, mesh: Mesh | None) -> None:
         return
     if jax.process_count() > 1:
         return
+    check_batch_divisible(size, mesh)
     examples = getattr(loader, "num_examples", None)  # an ArrayLoader's; a torch DataLoader's dataset length
     if examples is None and hasattr(getattr(loader, "dataset", None), "__len__"):
         examples = len(loader.dataset)
-    check_batch_divisible(min(size, examples) if isinstance(examples, int) and examples > 0 else size, mesh)
+    if isinstance(examples, int) and 0 < examples < size and not getattr(loader, "drop_last", False) \
+            and examples % _data_size(mesh):
+        messages.info(f"The training data holds {examples} examples, fewer than batch_size={size}: each epoch is "
+                      f"one batch of {examples}, which does not split over the {_data_size(mesh)} devices of the "
+                      f"mesh's data axis, so it runs whole on every device (the same numbers as one device, without "
+                      f"data parallelism). A dataset size that is a multiple of {_data_size(mesh)} splits it.")
 
 
 def _first_batch_ahead(loader: Any) -> Any:

@@ -97,6 +97,7 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
         self._best_eval_metrics, self._is_best, self._val_loader, self._unsaved = None, False, None, None  # _unsaved: why
         self._trained_here, self._wrote_here, self._run_lock, self._loaded = False, False, None, False
         self._loaded_from, self._in_run = None, False  # _loaded_from: the loaded run, when logging to another folder
+        self._loader_batch_size = None  # train_epoch's loader's batch_size: a first batch smaller is also its last
 
     def _set_up_run_files(self, logger_params: Mapping[str, Any] | None) -> None:
         """The run's folder and loggers (``init_logger``); none in ``fast_dev_run``."""
@@ -318,6 +319,7 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
         if stop is not None:
             self.engine.learning_rates.prepare(self.optimizer_plan, self.global_step, stop - loop.batch_index)
         span = Span(self.state, loop.acc, self.global_step, loop.batch_index)
+        self._loader_batch_size = getattr(train_loader, "batch_size", None)
         try:
             self.engine.train(train_loader, span, stop=stop, schedule=self._schedule, on_event=self._on_event,
                               start_sums=self._start_epoch_sums,
@@ -340,7 +342,8 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
         self._check_first_batch(batch, "train_loader")
         self.batch_size = batch_size(batch)
         if self.mesh is not None:  # its examples: a leaf that is not per-example may be the first
-            dist.check_batch_divisible(dist.example_count(batch)[0] or self.batch_size, self.mesh)
+            dist.check_batch_divisible(dist.example_count(batch)[0] or self.batch_size, self.mesh,
+                                       self._loader_batch_size)
         return self.engine.zero_sums("train", self.state, batch)
 
     def _take(self, span: Span) -> None:
