@@ -30,6 +30,7 @@ import jax
 import jax.numpy as jnp
 
 from flaxlight.messages import logger as messages
+from flaxlight.models import LinenAdapter, NNXAdapter
 from flaxlight.optim import PRECISIONS, ema_params
 from flaxlight.state import TrainState, step_key
 
@@ -74,7 +75,39 @@ def _checked_updates(updates: dict, state: TrainState, where: str, *, warn: bool
             "'batch_stats', so they keep their initial values and evaluation uses those. Return "
             "(loss, (metrics, updates)) with the updates from state.apply_model(params, x, train=train, rng=rng) "
             "(ignore this if you keep them frozen on purpose).", where)
+    elif warn and _statistics_untouched(updates.get("batch_stats"), state.batch_stats):
+        messages.warning(
+            "The model has BatchNorm running statistics, but the train step's forward pass left every one of them "
+            "unchanged: its BatchNorm layers ran with use_running_average=True in training, so the statistics keep "
+            "their initial values (mean 0, variance 1) and evaluation uses those; its Dropout, if any, is likely "
+            "off in training too. %s. Take the mode in __call__ (`train: bool = False`, or `training`; "
+            "`deterministic` is the inverse) and hand it on to every BatchNorm and Dropout: "
+            "BatchNorm(use_running_average=not train), Dropout(rate, deterministic=not train) (ignore this if "
+            "you keep the statistics frozen on purpose).",
+            _mode_description(state))
     return updates
+
+
+def _statistics_untouched(new, old) -> bool:
+    """Whether the updated ``batch_stats`` hold each BatchNorm running statistic (``mean``, ``var``)
+    as the very array the state gave the model: no BatchNorm updated its statistics. Decided while
+    tracing, from the arrays' identity (no value is read)."""
+    def statistics(tree) -> dict:
+        return {jax.tree_util.keystr(path): leaf for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]
+                if path and str(getattr(path[-1], "key", path[-1])) in ("mean", "var")}
+
+    if new is None or old is None:
+        return False
+    before, after = statistics(old), statistics(new)
+    return bool(before) and before.keys() == after.keys() and all(after[key] is before[key] for key in before)
+
+
+def _mode_description(state: TrainState) -> str:
+    """What flaxlight passes to the state's model to put it in training mode (its adapter says)."""
+    adapter = getattr(state.apply_fn, "__self__", None)
+    if isinstance(adapter, (LinenAdapter, NNXAdapter)):
+        return adapter.mode_description()
+    return "The model is called by the state's own apply_fn, with what loss_fn passes it"
 
 
 def _has_running_statistics(batch_stats) -> bool:
