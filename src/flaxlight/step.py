@@ -192,7 +192,12 @@ class TrainStep:
 
         step = TrainStep(loss_fn, state=state)
         (loss, aux), grads = step.backward(batch)
-        metrics = step.train_step(batch)           # updates step.state
+        metrics = step.train_step(batch)           # updates step.state; `state` is donated
+
+    ``train_step`` donates the state it was given: ``state``'s arrays are deleted, so keep using
+    ``step.state`` (or pass ``jax.tree.map(jnp.copy, state)`` to keep ``state``). A trainer's state
+    (``TrainStep(trainer.loss_fn, state=trainer.state)``) is copied once instead, so the trainer
+    still trains, evaluates and predicts afterwards.
 
     Subclasses may override :meth:`loss_fn` instead of passing one.
 
@@ -234,6 +239,7 @@ class TrainStep:
         self.state = state
         self._jit = jit
         self._compiled_train_step = None
+        self._stepped_state = None
 
     def loss_fn(self, params, batch, *, train: bool, rng, state: TrainState):  # pragma: no cover
         """Return ``(loss, metrics)`` or ``(loss, (metrics, updates))``; see the module docstring."""
@@ -329,12 +335,27 @@ class TrainStep:
         return self.compute_gradients(state, batch, rng)
 
     def train_step(self, batch) -> dict:
-        """Update ``self.state`` with one jitted, donated step; returns the step's metrics."""
+        """Update ``self.state`` with one jitted, donated step; returns the step's metrics.
+
+        The step donates the state it is given (its arrays are reused for the new one, and deleted
+        for anyone else holding them), except a trainer's: a state a ``TrainerModule`` made (its
+        ``apply_fn`` is the trainer's model adapter, as ``trainer.state``'s) is copied once first,
+        so the trainer goes on working. To keep a state of your own, pass a copy:
+        ``TrainStep(loss_fn, state=jax.tree.map(jnp.copy, state))``.
+        """
         state = self._require_state()
+        if state is not self._stepped_state and _a_trainers_state(state):
+            state = jax.tree.map(lambda x: x.copy() if isinstance(x, jax.Array) else x, state)
         if self._compiled_train_step is None:
             self._compiled_train_step = jax.jit(self.step, donate_argnums=0) if self._jit else self.step
         self.state, metrics = self._compiled_train_step(state, batch)
+        self._stepped_state = self.state  # this step's own: donated by the next call
         return metrics
+
+
+def _a_trainers_state(state: TrainState) -> bool:
+    """Whether ``state`` was made by a trainer (its ``apply_fn`` is a flaxlight model adapter's)."""
+    return isinstance(getattr(state.apply_fn, "__self__", None), (LinenAdapter, NNXAdapter))
 
 
 def make_train_step(loss_fn: LossFn, **options: Any) -> Callable[[TrainState, Any], tuple[TrainState, dict]]:
