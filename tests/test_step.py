@@ -142,3 +142,22 @@ def test_step_owner_finds_a_trainstep_through_a_wrapper_and_ignores_unbound_cell
     wrapped = wrap(step.step)
     assert step_owner(wrapped) is step  # `later` is an empty cell when asked: no error
     later = None  # noqa: F841 - bound after the question, as a user's code may
+
+
+def test_a_stateful_train_step_on_a_trainers_state_leaves_the_trainer_working(tmp_path):
+    """It donated trainer.state: the trainer's next predict failed with "Array has been deleted"."""
+    from conftest import ClassifyTrainer, quiet
+
+    x = np.random.default_rng(0).normal(size=(64, 3)).astype(np.float32)
+    y = (x[:, 0] > 0).astype(np.int32)
+    trainer = ClassifyTrainer(model_class=TinyMLP, model_hparams={"output_dim": 2, "batch_norm": True},
+                              optimizer_hparams={"optimizer": "sgd", "lr": 0.1}, exmp_input=x[:1], **quiet(tmp_path))
+    trainer.train_model((x, y), num_epochs=1, batch_size=32)
+    before, evaluated = trainer.predict(x, batch_size=32), trainer.eval_model((x, y), batch_size=32)
+    step = TrainStep(trainer.loss_fn, state=trainer.state)
+    step.train_step((x[:32], y[:32]))
+    step.train_step((x[32:], y[32:]))  # the step's own state from here on
+    assert int(step.state.step) == 4 and int(trainer.state.step) == 2
+    np.testing.assert_array_equal(trainer.predict(x, batch_size=32), before)  # the trainer's state is intact
+    assert trainer.eval_model((x, y), batch_size=32) == evaluated
+    assert not np.allclose(step.state.apply_model(step.state.params, x, train=False)[0], before)

@@ -24,11 +24,14 @@ import re
 import sys
 from typing import Any, Mapping, Sequence
 
+import flax
 import flax.errors
 import flax.linen as nn
 import jax
 import numpy as np
 from flax import nnx
+
+from flaxlight.messages import warn_at_user
 
 __all__ = ["LinenAdapter", "NNXAdapter", "make_adapter", "is_nnx_model", "ModelHparamsError"]
 
@@ -37,11 +40,70 @@ def is_nnx_model(model_class) -> bool:
     return isinstance(model_class, type) and issubclass(model_class, nnx.Module)
 
 
-def _call_parameters(fn) -> set[str]:
+def _call_parameters(fn) -> dict[str, inspect.Parameter]:
     try:
-        return set(inspect.signature(fn).parameters)
+        return dict(inspect.signature(fn).parameters)
     except (TypeError, ValueError):
-        return set()
+        return {}
+
+
+# The mode arguments flaxlight passes to a model's ``__call__`` (the first of these names it takes),
+# each with its value in training: ``train`` (flaxlight's examples), ``training`` (Keras' and the
+# Flax "Linen to NNX" guide's) and ``deterministic`` (Flax's own layers: the inverse).
+MODE_ARGUMENTS = (("train", True), ("training", True), ("deterministic", False))
+
+# Names that read as a mode switch but that flaxlight does not pass: a warning (an error when the
+# argument has no default) says so when the trainer is built, instead of a model silently trained
+# in eval mode (no dropout, BatchNorm statistics never updated).
+_UNSET_MODE_NAMES = frozenset({
+    "is_training", "is_train", "train_mode", "training_mode", "is_eval", "eval", "eval_mode", "evaluation",
+    "is_evaluation", "inference", "is_inference", "is_test", "test_mode", "use_running_average",
+    "is_deterministic"})
+
+_MODE_NAMES_TEXT = ("train=True to __call__ (or training=True, or deterministic=False: the first of these names "
+                    "__call__ takes)")
+
+
+def mode_argument(parameters) -> str | None:
+    """The mode argument flaxlight passes to a ``__call__`` taking ``parameters`` (names), or None.
+
+    Examples:
+        >>> mode_argument(["self", "x", "deterministic"]), mode_argument(["self", "x"])
+        ('deterministic', None)
+    """
+    return next((name for name, _ in MODE_ARGUMENTS if name in parameters), None)
+
+
+def mode_kwargs(argument: str | None, train: bool) -> dict:
+    """The keyword arguments that put a model in training (``train=True``) or eval mode.
+
+    Examples:
+        >>> mode_kwargs("deterministic", True), mode_kwargs("training", False), mode_kwargs(None, True)
+        ({'deterministic': False}, {'training': False}, {})
+    """
+    if argument is None:
+        return {}
+    return {argument: train if dict(MODE_ARGUMENTS)[argument] else not train}
+
+
+def _check_unset_mode(model_name: str, parameters: Mapping[str, inspect.Parameter], argument: str | None,
+                      nnx_mode: bool) -> None:
+    """A warning for a mode-like ``__call__`` argument flaxlight does not pass (an error when it has
+    no default: every call would fail); nothing when ``__call__`` takes one flaxlight passes."""
+    unset = [parameter for name, parameter in parameters.items() if name in _UNSET_MODE_NAMES]
+    if argument is not None or not unset:
+        return
+    flag = unset[0]
+    also = " (and calls model.train() / model.eval(), which switch the NNX layers handed no argument)" \
+        if nnx_mode else ""
+    text = (f"{model_name}.__call__ takes `{flag.name}`, which flaxlight does not set: it runs a model in training "
+            f"mode by passing {_MODE_NAMES_TEXT}, False in evaluation{also}, and {model_name}.__call__ takes none "
+            f"of these. Rename `{flag.name}` to `train` (or `training`; `deterministic` means the inverse) and hand "
+            f"it on, e.g. BatchNorm(use_running_average=not train), Dropout(rate, deterministic=not train).")
+    if flag.default is inspect.Parameter.empty:
+        raise TypeError(f"{text} (It has no default, so every call flaxlight makes would fail.)")
+    warn_at_user(f"{text} As it is, `{flag.name}` keeps its default ({flag.default!r}) in training and evaluation "
+                 f"alike: no dropout in training, BatchNorm statistics never updated.")
 
 
 class ModelHparamsError(TypeError):
@@ -94,25 +156,51 @@ def make_adapter(model_class, model_hparams: Mapping[str, Any], seed: int = 0):
 
 
 class LinenAdapter:
-    """A ``flax.linen`` module: ``init``/``apply`` as Flax defines them, ``train`` passed when taken."""
+    """A ``flax.linen`` module: ``init``/``apply`` as Flax defines them, the mode passed when taken.
+
+    ``mode_argument``: the argument of ``__call__`` that switches training and eval mode, the
+    first of ``train``, ``training`` and ``deterministic`` it takes (``deterministic=not train``),
+    or None (the model has no mode, e.g. no dropout and no BatchNorm).
+    """
 
     kind = "linen"
     annotations = None  # Linen's partitioning boxes come with the initial params (see flaxlight.distributed)
 
     def __init__(self, module: nn.Module):
         self.module = module
-        self.takes_train = "train" in _call_parameters(type(module).__call__)
+        parameters = _call_parameters(type(module).__call__)
+        self.mode_argument = mode_argument(parameters)
+        _check_unset_mode(type(module).__name__, parameters, self.mode_argument, nnx_mode=False)
+
+    def mode_description(self) -> str:
+        """What flaxlight passes to the model to switch its mode, for messages."""
+        name = type(self.module).__name__
+        if self.mode_argument is None:
+            return (f"{name}.__call__ takes none of `train`, `training`, `deterministic`, so flaxlight passes it no "
+                    f"mode argument")
+        value = mode_kwargs(self.mode_argument, True)[self.mode_argument]
+        return f"flaxlight calls {name} with {self.mode_argument}={value} in training"
 
     def _train_kwargs(self, train: bool) -> dict:
-        return {"train": train} if self.takes_train else {}
+        return mode_kwargs(self.mode_argument, train)
 
     def _explain(self, exc: Exception) -> None:
-        """Name the usual cause of a dropout error in a model without a `train` argument."""
-        if not self.takes_train and "deterministic" in str(exc):
+        """Name the usual cause of a Dropout or BatchNorm error: the layer is not handed the mode."""
+        text, name, argument = str(exc), type(self.module).__name__, self.mode_argument
+        if '"use_running_average" must be passed' in text:
+            layer, fix = "BatchNorm", "nn.BatchNorm(use_running_average={})"
+        elif '"deterministic" must be passed' in text or (argument is None and "deterministic" in text):
+            layer, fix = "Dropout", "nn.Dropout(rate, deterministic={})"
+        else:
+            return
+        if argument is None:
             raise TypeError(
-                f"{type(self.module).__name__} uses Dropout but its __call__ takes no `train` argument; add "
-                f"`train: bool = False` and use nn.Dropout(rate, deterministic=not train)."
+                f"{name} uses {layer} but its __call__ takes no `train` argument (nor `training` or `deterministic`), "
+                f"so its {layer} does not know the mode; add `train: bool = False` and use {fix.format('not train')}."
             ) from exc
+        value = "deterministic" if argument == "deterministic" else f"not {argument}"
+        raise TypeError(f"{name} uses {layer} without handing it the mode: flaxlight passes `{argument}` to "
+                        f"{name}.__call__; hand it on, e.g. {fix.format(value)}.") from exc
 
     def init(self, rng, inputs: Sequence[Any]) -> dict:
         params_rng, dropout_rng = jax.random.split(rng)
@@ -168,6 +256,35 @@ def _nnx_annotations(params) -> Any:
     return tree if any(not isinstance(spec, str) for spec in specs) else None
 
 
+_RESEED_TAKES_POLICY = "policy" in inspect.signature(nnx.reseed).parameters  # not in flax 0.10
+
+
+def _reseed(model, stream_keys: Mapping[str, Any]) -> None:
+    """``nnx.reseed`` of the streams in ``stream_keys``. A stream built with a key per layer
+    (``nnx.split_rngs`` + ``nnx.vmap``, Flax's "scan over layers") has a key array; it gets
+    ``jax.random.split(key, shape)`` (``policy="match_shape"``), a fresh key per layer. A scalar
+    key is set as it always was (bitwise the same masks)."""
+    if _RESEED_TAKES_POLICY:
+        nnx.reseed(model, policy="match_shape", **stream_keys)
+        return
+    try:  # pragma: no cover - flax 0.10 sets scalar keys only
+        nnx.reseed(model, **stream_keys)
+    except ValueError as exc:  # pragma: no cover
+        if "non-scalar key" not in str(exc):
+            raise
+        raise ValueError(f"{type(model).__name__} holds a key per layer (nnx.split_rngs + nnx.vmap), which this flax "
+                         f"({flax.__version__}) cannot reseed from the step's key: upgrade flax (an nnx.reseed that "
+                         f"takes policy='match_shape', as flax 0.12's does).") from exc
+
+
+def _keyless_dropouts(module) -> list[str]:
+    """Paths (``"blocks/drop"``) of the ``nnx.Dropout`` layers that drop (rate > 0) and were built
+    without rngs: they need keys at call time."""
+    return ["/".join(str(part) for part in path) for path, node in nnx.iter_graph(module)
+            if isinstance(node, nnx.Dropout) and node.rate > 0 and "rngs" in vars(node) and node.rngs is None
+            and node.deterministic is not True]
+
+
 # An NNX module's state that training updates besides its params: BatchNorm's statistics and any
 # variable type of the user's (``class Count(nnx.Variable)``); not RNG state or sown intermediates.
 MODEL_STATE = nnx.All(nnx.Variable, nnx.Not(nnx.Any(nnx.Param, nnx.RngState, nnx.Intermediate)))
@@ -177,12 +294,15 @@ class NNXAdapter:
     """A ``flax.nnx`` module split once into graph definition + pure state.
 
     ``train``: the module is switched with ``model.train()`` / ``model.eval()``, which sets
-    Dropout's ``deterministic`` and BatchNorm's ``use_running_average``, and ``train`` is also
-    passed to ``__call__`` when it takes it (or ``deterministic=not train``). Variables other
+    Dropout's ``deterministic`` and BatchNorm's ``use_running_average``, and the mode is also
+    passed to ``__call__`` when it takes a mode argument (``mode_argument``: the first of
+    ``train``, ``training``, ``deterministic=not train`` it takes). Variables other
     than params, RNG state and sown intermediates (``nnx.BatchStat``, a user's
     ``class Count(nnx.Variable)``) are the model's state: the train step updates them, they are
     checkpointed, and evaluation reads them without changing them. Dropout keys come from
-    the trainer's RNG each step (``nnx.reseed``), so the step stays a pure function. A module
+    the trainer's RNG each step (``nnx.reseed``; a stream holding a key per layer, as stacked
+    layers built with ``nnx.split_rngs`` + ``nnx.vmap`` do, gets one per layer), so the step
+    stays a pure function. A module
     whose ``__call__`` takes ``rngs`` (the NNX tutorial's ``nnx.Dropout(rate)`` given its keys
     at call time) gets ``nnx.Rngs(dropout=<the step's key>)`` in training and ``None`` in
     evaluation, unless the loss passes its own (``state.apply_model(..., rngs=nnx.Rngs(...))``).
@@ -201,8 +321,29 @@ class NNXAdapter:
         self.rng_streams = sorted({v.tag for v in jax.tree.leaves(self.rest, is_leaf=lambda v: isinstance(v, nnx.RngKey))
                                    if isinstance(v, nnx.RngKey)})
         call = _call_parameters(model_class.__call__)
-        self.mode_argument = "train" if "train" in call else "deterministic" if "deterministic" in call else None
+        self.mode_argument = mode_argument(call)
+        _check_unset_mode(model_class.__name__, call, self.mode_argument, nnx_mode=True)
         self.takes_rngs = "rngs" in call
+        self.keyless_dropouts = [] if self.takes_rngs else _keyless_dropouts(self.module)
+        if self.keyless_dropouts and not self.rng_streams:  # no key anywhere: the first train step would fail
+            raise TypeError(self._keyless_dropout_text())
+
+    def _keyless_dropout_text(self) -> str:
+        name, where = self.model_class.__name__, self.keyless_dropouts[0]
+        return (f"{name}'s nnx.Dropout at {where!r} was built without rngs, and {name}.__call__ takes no rngs, so in "
+                f"training it has no key to draw its mask from (Flax: \"no `rngs` argument was provided to "
+                f"Dropout\"). Build it with the module's keys, `nnx.Dropout(rate, rngs=rngs)` in __init__ "
+                f"(flaxlight reseeds them from the step's key every step), or take `rngs: nnx.Rngs | None = None` in "
+                f"{name}.__call__ and hand it on, `self.dropout(x, rngs=rngs)` (flaxlight then passes "
+                f"nnx.Rngs(dropout=<the step's key>) in training).")
+
+    def mode_description(self) -> str:
+        """What flaxlight does to switch the model's mode, for messages."""
+        name = self.model_class.__name__
+        called = (f"passes {self.mode_argument}={mode_kwargs(self.mode_argument, True)[self.mode_argument]} to "
+                  f"{name}.__call__" if self.mode_argument else
+                  f"passes no mode argument ({name}.__call__ takes none of `train`, `training`, `deterministic`)")
+        return f"In training flaxlight calls model.train() and {called}"
 
     def init(self, rng, inputs: Sequence[Any]) -> dict:
         """The module's initial state as pure dicts (NNX initialises at construction)."""
@@ -223,11 +364,12 @@ class NNXAdapter:
 
     def _call(self, model, inputs, train: bool, kwargs):
         model.train() if train else model.eval()  # layers not handed the argument below follow the mode
-        if self.mode_argument == "train":
-            return model(*inputs, train=train, **kwargs)
-        if self.mode_argument == "deterministic":
-            return model(*inputs, deterministic=not train, **kwargs)
-        return model(*inputs, **kwargs)
+        try:
+            return model(*inputs, **mode_kwargs(self.mode_argument, train), **kwargs)
+        except ValueError as exc:  # raised while tracing: costs the step nothing
+            if self.keyless_dropouts and "no `rngs` argument was provided to Dropout" in str(exc):
+                raise ValueError(self._keyless_dropout_text()) from exc
+            raise
 
     def apply(self, variables, *inputs, train: bool = False, rngs=None, mutable=False, model_rngs=None, **kwargs):
         """Linen-style apply: returns outputs, or ``(outputs, {"batch_stats": ...})`` if mutable
@@ -247,7 +389,7 @@ class NNXAdapter:
         key = rngs.get("dropout") if rngs is not None else None
         if key is not None and self.rng_streams:
             keys = jax.random.split(key, len(self.rng_streams))
-            nnx.reseed(model, **dict(zip(self.rng_streams, keys)))
+            _reseed(model, dict(zip(self.rng_streams, keys)))
         if self.takes_rngs:
             if model_rngs is None and train and key is not None:
                 model_rngs = nnx.Rngs(dropout=key)  # call-time keys, from the step's key: reproducible
@@ -297,7 +439,7 @@ class NNXAdapter:
         model.eval()
         classes = {type(node) for _, node in nnx.iter_graph(model)}
         saved = {cls: dict(vars(cls)) for cls in classes}
-        mode = {"train": {"train": False}, "deterministic": {"deterministic": True}}.get(self.mode_argument, {})
+        mode = mode_kwargs(self.mode_argument, False)
         try:
             return nnx.tabulate(model, *inputs, **mode,
                                 console_kwargs={"width": 120, "force_terminal": sys.stdout.isatty()})

@@ -30,6 +30,7 @@ import jax
 import jax.numpy as jnp
 
 from flaxlight.messages import logger as messages
+from flaxlight.models import LinenAdapter, NNXAdapter
 from flaxlight.optim import PRECISIONS, ema_params
 from flaxlight.state import TrainState, step_key
 
@@ -74,7 +75,39 @@ def _checked_updates(updates: dict, state: TrainState, where: str, *, warn: bool
             "'batch_stats', so they keep their initial values and evaluation uses those. Return "
             "(loss, (metrics, updates)) with the updates from state.apply_model(params, x, train=train, rng=rng) "
             "(ignore this if you keep them frozen on purpose).", where)
+    elif warn and _statistics_untouched(updates.get("batch_stats"), state.batch_stats):
+        messages.warning(
+            "The model has BatchNorm running statistics, but the train step's forward pass left every one of them "
+            "unchanged: its BatchNorm layers ran with use_running_average=True in training, so the statistics keep "
+            "their initial values (mean 0, variance 1) and evaluation uses those; its Dropout, if any, is likely "
+            "off in training too. %s. Take the mode in __call__ (`train: bool = False`, or `training`; "
+            "`deterministic` is the inverse) and hand it on to every BatchNorm and Dropout: "
+            "BatchNorm(use_running_average=not train), Dropout(rate, deterministic=not train) (ignore this if "
+            "you keep the statistics frozen on purpose).",
+            _mode_description(state))
     return updates
+
+
+def _statistics_untouched(new, old) -> bool:
+    """Whether the updated ``batch_stats`` hold each BatchNorm running statistic (``mean``, ``var``)
+    as the very array the state gave the model: no BatchNorm updated its statistics. Decided while
+    tracing, from the arrays' identity (no value is read)."""
+    def statistics(tree) -> dict:
+        return {jax.tree_util.keystr(path): leaf for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]
+                if path and str(getattr(path[-1], "key", path[-1])) in ("mean", "var")}
+
+    if new is None or old is None:
+        return False
+    before, after = statistics(old), statistics(new)
+    return bool(before) and before.keys() == after.keys() and all(after[key] is before[key] for key in before)
+
+
+def _mode_description(state: TrainState) -> str:
+    """What flaxlight passes to the state's model to put it in training mode (its adapter says)."""
+    adapter = getattr(state.apply_fn, "__self__", None)
+    if isinstance(adapter, (LinenAdapter, NNXAdapter)):
+        return adapter.mode_description()
+    return "The model is called by the state's own apply_fn, with what loss_fn passes it"
 
 
 def _has_running_statistics(batch_stats) -> bool:
@@ -159,7 +192,12 @@ class TrainStep:
 
         step = TrainStep(loss_fn, state=state)
         (loss, aux), grads = step.backward(batch)
-        metrics = step.train_step(batch)           # updates step.state
+        metrics = step.train_step(batch)           # updates step.state; `state` is donated
+
+    ``train_step`` donates the state it was given: ``state``'s arrays are deleted, so keep using
+    ``step.state`` (or pass ``jax.tree.map(jnp.copy, state)`` to keep ``state``). A trainer's state
+    (``TrainStep(trainer.loss_fn, state=trainer.state)``) is copied once instead, so the trainer
+    still trains, evaluates and predicts afterwards.
 
     Subclasses may override :meth:`loss_fn` instead of passing one.
 
@@ -201,6 +239,7 @@ class TrainStep:
         self.state = state
         self._jit = jit
         self._compiled_train_step = None
+        self._stepped_state = None
 
     def loss_fn(self, params, batch, *, train: bool, rng, state: TrainState):  # pragma: no cover
         """Return ``(loss, metrics)`` or ``(loss, (metrics, updates))``; see the module docstring."""
@@ -296,12 +335,27 @@ class TrainStep:
         return self.compute_gradients(state, batch, rng)
 
     def train_step(self, batch) -> dict:
-        """Update ``self.state`` with one jitted, donated step; returns the step's metrics."""
+        """Update ``self.state`` with one jitted, donated step; returns the step's metrics.
+
+        The step donates the state it is given (its arrays are reused for the new one, and deleted
+        for anyone else holding them), except a trainer's: a state a ``TrainerModule`` made (its
+        ``apply_fn`` is the trainer's model adapter, as ``trainer.state``'s) is copied once first,
+        so the trainer goes on working. To keep a state of your own, pass a copy:
+        ``TrainStep(loss_fn, state=jax.tree.map(jnp.copy, state))``.
+        """
         state = self._require_state()
+        if state is not self._stepped_state and _a_trainers_state(state):
+            state = jax.tree.map(lambda x: x.copy() if isinstance(x, jax.Array) else x, state)
         if self._compiled_train_step is None:
             self._compiled_train_step = jax.jit(self.step, donate_argnums=0) if self._jit else self.step
         self.state, metrics = self._compiled_train_step(state, batch)
+        self._stepped_state = self.state  # this step's own: donated by the next call
         return metrics
+
+
+def _a_trainers_state(state: TrainState) -> bool:
+    """Whether ``state`` was made by a trainer (its ``apply_fn`` is a flaxlight model adapter's)."""
+    return isinstance(getattr(state.apply_fn, "__self__", None), (LinenAdapter, NNXAdapter))
 
 
 def make_train_step(loss_fn: LossFn, **options: Any) -> Callable[[TrainState, Any], tuple[TrainState, dict]]:
