@@ -429,3 +429,123 @@ def test_a_test_holds_the_runs_lock_only_while_writing_its_records(tmp_path, reg
     finally:
         restarted.kill()
         restarted.wait()
+
+
+# --- max_steps from a model past step 0: the schedule spans the steps that run --------------------------------
+SGD = {"optimizer": "sgd", "lr": 0.1, "gradient_clip": None}  # warmup_cosine to 1% of lr: ends at 0.001
+
+
+def _fixed_order_loader():
+    return flaxlight.ArrayLoader(*linear_data(256, 0), batch_size=32, shuffle=False)  # 8 batches, the same each epoch
+
+
+def _hand_sgd(params, batches, num_updates, apply_fn):
+    """The fine-tune written with optax: sgd on a cosine schedule of ``num_updates`` updates."""
+    import jax
+    import jax.numpy as jnp
+    import optax
+
+    tx = optax.sgd(optax.cosine_decay_schedule(0.1, num_updates, alpha=0.01))
+    opt_state = tx.init(params)
+    grad = jax.jit(jax.grad(lambda p, x, y: jnp.mean((apply_fn({"params": p}, x) - y) ** 2)))
+    for x, y in batches:
+        updates, opt_state = tx.update(grad(params, x, y), opt_state, params)
+        params = optax.apply_updates(params, updates)
+    return params
+
+
+def _copied(tree):
+    import jax
+    return jax.tree.map(np.array, tree)
+
+
+def _assert_params_close(got, expected):
+    import jax
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(expected), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+
+
+def _first_run(tmp_path):
+    """16 steps (2 epochs of 8), checkpointed in tmp_path/run."""
+    train = _fixed_order_loader()
+    trainer = RegressTrainer(model_class=TinyMLP, model_hparams={"hidden_dims": [8]}, optimizer_hparams=SGD,
+                             exmp_input=X0, **quiet(tmp_path))
+    trainer.train_model(train, None, num_epochs=2)
+    return trainer, train
+
+
+def test_a_fine_tune_with_max_steps_fits_its_schedule_to_the_steps_it_runs(tmp_path):
+    """A model loaded at step 16 trained with max_steps=22 runs 6 steps: its schedule spanned 22 (ending at
+    lr 0.083 instead of 0.001), and warmup_steps=10 passed the 'longer than the run' check."""
+    first, train = _first_run(tmp_path)
+    start = _copied(first.state.params)
+
+    def fine_tune(name, **kwargs):
+        return RegressTrainer.load_from_checkpoint(tmp_path / "run", exmp_input=X0, which="last", max_steps=22,
+                                                   **quiet(tmp_path, logger_params={"log_dir": str(tmp_path / name)}),
+                                                   **kwargs)
+
+    tuned = fine_tune("fine_tune")
+    tuned.train_model(train, None, num_epochs=5)
+    assert int(tuned.state.step) == 22 and tuned.optimizer_plan.num_updates == 6
+    assert float(flaxlight.current_learning_rate(tuned.state)) == pytest.approx(0.001, rel=1e-5)
+    _assert_params_close(tuned.state.params, _hand_sgd(start, list(train)[:6], 6, tuned.state.apply_fn))
+    warm = fine_tune("warmup", optimizer_hparams={**SGD, "warmup": 10})
+    with pytest.raises(ValueError, match=r"'warmup_steps'\]=10 is longer than the run: 6 optimizer updates"):
+        warm.train_model(train, None, num_epochs=5)
+
+
+def test_a_second_train_model_call_with_max_steps_fits_its_schedule_to_the_steps_it_runs(tmp_path):
+    train = _fixed_order_loader()
+    trainer = RegressTrainer(model_class=TinyMLP, model_hparams={"hidden_dims": [8]}, optimizer_hparams=SGD,
+                             exmp_input=X0, max_steps=22, **quiet(tmp_path))
+    trainer.train_model(train, None, num_epochs=2)  # 16 steps, below max_steps
+    assert trainer.optimizer_plan.num_updates == 16
+    after_first = _copied(trainer.state.params)  # the train step donates the state's buffers
+    trainer.train_model(train, None, num_epochs=5)  # 6 more steps
+    assert int(trainer.state.step) == 22 and trainer.optimizer_plan.num_updates == 6
+    assert float(flaxlight.current_learning_rate(trainer.state)) == pytest.approx(0.001, rel=1e-5)
+    _assert_params_close(trainer.state.params, _hand_sgd(after_first, list(train)[:6], 6, trainer.state.apply_fn))
+
+
+def test_a_resumed_max_steps_fine_tune_ends_as_the_uninterrupted_one(tmp_path):
+    """Crash at step 19 of a fine-tune from step 16 (max_steps=22), resumed by a new trainer and by the one that
+    crashed (model at step 19, checkpoint at 18): both keep the fine-tune's 6-update schedule, bitwise."""
+    from conftest import FailAt
+
+    _first_run(tmp_path)
+    train = _fixed_order_loader()
+
+    def fine_tune(name, callbacks=()):
+        return RegressTrainer.load_from_checkpoint(
+            tmp_path / "run", exmp_input=X0, which="last", max_steps=22,
+            **quiet(tmp_path, logger_params={"log_dir": str(tmp_path / name)},
+                    callbacks=[flaxlight.ModelCheckpoint(every_n_steps=2), *callbacks]))
+
+    def crash(name):
+        crashed = fine_tune(name, callbacks=[FailAt(19)])
+        with pytest.raises(RuntimeError, match="data error at step 19"):
+            crashed.train_model(train, None, num_epochs=5)
+        crashed.callbacks = [cb for cb in crashed.callbacks if not isinstance(cb, FailAt)]
+        return crashed
+
+    straight = fine_tune("straight")
+    straight.train_model(train, None, num_epochs=5)
+    crash("crashed")
+    new = RegressTrainer(model_class=TinyMLP, model_hparams={"hidden_dims": [8]}, optimizer_hparams=SGD, exmp_input=X0,
+                         max_steps=22, **quiet(tmp_path, logger_params={"log_dir": str(tmp_path / "crashed")},
+                                                callbacks=[flaxlight.ModelCheckpoint(every_n_steps=2)]))
+    new.train_model(train, None, num_epochs=5, resume=True)
+    crashed = crash("crashed_again")
+    crashed.train_model(train, None, num_epochs=5, resume=True)
+    for resumed in (new, crashed):
+        assert int(resumed.state.step) == 22 and resumed.optimizer_plan.num_updates == 6
+        assert resumed.learning_rate(21) == pytest.approx(straight.learning_rate(21))
+        for a, b in zip(jax_leaves(resumed.state), jax_leaves(straight.state), strict=True):
+            np.testing.assert_array_equal(a, b)
+    assert float(flaxlight.current_learning_rate(straight.state)) == pytest.approx(0.001, rel=1e-5)
+
+
+def jax_leaves(state):
+    import jax
+    return [np.asarray(leaf) for leaf in jax.tree.leaves((state.params, state.opt_state))]

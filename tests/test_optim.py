@@ -869,3 +869,83 @@ def test_keras_and_pytorch_spellings_get_hints_in_a_config_file_too(tmp_path):
         with pytest.raises(flaxlight.config.ConfigError) as info:
             flaxlight.config.load_config(path)
         assert f"Unknown key 'optimizer.{line.split(':')[0]}'. Did you mean {hint}" in str(info.value)
+
+
+class FlaxWayStep(Regressor):
+    """A step of the user's written the Flax way: ``state.apply_gradients(grads=grads)``, no loss."""
+
+    def create_functions(self):
+        def train_step(state, batch):
+            loss, grads = jax.value_and_grad(lambda p: self.loss_fn(p, batch, train=True, rng=None, state=state)[0])(
+                state.params)
+            return state.apply_gradients(grads=grads), {"loss": loss}
+
+        def eval_step(state, batch):
+            return {"loss": self.loss_fn(state.params, batch, train=False, rng=None, state=state)[0]}
+
+        return train_step, eval_step
+
+
+@pytest.mark.parametrize("hp, name", [
+    ({"optimizer": "sgd", "lr": 0.1, "schedule": "constant", "reduce_on_plateau": {"patience": 2}},
+     "reduce_on_plateau"),
+    ({"optimizer": "polyak_sgd", "lr": 1.0}, "polyak_sgd"),
+    (optax.chain(optax.adam(1e-2), optax.contrib.reduce_on_plateau()), "reduce_on_plateau"),
+])
+def test_a_step_that_gives_no_loss_to_an_optimizer_that_needs_it_is_told_to_pass_value(tmp_path, hp, name):
+    """It got optax's own 'update_fn() missing 1 required keyword-only argument: 'value''."""
+    x, y = _linear_problem(n=8)
+    trainer = FlaxWayStep(model_class=Linear, model_hparams={}, optimizer_hparams=hp, exmp_input=x[:1],
+                          enable_progress_bar=False, enable_model_summary=False,
+                          logger_params={"log_dir": str(tmp_path), "logger_type": "csv"})
+    with pytest.raises(TypeError) as info:
+        trainer.train_model(flaxlight.ArrayLoader(x, y, batch_size=8), None, num_epochs=1)
+    message = str(info.value)
+    assert f"The optimizer needs the loss at every update (optax's {name} takes it as `value`)" in message
+    assert "state.apply_gradients(grads=grads, value=loss)" in message
+
+
+def test_an_optax_multisteps_object_is_refused_with_what_to_pass_instead(tmp_path):
+    x, _ = _linear_problem(n=8)
+    multi = optax.MultiSteps(optax.sgd(0.1), every_k_schedule=3)
+    with pytest.raises(TypeError) as info:
+        _trainer(tmp_path, multi, x)
+    message = str(info.value)
+    assert "optimizer_hparams is an optax.MultiSteps object, which is not a GradientTransformation itself" in message
+    assert ".gradient_transformation()" in message and "'accumulate_grad_batches': k" in message
+    assert isinstance(make_optimizer(multi.gradient_transformation(), 10), optax.GradientTransformation)  # as said
+    assert OptimizerConfig.from_dict({"optimizer": "sgd", "lr": 0.1, "accumulate_grad_batches": 3})  # the key exists
+
+
+def test_weight_decay_exclude_names_that_match_no_parameter_are_refused(tmp_path):
+    """'biases' (a typo) and 'Dense_0' (a layer) used to exclude nothing, silently: every bias was decayed."""
+    x, y = _linear_problem(n=8)
+    trainer = _trainer(tmp_path, {"optimizer": "adamw", "weight_decay": 0.1,
+                                  "weight_decay_exclude": ("biases", "Dense_0")}, x)
+    with pytest.raises(ValueError) as info:
+        trainer.train_model(flaxlight.ArrayLoader(x, y, batch_size=8), None, num_epochs=1)
+    message = str(info.value)
+    assert "weight_decay_exclude names 'Dense_0', 'biases', which match no parameter of this model" in message
+    assert "this model's are 'bias', 'kernel'." in message and "Did you mean 'bias' for 'biases'?" in message
+    assert "'Dense_0' is a layer (module), not a parameter's name" in message and "weight_decay_mask" in message
+    # The defaults are not refused on a model without them (no norm layer: no 'scale'); a name that matches is taken.
+    params = {"Dense_0": {"kernel": jnp.ones((3, 1)), "bias": jnp.zeros(1)}}
+    assert make_weight_decay_mask(("bias", "scale", "kernel"))(params) == {"Dense_0": {"bias": False, "kernel": False}}
+    with pytest.raises(ValueError, match=r"names 'kernels', which match no parameter.*Did you mean 'kernel'"):
+        make_l2_regularizer(0.1, make_weight_decay_mask(("bias", "scale", "kernels")))(params)
+
+
+def test_a_schedule_passed_as_lr_is_pointed_to_the_schedule_key():
+    schedule = optax.cosine_decay_schedule(1e-3, 100)
+    with pytest.raises(ValueError) as info:
+        make_optimizer({"optimizer": "adam", "lr": schedule}, 100)
+    message = str(info.value)
+    assert "optimizer_hparams['lr'] is a function (cosine_decay_schedule.<locals>.schedule): 'lr' takes a " \
+           "number" in message
+    assert "{'optimizer': 'adam', 'schedule': your_schedule}" in message
+    assert "optimizer_hparams=optax.adam(your_schedule)" in message
+    for works in ({"optimizer": "adam", "schedule": schedule}, optax.adam(schedule)):  # both ways the message names
+        assert isinstance(make_optimizer(works, 100), optax.GradientTransformation)
+    with pytest.raises(ValueError, match=r"optax.polyak_sgd takes a fixed step size \(max_learning_rate\), not a "
+                                         r"schedule: give lr a number"):
+        OptimizerConfig(optimizer="polyak_sgd", lr=schedule, schedule="constant")

@@ -352,8 +352,8 @@ class BatchLimits:
 @dataclasses.dataclass(frozen=True)
 class RunPlan:
     """A run's length: epochs, batches per epoch, and the steps the optimizer's schedule spans
-    (``schedule_epochs * schedule_steps_per_epoch``: fitted to ``max_steps`` when it ends the
-    run first)."""
+    (``schedule_epochs * schedule_steps_per_epoch``: fitted to the steps ``max_steps`` leaves the
+    run when it ends the run first)."""
 
     num_epochs: int
     steps_per_epoch: int
@@ -363,9 +363,13 @@ class RunPlan:
     @classmethod
     def make(cls, train_loader, val_loader, *, num_epochs: int, steps_per_epoch: int | None,
              check_val_every_n_epoch: int | None, limits: BatchLimits, max_steps: int | None,
-             val_check_interval: int | None = None) -> "RunPlan":
+             val_check_interval: int | None = None, start_step: int = 0) -> "RunPlan":
         """Check the requested length against the loaders and settings; a readable error if off.
-        Under ``fast_dev_run`` the schedule still spans the requested run (one step of it runs)."""
+        Under ``fast_dev_run`` the schedule still spans the requested run (one step of it runs).
+        ``max_steps`` counts the model's steps and the run starts at ``start_step`` (a model loaded
+        from a checkpoint, a second ``train_model`` call): ``max_steps - start_step`` of them run."""
+        if max_steps is not None and max_steps > start_step:  # else nothing trains: the length as asked
+            max_steps -= start_step
         requested_epochs, num_epochs = num_epochs, limits.max_epochs or num_epochs
         if not isinstance(num_epochs, int) or num_epochs < 1:
             raise ValueError(f"num_epochs must be a positive int, got {num_epochs!r}.")

@@ -329,6 +329,8 @@ class OptimizerConfig(Mapping):
 
     def _check_rate(self) -> None:
         """``lr``, ``schedule`` and ``warmup_steps``, which together give the rate of every update."""
+        if callable(self.lr):  # Keras' and optax's habit: a schedule as the learning rate
+            raise ValueError(_schedule_as_lr_message(self.optimizer, self.lr))
         if self.lr is not None:
             self.lr = _optional_positive(self.lr, "lr", none_means="the optimizer picks its step, e.g. lbfgs")
         if not callable(self.schedule) and self.schedule not in SCHEDULES:
@@ -513,6 +515,19 @@ class OptimizerConfig(Mapping):
         return make_l2_regularizer(self.weight_decay, self.decay_mask())
 
 
+def _schedule_as_lr_message(name: str, function: Callable) -> str:
+    """What to say about ``optimizer_hparams['lr']`` given a function (a schedule, as Keras and optax take it)."""
+    shown = getattr(function, "__qualname__", type(function).__name__)
+    if name in _FIXED_RATE:
+        return (f"optimizer_hparams['lr'] is a function ({shown}), but optax.{name} takes a fixed step size "
+                f"({_FIXED_RATE[name]}), not a schedule: give lr a number.")
+    return (f"optimizer_hparams['lr'] is a function ({shown}): 'lr' takes a number, the peak rate of the named "
+            f"schedules ({', '.join(SCHEDULES)}); a schedule function goes under 'schedule'. Pass it there, "
+            f"without 'lr': {{'optimizer': {name!r}, 'schedule': your_schedule}} (it then gives the rate of every "
+            f"update, so build any warmup into it), or pass a ready optax transformation: "
+            f"optimizer_hparams=optax.{name}(your_schedule).")
+
+
 def _rate_argument(name: str) -> str:
     return _FIXED_RATE.get(name, "learning_rate")
 
@@ -531,6 +546,12 @@ def as_optimizer_config(optimizer_hparams) -> OptimizerConfig | None:
     if callable(optimizer_hparams):
         _refuse_uncalled_optimizer(optimizer_hparams)
         return None
+    if isinstance(optimizer_hparams, optax.MultiSteps):  # the optax docs' accumulation recipe: not a transformation
+        raise TypeError(
+            "optimizer_hparams is an optax.MultiSteps object, which is not a GradientTransformation itself: pass its "
+            "transformation, optimizer_hparams=optax.MultiSteps(opt, every_k_schedule=k).gradient_transformation(), "
+            "or let flaxlight accumulate: {'optimizer': 'adam', 'lr': 1e-3, 'accumulate_grad_batches': k} (the "
+            "gradients of k batches averaged per update, with flaxlight's schedule counting updates).")
     raise TypeError(
         f"optimizer_hparams must be a dict, a flaxlight.OptimizerConfig, an optax.GradientTransformation or a "
         f"function total_steps -> GradientTransformation; got {type(optimizer_hparams).__name__}."
@@ -672,7 +693,9 @@ def make_weight_decay_mask(exclude=DEFAULT_WEIGHT_DECAY_EXCLUDE) -> Callable[[An
     """``params -> pytree of bools``: True (decay) unless the parameter's name is in ``exclude``.
 
     The default excludes ``bias`` (Dense, Conv, and norm layers' shift) and ``scale`` (BatchNorm,
-    LayerNorm, GroupNorm, RMSNorm), as is standard for AdamW.
+    LayerNorm, GroupNorm, RMSNorm), as is standard for AdamW. A name of ``exclude`` that is no
+    parameter's own name (a typo, a layer's name) would exclude nothing: applying the mask raises a
+    ``ValueError`` listing the parameters' names (not for the defaults, which a model may lack).
 
     Examples:
         >>> make_weight_decay_mask()({"Dense_0": {"kernel": 1.0, "bias": 0.0}})
@@ -681,9 +704,36 @@ def make_weight_decay_mask(exclude=DEFAULT_WEIGHT_DECAY_EXCLUDE) -> Callable[[An
     excluded = frozenset(exclude)
 
     def mask(params):
+        _refuse_unmatched_names(excluded - set(DEFAULT_WEIGHT_DECAY_EXCLUDE), params)
         return jax.tree_util.tree_map_with_path(lambda path, _: _leaf_name(path) not in excluded, params)
 
     return mask
+
+
+def _refuse_unmatched_names(names, params) -> None:
+    """A ValueError for ``weight_decay_exclude`` names that are no parameter's name (a typo, a
+    layer's name): those parameters would be decayed after all. The defaults (``bias``, ``scale``)
+    are not refused: a model may have no biases or norm layers."""
+    paths = [path for path, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
+    leaves = sorted({_leaf_name(path) for path in paths})
+    unmatched = sorted(name for name in names if name not in leaves)
+    if not paths or not unmatched:
+        return
+    layers = {_leaf_name(path[:i + 1]) for path in paths for i in range(len(path) - 1)}
+    hints = []
+    for name in unmatched:
+        close = difflib.get_close_matches(name, leaves, n=1, cutoff=0.6) or \
+            [leaf for leaf in leaves if leaf.lower() == name.lower()]
+        if close:
+            hints.append(f"Did you mean {close[0]!r} for {name!r}?")
+        elif name in layers:
+            hints.append(f"{name!r} is a layer (module), not a parameter's name: to keep a whole layer from decay, "
+                         f"pass weight_decay_mask, e.g. lambda params: jax.tree_util.tree_map_with_path("
+                         f"lambda path, _: {name!r} not in [getattr(key, 'key', None) for key in path], params).")
+    shown = ", ".join(repr(name) for name in leaves[:8]) + (", ..." if len(leaves) > 8 else "")
+    raise ValueError(f"weight_decay_exclude names {', '.join(map(repr, unmatched))}, which match no parameter of this "
+                     f"model, so they keep nothing from weight decay: the names are matched against each parameter's "
+                     f"own (last) name, and this model's are {shown}. {' '.join(hints)}".rstrip())
 
 
 def _mask_tree(mask, params):

@@ -60,7 +60,10 @@ class CheckpointMeta:
         best_eval_metrics: the best validation so far (what ``train_model`` returns).
         best_step: the step of the best checkpoint kept (None before a validation).
         num_epochs, steps_per_epoch: the run's length; schedule_steps: the train steps its optimizer's
-            schedule spans (``max_steps`` when that ends the run first).
+            schedule spans (what ``max_steps`` leaves the run when that ends it first); start_step:
+            the model's step when the run began (its optimizer was built; a fine-tune's: the loaded
+            model's), so that a resume sizes the schedule as the run did (0: older checkpoints, whose
+            schedule spanned ``max_steps`` from step 0).
         block_length: the steps per dispatch ``steps_per_execution="auto"`` chose (None before).
         nonfinite: the run's non-finite steps so far and those before the current epoch
             (:class:`flaxlight.loop.NonfiniteTally`).
@@ -90,6 +93,7 @@ class CheckpointMeta:
     owed_events: list = dataclasses.field(default_factory=list)
     owed_steps: int = 1
     schedule_steps: int | None = None
+    start_step: int = 0
     block_length: int | None = None
     nonfinite: list = dataclasses.field(default_factory=lambda: [0, 0])
     epochs_before: int = 0
@@ -330,6 +334,27 @@ class ResumeTarget:
                 f"...}}; without log_dir, a new version_N folder), pass overwrite=True to replace the run in "
                 f"{log_dir}, or use resume=True without resume_from to continue the run in {log_dir} itself.")
         return cls(resume_from, resumes=True, continuing=False, replaces=bool(present))
+
+    def start_step(self, own: Checkpointer, current: int) -> int:
+        """The model's step the run began at, from which ``max_steps`` leaves it its steps:
+        ``current`` (the model's step now) for a new run; for a resume, the one its checkpoint
+        records (the newest that reads, or ``resume_from``'s step), so the resumed run's schedule
+        is the interrupted one's; ``current`` when there is no checkpoint to resume from.
+
+        Examples:
+            >>> ResumeTarget(None, resumes=False, continuing=False).start_step(None, current=30)
+            30
+        """
+        if not self.resumes:
+            return current
+        source = own if self.resume_from is None else checkpointer_for(self.resume_from)
+        wanted = step_in_path(self.resume_from) if self.resume_from is not None else None
+        for step in [wanted] if wanted is not None else sorted(source.all_steps(), reverse=True):
+            try:
+                return CheckpointMeta.from_json(source.read_meta(step)).start_step
+            except Exception:  # noqa: BLE001 - a damaged checkpoint: the resume skips it too
+                continue
+        return current
 
     def begin(self, meta: CheckpointMeta, own: Checkpointer, log_dir: str | None) -> None:
         """Once the checkpoint is read (and accepted by :func:`restore_run`), before the run goes on

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Any, Mapping
 
 import jax
@@ -80,7 +81,8 @@ class TrainState(train_state.TrainState):
         batch, when given: L-BFGS' line search needs it); a transformation whose ``update`` takes
         ``value`` but not ``**extra_args`` gets ``value`` only; plain transformations get none.
         Other keyword arguments replace fields of the state (``batch_stats=...``, ``rng=...``) in
-        the same update.
+        the same update. Without ``value``, an optimizer that needs the loss (``reduce_on_plateau``,
+        ``polyak_sgd``, ``lbfgs``) raises a ``TypeError`` that names it and says to pass ``value=loss``.
 
         Examples:
             >>> state = state.apply_gradients(grads=grads, value=loss)   # doctest: +SKIP
@@ -99,7 +101,12 @@ class TrainState(train_state.TrainState):
                     raise
                 updates, new_opt_state = self.tx.update(grads, self.opt_state, self.params, value=value)
         else:
-            updates, new_opt_state = self.tx.update(grads, self.opt_state, self.params)
+            try:
+                updates, new_opt_state = self.tx.update(grads, self.opt_state, self.params)
+            except TypeError as exc:  # an optimizer that needs the loss, called the plain Flax way
+                if value is not None or not re.search(r"missing \d+ required keyword-only argument.*'value'", str(exc)):
+                    raise
+                raise TypeError(_needs_the_loss_message(exc)) from exc
         new_params = optax.apply_updates(self.params, updates)
         return self.replace(step=self.step + 1, params=new_params, opt_state=new_opt_state, **replace)
 
@@ -147,6 +154,20 @@ class TrainState(train_state.TrainState):
             )
         outputs = self.apply_fn(self.variables(params), *inputs, train=train, rngs=rngs, **kwargs)
         return outputs, {}
+
+
+def _needs_the_loss_message(exc: TypeError) -> str:
+    """What to say when ``apply_gradients(grads=...)`` reaches an optimizer that needs the loss."""
+    found = re.search(r"(\w+)\.<locals>\.\w+\(\)", str(exc))
+    name = {"scale_by_polyak": "polyak_sgd", "scale_by_zoom_linesearch": "lbfgs"}.get(found[1], found[1]) if found \
+        else "update"
+    line_search = (" L-BFGS' line search also needs value_fn=params -> loss on the same batch."
+                   if "'value_fn'" in str(exc) else "")
+    return (f"The optimizer needs the loss at every update (optax's {name} takes it as `value`), and "
+            f"state.apply_gradients(grads=...) was called without it. Pass it: "
+            f"state.apply_gradients(grads=grads, value=loss) (flaxlight's TrainState.apply_gradients hands it to the "
+            f"optimizer).{line_search} Or let flaxlight build the step (override loss_fn instead of create_functions, "
+            f"or use flaxlight.TrainStep): it passes the loss. optax said: {exc}")
 
 
 _MUTABLE_EXAMPLE = ("outputs, updates = state.apply_model(params, x, train=train, rng=rng, mutable=['intermediates']), "

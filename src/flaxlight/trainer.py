@@ -90,6 +90,7 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
 
     def _start_fresh_run_state(self) -> None:
         self.global_step, self._hparams_written, self._step_owner = 0, False, None
+        self._start_step = 0  # the model's step the run began at (a resume's: its run's): max_steps counts from 0
         self.should_stop, self.stop_reason, self.callback_metrics = False, None, {}
         self.batch_size = self.num_epochs = self.steps_per_epoch = self.optimizer_plan = self.distributed_mode = None
         self._limits = BatchLimits.from_options(self.options)
@@ -211,10 +212,10 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
         refuse_unknown_keywords(self, "train_model", unknown)  # Keras' epochs=, validation_split=: what to write
         train_loader, val_loader, test_loader = fit_loaders(train_loader, val_loader, test_loader, batch_size,
                                                             seed=self.seed)
-        num_epochs = self._prepare_run(train_loader, val_loader, num_epochs, steps_per_epoch)
+        target = ResumeTarget.make(resume, resume_from, own=self.checkpointer, log_dir=self.log_dir, overwrite=overwrite)
+        num_epochs = self._prepare_run(train_loader, val_loader, num_epochs, steps_per_epoch, target)
         self._check_load_seam("train_model(test_loader=...)" if test_loader is not None else None)
         self.engine.compile_eval_ahead(self.state, val_loader, check=self._val_batch_check())  # a bad one writes nothing
-        target = ResumeTarget.make(resume, resume_from, own=self.checkpointer, log_dir=self.log_dir, overwrite=overwrite)
         if target.replaces:  # overwrite=True: the run in log_dir is replaced, one this trainer wrote too
             self._trained_here, self._wrote_here, self._hparams_written = False, False, not dist.is_main_process()
         self._claim_run_folder(continuing=target.continuing, overwrite=overwrite)
@@ -246,16 +247,18 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
         guard.exit_if_received()  # a Ctrl-C during the final test or on_fit_end: the run is complete; stop
         return FitResult(best_eval_metrics, history=self.history)
 
-    def _prepare_run(self, train_loader, val_loader, num_epochs: int, steps_per_epoch: int | None) -> int:
+    def _prepare_run(self, train_loader, val_loader, num_epochs: int, steps_per_epoch: int | None,
+                     target: ResumeTarget) -> int:
         """Check the run's length, build the optimizer for it, start a fresh loop state."""
+        self._start_step = start = target.start_step(self.checkpointer, self.global_step)
         plan = RunPlan.make(train_loader, val_loader, num_epochs=num_epochs, steps_per_epoch=steps_per_epoch,
                             check_val_every_n_epoch=self.check_val_every_n_epoch, limits=self._limits,
-                            val_check_interval=self.options.val_check_interval, max_steps=self.options.max_steps)
+                            val_check_interval=self.options.val_check_interval, max_steps=self.options.max_steps,
+                            start_step=start)
         self.num_epochs, self.steps_per_epoch = plan.num_epochs, plan.steps_per_epoch
         dist.check_loader_divisible(train_loader, self.mesh)  # before the run's folder is claimed
         self._build_optimizer(plan.schedule_epochs, plan.schedule_steps_per_epoch)  # init_optimizer; its state checked
-        if note := self.options.max_steps_note(self.optimizer_plan, plan.steps_per_epoch):
-            messages.info(note)  # max_steps counts batches, not accumulated updates (Lightning's)
+        self._settle_optimizer_plan(start, plan.steps_per_epoch)
         self._place_state()
         self._loop = LoopState.fresh(self.state)  # its data order goes on from state.epoch; the run's best stays its best
         self.should_stop, self.stop_reason = False, None
@@ -465,6 +468,7 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
                                              loader_position=self.engine.loader_position(),
                                              best_eval_metrics=self._best_eval_metrics, num_epochs=self.num_epochs,
                                              steps_per_epoch=self.steps_per_epoch, schedule_steps=self._schedule_steps,
+                                             start_step=self._start_step,
                                              block_length=self.engine.chosen_block_length(),
                                              nonfinite=[self._nonfinite.steps, self._nonfinite.before_epoch])
         self.checkpointer.save(step, self.state, meta=meta.to_json(), metrics=chosen.score_of(step) if chosen else None)

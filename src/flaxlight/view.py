@@ -28,7 +28,7 @@ from typing import Any, Callable, Iterator, Mapping
 import jax
 
 from flaxlight import distributed as dist
-from flaxlight import resume, runfiles
+from flaxlight import optim, resume, runfiles
 from flaxlight.callbacks.early_stopping import EarlyStopping
 from flaxlight.callbacks.history import History
 from flaxlight.callbacks.model_checkpoint import ModelCheckpoint
@@ -304,6 +304,15 @@ class TrainerViewMixin:
             self._row_logged.update(metrics)
         self.logger.log_metrics(metrics, step=step)
         self._call_callbacks("on_log", step, metrics)
+
+    def _settle_optimizer_plan(self, start: int, steps_per_epoch: int | None) -> None:
+        """After the run's optimizer was built for a run starting at step ``start``: say what
+        ``max_steps`` gives under gradient accumulation, and date a resumed run's schedule from
+        the start of the run it continues (its learning rates are that run's)."""
+        if note := self.options.max_steps_note(self.optimizer_plan, steps_per_epoch):
+            messages.info(note)  # max_steps counts batches, not accumulated updates (Lightning's)
+        if isinstance(self.optimizer_plan, optim.OptimizerPlan) and start != self.global_step:
+            self.optimizer_plan = dataclasses.replace(self.optimizer_plan, first_step=start)
 
     def _call_callbacks(self, hook: str, *args, before_checkpoint: Callable[[], None] | None = None) -> None:
         """Call ``hook`` of every callback in order; ``before_checkpoint`` first runs before the
