@@ -5,6 +5,7 @@ ReduceLROnPlateau row's patience in epochs holds, and the zoo classifier's answe
 import re
 from pathlib import Path
 
+import jax
 import numpy as np
 import optax
 import pytest
@@ -92,3 +93,25 @@ def test_the_classifier_points_weights_at_the_docs_and_a_subclass_with_its_own_l
     plain = weighted.eval_model((x, y), batch_size=8)["loss"]
     assert weighted.eval_model((x, y, w), batch_size=8)["loss"] == pytest.approx(2 * plain, rel=1e-5)
     assert result.history[-1]["val/loss"] == pytest.approx(plain, rel=1e-5)
+
+
+def test_a_classifier_whose_steps_come_from_create_jitted_functions_takes_any_layout(tmp_path):
+    """The layout check looked at loss_fn and create_functions only: a subclass setting its own
+    train_step / eval_step in create_jitted_functions (a documented seam) was refused."""
+    from flaxlight import make_eval_step, make_train_step
+
+    def weighted_loss(params, batch, *, train, rng, state):
+        x, y, w = batch
+        logits, updates = state.apply_model(params, x, train=train, rng=rng)
+        return (optax.softmax_cross_entropy_with_integer_labels(logits, y) * w).mean(), ({}, updates)
+
+    class OwnSteps(ClassificationTrainer):
+        def create_jitted_functions(self):
+            self.train_step = jax.jit(make_train_step(weighted_loss))
+            self.eval_step = jax.jit(make_eval_step(weighted_loss))
+
+    x = np.random.default_rng(0).normal(size=(16, 4)).astype(np.float32)
+    y, w = (x[:, 0] > 0).astype(np.int32), np.full(16, 2.0, np.float32)
+    trainer = OwnSteps(model_class=TinyMLP, model_hparams={"hidden_dims": [8], "output_dim": 2},
+                       optimizer_hparams={"lr": 1e-2}, exmp_input=x[:1], **quiet(tmp_path))
+    assert np.isfinite(trainer.train_model((x, y, w), (x, y, w), num_epochs=1, batch_size=8)["val/loss"])

@@ -181,3 +181,29 @@ def test_predict_after_train_model_is_the_same_with_or_without_a_test_loader(tmp
         np.testing.assert_array_equal(outputs[-1], trainer.predict(XV, batch_size=64, which="last"))
         assert not np.array_equal(outputs[-1], trainer.predict(XV, batch_size=64, which="best"))
     np.testing.assert_array_equal(outputs[0], outputs[1])
+
+
+class _PredictsAtTestEnd(flaxlight.Callback):
+    def __init__(self):
+        self.seen = []
+
+    def on_test_end(self, trainer, metrics):
+        self.seen.append((trainer.predict(XV, batch_size=64), trainer.global_step))
+
+
+@pytest.mark.parametrize("how", ["test()", "test_loader"])
+def test_on_test_end_sees_the_tested_model_and_the_trainer_is_put_back_after_it(tmp_path, how):
+    """The state was put back before on_test_end: a callback predicting there used the last model
+    next to the best checkpoint's test metrics (Lightning's on_test_end sees the tested model)."""
+    heard = _PredictsAtTestEnd()
+    trainer = _FirstIsBest(model_class=TinyMLP, model_hparams={"hidden_dims": [16]},
+                           optimizer_hparams={"optimizer": "adam", "lr": 1e-2}, exmp_input=X[:1], callbacks=[heard],
+                           **quiet(tmp_path, logger_params={"log_dir": str(tmp_path / "run")}))
+    trainer.train_model((X, Y), (XV, YV), test_loader=(XV, YV) if how == "test_loader" else None, num_epochs=3,
+                        batch_size=32)
+    if how == "test()":
+        trainer.test((XV, YV), batch_size=64)
+    (seen, step), = heard.seen
+    np.testing.assert_array_equal(seen, trainer.predict(XV, batch_size=64, which="best"))  # checkpoint 8's
+    assert step == 24 and trainer.global_step == int(trainer.state.step) == 24
+    assert not np.array_equal(trainer.predict(XV, batch_size=64), seen)  # put back: the last model

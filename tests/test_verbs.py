@@ -121,6 +121,8 @@ def test_a_test_with_checkpointing_off_says_it_tests_the_last_model_and_refuses_
             trainer.test(test_loader, which=which)
     assert trainer.test(test_loader, which="current", name="now")["test_now/loss"] == pytest.approx(
         returned["test/loss"])
+    with pytest.raises(ValueError, match="which must be 'current', 'best' or 'last'; got 'bogus'"):
+        trainer.test(test_loader, which="bogus")
 
 def test_test_on_arrays_logs_and_saves_test_metrics_like_train_models_test_loader(tmp_path, regression_loaders):
     trainer = _trained(tmp_path, regression_loaders)

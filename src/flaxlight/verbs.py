@@ -228,45 +228,43 @@ class TrainerVerbsMixin:
         """
         if which is None:
             which = "current" if self._loaded and not self._trained_here else "best"
-        elif which != "current" and self._saves_no_checkpoints():  # asked for by name: as predict(which=...)
+        elif which in ("best", "last") and self._saves_no_checkpoints():  # asked for by name: as predict(which=...)
             raise FileNotFoundError(self._no_checkpointing_message(which))
         return self._test(as_loader(data, batch_size, what="test's data"), which, name=name)
 
     def _test(self, test_loader, which: str = "best", name: str | None = None) -> dict[str, float]:
-        """Restore the ``which`` checkpoint (when there is one) and evaluate it on ``test_loader``."""
-        if which not in ("current", "best", "last"):
-            raise ValueError(f"which must be 'current', 'best' or 'last'; got {which!r}.")
-        stem = _test_stem(name)
-        self._check_records_folder("test results")  # before loading anything: a folder in use is refused
-        test_metrics = self._evaluate_test(test_loader, which, stem)
-        try:  # the run folder's lock is held while the records are written, not during the evaluation
-            with self._writing_records("test results"):
-                self._log(test_metrics)
-                self.save_metrics(self._unused_metrics_name(stem), test_metrics)
-        except runfiles.RunInUseError as busy:  # taken since the evaluation began: its result is said
-            raise runfiles.RunInUseError(f"{busy} The test ran meanwhile; its metrics, not written: {test_metrics}.",
-                                         busy.log_dir, busy.pid, busy.host) from None
-        self._call_callbacks("on_test_end", test_metrics)
-        return test_metrics
-
-    def _evaluate_test(self, test_loader, which: str, stem: str) -> dict[str, float]:
-        """Evaluate the ``which`` checkpoint (when there is one) on ``test_loader``: ``<stem>/...`` metrics.
+        """Evaluate the ``which`` checkpoint (when there is one) on ``test_loader``: ``<stem>/...``
+        metrics, logged at the run's step and saved; ``on_test_end`` callbacks see the tested model.
         The checkpoint is restored for the test only (through ``load_model``: a seam of the user's; a
         ``save_model`` writing checkpoints of its own, the UvA guide's, has the best restored by its
         ``load_model()``): ``self.state`` and ``global_step`` are put back afterwards, so the trainer
         (what ``predict()`` serves, what a next ``train_model`` continues from) is as it was."""
+        if which not in ("current", "best", "last"):
+            raise ValueError(f"which must be 'current', 'best' or 'last'; got {which!r}.")
+        stem = _test_stem(name)
+        self._check_records_folder("test results")  # before loading anything: a folder in use is refused
         kept, step = self.state, self.global_step
         try:
             self._restore_for_test(which)
-            return self.eval_model(test_loader, log_prefix=f"{stem}/")
+            self.global_step = step  # the test's records are the run's, at its step
+            test_metrics = self.eval_model(test_loader, log_prefix=f"{stem}/")
+            try:  # the run folder's lock is held while the records are written, not during the evaluation
+                with self._writing_records("test results"):
+                    self._log(test_metrics)
+                    self.save_metrics(self._unused_metrics_name(stem), test_metrics)
+            except runfiles.RunInUseError as busy:  # taken since the evaluation began: its result is said
+                raise runfiles.RunInUseError(f"{busy} The test ran meanwhile; its metrics, not written: "
+                                             f"{test_metrics}.", busy.log_dir, busy.pid, busy.host) from None
+            self._call_callbacks("on_test_end", test_metrics)  # with the tested model, as in Lightning
         finally:
             self.state, self.global_step = kept, step
+        return test_metrics
 
     def _restore_for_test(self, which: str) -> None:
         """``self.state`` := the ``which`` checkpoint (none saved, or ``"current"``: left as it is)."""
         source = self._checkpoint_source()
         if which != "current" and self._saves_no_checkpoints():
-            if not getattr(self, "_said_tests_current", False):
+            if not getattr(self, "_said_tests_current", False) and self._trained_here:
                 messages.warning(f"Testing the model as training left it, not the {which} checkpoint: "
                                  f"{self._no_checkpointing_reason()}, so none was kept (the val/... metrics "
                                  f"train_model returns are its best validation's). Pass which='current' to say so, "

@@ -115,8 +115,9 @@ class ClassificationTrainer(TrainerModule):
 
     def _reads_pairs(self) -> bool:
         """Whether this class's own ``loss_fn`` reads the batches (a subclass's may take any layout)."""
-        return (type(self).loss_fn is ClassificationTrainer.loss_fn
-                and type(self).create_functions is TrainerModule.create_functions)
+        cls = type(self)
+        return (cls.loss_fn is ClassificationTrainer.loss_fn and cls.create_functions is TrainerModule.create_functions
+                and cls.create_jitted_functions is TrainerModule.create_jitted_functions)
 
     def _check_layout(self, batch, where: str) -> None:
         """Refuse a batch other than ``(inputs, labels)`` when this class's ``loss_fn`` reads it."""
