@@ -288,7 +288,9 @@ def test_full_batch_training_on_a_mesh_matches_one_device(tmp_path):
     """batch_size >= the dataset (118 examples, not a multiple of 4) was refused on 4 devices with
     "use a batch size that is a multiple of 4", though 128 is one. The epoch's one batch is also its
     smaller last batch, which runs whole on every device as documented: the same numbers as one
-    device, said once. drop_last=True leaves no batch, on a mesh as on one device."""
+    device, said once. drop_last=True leaves no batch, on a mesh as on one device. A batch_size that
+    does not split (50) over a dataset that does (40 examples) trains data-parallel; a loader whose
+    batch_size attribute says more than its batches hold is not taken for one batch per epoch."""
     got = _on_4_devices("""
         from conftest import TinyMLP
         import logging
@@ -298,8 +300,18 @@ def test_full_batch_training_on_a_mesh_matches_one_device(tmp_path):
         handler.emit = lambda record: said.append(record.getMessage())
         logging.getLogger("flaxlight").addHandler(handler)
         train, val = (x[:118], y[:118]), flaxlight.ArrayLoader(x[118:], y[118:], batch_size=10)
+
+        class SaysMore:  # its batch_size attribute says 64; it yields 4 batches of 30
+            batch_size = 64
+            def __len__(self):
+                return 4
+            def __iter__(self):
+                return iter([(x[i:i + 30], y[i:i + 30]) for i in range(0, 120, 30)])
+
         out = {}
         for tag, data, kwargs in (("loader", flaxlight.ArrayLoader(*train, batch_size=128), {}),
+                                  ("splits", flaxlight.ArrayLoader(x[:40], y[:40], batch_size=50), {}),
+                                  ("says_more", SaysMore(), {}),
                                   ("shuffled", flaxlight.ArrayLoader(*train, batch_size=256, shuffle=True), {}),
                                   ("arrays", train, {"batch_size": 120}),
                                   ("drop_last", flaxlight.ArrayLoader(*train, batch_size=128, drop_last=True), {})):
@@ -322,7 +334,8 @@ def test_full_batch_training_on_a_mesh_matches_one_device(tmp_path):
             out["processes"] = str(exc)
         print(json.dumps(out))
     """, tmp_path)
-    for tag in ("loader", "shuffled", "arrays"):
+    assert "A batch of 30 examples cannot be split over 4 devices" in got["says_more/mesh"]["error"]
+    for tag in ("loader", "shuffled", "arrays", "splits"):  # splits: batch_size 50 > 40 examples, which split
         one, mesh = got[f"{tag}/one"], got[f"{tag}/mesh"]
         assert "error" not in mesh and set(mesh) == set(one), (tag, mesh)
         for a, b in zip(mesh.pop("params"), one.pop("params"), strict=True):

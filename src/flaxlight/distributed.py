@@ -438,8 +438,8 @@ def check_batch_divisible(examples: int, mesh: Mesh, batch_size: Any = None) -> 
     if jax.process_count() == 1 and examples < (_declared_batch_size(batch_size) or 0):
         return
     last = ("" if jax.process_count() == 1 else
-            f" If the batch size is one, this is an epoch's smaller last batch (the examples left after the full "
-            f"batches, or all of a dataset smaller than batch_size), and with several processes "
+            f" If this batch is an epoch's smaller last batch (the examples left after the full "
+            f"batches, or all of a dataset smaller than batch_size): with several processes "
             f"({jax.process_count()}) it must split too: drop it (drop_last=True, with a batch_size no larger than "
             f"the dataset), or use a dataset whose size splits.")
     raise UnsplittableBatchError(
@@ -487,12 +487,13 @@ def check_loader_divisible(loader: Any, mesh: Mesh | None) -> None:
         return
     if jax.process_count() > 1:
         return
-    check_batch_divisible(size, mesh)
     examples = getattr(loader, "num_examples", None)  # an ArrayLoader's; a torch DataLoader's dataset length
     if examples is None and hasattr(getattr(loader, "dataset", None), "__len__"):
         examples = len(loader.dataset)
-    if isinstance(examples, int) and 0 < examples < size and not getattr(loader, "drop_last", False) \
-            and examples % _data_size(mesh):
+    one_batch = isinstance(examples, int) and 0 < examples <= size and not getattr(loader, "drop_last", False)
+    if not one_batch:  # full batches of `size`: they must split
+        check_batch_divisible(size, mesh)
+    elif examples % _data_size(mesh):
         messages.info(f"The training data holds {examples} examples, fewer than batch_size={size}: each epoch is "
                       f"one batch of {examples}, which does not split over the {_data_size(mesh)} devices of the "
                       f"mesh's data axis, so it runs whole on every device (the same numbers as one device, without "

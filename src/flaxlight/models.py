@@ -102,8 +102,11 @@ def _check_unset_mode(model_name: str, parameters: Mapping[str, inspect.Paramete
             f"it on, e.g. BatchNorm(use_running_average=not train), Dropout(rate, deterministic=not train).")
     if flag.default is inspect.Parameter.empty:
         raise TypeError(f"{text} (It has no default, so every call flaxlight makes would fail.)")
+    if nnx_mode and flag.default is None:  # NNX's convention: None follows model.train() / model.eval()
+        return
     warn_at_user(f"{text} As it is, `{flag.name}` keeps its default ({flag.default!r}) in training and evaluation "
-                 f"alike: no dropout in training, BatchNorm statistics never updated.")
+                 f"alike, unless your loss_fn passes it (state.apply_model(params, x, {flag.name}=..., ...)): "
+                 f"ignore this then.")
 
 
 class ModelHparamsError(TypeError):

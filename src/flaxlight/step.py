@@ -75,13 +75,13 @@ def _checked_updates(updates: dict, state: TrainState, where: str, *, warn: bool
             "'batch_stats', so they keep their initial values and evaluation uses those. Return "
             "(loss, (metrics, updates)) with the updates from state.apply_model(params, x, train=train, rng=rng) "
             "(ignore this if you keep them frozen on purpose).", where)
-    elif warn and _statistics_untouched(updates.get("batch_stats"), state.batch_stats):
+    elif warn and _passes_no_mode(state) and _statistics_untouched(updates.get("batch_stats"), state.batch_stats):
         messages.warning(
             "The model has BatchNorm running statistics, but the train step's forward pass left every one of them "
-            "unchanged: its BatchNorm layers ran with use_running_average=True in training, so the statistics keep "
-            "their initial values (mean 0, variance 1) and evaluation uses those; its Dropout, if any, is likely "
-            "off in training too. %s. Take the mode in __call__ (`train: bool = False`, or `training`; "
-            "`deterministic` is the inverse) and hand it on to every BatchNorm and Dropout: "
+            "unchanged, and flaxlight hands the model no mode: %s. Its BatchNorm layers ran with "
+            "use_running_average=True in training, so the statistics keep their values and evaluation uses those; "
+            "its Dropout layers, if any, get no mode either. Take the mode in __call__ (`train: bool = False`, or "
+            "`training`; `deterministic` is the inverse) and hand it on to every BatchNorm and Dropout: "
             "BatchNorm(use_running_average=not train), Dropout(rate, deterministic=not train) (ignore this if "
             "you keep the statistics frozen on purpose).",
             _mode_description(state))
@@ -100,6 +100,14 @@ def _statistics_untouched(new, old) -> bool:
         return False
     before, after = statistics(old), statistics(new)
     return bool(before) and before.keys() == after.keys() and all(after[key] is before[key] for key in before)
+
+
+def _passes_no_mode(state: TrainState) -> bool:
+    """Whether flaxlight calls the state's model without a mode argument: its ``__call__`` takes
+    none of ``train``, ``training``, ``deterministic`` (a model handed the mode that keeps its
+    statistics froze them on purpose, e.g. to fine-tune)."""
+    adapter = getattr(state.apply_fn, "__self__", None)
+    return isinstance(adapter, (LinenAdapter, NNXAdapter)) and adapter.mode_argument is None
 
 
 def _mode_description(state: TrainState) -> str:

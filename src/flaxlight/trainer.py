@@ -322,7 +322,7 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
         if stop is not None:
             self.engine.learning_rates.prepare(self.optimizer_plan, self.global_step, stop - loop.batch_index)
         span = Span(self.state, loop.acc, self.global_step, loop.batch_index)
-        self._loader_batch_size = getattr(train_loader, "batch_size", None)
+        self._loader_batch_size = getattr(train_loader, "batch_size", None) if length == 1 else None  # its only batch
         try:
             self.engine.train(train_loader, span, stop=stop, schedule=self._schedule, on_event=self._on_event,
                               start_sums=self._start_epoch_sums,
