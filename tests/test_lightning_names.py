@@ -169,6 +169,43 @@ def test_every_n_steps_with_save_top_k_minus_one_keeps_those_steps_not_each_vali
     assert _steps(trainer) == [8, 12, 24]
 
 
+class LogScore(flaxlight.Callback):
+    """Logs ``val/err`` = ``scores[epoch]`` at each validation (ModelCheckpoint ranks by it)."""
+
+    def __init__(self, scores):
+        self.scores = scores
+
+    def on_validation_end(self, trainer, epoch, metrics):
+        trainer.log_metrics({"val/err": self.scores[epoch]})
+
+
+def _scored_trainer(tmp_path, scores):
+    checkpoint = ModelCheckpoint(monitor="val/err", every_n_epochs=2, save_top_k=-1)
+    return _trainer(tmp_path, callbacks=[LogScore(scores), checkpoint], monitor="val/err"), checkpoint
+
+
+def test_a_rewind_to_a_snapshot_finds_the_best_its_ranking_names(tmp_path, regression_loaders):
+    """Epoch 1's checkpoint (step 8) is the best when epoch 2's snapshot (16) is written, and is beaten
+    at epoch 3: 16's saved ranking names 8, so 8 stays, and a rewind to 16 finds and tests it."""
+    train, val, _ = regression_loaders
+    scores = {1: 1.0, 2: 5.0, 3: 0.5, 4: 3.0}
+    trainer, checkpoint = _scored_trainer(tmp_path, scores)
+    trainer.train_model(train, val, num_epochs=4)
+    assert _steps(trainer) == [8, 16, 24, 32] and checkpoint.best_step == 24
+    scores.update({3: 9.0, 4: 9.0})  # the rewound run's epochs 3 and 4 do worse
+    rewound, checkpoint = _scored_trainer(tmp_path, scores)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        rewound.train_model(train, val, num_epochs=4, resume_from=str(tmp_path / "run" / "checkpoints" / "16"))
+        tested = rewound.test(val)
+    assert checkpoint.best_step == 8 and checkpoint.best_model_score == 1.0
+    assert checkpoint.best_model_path == str(tmp_path / "run" / "checkpoints" / "8")
+    assert os.path.isdir(checkpoint.best_model_path)
+    assert not [w for w in caught if "best checkpoint" in str(w.message)]
+    best = RegressTrainer.load_from_checkpoint(checkpoint.best_model_path, exmp_input=X0)
+    assert best.global_step == 8 and best.test(val)["test/loss"] == pytest.approx(tested["test/loss"])
+
+
 # ---------------------------------------------------------------- ModelCheckpoint's Lightning names (finding 7)
 @pytest.mark.parametrize("key, value, written", [
     ("every_n_train_steps", 100, "It is Lightning's; in flaxlight: every_n_steps=100."),

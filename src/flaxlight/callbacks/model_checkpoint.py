@@ -74,7 +74,9 @@ class ModelCheckpoint(Callback):
             periodic one. With an ``every_n_*``, a validation's checkpoint is written when one is
             due (``every_n_epochs=2``: the validations of epochs 2, 4, ..., as in Lightning), or
             when it is the best so far, kept while it is the best (so ``test()`` and
-            ``which="best"`` find it). With a ``monitor``, any k; without one, 0, 1 or -1.
+            ``which="best"`` find it), and for good once another checkpoint is written while it
+            is the best (that one's saved ranking names it: a resume from there finds it). With a
+            ``monitor``, any k; without one, 0, 1 or -1.
         save_last: keep the most recent checkpoint, so a run can resume from it; the state at the
             end of training is always saved. ``False``: only the checkpoints ``save_top_k``
             keeps; periodic saves (``every_n_*``) then need ``save_top_k=-1`` (they are written
@@ -392,12 +394,21 @@ class ModelCheckpoint(Callback):
                 trainer.checkpointer.delete(step)
 
     def _prune_interim(self, trainer, also_keep: int | None) -> None:
+        """Delete the checkpoints written only for being the best once a later one beats them, but
+        one that a checkpoint on disk names as its best: that one was written while it was the
+        best (a periodic one, a SIGTERM's, a manual save), and a resume from it (``resume_from``,
+        a rewind) restores that ranking, so it stays for good."""
         keep = {self.best_step, also_keep} | ({self.last_step} if self.save_last else set())
         steps = trainer.checkpointer.all_steps()
+        # An interim step is looked at once, at the first pruning after the save that beat it: the
+        # best now is that save's step, and the checkpoints between the two name it as the best.
+        beaten_at = self.best_step if self.best_step is not None else math.inf
         for step in sorted(self._interim - keep):
+            self._interim.discard(step)
+            if any(step < other < beaten_at for other in steps):
+                continue  # named as the best by a checkpoint kept: kept too (no longer interim)
             if step in steps and step not in self._earlier_runs:
                 trainer.checkpointer.delete(step)
-            self._interim.discard(step)
             self.best = [entry for entry in self.best if entry[1] != step]
 
     def start_call(self) -> None:
