@@ -246,6 +246,43 @@ def test_best_model_path_and_score_name_the_best_checkpoint(tmp_path, regression
     assert _trainer(tmp_path / "none", enable_checkpointing=False).checkpoint_callback is None
 
 
+def test_a_checkpoint_subclass_may_assign_best_model_path_and_score(tmp_path, regression_loaders):
+    """A subclass that keeps these names itself (as Lightning's code may) assigns them; reads then
+    return what it assigned, and flaxlight's best checkpoint is still the one kept and tested."""
+    train, val, _ = regression_loaders
+
+    class OwnPath(ModelCheckpoint):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.best_model_path, self.best_model_score = "", None  # as Lightning's __init__ sets them
+
+        def on_validation_end(self, trainer, epoch, metrics):
+            super().on_validation_end(trainer, epoch, metrics)
+            self.best_model_path, self.best_model_score = f"step {self.best_step}", -1.0
+
+    checkpoint = OwnPath(monitor="val/loss")
+    assert checkpoint.best_model_path == "" and checkpoint.best_model_score is None
+    trainer = _trainer(tmp_path, callbacks=[checkpoint])
+    trainer.train_model(train, val, num_epochs=2)
+    assert checkpoint.best_model_path == f"step {checkpoint.best_step}" and checkpoint.best_model_score == -1.0
+    assert checkpoint.best_step in _steps(trainer)
+    assert trainer.test(val)["test/loss"] > 0
+
+
+def test_a_trainer_subclass_may_assign_checkpoint_callback(tmp_path, regression_loaders):
+    train, val, _ = regression_loaders
+
+    class KeepsItsOwn(RegressTrainer):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.checkpoint_callback = "mine"
+
+    trainer = _trainer(tmp_path, trainer_class=KeepsItsOwn)
+    assert trainer.checkpoint_callback == "mine"
+    trainer.train_model(train, val, num_epochs=1)  # the default ModelCheckpoint still saves the run's
+    assert trainer.checkpoint_callback == "mine" and _steps(trainer) == [8]
+
+
 # ---------------------------------------------------------------- docs (finding 10 and the above)
 def test_from_lightning_says_what_differs():
     text = open(os.path.join(ROOT, "docs", "from-lightning.md")).read()

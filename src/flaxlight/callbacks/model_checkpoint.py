@@ -184,13 +184,22 @@ class ModelCheckpoint(Callback):
         ``best_model_path``; None until a ``train_model`` run has saved one). Load it with
         ``MyTrainer.load_from_checkpoint(checkpoint.best_model_path, exmp_input=x[:1])``.
 
+        Assigning it (a subclass keeping its own, as Lightning's code does) sets what it reads from
+        then on; flaxlight's choice of the best checkpoint (``best_step``) is unchanged.
+
         Examples:
             >>> ModelCheckpoint().best_model_path is None
             True
         """
+        if "_assigned_best_model_path" in self.__dict__:
+            return self.__dict__["_assigned_best_model_path"]
         if self.best_step is None or self._directory is None:
             return None
         return os.path.join(self._directory, str(self.best_step))
+
+    @best_model_path.setter
+    def best_model_path(self, value: Any) -> None:
+        self.__dict__["_assigned_best_model_path"] = value
 
     @property
     def best_model_score(self) -> float | None:
@@ -198,14 +207,22 @@ class ModelCheckpoint(Callback):
         None before one is saved, and without a ``monitor`` (the trainer's ``is_new_model_better``
         ranks then; ``best_metrics`` holds that validation's metrics).
 
+        Assigning it sets what it reads from then on, as for :attr:`best_model_path`.
+
         Examples:
             >>> ModelCheckpoint(monitor="val/loss").best_model_score is None
             True
         """
+        if "_assigned_best_model_score" in self.__dict__:
+            return self.__dict__["_assigned_best_model_score"]
         if self.monitor is None or not self.best:
             return None
         score = self.best[0][0]
         return -score if self.mode == "max" else score
+
+    @best_model_score.setter
+    def best_model_score(self, value: Any) -> None:
+        self.__dict__["_assigned_best_model_score"] = value
 
     def _score(self, metrics: Mapping[str, float]) -> float | None:
         if self.monitor is None:
