@@ -84,6 +84,44 @@ def test_what_a_refusal_says_to_write_works_and_other_keywords_are_still_kept(tm
                      "data": {"name": "sine"}})
 
 
+class Decoding(RegressTrainer):
+    """A trainer of the user's with its own hparam named as a Lightning Trainer argument, passed up so
+    that the run records it (hparams.yaml) and load_from_checkpoint gives it back."""
+
+    def __init__(self, *args, strategy="greedy", **kwargs):
+        super().__init__(*args, strategy=strategy, **kwargs)
+        self.strategy = strategy
+
+
+class MoreDecoding(Decoding):  # declares nothing itself: its base's keyword is still its own
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+
+
+def test_a_lightning_name_the_trainer_class_declares_is_its_own_hparam(tmp_path, regression_loaders):
+    train, val, _ = regression_loaders
+    trainer = _trainer(tmp_path, trainer_class=Decoding, strategy="beam")
+    assert trainer.strategy == "beam" and trainer.extra_hparams == {"strategy": "beam"}
+    trainer.train_model(train, val, num_epochs=1)
+    assert Decoding.load_from_checkpoint(trainer.log_dir, exmp_input=X0).strategy == "beam"
+    assert _trainer(tmp_path / "more", trainer_class=MoreDecoding, strategy="beam").extra_hparams == {
+        "strategy": "beam"}
+    with pytest.raises(TypeError, match="RegressTrainer got strategy='beam', an argument of Lightning's Trainer"):
+        _trainer(tmp_path / "plain", strategy="beam")  # a class that does not declare it: refused as before
+
+
+def test_an_older_run_recording_a_declared_lightning_name_loads_with_it(tmp_path, regression_loaders, caplog):
+    train, val, _ = regression_loaders
+    trainer = _trainer(tmp_path)
+    trainer.train_model(train, val, num_epochs=1)
+    with open(os.path.join(trainer.log_dir, "hparams.yaml"), "a") as f:  # as Decoding's run recorded it before
+        f.write("strategy: beam\n")
+    with caplog.at_level("INFO", logger="flaxlight"):
+        loaded = Decoding.load_from_checkpoint(trainer.log_dir, exmp_input=X0)
+    assert loaded.strategy == "beam" and loaded.extra_hparams == {"strategy": "beam"}
+    assert "Lightning's Trainer argument" not in caplog.text
+
+
 # ---------------------------------------------------------------- callback hooks (finding 6)
 def test_lightning_hook_names_are_warned_of_at_construction_with_the_hook_to_use(tmp_path):
     class Ported(flaxlight.Callback):
