@@ -150,8 +150,53 @@ def test_lightning_hook_names_are_warned_of_at_construction_with_the_hook_to_use
     assert said[2].endswith("Use on_fit_start(trainer).")
     assert said[3].endswith("Use on_validation_end(trainer, epoch, metrics).")
     assert "Use state_dict(): what it returns is saved in every checkpoint" in said[0]
-    assert said[4].endswith("no hook 'on_validaton_end'. Did you mean 'on_validation_end'?")
+    assert said[4].endswith("no hook 'on_validaton_end'. Did you mean 'on_validation_end'? (A method of yours that "
+                            "your hooks call, not meant as 'on_validation_end': name it less like it.)")
     assert all(w.filename == __file__ for w in caught if "is never called" in str(w.message))
+
+
+def test_a_helper_named_on_something_is_left_alone(tmp_path, regression_loaders):
+    """A callback's own on_* helper, called by its hooks, is no misspelt hook: nothing is said, so the
+    trainer is built under -W error too."""
+    train, val, _ = regression_loaders
+
+    class Improvements(flaxlight.Callback):
+        def __init__(self):
+            self.best, self.improved_at = None, []
+
+        def on_validation_end(self, trainer, epoch, metrics):
+            if self.best is None or metrics["val/loss"] < self.best:
+                self.on_improvement(trainer, metrics["val/loss"])
+
+        def on_improvement(self, trainer, loss):
+            self.best = loss
+            self.improved_at.append(trainer.global_step)
+
+    callback = Improvements()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        trainer = _trainer(tmp_path, callbacks=[callback])
+    trainer.train_model(train, val, num_epochs=2)
+    assert callback.improved_at[0] == 8
+
+
+def test_a_hook_whose_pl_module_defaults_is_called_with_the_default(tmp_path, regression_loaders):
+    train, val, _ = regression_loaders
+
+    class DualUse(flaxlight.Callback):  # Lightning's call or flaxlight's
+        def on_fit_start(self, trainer, pl_module=None):
+            self.given = pl_module
+
+    class EpochFirst(flaxlight.Callback):  # flaxlight's call would give pl_module the epoch: refused
+        def on_train_epoch_start(self, trainer, pl_module=None): ...
+
+    callback = DualUse()
+    _trainer(tmp_path, callbacks=[callback]).train_model(train, val, num_epochs=1)
+    assert callback.given is None
+    with pytest.raises(TypeError, match=r"EpochFirst\.on_train_epoch_start\(trainer, pl_module=None\) cannot take what "
+                                        r"flaxlight passes: it calls on_train_epoch_start\(trainer, epoch\)\. It is "
+                                        r"written as Lightning's hook"):
+        _trainer(tmp_path / "other", callbacks=[EpochFirst()])
 
 
 @pytest.mark.parametrize("hook, signature, expected", [
@@ -327,5 +372,6 @@ def test_from_lightning_says_what_differs():
     for said in ("`val_check_interval=N` counts global steps", "`max_epochs`", "`best_model_path`",
                  "`trainer.checkpoint_callback`", "`on_train_batch_end`", "(trainer, pl_module)",
                  "`ModelCheckpoint(every_n_epochs=N, save_top_k=-1)` keeps a snapshot every N epochs", "`dirpath`",
-                 "`filename`"):
+                 "`filename`", "`on_fit_start(self, trainer, pl_module=None)`", "`on_improvement`",
+                 "`super().__init__(*args, strategy=strategy, **kwargs)`"):
         assert said in text, said
