@@ -18,8 +18,8 @@ import numpy as np
 from flaxlight import distributed as dist
 from flaxlight.messages import logger as messages, warn_at_user
 from flaxlight.metrics import name_direction
-from flaxlight.registry import explicit_parameters
 from flaxlight.optim import accumulated_updates
+from flaxlight.registry import explicit_parameters
 
 __all__ = ["TrainerOptions", "DEFAULT_MONITORS", "LIGHTNING_TRAINER_ARGUMENTS", "check_trainer_arguments",
            "declared_keywords", "lightning_argument_message", "written_otherwise"]
