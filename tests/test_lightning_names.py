@@ -84,6 +84,44 @@ def test_what_a_refusal_says_to_write_works_and_other_keywords_are_still_kept(tm
                      "data": {"name": "sine"}})
 
 
+class Decoding(RegressTrainer):
+    """A trainer of the user's with its own hparam named as a Lightning Trainer argument, passed up so
+    that the run records it (hparams.yaml) and load_from_checkpoint gives it back."""
+
+    def __init__(self, *args, strategy="greedy", **kwargs):
+        super().__init__(*args, strategy=strategy, **kwargs)
+        self.strategy = strategy
+
+
+class MoreDecoding(Decoding):  # declares nothing itself: its base's keyword is still its own
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+
+
+def test_a_lightning_name_the_trainer_class_declares_is_its_own_hparam(tmp_path, regression_loaders):
+    train, val, _ = regression_loaders
+    trainer = _trainer(tmp_path, trainer_class=Decoding, strategy="beam")
+    assert trainer.strategy == "beam" and trainer.extra_hparams == {"strategy": "beam"}
+    trainer.train_model(train, val, num_epochs=1)
+    assert Decoding.load_from_checkpoint(trainer.log_dir, exmp_input=X0).strategy == "beam"
+    assert _trainer(tmp_path / "more", trainer_class=MoreDecoding, strategy="beam").extra_hparams == {
+        "strategy": "beam"}
+    with pytest.raises(TypeError, match="RegressTrainer got strategy='beam', an argument of Lightning's Trainer"):
+        _trainer(tmp_path / "plain", strategy="beam")  # a class that does not declare it: refused as before
+
+
+def test_an_older_run_recording_a_declared_lightning_name_loads_with_it(tmp_path, regression_loaders, caplog):
+    train, val, _ = regression_loaders
+    trainer = _trainer(tmp_path)
+    trainer.train_model(train, val, num_epochs=1)
+    with open(os.path.join(trainer.log_dir, "hparams.yaml"), "a") as f:  # as Decoding's run recorded it before
+        f.write("strategy: beam\n")
+    with caplog.at_level("INFO", logger="flaxlight"):
+        loaded = Decoding.load_from_checkpoint(trainer.log_dir, exmp_input=X0)
+    assert loaded.strategy == "beam" and loaded.extra_hparams == {"strategy": "beam"}
+    assert "Lightning's Trainer argument" not in caplog.text
+
+
 # ---------------------------------------------------------------- callback hooks (finding 6)
 def test_lightning_hook_names_are_warned_of_at_construction_with_the_hook_to_use(tmp_path):
     class Ported(flaxlight.Callback):
@@ -112,8 +150,53 @@ def test_lightning_hook_names_are_warned_of_at_construction_with_the_hook_to_use
     assert said[2].endswith("Use on_fit_start(trainer).")
     assert said[3].endswith("Use on_validation_end(trainer, epoch, metrics).")
     assert "Use state_dict(): what it returns is saved in every checkpoint" in said[0]
-    assert said[4].endswith("no hook 'on_validaton_end'. Did you mean 'on_validation_end'?")
+    assert said[4].endswith("no hook 'on_validaton_end'. Did you mean 'on_validation_end'? (A method of yours that "
+                            "your hooks call, not meant as 'on_validation_end': name it less like it.)")
     assert all(w.filename == __file__ for w in caught if "is never called" in str(w.message))
+
+
+def test_a_helper_named_on_something_is_left_alone(tmp_path, regression_loaders):
+    """A callback's own on_* helper, called by its hooks, is no misspelt hook: nothing is said, so the
+    trainer is built under -W error too."""
+    train, val, _ = regression_loaders
+
+    class Improvements(flaxlight.Callback):
+        def __init__(self):
+            self.best, self.improved_at = None, []
+
+        def on_validation_end(self, trainer, epoch, metrics):
+            if self.best is None or metrics["val/loss"] < self.best:
+                self.on_improvement(trainer, metrics["val/loss"])
+
+        def on_improvement(self, trainer, loss):
+            self.best = loss
+            self.improved_at.append(trainer.global_step)
+
+    callback = Improvements()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        trainer = _trainer(tmp_path, callbacks=[callback])
+    trainer.train_model(train, val, num_epochs=2)
+    assert callback.improved_at[0] == 8
+
+
+def test_a_hook_whose_pl_module_defaults_is_called_with_the_default(tmp_path, regression_loaders):
+    train, val, _ = regression_loaders
+
+    class DualUse(flaxlight.Callback):  # Lightning's call or flaxlight's
+        def on_fit_start(self, trainer, pl_module=None):
+            self.given = pl_module
+
+    class EpochFirst(flaxlight.Callback):  # flaxlight's call would give pl_module the epoch: refused
+        def on_train_epoch_start(self, trainer, pl_module=None): ...
+
+    callback = DualUse()
+    _trainer(tmp_path, callbacks=[callback]).train_model(train, val, num_epochs=1)
+    assert callback.given is None
+    with pytest.raises(TypeError, match=r"EpochFirst\.on_train_epoch_start\(trainer, pl_module=None\) cannot take what "
+                                        r"flaxlight passes: it calls on_train_epoch_start\(trainer, epoch\)\. It is "
+                                        r"written as Lightning's hook"):
+        _trainer(tmp_path / "other", callbacks=[EpochFirst()])
 
 
 @pytest.mark.parametrize("hook, signature, expected", [
@@ -169,6 +252,43 @@ def test_every_n_steps_with_save_top_k_minus_one_keeps_those_steps_not_each_vali
     assert _steps(trainer) == [8, 12, 24]
 
 
+class LogScore(flaxlight.Callback):
+    """Logs ``val/err`` = ``scores[epoch]`` at each validation (ModelCheckpoint ranks by it)."""
+
+    def __init__(self, scores):
+        self.scores = scores
+
+    def on_validation_end(self, trainer, epoch, metrics):
+        trainer.log_metrics({"val/err": self.scores[epoch]})
+
+
+def _scored_trainer(tmp_path, scores):
+    checkpoint = ModelCheckpoint(monitor="val/err", every_n_epochs=2, save_top_k=-1)
+    return _trainer(tmp_path, callbacks=[LogScore(scores), checkpoint], monitor="val/err"), checkpoint
+
+
+def test_a_rewind_to_a_snapshot_finds_the_best_its_ranking_names(tmp_path, regression_loaders):
+    """Epoch 1's checkpoint (step 8) is the best when epoch 2's snapshot (16) is written, and is beaten
+    at epoch 3: 16's saved ranking names 8, so 8 stays, and a rewind to 16 finds and tests it."""
+    train, val, _ = regression_loaders
+    scores = {1: 1.0, 2: 5.0, 3: 0.5, 4: 3.0}
+    trainer, checkpoint = _scored_trainer(tmp_path, scores)
+    trainer.train_model(train, val, num_epochs=4)
+    assert _steps(trainer) == [8, 16, 24, 32] and checkpoint.best_step == 24
+    scores.update({3: 9.0, 4: 9.0})  # the rewound run's epochs 3 and 4 do worse
+    rewound, checkpoint = _scored_trainer(tmp_path, scores)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        rewound.train_model(train, val, num_epochs=4, resume_from=str(tmp_path / "run" / "checkpoints" / "16"))
+        tested = rewound.test(val)
+    assert checkpoint.best_step == 8 and checkpoint.best_model_score == 1.0
+    assert checkpoint.best_model_path == str(tmp_path / "run" / "checkpoints" / "8")
+    assert os.path.isdir(checkpoint.best_model_path)
+    assert not [w for w in caught if "best checkpoint" in str(w.message)]
+    best = RegressTrainer.load_from_checkpoint(checkpoint.best_model_path, exmp_input=X0)
+    assert best.global_step == 8 and best.test(val)["test/loss"] == pytest.approx(tested["test/loss"])
+
+
 # ---------------------------------------------------------------- ModelCheckpoint's Lightning names (finding 7)
 @pytest.mark.parametrize("key, value, written", [
     ("every_n_train_steps", 100, "It is Lightning's; in flaxlight: every_n_steps=100."),
@@ -209,11 +329,49 @@ def test_best_model_path_and_score_name_the_best_checkpoint(tmp_path, regression
     assert _trainer(tmp_path / "none", enable_checkpointing=False).checkpoint_callback is None
 
 
+def test_a_checkpoint_subclass_may_assign_best_model_path_and_score(tmp_path, regression_loaders):
+    """A subclass that keeps these names itself (as Lightning's code may) assigns them; reads then
+    return what it assigned, and flaxlight's best checkpoint is still the one kept and tested."""
+    train, val, _ = regression_loaders
+
+    class OwnPath(ModelCheckpoint):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.best_model_path, self.best_model_score = "", None  # as Lightning's __init__ sets them
+
+        def on_validation_end(self, trainer, epoch, metrics):
+            super().on_validation_end(trainer, epoch, metrics)
+            self.best_model_path, self.best_model_score = f"step {self.best_step}", -1.0
+
+    checkpoint = OwnPath(monitor="val/loss")
+    assert checkpoint.best_model_path == "" and checkpoint.best_model_score is None
+    trainer = _trainer(tmp_path, callbacks=[checkpoint])
+    trainer.train_model(train, val, num_epochs=2)
+    assert checkpoint.best_model_path == f"step {checkpoint.best_step}" and checkpoint.best_model_score == -1.0
+    assert checkpoint.best_step in _steps(trainer)
+    assert trainer.test(val)["test/loss"] > 0
+
+
+def test_a_trainer_subclass_may_assign_checkpoint_callback(tmp_path, regression_loaders):
+    train, val, _ = regression_loaders
+
+    class KeepsItsOwn(RegressTrainer):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.checkpoint_callback = "mine"
+
+    trainer = _trainer(tmp_path, trainer_class=KeepsItsOwn)
+    assert trainer.checkpoint_callback == "mine"
+    trainer.train_model(train, val, num_epochs=1)  # the default ModelCheckpoint still saves the run's
+    assert trainer.checkpoint_callback == "mine" and _steps(trainer) == [8]
+
+
 # ---------------------------------------------------------------- docs (finding 10 and the above)
 def test_from_lightning_says_what_differs():
     text = open(os.path.join(ROOT, "docs", "from-lightning.md")).read()
     for said in ("`val_check_interval=N` counts global steps", "`max_epochs`", "`best_model_path`",
                  "`trainer.checkpoint_callback`", "`on_train_batch_end`", "(trainer, pl_module)",
                  "`ModelCheckpoint(every_n_epochs=N, save_top_k=-1)` keeps a snapshot every N epochs", "`dirpath`",
-                 "`filename`"):
+                 "`filename`", "`on_fit_start(self, trainer, pl_module=None)`", "`on_improvement`",
+                 "`super().__init__(*args, strategy=strategy, **kwargs)`"):
         assert said in text, said

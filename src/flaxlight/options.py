@@ -19,9 +19,10 @@ from flaxlight import distributed as dist
 from flaxlight.messages import logger as messages, warn_at_user
 from flaxlight.metrics import name_direction
 from flaxlight.optim import accumulated_updates
+from flaxlight.registry import explicit_parameters
 
 __all__ = ["TrainerOptions", "DEFAULT_MONITORS", "LIGHTNING_TRAINER_ARGUMENTS", "check_trainer_arguments",
-           "lightning_argument_message", "written_otherwise"]
+           "declared_keywords", "lightning_argument_message", "written_otherwise"]
 
 # The constructor arguments of TrainerModule itself (for messages).
 TRAINER_ARGUMENTS = ("model_class", "model_hparams", "optimizer_hparams", "exmp_input", "seed", "logger_params",
@@ -197,22 +198,28 @@ class TrainerOptions:
         return options
 
     @classmethod
-    def split_kwargs(cls, kwargs: Mapping[str, Any], owner: str = "TrainerModule",
-                     keep_extras: bool = True) -> tuple["TrainerOptions", dict[str, Any]]:
+    def split_kwargs(cls, kwargs: Mapping[str, Any], owner: str | None = None, keep_extras: bool = True,
+                     trainer_class: type | None = None) -> tuple["TrainerOptions", dict[str, Any]]:
         """``(options, extras)`` from a trainer's extra keyword arguments. As in the seed, keywords
         that are no option are kept (in the run's config: ``extra_args=...``) and listed once; one
         close to an option's name (``max_step``, ``check_val_every_n_nepoch``) is an error naming it,
         and so is an argument of Lightning's ``Trainer`` (``max_epochs``, ``gradient_clip_val``, ...:
-        :data:`LIGHTNING_TRAINER_ARGUMENTS`), with what flaxlight writes instead.
+        :data:`LIGHTNING_TRAINER_ARGUMENTS`), with what flaxlight writes instead, unless
+        ``trainer_class``'s ``__init__`` declares it (:func:`declared_keywords`: the class's own
+        hparam, passed up to be recorded). ``owner``: the name in messages (default: the class's).
 
         Examples:
             >>> TrainerOptions.split_kwargs({"max_steps": 5, "extra_args": 1})[1]   # doctest: +SKIP
             {'extra_args': 1}
         """
+        owner = owner or (trainer_class.__name__ if trainer_class is not None else "TrainerModule")
         names = [f.name for f in dataclasses.fields(cls)]
         known = names + list(TRAINER_ARGUMENTS) + ["callbacks", "loggers", "mesh"]
+        declared = declared_keywords(trainer_class) if trainer_class is not None else set()
         extras = {key: value for key, value in kwargs.items() if key not in names}
         for key, value in extras.items():
+            if key in declared:  # the subclass's own keyword, whatever its name
+                continue
             if key in LIGHTNING_TRAINER_ARGUMENTS:
                 raise TypeError(lightning_argument_message(owner, key, value))
             close = difflib.get_close_matches(key, known, n=1, cutoff=0.8 if keep_extras else 0.6)
@@ -335,6 +342,21 @@ class TrainerOptions:
                 f"precision of a class the model never predicts, is NaN) or monitor another metric. (Said once.)")
 
 
+def declared_keywords(trainer_class: type) -> set[str]:
+    """The keywords that ``trainer_class``'s ``__init__``, or a base class's, declares by name
+    (not through ``**kwargs``): the class's own hparams, which a subclass passes up to
+    ``TrainerModule.__init__`` to have them recorded, whatever their names (``strategy``).
+
+    Examples:
+        >>> class Beam:
+        ...     def __init__(self, *args, strategy="greedy", **kwargs): ...
+        >>> declared_keywords(Beam)
+        {'strategy'}
+    """
+    return {name for klass in trainer_class.__mro__ if "__init__" in vars(klass)
+            for name in explicit_parameters(vars(klass)["__init__"])}
+
+
 def lightning_argument_message(owner: str, key: str, value: Any) -> str:
     """Why a Lightning ``Trainer`` argument given to a trainer is refused, and what to write.
 
@@ -345,7 +367,9 @@ def lightning_argument_message(owner: str, key: str, value: Any) -> str:
     hint = LIGHTNING_TRAINER_ARGUMENTS[key].format(value=value)
     return (f"{owner} got {key}={value!r}, an argument of Lightning's Trainer and none of flaxlight's: "
             f"{hint}. (Kept as an extra hparam, as other unknown keywords are, it would change nothing; so it is "
-            f"refused. See docs/from-lightning.md.)")
+            f"refused. A hparam of your own trainer's under this name: declare it in {owner}.__init__, e.g. "
+            f"def __init__(self, *args, {key}={value!r}, **kwargs), and pass it up, super().__init__(*args, "
+            f"{key}={key}, **kwargs), to have it recorded. See docs/from-lightning.md.)")
 
 
 def warn_if_mode_contradicts_name(owner: str, monitor: str, mode: str) -> None:

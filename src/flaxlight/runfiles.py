@@ -34,7 +34,7 @@ from flaxlight.distributed import fit_mesh
 from flaxlight.loggers import CSVLogger, Logger, LoggerCollection, TensorBoardLogger, tensorboard_available
 from flaxlight.loggers.base import run_display_name
 from flaxlight.messages import logger as messages
-from flaxlight.options import LIGHTNING_TRAINER_ARGUMENTS
+from flaxlight.options import LIGHTNING_TRAINER_ARGUMENTS, declared_keywords
 from flaxlight.registry import RegistryError, explicit_parameters, import_object
 
 __all__ = ["RunInUseError", "LoggerParams", "HPARAMS_FILE", "CHECKPOINT_DIR", "METRICS_DIR", "LOGGER_TYPES", "next_version_dir",
@@ -558,7 +558,8 @@ def trainer_kwargs(trainer_class: type, run: str | os.PathLike, which: str,
             messages.info(f"The run's mesh does not fit the {jax.device_count()} device(s) here: the model loads on "
                           f"one device (pass mesh=... to load_from_checkpoint to place it).")
     named = explicit_parameters(trainer_class.__init__)
-    ignored = sorted(key for key in hparams if key in LIGHTNING_TRAINER_ARGUMENTS and key not in named)
+    declared = declared_keywords(trainer_class)  # the class's own, as TrainerOptions.split_kwargs takes them
+    ignored = sorted(key for key in hparams if key in LIGHTNING_TRAINER_ARGUMENTS and key not in declared)
     if ignored:  # a run from before they were refused: they were kept as extra hparams and did nothing
         messages.info(f"{HPARAMS_FILE} holds {', '.join(ignored)}, Lightning's Trainer argument(s) that this run was "
                       f"given and that flaxlight never read: left out (flaxlight now refuses them).")

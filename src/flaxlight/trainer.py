@@ -59,7 +59,7 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
         check_trainer_arguments(model_hparams=model_hparams, enable_progress_bar=enable_progress_bar, debug=debug,
                                 callbacks=callbacks, loggers=loggers, check_val_every_n_epoch=check_val_every_n_epoch)
         callbacks, self._user_loggers = list(callbacks or []), list(loggers or [])  # loggers: checked by init_logger
-        self.options, self.extra_hparams = TrainerOptions.split_kwargs(kwargs, owner=type(self).__name__)
+        self.options, self.extra_hparams = TrainerOptions.split_kwargs(kwargs, trainer_class=type(self))
         self.model_class, self.model_hparams = model_class, dict(model_hparams or {})
         self.optimizer_hparams, self.seed, self.exmp_input = optimizer_hparams, seed, exmp_input
         self.enable_progress_bar, self.debug, self.check_val_every_n_epoch = enable_progress_bar, debug, check_val_every_n_epoch

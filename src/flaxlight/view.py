@@ -74,13 +74,21 @@ class TrainerViewMixin:
     def checkpoint_callback(self) -> ModelCheckpoint | None:
         """The trainer's :class:`ModelCheckpoint` (the user's, or the one added by default), as
         Lightning's ``trainer.checkpoint_callback``; None without one (``enable_checkpointing=False``,
-        ``fast_dev_run``). Its ``best_model_path`` is the best checkpoint's folder.
+        ``fast_dev_run``). Its ``best_model_path`` is the best checkpoint's folder. Assigning it
+        (``self.checkpoint_callback = ...`` in a subclass) sets what it reads from then on; the
+        checkpoints are still the ``ModelCheckpoint``'s among the trainer's callbacks.
 
         Examples:
             >>> trainer.checkpoint_callback.best_model_path   # doctest: +SKIP
             'runs/MLP/version_0/checkpoints/380'
         """
+        if "_assigned_checkpoint_callback" in self.__dict__:
+            return self.__dict__["_assigned_checkpoint_callback"]
         return getattr(self, "_checkpoint_callback", None)
+
+    @checkpoint_callback.setter
+    def checkpoint_callback(self, value: Any) -> None:
+        self.__dict__["_assigned_checkpoint_callback"] = value
 
     @property
     def current_epoch(self) -> int:

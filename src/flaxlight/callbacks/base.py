@@ -225,9 +225,12 @@ class Callback:
 
 def check_callback_hooks(callback: Callback) -> None:
     """Refuse a hook of ``callback`` that flaxlight could not call (another signature than the
-    :class:`Callback` hook it overrides, e.g. Lightning's ``(trainer, pl_module)``), naming the
-    signature to write; warn of an ``on_*`` method flaxlight never calls (Lightning's
-    ``on_train_batch_end``, a misspelt hook), naming the hook to use. Run when the trainer is built.
+    :class:`Callback` hook it overrides, e.g. Lightning's ``(trainer, pl_module)``; a
+    ``pl_module=None`` that flaxlight's call leaves at its default is fine), naming the signature
+    to write; warn of a method flaxlight never calls that is named as a hook it would be meant as:
+    Lightning's (``on_train_batch_end``), or a close misspelling of flaxlight's
+    (``on_validaton_end``), naming the hook to use. Other ``on_*`` methods (a helper of the
+    callback's own, ``on_improvement``) are left alone. Run when the trainer is built.
 
     Examples:
         >>> class Ported(Callback):
@@ -243,7 +246,9 @@ def check_callback_hooks(callback: Callback) -> None:
         if not name.startswith("on_") or not callable(method):
             continue
         if name not in hooks:
-            warn_at_user(_never_called_message(owner, name, hooks))
+            message = _never_called_message(owner, name, hooks)
+            if message is not None:
+                warn_at_user(message)
         elif getattr(type(callback), name) is not getattr(Callback, name):
             _check_signature(owner, name, method)
 
@@ -255,9 +260,8 @@ def _check_signature(owner: str, name: str, method: Any) -> None:
         signature = inspect.signature(method)
     except (TypeError, ValueError):  # a builtin or C callable: nothing to check
         return
-    try:
-        signature.bind(*expected)
-        fits = "pl_module" not in signature.parameters
+    try:  # a pl_module (Lightning's second argument) must be left at its default, not given the epoch
+        fits = "pl_module" not in signature.bind(*expected).arguments
     except TypeError:
         fits = False
     if fits:
@@ -277,12 +281,14 @@ def _plain(signature: inspect.Signature) -> str:
                                  return_annotation=inspect.Signature.empty))
 
 
-def _never_called_message(owner: str, name: str, hooks: list[str]) -> str:
+def _never_called_message(owner: str, name: str, hooks: list[str]) -> str | None:
+    """The warning for an ``on_*`` method flaxlight never calls: Lightning's hook, or a close
+    misspelling of one of flaxlight's ``hooks``; None for any other name (a helper of the user's)."""
     said = f"{owner}.{name} is never called: flaxlight.Callback has no hook {name!r}"
     if name in LIGHTNING_HOOKS:
         return f"{said} (Lightning's). Use {LIGHTNING_HOOKS[name]}."
-    close = difflib.get_close_matches(name, hooks, n=1, cutoff=0.75)
+    close = difflib.get_close_matches(name, hooks, n=1, cutoff=0.85)
     if close:
-        return f"{said}. Did you mean {close[0]!r}?"
-    return (f"{said}; its hooks are {', '.join(hooks)}. (A method of yours that your hooks call: ignore this "
-            f"warning, or name it without 'on_'.)")
+        return (f"{said}. Did you mean {close[0]!r}? (A method of yours that your hooks call, not meant as "
+                f"{close[0]!r}: name it less like it.)")
+    return None

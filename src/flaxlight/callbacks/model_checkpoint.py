@@ -74,7 +74,9 @@ class ModelCheckpoint(Callback):
             periodic one. With an ``every_n_*``, a validation's checkpoint is written when one is
             due (``every_n_epochs=2``: the validations of epochs 2, 4, ..., as in Lightning), or
             when it is the best so far, kept while it is the best (so ``test()`` and
-            ``which="best"`` find it). With a ``monitor``, any k; without one, 0, 1 or -1.
+            ``which="best"`` find it), and for good once another checkpoint is written while it
+            is the best (that one's saved ranking names it: a resume from there finds it). With a
+            ``monitor``, any k; without one, 0, 1 or -1.
         save_last: keep the most recent checkpoint, so a run can resume from it; the state at the
             end of training is always saved. ``False``: only the checkpoints ``save_top_k``
             keeps; periodic saves (``every_n_*``) then need ``save_top_k=-1`` (they are written
@@ -182,13 +184,22 @@ class ModelCheckpoint(Callback):
         ``best_model_path``; None until a ``train_model`` run has saved one). Load it with
         ``MyTrainer.load_from_checkpoint(checkpoint.best_model_path, exmp_input=x[:1])``.
 
+        Assigning it (a subclass keeping its own, as Lightning's code does) sets what it reads from
+        then on; flaxlight's choice of the best checkpoint (``best_step``) is unchanged.
+
         Examples:
             >>> ModelCheckpoint().best_model_path is None
             True
         """
+        if "_assigned_best_model_path" in self.__dict__:
+            return self.__dict__["_assigned_best_model_path"]
         if self.best_step is None or self._directory is None:
             return None
         return os.path.join(self._directory, str(self.best_step))
+
+    @best_model_path.setter
+    def best_model_path(self, value: Any) -> None:
+        self.__dict__["_assigned_best_model_path"] = value
 
     @property
     def best_model_score(self) -> float | None:
@@ -196,14 +207,22 @@ class ModelCheckpoint(Callback):
         None before one is saved, and without a ``monitor`` (the trainer's ``is_new_model_better``
         ranks then; ``best_metrics`` holds that validation's metrics).
 
+        Assigning it sets what it reads from then on, as for :attr:`best_model_path`.
+
         Examples:
             >>> ModelCheckpoint(monitor="val/loss").best_model_score is None
             True
         """
+        if "_assigned_best_model_score" in self.__dict__:
+            return self.__dict__["_assigned_best_model_score"]
         if self.monitor is None or not self.best:
             return None
         score = self.best[0][0]
         return -score if self.mode == "max" else score
+
+    @best_model_score.setter
+    def best_model_score(self, value: Any) -> None:
+        self.__dict__["_assigned_best_model_score"] = value
 
     def _score(self, metrics: Mapping[str, float]) -> float | None:
         if self.monitor is None:
@@ -392,12 +411,21 @@ class ModelCheckpoint(Callback):
                 trainer.checkpointer.delete(step)
 
     def _prune_interim(self, trainer, also_keep: int | None) -> None:
+        """Delete the checkpoints written only for being the best once a later one beats them, but
+        one that a checkpoint on disk names as its best: that one was written while it was the
+        best (a periodic one, a SIGTERM's, a manual save), and a resume from it (``resume_from``,
+        a rewind) restores that ranking, so it stays for good."""
         keep = {self.best_step, also_keep} | ({self.last_step} if self.save_last else set())
         steps = trainer.checkpointer.all_steps()
+        # An interim step is looked at once, at the first pruning after the save that beat it: the
+        # best now is that save's step, and the checkpoints between the two name it as the best.
+        beaten_at = self.best_step if self.best_step is not None else math.inf
         for step in sorted(self._interim - keep):
+            self._interim.discard(step)
+            if any(step < other < beaten_at for other in steps):
+                continue  # named as the best by a checkpoint kept: kept too (no longer interim)
             if step in steps and step not in self._earlier_runs:
                 trainer.checkpointer.delete(step)
-            self._interim.discard(step)
             self.best = [entry for entry in self.best if entry[1] != step]
 
     def start_call(self) -> None:
