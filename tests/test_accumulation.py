@@ -84,16 +84,40 @@ def test_an_epoch_shorter_than_n_still_updates_and_its_checkpoint_and_test_see_i
     assert tested["test/loss"] == pytest.approx(float(_loss(want, XV, YV)), rel=1e-5)
 
 
-def test_a_run_cut_by_max_steps_applies_its_last_partial_group_and_says_what_max_steps_gives(tmp_path, capsys):
-    """max_steps=8 counts batches: 5 + 3 of them, updates (1,2) (3,4) (5) then (6,7) (8)."""
+def test_a_run_cut_by_max_steps_leaves_its_partial_group_pending_and_says_what_max_steps_gives(tmp_path, capsys):
+    """max_steps=8 counts batches: 5 + 3 of them, updates (1,2) (3,4) (5) then (6,7); batch 8's
+    gradient waits in the optimizer state (a resumed run goes on with it: see below)."""
     trainer = _trainer(tmp_path, {**ADAM, "accumulate_grad_batches": 2}, max_steps=8)
     start = jax.tree.map(np.array, jax.device_get(trainer.state.params))
     trainer.train_model(ArrayLoader(X, Y, batch_size=8), None, num_epochs=4)
-    assert trainer.global_step == 8 and int(trainer.state.opt_state.gradient_step) == 5
-    _close(trainer.state.params, _by_hand(start, [_batches(), _batches(3)], every=2))
+    opt_state = trainer.state.opt_state
+    assert trainer.global_step == 8 and int(opt_state.gradient_step) == 4 and int(opt_state.mini_step) == 1
+    _close(trainer.state.params, _by_hand(start, [_batches(), _batches(2)], every=2))
     said = capsys.readouterr().err
     assert said.count("max_steps=8 counts batches") == 1
-    assert "gives 5 optimizer updates" in said and "write max_steps=U * 2" in said
+    assert "gives 4 optimizer updates" in said and "write max_steps=U * 2" in said
+
+
+class _StopAt(flaxlight.Callback):
+    every_n_steps = 1
+
+    def __init__(self, step):
+        self.step = step
+
+    def on_step(self, trainer, step):
+        if step == self.step:
+            trainer.stop("a stop inside an accumulation group")
+
+
+def test_a_run_stopped_inside_a_group_and_resumed_equals_the_uninterrupted_one(tmp_path):
+    """A stop (or max_steps, max_time) inside a group applied the partial group at the cut; the
+    resumed run then grouped the rest of the epoch otherwise than the uninterrupted run."""
+    straight = _resumable(tmp_path, "straight")
+    _resumable(tmp_path, "run", callbacks=[_StopAt(8)])  # 5 + 3 batches: batch 8 opens the group (8, 9)
+    resumed = _resumable(tmp_path, "run", resume=True)
+    assert int(resumed.state.opt_state.gradient_step) == 9
+    jax.tree.map(np.testing.assert_array_equal, jax.device_get(resumed.state.params),
+                 jax.device_get(straight.state.params))
 
 
 def _resumable(tmp_path, name, callbacks=(), resume=False):
@@ -133,7 +157,8 @@ def test_accumulated_updates_and_a_plan_sized_by_epochs():
     from flaxlight.optim import accumulated_updates
 
     assert accumulated_updates(38, every=4, epoch_length=19) == 10  # 4+4+4+4+3, twice
-    assert accumulated_updates(20, every=4, epoch_length=19) == 6
+    assert accumulated_updates(20, every=4, epoch_length=19) == 5  # the cut group waits (resumable)
+    assert accumulated_updates(23, every=4, epoch_length=19) == 6
     assert accumulated_updates(19, every=4) == 4  # no epoch ends: a loop of your own
     plan = make_optimizer_plan({**ADAM, "accumulate_grad_batches": 4}, total_steps=38, epoch_length=19)
     assert plan.num_updates == 10

@@ -355,22 +355,26 @@ class Engine:
 
     def train(self, loader: Iterable, span: Span, *, stop: int | None, schedule, on_event: Callable[[Span, int], bool],
               start_sums: Callable[[Any], dict], more_epochs: Callable[[], bool], position: Any = None,
-              skip: int = 0) -> None:
+              skip: int = 0, epoch_length: int | None = None) -> None:
         """Train on ``loader``'s batches ``span.batches`` to ``stop`` (see :meth:`run`; ``position``
         and ``skip``: see :meth:`feed`).
 
         ``start_sums(first batch)`` gives the epoch's zeroed sums when ``span.acc`` is None (a
         fresh epoch); when ``more_epochs()`` after the span, the next epoch's device data are
-        gathered before this epoch's end waits for its last steps. A span that ends without an
-        exception ends the epoch's training: an optimizer accumulating gradients makes its
-        epoch-end update then (:meth:`end_accumulation`; at an event on the last batch, before it).
+        gathered before this epoch's end waits for its last steps. A span that reaches the epoch's
+        end (``epoch_length`` batches, or the end of a stream) ends the epoch's training: an
+        optimizer accumulating gradients makes its epoch-end update then (:meth:`end_accumulation`;
+        at an event on the last batch, before it). A span cut short (``max_steps``, a stop, an
+        interrupt) leaves the gradients of its partial group in the optimizer state, where a resumed
+        run goes on with them: it then equals the uninterrupted run.
         """
         self._start_eval_compile()
         self._updated_at = None
         feed = self.feed(loader, span.batches, stop, span.step, position, skip)
         try:
             if feed.empty:
-                self.end_accumulation(span)  # e.g. resumed at the end of the epoch, or stopped there
+                if epoch_length is not None and span.batches >= epoch_length:  # e.g. resumed at the epoch's end
+                    self.end_accumulation(span)
                 return
             self.note_served(loader)
             if span.acc is None:
@@ -382,8 +386,10 @@ class Engine:
                 self._work_before_waiting = lambda: ahead.append(DeviceEpoch(
                     loader, stop=stop, epoch=loader.epoch + 1, host_gather=self._gathers_on_host())) \
                     if more_epochs() else None
-            self.run(feed, span, schedule, self._updating_at_end(stop, span.state, on_event))
-            self.end_accumulation(span)  # the epoch (or the run) ends here
+            ended_by_event = self.run(feed, span, schedule, self._updating_at_end(epoch_length, span.state, on_event))
+            if span.batches >= epoch_length if epoch_length is not None else \
+                    not ended_by_event and (stop is None or span.batches < stop):  # the epoch's end, not a cut
+                self.end_accumulation(span)
             if self.choosing_block_length and span.batches >= 2 * BLOCK_LENGTHS[-1]:
                 self.choose_block_length(span.state, feed.first_batch)
             self.work_before_waiting()  # not done yet: now, before the epoch's end waits for its last steps
@@ -392,23 +398,23 @@ class Engine:
             self._work_before_waiting = None
             feed.close()
 
-    def _updating_at_end(self, stop: int | None, state, on_event: Callable[[Span, int], bool]
+    def _updating_at_end(self, epoch_length: int | None, state, on_event: Callable[[Span, int], bool]
                          ) -> Callable[[Span, int], bool]:
         """``on_event``, with the epoch's end update (:meth:`end_accumulation`) made first when
         the event comes at the epoch's last batch: its log point, checkpoint or validation sees
         every batch trained on. Only events pay for the check."""
-        if stop is None or not updates_at_epoch_end(getattr(state, "tx", None)):
+        if epoch_length is None or not updates_at_epoch_end(getattr(state, "tx", None)):
             return on_event
 
         def at_event(span: Span, steps: int) -> bool:
-            if span.batches >= stop:
+            if span.batches >= epoch_length:
                 self.end_accumulation(span)
             return on_event(span, steps)
 
         return at_event
 
     def end_accumulation(self, span: Span) -> None:
-        """At the end of an epoch (or of a run, cut short by ``max_steps`` or a stop): the
+        """At the end of an epoch (not at a cut: see :meth:`train`): the
         gradients accumulated since the optimizer's last update become one update, their mean
         (:func:`~flaxlight.optim.apply_accumulated`; the loss handed to optimizers that take one:
         the epoch's mean training loss), in one jitted call. Nothing for an optimizer that is not
@@ -514,13 +520,14 @@ class Engine:
             return steps, payload
 
     # ------------------------------------------------------------------ running
-    def run(self, feed: Feed, span: Span, schedule, on_event: Callable[[Span, int], bool]) -> None:
+    def run(self, feed: Feed, span: Span, schedule, on_event: Callable[[Span, int], bool]) -> bool:
         """The hot loop: run ``feed``'s items on ``span``, locals only, one comparison per step.
 
         When ``span.step`` reaches ``schedule.next_step``, ``span`` is brought up to date and
         ``on_event(span, steps)`` runs (``steps``: updates since the previous item); it may
         replace ``span.state`` (and then raise: the replacement is kept) and returns True to end
-        the span. ``span`` is current when this returns, also by an exception.
+        the span. ``span`` is current when this returns, also by an exception. Returns True when
+        an event ended the span (before the feed ran out).
         """
         lean = self._lean_loop(feed, span)
         single, fused = lean.single, lean.fused
@@ -544,11 +551,12 @@ class Engine:
                     end = on_event(span, steps)
                     state, kept = lean.split(span.state)
                     if end:
-                        break
+                        return True
         finally:
             if state is not None:
                 span.state = lean.join(state, kept)
             span.acc, span.step, span.batches = acc, step, batches
+        return False
 
     def _lean_loop(self, feed: Feed, span: Span) -> LeanLoop:
         """The loop's functions for a data path without the state fields the step never uses

@@ -1032,18 +1032,19 @@ def apply_accumulated(state: Any, value: Any = None) -> Any:
 def accumulated_updates(batches: int, every: int, epoch_length: int | None = None) -> int:
     """Optimizer updates in ``batches`` train steps with an update every ``every`` batches and one
     at each epoch's end (epochs of ``epoch_length`` batches; the last one may be cut short, as
-    ``max_steps`` cuts it). None: no epoch ends (a loop of your own): ``batches // every``.
+    ``max_steps`` cuts it: its partial group stays pending, as a resumed run goes on with it).
+    None: no epoch ends (a loop of your own): ``batches // every``.
 
     Examples:
         >>> accumulated_updates(38, every=4, epoch_length=19)    # 4+4+4+4+3 per epoch
         10
-        >>> accumulated_updates(20, every=4, epoch_length=19)    # 5, then 1 batch applied at the end
-        6
+        >>> accumulated_updates(21, every=4, epoch_length=19)    # 5, then 2 batches of a group left pending
+        5
     """
     if epoch_length is None:
         return batches // every
     epochs, rest = divmod(batches, epoch_length)
-    return epochs * -(-epoch_length // every) + -(-rest // every)
+    return epochs * -(-epoch_length // every) + rest // every
 
 
 # --- building -----------------------------------------------------------------------------------

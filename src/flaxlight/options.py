@@ -245,7 +245,9 @@ class TrainerOptions:
         updates = accumulated_updates(self.max_steps, every, steps_per_epoch)
         return (f"max_steps={self.max_steps} counts batches (train steps), not optimizer updates: with "
                 f"accumulate_grad_batches={every} (an update every {every} batches, and one at each epoch's end; "
-                f"{steps_per_epoch} batches per epoch) it gives {updates} optimizer updates. Lightning's max_steps "
+                f"{steps_per_epoch} batches per epoch) it gives {updates} optimizer updates (the batches after the "
+                f"last of them, when max_steps ends an epoch early, wait in the optimizer state for a resumed run). "
+                f"Lightning's max_steps "
                 f"counts updates: to port its max_steps=U, write max_steps=U * {every}.")
 
     def monitored(self, metrics: Mapping[str, float]) -> tuple[str, bool]:
