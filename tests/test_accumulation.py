@@ -221,3 +221,20 @@ def test_every_doc_says_max_steps_counts_batches_and_how_to_port_lightnings():
     assert "max_steps" in (ROOT / "docs" / "logging.md").read_text()
     optimizers = (ROOT / "docs" / "optimizers.md").read_text()
     assert "Accumulation runs across epoch ends" not in optimizers and "ceil(B / N)" in optimizers
+
+
+@pytest.mark.parametrize("ema", [False, True])
+def test_load_from_checkpoint_rebuilds_the_runs_schedule_under_accumulation(tmp_path, ema):
+    """2 epochs of 5 batches with N=2 make 3 + 3 updates; the loaded optimizer was sized 10 // 2 = 5
+    (epochs unknown), and a warmup of 6 updates refused the load (an EMA run's default load too)."""
+    hparams = {**ADAM, "schedule": "warmup_cosine", "warmup_steps": 6, "accumulate_grad_batches": 2,
+               **({"ema_decay": 0.9} if ema else {})}
+    trainer = _trainer(tmp_path, hparams)
+    trainer.train_model(ArrayLoader(X, Y, batch_size=8), None, num_epochs=2)
+    assert trainer.optimizer_plan.num_updates == 6
+    for kwargs in ({"with_optimizer": True}, {}):
+        loaded = RegressTrainer.load_from_checkpoint(tmp_path / "run", exmp_input=X[:1], which="last", **kwargs)
+        if kwargs or ema:
+            assert loaded.optimizer_plan.num_updates == 6
+        np.testing.assert_allclose(loaded.predict(X, batch_size=8), trainer.predict(X, batch_size=8, which="last"),
+                                   rtol=1e-6)

@@ -37,7 +37,7 @@ from flaxlight.messages import logger as messages
 from flaxlight.metrics import Totals, to_host
 from flaxlight.runfiles import CHECKPOINT_DIR, HPARAMS_FILE, METRICS_DIR, run_files_present, write_metrics
 
-__all__ = ["CheckpointMeta", "choose_step", "pick_checkpoint", "restore_run", "run_length", "load_with_fallback",
+__all__ = ["CheckpointMeta", "choose_step", "pick_checkpoint", "restore_run", "run_length", "epoch_length", "load_with_fallback",
            "checkpointer_for", "ResumeTarget", "check_epoch_position", "set_aside_branch", "ABANDONED_DIR",
            "step_in_path", "named_callbacks", "match_states",
            "sums_to_json", "sums_from_json", "encode_state", "decode_state", "epoch_setter", "set_loader_epoch"]
@@ -505,6 +505,18 @@ def run_length(checkpointer: Checkpointer) -> tuple[int, int]:
             return 1, meta.schedule_steps
         return meta.num_epochs or 1, meta.steps_per_epoch or 1
     return 1, 1
+
+
+def epoch_length(checkpointer: Checkpointer) -> int | None:
+    """The run's batches per epoch, from the newest checkpoint whose meta reads (where an
+    accumulating optimizer applied a partial group: its schedule's updates depend on it); None
+    when unknown."""
+    for step in sorted(checkpointer.all_steps(), reverse=True):
+        try:
+            return CheckpointMeta.from_json(checkpointer.read_meta(step)).steps_per_epoch
+        except Exception:  # noqa: BLE001 - a damaged checkpoint: try the one before
+            continue
+    return None
 
 
 def load_with_fallback(checkpointer: Checkpointer, state: Any, which: str,

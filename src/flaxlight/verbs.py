@@ -117,7 +117,8 @@ class TrainerVerbsMixin:
         trainer._hparams_written, trainer._loaded = own, True  # its hparams.yaml describes this trainer already
         config = as_optimizer_config(trainer.optimizer_hparams)
         averaged = not with_optimizer and getattr(config, "ema_decay", None) is not None  # the EMA is in its state
-        if with_optimizer or averaged:
+        if with_optimizer or averaged:  # the run's schedule again: its length, and its epochs (accumulation's updates)
+            trainer.steps_per_epoch = trainer.steps_per_epoch or resume.epoch_length(source)
             trainer._build_optimizer(*resume.run_length(source))
         trainer._place_state()
         load = functools.partial(trainer._load_for_resume, purpose="load_from_checkpoint") if own else None
