@@ -413,3 +413,19 @@ def test_an_unknown_keyword_is_matched_against_a_subclass_s_own_keywords_too(tmp
         trainer.train_model((x, y), batch_size=8, zzz=1)
     trainer.train_model((x, y), num_epochs=1, batch_size=8, log_images=True)
     assert trainer.log_images and trainer.global_step == 5
+
+
+class _FailsAtValidationEnd(Callback):
+    def on_validation_end(self, trainer, epoch, metrics):
+        raise RuntimeError("a callback's own failure")
+
+
+def test_a_callback_failing_at_a_validation_still_leaves_that_validations_file(tmp_path):
+    """The file was written after the callbacks: one raising in on_validation_end left no
+    metrics/eval_epoch_<N>.json (the code before the day wrote it before them)."""
+    x, y = _data()
+    trainer = _trainer(tmp_path, callbacks=[_FailsAtValidationEnd()])
+    with pytest.raises(RuntimeError, match="a callback's own failure"):
+        trainer.train_model((x, y), (x[:8], y[:8]), num_epochs=2, batch_size=8)
+    saved = json.loads((tmp_path / "run" / "metrics" / "eval_epoch_001.json").read_text())
+    assert saved["val/loss"] == pytest.approx(trainer.eval_model((x[:8], y[:8]), batch_size=8)["loss"], rel=1e-5)

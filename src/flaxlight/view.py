@@ -386,6 +386,11 @@ class TrainerViewMixin:
         try:
             self._call_callbacks("on_validation_end", epoch, eval_metrics, before_checkpoint=record)
             record()
+        except BaseException:
+            if not recorded:  # a callback failed: the validation's file is still written (its row: not in a history)
+                with contextlib.suppress(Exception):
+                    self.save_metrics(file, self.validation_metrics)
+            raise
         finally:
             self._validation_open, self._best_pending = False, None
 
