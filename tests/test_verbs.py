@@ -100,6 +100,8 @@ def test_which_best_or_last_with_checkpointing_off_says_so_and_what_to_use(tmp_p
     with pytest.raises(FileNotFoundError, match="checkpointing is off.*export.which='best'. needs a saved"):
         trainer.export(tmp_path / "export", which="best")
     assert trainer.predict(x, batch_size=8).shape == (8, 1)  # which='current' serves the state as training left it
+    with pytest.raises(FileNotFoundError, match="trained with enable_checkpointing=False, so it saved no model"):
+        RegressTrainer.load_from_checkpoint(tmp_path / "run", exmp_input=linear_data(1)[0])
 
 
 

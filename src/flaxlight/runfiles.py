@@ -544,6 +544,11 @@ def trainer_kwargs(trainer_class: type, run: str | os.PathLike, which: str,
     hparams, ckpt_dir = read_hparams(log_dir), os.path.join(log_dir, CHECKPOINT_DIR)
     check_folders(log_dir)
     if need_checkpoint and (not os.path.isdir(ckpt_dir) or not Checkpointer(ckpt_dir, read_only=True).all_steps()):
+        if hparams.get("enable_checkpointing") is False:  # not "yet": it never will
+            raise FileNotFoundError(
+                f"No checkpoint in {ckpt_dir}: the run was trained with enable_checkpointing=False, so it saved no "
+                f"model to load. Train it with checkpointing on (enable_checkpointing=True, or "
+                f"callbacks=[ModelCheckpoint(...)]), or use the trainer that trained it (predict, export).")
         raise FileNotFoundError(f"No checkpoint in {ckpt_dir}: this run saved no model yet.")
     model_class_path = hparams.pop("model_class")
     model_hparams = hparams.pop("model_hparams", {}) or {}
