@@ -115,7 +115,9 @@ def test_reading_the_rate_from_the_device_adds_no_wait_to_the_loop(tmp_path):
     with jax.transfer_guard_device_to_host("disallow"), count_host_reads() as reads:
         trainer.train_epoch(train)
     assert reads["wait"] == 0 and reads["implicit"] == 0, reads
-    assert reads["copy"] + reads["read"] <= 6 * (128 // 16 + 2), reads  # per log point, not per step
+    # Per log point, not per step (128 steps): 48 on the CPU; 66 on a GPU, where each point's
+    # snapshot also starts a copy of the sums (on the CPU they are in host memory already).
+    assert reads["copy"] + reads["read"] <= 8 * (128 // 16 + 2), reads
     trainer.logger.flush()
     assert sorted(_logged(tmp_path)) == list(range(16, 257, 16))
 
