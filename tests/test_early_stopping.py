@@ -133,3 +133,28 @@ def test_keras_keywords_say_what_to_write_instead(kwargs, message):
     from flaxlight.config import ConfigError, _check_kwargs
     with pytest.raises(ConfigError, match="Did you mean 'callbacks\\[0\\].patience'"):
         _check_kwargs(EarlyStopping, {"patinece": 3}, "callbacks[0]", "EarlyStopping")
+
+
+def test_a_stopper_listed_before_the_callback_that_logs_its_metric_reads_this_validations_value(
+        tmp_path, regression_loaders):
+    """EarlyStopping listed first read the metric before the callback after it logged it: at the
+    first validation 'never logged', later the previous validation's value (one behind). As in
+    Lightning (it decides in on_validation_end, after every on_validation_epoch_end), stoppers now
+    hear of a validation's end after the other callbacks."""
+    import flaxlight
+
+    class Score(flaxlight.Callback):  # the documented pattern: a metric computed at a validation's end
+        def __init__(self):
+            self.scores = [5.0, 4.0, 3.0, 9.0, 9.0, 9.0, 9.0, 9.0]  # improves twice, then stalls
+
+        def on_validation_end(self, trainer, epoch, metrics):
+            trainer.log_metrics({"val/score": self.scores[epoch - 1]})
+
+    train, val, _ = regression_loaders
+    stopper = EarlyStopping(monitor="val/score", patience=2)
+    trainer = RegressTrainer(model_class=TinyMLP, model_hparams={"hidden_dims": [8]}, exmp_input=linear_data(1)[0],
+                             optimizer_hparams={"optimizer": "adam", "lr": 1e-2},
+                             **quiet(tmp_path, callbacks=[stopper, Score()]))  # the stopper listed first
+    trainer.train_model(train, val, num_epochs=8)
+    assert (stopper.best, stopper.best_epoch) == (3.0, 3)
+    assert trainer.current_epoch == 5 and "for 2 validations in a row (best 3 at epoch 3)" in trainer.stop_reason

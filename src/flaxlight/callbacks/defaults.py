@@ -21,7 +21,8 @@ def with_default_callbacks(callbacks: list[Callback], options: Any, enable_progr
     :class:`ModelCheckpoint` that keeps the best by the trainer's ``is_new_model_better``, a
     :class:`Timer` for ``max_time``, a :class:`ProgressBar`, a :class:`History`) unless one of
     that kind was given. ``fast_dev_run`` writes no checkpoint. :class:`ModelCheckpoint`
-    callbacks come last, so each hook reaches them after the others.
+    callbacks come last, so each hook reaches them after the others, and :class:`EarlyStopping`
+    callbacks just before them (they read what the others logged at that moment).
 
     Examples:
         >>> [type(cb).__name__ for cb in with_default_callbacks([], TrainerOptions(), True)]   # doctest: +SKIP
@@ -51,10 +52,13 @@ def with_default_callbacks(callbacks: list[Callback], options: Any, enable_progr
         callbacks = callbacks + [ProgressBar()]
     if not given(History):
         callbacks = callbacks + [History()]
-    # Checkpoint callbacks hear of every moment after the others (as in Lightning), so that a
-    # checkpoint holds the other callbacks' state after that moment (an exact resume needs it).
-    return [cb for cb in callbacks if not isinstance(cb, ModelCheckpoint)] + \
-        [cb for cb in callbacks if isinstance(cb, ModelCheckpoint)]
+    # Stoppers decide after the others have logged (Lightning's EarlyStopping reads the metrics
+    # of every on_validation_epoch_end); checkpoint callbacks hear of every moment last (as in
+    # Lightning), so that a checkpoint holds the other callbacks' state after that moment.
+    def rank(callback: Callback) -> int:
+        return 2 if isinstance(callback, ModelCheckpoint) else 1 if isinstance(callback, EarlyStopping) else 0
+
+    return sorted(callbacks, key=rank)  # stable: the order given within each rank
 
 
 def one_best(options: Any, callbacks: list[Callback], *,
