@@ -375,3 +375,19 @@ def test_from_lightning_says_what_differs():
                  "`filename`", "`on_fit_start(self, trainer, pl_module=None)`", "`on_improvement`",
                  "`super().__init__(*args, strategy=strategy, **kwargs)`"):
         assert said in text, said
+
+
+@pytest.mark.parametrize("key, value", [("resume", True), ("overwrite", True), ("resume_from", "runs/x"),
+                                        ("steps_per_epoch", 10)])
+def test_train_model_keywords_given_to_the_constructor_are_refused_naming_train_model(tmp_path, key, value):
+    """They were kept as extra hparams with an info line and did nothing (resume=True started over)."""
+    with pytest.raises(TypeError, match=rf"got {key}={value!r}, a keyword of train_model, not of the trainer: pass "
+                                        rf"it there, trainer.train_model\(\.\.\., {key}={value!r}\)"):
+        _trainer(tmp_path, **{key: value})
+
+
+def test_num_epochs_given_to_the_constructor_is_recorded_with_a_warning_saying_train_model_sets_it(tmp_path):
+    with pytest.warns(UserWarning, match=r"got num_epochs=3: it is recorded in the run's config, but only "
+                                         r"train_model's num_epochs is used") as caught:
+        _trainer(tmp_path, num_epochs=3)
+    assert caught[0].filename == __file__  # at the user's line

@@ -159,3 +159,31 @@ def test_std_with_weights_that_add_up_to_less_than_one_equals_the_weighted_numpy
         Std.of(jnp.asarray(values[1:]), jnp.asarray(weights[1:])))
     expected = np.sqrt(np.average((values - np.average(values, weights=weights)) ** 2, weights=weights))
     assert float(merged.compute()) == pytest.approx(expected, rel=1e-5)
+
+
+def test_a_masked_per_token_mean_over_padded_sequences_equals_the_hand_per_token_mean(tmp_path):
+    """A per-token loss over padded sequences of different lengths: the plain metrics weight each
+    sequence alike (a mean of per-sequence means); Mean counts each real token once."""
+    from flaxlight.metric_objects import Mean
+
+    class TokenTrainer(flaxlight.TrainerModule):
+        def loss_fn(self, params, batch, *, train, rng, state):
+            x, y, mask = batch
+            pred, _ = state.apply_model(params, x, train=train, rng=rng)  # [B, T] per-token predictions
+            errors = (pred - y) ** 2
+            loss = (errors * mask).sum() / mask.sum()
+            return loss, {"token_error": Mean.of(errors, mask=mask), "ignored": Mean.of(errors, mask=mask > 2)}
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((48, 6)).astype(np.float32)
+    y = rng.standard_normal((48, 6)).astype(np.float32)
+    mask = (np.arange(6) < rng.integers(1, 7, size=(48, 1))).astype(np.float32)  # lengths 1..6
+    trainer = TokenTrainer(model_class=TinyMLP, model_hparams={"hidden_dims": [8], "output_dim": 6},
+                           optimizer_hparams={"optimizer": "adam", "lr": 1e-2}, exmp_input=x[:1], **quiet(tmp_path))
+    trainer.train_model((x, y, mask), None, num_epochs=1, batch_size=16)
+    pred = np.asarray(trainer.predict(x, batch_size=16))
+    errors = (pred - y) ** 2
+    metrics = trainer.eval_model(flaxlight.ArrayLoader(x, y, mask, batch_size=16), log_prefix="val/")
+    assert metrics["val/token_error"] == pytest.approx(errors[mask > 0].mean(), rel=1e-5)
+    assert metrics["val/token_error"] != pytest.approx((errors * mask).sum(1).__truediv__(mask.sum(1)).mean(), rel=1e-3)
+    assert metrics["val/ignored"] == 0.0  # nothing counted: 0, not NaN

@@ -24,12 +24,44 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-__all__ = ["Sum", "Max", "Min", "Std", "ConfusionMatrix", "F1"]
+__all__ = ["Mean", "Sum", "Max", "Min", "Std", "ConfusionMatrix", "F1"]
 
 
 def _masked(values: Any, mask: Any, fill: float) -> jax.Array:
     values = jnp.asarray(values, jnp.float32)
     return values if mask is None else jnp.where(jnp.asarray(mask, bool), values, fill)
+
+
+@struct.dataclass
+class Mean:
+    """The mean of all the epoch's values, each value counted once (where ``mask`` is true, or
+    weighted by ``mask`` when it holds numbers): a per-token loss over padded sequences of
+    different lengths, where the plain metrics' per-example means would weight each sequence
+    alike whatever its length.
+
+    Examples:
+        >>> tokens = Mean.of(jnp.array([[1.0, 2.0], [3.0, 0.0]]), mask=jnp.array([[1, 1], [1, 0]]))
+        >>> float(tokens.merge(Mean.of(jnp.array([6.0]))).compute())
+        3.0
+    """
+
+    total: jax.Array
+    count: jax.Array
+
+    @classmethod
+    def of(cls, values: Any, mask: Any = None) -> "Mean":
+        """This batch's sum of ``values`` and their count (the sum of ``mask``'s weights, when given)."""
+        values = jnp.asarray(values, jnp.float32)
+        if mask is None:
+            return cls(jnp.sum(values), jnp.asarray(values.size, jnp.float32))
+        weights = jnp.broadcast_to(jnp.asarray(mask, jnp.float32), values.shape)
+        return cls(jnp.sum(jnp.where(weights > 0, values * weights, 0.0)), jnp.sum(weights))  # a left-out NaN stays out
+
+    def merge(self, other: "Mean") -> "Mean":
+        return Mean(self.total + other.total, self.count + other.count)
+
+    def compute(self) -> jax.Array:
+        return _ratio(self.total, self.count)  # 0 for an epoch with nothing counted
 
 
 @struct.dataclass

@@ -204,7 +204,9 @@ class TrainerOptions:
         that are no option are kept (in the run's config: ``extra_args=...``) and listed once; one
         close to an option's name (``max_step``, ``check_val_every_n_nepoch``) is an error naming it,
         and so is an argument of Lightning's ``Trainer`` (``max_epochs``, ``gradient_clip_val``, ...:
-        :data:`LIGHTNING_TRAINER_ARGUMENTS`), with what flaxlight writes instead, unless
+        :data:`LIGHTNING_TRAINER_ARGUMENTS`) or of ``train_model`` (``resume``, ``overwrite``, ...:
+        :data:`TRAIN_MODEL_ARGUMENTS`; ``num_epochs`` and ``batch_size`` are recorded with a warning),
+        with what flaxlight writes instead, unless
         ``trainer_class``'s ``__init__`` declares it (:func:`declared_keywords`: the class's own
         hparam, passed up to be recorded). ``owner``: the name in messages (default: the class's).
 
@@ -222,6 +224,12 @@ class TrainerOptions:
                 continue
             if key in LIGHTNING_TRAINER_ARGUMENTS:
                 raise TypeError(lightning_argument_message(owner, key, value))
+            if key in TRAIN_MODEL_ARGUMENTS:
+                raise TypeError(train_model_argument_message(owner, key, value))
+            if key in RECORDED_TRAIN_MODEL_ARGUMENTS:
+                warn_at_user(f"{owner} got {key}={value!r}: it is recorded in the run's config, but only "
+                             f"train_model's {key} is used (trainer.train_model(..., {key}={value!r})). Declare "
+                             f"{key} in {owner}.__init__ (and pass it up) to record it without this warning.")
             close = difflib.get_close_matches(key, known, n=1, cutoff=0.8 if keep_extras else 0.6)
             if close or not keep_extras:
                 hint = f" Did you mean {close[0]!r}?" if close else ""
@@ -357,6 +365,26 @@ def declared_keywords(trainer_class: type) -> set[str]:
     """
     return {name for klass in trainer_class.__mro__ if "__init__" in vars(klass)
             for name in explicit_parameters(vars(klass)["__init__"])}
+
+
+# train_model's own keywords: given to the constructor, each would be kept as an extra hparam and
+# do nothing (a run that was to resume starts over). Refused; num_epochs and batch_size, which a
+# run may well record as hparams, are warned of (train_model's default is 500 epochs).
+TRAIN_MODEL_ARGUMENTS = ("resume", "resume_from", "overwrite", "steps_per_epoch", "test_loader")
+RECORDED_TRAIN_MODEL_ARGUMENTS = ("num_epochs", "batch_size")
+
+
+def train_model_argument_message(owner: str, key: str, value: Any) -> str:
+    """Why a ``train_model`` keyword given to a trainer's constructor is refused, and what to write.
+
+    Examples:
+        >>> print(train_model_argument_message("MyTrainer", "resume", True))  # doctest: +ELLIPSIS
+        MyTrainer got resume=True, a keyword of train_model, not of the trainer: ... train_model(..., resume=True)...
+    """
+    return (f"{owner} got {key}={value!r}, a keyword of train_model, not of the trainer: pass it there, "
+            f"trainer.train_model(..., {key}={value!r}). (Kept as an extra hparam, as other unknown keywords are, "
+            f"it would change nothing; so it is refused. A hparam of your own trainer's under this name: declare "
+            f"it in {owner}.__init__ and pass it up, as for any hparam.)")
 
 
 def lightning_argument_message(owner: str, key: str, value: Any) -> str:
