@@ -120,3 +120,27 @@ def test_state_epoch_annealing_resumes_mid_epoch_as_the_uninterrupted_run(tmp_pa
     assert [row["train/beta"] for row in resumed.history] == [0.0, 0.5, 1.0, 1.0]
     jax.tree.map(np.testing.assert_array_equal, jax.device_get(resumed.state.params),
                  jax.device_get(straight.state.params))
+
+
+def test_the_docs_say_current_epoch_counts_from_1_and_what_the_step_reads_instead(tmp_path):
+    """from-lightning.md had no word that current_epoch (and the hooks' epoch) is 1 in the first
+    epoch, Lightning's 0, nor that trainer attributes read in loss_fn are constants of the step."""
+    import pathlib
+
+    seen = []
+
+    class Record(flaxlight.Callback):
+        def on_train_epoch_start(self, trainer, epoch):
+            seen.append((epoch, trainer.current_epoch))
+
+    _trainer(StateEpochBeta, tmp_path, callbacks=[Record()]).train_model(*_loaders(), num_epochs=2)
+    assert seen == [(1, 1), (2, 2)]  # what the docs say
+    docs = pathlib.Path(__file__).resolve().parents[1] / "docs"
+    lightning = (docs / "from-lightning.md").read_text()
+    assert "`trainer.current_epoch` counts from **1**" in lightning and "where Lightning's is 0" in lightning
+    differs = lightning[lightning.index("What differs"):]
+    assert "`self.current_epoch`" in differs and "`state.epoch`" in differs and "`state.step`" in differs
+    assert "rngs={\"noise\": noise_rng}" in differs
+    models = (docs / "models.md").read_text()
+    assert "## Values that change during training" in models and "state.epoch / self.warmup_epochs" in models
+    assert "The trainer supplies one stream only, `dropout`" in models
