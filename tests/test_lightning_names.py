@@ -329,6 +329,47 @@ def test_best_model_path_and_score_name_the_best_checkpoint(tmp_path, regression
     assert _trainer(tmp_path / "none", enable_checkpointing=False).checkpoint_callback is None
 
 
+@pytest.mark.parametrize("given", ["trainer", "checkpoint"])
+def test_best_model_score_follows_the_trainers_monitor_as_an_explicit_checkpoints(tmp_path, regression_loaders, given):
+    """The VAE report: MyTrainer(..., monitor="val/elbo", mode="max") with the default checkpoint
+    chose the best checkpoint by it, yet best_model_score was None (an explicit
+    ModelCheckpoint(monitor=...) gave the score). Both give it now, after a resume too."""
+    from conftest import SigtermAt
+
+    train, val, _ = regression_loaders
+    scores = {1: 3.0, 2: 1.0, 3: 2.0}  # the best is epoch 2's (step 16), not the last
+
+    def trainer(callbacks=()):
+        monitor = {"monitor": "val/err"} if given == "trainer" else \
+            {"callbacks": [ModelCheckpoint(monitor="val/err")]}
+        monitor["callbacks"] = [LogScore(scores), *callbacks, *monitor.get("callbacks", [])]
+        return _trainer(tmp_path, **monitor)
+
+    straight = trainer()
+    straight.train_model(train, val, num_epochs=3)
+    checkpoint = straight.checkpoint_callback
+    assert checkpoint.best_step == 16 and checkpoint.best_model_score == 1.0
+    assert checkpoint.best_model_path == str(tmp_path / "run" / "checkpoints" / "16")
+    assert os.path.isdir(checkpoint.best_model_path)
+    with pytest.raises(SystemExit):
+        trainer(callbacks=[SigtermAt(20)]).train_model(train, val, num_epochs=3, overwrite=True)
+    resumed = trainer()
+    resumed.train_model(train, val, num_epochs=3, resume=True)
+    assert resumed.checkpoint_callback.best_model_score == 1.0
+    assert resumed.checkpoint_callback.best_model_path == str(tmp_path / "run" / "checkpoints" / "16")
+    loaded = RegressTrainer.load_from_checkpoint(tmp_path / "run", exmp_input=X0)
+    assert loaded.global_step == 16  # the best, as best_model_path names it
+
+
+def test_without_a_monitor_best_model_score_is_none_and_the_path_names_the_best(tmp_path, regression_loaders):
+    train, val, _ = regression_loaders
+    trainer = _trainer(tmp_path)  # the seed's rule (val/loss, the default) ranks; no monitor given
+    trainer.train_model(train, val, num_epochs=2)
+    checkpoint = trainer.checkpoint_callback
+    assert checkpoint.best_model_score is None
+    assert checkpoint.best_model_path == str(tmp_path / "run" / "checkpoints" / str(checkpoint.best_step))
+
+
 def test_a_checkpoint_subclass_may_assign_best_model_path_and_score(tmp_path, regression_loaders):
     """A subclass that keeps these names itself (as Lightning's code may) assigns them; reads then
     return what it assigned, and flaxlight's best checkpoint is still the one kept and tested."""

@@ -3,6 +3,7 @@
 import csv
 import json
 import os
+import re
 
 import jax
 import numpy as np
@@ -270,3 +271,61 @@ def test_predict_gives_a_model_of_variable_input_sizes_what_it_takes(tmp_path):
     trainer = RegressTrainer(model_class=MeanOverTime, model_hparams={}, optimizer_hparams={},
                              exmp_input=np.zeros((1, 5, 4), np.float32), **quiet(tmp_path))
     assert trainer.predict(np.ones((6, 9, 4), np.float32), batch_size=3).shape == (6, 1)
+
+
+class _WithExtras:
+    """Models whose output dict holds, next to per-example values, one that is not per example."""
+
+    @staticmethod
+    def make(extra: str):
+        import flax.linen as nn
+        import jax.numpy as jnp
+
+        class Outputs(nn.Module):
+            @nn.compact
+            def __call__(self, x, train: bool = False):
+                pred = nn.Dense(1)(x)
+                prior = self.param("prior", nn.initializers.zeros, (3,))
+                out = {"pred": pred, "per_example": jnp.abs(pred[:, 0])}
+                if extra == "vector":
+                    out["prior"] = prior  # shape (3,): the same for every batch
+                elif extra == "scalar":
+                    out["batch_mean"] = pred.mean()
+                return out
+
+        return Outputs
+
+
+class DictRegress(flaxlight.TrainerModule):
+    def loss_fn(self, params, batch, *, train, rng, state):
+        x, y = batch
+        out, updates = state.apply_model(params, x, train=train, rng=rng)
+        return ((out["pred"] - y) ** 2).mean(), ({}, updates)
+
+
+@pytest.mark.parametrize("extra, key, shape, why", [
+    ("vector", "['prior']", r"\(3,\)", "repeated once per batch"),
+    ("scalar", "['batch_mean']", r"\(\)", "a scalar has no rows to stack"),
+], ids=["vector", "scalar"])
+def test_predict_refuses_an_output_that_is_not_per_example_naming_it(tmp_path, extra, key, shape, why):
+    """A (4,) entry of the VAE's output came back (12,) for 3 batches, silently; a scalar one failed
+    with numpy's bare 'zero-dimensional arrays cannot be concatenated'."""
+    trainer = DictRegress(model_class=_WithExtras.make(extra), model_hparams={}, optimizer_hparams={},
+                          exmp_input=linear_data(1)[0], **quiet(tmp_path))
+    x, _ = linear_data(25, 3)
+    with pytest.raises(ValueError) as raised:
+        trainer.predict(x, batch_size=10)
+    message = str(raised.value)
+    assert message.startswith(f"predict: the model's output{key} has shape ")
+    assert re.search(shape + r", and the batch has 10 examples", message), message
+    assert why in message and "one row per example" in message and "Return per-example values" in message
+
+
+def test_predict_stacks_a_dict_of_per_example_outputs(tmp_path):
+    trainer = DictRegress(model_class=_WithExtras.make("none"), model_hparams={}, optimizer_hparams={},
+                          exmp_input=linear_data(1)[0], **quiet(tmp_path))
+    x, _ = linear_data(25, 3)
+    out = trainer.predict(x, batch_size=10)  # 10 + 10 + 5
+    assert {key: value.shape for key, value in out.items()} == {"pred": (25, 1), "per_example": (25,)}
+    whole = trainer.predict(x, batch_size=25)
+    np.testing.assert_allclose(out["per_example"], whole["per_example"], rtol=1e-6)

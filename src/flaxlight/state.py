@@ -143,17 +143,56 @@ class TrainState(train_state.TrainState):
             rngs = {**(rngs or {}), **extra}
         elif extra is not None:  # an nnx.Rngs for the module's own rngs argument
             kwargs["model_rngs"] = extra
-        if mutable is not None and mutable is not False and _wants_intermediates(mutable):
-            collections = (["batch_stats"] if train and self.batch_stats is not None else []) + ["intermediates"]
-            outputs, updates = self.apply_fn(
-                self.variables(params), *inputs, train=train, rngs=rngs, mutable=collections, **kwargs)
-            return outputs, {**updates, "intermediates": updates.get("intermediates", {})}
-        if train and self.batch_stats is not None:
-            return self.apply_fn(
-                self.variables(params), *inputs, train=True, rngs=rngs, mutable=["batch_stats"], **kwargs
-            )
-        outputs = self.apply_fn(self.variables(params), *inputs, train=train, rngs=rngs, **kwargs)
+        try:
+            if mutable is not None and mutable is not False and _wants_intermediates(mutable):
+                collections = (["batch_stats"] if train and self.batch_stats is not None else []) + ["intermediates"]
+                outputs, updates = self.apply_fn(
+                    self.variables(params), *inputs, train=train, rngs=rngs, mutable=collections, **kwargs)
+                return outputs, {**updates, "intermediates": updates.get("intermediates", {})}
+            if train and self.batch_stats is not None:
+                return self.apply_fn(
+                    self.variables(params), *inputs, train=True, rngs=rngs, mutable=["batch_stats"], **kwargs
+                )
+            outputs = self.apply_fn(self.variables(params), *inputs, train=train, rngs=rngs, **kwargs)
+        except Exception as exc:  # raised while tracing: costs the step nothing
+            note = _missing_stream_note(exc, rngs, kwargs.get("model_rngs"), train=train)
+            if note is not None:
+                exc.add_note(note)
+            raise
         return outputs, {}
+
+
+#: Flax's errors for a random stream the model draws from and was not given: Linen's
+#: ``InvalidRngError`` (``self.make_rng(name)``) and NNX's (``rngs.<name>()`` on an ``nnx.Rngs``).
+_MISSING_STREAM = (re.compile(r'needs PRNG for "([^"]+)"'), re.compile(r"No RngStream named '([^']+)' found in Rngs"))
+
+
+def _missing_stream_note(exc: Exception, rngs: Mapping | None, model_rngs: Any, *, train: bool) -> str | None:
+    """The note for Flax's error about a random stream the model asked for and ``apply_model`` did
+    not give (``rngs``: the Linen streams given; ``model_rngs``: an ``nnx.Rngs`` the loss passed):
+    the trainer supplies ``dropout`` only, and how to pass another; None for any other error.
+
+    Examples:
+        >>> _missing_stream_note(ValueError('None needs PRNG for "noise"'), {"dropout": 0}, None, train=True)[:60]
+        "flaxlight: the model draws from the random stream 'noise', a"
+    """
+    found = next((match for pattern in _MISSING_STREAM if (match := pattern.search(str(exc)))), None)
+    if found is None:
+        return None
+    stream, nnx_rngs = found[1], found.re is _MISSING_STREAM[1]
+    if model_rngs is not None:
+        given = "the nnx.Rngs the loss passed as rngs=, which has no such stream"
+    elif nnx_rngs and rngs:
+        given = "nnx.Rngs(dropout=<the step's key>), which flaxlight builds from rng= for a __call__ taking rngs"
+    else:
+        given = f"the streams {sorted(rngs)}" if rngs else "no random stream (no rng= was given)"
+    where = "the step's key" if train else "a fixed key in evaluation; predict gives none"
+    passed = f"rngs=nnx.Rngs(dropout=rng, {stream}={stream}_rng)" if nnx_rngs else f"rngs={{{stream!r}: {stream}_rng}}"
+    return (f"flaxlight: the model draws from the random stream {stream!r}, and apply_model gave it {given}. The "
+            f"trainer supplies only the 'dropout' stream, from loss_fn's rng ({where}); pass any other yourself, "
+            f"from a split of that key: `{stream}_rng, rng = jax.random.split(rng)`, then "
+            f"state.apply_model(params, x, train=train, rng=rng, {passed}). See docs/models.md, 'Dropout and other "
+            f"randomness'.")
 
 
 def _needs_the_loss_message(exc: TypeError) -> str:

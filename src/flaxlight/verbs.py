@@ -28,7 +28,7 @@ from flaxlight import resume, runfiles
 from flaxlight.checkpoint import ModelMismatchError
 from flaxlight.data import as_input_list, as_loader
 from flaxlight.messages import logger as messages
-from flaxlight.metrics import deliberate_reads, to_host
+from flaxlight.metrics import batch_size as examples_in, deliberate_reads, to_host
 from flaxlight.optim import PRECISIONS, as_optimizer_config, ema_params
 from flaxlight.step import cast_floating, step_owner
 from flaxlight.view import _is_flaxlights, writes_own_checkpoints
@@ -160,7 +160,9 @@ class TrainerVerbsMixin:
 
     def predict(self, data: Any, *, batch_size: int | None = None, which: str = "current") -> Any:
         """The model's outputs on ``data`` in eval mode, stacked over batches (numpy arrays, in
-        the structure the model returns).
+        the structure the model returns). Each output must hold one row per example (its leading
+        dimension the batch's): one that does not (a scalar, a prior's parameters) is refused at
+        its batch, naming it.
 
         ``data``: a loader (its batches' first element, or the first ``len(exmp_input)`` for a
         model of several inputs, or the whole batch when it is not a tuple, is what the model
@@ -194,6 +196,7 @@ class TrainerVerbsMixin:
                 if i == 0 and self._whole_batch_hint():
                     exc.add_note(self._whole_batch_hint())
                 raise
+            _check_per_example(out, inputs)  # shapes only: no wait for the device
             with deliberate_reads():
                 for leaf in jax.tree.leaves(out):
                     leaf.copy_to_host_async()
@@ -555,6 +558,33 @@ def _shape_message(where: str, got: tuple, want: tuple, exc: Exception) -> str:
     return (f"predict's data does not fit the model: its batches' input{where} has shape {got}, but the model was "
             f"initialised with exmp_input{where} of shape {want}; all dimensions but the first (the batch axis) "
             f"must match: expected {expected}.{hint} (The model, traced on it: {type(exc).__name__}: {str(exc)[:200]})")
+
+
+def _check_per_example(out: Any, inputs: Sequence[Any]) -> None:
+    """A clear error when an output of the model (one of ``out``'s leaves) does not hold one row
+    per example of ``inputs`` (its leading dimension is not the batch's): ``predict`` stacks each
+    output over the batches along its first axis, which would repeat a value that is not per
+    example once per batch, or fail on a scalar. Shapes only (no device wait)."""
+    rows = {np.shape(leaf)[:1] for leaf in jax.tree.leaves(out)}
+    first_input = jax.tree.leaves(inputs)[:1]
+    if first_input and rows == {np.shape(first_input[0])[:1]} != {()}:  # the usual case, at a set's cost
+        return
+    try:
+        examples = examples_in(list(inputs))
+    except ValueError:  # no leading dimension to go by: nothing to check against
+        return
+    for path, leaf in jax.tree_util.tree_leaves_with_path(out):
+        shape = tuple(np.shape(leaf))
+        if shape[:1] != (examples,):
+            why = "a scalar has no rows to stack" if not shape else \
+                "stacked, this one would come back with its values repeated once per batch"
+            raise ValueError(
+                f"predict: the model's output{jax.tree_util.keystr(path)} has shape {shape}, and the batch has "
+                f"{examples} examples. predict stacks each output over the batches along its first axis, so each "
+                f"must hold one row per example (leading dimension {examples}): {why}. Return per-example values "
+                f"from the model (e.g. a loss term per example, shape ({examples},), not its batch mean), and compute "
+                f"what is not per example (a prior's parameters, a batch statistic) outside predict, e.g. from "
+                f"trainer.bind_model() or trainer.state.params.")
 
 
 def _forward(state, inputs, *, precision: str = "fp32"):

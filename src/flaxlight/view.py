@@ -19,8 +19,10 @@ Examples:
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import dataclasses
 import difflib
+import functools
 import inspect
 import warnings
 from typing import Any, Callable, Iterator, Mapping
@@ -92,8 +94,23 @@ class TrainerViewMixin:
 
     @property
     def current_epoch(self) -> int:
-        """The epoch being trained (1-based; the next one between epochs)."""
+        """The epoch being trained (1-based, where Lightning's starts at 0; the next one between
+        epochs). Read while the step is traced (in ``loss_fn``), it warns: jit would compile it in
+        as a constant; the step reads ``state.epoch`` instead (:func:`watch_traced_reads`)."""
+        _warn_if_traced(self, "current_epoch", self._loop.epoch)
         return self._loop.epoch
+
+    @property
+    def global_step(self) -> int:
+        """Train steps (batches) completed. Read while the step is traced (in ``loss_fn``), it
+        warns: jit would compile it in as a constant; the step reads ``state.step`` instead."""
+        value = self.__dict__.get("_global_step", 0)
+        _warn_if_traced(self, "global_step", value)
+        return value
+
+    @global_step.setter
+    def global_step(self, value: int) -> None:
+        self.__dict__["_global_step"] = value
 
     @property
     def batch_in_epoch(self) -> int:
@@ -600,6 +617,13 @@ class TrainerViewMixin:
         self.init_optimizer(num_epochs, num_steps_per_epoch)
         self.state = adopt_state(self.state, before, f"{name}.init_optimizer", self._say_once)
 
+    def _watched_steps(self, train_step: Callable, eval_step: Callable) -> tuple[Callable, Callable]:
+        """The steps the engine jits, each warning of a trainer attribute read while it is traced
+        (:func:`watch_traced_reads`); as they are with ``debug=True`` (un-jitted: read live)."""
+        if self.debug:
+            return train_step, eval_step
+        return watch_traced_reads(train_step, "train"), watch_traced_reads(eval_step, "eval")
+
     def _say_once(self, message: str) -> None:
         """Say ``message`` the first time only (each ``train_model`` builds the optimizer again)."""
         if not getattr(self, "_adopted_said", False):
@@ -697,6 +721,59 @@ class TrainerViewMixin:
         self._load_for_resume(None, purpose)
         self.global_step = step
         return True
+
+
+#: While flaxlight traces a train or eval step (:func:`watch_traced_reads`): ``(kind, names)``, the
+#: step's kind and the trainer attributes already warned of in this trace; None otherwise.
+_TRACING: contextvars.ContextVar[tuple[str, set] | None] = contextvars.ContextVar("flaxlight_tracing", default=None)
+
+#: What the step reads instead of a trainer attribute that changes during a run.
+_IN_THE_STEP = {
+    "current_epoch": "state.epoch, the epochs completed (an int32 traced with the step: 0 in the first epoch, as "
+                     "Lightning's current_epoch, i.e. current_epoch - 1 while training), e.g. "
+                     "beta = jnp.minimum(1.0, state.epoch / warmup_epochs)",
+    "global_step": "state.step, the steps completed before this one (global_step's value, traced with the step), "
+                   "e.g. beta = jnp.minimum(1.0, state.step / warmup_steps)",
+}
+
+
+def watch_traced_reads(step: Callable, kind: str) -> Callable:
+    """``step`` (a train or eval step, ``kind`` ``"train"`` / ``"eval"``) marking the time it runs:
+    the trainer jits it, so it runs only while traced, and a trainer attribute that changes during
+    a run (``current_epoch``, ``global_step``) read meanwhile, in ``loss_fn``, would be compiled
+    into the step as a constant: it warns (once per attribute and trace), saying what to read
+    instead. With ``debug=True`` (steps run un-jitted, attributes read live) the steps are not
+    wrapped. ``step_owner`` sees through the wrapper (``__wrapped__``).
+
+    Examples:
+        >>> train_step = watch_traced_reads(step.step, "train")   # doctest: +SKIP
+    """
+    @functools.wraps(step)
+    def traced(*args: Any, **kwargs: Any) -> Any:
+        token = _TRACING.set((kind, set()))
+        try:
+            return step(*args, **kwargs)
+        finally:
+            _TRACING.reset(token)
+
+    return traced
+
+
+def _warn_if_traced(trainer: Any, name: str, value: Any) -> None:
+    """Warn (at the reader's line: ``loss_fn``'s) when ``name`` is read while a step is traced."""
+    tracing = _TRACING.get()
+    if tracing is None or name in tracing[1]:
+        return
+    kind, said = tracing
+    said.add(name)
+    warnings.warn(f"{type(trainer).__name__}.{name} was read while flaxlight traced the {kind} step (in loss_fn, or "
+                  f"a step function of yours): jit compiles the value it has now, {value!r}, into the step as a "
+                  f"constant, so the step goes on using {value!r} however far training goes (with debug=True, which "
+                  f"runs the steps un-jitted, it would change, and a resumed run compiles the value it resumes at). "
+                  f"Inside the step, read the state instead: {_IN_THE_STEP[name]}; or a field of a TrainState "
+                  f"subclass that a callback sets (trainer.state = trainer.state.replace(beta=...) in "
+                  f"on_train_epoch_start). See docs/models.md, 'Values that change during training'.",
+                  UserWarning, stacklevel=3)
 
 
 def writes_own_checkpoints(cls: type) -> bool:

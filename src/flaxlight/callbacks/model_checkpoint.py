@@ -165,6 +165,7 @@ class ModelCheckpoint(Callback):
         self._started_fresh, self._earlier_runs = True, set()  # an earlier run's checkpoints in the folder stay
         self._interim: set[int] = set()  # snapshots_only: validations saved for being the best, not periodic
         self._directory: str | None = None  # the run's checkpoints folder, once known
+        self._followed_monitor: str | None = None  # without a monitor: the trainer's (see best_model_score)
 
     def __getattr__(self, name: str) -> Any:  # only for names not found otherwise: Lightning's, with a hint
         if name in _LIGHTNING_ATTRIBUTES:
@@ -204,8 +205,10 @@ class ModelCheckpoint(Callback):
     @property
     def best_model_score(self) -> float | None:
         """The best checkpoint's ``monitor`` value (Lightning's ``best_model_score``, a float here);
-        None before one is saved, and without a ``monitor`` (the trainer's ``is_new_model_better``
-        ranks then; ``best_metrics`` holds that validation's metrics).
+        None before one is saved. Without a ``monitor`` of its own (the default checkpoint), the
+        trainer's ``is_new_model_better`` ranks, and this is the best checkpoint's value of the
+        trainer's ``monitor`` (``MyTrainer(..., monitor="val/elbo", mode="max")``), or None when the
+        trainer has none either (``best_metrics`` holds that validation's metrics).
 
         Assigning it sets what it reads from then on, as for :attr:`best_model_path`.
 
@@ -215,8 +218,11 @@ class ModelCheckpoint(Callback):
         """
         if "_assigned_best_model_score" in self.__dict__:
             return self.__dict__["_assigned_best_model_score"]
-        if self.monitor is None or not self.best:
+        if not self.best:
             return None
+        if self.monitor is None:
+            value = (self.best_metrics or {}).get(self._followed_monitor) if self._followed_monitor else None
+            return None if value is None else float(value)
         score = self.best[0][0]
         return -score if self.mode == "max" else score
 
@@ -304,6 +310,7 @@ class ModelCheckpoint(Callback):
                           f"periodic ones save_top_k=-1 keeps).", RuntimeWarning, stacklevel=2)
         trainer.checkpointer.budget_writes(self.max_overhead)
         self._directory = trainer.checkpointer.directory
+        self._followed_monitor = None if self.monitor is not None else getattr(trainer.options, "monitor", None)
         self._last_save_time = time.monotonic()
         self._owed_at_epoch_end = False
         # A fresh run in a folder with checkpoints (the same trainer training again): they are an
