@@ -329,3 +329,32 @@ def test_predict_stacks_a_dict_of_per_example_outputs(tmp_path):
     assert {key: value.shape for key, value in out.items()} == {"pred": (25, 1), "per_example": (25,)}
     whole = trainer.predict(x, batch_size=25)
     np.testing.assert_allclose(out["per_example"], whole["per_example"], rtol=1e-6)
+
+
+def test_predict_on_batches_of_several_sequence_lengths_fails_at_the_first_other_length_naming_it(tmp_path):
+    """Bucketed batches (lengths 8 then 16) trained and evaluated, but predict computed every batch and
+    then failed with numpy's bare 'all the input array dimensions except for the concatenation axis'."""
+    import flax.linen as nn
+
+    class PerToken(nn.Module):
+        @nn.compact
+        def __call__(self, x, train: bool = False):
+            return nn.Dense(1)(x)[..., 0]  # one value per token: [B, T]
+
+    batches = [(np.ones((4, 8, 3), np.float32),), (np.ones((4, 8, 3), np.float32),),
+               (np.ones((4, 16, 3), np.float32),), (np.ones((4, 8, 3), np.float32),)]
+    seen = []
+
+    def loader():
+        for batch in batches:
+            seen.append(batch[0].shape[1])
+            yield batch
+
+    trainer = RegressTrainer(model_class=PerToken, model_hparams={}, optimizer_hparams={},
+                             exmp_input=np.zeros((1, 8, 3), np.float32), **quiet(tmp_path))
+    with pytest.raises(ValueError, match=r"predict: the model's output has shape \(4, 16\) in batch 2 and \(4, 8\) in "
+                                         r"batch 0: .*pad the inputs to one length for predict, or call predict once "
+                                         r"per length"):
+        trainer.predict(loader())
+    assert seen == [8, 8, 16]  # failed at that batch, not after computing them all
+    assert trainer.predict(np.ones((6, 16, 3), np.float32), batch_size=4).shape == (6, 16)  # one length: stacked

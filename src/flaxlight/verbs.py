@@ -162,7 +162,8 @@ class TrainerVerbsMixin:
         """The model's outputs on ``data`` in eval mode, stacked over batches (numpy arrays, in
         the structure the model returns). Each output must hold one row per example (its leading
         dimension the batch's): one that does not (a scalar, a prior's parameters) is refused at
-        its batch, naming it.
+        its batch, naming it, and so is one whose other dimensions differ from the first batch's
+        (bucketed sequence lengths: pad to one length, or call predict once per length).
 
         ``data``: a loader (its batches' first element, or the first ``len(exmp_input)`` for a
         model of several inputs, or the whole batch when it is not a tuple, is what the model
@@ -197,6 +198,8 @@ class TrainerVerbsMixin:
                     exc.add_note(self._whole_batch_hint())
                 raise
             _check_per_example(out, inputs)  # shapes only: no wait for the device
+            if outputs:
+                _check_stackable(outputs[0], out, i)
             with deliberate_reads():
                 for leaf in jax.tree.leaves(out):
                     leaf.copy_to_host_async()
@@ -585,6 +588,25 @@ def _check_per_example(out: Any, inputs: Sequence[Any]) -> None:
                 f"from the model (e.g. a loss term per example, shape ({examples},), not its batch mean), and compute "
                 f"what is not per example (a prior's parameters, a batch statistic) outside predict, e.g. from "
                 f"trainer.bind_model() or trainer.state.params.")
+
+
+def _check_stackable(first: Any, out: Any, index: int) -> None:
+    """A clear error, at the batch where it happens, when an output's shape beyond the batch
+    dimension differs from the first batch's (sequences of another length, bucketed): ``predict``
+    could not stack them at the end, after computing every batch. Shapes only (no device wait)."""
+    shapes = [np.shape(leaf)[1:] for leaf in jax.tree.leaves(out)]
+    if shapes == [np.shape(leaf)[1:] for leaf in jax.tree.leaves(first)]:
+        return
+    for (path, was), now in zip(jax.tree_util.tree_leaves_with_path(first), jax.tree.leaves(out)):
+        if np.shape(was)[1:] != np.shape(now)[1:]:
+            raise ValueError(
+                f"predict: the model's output{jax.tree_util.keystr(path)} has shape {np.shape(now)} in batch "
+                f"{index} and {np.shape(was)} in batch 0: predict stacks the batches' outputs into one array, so "
+                f"they must agree beyond the batch dimension. Batches of several sequence lengths (bucketing) give "
+                f"such outputs: pad the inputs to one length for predict, or call predict once per length.")
+    raise ValueError(f"predict: the model's outputs in batch {index} have another structure than in batch 0 "
+                     f"({jax.tree.structure(out)} vs {jax.tree.structure(first)}): predict stacks them, so every "
+                     f"batch must give the same outputs.")
 
 
 def _forward(state, inputs, *, precision: str = "fp32"):
