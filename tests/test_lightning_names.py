@@ -432,3 +432,25 @@ def test_num_epochs_given_to_the_constructor_is_recorded_with_a_warning_saying_t
                                          r"train_model's num_epochs is used") as caught:
         _trainer(tmp_path, num_epochs=3)
     assert caught[0].filename == __file__  # at the user's line
+
+
+def test_a_run_whose_hparams_hold_train_model_keywords_still_loads(tmp_path):
+    """Runs saved before they were refused kept them as extra hparams: loading such a run failed
+    with the new TypeError; num_epochs / batch_size (still recorded) warned on every load."""
+    import yaml
+
+    x, y = linear_data(32, 0)
+    with pytest.warns(UserWarning, match="num_epochs=3: it is recorded"):
+        trainer = _trainer(tmp_path, num_epochs=3, batch_size=8)
+    trainer.train_model((x, y), (x, y), num_epochs=1, batch_size=8)
+    hparams_file = os.path.join(trainer.log_dir, "hparams.yaml")
+    with open(hparams_file) as f:
+        hparams = yaml.safe_load(f)
+    hparams.update(resume=True, overwrite=False)  # what such an earlier run's file holds
+    with open(hparams_file, "w") as f:
+        yaml.safe_dump(hparams, f)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        loaded = RegressTrainer.load_from_checkpoint(trainer.log_dir, exmp_input=X0)
+    np.testing.assert_allclose(loaded.predict(x, batch_size=8), trainer.predict(x, batch_size=8, which="best"),
+                               rtol=1e-6)

@@ -90,3 +90,38 @@ def test_a_stream_passed_as_documented_trains(tmp_path, model_class):
     trainer = _trainer(PassesNoise, model_class, tmp_path)
     metrics = trainer.train_model(*_loaders(), num_epochs=2)
     assert np.isfinite(metrics["val/loss"])
+
+
+class DropsOutInEval(nn.Module):
+    """Dropout left on in eval mode (no deterministic flag follows train)."""
+
+    @nn.compact
+    def __call__(self, x, train: bool = False):
+        return nn.Dense(1)(nn.Dropout(0.5, deterministic=False)(nn.Dense(8)(x)))
+
+
+class NoRng(flaxlight.TrainerModule):
+    def loss_fn(self, params, batch, *, train, rng, state):
+        x, y = batch
+        pred, updates = state.apply_model(params, x, train=train)  # rng= forgotten
+        return jnp.mean((pred - y) ** 2), ({}, updates)
+
+
+def test_a_missing_dropout_stream_gets_advice_for_dropout_not_for_another_stream(tmp_path):
+    """The note told a model missing 'dropout' itself to pass rngs={'dropout': ...} as 'any other'
+    stream (a review): in training the loss forgot rng=; in eval mode dropout should be off."""
+    from conftest import TinyMLP
+
+    trainer = NoRng(model_class=TinyMLP, model_hparams={"hidden_dims": [8], "dropout_prob": 0.5},
+                    exmp_input=linear_data(1)[0], optimizer_hparams={"optimizer": "adam", "lr": 1e-2},
+                    **quiet(tmp_path / "train"))
+    with pytest.raises(Exception, match='needs PRNG for "dropout"') as caught:
+        trainer.train_model(*_loaders(), num_epochs=1)
+    note = "\n".join(getattr(caught.value, "__notes__", []))
+    assert "no 'dropout' stream" in note and "did not pass rng=rng" in note and "any other" not in note
+
+    trainer = _trainer(Forgets, DropsOutInEval, tmp_path / "eval")
+    with pytest.raises(Exception, match='needs PRNG for "dropout"') as caught:
+        trainer.predict(linear_data(8, 0)[0], batch_size=8)
+    note = "\n".join(getattr(caught.value, "__notes__", []))
+    assert "eval mode" in note and "deterministic=not train" in note and "any other" not in note

@@ -144,3 +144,14 @@ def test_the_docs_say_current_epoch_counts_from_1_and_what_the_step_reads_instea
     models = (docs / "models.md").read_text()
     assert "## Values that change during training" in models and "state.epoch / self.warmup_epochs" in models
     assert "The trainer supplies one stream only, `dropout`" in models
+
+
+def test_steps_run_under_jax_disable_jit_read_attributes_live_without_a_warning(tmp_path):
+    """Under jax.disable_jit() the steps run as Python, as with debug=True: the value is read live
+    at every step, so the 'compiled in as a constant' warning was false there (a review)."""
+    trainer = _trainer(EpochBeta, tmp_path)
+    with warnings.catch_warnings(record=True) as record, jax.disable_jit():
+        warnings.simplefilter("always")
+        trainer.train_model(*_loaders(), num_epochs=2)
+    assert not _traced_reads(record)
+    assert [row["train/beta"] for row in trainer.history] == [0.5, 1.0]

@@ -34,7 +34,7 @@ from flaxlight.distributed import fit_mesh
 from flaxlight.loggers import CSVLogger, Logger, LoggerCollection, TensorBoardLogger, tensorboard_available
 from flaxlight.loggers.base import run_display_name
 from flaxlight.messages import logger as messages
-from flaxlight.options import LIGHTNING_TRAINER_ARGUMENTS, declared_keywords
+from flaxlight.options import LIGHTNING_TRAINER_ARGUMENTS, TRAIN_MODEL_ARGUMENTS, declared_keywords
 from flaxlight.registry import RegistryError, explicit_parameters, import_object
 
 __all__ = ["RunInUseError", "LoggerParams", "HPARAMS_FILE", "CHECKPOINT_DIR", "METRICS_DIR", "LOGGER_TYPES", "next_version_dir",
@@ -568,6 +568,11 @@ def trainer_kwargs(trainer_class: type, run: str | os.PathLike, which: str,
     if ignored:  # a run from before they were refused: they were kept as extra hparams and did nothing
         messages.info(f"{HPARAMS_FILE} holds {', '.join(ignored)}, Lightning's Trainer argument(s) that this run was "
                       f"given and that flaxlight never read: left out (flaxlight now refuses them).")
+        hparams = {key: value for key, value in hparams.items() if key not in ignored}
+    ignored = sorted(key for key in hparams if key in TRAIN_MODEL_ARGUMENTS and key not in declared)
+    if ignored:  # likewise train_model's keywords given to the constructor (num_epochs, batch_size: kept, recorded)
+        messages.info(f"{HPARAMS_FILE} holds {', '.join(ignored)}, train_model keyword(s) that this run's trainer "
+                      f"was given and that flaxlight never read there: left out (flaxlight now refuses them).")
         hparams = {key: value for key, value in hparams.items() if key not in ignored}
     if "model_hparams" in named or not model_hparams or not set(model_hparams) <= set(named):
         hparams["model_hparams"] = model_hparams

@@ -180,6 +180,12 @@ def _missing_stream_note(exc: Exception, rngs: Mapping | None, model_rngs: Any, 
     if found is None:
         return None
     stream, nnx_rngs = found[1], found.re is _MISSING_STREAM[1]
+    if stream == "dropout":  # the trainer's own stream: missing because no rng= reached the model
+        return ("flaxlight: the model draws dropout masks, and apply_model gave it no 'dropout' stream"
+                + (": loss_fn's call did not pass rng=rng (state.apply_model(params, x, train=train, rng=rng)), or a "
+                   "step of yours called the model without it." if train else
+                   " because it ran in eval mode (train=False: validation, test, predict), where dropout must be off: "
+                   "the model's dropout should follow its mode flag, e.g. nn.Dropout(rate, deterministic=not train)."))
     if model_rngs is not None:
         given = "the nnx.Rngs the loss passed as rngs=, which has no such stream"
     elif nnx_rngs and rngs:

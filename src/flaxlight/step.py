@@ -398,7 +398,7 @@ def step_owner(fn: Callable, _depth: int = 0) -> "TrainStep | None":
         (True, True, None)
     """
     owner = getattr(fn, "__self__", None)
-    if isinstance(owner, TrainStep) or _depth > 4:
+    if isinstance(owner, TrainStep) or _depth > 8:
         return owner if isinstance(owner, TrainStep) else None
     inner = [getattr(fn, "__wrapped__", None)] + [_cell_value(cell) for cell in getattr(fn, "__closure__", None) or ()]
     return next((found for f in inner if callable(f) and (found := step_owner(f, _depth + 1)) is not None), None)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import os
 import re
+import warnings
 from typing import Any, Mapping, Sequence
 
 import flax.linen as nn
@@ -85,13 +86,15 @@ def _construct(cls: type, exmp_input: Any, kwargs: dict, overrides: Mapping[str,
     """``cls(exmp_input=..., **kwargs)``; a constructor that names its model itself (the seed's
     pattern, no model hyperparameters saved to tell) is called again without ``model_class`` /
     ``model_hparams``, unless the caller passed them."""
-    try:
-        return cls(exmp_input=exmp_input, **kwargs)
-    except TypeError as exc:
-        added = [key for key in ("model_class", "model_hparams") if key in kwargs and key not in overrides]
-        if not added or not any(f"argument '{key}'" in str(exc) for key in added):
-            raise
-        return cls(exmp_input=exmp_input, **{key: value for key, value in kwargs.items() if key not in added})
+    with warnings.catch_warnings():  # num_epochs / batch_size in the run's hparams: said when it was trained
+        warnings.filterwarnings("ignore", message=r".* it is recorded in the run's config, but only train_model's")
+        try:
+            return cls(exmp_input=exmp_input, **kwargs)
+        except TypeError as exc:
+            added = [key for key in ("model_class", "model_hparams") if key in kwargs and key not in overrides]
+            if not added or not any(f"argument '{key}'" in str(exc) for key in added):
+                raise
+            return cls(exmp_input=exmp_input, **{key: value for key, value in kwargs.items() if key not in added})
 
 
 class TrainerVerbsMixin:
@@ -160,10 +163,12 @@ class TrainerVerbsMixin:
 
     def predict(self, data: Any, *, batch_size: int | None = None, which: str = "current") -> Any:
         """The model's outputs on ``data`` in eval mode, stacked over batches (numpy arrays, in
-        the structure the model returns). Each output must hold one row per example (its leading
-        dimension the batch's): one that does not (a scalar, a prior's parameters) is refused at
-        its batch, naming it, and so is one whose other dimensions differ from the first batch's
-        (bucketed sequence lengths: pad to one length, or call predict once per length).
+        the structure the model returns). Each output is stacked along its first axis, which
+        holds one row per example: a scalar is refused at its batch, naming it; one of other rows
+        (per-token rows, or a prior's parameters, which would come back once per batch) is
+        stacked as it is, with a warning naming it; one whose other dimensions differ from the
+        first batch's is refused at that batch (bucketed sequence lengths: pad to one length, or
+        call predict once per length).
 
         ``data``: a loader (its batches' first element, or the first ``len(exmp_input)`` for a
         model of several inputs, or the whole batch when it is not a tuple, is what the model
@@ -184,7 +189,7 @@ class TrainerVerbsMixin:
         if getattr(self, "_predict_step", None) is None:
             precision = getattr(step_owner(self.eval_step), "precision", "fp32")  # as validation computes
             self._predict_step = jax.jit(functools.partial(_forward, precision=precision))
-        outputs, examples = [], as_input_list(self.exmp_input)[: self._input_count]
+        outputs, examples, warned = [], as_input_list(self.exmp_input)[: self._input_count], set()
         for i, batch in enumerate(loader):
             inputs = _model_inputs(batch, self._input_count)
             if i == 0:
@@ -197,7 +202,7 @@ class TrainerVerbsMixin:
                 if i == 0 and self._whole_batch_hint():
                     exc.add_note(self._whole_batch_hint())
                 raise
-            _check_per_example(out, inputs)  # shapes only: no wait for the device
+            _check_per_example(out, inputs, warned)  # shapes only: no wait for the device
             if outputs:
                 _check_stackable(outputs[0], out, i)
             with deliberate_reads():
@@ -563,11 +568,13 @@ def _shape_message(where: str, got: tuple, want: tuple, exc: Exception) -> str:
             f"must match: expected {expected}.{hint} (The model, traced on it: {type(exc).__name__}: {str(exc)[:200]})")
 
 
-def _check_per_example(out: Any, inputs: Sequence[Any]) -> None:
-    """A clear error when an output of the model (one of ``out``'s leaves) does not hold one row
-    per example of ``inputs`` (its leading dimension is not the batch's): ``predict`` stacks each
-    output over the batches along its first axis, which would repeat a value that is not per
-    example once per batch, or fail on a scalar. Shapes only (no device wait)."""
+def _check_per_example(out: Any, inputs: Sequence[Any], warned: set) -> None:
+    """``predict`` stacks each output of the model (one of ``out``'s leaves) over the batches along
+    its first axis. A scalar cannot be stacked: a clear error naming it. One whose leading
+    dimension is not the batch's is stacked as it is, with a warning naming it (once per call and
+    output; ``warned`` holds those said): right for rows that are not examples (per-token rows,
+    ``(B*T, V)``), wrong for a value that is the same for every batch (a prior's parameters, which
+    come back once per batch). Shapes only (no device wait)."""
     rows = {np.shape(leaf)[:1] for leaf in jax.tree.leaves(out)}
     first_input = jax.tree.leaves(inputs)[:1]
     if first_input and rows == {np.shape(first_input[0])[:1]} != {()}:  # the usual case, at a set's cost
@@ -575,19 +582,23 @@ def _check_per_example(out: Any, inputs: Sequence[Any]) -> None:
     try:
         examples = examples_in(list(inputs))
     except ValueError:  # no leading dimension to go by: nothing to check against
-        return
+        examples = None
     for path, leaf in jax.tree_util.tree_leaves_with_path(out):
-        shape = tuple(np.shape(leaf))
-        if shape[:1] != (examples,):
-            why = "a scalar has no rows to stack" if not shape else \
-                "stacked, this one would come back with its values repeated once per batch"
+        shape, where = tuple(np.shape(leaf)), jax.tree_util.keystr(path)
+        if not shape:
             raise ValueError(
-                f"predict: the model's output{jax.tree_util.keystr(path)} has shape {shape}, and the batch has "
-                f"{examples} examples. predict stacks each output over the batches along its first axis, so each "
-                f"must hold one row per example (leading dimension {examples}): {why}. Return per-example values "
-                f"from the model (e.g. a loss term per example, shape ({examples},), not its batch mean), and compute "
-                f"what is not per example (a prior's parameters, a batch statistic) outside predict, e.g. from "
-                f"trainer.bind_model() or trainer.state.params.")
+                f"predict: the model's output{where} is a scalar (shape ()): predict stacks each output over the "
+                f"batches along its first axis, and a scalar has no rows to stack. Return per-example values from "
+                f"the model (e.g. a loss term per example, not its batch mean), and compute what is not per example "
+                f"(a batch statistic) outside predict, e.g. from trainer.bind_model() or trainer.state.params.")
+        if examples is not None and shape[0] != examples and where not in warned:
+            warned.add(where)
+            warnings.warn(
+                f"predict: the model's output{where} has shape {shape}, and the batch has {examples} examples: "
+                f"predict stacks each output over the batches along its first axis, so its {shape[0]} rows per batch "
+                f"are stacked as they are. Right for rows that are not examples (per-token rows); a value that is the "
+                f"same for every batch (a prior's parameters) would come back once per batch: compute it outside "
+                f"predict, e.g. from trainer.bind_model() or trainer.state.params.", UserWarning, stacklevel=3)
 
 
 def _check_stackable(first: Any, out: Any, index: int) -> None:

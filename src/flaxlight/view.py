@@ -750,6 +750,8 @@ def watch_traced_reads(step: Callable, kind: str) -> Callable:
     """
     @functools.wraps(step)
     def traced(*args: Any, **kwargs: Any) -> Any:
+        if jax.config.jax_disable_jit:  # run as Python, as with debug=True: attributes are read live
+            return step(*args, **kwargs)
         token = _TRACING.set((kind, set()))
         try:
             return step(*args, **kwargs)
