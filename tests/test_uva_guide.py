@@ -401,6 +401,19 @@ def test_a_load_model_override_keeps_its_name_and_signature(tmp_path):
     assert flaxlight.TrainerModule.load_model.__module__ == "flaxlight.trainer"  # flaxlight's own: not wrapped
 
 
+@pytest.mark.parametrize("dropout_prob", [0.0, 0.5], ids=["no-dropout", "dropout-at-init"])
+def test_the_default_run_model_init_gives_the_guides_initial_weights(tmp_path, dropout_prob):
+    """The guide's init_model + run_model_init: ``model.init(init_rng, *exmp_input, train=True)`` with
+    ``model_rng, init_rng = random.split(PRNGKey(seed))``. flaxlight split init_rng once more."""
+    hparams = {"hidden_dims": [16], "output_dim": 1, "dropout_prob": dropout_prob}
+    trainer = RegressTrainer(**_kwargs(tmp_path, seed=7, model_hparams=hparams))
+    model_rng, init_rng = jax.random.split(jax.random.PRNGKey(7))
+    rngs = init_rng if not dropout_prob else {"params": init_rng, "dropout": jax.random.PRNGKey(99)}  # it draws
+    guide = TinyMLP(**hparams).init(rngs, X0, train=True)["params"]  # the dropout key has no say in the params
+    jax.tree.map(np.testing.assert_array_equal, trainer.state.params, guide)
+    np.testing.assert_array_equal(trainer.state.rng, model_rng)
+
+
 # ---------------------------------------------------------------------- 3. debug=True: concrete values
 @pytest.mark.parametrize("steps_per_execution", [1, 4])
 def test_debug_steps_see_concrete_values(tmp_path, regression_loaders, steps_per_execution):
