@@ -414,6 +414,46 @@ def test_the_default_run_model_init_gives_the_guides_initial_weights(tmp_path, d
     np.testing.assert_array_equal(trainer.state.rng, model_rng)
 
 
+class GuideSteps(flaxlight.TrainerModule):
+    """The guide's ``create_functions``: step functions of its own, no :class:`flaxlight.TrainStep`."""
+
+    def create_functions(self):
+        def mse(params, batch):
+            x, y = batch
+            return ((self.model.apply({"params": params}, x) - y) ** 2).mean()
+
+        def train_step(state, batch):
+            loss, grads = jax.value_and_grad(mse)(state.params, batch)
+            return state.apply_gradients(grads=grads), {"loss": loss}
+
+        def eval_step(state, batch):
+            return {"loss": mse(state.params, batch)}
+
+        return train_step, eval_step
+
+
+def test_l2_weight_decay_with_the_guides_own_step_is_said_to_apply_no_decay(tmp_path, regression_loaders, caplog):
+    """weight_decay_mode='l2' is a penalty flaxlight's step adds: a step of the user's own gets none,
+    and the warning says that no decay is applied (it only said what to pass) and where the guide's is."""
+    train, val, _ = regression_loaders
+
+    def params_after(name, **decay):
+        hparams = {"optimizer": "sgd", "lr": 0.05, "momentum": 0.9, **decay}
+        logger_params = {"log_dir": str(tmp_path / name), "logger_type": "csv"}
+        trainer = GuideSteps(**_kwargs(tmp_path, optimizer_hparams=hparams, logger_params=logger_params))
+        trainer.train_model(train, val, num_epochs=2)
+        return trainer.state.params
+
+    with caplog.at_level(logging.WARNING, logger="flaxlight"):
+        l2 = params_after("l2", weight_decay=0.5, weight_decay_mode="l2")
+    said = [r.getMessage() for r in caplog.records if "weight_decay_mode='l2'" in r.getMessage()]
+    assert len(said) == 1 and "GuideSteps.create_functions() builds its own step" in said[0]
+    assert "no weight decay is applied" in said[0] and "docs/from-uva.md" in said[0]
+    jax.tree.map(np.testing.assert_array_equal, l2, params_after("none", weight_decay=0.0))  # as it says
+    decoupled = params_after("decoupled", weight_decay=0.5)  # the optimizer's decay: whatever the step
+    assert not np.allclose(decoupled["Dense_0"]["kernel"], l2["Dense_0"]["kernel"])
+
+
 # ---------------------------------------------------------------------- 3. debug=True: concrete values
 @pytest.mark.parametrize("steps_per_execution", [1, 4])
 def test_debug_steps_see_concrete_values(tmp_path, regression_loaders, steps_per_execution):
