@@ -386,11 +386,13 @@ def test_an_epoch_ends_its_loaders_pass_and_a_cut_draws_nothing_more(tmp_path, o
     assert trainer.global_step == min(drawn, 3 * options.get("limit_train_batches", 6))
 
 
-def test_a_batch_beyond_len_is_not_trained_on_and_said(tmp_path):
+@pytest.mark.parametrize("options", [{}, {"prefetch": 2}], ids=["plain", "prefetch"])
+def test_a_batch_beyond_len_is_not_trained_on_and_said(tmp_path, options):
     loader = CountingLoader(length=4, extra=1)
-    trainer = _regressor(tmp_path)
-    with pytest.warns(RuntimeWarning, match=r"train_loader yielded more batches than its len\(\) \(4\).*batch 5 of "
-                                            r"this pass.*is not trained on.*steps_per_epoch=N"):
+    trainer = _regressor(tmp_path, **options)
+    with pytest.warns(RuntimeWarning, match=r"train_loader yielded more batches in one pass than its len\(\) \(4\) "
+                                            r"says: an epoch trains 4 batches.*batch 5.*is not trained on.*"
+                                            r"steps_per_epoch=N"):
         trainer.train_model(loader, None, num_epochs=2)
     assert trainer.global_step == 8 and loader.drawn == 10  # 4 trained, the 5th drawn to end each pass
 

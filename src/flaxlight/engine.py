@@ -330,7 +330,7 @@ class Engine:
                 epoch = DeviceEpoch(loader, stop=stop, host_gather=self._gathers_on_host())
             return Feed(epoch.items(start, self.block_length, step), "indexed", lambda head: epoch.first_batch)
         iterator, reader = positioned_iterator(loader, position)
-        source, ends_pass = iterator, ends_its_pass(loader, stop)
+        source, ends_pass, taken = iterator, ends_its_pass(loader, stop), stop  # taken: the epoch's batches
         held, self._held = self._held, None
         if held is not None and held[0] is iterator:  # a stream's batch drawn at the end of the last pass
             iterator = itertools.chain([held[1]], iterator)
@@ -343,7 +343,7 @@ class Engine:
         self._position = reader if self.block_length == 1 and not self.prefetch else None
         batches = itertools.islice(iterator, start, stop)
         if ends_pass:
-            batches = ending_the_pass(batches, source, lambda batch: self._beyond_the_pass(loader, source, stop, batch))
+            batches = ending_the_pass(batches, source, lambda batch: self._beyond_the_pass(loader, source, taken, batch))
         items = group_batches(batches, self.block_length, start=step)
         prefetcher = None
         if self.prefetch:
@@ -353,18 +353,18 @@ class Engine:
         return Feed(items, "batches", _first_of, prefetcher, ends_pass)
 
     def _beyond_the_pass(self, loader: Iterable, iterator: Any, taken: int, batch: Any) -> None:
-        """A batch the loader's iterator yielded at the epoch's end, after the ``taken`` batches its
-        ``len()`` promised. A stream's (its ``iter()`` hands out one shared iterator, restarted by no
+        """A batch the loader's iterator yielded at the epoch's end, after the epoch's ``taken`` batches
+        (its ``len()``, or a ``steps_per_epoch`` above it). A stream's (its ``iter()`` hands out one shared iterator, restarted by no
         ``set_epoch``): the next epoch's first, kept for it. Any other's: not trained on (the epoch is
         ``len()`` batches, the schedule sized for them, as in Lightning), and a warning says so."""
         if is_stream(loader) and epoch_setter(loader) is None:
             self._held = (iterator, batch)
             return
-        warnings.warn(f"train_loader yielded more batches than its len() ({len(loader)}): an epoch "
-                      f"trains len() batches (the learning-rate schedule and steps_per_epoch are sized by it), so "
-                      f"batch {taken + 1} of this pass, drawn to end it as a for loop does, is not trained on. Make "
-                      f"len() the number of batches one pass yields (a torch IterableDataset's __len__, say), or "
-                      f"pass that number as train_model(..., steps_per_epoch=N).", RuntimeWarning, stacklevel=2)
+        warnings.warn(f"train_loader yielded more batches in one pass than its len() ({len(loader)}) says: an epoch "
+                      f"trains {taken} batches (the learning-rate schedule is sized for them), so batch {taken + 1}, "
+                      f"drawn to end the pass as a for loop does, is not trained on. Make len() the number of batches "
+                      f"one pass yields (a torch IterableDataset's __len__, say), or pass that number as "
+                      f"train_model(..., steps_per_epoch=N).", RuntimeWarning, stacklevel=2)
 
     def note_served(self, loader: Any) -> None:
         """Remember that ``loader`` yielded batches (see :meth:`served_before`)."""
