@@ -317,6 +317,115 @@ def test_torch_distributed_sampler_is_told_the_epoch(tmp_path):
 
 
 
+
+class SeenDataset(PairDataset):
+    """A PairDataset that records the indices it is asked for, in order: the data order."""
+
+    def __init__(self, x, y):
+        super().__init__(x, y)
+        self.seen = []
+
+    def __getitem__(self, i):
+        self.seen.append(int(i))
+        return super().__getitem__(i)
+
+
+def _seeded_torch_loader(dataset):
+    """The UvA guide's train loader: shuffled, drop_last, its own seeded generator."""
+    return torch.utils.data.DataLoader(dataset, batch_size=16, shuffle=True, drop_last=True,
+                                       collate_fn=numpy_collate, generator=torch.Generator().manual_seed(0))
+
+
+@pytest.mark.parametrize("options", [{}, {"prefetch": 2}, {"steps_per_execution": 4}],
+                         ids=["plain", "prefetch", "blocks"])
+def test_a_seeded_shuffled_torch_loader_gives_a_plain_loops_order_every_epoch(tmp_path, options):
+    """torch's RandomSampler draws its generator for the next order when a pass ends; flaxlight took
+    len() batches and never ended the pass, so from epoch 2 on its orders were not a for loop's."""
+    x, y = linear_data(100, 0)
+    plain = SeenDataset(x, y)
+    loop = _seeded_torch_loader(plain)
+    for _ in range(3):
+        for _ in loop:
+            pass
+    dataset = SeenDataset(x, y)
+    _regressor(tmp_path, **options).train_model(_seeded_torch_loader(dataset), None, num_epochs=3)
+    assert len(plain.seen) == 3 * 96 and dataset.seen == plain.seen  # 6 batches of 16 an epoch, the same orders
+
+
+class CountingLoader:
+    """``length`` batches by ``len()``; its generator yields ``extra`` more and counts the batches
+    drawn and the passes run to their end (a ``for`` loop's ``StopIteration``)."""
+
+    def __init__(self, length=6, extra=0):
+        self.length, self.extra, self.drawn, self.ended = length, extra, 0, 0
+        self.x, self.y = linear_data(16 * (length + extra), 0)
+
+    def __len__(self):
+        return self.length
+
+    def __iter__(self):
+        for i in range(self.length + self.extra):
+            self.drawn += 1
+            yield self.x[16 * i:16 * (i + 1)], self.y[16 * i:16 * (i + 1)]
+        self.ended += 1
+
+
+@pytest.mark.parametrize("options, drawn, ended", [
+    ({}, 18, 3), ({"prefetch": 2}, 18, 3), ({"steps_per_execution": 4}, 18, 3),
+    ({"max_steps": 12}, 12, 2), ({"max_steps": 12, "prefetch": 2}, 12, 2),  # ends at epoch 2's last batch
+    ({"max_steps": 9}, 9, 1), ({"limit_train_batches": 4}, 12, 0), ({"limit_train_batches": 4, "prefetch": 2}, 12, 0),
+], ids=["plain", "prefetch", "blocks", "max-steps-at-an-end", "max-steps-at-an-end-prefetch", "max-steps-cut",
+        "limit", "limit-prefetch"])
+def test_an_epoch_ends_its_loaders_pass_and_a_cut_draws_nothing_more(tmp_path, options, drawn, ended):
+    loader = CountingLoader()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        trainer = _regressor(tmp_path, **options)
+        trainer.train_model(loader, None, num_epochs=3)
+    assert (loader.drawn, loader.ended) == (drawn, ended)
+    assert trainer.global_step == min(drawn, 3 * options.get("limit_train_batches", 6))
+
+
+@pytest.mark.parametrize("options", [{}, {"prefetch": 2}], ids=["plain", "prefetch"])
+def test_a_batch_beyond_len_is_not_trained_on_and_said(tmp_path, options):
+    loader = CountingLoader(length=4, extra=1)
+    trainer = _regressor(tmp_path, **options)
+    with pytest.warns(RuntimeWarning, match=r"train_loader yielded more batches in one pass than its len\(\) \(4\) "
+                                            r"says: an epoch trains 4 batches.*batch 5.*is not trained on.*"
+                                            r"steps_per_epoch=N"):
+        trainer.train_model(loader, None, num_epochs=2)
+    assert trainer.global_step == 8 and loader.drawn == 10  # 4 trained, the 5th drawn to end each pass
+
+
+class SharedIteratorWithLen:
+    """A stream (``iter()`` hands out one shared iterator) whose ``len()`` is an epoch's batches."""
+
+    def __init__(self, batches):
+        self.iterator, self.length, self.drawn = self._draw(batches), 2, []
+
+    def _draw(self, batches):
+        for i, batch in enumerate(batches):
+            self.drawn.append(i)
+            yield batch
+
+    def __len__(self):
+        return self.length
+
+    def __iter__(self):
+        return self.iterator
+
+
+def test_a_streams_batch_drawn_at_an_epochs_end_starts_the_next_epoch(tmp_path):
+    """Ending epoch 1's pass draws the stream's third batch: the stream is not restarted, so it is
+    epoch 2's first, not lost (a lost one would leave epoch 2 a batch short, which warns)."""
+    x, y = linear_data(64, 0)
+    loader = SharedIteratorWithLen([(x[i:i + 16], y[i:i + 16]) for i in range(0, 64, 16)])
+    trainer = _regressor(tmp_path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        trainer.train_model(loader, None, num_epochs=2)
+    assert trainer.global_step == 4 and loader.drawn == [0, 1, 2, 3]
+
 class EpochBatchSampler(torch.utils.data.Sampler):
     """Batches of indices in an order drawn from the epoch it is told (bucketing samplers work so)."""
 

@@ -9,6 +9,7 @@ An error of a ``load_model`` override is the user's, never a damaged checkpoint.
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import os
@@ -336,6 +337,121 @@ def test_a_train_state_with_fields_flaxlight_lacks_is_refused_before_training(tm
                                         r"\['ema'\].*flaxlight.TrainState.create\(.*subclass it"):
         trainer.train_model(train, val, num_epochs=2)
     assert trainer.global_step == 0 and _steps(trainer.log_dir) == []
+
+
+class GuideFlaxLoad(GuideSaving):
+    """The guide's ``load_model`` as written there: it builds the guide's flax ``TrainState``."""
+
+    def load_model(self):
+        with open(os.path.join(self.log_dir, "best.pkl"), "rb") as f:
+            saved = pickle.load(f)
+        self.state = GuideTrainState.create(apply_fn=self.model.apply, params=saved["params"],
+                                            batch_stats=self.state.batch_stats,
+                                            tx=self.state.tx if self.state.tx else optax.sgd(0.1), rng=self.state.rng)
+
+
+class PredictsAtTest(flaxlight.Callback):
+    """Uses the tested model as a callback may: ``predict`` and ``bind_model`` in ``on_test_end``."""
+
+    def on_test_end(self, trainer, metrics):
+        x = linear_data(8, 3)[0]
+        self.seen = trainer.predict(x, batch_size=8), trainer.bind_model()(x, train=False)
+
+
+def _best_outputs(trainer, x):
+    """What the best model the guide's save_model wrote computes on ``x``."""
+    with open(os.path.join(trainer.log_dir, "best.pkl"), "rb") as f:
+        params = pickle.load(f)["params"]
+    return np.asarray(TinyMLP(hidden_dims=[16], output_dim=1).apply({"params": params}, x))
+
+
+def test_the_guides_load_model_building_a_flax_state_serves_bind_model_and_predict(tmp_path, regression_loaders,
+                                                                                   caplog):
+    """bind_model() and predict() failed with AttributeError ('no attribute variables' / 'apply_model')
+    after the guide's load_model, on each path that calls it."""
+    x = linear_data(8, 3)[0]
+    callback = PredictsAtTest()
+    with caplog.at_level(logging.INFO, logger="flaxlight"):
+        trainer, _ = _train_guide(tmp_path, regression_loaders, cls=GuideFlaxLoad, callbacks=[callback])
+    best = _best_outputs(trainer, x)
+    assert best.shape == (8, 1) and not np.allclose(best, trainer.predict(x, batch_size=8))  # the last is another
+    for served in callback.seen:  # the test (through load_model) served the best model to on_test_end
+        np.testing.assert_allclose(served, best, rtol=1e-6, atol=1e-6)
+    assert isinstance(trainer.state, flaxlight.TrainState)  # put back after the test
+    said = [r.getMessage() for r in caplog.records if "a Flax TrainState" in r.getMessage()]
+    assert len(said) == 1 and "GuideFlaxLoad.load_model set self.state" in said[0]
+
+    trainer.load_model()  # by hand, as the guide's notebooks do before bind_model()
+    assert isinstance(trainer.state, flaxlight.TrainState) and int(trainer.state.epoch) == 3
+    np.testing.assert_allclose(trainer.bind_model()(x, train=False), best, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(trainer.predict(x, batch_size=8), best, rtol=1e-6, atol=1e-6)
+
+    loaded = GuideFlaxLoad.load_from_checkpoint(trainer.log_dir, exmp_input=X0)
+    assert isinstance(loaded.state, flaxlight.TrainState)
+    np.testing.assert_allclose(loaded.bind_model()(x, train=False), best, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(loaded.predict(x, batch_size=8), best, rtol=1e-6, atol=1e-6)
+    test = regression_loaders[2]
+    assert loaded.test(test)["test/loss"] == pytest.approx(trainer.tested[1]["test/loss"])
+
+
+def test_a_load_model_override_keeps_its_name_and_signature(tmp_path):
+    """flaxlight reads the override's signature (a step or none) and tells it from its own by its module."""
+    assert GuideFlaxLoad.load_model.__name__ == "load_model" and GuideFlaxLoad.load_model.__module__ == __name__
+    assert list(inspect.signature(GuideFlaxLoad.load_model).parameters) == ["self"]
+    assert flaxlight.TrainerModule.load_model.__module__ == "flaxlight.trainer"  # flaxlight's own: not wrapped
+
+
+@pytest.mark.parametrize("dropout_prob", [0.0, 0.5], ids=["no-dropout", "dropout-at-init"])
+def test_the_default_run_model_init_gives_the_guides_initial_weights(tmp_path, dropout_prob):
+    """The guide's init_model + run_model_init: ``model.init(init_rng, *exmp_input, train=True)`` with
+    ``model_rng, init_rng = random.split(PRNGKey(seed))``. flaxlight split init_rng once more."""
+    hparams = {"hidden_dims": [16], "output_dim": 1, "dropout_prob": dropout_prob}
+    trainer = RegressTrainer(**_kwargs(tmp_path, seed=7, model_hparams=hparams))
+    model_rng, init_rng = jax.random.split(jax.random.PRNGKey(7))
+    rngs = init_rng if not dropout_prob else {"params": init_rng, "dropout": jax.random.PRNGKey(99)}  # it draws
+    guide = TinyMLP(**hparams).init(rngs, X0, train=True)["params"]  # the dropout key has no say in the params
+    jax.tree.map(np.testing.assert_array_equal, trainer.state.params, guide)
+    np.testing.assert_array_equal(trainer.state.rng, model_rng)
+
+
+class GuideSteps(flaxlight.TrainerModule):
+    """The guide's ``create_functions``: step functions of its own, no :class:`flaxlight.TrainStep`."""
+
+    def create_functions(self):
+        def mse(params, batch):
+            x, y = batch
+            return ((self.model.apply({"params": params}, x) - y) ** 2).mean()
+
+        def train_step(state, batch):
+            loss, grads = jax.value_and_grad(mse)(state.params, batch)
+            return state.apply_gradients(grads=grads), {"loss": loss}
+
+        def eval_step(state, batch):
+            return {"loss": mse(state.params, batch)}
+
+        return train_step, eval_step
+
+
+def test_l2_weight_decay_with_the_guides_own_step_is_said_to_apply_no_decay(tmp_path, regression_loaders, caplog):
+    """weight_decay_mode='l2' is a penalty flaxlight's step adds: a step of the user's own gets none,
+    and the warning says that no decay is applied (it only said what to pass) and where the guide's is."""
+    train, val, _ = regression_loaders
+
+    def params_after(name, **decay):
+        hparams = {"optimizer": "sgd", "lr": 0.05, "momentum": 0.9, **decay}
+        logger_params = {"log_dir": str(tmp_path / name), "logger_type": "csv"}
+        trainer = GuideSteps(**_kwargs(tmp_path, optimizer_hparams=hparams, logger_params=logger_params))
+        trainer.train_model(train, val, num_epochs=2)
+        return trainer.state.params
+
+    with caplog.at_level(logging.WARNING, logger="flaxlight"):
+        l2 = params_after("l2", weight_decay=0.5, weight_decay_mode="l2")
+    said = [r.getMessage() for r in caplog.records if "weight_decay_mode='l2'" in r.getMessage()]
+    assert len(said) == 1 and "GuideSteps.create_functions() builds its own step" in said[0]
+    assert "no weight decay is applied" in said[0] and "docs/from-uva.md" in said[0]
+    jax.tree.map(np.testing.assert_array_equal, l2, params_after("none", weight_decay=0.0))  # as it says
+    decoupled = params_after("decoupled", weight_decay=0.5)  # the optimizer's decay: whatever the step
+    assert not np.allclose(decoupled["Dense_0"]["kernel"], l2["Dense_0"]["kernel"])
 
 
 # ---------------------------------------------------------------------- 3. debug=True: concrete values

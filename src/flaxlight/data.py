@@ -471,6 +471,45 @@ def is_stream(loader: Any) -> bool:
         return False
 
 
+def ends_its_pass(loader: Any, stop: int | None) -> bool:
+    """Whether an epoch that takes ``stop`` batches of ``loader`` takes a whole pass of it, as a
+    ``for batch in loader`` loop does (``len(loader)`` batches or more), so that its iterator is
+    to be run to its end (:func:`ending_the_pass`). False for a cut (``limit_train_batches``,
+    ``max_steps``, a ``steps_per_epoch`` below ``len()``), for a loader without ``len()``, and for
+    an iterator (a stream: what comes next is the next epoch's).
+
+    Examples:
+        >>> ends_its_pass([1, 2, 3], 3), ends_its_pass([1, 2, 3], 2), ends_its_pass(iter([1, 2]), 2)
+        (True, False, False)
+    """
+    length = _safe_len(loader)
+    return stop is not None and length is not None and stop >= length and not is_iterator(loader)
+
+
+def ending_the_pass(batches: Iterator, iterator: Iterator, beyond: Callable[[Any], None]) -> Iterator:
+    """``batches`` (an ``islice`` of ``iterator``), then one more ``next(iterator)``, as a ``for``
+    loop ends a pass: a loader learns there that its pass is over (torch's ``RandomSampler`` draws
+    its generator for the next shuffle only then), on the thread that iterates, a prefetcher's too.
+    A batch it yields after all is given to ``beyond``. ``itertools.chain``: the steps pay nothing.
+
+    Examples:
+        >>> it = iter([1, 2, 3])
+        >>> list(ending_the_pass(itertools.islice(it, 2), it, print))
+        3
+        [1, 2]
+    """
+    def end() -> Iterator:
+        extra = next(iterator, _PASS_ENDED)
+        if extra is not _PASS_ENDED:
+            beyond(extra)
+        yield from ()
+
+    return itertools.chain(batches, end())
+
+
+_PASS_ENDED = object()
+
+
 def no_batches_error(name: str, loader: Any, served_before: bool = False) -> ValueError:
     """The error for a loader that yielded no batch: an iterator (a generator) that ran dry after
     its one pass, a loader that yielded batches at an earlier pass (``served_before``) but whose

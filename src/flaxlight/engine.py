@@ -47,8 +47,9 @@ import numpy as np
 
 from flaxlight import distributed as dist
 from flaxlight.messages import logger as messages
-from flaxlight.data import (ArrayLoader, DeviceEpoch, FirstBatches, Prefetcher, group_batches, is_iterator, is_stream,
-                            no_batches_error, positioned_iterator, same_shapes, take_batches)
+from flaxlight.data import (ArrayLoader, DeviceEpoch, FirstBatches, Prefetcher, ending_the_pass, ends_its_pass,
+                            group_batches, is_iterator, is_stream, no_batches_error, positioned_iterator, same_shapes,
+                            take_batches)
 from flaxlight.lean import LeanLoop, strip_idle_fields
 from flaxlight.metrics import (accumulate, batch_size, deliberate_reads, fresh_zeros, init_accumulator, step_finite,
                                tree_finite, with_saved_objects, device_copy as device_copy_of)
@@ -95,14 +96,22 @@ class Span:
 class Feed:
     """A loader's batches as the engine consumes them: ``(steps, payload)`` items and the data
     path (``"batches"``, or ``"indexed"`` for a device epoch). ``head`` is the first item (None
-    when there are none); ``first_batch`` (host arrays) is made only when asked."""
+    when there are none); ``first_batch`` (host arrays) is made only when asked. ``ends_pass``: its
+    items end with the end of the loader's pass (:func:`~flaxlight.data.ending_the_pass`)."""
 
     def __init__(self, items: Iterable[tuple[int, Any]], path: str, first_batch: Callable[[Any], Any],
-                 prefetcher: Prefetcher | None = None):
+                 prefetcher: Prefetcher | None = None, ends_pass: bool = False):
         items = iter(items)
         self.head = next(items, None)
         self.items = items if self.head is None else itertools.chain([self.head], items)
-        self.path, self.prefetcher, self._first_batch = path, prefetcher, first_batch
+        self.path, self.prefetcher, self._first_batch, self.ends_pass = path, prefetcher, first_batch, ends_pass
+
+    def end_pass(self) -> None:
+        """After its last item was trained on, but an event ended the span there (``max_steps`` or a
+        ``stop()`` at the epoch's last batch): the loader's pass is ended all the same (a prefetcher's
+        thread does it; this waits for it)."""
+        if self.ends_pass:
+            next(self.items, None)
 
     @property
     def empty(self) -> bool:
@@ -204,6 +213,7 @@ class Engine:
         self._position: Callable[[], Any] | None = None
         self._updated_at: int | None = None  # the step of the last epoch-end update (see end_accumulation)
         self._served: weakref.WeakSet = weakref.WeakSet()  # loaders that yielded batches (see served_before)
+        self._held: tuple[Any, Any] | None = None  # (a stream's iterator, its batch drawn at a pass's end)
         self.train_step = self._jit(train_step, donate_argnums=0)
         self.eval_step = self._jit(eval_step)
         self._jit_loop()
@@ -309,13 +319,21 @@ class Engine:
         given again after a resume, the batches the run's earlier epochs took from it, passed over
         first. A loader with a ``set_epoch`` (its own or its samplers': see
         :func:`flaxlight.resume.epoch_setter`) restarts at each epoch, even when its ``iter()`` hands
-        out the epoch's one iterator: nothing of the earlier epochs is in it to pass over."""
+        out the epoch's one iterator: nothing of the earlier epochs is in it to pass over.
+
+        Batches up to the loader's ``len()`` (not a cut: :func:`~flaxlight.data.ends_its_pass`) end
+        with one more ``next()``, as a ``for`` loop's pass ends (a shuffled torch ``DataLoader`` draws
+        its next order then; :meth:`_beyond_the_pass` for a batch it yields after all)."""
         if self.serves_device_epochs(loader):
             epoch, self._epoch_ahead = self._epoch_ahead, None
             if epoch is None or not epoch.serves(loader, stop):
                 epoch = DeviceEpoch(loader, stop=stop, host_gather=self._gathers_on_host())
             return Feed(epoch.items(start, self.block_length, step), "indexed", lambda head: epoch.first_batch)
         iterator, reader = positioned_iterator(loader, position)
+        source, ends_pass, taken = iterator, ends_its_pass(loader, stop), stop  # taken: the epoch's batches
+        held, self._held = self._held, None
+        if held is not None and held[0] is iterator:  # a stream's batch drawn at the end of the last pass
+            iterator = itertools.chain([held[1]], iterator)
         if position is not None:
             start, stop = 0, None if stop is None else stop - start
         elif skip and epoch_setter(loader) is None and is_stream(loader):
@@ -324,13 +342,29 @@ class Engine:
         # one at a time (no background loading ahead, no blocks).
         self._position = reader if self.block_length == 1 and not self.prefetch else None
         batches = itertools.islice(iterator, start, stop)
+        if ends_pass:
+            batches = ending_the_pass(batches, source, lambda batch: self._beyond_the_pass(loader, source, taken, batch))
         items = group_batches(batches, self.block_length, start=step)
         prefetcher = None
         if self.prefetch:
             items = prefetcher = Prefetcher(items, size=self.prefetch, transform=self._to_device)
         elif self.mesh is not None:
             items = map(self._to_device, items)
-        return Feed(items, "batches", _first_of, prefetcher)
+        return Feed(items, "batches", _first_of, prefetcher, ends_pass)
+
+    def _beyond_the_pass(self, loader: Iterable, iterator: Any, taken: int, batch: Any) -> None:
+        """A batch the loader's iterator yielded at the epoch's end, after the epoch's ``taken`` batches
+        (its ``len()``, or a ``steps_per_epoch`` above it). A stream's (its ``iter()`` hands out one shared iterator, restarted by no
+        ``set_epoch``): the next epoch's first, kept for it. Any other's: not trained on (the epoch is
+        ``len()`` batches, the schedule sized for them, as in Lightning), and a warning says so."""
+        if is_stream(loader) and epoch_setter(loader) is None:
+            self._held = (iterator, batch)
+            return
+        warnings.warn(f"train_loader yielded more batches in one pass than its len() ({len(loader)}) says: an epoch "
+                      f"trains {taken} batches (the learning-rate schedule is sized for them), so batch {taken + 1}, "
+                      f"drawn to end the pass as a for loop does, is not trained on. Make len() the number of batches "
+                      f"one pass yields (a torch IterableDataset's __len__, say), or pass that number as "
+                      f"train_model(..., steps_per_epoch=N).", RuntimeWarning, stacklevel=2)
 
     def note_served(self, loader: Any) -> None:
         """Remember that ``loader`` yielded batches (see :meth:`served_before`)."""
@@ -387,6 +421,8 @@ class Engine:
                     loader, stop=stop, epoch=loader.epoch + 1, host_gather=self._gathers_on_host())) \
                     if more_epochs() else None
             ended_by_event = self.run(feed, span, schedule, self._updating_at_end(epoch_length, span.state, on_event))
+            if ended_by_event and stop is not None and span.batches >= stop:  # an event at the pass's last batch
+                feed.end_pass()
             if span.batches >= epoch_length if epoch_length is not None else \
                     not ended_by_event and (stop is None or span.batches < stop):  # the epoch's end, not a cut
                 self.end_accumulation(span)

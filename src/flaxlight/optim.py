@@ -1103,8 +1103,11 @@ def warn_settings_outside_step(trainer_name: str, plan: OptimizerPlan, step: Any
     if plan.regularizer is not None and getattr(step, "regularizer", None) is None:
         logger.warning(
             "weight_decay_mode='l2' adds its penalty inside the train step, but %s.create_functions() builds its own "
-            "step: pass `regularizer=flaxlight.optim.as_optimizer_config(self.optimizer_hparams).l2_regularizer()` to "
-            "your TrainStep (or add the penalty to your loss), or use weight_decay_mode='decoupled'.", trainer_name)
+            "step, to which flaxlight adds nothing: no weight decay is applied unless your step adds it. Pass "
+            "`regularizer=flaxlight.optim.as_optimizer_config(self.optimizer_hparams).l2_regularizer()` to your "
+            "TrainStep (or add that function's value to the loss your step differentiates), or use "
+            "weight_decay_mode='decoupled' (applied by the optimizer, whatever the step). The UvA guide's sgd decay "
+            "(optax.add_decayed_weights before the optimizer): see docs/from-uva.md.", trainer_name)
     precision = plan.config.precision if plan.config is not None else "fp32"
     if precision != "fp32" and getattr(step, "precision", None) != precision:
         logger.warning(

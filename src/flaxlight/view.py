@@ -55,6 +55,14 @@ class TrainerViewMixin:
     _validation_open = False  # from its evaluation's end until its callbacks' on_validation_end ended
     _best_pending: dict | None = None  # a validation's metrics whose best-model question waits for its monitor
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """A ``load_model`` of the subclass's own is wrapped so that the state it sets is taken in as
+        ``init_model``'s and ``init_optimizer``'s are (:func:`taking_in_state`)."""
+        super().__init_subclass__(**kwargs)
+        own = vars(cls).get("load_model")
+        if inspect.isfunction(own) and not _is_flaxlights(own) and not hasattr(own, "flaxlight_takes_in_state"):
+            cls.load_model = taking_in_state(own)
+
     def stop(self, reason: str) -> None:
         """Ask the loop to stop after the current step's work (and the epoch's end routine)."""
         if not self.should_stop:
@@ -624,6 +632,14 @@ class TrainerViewMixin:
             return train_step, eval_step
         return watch_traced_reads(train_step, "train"), watch_traced_reads(eval_step, "eval")
 
+    def _take_in_loaded_state(self, before: Any) -> None:
+        """After a ``load_model`` of the user's: a Flax ``TrainState`` it set (the UvA guide's
+        ``TrainState.create(apply_fn=self.model.apply, ...)``) rebuilt as a :class:`~flaxlight.TrainState`,
+        as after ``init_optimizer`` (:func:`adopt_state`); a state it did not change is left alone."""
+        state = getattr(self, "state", None)
+        if state is not before:
+            self.state = adopt_state(state, before, f"{type(self).__name__}.load_model", self._say_once)
+
     def _say_once(self, message: str) -> None:
         """Say ``message`` the first time only (each ``train_model`` builds the optimizer again)."""
         if not getattr(self, "_adopted_said", False):
@@ -852,6 +868,31 @@ def _accepts(method: Callable, *args: Any, **kwargs: Any) -> bool:
     except ValueError:
         return True
     return True
+
+
+def taking_in_state(load_model: Callable) -> Callable:
+    """``load_model`` (a trainer subclass's own) followed by taking in the state it set: the UvA
+    guide's ``load_model`` builds its Flax ``TrainState``, which ``bind_model``, ``predict`` and the
+    loop cannot use, and it is called by flaxlight (a test, ``load_from_checkpoint``, a resume) and
+    by the user alike, so the method itself does it. Its name, signature and module stay the
+    override's (``functools.wraps``: flaxlight still calls it as the user's).
+
+    Examples:
+        >>> class Guide(flaxlight.TrainerModule):           # doctest: +SKIP
+        ...     def load_model(self):
+        ...         self.state = GuideTrainState.create(apply_fn=self.model.apply, params=..., tx=...)
+        >>> Guide.load_model.flaxlight_takes_in_state       # doctest: +SKIP
+        True
+    """
+    @functools.wraps(load_model)
+    def load_model_taking_in_state(self, *args: Any, **kwargs: Any) -> Any:
+        before = getattr(self, "state", None)
+        result = load_model(self, *args, **kwargs)
+        self._take_in_loaded_state(before)
+        return result
+
+    load_model_taking_in_state.flaxlight_takes_in_state = True
+    return load_model_taking_in_state
 
 
 def adopt_state(state: Any, before: Any, where: str, say: Callable[[str], None]) -> Any:
