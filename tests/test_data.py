@@ -1,5 +1,6 @@
 import warnings
 
+import jax
 import numpy as np
 import pytest
 
@@ -145,3 +146,37 @@ def test_python_lists_become_arrays_and_a_leading_dimension_error_stays_short():
     assert len(message) < 400 and "[0] (1000, 3), [1][0] (5,)" in message and "(501 arrays in all)" in message
     with pytest.raises(ValueError, match=r"\[1\] is a Python list that is not rectangular.*np.asarray"):
         ArrayLoader(x, [[1, 2]] * 9 + [[3]], batch_size=4)
+
+
+def test_pandas_dataframes_and_series_train_as_their_arrays_on_every_path(tmp_path):
+    """train_model((df, series)) failed inside the first epoch with JAX's 'Cannot interpret value of
+    type DataFrame' / the Series' whole repr, where validation and test took them (Keras' fit does)."""
+    pd = pytest.importorskip("pandas")
+    from conftest import RegressTrainer, TinyMLP, linear_data, quiet
+
+    x, y = linear_data(64, 0)
+    frame = pd.DataFrame(x.astype(np.float64), columns=[f"f{i}" for i in range(x.shape[1])])
+    target = pd.Series(y[:, 0].astype(np.float64), name="target")
+
+    def run(name, train, exmp):
+        trainer = RegressTrainer(model_class=TinyMLP, model_hparams={"hidden_dims": [8]}, exmp_input=exmp,
+                                 optimizer_hparams={"optimizer": "adam", "lr": 1e-2}, **quiet(tmp_path / name))
+        trainer.train_model(train, (frame, target.to_frame()), num_epochs=2, batch_size=16)
+        return trainer
+
+    arrays = run("arrays", (x.astype(np.float64), y.astype(np.float64)), x[:1])
+    frames = run("frames", (frame, target.to_frame()), frame.iloc[:1])
+    for leaf_a, leaf_f in zip(jax.tree.leaves(arrays.state.params), jax.tree.leaves(frames.state.params)):
+        np.testing.assert_array_equal(np.asarray(leaf_a), np.asarray(leaf_f))
+    assert frames.predict(frame, batch_size=16).shape == (64, 1)  # and predict takes one too
+    loader = ArrayLoader(frame, target, batch_size=16)
+    assert isinstance(next(iter(loader))[0], np.ndarray) and len(loader) == 4
+
+
+def test_an_exmp_input_of_text_or_objects_is_refused_naming_its_dtype(tmp_path):
+    from conftest import RegressTrainer, TinyMLP, quiet
+
+    with pytest.raises(TypeError, match=r"exmp_input holds an array of dtype object \(shape \(1, 2\)\), which JAX cannot "
+                                        r"hold: the model's inputs must be numbers"):
+        RegressTrainer(model_class=TinyMLP, model_hparams={}, optimizer_hparams={},
+                       exmp_input=np.array([[1.0, "red"]], dtype=object), **quiet(tmp_path))

@@ -115,3 +115,26 @@ def test_a_classifier_whose_steps_come_from_create_jitted_functions_takes_any_la
     trainer = OwnSteps(model_class=TinyMLP, model_hparams={"hidden_dims": [8], "output_dim": 2},
                        optimizer_hparams={"lr": 1e-2}, exmp_input=x[:1], **quiet(tmp_path))
     assert np.isfinite(trainer.train_model((x, y, w), (x, y, w), num_epochs=1, batch_size=8)["val/loss"])
+
+
+class _BinarySigmoid(ClassificationTrainer):
+    """Keras' binary classifier: one logit, sigmoid cross-entropy, 0/1 labels (int or float)."""
+
+    def loss_fn(self, params, batch, *, train, rng, state):
+        x, y = batch
+        logit, updates = state.apply_model(params, x, train=train, rng=rng)
+        loss = optax.sigmoid_binary_cross_entropy(logit[:, 0], y.astype(logit.dtype)).mean()
+        return loss, ({"acc": ((logit[:, 0] > 0) == (y > 0.5)).mean()}, updates)
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.float32])
+def test_a_classifier_subclass_with_its_own_loss_takes_a_one_logit_sigmoids_labels(tmp_path, dtype):
+    """Its (x, y) batches were refused by the zoo's softmax label check: 'labels must be in [0, 0]. Map
+    the labels to 0..0', or float labels outright; (x, y, w) batches of the same data trained."""
+    x = np.random.default_rng(0).normal(size=(128, 4)).astype(np.float32)
+    y = (x[:, 0] > 0).astype(dtype)
+    trainer = _BinarySigmoid(model_class=TinyMLP, model_hparams={"hidden_dims": [8], "output_dim": 1},
+                             optimizer_hparams={"optimizer": "adam", "lr": 1e-2}, exmp_input=x[:1],
+                             **quiet(tmp_path))
+    metrics = trainer.train_model((x, y), (x, y), num_epochs=20, batch_size=32)
+    assert metrics["val/acc"] > 0.85

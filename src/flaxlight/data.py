@@ -34,6 +34,12 @@ def _is_array(value: Any) -> bool:
     return isinstance(value, (np.ndarray, jax.Array))
 
 
+def _is_frame(value: Any) -> bool:
+    """Whether ``value`` is a pandas ``DataFrame`` / ``Series`` (or another table with
+    ``to_numpy()``): taken as the array it converts to, as Keras' ``fit`` takes them."""
+    return not _is_array(value) and callable(getattr(value, "to_numpy", None)) and hasattr(value, "shape")
+
+
 def _is_numeric(leaf: Any) -> bool:
     """Whether JAX can hold ``leaf``'s values (numbers or booleans, not text or objects)."""
     try:
@@ -66,18 +72,21 @@ def _shapes_of(leaves: list, shown: int = 8) -> str:
 
 def lists_as_arrays(data: Any, what: str = "data") -> Any:
     """``data`` with each Python list of numbers (or strings) in it made a numpy array, as Keras
-    takes ``y.tolist()``; a list of arrays or of batches is left as it is. ``what`` names the data
-    in the error for a list that is not rectangular.
+    takes ``y.tolist()``, and each pandas ``DataFrame`` / ``Series`` its ``to_numpy()``; a list of
+    arrays or of batches is left as it is. ``what`` names the data in the error for a list that is
+    not rectangular.
 
     Examples:
         >>> x, y = lists_as_arrays((np.zeros((3, 2)), [0, 1, 2]))
         >>> y
         array([0, 1, 2])
     """
-    if not any(isinstance(leaf, list) for leaf in jax.tree.leaves(data, is_leaf=_holds_values)):
+    if not any(isinstance(leaf, list) or _is_frame(leaf) for leaf in jax.tree.leaves(data, is_leaf=_holds_values)):
         return data  # nothing to convert: the same object back
 
     def convert(path, leaf):
+        if _is_frame(leaf):
+            return np.asarray(leaf.to_numpy())
         if not isinstance(leaf, list):
             return leaf
         try:
@@ -588,14 +597,20 @@ def as_input_list(exmp_input: Any) -> list:
     """The model's example inputs as a list (one input, or a tuple/list of them); an input that
     holds no array (``None``, a string) fails here, naming it, rather than inside the model."""
     several = isinstance(exmp_input, (list, tuple)) and len(exmp_input) > 0
-    inputs = list(exmp_input) if several else [exmp_input]
+    inputs = [lists_as_arrays(example) if _is_frame(example) else example
+              for example in (list(exmp_input) if several else [exmp_input])]  # a DataFrame: its values
     for i, example in enumerate(inputs):
         leaves = jax.tree.leaves(example)
+        where = f"exmp_input[{i}]" if several else "exmp_input"
         if not leaves or any(isinstance(leaf, (str, bytes)) for leaf in leaves):
-            where = f"exmp_input[{i}]" if several else "exmp_input"
             raise TypeError(f"{where} must be an array (or a pytree of arrays) shaped like one batch of the model's "
                             f"input, e.g. exmp_input=x[:1] or next(iter(train_loader))[0]; got {example!r:.80} "
                             f"({type(example).__name__}).")
+        text = next((leaf for leaf in leaves if _is_array(leaf) and not _is_numeric(leaf)), None)
+        if text is not None:
+            raise TypeError(f"{where} holds an array of dtype {text.dtype} (shape {text.shape}), which JAX cannot "
+                            f"hold: the model's inputs must be numbers. Convert the columns first (category names "
+                            f"to integer ids, e.g. pandas' .astype('category').cat.codes, then x.astype(np.float32)).")
     return inputs
 
 
@@ -739,6 +754,8 @@ def _as_arrays(data: Any, split: bool, what: str = "data") -> Any:
     :func:`_looks_like_one_datasets_arrays`) is an error asking for a tuple."""
     if _is_array(data):
         return data
+    if _is_frame(data):
+        return np.asarray(data.to_numpy())
     if split and _looks_like_one_datasets_arrays(data):  # also [x.tolist(), y.tolist()]
         raise _list_of_arrays_error(data, what)
     if split and _holds_values(data):  # one array as a Python list
@@ -746,7 +763,7 @@ def _as_arrays(data: Any, split: bool, what: str = "data") -> Any:
     if not isinstance(data, (tuple, dict)) or not data:
         return None
     parts = data.values() if isinstance(data, dict) else data
-    if not split and not all((_is_array(v) and np.ndim(v) >= 1) or _holds_values(v) for v in parts):
+    if not split and not all(((_is_array(v) or _is_frame(v)) and np.ndim(v) >= 1) or _holds_values(v) for v in parts):
         return None
     return lists_as_arrays(data, what)
 

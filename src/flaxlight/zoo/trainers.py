@@ -145,10 +145,12 @@ class ClassificationTrainer(TrainerModule):
     def check_labels(self, batch, where: str) -> None:
         """Fail, naming the offending labels and the fix, unless ``batch = (inputs, labels)`` has
         integer labels in ``[0, num_classes)``; a batch of another layout is refused while this
-        class's ``loss_fn`` reads it (a subclass's own ``loss_fn`` may take any)."""
+        class's ``loss_fn`` reads it. A subclass's own ``loss_fn`` (or step) takes any layout and
+        labels (a one-logit sigmoid's 0/1, float targets): nothing is checked for it."""
         self._check_layout(batch, f"the first batch of {where}")
-        if not isinstance(batch, (tuple, list)) or len(batch) != 2 or not hasattr(batch[1], "dtype"):
-            return  # another layout: a subclass's loss_fn reads it
+        if not self._reads_pairs() or not isinstance(batch, (tuple, list)) or len(batch) != 2 \
+                or not hasattr(batch[1], "dtype"):
+            return  # another loss reads them
         labels = _this_process_values(batch[1])
         if not np.issubdtype(labels.dtype, np.integer):
             raise TypeError(f"{type(self).__name__} needs integer class labels; the first batch of {where} has labels "
