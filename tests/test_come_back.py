@@ -24,6 +24,7 @@ import pytest
 from conftest import RegressTrainer, StopAt, TinyMLP, linear_data
 
 import flaxlight
+from flaxlight import cli
 from flaxlight.callbacks import LearningRateMonitor, ModelCheckpoint
 
 X0 = linear_data(1)[0]
@@ -77,6 +78,19 @@ def test_a_resume_with_another_batch_size_ends_the_schedule_at_its_end_value(tmp
     assert rates[72] == pytest.approx(END, rel=1e-4)  # the monitor's last rate: the schedule's end
     assert rates[56] > rates[64] > rates[72]
     assert float(flaxlight.current_learning_rate(resumed.state)) == pytest.approx(END, rel=1e-4)  # the optimizer's
+
+
+def test_the_cli_resume_with_another_batch_size_spans_the_whole_run(tmp_path, capsys):
+    """flaxlight fit --resume RUN data.batch_size=...: 2 epochs of 20 batches, then 1 of 10."""
+    sine = Path(__file__).resolve().parents[1] / "examples" / "configs" / "sine_regression.yaml"
+    short = ["trainer.max_epochs=2", "trainer.check_val_every_n_epoch=1", "data.batch_size=50",
+             "data.eval_batch_size=500", "trainer.enable_progress_bar=false"]
+    run = tmp_path / "run"
+    assert cli.main([str(a) for a in ["fit", "-c", sine, *short, "--log-dir", run]]) == 0
+    capsys.readouterr()
+    assert cli.main([str(a) for a in ["fit", "-c", run / "config.yaml", "--resume", run, "trainer.max_epochs=3",
+                                      "data.batch_size=100"]]) == 0
+    assert "spanned 40 steps and this run's spans 50" in capsys.readouterr().err
 
 
 def test_a_run_resumed_twice_keeps_the_length_of_its_epochs_before_the_change(tmp_path):

@@ -247,7 +247,8 @@ def pick_checkpoint(checkpointer: Checkpointer, which: str = "best") -> int:
                       f"save_top_k=0), or a monitored value NaN at every validation): loading the newest, step "
                       f"{max(steps)}, which the run's best metrics may not describe.", RuntimeWarning, stacklevel=3)
     chosen = choose_step(steps, meta, which)
-    if which == "best" and meta is not None and (meta.best_step in steps or not meta.best_eval_metrics):
+    if which == "best" and meta is not None and meta.step == max(steps) and (
+            meta.best_step in steps or not meta.best_eval_metrics):  # else: said above (damaged, removed, none kept)
         _warn_if_records_name_a_later_best(checkpointer, meta, chosen)
     return chosen
 
@@ -266,7 +267,7 @@ def _warn_if_records_name_a_later_best(checkpointer: Checkpointer, meta: Checkpo
     warn_at_user(
         f"The records of the run in {run} name a better model than any checkpoint holds: "
         f"{METRICS_DIR}/best_eval.json is the validation {where} ({_brief(recorded)}), but the run's newest "
-        f"checkpoint (step {max(checkpointer.all_steps())}) knows of "
+        f"checkpoint (step {meta.step}) knows of "
         + (f"no better one than step {meta.best_step}'s ({_brief(known)})" if known else "no validation")
         + f". The run ended (killed, or failed) before that model's checkpoint was written, or it still trains and the "
         f"checkpoint waits for the writer's pause (a new best is queued behind it). Loading step {chosen}, the best "
