@@ -26,7 +26,7 @@ from flaxlight.data import is_iterator
 from flaxlight.metrics import HostSnapshot, finite_now, to_host
 
 __all__ = ["LoopState", "RunningLog", "EventSchedule", "SignalGuard", "Interrupted", "BatchLimits", "RunPlan",
-           "NonfiniteTally", "limit_batches", "loader_length", "warn_if_loader_ran_short"]
+           "RunSoFar", "NonfiniteTally", "limit_batches", "loader_length", "warn_if_loader_ran_short"]
 
 
 class RunningLog:
@@ -350,24 +350,65 @@ class BatchLimits:
 
 
 @dataclasses.dataclass(frozen=True)
+class RunSoFar:
+    """What a resumed run trained before its checkpoint: ``steps`` train steps (batches) since it
+    began, ``epochs`` whole epochs and ``batches`` of the next one, in epochs of ``epoch_length``
+    batches (None: not recorded) after the ``earlier`` ones, ``((batches, epoch length), ...)``
+    trained at other lengths (a resume with another batch size), oldest first.
+
+    Examples:
+        >>> RunSoFar(steps=95, epochs=5, epoch_length=19).run_length(num_epochs=7, steps_per_epoch=38)
+        (171, ((95, 19),))
+        >>> RunSoFar(steps=95, epochs=5, epoch_length=19).run_length(num_epochs=7, steps_per_epoch=19)
+        (133, ())
+    """
+
+    steps: int
+    epochs: int
+    batches: int = 0
+    epoch_length: int | None = None
+    earlier: tuple = ()
+
+    def run_length(self, num_epochs: int, steps_per_epoch: int) -> tuple[int, tuple]:
+        """``(train steps of the whole run, its earlier epoch lengths)`` when it trains to
+        ``num_epochs`` in epochs of ``steps_per_epoch`` batches from here: the steps taken so far
+        plus those left. A run whose epochs all had this length: ``num_epochs * steps_per_epoch``,
+        as a run never interrupted (so is one with nothing left to train)."""
+        left = (num_epochs - self.epochs) * steps_per_epoch - self.batches
+        changed = self.epoch_length is not None and self.epoch_length != steps_per_epoch
+        if left <= 0 or not (changed or self.earlier):
+            return num_epochs * steps_per_epoch, ()
+        earlier = self.earlier
+        if changed:  # the epochs since the last change (or the start) had the other length
+            earlier += ((self.steps - sum(batches for batches, _ in earlier), self.epoch_length),)
+        return self.steps + left, earlier
+
+
+@dataclasses.dataclass(frozen=True)
 class RunPlan:
     """A run's length: epochs, batches per epoch, and the steps the optimizer's schedule spans
     (``schedule_epochs * schedule_steps_per_epoch``: fitted to the steps ``max_steps`` leaves the
-    run when it ends the run first)."""
+    run when it ends the run first), of which the first were trained in epochs of other lengths
+    (``earlier``, see :class:`RunSoFar`)."""
 
     num_epochs: int
     steps_per_epoch: int
     schedule_epochs: int
     schedule_steps_per_epoch: int
+    earlier: tuple = ()
 
     @classmethod
     def make(cls, train_loader, val_loader, *, num_epochs: int, steps_per_epoch: int | None,
              check_val_every_n_epoch: int | None, limits: BatchLimits, max_steps: int | None,
-             val_check_interval: int | None = None, start_step: int = 0) -> "RunPlan":
+             val_check_interval: int | None = None, start_step: int = 0,
+             so_far: RunSoFar | None = None) -> "RunPlan":
         """Check the requested length against the loaders and settings; a readable error if off.
         Under ``fast_dev_run`` the schedule still spans the requested run (one step of it runs).
         ``max_steps`` counts the model's steps and the run starts at ``start_step`` (a model loaded
-        from a checkpoint, a second ``train_model`` call): ``max_steps - start_step`` of them run."""
+        from a checkpoint, a second ``train_model`` call): ``max_steps - start_step`` of them run.
+        ``so_far``: a resume's, what the run trained before its checkpoint: the schedule spans the
+        steps taken so far plus those left (:meth:`RunSoFar.run_length`), also when the epochs
+        left have another number of batches (another batch size) than those trained."""
         if max_steps is not None and max_steps > start_step:  # else nothing trains: the length as asked
             max_steps -= start_step
         requested_epochs, num_epochs = num_epochs, limits.max_epochs or num_epochs
@@ -406,9 +447,12 @@ class RunPlan:
                              f"val_check_interval, train longer, or set check_val_every_n_epoch.")
         if limits.max_epochs is not None and isinstance(requested_epochs, int) and requested_epochs >= 1:
             return cls(num_epochs, steps_per_epoch, requested_epochs, full_steps_per_epoch)
-        if max_steps is not None and max_steps < num_epochs * steps_per_epoch:
-            return cls(num_epochs, steps_per_epoch, 1, max_steps)
-        return cls(num_epochs, steps_per_epoch, num_epochs, steps_per_epoch)
+        run_steps, earlier = so_far.run_length(num_epochs, steps_per_epoch) if so_far else (num_epochs * steps_per_epoch, ())
+        if max_steps is not None and max_steps < run_steps:
+            return cls(num_epochs, steps_per_epoch, 1, max_steps, earlier)
+        if run_steps != num_epochs * steps_per_epoch:
+            return cls(num_epochs, steps_per_epoch, 1, run_steps, earlier)
+        return cls(num_epochs, steps_per_epoch, num_epochs, steps_per_epoch, earlier)
 
 
 def epoch_stop(stop: int | None, batch_index: int, step: int, max_steps: int | None) -> int | None:

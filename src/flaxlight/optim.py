@@ -1029,22 +1029,30 @@ def apply_accumulated(state: Any, value: Any = None) -> Any:
     return state.replace(params=params, opt_state=opt_state)
 
 
-def accumulated_updates(batches: int, every: int, epoch_length: int | None = None) -> int:
+def accumulated_updates(batches: int, every: int, epoch_length: int | None = None, earlier: tuple = ()) -> int:
     """Optimizer updates in ``batches`` train steps with an update every ``every`` batches and one
     at each epoch's end (epochs of ``epoch_length`` batches; the last one may be cut short, as
     ``max_steps`` cuts it: its partial group stays pending, as a resumed run goes on with it).
-    None: no epoch ends (a loop of your own): ``batches // every``.
+    None: no epoch ends (a loop of your own): ``batches // every``. ``earlier``: the first of the
+    batches were trained in epochs of other lengths, ``((batches, epoch length), ...)`` (a run
+    resumed with another batch size), counted with theirs.
 
     Examples:
         >>> accumulated_updates(38, every=4, epoch_length=19)    # 4+4+4+4+3 per epoch
         10
         >>> accumulated_updates(21, every=4, epoch_length=19)    # 5, then 2 batches of a group left pending
         5
+        >>> accumulated_updates(76, every=4, epoch_length=38, earlier=((38, 19),))  # 2 x 5, then 10 per epoch
+        20
     """
     if epoch_length is None:
         return batches // every
+    updates = 0
+    for trained, length in earlier:
+        updates += accumulated_updates(min(trained, batches), every, length)
+        batches = max(batches - trained, 0)
     epochs, rest = divmod(batches, epoch_length)
-    return epochs * -(-epoch_length // every) + rest // every
+    return updates + epochs * -(-epoch_length // every) + rest // every
 
 
 # --- building -----------------------------------------------------------------------------------
@@ -1063,6 +1071,8 @@ class OptimizerPlan:
         first_step: the model's step when the optimizer was built.
         epoch_length: batches per epoch, where the trainer applies a partial group of
             ``accumulate_grad_batches`` (see :func:`accumulated_updates`); None: no epoch ends.
+        earlier: ``((batches, epoch length), ...)``: the run's first batches were trained in
+            epochs of other lengths (a run resumed with another batch size).
     """
 
     tx: optax.GradientTransformation
@@ -1074,6 +1084,7 @@ class OptimizerPlan:
     weight_decay: float
     first_step: int = 0
     epoch_length: int | None = None
+    earlier: tuple = ()
 
     @functools.cached_property
     def step_schedule(self) -> Callable[[Any], Any] | None:
@@ -1085,13 +1096,18 @@ class OptimizerPlan:
         every = self.config.accumulate_grad_batches if self.config is not None else 1
         if self.schedule is None or (every == 1 and self.first_step == 0):
             return self.schedule
-        schedule, first, length = self.schedule, self.first_step, self.epoch_length
+        schedule, first, length, earlier = self.schedule, self.first_step, self.epoch_length, self.earlier
 
         def at_step(step):
             batches = jnp.maximum(step - first, 0)
             if every == 1 or length is None:
                 return schedule(batches // every)
-            return schedule(batches // length * -(-length // every) + batches % length // every)
+            updates = 0
+            for trained, earlier_length in earlier:  # epochs of other lengths first (a resume's)
+                part = jnp.minimum(batches, trained)
+                updates = updates + part // earlier_length * -(-earlier_length // every) + part % earlier_length // every
+                batches = batches - part
+            return schedule(updates + batches // length * -(-length // every) + batches % length // every)
 
         return at_step
 
@@ -1117,10 +1133,11 @@ def warn_settings_outside_step(trainer_name: str, plan: OptimizerPlan, step: Any
 
 
 def make_optimizer_plan(optimizer_hparams, total_steps: int, first_step: int = 0,
-                        epoch_length: int | None = None) -> OptimizerPlan:
+                        epoch_length: int | None = None, earlier: tuple | None = None) -> OptimizerPlan:
     """Build the optimizer for a run of ``total_steps`` train steps and say what the step must add.
     ``epoch_length``: batches per epoch; with ``accumulate_grad_batches`` the schedule then spans
-    :func:`accumulated_updates` updates (the trainer updates at each epoch's end too).
+    :func:`accumulated_updates` updates (the trainer updates at each epoch's end too), the first
+    ``earlier`` batches counted in epochs of their own lengths (a run resumed with another batch size).
 
     Examples:
         >>> plan = make_optimizer_plan({"optimizer": "adamw", "lr": 1e-3, "weight_decay": 0.01}, 1000)
@@ -1139,7 +1156,8 @@ def make_optimizer_plan(optimizer_hparams, total_steps: int, first_step: int = 0
     config = as_optimizer_config(optimizer_hparams)
     if config is None:
         return _ready_plan(optimizer_hparams, total_steps)
-    num_updates = _num_updates(config, total_steps, epoch_length)
+    earlier = tuple(tuple(pair) for pair in earlier or ())
+    num_updates = _num_updates(config, total_steps, epoch_length, earlier)
     schedule = _plan_schedule(config, num_updates)
     kwargs = _optimizer_kwargs(config, schedule)
     weight_decay = config.resolved_weight_decay()
@@ -1149,7 +1167,7 @@ def make_optimizer_plan(optimizer_hparams, total_steps: int, first_step: int = 0
         tx=_assemble_tx(config, kwargs, tail, schedule), config=config, schedule=schedule,
         regularizer=config.l2_regularizer() if weight_decay > 0 else None,
         total_steps=total_steps, num_updates=num_updates,
-        weight_decay=weight_decay, first_step=int(first_step), epoch_length=epoch_length,
+        weight_decay=weight_decay, first_step=int(first_step), epoch_length=epoch_length, earlier=earlier,
     )
 
 
@@ -1166,10 +1184,11 @@ def _ready_plan(optimizer_hparams: Any, total_steps: int) -> OptimizerPlan:
                          num_updates=total_steps, weight_decay=0.0)
 
 
-def _num_updates(config: OptimizerConfig, total_steps: int, epoch_length: int | None = None) -> int:
+def _num_updates(config: OptimizerConfig, total_steps: int, epoch_length: int | None = None,
+                 earlier: tuple = ()) -> int:
     """Optimizer updates in a run of ``total_steps`` train steps; the warmup must fit in them."""
     every = config.accumulate_grad_batches
-    num_updates = max(accumulated_updates(total_steps, every, epoch_length), 1)
+    num_updates = max(accumulated_updates(total_steps, every, epoch_length, earlier), 1)
     if config.warmup_steps > num_updates:
         per_epoch = f", {epoch_length} per epoch" if every > 1 and epoch_length else ""
         raise ValueError(

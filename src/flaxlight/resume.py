@@ -32,10 +32,10 @@ import numpy as np
 
 from flaxlight.checkpoint import Checkpointer, DamagedCheckpointError
 from flaxlight.data import is_stream
-from flaxlight.loop import LoopState, safe_len
-from flaxlight.messages import logger as messages
+from flaxlight.loop import LoopState, RunSoFar, safe_len
+from flaxlight.messages import logger as messages, warn_at_user
 from flaxlight.metrics import Totals, to_host
-from flaxlight.runfiles import CHECKPOINT_DIR, HPARAMS_FILE, METRICS_DIR, run_files_present, write_metrics
+from flaxlight.runfiles import ABANDONED_DIR, CHECKPOINT_DIR, HPARAMS_FILE, METRICS_DIR, run_files_present, write_metrics
 
 __all__ = ["CheckpointMeta", "choose_step", "pick_checkpoint", "restore_run", "run_length", "epoch_length", "load_with_fallback",
            "checkpointer_for", "ResumeTarget", "check_epoch_position", "set_aside_branch", "ABANDONED_DIR",
@@ -74,6 +74,9 @@ class CheckpointMeta:
             ``"val"``, ``"callbacks"``) and the updates they cover: a resume runs them first.
         epochs_before: the model's training epochs before the run (earlier ``train_model`` calls):
             the loader's ``set_epoch`` gets them plus the run's epoch.
+        earlier_epochs: ``[[batches, epoch length], ...]``: the run's first batches were trained in
+            epochs of other lengths than ``steps_per_epoch`` (resumed with another batch size),
+            oldest first; its optimizer's schedule counts their updates with their lengths.
     """
 
     step: int
@@ -98,6 +101,7 @@ class CheckpointMeta:
     nonfinite: list = dataclasses.field(default_factory=lambda: [0, 0])
     epochs_before: int = 0
     state_keys: bool = False
+    earlier_epochs: list = dataclasses.field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return _jsonable(dataclasses.asdict(self))  # a metric object's array result as nested lists
@@ -130,6 +134,36 @@ class CheckpointMeta:
         if loop.phase == "epoch_end":
             loop.epoch, loop.batch_index, loop.validated = loop.epoch + 1, 0, False
         return loop
+
+    def so_far(self) -> RunSoFar:
+        """What the run trained before this checkpoint (a resume fits its schedule to the rest).
+
+        Examples:
+            >>> CheckpointMeta(step=95, epoch=5, steps_per_epoch=19).so_far()
+            RunSoFar(steps=95, epochs=5, batches=0, epoch_length=19, earlier=())
+        """
+        whole = self.phase != "train" or self.trained_whole_epoch
+        return RunSoFar(steps=self.step - self.start_step, epochs=self.epoch if whole else self.epoch - 1,
+                        batches=0 if whole else self.batch_index, epoch_length=self.steps_per_epoch,
+                        earlier=tuple(tuple(pair) for pair in self.earlier_epochs))
+
+    def trained_up_to(self, num_epochs: int, max_steps: int | None) -> str | None:
+        """What the checkpoint reached when a run of ``num_epochs`` (or ``max_steps``) has nothing
+        left to train from it (its epochs, or ``max_steps``), else None.
+
+        Examples:
+            >>> CheckpointMeta(step=95, epoch=5).trained_up_to(num_epochs=5, max_steps=None)
+            'num_epochs=5 (its checkpoint, step 95, ends epoch 5)'
+            >>> CheckpointMeta(step=95, epoch=5).trained_up_to(num_epochs=7, max_steps=None) is None
+            True
+        """
+        if max_steps is not None and self.step >= max_steps:
+            return f"max_steps={max_steps} (its checkpoint is step {self.step})"
+        ended = self.phase == "epoch_end" or (self.phase == "val" and self.validated)
+        if self.epoch > num_epochs or (self.epoch == num_epochs and ended):
+            return (f"num_epochs={num_epochs} (its checkpoint, step {self.step}, {'ends' if ended else 'is in'} "
+                    f"epoch {self.epoch})")
+        return None
 
     @property
     def mid_epoch(self) -> bool:
@@ -212,7 +246,56 @@ def pick_checkpoint(checkpointer: Checkpointer, which: str = "best") -> int:
         warnings.warn(f"The run validated, but kept no checkpoint for its best validation (ModelCheckpoint("
                       f"save_top_k=0), or a monitored value NaN at every validation): loading the newest, step "
                       f"{max(steps)}, which the run's best metrics may not describe.", RuntimeWarning, stacklevel=3)
-    return choose_step(steps, meta, which)
+    chosen = choose_step(steps, meta, which)
+    if which == "best" and meta is not None and meta.step == max(steps) and (
+            meta.best_step in steps or not meta.best_eval_metrics):  # else: said above (damaged, removed, none kept)
+        _warn_if_records_name_a_later_best(checkpointer, meta, chosen)
+    return chosen
+
+
+def _warn_if_records_name_a_later_best(checkpointer: Checkpointer, meta: CheckpointMeta, chosen: int) -> None:
+    """Warn when the run's ``metrics/best_eval.json`` names another best validation than the
+    newest checkpoint knows of: the run found a better model and ended (``kill -9``, a crash)
+    before a checkpoint of it was written (a new best waits for the write budget's pause), so
+    the best checkpoint on disk, loaded, is an older best than the records say."""
+    run = os.path.dirname(checkpointer.directory)
+    recorded, known = _best_file(run), _best_as_of(meta) or None
+    if os.path.basename(checkpointer.directory) != CHECKPOINT_DIR or recorded is None \
+            or _same_metrics(recorded, known):
+        return
+    where = _validation_named(run, recorded)
+    warn_at_user(
+        f"The records of the run in {run} name a better model than any checkpoint holds: "
+        f"{METRICS_DIR}/best_eval.json is the validation {where} ({_brief(recorded)}), but the run's newest "
+        f"checkpoint (step {meta.step}) knows of "
+        + (f"no better one than step {meta.best_step}'s ({_brief(known)})" if known else "no validation")
+        + f". The run ended (killed, or failed) before that model's checkpoint was written, or it still trains and the "
+        f"checkpoint waits for the writer's pause (a new best is queued behind it). Loading step {chosen}, the best "
+        f"checkpoint on disk; a resume (resume=True, flaxlight fit --resume) continues from the newest checkpoint and "
+        f"sets the later records aside.", RuntimeWarning)
+
+
+def _validation_named(run: str, recorded: Mapping[str, Any]) -> str:
+    """Which validation a ``best_eval.json`` holds, by the validation file that holds the same
+    values (the newest first): ``"of epoch 1841"``, ``"at step 400"`` (``"logged last"`` if none does)."""
+    folder, found = os.path.join(run, METRICS_DIR), []
+    for name in os.listdir(folder) if os.path.isdir(folder) else []:
+        match = re.fullmatch(r"eval_(epoch|step)_(\d+)\.json", name)
+        if match:
+            found.append((int(match[2]), match[1], name))
+    for number, kind, name in sorted(found, reverse=True):
+        metrics = _best_file_at(os.path.join(folder, name))
+        if metrics is not None and all(key in metrics for key in recorded) and _same_metrics(
+                {key: metrics[key] for key in recorded}, recorded):
+            return f"of epoch {number}" if kind == "epoch" else f"at step {number}"
+    return "logged last"
+
+
+def _brief(metrics: Mapping[str, Any] | None, limit: int = 3) -> str:
+    """``"val/acc 1, val/loss 0.0101"``: a few metrics, for a message."""
+    items = [f"{key} {value:.6g}" if isinstance(value, (int, float)) else f"{key} {value}"
+             for key, value in list((metrics or {}).items())[:limit]]
+    return ", ".join(items) + (", ..." if len(metrics or {}) > limit else "")
 
 
 def restore_run(own: Checkpointer, resume_from: str | os.PathLike | None, state: Any, *,
@@ -282,9 +365,6 @@ def _stream_resume_message(step: int, position: LoopState, steps_per_epoch: int 
             f"seed and data).")
 
 
-ABANDONED_DIR = "abandoned"  # <log_dir>/abandoned/after_step_<N>/: a rewound run's later branch
-
-
 @dataclasses.dataclass(frozen=True)
 class ResumeTarget:
     """What ``train_model``'s ``resume`` / ``resume_from`` ask for, checked by :meth:`make` before
@@ -309,6 +389,7 @@ class ResumeTarget:
     continuing: bool
     rewind_step: int | None = None
     replaces: bool = False
+    _found: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)  # checkpoint()'s answer
 
     @classmethod
     def make(cls, resume: bool, resume_from: str | os.PathLike | None, *, own: Checkpointer | None,
@@ -345,21 +426,39 @@ class ResumeTarget:
             >>> ResumeTarget(None, resumes=False, continuing=False).start_step(None, current=30)
             30
         """
+        found = self.checkpoint(own)
+        return current if found is None else found[1].start_step
+
+    def so_far(self, own: Checkpointer) -> RunSoFar | None:
+        """What the run trained before the checkpoint it resumes from (None: a new run, or no
+        checkpoint), for :meth:`flaxlight.loop.RunPlan.make`."""
+        found = self.checkpoint(own)
+        return None if found is None else found[1].so_far()
+
+    def checkpoint(self, own: Checkpointer) -> tuple[Checkpointer, CheckpointMeta] | None:
+        """``(where, meta)`` of the checkpoint the run resumes from: ``resume_from``'s step, else the
+        newest whose meta reads (of ``own``, or of the run ``resume_from`` names); None for a new
+        run or when there is none."""
         if not self.resumes:
-            return current
-        source = own if self.resume_from is None else checkpointer_for(self.resume_from)
-        wanted = step_in_path(self.resume_from) if self.resume_from is not None else None
-        for step in [wanted] if wanted is not None else sorted(source.all_steps(), reverse=True):
-            try:
-                return CheckpointMeta.from_json(source.read_meta(step)).start_step
-            except Exception:  # noqa: BLE001 - a damaged checkpoint: the resume skips it too
-                continue
-        return current
+            return None
+        if id(own) not in self._found:  # read once per train_model call (it asks three times)
+            source = own if self.resume_from is None else checkpointer_for(self.resume_from)
+            wanted = step_in_path(self.resume_from) if self.resume_from is not None else None
+            self._found[id(own)] = None
+            for step in [wanted] if wanted is not None else sorted(source.all_steps(), reverse=True):
+                try:
+                    self._found[id(own)] = source, CheckpointMeta.from_json(source.read_meta(step))
+                    break
+                except Exception:  # noqa: BLE001 - a damaged checkpoint: the resume skips it too
+                    continue
+        return self._found[id(own)]
 
     def begin(self, meta: CheckpointMeta, own: Checkpointer, log_dir: str | None) -> None:
         """Once the checkpoint is read (and accepted by :func:`restore_run`), before the run goes on
-        from it: a rewind sets the run's later checkpoints aside (:func:`set_aside_branch`)."""
-        if self.rewind_step is not None and log_dir is not None:
+        from it: what the run in ``log_dir`` holds after it, a rewind's later checkpoints or the
+        records of a run killed (or failed) after its newest checkpoint, is set aside
+        (:func:`set_aside_branch`), on process 0."""
+        if self.continuing and log_dir is not None and jax.process_index() == 0:
             set_aside_branch(own, log_dir, meta)
 
 
@@ -406,22 +505,25 @@ def _epoch_end_steps(source: Checkpointer, up_to: int) -> list[int]:
 
 
 def set_aside_branch(own: Checkpointer, log_dir: str, meta: CheckpointMeta) -> str | None:
-    """Rewind the run in ``log_dir`` to its checkpoint ``meta.step``: the checkpoints after it
-    (a branch the run leaves) move to ``<log_dir>/abandoned/after_step_<step>/checkpoints/``,
-    next to copies of the run's ``hparams.yaml``, ``metrics.csv`` and ``metrics/`` as they were
-    (a run folder: ``load_from_checkpoint`` reads it), and that is said. The run's own
-    ``metrics/`` then drops the later validations' and tests' files (their copies stay there) and
-    its ``best_eval.json`` is the checkpoint's best (the CSV rows after the step are dropped by the
-    loggers' resume).
-    Returns the folder (None when no checkpoint came after the step: nothing moves)."""
+    """Rewind the run in ``log_dir`` to its checkpoint ``meta.step``: what came after it is a branch
+    the run leaves. Its later checkpoints move to ``<log_dir>/abandoned/after_step_<step>/checkpoints/``,
+    next to copies of the run's ``hparams.yaml``, ``metrics.csv`` and ``metrics/`` as they were (a
+    run folder: ``load_from_checkpoint`` reads it), and that is said. The run's own ``metrics/``
+    then drops the later validations' and tests' files (their copies stay there) and its
+    ``best_eval.json`` is the checkpoint's best (the CSV rows after the step are dropped by the
+    loggers' resume). With no later checkpoint (a run killed, or failed, after its newest one), its
+    records after the step (``metrics.csv`` rows, validation and test files, a later best) are set
+    aside the same way, without checkpoints, and that is said.
+    Returns the folder (None when nothing came after the step: nothing moves)."""
     own.wait()
     later = sorted((step for step in own.all_steps() if step > meta.step), reverse=True)
-    if not later:
+    records = _later_records(log_dir, meta)
+    if not later and not records:
         return None
     base = os.path.join(log_dir, ABANDONED_DIR, f"after_step_{meta.step}")
     aside = next(path for path in (base if n == 1 else f"{base}_{n}" for n in range(1, 10**6))
                  if not os.path.exists(path))
-    os.makedirs(os.path.join(aside, CHECKPOINT_DIR))
+    os.makedirs(os.path.join(aside, CHECKPOINT_DIR) if later else aside)
     for name in (HPARAMS_FILE, "metrics.csv"):
         if os.path.isfile(os.path.join(log_dir, name)):
             shutil.copy2(os.path.join(log_dir, name), os.path.join(aside, name))
@@ -431,6 +533,13 @@ def set_aside_branch(own: Checkpointer, log_dir: str, meta: CheckpointMeta) -> s
         os.rename(os.path.join(own.directory, str(step)), os.path.join(aside, CHECKPOINT_DIR, str(step)))
     own.reload()
     _drop_later_metrics(log_dir, meta)
+    if not later:
+        messages.warning(f"The run in {log_dir} went on after checkpoint {meta.step} and ended (killed, or failed) "
+                         f"before saving again, so its records of that training ({'; '.join(records)}) describe "
+                         f"models no checkpoint holds. They are set aside in {aside} (with the run's hparams.yaml, "
+                         f"metrics.csv and metrics/ as they were); this run's metrics.csv and metrics/ go on from "
+                         f"step {meta.step}.")
+        return aside
     messages.warning(f"Rewinding the run in {log_dir} to checkpoint {meta.step}: checkpoints "
                      f"{', '.join(map(str, sorted(later)))} came after it, on a branch this run leaves. They are moved "
                      f"to {aside} (with the run's hparams.yaml, metrics.csv and metrics/ as they were; "
@@ -439,22 +548,86 @@ def set_aside_branch(own: Checkpointer, log_dir: str, meta: CheckpointMeta) -> s
     return aside
 
 
-def _drop_later_metrics(log_dir: str, meta: CheckpointMeta) -> None:
-    """The run's ``metrics/`` as of checkpoint ``meta.step``: no validation or test files after it
-    (:func:`_later_tests`), and ``best_eval.json`` the checkpoint's best validation (none before one)."""
+def _later_records(log_dir: str, meta: CheckpointMeta) -> list[str]:
+    """What the run in ``log_dir`` recorded after checkpoint ``meta.step``, said in a few words
+    (empty: nothing): ``metrics.csv`` rows of later steps, validation and test files of later
+    epochs or steps, a ``best_eval.json`` other than the checkpoint's best."""
+    found = []
+    rows = _rows_after(os.path.join(log_dir, "metrics.csv"), meta.step)
+    if rows:
+        found.append(f"{rows} metrics.csv row(s) of later steps")
+    files = _later_metric_files(log_dir, meta)
+    if files:
+        found.append(f"{len(files)} file(s) in {METRICS_DIR}/ ({', '.join(files[:3])}{', ...' if len(files) > 3 else ''})")
+    if not _same_metrics(_best_file(log_dir), _best_as_of(meta) or None):
+        found.append(f"{METRICS_DIR}/best_eval.json of a later validation")
+    return found
+
+
+def _rows_after(table: str, step: int) -> int:
+    """How many rows of the CSV file ``table`` were logged after ``step`` (by their
+    ``trainer/global_step``, else their step; as the CSV logger's resume drops them)."""
+    if not os.path.isfile(table):
+        return 0
+    with open(table, newline="", encoding="utf-8", errors="replace") as f:
+        steps = [row.get("trainer/global_step") or row.get("step") for row in csv.DictReader(f)]
+    return sum(1 for value in steps if str(value or "").strip().isdigit() and int(value) > step)
+
+
+def _later_metric_files(log_dir: str, meta: CheckpointMeta) -> list[str]:
+    """The run's validation files of epochs or steps after checkpoint ``meta.step``, and its test
+    files logged after it (:func:`_later_tests`), in order."""
     folder = os.path.join(log_dir, METRICS_DIR)
     last_epoch = meta.epochs_before + (meta.epoch if meta.phase == "epoch_end" or meta.validated else meta.epoch - 1)
+    later = []
     for name in os.listdir(folder) if os.path.isdir(folder) else []:
         found = re.fullmatch(r"eval_(epoch|step)_(\d+)\.json", name)
         if found and int(found[2]) > (last_epoch if found[1] == "epoch" else meta.step):
-            os.remove(os.path.join(folder, name))
-    for name in _later_tests(log_dir, meta.step):
+            later.append((found[1], int(found[2]), name))
+    return [name for *_, name in sorted(later)] + _later_tests(log_dir, meta.step)
+
+
+def _best_as_of(meta: CheckpointMeta) -> dict:
+    """The best validation's metrics as of the checkpoint (without the train means saved with them)."""
+    return {key: value for key, value in (meta.best_eval_metrics or {}).items()
+            if not key.startswith("train/") and key != "epoch_time"}
+
+
+def _best_file(log_dir: str) -> dict | None:
+    """The run's ``metrics/best_eval.json`` (None: none, or unreadable)."""
+    return _best_file_at(os.path.join(log_dir, METRICS_DIR, "best_eval.json"))
+
+
+def _best_file_at(path: str) -> dict | None:
+    """A metrics file (``metrics/<name>.json``) as a dict (None: none, or unreadable)."""
+    try:
+        with open(path) as f:
+            metrics = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return metrics if isinstance(metrics, dict) else None
+
+
+def _same_metrics(first: Mapping[str, Any] | None, second: Mapping[str, Any] | None) -> bool:
+    """Whether two metric dicts (as JSON holds them) have the same names and values (NaN equals NaN)."""
+    if first is None or second is None:
+        return first is None and second is None
+    return set(first) == set(second) and all(
+        _same_number(str(first[key]), second[key]) if isinstance(second[key], (int, float)) else first[key] == second[key]
+        for key in first)
+
+
+def _drop_later_metrics(log_dir: str, meta: CheckpointMeta) -> None:
+    """The run's ``metrics/`` as of checkpoint ``meta.step``: no validation or test files after it
+    (:func:`_later_metric_files`), and ``best_eval.json`` the checkpoint's best validation (none
+    before one)."""
+    folder = os.path.join(log_dir, METRICS_DIR)
+    for name in _later_metric_files(log_dir, meta):
         os.remove(os.path.join(folder, name))
-    best = {key: value for key, value in (meta.best_eval_metrics or {}).items()
-            if not key.startswith("train/") and key != "epoch_time"}  # the train means saved with it
-    if best:
+    best = _best_as_of(meta)
+    if best and not _same_metrics(_best_file(log_dir), best):
         write_metrics(log_dir, "best_eval", best)
-    elif os.path.isfile(os.path.join(folder, "best_eval.json")):
+    elif not best and os.path.isfile(os.path.join(folder, "best_eval.json")):
         os.remove(os.path.join(folder, "best_eval.json"))
 
 

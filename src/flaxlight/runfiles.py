@@ -31,6 +31,7 @@ import yaml
 
 from flaxlight.checkpoint import Checkpointer
 from flaxlight.distributed import fit_mesh
+from flaxlight.export import INFO_FILE as EXPORT_INFO_FILE
 from flaxlight.loggers import CSVLogger, Logger, LoggerCollection, TensorBoardLogger, tensorboard_available
 from flaxlight.loggers.base import run_display_name
 from flaxlight.messages import logger as messages
@@ -46,6 +47,7 @@ __all__ = ["RunInUseError", "LoggerParams", "HPARAMS_FILE", "CHECKPOINT_DIR", "M
 HPARAMS_FILE = "hparams.yaml"
 CHECKPOINT_DIR = "checkpoints"
 METRICS_DIR = "metrics"
+ABANDONED_DIR = "abandoned"  # <log_dir>/abandoned/after_step_<N>/: a branch a resume set aside (flaxlight.resume)
 FAILED_START_DIR = "failed_start"  # <log_dir>/failed_start_<N>/: the files of a start that failed, set aside
 LOGGER_TYPES = ("csv", "tensorboard", "wandb", "mlflow")
 
@@ -262,20 +264,33 @@ def claim_run(log_dir: str, checkpointer: Checkpointer, *, continuing: bool, ove
                     f"overwrite=True) to replace it, or choose another log_dir (without log_dir, each run gets a new "
                     f"version_N folder).")
             checkpointer.wait()
-            for path in (os.path.join(log_dir, CHECKPOINT_DIR), os.path.join(log_dir, METRICS_DIR)):
-                shutil.rmtree(path, ignore_errors=True)
-            replaced = [HPARAMS_FILE, "metrics.csv", "wandb_run.json", "mlflow_run.json"]  # the last two: a new run
-            replaced += [name for name in os.listdir(log_dir) if name.startswith("events.out.tfevents.")
-                         or (name.startswith("hparams.") and name.endswith(".yaml"))]  # hparams.1.yaml, ...
-            for name in replaced:
-                if os.path.isfile(os.path.join(log_dir, name)):
-                    os.remove(os.path.join(log_dir, name))
+            _delete_replaced_run(log_dir)
             os.makedirs(os.path.join(log_dir, METRICS_DIR), exist_ok=True)
             checkpointer.reload()
     except BaseException:
         lock.release()
         raise
     return lock
+
+
+def _delete_replaced_run(log_dir: str) -> None:
+    """What ``overwrite=True`` deletes of the run it replaces: its checkpoints, ``metrics/``,
+    ``hparams.yaml`` (and ``hparams.N.yaml``), ``metrics.csv``, TensorBoard event files, W&B /
+    MLflow run ids (so those loggers start new runs), the branches its rewinds set aside
+    (``abandoned/``) and its outputs at ``flaxlight predict`` / ``export``'s default paths
+    (``predictions*.npy``, ``export/``, ``export_last/``), which would pass for the new run's."""
+    for name in (CHECKPOINT_DIR, METRICS_DIR, ABANDONED_DIR):
+        shutil.rmtree(os.path.join(log_dir, name), ignore_errors=True)
+    for name in ("export", "export_last"):  # flaxlight's artifacts only (a folder of the user's named so stays)
+        if os.path.isfile(os.path.join(log_dir, name, EXPORT_INFO_FILE)):
+            shutil.rmtree(os.path.join(log_dir, name), ignore_errors=True)
+    replaced = [HPARAMS_FILE, "metrics.csv", "wandb_run.json", "mlflow_run.json"]  # the last two: a new run
+    replaced += [name for name in os.listdir(log_dir) if name.startswith("events.out.tfevents.")
+                 or (name.startswith("hparams.") and name.endswith(".yaml"))  # hparams.1.yaml, ...
+                 or re.fullmatch(r"predictions(_train|_val)?(_last)?\.npy", name)]
+    for name in replaced:
+        if os.path.isfile(os.path.join(log_dir, name)):
+            os.remove(os.path.join(log_dir, name))
 
 
 _HELD_HERE: dict[str, int] = {}  # the lock files held in this process (by RunLock), by real path: the pid
@@ -488,14 +503,19 @@ def check_shared_log_dir(logger_params: Mapping[str, Any] | None, fast_dev_run: 
                          "every process can reach, for the checkpoints.")
 
 
+_LOCATION_KEYS = ("log_dir", "base_log_dir", "logger_name")  # logger_params that say where a run is, not how it trains
+
+
 def write_hparams(log_dir: str, config: Mapping[str, Any]) -> dict:
     """Write ``config`` as ``<log_dir>/hparams.yaml`` (plain YAML) and return what was written. An
     earlier file that says otherwise (a resume with changed settings) is kept as
-    ``hparams.1.yaml`` (``.2``, ...), and the changes are said; an equal one is left as it is."""
+    ``hparams.1.yaml`` (``.2``, ...), and the changes are said; an equal one is left as it is.
+    Where the run is (``logger_params``' ``log_dir``, ``base_log_dir``, ``logger_name``: a
+    ``version_N`` run resumed by its folder, a moved run) is no setting: it alone changes nothing."""
     hparams, path = to_yaml_safe(config), os.path.join(log_dir, HPARAMS_FILE)
     if os.path.isfile(path):
         with open(path) as f:
-            changes = _changes(yaml.safe_load(f) or {}, hparams)
+            changes = _changes(_without_location(yaml.safe_load(f) or {}), _without_location(hparams))
         if not changes:
             return hparams
         kept = next(name for name in (f"hparams.{n}.yaml" for n in itertools.count(1))
@@ -507,6 +527,19 @@ def write_hparams(log_dir: str, config: Mapping[str, Any]) -> dict:
     with open(path, "w") as f:
         yaml.safe_dump(hparams, f, sort_keys=False)
     return hparams
+
+
+def _without_location(hparams: Any) -> Any:
+    """``hparams`` less the ``logger_params`` keys that say where the run is (:data:`_LOCATION_KEYS`).
+
+    Examples:
+        >>> _without_location({"seed": 1, "logger_params": {"log_dir": "runs/a", "logger_type": "csv"}})
+        {'seed': 1, 'logger_params': {'logger_type': 'csv'}}
+    """
+    if not isinstance(hparams, dict) or not isinstance(hparams.get("logger_params"), dict):
+        return hparams
+    params = {key: value for key, value in hparams["logger_params"].items() if key not in _LOCATION_KEYS}
+    return {**hparams, "logger_params": params}
 
 
 def _changes(before: Any, after: Any, key: str = "") -> list[str]:

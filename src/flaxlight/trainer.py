@@ -138,7 +138,7 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
         ``self.steps_per_epoch`` batches, where a partial accumulation group is applied); keep params.
         ``self.optimizer_plan`` keeps what was built (schedule, weight decay in effect)."""
         plan = optim.make_optimizer_plan(self.optimizer_hparams, total_steps=num_epochs * num_steps_per_epoch,
-                                         first_step=self.global_step,  # the model's step: its first update
+                                         first_step=self.global_step, earlier=self._earlier_epochs,  # a resume's
                                          epoch_length=self.steps_per_epoch or num_steps_per_epoch)
         optim.warn_settings_outside_step(type(self).__name__, plan, self._step_owner)
         self.optimizer_plan, self.state = plan, self.state.with_optimizer(plan.tx)  # a TrainState subclass kept
@@ -214,6 +214,8 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
                                                             seed=self.seed)
         target = ResumeTarget.make(resume, resume_from, own=self.checkpointer, log_dir=self.log_dir, overwrite=overwrite)
         num_epochs = self._prepare_run(train_loader, val_loader, num_epochs, steps_per_epoch, target)
+        if (done := self._nothing_to_train(target, num_epochs, test_loader)) is not None:  # as the CLI: nothing written
+            return done
         self._check_load_seam("train_model(test_loader=...)" if test_loader is not None else None)
         self.engine.compile_eval_ahead(self.state, val_loader, check=self._val_batch_check())  # a bad one writes nothing
         if target.replaces:  # overwrite=True: the run in log_dir is replaced, one this trainer wrote too
@@ -254,8 +256,8 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
         plan = RunPlan.make(train_loader, val_loader, num_epochs=num_epochs, steps_per_epoch=steps_per_epoch,
                             check_val_every_n_epoch=self.check_val_every_n_epoch, limits=self._limits,
                             val_check_interval=self.options.val_check_interval, max_steps=self.options.max_steps,
-                            start_step=start)
-        self.num_epochs, self.steps_per_epoch = plan.num_epochs, plan.steps_per_epoch
+                            start_step=start, so_far=target.so_far(self.checkpointer))
+        self.num_epochs, self.steps_per_epoch, self._earlier_epochs = plan.num_epochs, plan.steps_per_epoch, plan.earlier
         dist.check_loader_divisible(train_loader, self.mesh)  # before the run's folder is claimed
         self._build_optimizer(plan.schedule_epochs, plan.schedule_steps_per_epoch)  # init_optimizer; its state checked
         self._settle_optimizer_plan(start, plan.steps_per_epoch)
@@ -400,8 +402,7 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
                             self.options.max_steps)
 
     def eval_model(self, data_loader: Iterable, log_prefix: str = "", *, batch_size: int | None = None) -> dict[str, float]:
-        """Evaluate on ``data_loader`` (or arrays with ``batch_size``); per-example weighted means
-        keyed ``log_prefix + name``."""
+        """Evaluate on ``data_loader`` (or arrays with ``batch_size``): per-example means keyed ``log_prefix + name``."""
         data_loader = as_loader(data_loader, batch_size, what="eval_model's data")
         acc = self.engine.evaluate(self.state, data_loader, after_batch=self._schedule.raise_if_interrupted,
                                    on_first_batch=lambda batch: self._check_first_batch(batch, "the evaluation loader"))
@@ -468,7 +469,7 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
                                              loader_position=self.engine.loader_position(),
                                              best_eval_metrics=self._best_eval_metrics, num_epochs=self.num_epochs,
                                              steps_per_epoch=self.steps_per_epoch, schedule_steps=self._schedule_steps,
-                                             start_step=self._start_step,
+                                             start_step=self._start_step, earlier_epochs=self._earlier_epochs,
                                              block_length=self.engine.chosen_block_length(),
                                              nonfinite=[self._nonfinite.steps, self._nonfinite.before_epoch])
         self.checkpointer.save(step, self.state, meta=meta.to_json(), metrics=chosen.score_of(step) if chosen else None)

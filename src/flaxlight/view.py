@@ -24,6 +24,7 @@ import dataclasses
 import difflib
 import functools
 import inspect
+import os
 import warnings
 from typing import Any, Callable, Iterator, Mapping
 
@@ -32,7 +33,7 @@ import jax
 from flaxlight import distributed as dist
 from flaxlight import optim, resume, runfiles
 from flaxlight.callbacks.early_stopping import EarlyStopping
-from flaxlight.callbacks.history import History
+from flaxlight.callbacks.history import FitResult, History
 from flaxlight.callbacks.model_checkpoint import ModelCheckpoint
 from flaxlight.data import check_first_batch
 from flaxlight.loggers.base import checked_scalars
@@ -54,6 +55,7 @@ class TrainerViewMixin:
     _row_logged: dict | None = None  # what was logged since the epoch's end records began (its history row's)
     _validation_open = False  # from its evaluation's end until its callbacks' on_validation_end ended
     _best_pending: dict | None = None  # a validation's metrics whose best-model question waits for its monitor
+    _earlier_epochs: tuple = ()  # a resumed run's batches in epochs of other lengths (RunPlan.earlier)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         """A ``load_model`` of the subclass's own is wrapped so that the state it sets is taken in as
@@ -346,6 +348,37 @@ class TrainerViewMixin:
             messages.info(note)  # max_steps counts batches, not accumulated updates (Lightning's)
         if isinstance(self.optimizer_plan, optim.OptimizerPlan) and start != self.global_step:
             self.optimizer_plan = dataclasses.replace(self.optimizer_plan, first_step=start)
+
+    def _nothing_to_train(self, target: resume.ResumeTarget, num_epochs: int, test_loader: Any) -> FitResult | None:
+        """A resume of the run in place (``resume=True``, or ``resume_from`` its folder; not a rewind
+        to an older checkpoint, nor a copy into another folder, which are asked to write) whose
+        checkpoint already reached ``num_epochs`` (or ``max_steps``): as the CLI's ``fit --resume``,
+        nothing is trained, tested or written (no hparams, records or lock); the trainer holds that
+        checkpoint's model, step and best, which are returned, and that is said. None when there
+        is something to train (or the checkpoint does not load: the resume says why)."""
+        if not target.continuing or target.rewind_step is not None:
+            return None
+        found = target.checkpoint(self.checkpointer)
+        reached = found[1].trained_up_to(num_epochs, self.options.max_steps) if found is not None else None
+        if reached is None:
+            return None
+        source, meta = found
+        try:
+            self.state = self._load_for_resume(meta.step) if source is self.checkpointer else \
+                source.restore(self.state, step=meta.step)
+        except Exception as exc:  # noqa: BLE001 - damaged: the resume falls back to an earlier one, saying so
+            if getattr(exc, "flaxlight_user_code", False):
+                raise
+            return None
+        self.global_step, self._best_eval_metrics = int(to_host(self.state.step)), meta.best_eval_metrics
+        self._loop = meta.loop_state(self.steps_per_epoch)
+        meta.restore_callbacks(self.callbacks)
+        tested = (" The test_loader was not run: trainer.test(test_loader) tests the run's best model again."
+                  if test_loader is not None else "")
+        messages.warning(f"Nothing to train: the run in {os.path.dirname(source.directory)} has reached {reached}; "
+                         f"nothing was run or written, and the trainer holds that checkpoint's model. To train on, "
+                         f"resume with a larger {reached.split('=')[0]}.{tested}")
+        return FitResult(dict(self._best_eval_metrics or self._loop.train_metrics), history=self.history)
 
     def _call_callbacks(self, hook: str, *args, before_checkpoint: Callable[[], None] | None = None) -> None:
         """Call ``hook`` of every callback in order; ``before_checkpoint`` first runs before the

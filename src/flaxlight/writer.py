@@ -5,7 +5,8 @@ at the next :meth:`~BackgroundWriter.raise_failure_as` or :meth:`~BackgroundWrit
 jobs queued after it are dropped (so nothing deletes old files after a write failed). Jobs
 queued as *throttled* wait until the writer's work stays under ``max_overhead`` of the wall
 time (a job of ``d`` seconds is followed by ``d / max_overhead`` seconds without throttled
-work); a flush runs everything at once. A job not started yet can be withdrawn
+work; a throttled job that returns a number says that many of its seconds were a one-time
+set-up, which the pause leaves out); a flush runs everything at once. A job not started yet can be withdrawn
 (:meth:`~BackgroundWriter.withdraw`). The thread ends when the queue has been empty for
 ``idle_seconds`` (starting a thread per job would cost more than most jobs) and starts again
 with the next job, so an idle writer holds no thread; jobs still queued when the interpreter
@@ -60,7 +61,7 @@ class BackgroundWriter:
         self._flushing = 0
         self._failure: BaseException | None = None
         self._quiet_until = 0.0  # throttled jobs wait until then (monotonic seconds)
-        self.last_duration: float | None = None  # seconds the latest throttled job took
+        self.last_duration: float | None = None  # seconds the latest throttled job took (its set-up left out)
         _LIVE.add(self)
 
     # ------------------------------------------------------------------ the caller's side
@@ -169,18 +170,19 @@ class BackgroundWriter:
 
     def _work(self) -> None:
         while (job := self._next_job()) is not None:
-            start = time.monotonic()
+            start, set_up = time.monotonic(), 0.0
             try:
                 if self._failure is None:  # after a failure, the jobs behind it are dropped
-                    job.fn(*job.args)
+                    result = job.fn(*job.args)
+                    set_up = float(result) if isinstance(result, (int, float)) and not isinstance(result, bool) else 0.0
             except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
                 self._failure = exc
             finally:
                 with self._changed:
-                    if job.throttled:
-                        self.last_duration = time.monotonic() - start
+                    if job.throttled:  # the pause follows the job's own work, not a one-time set-up
+                        self.last_duration = max(time.monotonic() - start - set_up, 0.0)
                         if self.max_overhead:
-                            self._quiet_until = start + self.last_duration / self.max_overhead
+                            self._quiet_until = start + set_up + self.last_duration / self.max_overhead
                     self._running = None
                     self._changed.notify_all()
 
