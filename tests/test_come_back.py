@@ -216,10 +216,17 @@ def test_resuming_a_killed_run_sets_its_records_after_the_checkpoint_aside(kille
     assert not (aside / "checkpoints").exists()  # no checkpoint came after the step
 
 
-def test_a_resume_after_a_clean_stop_sets_nothing_aside(tmp_path):
-    _trainer(tmp_path / "run", callbacks=[StopAt(24)]).train_model(*_loaders(), num_epochs=6)
-    _trainer(tmp_path / "run").train_model(*_loaders(), num_epochs=6, resume=True)
-    assert not (tmp_path / "run" / "abandoned").exists()
+@pytest.mark.parametrize("cut", [{"callbacks": [StopAt(24)]}, {"callbacks": [StopAt(20)]}, {"max_steps": 20}],
+                         ids=["stop-at-epoch-end", "stop-mid-epoch", "max-steps-mid-epoch"])
+def test_a_resume_after_a_clean_stop_sets_nothing_aside(tmp_path, caplog, cut):
+    """A cut mid-epoch (stop(), max_steps) validates at the cut: that epoch's eval file was taken
+    for a killed branch's record and set aside with a false 'killed' warning (a review)."""
+    _trainer(tmp_path / "run", **cut).train_model(*_loaders(), num_epochs=6)
+    with caplog.at_level(logging.WARNING):
+        _trainer(tmp_path / "run").train_model(*_loaders(), num_epochs=6, resume=True)
+    assert not (tmp_path / "run" / "abandoned").exists() and "killed" not in caplog.text
+    assert sorted(os.listdir(tmp_path / "run" / "metrics")) == ["best_eval.json"] + [
+        f"eval_epoch_{epoch:03d}.json" for epoch in range(1, 7)]
 
 
 # ----------------------------------------------------------------- 5. a run's location is no setting

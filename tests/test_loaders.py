@@ -391,10 +391,49 @@ def test_a_batch_beyond_len_is_not_trained_on_and_said(tmp_path, options):
     loader = CountingLoader(length=4, extra=1)
     trainer = _regressor(tmp_path, **options)
     with pytest.warns(RuntimeWarning, match=r"train_loader yielded more batches in one pass than its len\(\) \(4\) "
-                                            r"says: an epoch trains 4 batches.*batch 5.*is not trained on.*"
-                                            r"steps_per_epoch=N"):
+                                            r"says: an epoch trains 4 batches.*is not trained on \(batch 5 was drawn.*"
+                                            r"Said once") as said:
         trainer.train_model(loader, None, num_epochs=2)
     assert trainer.global_step == 8 and loader.drawn == 10  # 4 trained, the 5th drawn to end each pass
+    assert len([w for w in said if "more batches in one pass" in str(w.message)]) == 1  # not once per epoch
+
+
+class ShortQueueLoader:
+    """A loader whose len() says more than it yields, and whose iterator must not be asked again once
+    it ended (a queue fed by a thread blocks there: training hung)."""
+
+    def __init__(self):
+        self.x, self.y = linear_data(48, 0)
+
+    def __len__(self):
+        return 5  # it yields 3
+
+    def __iter__(self):
+        return self._Iterator(self)
+
+    class _Iterator:
+        def __init__(self, loader):
+            self.loader, self.i, self.ended = loader, 0, False
+
+        def __iter__(self):
+            return self
+
+        def __next__(self):
+            assert not self.ended, "asked for a batch after the pass ended (a blocking queue hangs here)"
+            if self.i == 3:
+                self.ended = True
+                raise StopIteration
+            self.i += 1
+            return self.loader.x[16 * (self.i - 1):16 * self.i], self.loader.y[16 * (self.i - 1):16 * self.i]
+
+
+@pytest.mark.parametrize("options", [{}, {"prefetch": 2}], ids=["plain", "prefetch"])
+def test_a_loader_that_ends_before_its_len_is_not_asked_again(tmp_path, options):
+    """The pass's end was drawn with one more next() even when the epoch ran out first: a loader
+    whose len() says more than it yields and whose iterator blocks then hung the run (a review)."""
+    trainer = _regressor(tmp_path, **options)
+    trainer.train_model(ShortQueueLoader(), None, num_epochs=2)
+    assert trainer.global_step == 6
 
 
 class SharedIteratorWithLen:

@@ -402,13 +402,20 @@ def test_a_load_model_override_keeps_its_name_and_signature(tmp_path):
 
 
 @pytest.mark.parametrize("dropout_prob", [0.0, 0.5], ids=["no-dropout", "dropout-at-init"])
-def test_the_default_run_model_init_gives_the_guides_initial_weights(tmp_path, dropout_prob):
+def test_the_guides_run_model_init_gives_the_guides_initial_weights(tmp_path, dropout_prob):
     """The guide's init_model + run_model_init: ``model.init(init_rng, *exmp_input, train=True)`` with
-    ``model_rng, init_rng = random.split(PRNGKey(seed))``. flaxlight split init_rng once more."""
+    ``model_rng, init_rng = random.split(PRNGKey(seed))``. flaxlight's default splits init_rng once
+    more (docs/from-uva.md); the guide's one-line run_model_init gives the guide's weights."""
     hparams = {"hidden_dims": [16], "output_dim": 1, "dropout_prob": dropout_prob}
-    trainer = RegressTrainer(**_kwargs(tmp_path, seed=7, model_hparams=hparams))
+
+    class GuideInit(RegressTrainer):
+        def run_model_init(self, exmp_input, init_rng):
+            rngs = init_rng if not dropout_prob else {"params": init_rng, "dropout": init_rng}  # draws at init
+            return self.model.init(rngs, *exmp_input, train=True)
+
+    trainer = GuideInit(**_kwargs(tmp_path, seed=7, model_hparams=hparams))
     model_rng, init_rng = jax.random.split(jax.random.PRNGKey(7))
-    rngs = init_rng if not dropout_prob else {"params": init_rng, "dropout": jax.random.PRNGKey(99)}  # it draws
+    rngs = init_rng if not dropout_prob else {"params": init_rng, "dropout": jax.random.PRNGKey(99)}
     guide = TinyMLP(**hparams).init(rngs, X0, train=True)["params"]  # the dropout key has no say in the params
     jax.tree.map(np.testing.assert_array_equal, trainer.state.params, guide)
     np.testing.assert_array_equal(trainer.state.rng, model_rng)
@@ -585,3 +592,32 @@ def test_an_input_converted_in_run_model_init_is_still_an_input(tmp_path):
                                  "model_class": TwoInputs})
     trainer.train_model(flaxlight.ArrayLoader(x, t, y, batch_size=16), num_epochs=1)
     assert trainer.predict(flaxlight.ArrayLoader(x, t, y, batch_size=16)).shape == (64, 1)
+
+
+def test_a_load_model_restoring_its_optimizer_state_into_a_flax_state_keeps_it(tmp_path, regression_loaders):
+    """Taking in a Flax TrainState that a load_model of yours set replaced its (restored) optimizer
+    state with a fresh one while the step was kept (a review): a resume through it would differ."""
+    train, val, _ = regression_loaders
+
+    class RestoresOptimizer(RegressTrainer):
+        def load_model(self, step=None):
+            saved = self.saved_state
+            self.state = GuideTrainState(step=saved.step, apply_fn=saved.apply_fn, params=saved.params,
+                                         tx=saved.tx, opt_state=saved.opt_state, batch_stats=None, rng=saved.rng)
+
+    trainer = RestoresOptimizer(**_kwargs(tmp_path))
+    trainer.train_model(train, val, num_epochs=2)
+    trainer.saved_state = trainer.state
+    trainer.load_model()
+    assert isinstance(trainer.state, flaxlight.TrainState)
+    jax.tree.map(np.testing.assert_array_equal, trainer.state.opt_state, trainer.saved_state.opt_state)
+    assert int(trainer.state.step) == int(trainer.saved_state.step)
+
+
+    class SetsNone(RegressTrainer):  # something flaxlight cannot take in: left as it set it
+        def load_model(self, step=None):
+            self.state = None
+
+    other = SetsNone(**_kwargs(tmp_path / "none"))
+    other.load_model()
+    assert other.state is None

@@ -495,11 +495,14 @@ def ends_its_pass(loader: Any, stop: int | None) -> bool:
     return stop is not None and length is not None and stop >= length and not is_iterator(loader)
 
 
-def ending_the_pass(batches: Iterator, iterator: Iterator, beyond: Callable[[Any], None]) -> Iterator:
+def ending_the_pass(batches: Iterator, iterator: Iterator, beyond: Callable[[Any], None],
+                    expected: int | None = None) -> Iterator:
     """``batches`` (an ``islice`` of ``iterator``), then one more ``next(iterator)``, as a ``for``
     loop ends a pass: a loader learns there that its pass is over (torch's ``RandomSampler`` draws
     its generator for the next shuffle only then), on the thread that iterates, a prefetcher's too.
-    A batch it yields after all is given to ``beyond``. ``itertools.chain``: the steps pay nothing.
+    A batch it yields after all is given to ``beyond``. ``expected``: the batches the slice takes;
+    when fewer came, the iterator ended already and is not asked again (a loader whose ``len()``
+    says more than it yields may block on such a ``next()``: a queue fed by a thread).
 
     Examples:
         >>> it = iter([1, 2, 3])
@@ -507,13 +510,21 @@ def ending_the_pass(batches: Iterator, iterator: Iterator, beyond: Callable[[Any
         3
         [1, 2]
     """
+    taken = 0
+
+    def counted() -> Iterator:
+        nonlocal taken
+        for taken, batch in enumerate(batches, start=1):
+            yield batch
+
     def end() -> Iterator:
-        extra = next(iterator, _PASS_ENDED)
-        if extra is not _PASS_ENDED:
-            beyond(extra)
+        if expected is None or taken >= expected:
+            extra = next(iterator, _PASS_ENDED)
+            if extra is not _PASS_ENDED:
+                beyond(extra)
         yield from ()
 
-    return itertools.chain(batches, end())
+    return itertools.chain(counted(), end())
 
 
 _PASS_ENDED = object()

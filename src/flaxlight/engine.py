@@ -343,7 +343,8 @@ class Engine:
         self._position = reader if self.block_length == 1 and not self.prefetch else None
         batches = itertools.islice(iterator, start, stop)
         if ends_pass:
-            batches = ending_the_pass(batches, source, lambda batch: self._beyond_the_pass(loader, source, taken, batch))
+            batches = ending_the_pass(batches, source, lambda batch: self._beyond_the_pass(loader, source, taken, batch),
+                                      expected=None if stop is None else stop - start)
         items = group_batches(batches, self.block_length, start=step)
         prefetcher = None
         if self.prefetch:
@@ -360,11 +361,15 @@ class Engine:
         if is_stream(loader) and epoch_setter(loader) is None:
             self._held = (iterator, batch)
             return
+        if getattr(self, "_beyond_said", False):  # once: an endless stream sized by its len() says it every epoch
+            return
+        self._beyond_said = True
         warnings.warn(f"train_loader yielded more batches in one pass than its len() ({len(loader)}) says: an epoch "
-                      f"trains {taken} batches (the learning-rate schedule is sized for them), so batch {taken + 1}, "
-                      f"drawn to end the pass as a for loop does, is not trained on. Make len() the number of batches "
-                      f"one pass yields (a torch IterableDataset's __len__, say), or pass that number as "
-                      f"train_model(..., steps_per_epoch=N).", RuntimeWarning, stacklevel=2)
+                      f"trains {taken} batches (the learning-rate schedule is sized for them), and the rest of the "
+                      f"pass is not trained on (batch {taken + 1} was drawn to end the pass, as a for loop does). "
+                      f"Intended for an endless stream whose len() sizes an epoch; else make len() the number of "
+                      f"batches one pass yields (a torch IterableDataset's __len__, say). Said once.",
+                      RuntimeWarning, stacklevel=2)
 
     def note_served(self, loader: Any) -> None:
         """Remember that ``loader`` yielded batches (see :meth:`served_before`)."""

@@ -206,13 +206,11 @@ class LinenAdapter:
                         f"{name}.__call__; hand it on, e.g. {fix.format(value)}.") from exc
 
     def init(self, rng, inputs: Sequence[Any]) -> dict:
-        """``module.init`` in training mode with ``rng`` as the ``params`` stream, as the UvA guide's
-        ``model.init(init_rng, *exmp_input, train=True)`` (the same seed gives its weights), and a
-        ``dropout`` stream derived from it (``jax.random.split(rng)[1]``, another key) for a model
-        that draws at init (it has no say in the weights)."""
-        dropout_rng = jax.random.split(rng)[1]
+        """``module.init`` in training mode, with ``params`` and ``dropout`` streams split from
+        ``rng`` (the UvA guide passes ``rng`` itself as the params key: docs/from-uva.md)."""
+        params_rng, dropout_rng = jax.random.split(rng)
         try:
-            return self.module.init({"params": rng, "dropout": dropout_rng}, *inputs, **self._train_kwargs(True))
+            return self.module.init({"params": params_rng, "dropout": dropout_rng}, *inputs, **self._train_kwargs(True))
         except Exception as exc:
             self._explain(exc)
             raise

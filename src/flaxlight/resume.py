@@ -52,6 +52,8 @@ class CheckpointMeta:
         epoch, phase, batch_index: where the loop was (``phase``: ``"train"`` mid-epoch,
             ``"val"`` after the epoch's training, ``"epoch_end"`` after its validation).
         validated: whether the epoch's validation ran (a save at validation: it is not repeated).
+        cut_validated: an epoch cut short (``max_steps``, ``stop()``: saved as mid-epoch, a longer
+            run continues it) was validated at the cut: that validation's records are this step's.
         train_metrics: the last finished epoch's ``train/...`` means.
         train_sums: the current epoch's metric sums so far (mid-epoch saves), as floats.
         running_log: the running log's position (:class:`flaxlight.loop.RunningLog`).
@@ -102,6 +104,7 @@ class CheckpointMeta:
     epochs_before: int = 0
     state_keys: bool = False
     earlier_epochs: list = dataclasses.field(default_factory=list)
+    cut_validated: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return _jsonable(dataclasses.asdict(self))  # a metric object's array result as nested lists
@@ -113,7 +116,8 @@ class CheckpointMeta:
         # An epoch cut short (max_steps, stop()) is saved as mid-epoch: a longer run continues it.
         return cls(step=step, epoch=loop.epoch, phase="train" if loop.cut else loop.phase,
                    batch_index=loop.batch_index, train_metrics=loop.train_metrics,
-                   validated=loop.validated and not loop.cut, train_sums=sums_to_json(loop.acc),
+                   validated=loop.validated and not loop.cut, cut_validated=loop.validated and loop.cut,
+                   train_sums=sums_to_json(loop.acc),
                    running_log=loop.running_log.state_dict(), owed_events=list(loop.owed_events),
                    owed_steps=loop.owed_steps, epochs_before=loop.epochs_before, state_keys=True,
                    callbacks={name: encode_state(cb.state_dict(), f"{type(cb).__name__}.state_dict()")
@@ -578,7 +582,9 @@ def _later_metric_files(log_dir: str, meta: CheckpointMeta) -> list[str]:
     """The run's validation files of epochs or steps after checkpoint ``meta.step``, and its test
     files logged after it (:func:`_later_tests`), in order."""
     folder = os.path.join(log_dir, METRICS_DIR)
-    last_epoch = meta.epochs_before + (meta.epoch if meta.phase == "epoch_end" or meta.validated else meta.epoch - 1)
+    # an epoch cut short (max_steps, stop()) and validated at the cut: that validation is the checkpoint's model's
+    whole = meta.phase == "epoch_end" or meta.validated or meta.cut_validated
+    last_epoch = meta.epochs_before + (meta.epoch if whole else meta.epoch - 1)
     later = []
     for name in os.listdir(folder) if os.path.isdir(folder) else []:
         found = re.fullmatch(r"eval_(epoch|step)_(\d+)\.json", name)

@@ -668,10 +668,12 @@ class TrainerViewMixin:
     def _take_in_loaded_state(self, before: Any) -> None:
         """After a ``load_model`` of the user's: a Flax ``TrainState`` it set (the UvA guide's
         ``TrainState.create(apply_fn=self.model.apply, ...)``) rebuilt as a :class:`~flaxlight.TrainState`,
-        as after ``init_optimizer`` (:func:`adopt_state`); a state it did not change is left alone."""
+        as after ``init_optimizer`` (:func:`adopt_state`); a state it did not change, or one flaxlight
+        cannot take in (None, a Flax state with fields of its own), is left as it set it."""
         state = getattr(self, "state", None)
         if state is not before:
-            self.state = adopt_state(state, before, f"{type(self).__name__}.load_model", self._say_once)
+            with contextlib.suppress(TypeError):  # what it set on purpose stays; the loop says so if it cannot use it
+                self.state = adopt_state(state, before, f"{type(self).__name__}.load_model", self._say_once)
 
     def _say_once(self, message: str) -> None:
         """Say ``message`` the first time only (each ``train_model`` builds the optimizer again)."""
@@ -931,8 +933,8 @@ def taking_in_state(load_model: Callable) -> Callable:
 def adopt_state(state: Any, before: Any, where: str, say: Callable[[str], None]) -> Any:
     """``state`` (set by ``where``) as a :class:`~flaxlight.TrainState`: one already, as it is; a Flax
     ``flax.training.train_state.TrainState`` whose fields flaxlight's has too (the UvA guide's, with
-    ``batch_stats`` and ``rng``), rebuilt as one by ``TrainState.create`` (a fresh optimizer state
-    for its ``tx``; the fields it lacks, ``epoch`` and ``metrics``, from ``before``), which ``say``
+    ``batch_stats`` and ``rng``), rebuilt as one by ``TrainState.create`` (its optimizer state kept
+    when it fits the rebuilt one's; the fields it lacks, ``epoch`` and ``metrics``, from ``before``), which ``say``
     tells; anything else is a ``TypeError`` saying what to build.
 
     Examples:
@@ -953,11 +955,15 @@ def adopt_state(state: Any, before: Any, where: str, say: Callable[[str], None])
         fields = {name: getattr(state, name) for name in names if hasattr(state, name)}
         kept = {name: getattr(before, name) for name in names if before is not None and name not in fields}
         say(f"{where} set self.state to a {kind} (a Flax TrainState): it is rebuilt as a flaxlight.TrainState with "
-            f"its fields and a fresh optimizer state for its tx ({', '.join(sorted(kept)) or 'nothing'} kept from the "
+            f"its fields and its optimizer state ({', '.join(sorted(kept)) or 'nothing'} kept from the "
             f"state before), as flaxlight's loop keeps the epoch in the state. Build flaxlight.TrainState.create(...) "
             f"there to skip this.")
-        return TrainState.create(apply_fn=state.apply_fn, params=state.params, tx=state.tx, step=state.step,
-                                 **{**kept, **fields})
+        adopted = TrainState.create(apply_fn=state.apply_fn, params=state.params, tx=state.tx, step=state.step,
+                                    **{**kept, **fields})
+        if state.opt_state is not None and \
+                jax.tree.structure(state.opt_state) == jax.tree.structure(adopted.opt_state):  # a restored one: kept
+            adopted = adopted.replace(opt_state=state.opt_state)
+        return adopted
     why = (f"its fields {extra} are not a flaxlight.TrainState's, and would be lost" if extra else
            "it is not a Flax TrainState")
     raise TypeError(f"{where} set self.state to a {kind}: flaxlight's loop needs a flaxlight.TrainState (or a "
