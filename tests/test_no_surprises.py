@@ -310,3 +310,27 @@ def test_a_monitor_whose_name_reads_as_a_score_with_the_default_min_mode_is_warn
         flaxlight.callbacks.EarlyStopping(monitor="val/acc", mode="max")
         flaxlight.callbacks.ModelCheckpoint(monitor="val/logits_norm")
         _trainer(tmp_path / "b", monitor="val/loss")
+
+
+def test_editing_the_optimizer_dict_after_building_a_trainer_changes_nothing_of_it(tmp_path):
+    """A notebook's next cell set opt["lr"] = 0.5 for another trainer: the first trainer's next
+    train_model trained at 0.5 while its hparams.yaml, summary and checkpoints said 0.002."""
+    import numpy as np
+
+    opt = {"optimizer": "sgd", "lr": 0.002, "schedule": "constant", "gradient_clip": None}
+    x, y = linear_data(64, 0)
+
+    def build(name, hparams):
+        return RegressTrainer(model_class=TinyMLP, model_hparams={"hidden_dims": [8]}, exmp_input=x[:1],
+                              optimizer_hparams=hparams, **quiet(tmp_path / name))
+
+    first = build("first", opt)
+    opt["lr"] = 0.5  # the next cell's setting, for another trainer
+    second = build("second", opt)
+    opt["lr"] = 9.0
+    first.train_model((x, y), None, num_epochs=1, batch_size=64)
+    reference = build("reference", {**opt, "lr": 0.002})
+    reference.train_model((x, y), None, num_epochs=1, batch_size=64)
+    for a, b in zip(jax.tree.leaves(first.state.params), jax.tree.leaves(reference.state.params)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert (first.optimizer_hparams["lr"], second.optimizer_hparams["lr"]) == (0.002, 0.5)

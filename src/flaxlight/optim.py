@@ -599,6 +599,23 @@ def describe_optimizer(optimizer_hparams) -> str:
     return f"a ready optax transformation ({_ready_name(optimizer_hparams)}), used as given"
 
 
+def own_copy(hparams: Any) -> Any:
+    """``optimizer_hparams`` as a trainer keeps them: its dicts and lists copied (a later edit of
+    the caller's dict, for another trainer, changed this one's learning rate without a word);
+    anything else (an optax transformation, a schedule) as it is.
+
+    Examples:
+        >>> given = {"optimizer": "adam", "lr": 1e-3}
+        >>> kept = own_copy(given); given["lr"] = 0.5; kept["lr"]
+        0.001
+    """
+    if type(hparams) is dict:  # a plain dict, as written; a class of its own (a config object) stays the caller's
+        return {key: own_copy(value) for key, value in hparams.items()}
+    if type(hparams) is list:
+        return [own_copy(value) for value in hparams]
+    return hparams
+
+
 def recorded_optimizer(optimizer_hparams) -> Any:
     """What ``hparams.yaml`` records: every setting of a dict or config as resolved (defaults
     included; a function by its name), and for a ready transformation its name and a note."""

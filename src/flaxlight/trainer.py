@@ -61,7 +61,7 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
         callbacks, self._user_loggers = list(callbacks or []), list(loggers or [])  # loggers: checked by init_logger
         self.options, self.extra_hparams = TrainerOptions.split_kwargs(kwargs, trainer_class=type(self))
         self.model_class, self.model_hparams = model_class, dict(model_hparams or {})
-        self.optimizer_hparams, self.seed, self.exmp_input = optimizer_hparams, seed, exmp_input
+        self.optimizer_hparams, self.seed, self.exmp_input = optim.own_copy(optimizer_hparams), seed, exmp_input
         self.enable_progress_bar, self.debug, self.check_val_every_n_epoch = enable_progress_bar, debug, check_val_every_n_epoch
         self.config = {"model_class": runfiles.class_path(model_class), "model_hparams": self.model_hparams,
                        "optimizer_hparams": optim.recorded_optimizer(optimizer_hparams),
