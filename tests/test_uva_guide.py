@@ -621,3 +621,18 @@ def test_a_load_model_restoring_its_optimizer_state_into_a_flax_state_keeps_it(t
     other = SetsNone(**_kwargs(tmp_path / "none"))
     other.load_model()
     assert other.state is None
+
+
+def test_a_load_model_setting_a_flax_state_with_fields_of_its_own_is_refused_naming_load_model(tmp_path):
+    """Kept without a word, it failed later in predict with AttributeError 'no attribute apply_model' (a review)."""
+    class WithEma(GuideTrainState):
+        ema: Any = None
+
+    class EmaLoad(RegressTrainer):
+        def load_model(self, step=None):
+            self.state = WithEma.create(apply_fn=self.state.apply_fn, params=self.state.params, tx=optax.adam(1e-3),
+                                        batch_stats=None, rng=self.state.rng, ema=self.state.params)
+
+    trainer = EmaLoad(**_kwargs(tmp_path))
+    with pytest.raises(TypeError, match=r"EmaLoad.load_model set self.state to a .*WithEma.*fields \['ema'\]"):
+        trainer.load_model()

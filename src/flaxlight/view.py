@@ -668,12 +668,14 @@ class TrainerViewMixin:
     def _take_in_loaded_state(self, before: Any) -> None:
         """After a ``load_model`` of the user's: a Flax ``TrainState`` it set (the UvA guide's
         ``TrainState.create(apply_fn=self.model.apply, ...)``) rebuilt as a :class:`~flaxlight.TrainState`,
-        as after ``init_optimizer`` (:func:`adopt_state`); a state it did not change, or one flaxlight
-        cannot take in (None, a Flax state with fields of its own), is left as it set it."""
+        as after ``init_optimizer`` (:func:`adopt_state`: one with fields of its own is refused, naming
+        them and the fix); a state it did not change, or that is no Flax ``TrainState`` (None, an
+        object of its own), is left as it set it."""
+        from flax.training import train_state as flax_train_state
+
         state = getattr(self, "state", None)
-        if state is not before:
-            with contextlib.suppress(TypeError):  # what it set on purpose stays; the loop says so if it cannot use it
-                self.state = adopt_state(state, before, f"{type(self).__name__}.load_model", self._say_once)
+        if state is not before and isinstance(state, flax_train_state.TrainState):
+            self.state = adopt_state(state, before, f"{type(self).__name__}.load_model", self._say_once)
 
     def _say_once(self, message: str) -> None:
         """Say ``message`` the first time only (each ``train_model`` builds the optimizer again)."""
