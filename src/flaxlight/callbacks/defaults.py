@@ -26,7 +26,7 @@ def with_default_callbacks(callbacks: list[Callback], options: Any, enable_progr
 
     Examples:
         >>> [type(cb).__name__ for cb in with_default_callbacks([], TrainerOptions(), True)]   # doctest: +SKIP
-        ['ModelCheckpoint', 'ProgressBar', 'History']
+        ['ProgressBar', 'History', 'ModelCheckpoint']
     """
     for callback in callbacks:
         if not isinstance(callback, Callback):
