@@ -214,6 +214,7 @@ class Engine:
         self._updated_at: int | None = None  # the step of the last epoch-end update (see end_accumulation)
         self._served: weakref.WeakSet = weakref.WeakSet()  # loaders that yielded batches (see served_before)
         self._held: tuple[Any, Any] | None = None  # (a stream's iterator, its batch drawn at a pass's end)
+        self._beyond_said = False  # a batch beyond a loader's len() was warned of (once)
         self.train_step = self._jit(train_step, donate_argnums=0)
         self.eval_step = self._jit(eval_step)
         self._jit_loop()
@@ -361,7 +362,7 @@ class Engine:
         if is_stream(loader) and epoch_setter(loader) is None:
             self._held = (iterator, batch)
             return
-        if getattr(self, "_beyond_said", False):  # once: an endless stream sized by its len() says it every epoch
+        if self._beyond_said:  # once: an endless stream sized by its len() would say it every epoch
             return
         self._beyond_said = True
         warnings.warn(f"train_loader yielded more batches in one pass than its len() ({len(loader)}) says: an epoch "

@@ -204,7 +204,9 @@ class TrainerVerbsMixin:
                 raise
             _check_per_example(out, inputs, warned)  # shapes only: no wait for the device
             if outputs:
-                _check_stackable(outputs[0], out, i)
+                _check_stackable(outputs[0], out, i, stackable)
+            else:
+                stackable = _trailing_shapes(out)
             with deliberate_reads():
                 for leaf in jax.tree.leaves(out):
                     leaf.copy_to_host_async()
@@ -601,12 +603,17 @@ def _check_per_example(out: Any, inputs: Sequence[Any], warned: set) -> None:
                 f"predict, e.g. from trainer.bind_model() or trainer.state.params.", UserWarning, stacklevel=3)
 
 
-def _check_stackable(first: Any, out: Any, index: int) -> None:
+def _trailing_shapes(out: Any) -> list:
+    """Each output's shape beyond the batch dimension (what stacking over batches needs equal)."""
+    return [np.shape(leaf)[1:] for leaf in jax.tree.leaves(out)]
+
+
+def _check_stackable(first: Any, out: Any, index: int, expected: list) -> None:
     """A clear error, at the batch where it happens, when an output's shape beyond the batch
-    dimension differs from the first batch's (sequences of another length, bucketed): ``predict``
-    could not stack them at the end, after computing every batch. Shapes only (no device wait)."""
-    shapes = [np.shape(leaf)[1:] for leaf in jax.tree.leaves(out)]
-    if shapes == [np.shape(leaf)[1:] for leaf in jax.tree.leaves(first)]:
+    dimension differs from the first batch's (``expected``: :func:`_trailing_shapes` of ``first``;
+    sequences of another length, bucketed): ``predict`` could not stack them at the end, after
+    computing every batch. Shapes only (no device wait)."""
+    if _trailing_shapes(out) == expected:
         return
     for (path, was), now in zip(jax.tree_util.tree_leaves_with_path(first), jax.tree.leaves(out)):
         if np.shape(was)[1:] != np.shape(now)[1:]:
