@@ -106,6 +106,18 @@ def test_a_run_resumed_twice_keeps_the_length_of_its_epochs_before_the_change(tm
     assert float(flaxlight.current_learning_rate(again.state)) == pytest.approx(END, rel=1e-4)
 
 
+def test_a_run_loaded_with_its_optimizer_after_a_batch_size_change_has_the_runs_schedule(tmp_path):
+    """load_from_checkpoint(with_optimizer=True) rebuilds the run's schedule: with accumulation its
+    updates count the epochs before the change at their own length (it counted 26 of the 27)."""
+    optimizer = {"accumulate_grad_batches": 3}
+    _trainer(tmp_path / "run", optimizer=optimizer).train_model(*_loaders(32), num_epochs=5)
+    resumed = _trainer(tmp_path / "run", optimizer=optimizer)
+    resumed.train_model(*_loaders(16), num_epochs=7, resume=True)
+    loaded = RegressTrainer.load_from_checkpoint(tmp_path / "run", exmp_input=X0, which="last", with_optimizer=True)
+    assert loaded.optimizer_plan.num_updates == resumed.optimizer_plan.num_updates == 5 * 3 + 2 * 6
+    assert float(flaxlight.current_learning_rate(loaded.state)) == pytest.approx(END, rel=1e-4)
+
+
 def test_a_resume_with_the_same_batch_size_is_still_bitwise_an_uninterrupted_run(tmp_path):
     straight = _trainer(tmp_path / "straight")
     straight.train_model(*_loaders(), num_epochs=6)

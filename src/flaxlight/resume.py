@@ -37,7 +37,8 @@ from flaxlight.messages import logger as messages, warn_at_user
 from flaxlight.metrics import Totals, to_host
 from flaxlight.runfiles import ABANDONED_DIR, CHECKPOINT_DIR, HPARAMS_FILE, METRICS_DIR, run_files_present, write_metrics
 
-__all__ = ["CheckpointMeta", "choose_step", "pick_checkpoint", "restore_run", "run_length", "epoch_length", "load_with_fallback",
+__all__ = ["CheckpointMeta", "choose_step", "pick_checkpoint", "restore_run", "run_length", "epoch_length", "earlier_epochs",
+           "load_with_fallback",
            "checkpointer_for", "ResumeTarget", "check_epoch_position", "set_aside_branch", "ABANDONED_DIR",
            "step_in_path", "named_callbacks", "match_states",
            "sums_to_json", "sums_from_json", "encode_state", "decode_state", "epoch_setter", "set_loader_epoch"]
@@ -671,31 +672,42 @@ def _same_number(cell: str | None, value: float) -> bool:
     return (math.isnan(number) and math.isnan(value)) or math.isclose(number, value, rel_tol=1e-6, abs_tol=1e-12)
 
 
+def _newest_meta(checkpointer: Checkpointer) -> CheckpointMeta | None:
+    """The meta of the newest checkpoint whose meta reads (None when none does)."""
+    for step in sorted(checkpointer.all_steps(), reverse=True):
+        try:
+            return CheckpointMeta.from_json(checkpointer.read_meta(step))
+        except Exception:  # noqa: BLE001 - a damaged checkpoint: try the one before
+            continue
+    return None
+
+
 def run_length(checkpointer: Checkpointer) -> tuple[int, int]:
     """``(epochs, steps per epoch)`` whose product is the train steps the run's optimizer schedule
     spans (for ``init_optimizer``: the same schedule again), from the newest checkpoint whose meta
     reads; ``(1, 1)`` when unknown."""
-    for step in sorted(checkpointer.all_steps(), reverse=True):
-        try:
-            meta = CheckpointMeta.from_json(checkpointer.read_meta(step))
-        except Exception:  # noqa: BLE001 - a damaged checkpoint: try the one before
-            continue
-        if meta.schedule_steps:
-            return 1, meta.schedule_steps
-        return meta.num_epochs or 1, meta.steps_per_epoch or 1
-    return 1, 1
+    meta = _newest_meta(checkpointer)
+    if meta is None:
+        return 1, 1
+    if meta.schedule_steps:
+        return 1, meta.schedule_steps
+    return meta.num_epochs or 1, meta.steps_per_epoch or 1
 
 
 def epoch_length(checkpointer: Checkpointer) -> int | None:
     """The run's batches per epoch, from the newest checkpoint whose meta reads (where an
     accumulating optimizer applied a partial group: its schedule's updates depend on it); None
     when unknown."""
-    for step in sorted(checkpointer.all_steps(), reverse=True):
-        try:
-            return CheckpointMeta.from_json(checkpointer.read_meta(step)).steps_per_epoch
-        except Exception:  # noqa: BLE001 - a damaged checkpoint: try the one before
-            continue
-    return None
+    meta = _newest_meta(checkpointer)
+    return None if meta is None else meta.steps_per_epoch
+
+
+def earlier_epochs(checkpointer: Checkpointer) -> tuple:
+    """``((batches, epoch length), ...)`` the run trained in epochs of other lengths before its
+    newest checkpoint's (resumed with another batch size; its schedule counts their updates with
+    their lengths), from the newest checkpoint whose meta reads; ``()`` when none or unknown."""
+    meta = _newest_meta(checkpointer)
+    return () if meta is None else tuple(tuple(pair) for pair in meta.earlier_epochs)
 
 
 def load_with_fallback(checkpointer: Checkpointer, state: Any, which: str,

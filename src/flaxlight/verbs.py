@@ -122,6 +122,7 @@ class TrainerVerbsMixin:
         averaged = not with_optimizer and getattr(config, "ema_decay", None) is not None  # the EMA is in its state
         if with_optimizer or averaged:  # the run's schedule again: its length, and its epochs (accumulation's updates)
             trainer.steps_per_epoch = trainer.steps_per_epoch or resume.epoch_length(source)
+            trainer._earlier_epochs = resume.earlier_epochs(source)  # epochs of another batch size, if any
             trainer._build_optimizer(*resume.run_length(source))
         trainer._place_state()
         load = functools.partial(trainer._load_for_resume, purpose="load_from_checkpoint") if own else None
