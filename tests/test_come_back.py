@@ -276,3 +276,36 @@ def test_overwrite_removes_the_replaced_runs_predictions_and_export(tmp_path):
     left = sorted(os.listdir(run))
     assert not [name for name in left if name.startswith("predictions") or name == "export"], left
     assert (run / "notes.txt").read_text() == "mine" and (run / "export_mine").is_dir()
+
+
+# ----------------------------------------------------------------- 6. a model set back by hand, then trained on
+def test_training_on_from_an_older_checkpoint_of_the_run_is_refused_and_writes_nothing(tmp_path):
+    """load_model() of the run's best (step 8) while the run's last is 48, then train_model: the new
+    steps would land among the later branch's checkpoints and its epochs' records be rewritten
+    (eval_epoch_001.json was): refused, naming the rewind and a new folder, which both work."""
+    tr, va = _loaders(32)
+    with pytest.warns(UserWarning, match="reads as a metric to minimize"):  # the highest loss: the first epoch's
+        trainer = _trainer(tmp_path / "run", callbacks=[ModelCheckpoint(monitor="val/loss", mode="max")])
+    trainer.train_model(tr, va, num_epochs=6)
+    trainer.load_model()  # the best: the first epoch's (the highest loss)
+    assert trainer.global_step == 8
+    before = _digests(tmp_path / "run")
+    with pytest.raises(FileExistsError, match=r"(?s)model is at step 8.*later checkpoints \(48\).*resume_from="):
+        trainer.train_model(tr, va, num_epochs=2)
+    assert _digests(tmp_path / "run") == before
+    copy = RegressTrainer.load_from_checkpoint(tmp_path / "run" / "checkpoints" / "8", exmp_input=X0,
+                                               logger_params={"log_dir": str(tmp_path / "copy")})
+    copy.train_model(tr, va, num_epochs=2)
+    assert copy.global_step == 24 and _digests(tmp_path / "run") == before
+    trainer.train_model(tr, va, num_epochs=3, resume_from=tmp_path / "run" / "checkpoints" / "8")
+    assert trainer.global_step == 24 and (tmp_path / "run" / "abandoned" / "after_step_8" / "checkpoints" / "48").is_dir()
+
+
+def test_a_second_train_model_call_goes_on_in_its_run_as_before(tmp_path):
+    """The guard: a next call on a trainer at its run's newest step continues the run (epochs 3, 4)."""
+    tr, va = _loaders(32)
+    trainer = _trainer(tmp_path / "run")
+    trainer.train_model(tr, va, num_epochs=2)
+    trainer.train_model(tr, va, num_epochs=2)
+    assert trainer.global_step == 32
+    assert sorted(p.name for p in (tmp_path / "run" / "metrics").glob("eval_epoch_*.json"))[-1] == "eval_epoch_004.json"

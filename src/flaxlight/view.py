@@ -560,6 +560,9 @@ class TrainerViewMixin:
         """Refuse to overwrite another run or to share a live one (:func:`flaxlight.runfiles.claim_run`),
         after the last checks that need no folder (a monitor the eval step does not return)."""
         self._check_monitor_ahead()
+        owned = self._trained_here or self._wrote_here
+        if owned and not (continuing or overwrite):
+            self._refuse_a_second_branch()
         if self.log_dir is not None and dist.is_main_process():
             self._run_lock = runfiles.claim_run(self.log_dir, self.checkpointer, continuing=continuing,
                                                 overwrite=overwrite, owned=self._trained_here or self._wrote_here)
@@ -570,6 +573,27 @@ class TrainerViewMixin:
                 self._run_lock.release()
                 raise
         self._in_run = True  # until _finish_files: load_model leaves global_step to the loop
+
+    def _refuse_a_second_branch(self) -> None:
+        """A next ``train_model`` of a model set back to an older step of its run (``load_model()``,
+        the best model loaded by ``load_from_checkpoint`` into its own folder) would write steps the
+        run's later checkpoints hold and records of epochs it has: two branches in one run. Refused
+        before anything is written, with the rewind (``resume_from``) and a new folder to choose from."""
+        later = [step for step in self.checkpointer.all_steps() if step > self.global_step]
+        if not later:
+            return
+        step, name = self.global_step, type(self).__name__
+        here = os.path.join(self.checkpointer.directory, str(step))
+        rewind = f"pass train_model(..., resume_from={here!r}) (a rewind: the later checkpoints and records are " \
+                 f"set aside in the run's abandoned/ folder, and the run goes on from step {step}); " \
+            if step in self.checkpointer.all_steps() else ""
+        raise FileExistsError(
+            f"This trainer's model is at step {step} (set back by load_model, or loaded from an older checkpoint), "
+            f"but its run in {self.log_dir} holds later checkpoints ({', '.join(map(str, sorted(later)))}) from the "
+            f"training after it: training on here would write a second branch over the first (its checkpoints and "
+            f"epoch records). To go on from step {step} in this run, {rewind}to keep the run as it is, train in "
+            f"another folder: {name}.load_from_checkpoint({here!r}, exmp_input=..., logger_params={{'log_dir': "
+            f"...}}), then train_model; or pass overwrite=True to replace the run.")
 
     def _check_monitor_ahead(self) -> None:
         """The trainer's ``monitor`` (the best model is picked among the validation's metrics)
