@@ -433,7 +433,7 @@ def test_resume_message_is_a_flaxlight_info_message(tmp_path, regression_loaders
     _build(RegressTrainer, tmp_path).train_model(train, val, num_epochs=2, resume=True)
     infos = _infos(flaxlight_messages)
     assert len(infos) == 2 and infos[0].startswith("Resumed from checkpoint 8 in ")
-    assert infos[0].endswith("(epoch 1, batch 8).")
+    assert infos[0].endswith("(the end of epoch 1).")  # saved after its last batch, as at its end
     assert infos[1].startswith("The run's learning-rate schedule spanned 8 steps and this run's spans 16")
     assert capsys.readouterr().out == ""
 
@@ -460,3 +460,14 @@ def test_an_is_new_model_better_override_picks_the_best_checkpoint_also_with_a_m
     loaded = FirstIsBest.load_from_checkpoint(trainer.log_dir, exmp_input=np.zeros((1, 4), np.float32))
     assert loaded.global_step == trainer.history[0]["step"]
     assert loaded.test(val)["test/loss"] == pytest.approx(returned["val/loss"], rel=1e-5)
+
+
+def test_the_resume_message_names_the_epoch_the_checkpoint_ended(tmp_path, regression_loaders, flaxlight_messages):
+    """Two calls of 2 epochs: the last checkpoint ends epoch 4 (the run's count, as its eval_epoch_004.json)."""
+    train, val, _ = regression_loaders
+    trainer = _build(RegressTrainer, tmp_path)
+    trainer.train_model(train, val, num_epochs=2)
+    trainer.train_model(train, val, num_epochs=2)
+    assert (tmp_path / "run" / "metrics" / "eval_epoch_004.json").is_file()
+    _build(RegressTrainer, tmp_path).train_model(train, val, num_epochs=5, resume=True)
+    assert _infos(flaxlight_messages)[0].endswith("(the end of epoch 4).")

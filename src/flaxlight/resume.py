@@ -351,8 +351,10 @@ def restore_run(own: Checkpointer, resume_from: str | os.PathLike | None, state:
                       "Resuming with a train_loader that has no set_epoch(epoch) method: the run continues exactly "
                       "only if the loader's order does not depend on how often it was iterated before.",
                       RuntimeWarning, stacklevel=4)
-    messages.info("Resumed from checkpoint %d in %s (epoch %d, batch %d).", step, checkpointer.directory,
-                  position.epoch, position.batch_index)
+    ended = meta.phase == "epoch_end" or bool(meta.steps_per_epoch) and meta.batch_index >= meta.steps_per_epoch
+    where = f"the end of epoch {meta.epochs_before + meta.epoch}" if ended \
+        else f"epoch {meta.epochs_before + position.epoch}, after batch {position.batch_index}"  # the run's count
+    messages.info("Resumed from checkpoint %d in %s (%s).", step, checkpointer.directory, where)
     if schedule_steps and meta.schedule_steps and schedule_steps != meta.schedule_steps:
         messages.info("The run's learning-rate schedule spanned %d steps and this run's spans %d: from step %d on, "
                       "the rates follow the new length.", meta.schedule_steps, schedule_steps, step)
