@@ -12,6 +12,7 @@ from sklearn.datasets import load_digits
 from sklearn.metrics import confusion_matrix, f1_score
 
 import flaxlight
+from flaxlight.callbacks import EarlyStopping, ModelCheckpoint
 from flaxlight.metric_objects import F1, ConfusionMatrix, Max, Min, Std, Sum
 from conftest import TinyMLP, linear_data, quiet
 
@@ -320,3 +321,19 @@ def test_a_mask_that_does_not_fit_the_values_is_refused_naming_the_metric():
     assert float(per_example.compute()) == 3 * 3.5
     with pytest.raises(ValueError, match=r"F1\.of got a mask of shape \(3,\) for values of shape \(4,\)"):
         F1.of(np.array([0, 1, 1, 0]), np.array([0, 1, 1, 0]), num_classes=2, mask=np.ones(3))
+
+
+@pytest.mark.parametrize("given", ["trainer", "EarlyStopping", "ModelCheckpoint"])
+def test_a_monitor_on_an_array_result_is_refused_before_training_naming_it(tmp_path, given):
+    """A monitor on a confusion matrix crashed at the first validation, after an epoch of training,
+    with numpy's "only 0-dimensional arrays can be converted to Python scalars"."""
+    x, y = _digits()
+    monitor = dict(monitor="val/confusion", mode="max")
+    kwargs = {"trainer": monitor, "EarlyStopping": {"callbacks": [EarlyStopping(**monitor)]},
+              "ModelCheckpoint": {"callbacks": [ModelCheckpoint(**monitor)]}}[given]
+    trainer = _trainer(tmp_path, **kwargs)
+    who = "The trainer" if given == "trainer" else given
+    with pytest.raises(ValueError, match=rf"{who} monitors 'val/confusion', a metric object's result of shape "
+                                         rf"\(10, 10\): a monitor must be one number .* e\.g\. an F1 object's 'val/f1'"):
+        trainer.train_model((x[:256], y[:256]), (x[256:320], y[256:320]), num_epochs=1, batch_size=64)
+    assert trainer.global_step == 0

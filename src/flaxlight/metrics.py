@@ -38,7 +38,7 @@ except ImportError:  # pragma: no cover - a JAX without it: the guard sees every
 
 __all__ = ["Totals", "init_accumulator", "accumulate", "all_finite", "step_finite", "read_means", "to_host",
            "batch_size", "majority_leading_dims", "name_direction", "HostSnapshot", "is_metric_object", "with_saved_objects",
-           "flat_metrics"]
+           "flat_metrics", "result_shapes"]
 
 
 def deliberate_reads() -> contextlib.AbstractContextManager:
@@ -311,6 +311,33 @@ def _put_computed(out: dict, key: str, value: Any) -> None:
         return
     array = np.asarray(value)
     out[key] = float(array.reshape(())) if array.size == 1 else array
+
+
+def result_shapes(objects: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
+    """The shape of each metric object's result under the name :func:`read_means` gives it (a dict
+    result as ``name/key``), from ``compute()`` traced on the objects' shapes (nothing runs); an
+    object whose ``compute`` does not trace so is left out.
+
+    Examples:
+        >>> from flaxlight.metric_objects import ConfusionMatrix
+        >>> result_shapes({"cm": jax.eval_shape(lambda: ConfusionMatrix.of(jnp.zeros(4, int), jnp.zeros(4, int), 3))})
+        {'cm': (3, 3)}
+    """
+    out: dict[str, tuple[int, ...]] = {}
+
+    def put(key: str, value: Any) -> None:
+        if isinstance(value, Mapping):
+            for sub, item in value.items():
+                put(f"{key}/{sub}", item)
+        else:
+            out[key] = tuple(getattr(value, "shape", ()))
+
+    for name, value in objects.items():
+        try:
+            put(name, jax.eval_shape(lambda obj: obj.compute(), value))
+        except Exception:  # noqa: BLE001 - known when the epoch's values are read
+            continue
+    return out
 
 
 def with_saved_objects(template: dict, restored: dict) -> dict:

@@ -22,7 +22,7 @@ from flaxlight.optim import accumulated_updates
 from flaxlight.registry import explicit_parameters
 
 __all__ = ["TrainerOptions", "DEFAULT_MONITORS", "LIGHTNING_TRAINER_ARGUMENTS", "FOREIGN_TRAINER_METHODS",
-           "check_trainer_arguments", "declared_keywords", "foreign_method_message", "lightning_argument_message",
+           "check_monitors_are_numbers", "check_trainer_arguments", "declared_keywords", "foreign_method_message", "lightning_argument_message",
            "written_otherwise"]
 
 # The constructor arguments of TrainerModule itself (for messages).
@@ -386,6 +386,25 @@ def train_model_argument_message(owner: str, key: str, value: Any) -> str:
             f"trainer.train_model(..., {key}={value!r}). (Kept as an extra hparam, as other unknown keywords are, "
             f"it would change nothing; so it is refused. A hparam of your own trainer's under this name: declare "
             f"it in {owner}.__init__ and pass it up, as for any hparam.)")
+
+
+def check_monitors_are_numbers(monitors: Sequence[tuple[str, str | None]], shapes: Mapping[str, tuple]) -> None:
+    """Refuse a monitor (``(who, name)`` pairs) that names a validation metric whose value is an
+    array of more than one number (``shapes``: the eval step's metric objects' results, traced ahead).
+
+    Examples:
+        >>> check_monitors_are_numbers([("EarlyStopping", "val/cm")], {"cm": (3, 3)})  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ValueError: EarlyStopping monitors 'val/cm', a metric object's result of shape (3, 3): ...
+    """
+    for who, monitor in monitors:
+        shape = shapes.get(monitor[len("val/"):]) if monitor and monitor.startswith("val/") else None
+        if shape is not None and int(np.prod(shape)) != 1:
+            raise ValueError(
+                f"{who} monitors {monitor!r}, a metric object's result of shape {tuple(shape)}: a monitor must be one "
+                f"number (such a result is kept in trainer.history and metrics/*.json, not logged). Monitor a "
+                f"metric of one number, e.g. an F1 object's 'val/f1', or have the object's compute() return a dict "
+                f"of numbers (logged as '{monitor}/<key>').")
 
 
 # Lightning's / Keras' method names that a trainer of theirs has and flaxlight's has not: what to
