@@ -238,6 +238,7 @@ def test_a_binary_heads_scores_are_refused_before_training_and_thresholded_ids_g
     (np.array([0, 1, 1]), np.zeros((3, 3), np.float32),
      r"the last axis holds 3 class scores, but num_classes is 2\. Pass num_classes=3"),
     (np.array([0, 1, 1]), np.zeros((4, 2), np.float32), r"classes last: shape \(3, 2\)"),
+    (np.array([0, 1, 1]), np.array([[0], [1], [1]]), r"class ids must be shaped like the labels; pass predictions\[\.\.\., 0\]"),
 ])
 @pytest.mark.parametrize("metric", [F1, ConfusionMatrix])
 def test_scores_or_labels_that_are_no_class_ids_are_refused_naming_the_metric_and_the_fix(metric, labels, predictions,

@@ -211,6 +211,8 @@ def _class_ids(metric: str, predictions: jax.Array, labels: jax.Array, num_class
     binary = "threshold the scores into class ids shaped like the labels: (logits > 0) for logits, (probs > 0.5) " \
              "for probabilities"
     if predictions.ndim == labels.ndim + 1 and predictions.shape[:-1] == labels.shape:
+        if predictions.shape[-1] == 1 and not jnp.issubdtype(predictions.dtype, jnp.inexact):
+            raise ValueError(f"{seen}: class ids must be shaped like the labels; pass predictions[..., 0].")
         if predictions.shape[-1] == 1:  # argmax over one column would call every example class 0
             raise ValueError(f"{seen}: one score per example (a sigmoid head) is no axis of class scores. For a binary "
                              f"model, {binary}, e.g. {metric}.of(y, logits[..., 0] > 0, num_classes=2"
