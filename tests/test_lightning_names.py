@@ -454,3 +454,41 @@ def test_a_run_whose_hparams_hold_train_model_keywords_still_loads(tmp_path):
         loaded = RegressTrainer.load_from_checkpoint(trainer.log_dir, exmp_input=X0)
     np.testing.assert_allclose(loaded.predict(x, batch_size=8), trainer.predict(x, batch_size=8, which="best"),
                                rtol=1e-6)
+
+
+# ---------------------------------------------------------------- Lightning's / Keras' method names
+@pytest.mark.parametrize("name, written", [
+    ("fit", "trainer.train_model(train_loader, val_loader, num_epochs=10)"),
+    ("validate", "trainer.eval_model(val_loader, log_prefix='val/')"),
+    ("evaluate", "trainer.eval_model((x, y), log_prefix='val/', batch_size=256)"),
+    ("log", "return loss, {'acc': acc}"),
+    ("log_dict", "trainer.log_metrics({'val/f1': f1, ...})"),
+    ("compile", "optimizer_hparams={'optimizer': 'adam', 'lr': 1e-3}"),
+    ("summary", "trainer.print_tabulate(exmp_input)"),
+    ("save_checkpoint", "trainer.save_model()"),
+])
+def test_lightning_and_keras_method_names_say_what_to_call(tmp_path, name, written):
+    """trainer.fit / validate / evaluate and self.log were a bare AttributeError."""
+    trainer = _trainer(tmp_path)
+    with pytest.raises(AttributeError) as info:
+        getattr(trainer, name)
+    message = str(info.value)
+    assert message.startswith(f"'RegressTrainer' object has no attribute {name!r}: ") and written in message
+    assert "docs/from-lightning.md" in message
+    assert getattr(trainer, "no_such_thing", 42) == 42 and not hasattr(trainer, "fit")  # others: as before
+
+
+def test_self_log_in_loss_fn_fails_before_training_saying_to_return_the_metric(tmp_path, regression_loaders):
+    class Logging(RegressTrainer):
+        def loss_fn(self, params, batch, *, train, rng, state):
+            x, y = batch
+            pred, updates = state.apply_model(params, x, train=train, rng=rng)
+            loss = ((pred - y) ** 2).mean()
+            self.log("mse", loss)
+            return loss, ({}, updates)
+
+    trainer = _trainer(tmp_path, trainer_class=Logging)
+    with pytest.raises(AttributeError, match=r"no attribute 'log': Lightning's self\.log\('acc', acc\) in a step is a "
+                                             r"value of loss_fn's metrics: return loss, \{'acc': acc\}"):
+        trainer.train_model(*regression_loaders[:2], num_epochs=1)
+    assert trainer.global_step == 0

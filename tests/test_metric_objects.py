@@ -12,6 +12,7 @@ from sklearn.datasets import load_digits
 from sklearn.metrics import confusion_matrix, f1_score
 
 import flaxlight
+from flaxlight.callbacks import EarlyStopping, ModelCheckpoint
 from flaxlight.metric_objects import F1, ConfusionMatrix, Max, Min, Std, Sum
 from conftest import TinyMLP, linear_data, quiet
 
@@ -187,3 +188,153 @@ def test_a_masked_per_token_mean_over_padded_sequences_equals_the_hand_per_token
     assert metrics["val/token_error"] == pytest.approx(errors[mask > 0].mean(), rel=1e-5)
     assert metrics["val/token_error"] != pytest.approx((errors * mask).sum(1).__truediv__(mask.sum(1)).mean(), rel=1e-3)
     assert metrics["val/ignored"] == 0.0  # nothing counted: 0, not NaN
+
+
+# ---------------------------------------------------------------- a binary model's scores, ignore labels
+class BinaryTrainer(flaxlight.TrainerModule):
+    """One logit per example (a (B, 1) sigmoid head); ``f1`` is given the scores as they come."""
+
+    threshold_first = False
+
+    def loss_fn(self, params, batch, *, train, rng, state):
+        x, y = batch
+        z, updates = state.apply_model(params, x, train=train, rng=rng)
+        loss = optax.sigmoid_binary_cross_entropy(z[:, 0], y.astype(jnp.float32)).mean()
+        predictions = z[:, 0] > 0 if self.threshold_first else z
+        return loss, ({"f1": F1.of(y, predictions, num_classes=2, average="binary")}, updates)
+
+
+def test_a_binary_heads_scores_are_refused_before_training_and_thresholded_ids_give_sklearns_f1(tmp_path):
+    """F1 of a (B, 1) sigmoid head's logits was argmax over one column: class 0 for all, F1 0.0
+    every epoch, and the epoch-1 model stayed the "best" for monitor='val/f1'."""
+    x, y = _digits()
+    y = (y >= 5).astype(np.int32)
+    train, val = (x[:640], y[:640]), (x[640:900], y[640:900])
+    kwargs = dict(model_class=TinyMLP, model_hparams={"hidden_dims": [16], "output_dim": 1},
+                  optimizer_hparams={"optimizer": "adam", "lr": 1e-2}, exmp_input=x[:1])
+    refused = BinaryTrainer(**kwargs, **quiet(tmp_path / "scores", monitor="val/f1", mode="max"))
+    with pytest.raises(ValueError, match=r"F1\.of got labels of shape \(64,\) \(int32\) and predictions of shape "
+                                         r"\(64, 1\) \(float32\): one score per example .* threshold the scores .*"
+                                         r"F1\.of\(y, logits\[\.\.\., 0\] > 0, num_classes=2, average='binary'\)"):
+        refused.train_model(train, val, num_epochs=2, batch_size=64)
+    assert refused.global_step == 0 and not (tmp_path / "scores" / "run" / "checkpoints").exists()
+
+    class Thresholded(BinaryTrainer):
+        threshold_first = True
+
+    trainer = Thresholded(**kwargs, **quiet(tmp_path / "ids", monitor="val/f1", mode="max"))
+    trainer.train_model(train, val, num_epochs=2, batch_size=64)
+    predicted = (trainer.predict(val[0], batch_size=64)[:, 0] > 0).astype(int)
+    assert trainer.history[-1]["val/f1"] == pytest.approx(f1_score(val[1], predicted), abs=1e-6)
+    assert trainer.history[-1]["val/f1"] > 0.7
+
+
+@pytest.mark.parametrize("labels, predictions, expected", [
+    (np.array([0, 1, 1]), np.array([0.2, 0.9, 0.6], np.float32),
+     r"predictions of shape \(3,\) \(float32\): predictions shaped like the labels are taken as class ids, which are "
+     r"integers; these are float32 scores\. For a binary model, threshold .*\(probs > 0\.5\)"),
+    (np.array([0.0, 1.0, 1.0], np.float32), np.array([0, 1, 1]),
+     r"labels of dtype float32 \(shape \(3,\)\): labels are class ids, integers in 0 \.\. 1\. Pass y\.astype\(jnp\.int32\)"),
+    (np.array([0, 1, 1]), np.zeros((3, 3), np.float32),
+     r"the last axis holds 3 class scores, but num_classes is 2\. Pass num_classes=3"),
+    (np.array([0, 1, 1]), np.zeros((4, 2), np.float32), r"classes last: shape \(3, 2\)"),
+    (np.array([0, 1, 1]), np.array([[0], [1], [1]]), r"class ids must be shaped like the labels; pass predictions\[\.\.\., 0\]"),
+])
+@pytest.mark.parametrize("metric", [F1, ConfusionMatrix])
+def test_scores_or_labels_that_are_no_class_ids_are_refused_naming_the_metric_and_the_fix(metric, labels, predictions,
+                                                                                          expected):
+    with pytest.raises(ValueError, match=rf"{metric.__name__}\.of .*{expected}"):
+        metric.of(labels, predictions, num_classes=2)
+    with pytest.raises(ValueError, match=rf"{metric.__name__}\.of .*{expected}"):  # at trace time, in a jitted step
+        jax.jit(lambda y, p: metric.of(y, p, num_classes=2)).lower(labels, predictions)
+
+
+def test_f1_binary_needs_two_classes_and_num_classes_is_a_number():
+    with pytest.raises(ValueError, match=r"F1\.of\(\.\.\., average='binary'\) scores class 1 of a binary model, num_classes=2; got "
+                                         r"num_classes=3\. For several classes use average='macro' or 'micro'"):
+        F1.of(np.array([0, 1]), np.array([0, 1]), num_classes=3, average="binary")
+    with pytest.raises(ValueError, match=r"ConfusionMatrix\.of needs num_classes, .* at least 2 .*; got 1"):
+        ConfusionMatrix.of(np.array([0, 0]), np.array([0, 0]), num_classes=1)
+
+
+def test_ignore_labels_and_out_of_range_ids_are_left_out_as_sklearn_with_labels_range():
+    """A label of -1 counted as the last class (index wrap-around); -100 and ids >= num_classes
+    were dropped: now every id outside 0..num_classes-1 is left out, as a weight of 0 leaves it."""
+    labels = np.array([0, 1, 2, -1, -1, -100, 2, 1, 3])
+    predicted = np.array([0, 1, 2, 2, 0, 1, 1, 5, 2])
+    matrix = ConfusionMatrix.of(labels, predicted, num_classes=3).compute()
+    np.testing.assert_array_equal(matrix, confusion_matrix(labels, predicted, labels=range(3)))
+    assert matrix.dtype == np.int32 and int(matrix.sum()) == 4
+    kept = (labels >= 0) & (labels < 3) & (predicted < 3)
+    f1 = F1.of(labels, predicted, num_classes=3)
+    assert float(f1.compute()) == pytest.approx(f1_score(labels[kept], predicted[kept], average="macro"))
+    masked = F1.of(labels, predicted, num_classes=3, mask=kept)
+    np.testing.assert_array_equal(masked.matrix, f1.matrix)
+
+
+# ---------------------------------------------------------------- mask: one meaning, weights
+def test_mask_is_a_weight_in_every_metric_object_as_sklearns_sample_weight():
+    """Mean and Std weighted by mask; Sum took it as on/off, ConfusionMatrix and F1 truncated it
+    to an int (0.5 dropped the example, 2.5 counted it twice)."""
+    from flaxlight.metric_objects import Mean
+
+    rng = np.random.default_rng(0)
+    labels = rng.integers(0, 3, 200)
+    predicted = np.where(rng.random(200) < 0.7, labels, rng.integers(0, 3, 200))
+    weights = rng.choice([0.0, 0.5, 1.0, 2.5], 200).astype(np.float32)
+    values = rng.normal(size=200).astype(np.float32)
+    values[weights == 0] = np.nan  # left out, not summed as NaN * 0
+    kept = values[weights > 0]
+
+    def merged(cls, *args, **kwargs):  # two batches, merged as the trainer merges them
+        def part(cut):
+            return lambda a: a[cut] if isinstance(a, np.ndarray) else a
+
+        first, second = part(slice(None, 120)), part(slice(120, None))
+        one = cls.of(*map(first, args), **{k: first(v) for k, v in kwargs.items()})
+        return one.merge(cls.of(*map(second, args), **{k: second(v) for k, v in kwargs.items()})).compute()
+
+    average = np.average(kept, weights=weights[weights > 0])
+    assert float(merged(Mean, values, mask=weights)) == pytest.approx(average, rel=1e-5)
+    assert float(merged(Sum, values, mask=weights)) == pytest.approx((kept * weights[weights > 0]).sum(), rel=1e-5)
+    spread = np.sqrt(np.average((kept - average) ** 2, weights=weights[weights > 0]))
+    assert float(merged(Std, values, mask=weights)) == pytest.approx(spread, rel=1e-5)
+    assert float(merged(Max, values, mask=weights)) == kept.max()
+    assert float(merged(Min, values, mask=weights)) == kept.min()
+    matrix = merged(ConfusionMatrix, labels, predicted, num_classes=3, mask=weights)
+    np.testing.assert_allclose(matrix, confusion_matrix(labels, predicted, sample_weight=weights), rtol=1e-6)
+    for average_kind in ("macro", "micro"):
+        f1 = merged(F1, labels, predicted, num_classes=3, average=average_kind, mask=weights)
+        assert float(f1) == pytest.approx(f1_score(labels, predicted, average=average_kind, sample_weight=weights))
+    binary_labels, binary_predicted = labels % 2, predicted % 2
+    f1 = merged(F1, binary_labels, binary_predicted, num_classes=2, average="binary", mask=weights)
+    assert float(f1) == pytest.approx(f1_score(binary_labels, binary_predicted, sample_weight=weights))
+    boolean = ConfusionMatrix.of(labels, predicted, num_classes=3, mask=weights > 0).compute()  # on/off: int counts
+    assert boolean.dtype == np.int32
+    np.testing.assert_array_equal(boolean, confusion_matrix(labels[weights > 0], predicted[weights > 0]))
+
+
+def test_a_mask_that_does_not_fit_the_values_is_refused_naming_the_metric():
+    with pytest.raises(ValueError, match=r"Sum\.of got a mask of shape \(4,\) for values of shape \(4, 3\): the mask "
+                                         r"holds one weight per value .* as mask\[:, None\]"):
+        Sum.of(np.ones((4, 3)), mask=np.ones(4))
+    per_example = Sum.of(np.ones((4, 3)), mask=np.array([[1.0], [0.0], [2.0], [0.5]]))
+    assert float(per_example.compute()) == 3 * 3.5
+    with pytest.raises(ValueError, match=r"F1\.of got a mask of shape \(3,\) for values of shape \(4,\)"):
+        F1.of(np.array([0, 1, 1, 0]), np.array([0, 1, 1, 0]), num_classes=2, mask=np.ones(3))
+
+
+@pytest.mark.parametrize("given", ["trainer", "EarlyStopping", "ModelCheckpoint"])
+def test_a_monitor_on_an_array_result_is_refused_before_training_naming_it(tmp_path, given):
+    """A monitor on a confusion matrix crashed at the first validation, after an epoch of training,
+    with numpy's "only 0-dimensional arrays can be converted to Python scalars"."""
+    x, y = _digits()
+    monitor = dict(monitor="val/confusion", mode="max")
+    kwargs = {"trainer": monitor, "EarlyStopping": {"callbacks": [EarlyStopping(**monitor)]},
+              "ModelCheckpoint": {"callbacks": [ModelCheckpoint(**monitor)]}}[given]
+    trainer = _trainer(tmp_path, **kwargs)
+    who = "The trainer" if given == "trainer" else given
+    with pytest.raises(ValueError, match=rf"{who} monitors 'val/confusion', a metric object's result of shape "
+                                         rf"\(10, 10\): a monitor must be one number .* e\.g\. an F1 object's 'val/f1'"):
+        trainer.train_model((x[:256], y[:256]), (x[256:320], y[256:320]), num_epochs=1, batch_size=64)
+    assert trainer.global_step == 0

@@ -1,9 +1,13 @@
+import csv
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import RegressTrainer, TinyMLP, linear_data, quiet
+from flax import struct
 
+from flaxlight.metric_objects import Max
 from flaxlight.metrics import accumulate, batch_size, init_accumulator, read_means
 
 
@@ -54,3 +58,108 @@ def test_a_batch_whose_leaves_have_no_majority_leading_dimension_is_named():
                                          r"dimension and no one dimension is shared by most of them \(\['cw'\] \(10,\), "
                                          r"\['x'\] \(8, 4\)\)\. .*keep constants such as class weights in the model"):
         batch_size({"cw": np.ones(10), "x": np.zeros((8, 4)), "scale": np.float32(2.0)})
+
+
+# ---------------------------------------------------------------- what a step's metrics may be
+@struct.dataclass
+class R2:
+    """Coefficient of determination over the epoch of one output column: ``compute()`` has shape (1,)."""
+
+    n: jax.Array
+    total: jax.Array
+    squares: jax.Array
+    errors: jax.Array
+
+    @classmethod
+    def of(cls, pred, target):  # (B, 1) each
+        return cls(jnp.float32(target.shape[0]), target.sum(0), (target ** 2).sum(0), ((pred - target) ** 2).sum(0))
+
+    def merge(self, other):
+        return R2(self.n + other.n, self.total + other.total, self.squares + other.squares, self.errors + other.errors)
+
+    def compute(self):
+        return 1 - self.errors / (self.squares - self.total ** 2 / self.n)
+
+
+class R2Trainer(RegressTrainer):
+    def loss_fn(self, params, batch, *, train, rng, state):
+        x, y = batch
+        pred, updates = state.apply_model(params, x, train=train, rng=rng)
+        return jnp.mean((pred - y) ** 2), ({"r2": R2.of(pred, y)}, updates)
+
+
+def test_a_one_element_object_result_is_a_number_logged_and_monitored(tmp_path):
+    """An R² over a (B, 1) head is an array of shape (1,): monitoring it crashed at the first
+    validation ("only 0-dimensional arrays can be converted"), and without a monitor it was left
+    out of metrics.csv and TensorBoard."""
+    (x, y), val = linear_data(128, 0), linear_data(50, 1)
+    trainer = R2Trainer(model_class=TinyMLP, model_hparams={"hidden_dims": [8]}, optimizer_hparams={"lr": 1e-2},
+                        exmp_input=x[:1], **quiet(tmp_path, monitor="val/r2", mode="max"))
+    result = trainer.train_model((x, y), val, num_epochs=2, batch_size=32)
+    pred = np.asarray(trainer.predict(val[0], batch_size=32), np.float64)
+    expected = 1 - ((pred - val[1]) ** 2).sum() / ((val[1] - val[1].mean()) ** 2).sum()
+    assert type(trainer.history[-1]["val/r2"]) is float
+    assert trainer.history[-1]["val/r2"] == pytest.approx(expected, rel=1e-4, abs=1e-5)
+    assert type(result["val/r2"]) is float and trainer.checkpoint_callback.best_model_score == result["val/r2"]
+    with open(tmp_path / "run" / "metrics.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [float(row["val/r2"]) for row in rows if row.get("val/r2")] == pytest.approx(
+        [row["val/r2"] for row in trainer.history], rel=1e-6)
+    assert sum(1 for row in rows if row.get("train/r2")) == 2
+
+
+class HeadsTrainer(RegressTrainer):
+    """Per-head metrics as a nested dict (an object among them), or a value of ``self.extra``."""
+
+    extra: dict = {}
+
+    def loss_fn(self, params, batch, *, train, rng, state):
+        x, y = batch
+        pred, updates = state.apply_model(params, x, train=train, rng=rng)
+        errors = (pred - y) ** 2
+        heads = {"reg": {"mse": errors.mean(), "abs": {"max": Max.of(jnp.abs(pred - y))}}}
+        return errors.mean(), ({**heads, **self.extra}, updates)
+
+
+def _heads(tmp_path, **kwargs):
+    x, _ = linear_data(8)
+    return HeadsTrainer(model_class=TinyMLP, model_hparams={"hidden_dims": [8]}, optimizer_hparams={"lr": 1e-2},
+                        exmp_input=x[:1], **quiet(tmp_path, **kwargs))
+
+
+def test_nested_metric_dicts_are_logged_under_slash_names(tmp_path):
+    """A multi-task loss's {"reg": {"mse": ...}} failed inside JAX (float() argument must be ... not 'dict')."""
+    (x, y), val = linear_data(96, 0), linear_data(40, 1)
+    trainer = _heads(tmp_path, monitor="val/reg/mse")
+    trainer.train_model((x, y), val, num_epochs=1, batch_size=32)
+    pred = np.asarray(trainer.predict(val[0], batch_size=32))
+    last = trainer.history[-1]
+    assert last["val/reg/mse"] == pytest.approx(float(((pred - val[1]) ** 2).mean()), rel=1e-5)
+    assert last["val/reg/abs/max"] == pytest.approx(float(np.abs(pred - val[1]).max()), rel=1e-5)
+    with open(tmp_path / "run" / "metrics.csv", newline="") as f:
+        header = next(csv.reader(f))
+    assert {"train/reg/mse", "train/reg/abs/max", "val/reg/mse", "val/reg/abs/max"} <= set(header)
+
+
+@pytest.mark.parametrize("extra, expected", [
+    ({"per_head": [1.0, 2.0]}, r"Metric 'per_head' \(metrics\['per_head'\]\) is a list; step metrics must be scalars, "
+                               r"metric objects \(merge/compute\) or dicts of them: return one scalar per name, e\.g\. "
+                               r"\{'per_head/0': \.\.\., 'per_head/1': \.\.\.\}"),
+    ({"heads": {"acc": (1.0, 2.0)}}, r"Metric 'heads/acc' \(metrics\['heads'\]\['acc'\]\) is a tuple"),
+    ({"aux_loss": None}, r"Metric 'aux_loss' \(metrics\['aux_loss'\]\) is None; .*leave the key out when it has no "
+                         r"value"),
+])
+def test_a_list_tuple_or_none_metric_is_refused_before_training_naming_it(tmp_path, extra, expected):
+    trainer = _heads(tmp_path)
+    trainer.extra = extra
+    with pytest.raises(TypeError, match=expected):
+        trainer.train_model(linear_data(64), None, num_epochs=1, batch_size=32)
+    assert trainer.global_step == 0
+
+
+def test_two_spellings_of_one_metric_name_are_refused():
+    from flaxlight.metrics import flat_metrics
+
+    with pytest.raises(ValueError, match=r"Metrics metrics\['reg/mse'\] and metrics\['reg'\]\['mse'\] both name "
+                                         r"'reg/mse' .*rename one of them"):
+        flat_metrics({"reg/mse": 1.0, "reg": {"mse": 2.0}})

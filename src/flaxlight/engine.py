@@ -51,8 +51,8 @@ from flaxlight.data import (ArrayLoader, DeviceEpoch, FirstBatches, Prefetcher, 
                             group_batches, is_iterator, is_stream, no_batches_error, positioned_iterator, same_shapes,
                             take_batches)
 from flaxlight.lean import LeanLoop, strip_idle_fields
-from flaxlight.metrics import (accumulate, batch_size, deliberate_reads, fresh_zeros, init_accumulator, step_finite,
-                               tree_finite, with_saved_objects, device_copy as device_copy_of)
+from flaxlight.metrics import (accumulate, batch_size, deliberate_reads, fresh_zeros, init_accumulator, result_shapes,
+                               step_finite, tree_finite, with_saved_objects, device_copy as device_copy_of)
 from flaxlight.optim import apply_accumulated, updates_at_epoch_end
 from flaxlight.resume import epoch_setter
 
@@ -208,6 +208,7 @@ class Engine:
         self._eval_compiler: threading.Thread | None = None
         self._eval_lowered: list = []  # eval steps traced before the run, compiled once it trains
         self.eval_metric_names: tuple[str, ...] | None = None  # what they return, known once traced
+        self.eval_result_shapes: dict[str, tuple[int, ...]] = {}  # metric objects' results, known then too
         self._epoch_ahead: DeviceEpoch | None = None
         self._work_before_waiting: Callable[[], None] | None = None  # see work_before_waiting
         self._position: Callable[[], Any] | None = None
@@ -660,7 +661,7 @@ class Engine:
         only a real failure of the validation stops the run here.
         """
         self.close()  # an earlier run's compile (e.g. one refused its folder) is done first
-        self.eval_metric_names = None
+        self.eval_metric_names, self.eval_result_shapes = None, {}
         if loader is None:
             return
         examples = _example_batches(loader, peek=check is not None)
@@ -680,6 +681,7 @@ class Engine:
         self._eval_lowered = lowered  # compiled while the first epoch trains (the run's folder is claimed then)
         sums = lowered[0].out_info
         self.eval_metric_names = (*sums["totals"].names, *sums.get("objects", {}))
+        self.eval_result_shapes = result_shapes(sums.get("objects", {}))
 
     def _start_eval_compile(self) -> None:
         """Start compiling the eval steps :meth:`compile_eval_ahead` traced, in a background thread."""

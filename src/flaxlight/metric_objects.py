@@ -6,6 +6,12 @@ predictions, not a mean of batch F1s. Any object with ``merge(other)`` and ``com
 a pytree works the same way: ``clu.metrics`` and metrax classes, or your own
 ``flax.struct.dataclass``.
 
+``mask`` means the same in every class: one weight per value (per example for ``ConfusionMatrix``
+and ``F1``), broadcast to the values' shape, as scikit-learn's ``sample_weight``. A weight of 0
+leaves a value out (a NaN there included); a boolean mask is weights of 0 and 1. ``Mean``, ``Std``,
+``Sum``, ``ConfusionMatrix`` and ``F1`` count a value ``weight`` times (weighted means and sums,
+weighted counts); ``Max`` and ``Min`` take the values whose weight is not 0.
+
 Examples:
     >>> def loss_fn(params, batch, *, train, rng, state):
     ...     x, y = batch
@@ -22,22 +28,36 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import struct
 
 __all__ = ["Mean", "Sum", "Max", "Min", "Std", "ConfusionMatrix", "F1"]
 
 
-def _masked(values: Any, mask: Any, fill: float) -> jax.Array:
+def _weights(mask: Any, shape: tuple[int, ...], metric: str, dtype: Any = jnp.float32) -> jax.Array:
+    """``mask`` as weights of ``dtype`` broadcast to ``shape`` (checked at trace time, naming ``metric``)."""
+    mask = jnp.asarray(mask)
+    try:
+        return jnp.broadcast_to(mask.astype(dtype), shape)
+    except ValueError:
+        raise ValueError(
+            f"{metric}.of got a mask of shape {mask.shape} for values of shape {shape}: the mask holds one weight per "
+            f"value (0 leaves it out) and must have their shape or broadcast to it, e.g. one weight per example of a "
+            f"(batch, tokens) array as mask[:, None].") from None
+
+
+def _masked(values: Any, mask: Any, fill: float, metric: str) -> jax.Array:
+    """``values`` as float32, ``fill`` where ``mask``'s weight is 0."""
     values = jnp.asarray(values, jnp.float32)
-    return values if mask is None else jnp.where(jnp.asarray(mask, bool), values, fill)
+    return values if mask is None else jnp.where(_weights(mask, values.shape, metric) != 0, values, fill)
 
 
 @struct.dataclass
 class Mean:
-    """The mean of all the epoch's values, each value counted once (where ``mask`` is true, or
-    weighted by ``mask`` when it holds numbers): a per-token loss over padded sequences of
-    different lengths, where the plain metrics' per-example means would weight each sequence
-    alike whatever its length.
+    """The mean of all the epoch's values, each value counted once, or ``mask`` times (weights, as
+    ``np.average(values, weights=mask)``; 0 or False leaves a value out): a per-token loss over
+    padded sequences of different lengths, where the plain metrics' per-example means would weight
+    each sequence alike whatever its length.
 
     Examples:
         >>> tokens = Mean.of(jnp.array([[1.0, 2.0], [3.0, 0.0]]), mask=jnp.array([[1, 1], [1, 0]]))
@@ -54,8 +74,8 @@ class Mean:
         values = jnp.asarray(values, jnp.float32)
         if mask is None:
             return cls(jnp.sum(values), jnp.asarray(values.size, jnp.float32))
-        weights = jnp.broadcast_to(jnp.asarray(mask, jnp.float32), values.shape)
-        return cls(jnp.sum(jnp.where(weights > 0, values * weights, 0.0)), jnp.sum(weights))  # a left-out NaN stays out
+        weights = _weights(mask, values.shape, "Mean")
+        return cls(jnp.sum(jnp.where(weights != 0, values * weights, 0.0)), jnp.sum(weights))  # a left-out NaN stays out
 
     def merge(self, other: "Mean") -> "Mean":
         return Mean(self.total + other.total, self.count + other.count)
@@ -66,19 +86,26 @@ class Mean:
 
 @struct.dataclass
 class Sum:
-    """The total of the values over the epoch (e.g. a count of errors).
+    """The total of the values over the epoch (e.g. a count of errors); with ``mask``, the
+    weighted total ``sum(values * mask)`` (0 or False leaves a value out).
 
     Examples:
         >>> float(Sum.of(jnp.array([1.0, 2.0])).merge(Sum.of(jnp.array([3.0]))).compute())
         6.0
+        >>> float(Sum.of(jnp.array([1.0, 2.0, jnp.nan]), mask=jnp.array([2.0, 0.5, 0.0])).compute())
+        3.0
     """
 
     total: jax.Array
 
     @classmethod
     def of(cls, values: Any, mask: Any = None) -> "Sum":
-        """The sum of this batch's ``values`` (where ``mask`` is true, when given)."""
-        return cls(jnp.sum(_masked(values, mask, 0.0)))
+        """The sum of this batch's ``values``, each times its weight in ``mask`` (when given)."""
+        values = jnp.asarray(values, jnp.float32)
+        if mask is None:
+            return cls(jnp.sum(values))
+        weights = _weights(mask, values.shape, "Sum")
+        return cls(jnp.sum(jnp.where(weights != 0, values * weights, 0.0)))  # a left-out NaN stays out
 
     def merge(self, other: "Sum") -> "Sum":
         return Sum(self.total + other.total)
@@ -89,7 +116,7 @@ class Sum:
 
 @struct.dataclass
 class Max:
-    """The largest value over the epoch.
+    """The largest value over the epoch (among those whose ``mask`` weight is not 0, when given).
 
     Examples:
         >>> float(Max.of(jnp.array([1.0, 5.0])).merge(Max.of(jnp.array([3.0]))).compute())
@@ -100,7 +127,7 @@ class Max:
 
     @classmethod
     def of(cls, values: Any, mask: Any = None) -> "Max":
-        return cls(jnp.max(_masked(values, mask, -jnp.inf)))
+        return cls(jnp.max(_masked(values, mask, -jnp.inf, "Max")))
 
     def merge(self, other: "Max") -> "Max":
         return Max(jnp.maximum(self.value, other.value))
@@ -111,7 +138,7 @@ class Max:
 
 @struct.dataclass
 class Min:
-    """The smallest value over the epoch.
+    """The smallest value over the epoch (among those whose ``mask`` weight is not 0, when given).
 
     Examples:
         >>> float(Min.of(jnp.array([1.0, 5.0])).merge(Min.of(jnp.array([3.0]))).compute())
@@ -122,7 +149,7 @@ class Min:
 
     @classmethod
     def of(cls, values: Any, mask: Any = None) -> "Min":
-        return cls(jnp.min(_masked(values, mask, jnp.inf)))
+        return cls(jnp.min(_masked(values, mask, jnp.inf, "Min")))
 
     def merge(self, other: "Min") -> "Min":
         return Min(jnp.minimum(self.value, other.value))
@@ -152,9 +179,10 @@ class Std:
 
     @classmethod
     def of(cls, values: Any, mask: Any = None) -> "Std":
-        values = jnp.ravel(jnp.asarray(values, jnp.float32))
-        weights = jnp.ones_like(values) if mask is None else jnp.ravel(jnp.asarray(mask, jnp.float32))
-        values = jnp.where(weights > 0, values, 0.0)  # a left-out NaN / Inf does not reach the sums
+        values = jnp.asarray(values, jnp.float32)
+        weights = jnp.ones_like(values) if mask is None else _weights(mask, values.shape, "Std")
+        values, weights = jnp.ravel(values), jnp.ravel(weights)
+        values = jnp.where(weights != 0, values, 0.0)  # a left-out NaN / Inf does not reach the sums
         count = jnp.sum(weights)
         mean = _ratio(jnp.sum(weights * values), count)
         return cls(count, mean, jnp.sum(weights * (values - mean) ** 2))
@@ -175,30 +203,76 @@ def _ratio(numerator: jax.Array, denominator: jax.Array) -> jax.Array:
     return jnp.where(denominator > 0, numerator / jnp.where(denominator > 0, denominator, 1.0), 0.0)
 
 
-def _class_ids(predictions: Any, labels: Any) -> jax.Array:
-    """Class ids from ids (same shape as ``labels``) or from scores / logits (one more axis: argmax)."""
-    predictions = jnp.asarray(predictions)
-    if predictions.ndim == jnp.ndim(labels) + 1:
+def _class_ids(metric: str, predictions: jax.Array, labels: jax.Array, num_classes: int) -> jax.Array:
+    """Class ids from ids (integers shaped like ``labels``) or from scores / logits with one more
+    axis, of ``num_classes`` (argmax). Anything else is refused at trace time, naming ``metric``."""
+    seen = f"{metric}.of got labels of shape {labels.shape} ({labels.dtype}) and predictions of shape " \
+           f"{predictions.shape} ({predictions.dtype})"
+    binary = "threshold the scores into class ids shaped like the labels: (logits > 0) for logits, (probs > 0.5) " \
+             "for probabilities"
+    if predictions.ndim == labels.ndim + 1 and predictions.shape[:-1] == labels.shape:
+        if predictions.shape[-1] == 1 and not jnp.issubdtype(predictions.dtype, jnp.inexact):
+            raise ValueError(f"{seen}: class ids must be shaped like the labels; pass predictions[..., 0].")
+        if predictions.shape[-1] == 1:  # argmax over one column would call every example class 0
+            raise ValueError(f"{seen}: one score per example (a sigmoid head) is no axis of class scores. For a binary "
+                             f"model, {binary}, e.g. {metric}.of(y, logits[..., 0] > 0, num_classes=2"
+                             f"{', average=' + repr('binary') if metric == 'F1' else ''}).")
+        if predictions.shape[-1] != num_classes:
+            raise ValueError(f"{seen}: the last axis holds {predictions.shape[-1]} class scores, but num_classes is "
+                             f"{num_classes}. Pass num_classes={predictions.shape[-1]}, or scores of {num_classes} classes.")
         return jnp.argmax(predictions, axis=-1)
-    if predictions.shape != jnp.shape(labels):
-        raise ValueError(f"predictions have shape {predictions.shape} and labels {jnp.shape(labels)}: give class ids "
-                         f"shaped like the labels, or scores with one more axis (classes last).")
+    if predictions.shape != labels.shape:
+        raise ValueError(f"{seen}: give class ids shaped like the labels, or scores / logits with one more axis "
+                         f"(classes last: shape {labels.shape + (num_classes,)}).")
+    if not (jnp.issubdtype(predictions.dtype, jnp.integer) or predictions.dtype == jnp.bool_):
+        raise ValueError(f"{seen}: predictions shaped like the labels are taken as class ids, which are integers; these "
+                         f"are {predictions.dtype} scores. For a binary model, {binary}; for several classes, give "
+                         f"scores with the classes last (shape {labels.shape + (num_classes,)}) or their argmax(-1).")
     return predictions.astype(jnp.int32)
 
 
-def _counts(labels: Any, predictions: Any, num_classes: int, mask: Any) -> jax.Array:
-    predicted = jnp.ravel(_class_ids(predictions, labels))
-    labels = jnp.ravel(jnp.asarray(labels, jnp.int32))
-    weights = jnp.ones(labels.shape, jnp.int32) if mask is None else jnp.ravel(jnp.asarray(mask, jnp.int32))
-    return jnp.zeros((num_classes, num_classes), jnp.int32).at[labels, predicted].add(weights)
+def _counts(metric: str, labels: Any, predictions: Any, num_classes: int, mask: Any) -> jax.Array:
+    """The ``num_classes x num_classes`` (true, predicted) counts, weighted by ``mask``: int32
+    without weights or with integer / boolean ones, float32 with fractional weights (as
+    scikit-learn's ``confusion_matrix(..., sample_weight=...)``). An example whose label or
+    prediction is not a class id in ``0 .. num_classes - 1`` (an ignore label such as -1 or -100)
+    is left out, as ``confusion_matrix(..., labels=range(num_classes))`` leaves it out."""
+    if isinstance(num_classes, bool) or not isinstance(num_classes, (int, np.integer)) or num_classes < 2:
+        raise ValueError(f"{metric}.of needs num_classes, the number of classes, as a Python int of at least 2 (2 for "
+                         f"a binary model); got {num_classes!r}.")
+    labels, predictions = jnp.asarray(labels), jnp.asarray(predictions)
+    if not (jnp.issubdtype(labels.dtype, jnp.integer) or labels.dtype == jnp.bool_):
+        raise ValueError(f"{metric}.of got labels of dtype {labels.dtype} (shape {labels.shape}): labels are class ids, "
+                         f"integers in 0 .. {num_classes - 1}. Pass y.astype(jnp.int32) (float labels of a binary "
+                         f"model included; soft labels have no confusion matrix).")
+    predicted = _class_ids(metric, predictions, labels, num_classes)
+    labels = labels.astype(jnp.int32)
+    counted = (labels >= 0) & (labels < num_classes) & (predicted >= 0) & (predicted < num_classes)
+    if mask is None:
+        weights = counted.astype(jnp.int32)
+    else:
+        dtype = jnp.float32 if jnp.issubdtype(jnp.asarray(mask).dtype, jnp.inexact) else jnp.int32
+        weights = jnp.where(counted, _weights(mask, labels.shape, metric, dtype), 0)
+    rows, columns = jnp.where(counted, labels, 0), jnp.where(counted, predicted, 0)  # no index wraps around
+    matrix = jnp.zeros((num_classes, num_classes), weights.dtype)
+    return matrix.at[jnp.ravel(rows), jnp.ravel(columns)].add(jnp.ravel(weights))
 
 
 @struct.dataclass
 class ConfusionMatrix:
     """Counts of (true class, predicted class) over the epoch; ``compute()`` is the
-    ``num_classes x num_classes`` matrix (rows: true class), as ``sklearn.metrics.confusion_matrix``.
-    An array result is returned by ``eval_model`` / ``test`` and kept in the history; loggers
-    (scalars only) do not receive it.
+    ``num_classes x num_classes`` matrix (rows: true class), as ``sklearn.metrics.confusion_matrix``
+    with ``labels=range(num_classes)`` (and ``sample_weight=mask``). An array result is returned by
+    ``eval_model`` / ``test`` and kept in the history; loggers (scalars only) do not receive it.
+
+    ``labels``: integer class ids. ``predictions``: integer (or boolean) class ids shaped like
+    ``labels``, or scores / logits with one more axis, of ``num_classes`` (argmax). Anything else
+    is an error when the step is traced: a binary model's one score per example (shape ``(B, 1)``)
+    or float scores shaped like the labels are thresholded first (``logits[:, 0] > 0``), float
+    labels cast (``y.astype(jnp.int32)``). An example whose label or prediction is outside
+    ``0 .. num_classes - 1`` (an ignore label, -1 or -100) is left out, as with a weight of 0.
+    ``mask``: one weight per example (0 leaves it out); fractional weights give a float32 matrix,
+    as in scikit-learn, none or integer ones int32 counts.
 
     Examples:
         >>> ConfusionMatrix.of(jnp.array([0, 1, 1]), jnp.array([0, 1, 0]), num_classes=2).compute().tolist()
@@ -209,8 +283,9 @@ class ConfusionMatrix:
 
     @classmethod
     def of(cls, labels: Any, predictions: Any, num_classes: int, mask: Any = None) -> "ConfusionMatrix":
-        """``predictions``: class ids shaped like ``labels``, or scores / logits with the classes last."""
-        return cls(_counts(labels, predictions, num_classes, mask))
+        """This batch's counts: ``predictions`` are class ids shaped like ``labels``, or scores /
+        logits with the classes last; ``mask``, weights (see the class)."""
+        return cls(_counts("ConfusionMatrix", labels, predictions, num_classes, mask))
 
     def merge(self, other: "ConfusionMatrix") -> "ConfusionMatrix":
         return ConfusionMatrix(self.matrix + other.matrix)
@@ -223,7 +298,10 @@ class ConfusionMatrix:
 class F1:
     """The F1 score of all the epoch's predictions (from their confusion matrix), equal to
     ``sklearn.metrics.f1_score`` with the same ``average``: ``"macro"`` (mean over the classes
-    that occur in the labels or the predictions), ``"micro"`` or ``"binary"`` (class 1).
+    that occur in the labels or the predictions), ``"micro"`` or ``"binary"`` (class 1 of
+    ``num_classes=2``). ``labels``, ``predictions`` and ``mask`` are those of
+    :class:`ConfusionMatrix` (``mask``: weights, as ``f1_score(..., sample_weight=mask)``); a binary
+    model's scores are thresholded first: ``F1.of(y, logits[:, 0] > 0, num_classes=2, average="binary")``.
 
     Examples:
         >>> y, p = jnp.array([0, 1, 1, 2]), jnp.array([0, 1, 2, 2])
@@ -236,9 +314,13 @@ class F1:
 
     @classmethod
     def of(cls, labels: Any, predictions: Any, num_classes: int, average: str = "macro", mask: Any = None) -> "F1":
+        """This batch's counts (see the class for the arguments)."""
         if average not in ("macro", "micro", "binary"):
             raise ValueError(f"F1 average must be 'macro', 'micro' or 'binary'; got {average!r}.")
-        return cls(_counts(labels, predictions, num_classes, mask), average)
+        if average == "binary" and num_classes != 2:
+            raise ValueError(f"F1.of(..., average='binary') scores class 1 of a binary model, num_classes=2; got "
+                             f"num_classes={num_classes!r}. For several classes use average='macro' or 'micro'.")
+        return cls(_counts("F1", labels, predictions, num_classes, mask), average)
 
     def merge(self, other: "F1") -> "F1":
         return F1(self.matrix + other.matrix, self.average)

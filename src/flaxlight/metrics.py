@@ -37,7 +37,8 @@ except ImportError:  # pragma: no cover - a JAX without it: the guard sees every
     _explicit_scope = contextlib.nullcontext
 
 __all__ = ["Totals", "init_accumulator", "accumulate", "all_finite", "step_finite", "read_means", "to_host",
-           "batch_size", "majority_leading_dims", "name_direction", "HostSnapshot", "is_metric_object", "with_saved_objects"]
+           "batch_size", "majority_leading_dims", "name_direction", "HostSnapshot", "is_metric_object", "with_saved_objects",
+           "flat_metrics", "result_shapes"]
 
 
 def deliberate_reads() -> contextlib.AbstractContextManager:
@@ -98,17 +99,74 @@ class Totals:
         return dict(zip(self.names, values)), values[-2], int(values[-1])
 
 
+def flat_metrics(metrics: Mapping[str, Any]) -> dict[str, Any]:
+    """A step's ``metrics`` with nested dicts flattened to ``outer/inner`` names (per-head metrics
+    ``{"cls": {"acc": a}}`` are ``"cls/acc"``, logged as ``train/cls/acc``), as a metric object's
+    dict result is. A value that is neither a number, an array, a metric object nor a dict (a
+    list, a tuple, None) is refused naming it, and so are two spellings of one name. Static: it
+    costs the jitted step nothing.
+
+    Examples:
+        >>> flat_metrics({"loss": 1.0, "cls": {"acc": 0.5, "top": {"k5": 0.9}}})
+        {'loss': 1.0, 'cls/acc': 0.5, 'cls/top/k5': 0.9}
+    """
+    if all(not isinstance(value, Mapping) and _is_number_like(value) or is_metric_object(value)
+           for value in metrics.values()):
+        return dict(metrics)  # the common case: flat already
+    out: dict[str, Any] = {}
+    spelled: dict[str, str] = {}
+
+    def put(name: str, value: Any, path: str) -> None:
+        if isinstance(value, Mapping) and not is_metric_object(value):
+            for key, item in value.items():
+                put(f"{name}/{key}", item, f"{path}[{key!r}]")
+            return
+        _check_metric_value(name, value, path)
+        if name in out:
+            raise ValueError(f"Metrics {spelled[name]} and {path} both name {name!r} (nested dicts are flattened to "
+                             f"'outer/inner' names): rename one of them.")
+        out[name], spelled[name] = value, path
+
+    for name, value in metrics.items():
+        put(str(name), value, f"metrics[{name!r}]")
+    return out
+
+
+def _is_number_like(value: Any) -> bool:
+    """A number, a numpy / JAX array or scalar, a tracer or a ShapeDtypeStruct (what a metric sum takes)."""
+    return isinstance(value, (bool, int, float, np.number, np.bool_)) or (
+        hasattr(value, "shape") and hasattr(value, "dtype"))
+
+
+def _check_metric_value(name: str, value: Any, path: str) -> None:
+    if is_metric_object(value) or _is_number_like(value):
+        return
+    if value is None:
+        fix = (f"leave the key out when it has no value (a head switched off): build the dict and add "
+               f"{name!r} only when there is one")
+    elif isinstance(value, (list, tuple)):
+        fix = (f"return one scalar per name, e.g. {{'{name}/0': ..., '{name}/1': ...}} (or a dict, "
+               f"{{{name!r}: {{'a': ..., 'b': ...}}}}, flattened to '{name}/a', '{name}/b'), or stack them into an "
+               f"array and reduce it")
+    else:
+        fix = "return a number or a scalar array (or a metric object, or a dict of them)"
+    raise TypeError(f"Metric {name!r} ({path}) is {'None' if value is None else 'a ' + type(value).__name__}; step "
+                    f"metrics must be scalars, metric objects (merge/compute) or dicts of them: {fix}.")
+
+
 def init_accumulator(metrics_like: Mapping[str, Any]) -> dict:
-    """Zeroed sums for the metric names in ``metrics_like`` (values or ShapeDtypeStructs); a
-    metric object gets zeroed leaves of its own structure (replaced by the epoch's first value)."""
+    """Zeroed sums for the metric names in ``metrics_like`` (values or ShapeDtypeStructs; nested
+    dicts flattened, see :func:`flat_metrics`); a metric object gets zeroed leaves of its own
+    structure (replaced by the epoch's first value)."""
+    metrics_like = flat_metrics(metrics_like)
     objects = {name: value for name, value in metrics_like.items() if is_metric_object(value)}
     for name, value in metrics_like.items():
         shape = getattr(value, "shape", ())
         if name not in objects and tuple(shape) != ():
             raise ValueError(
-                f"Metric {name!r} has shape {tuple(shape)}; step metrics must be scalars or metric objects. "
-                f"Reduce it in the step, e.g. `{name}.mean()`, or return an object with merge/compute such as "
-                f"flaxlight.metric_objects.ConfusionMatrix.")
+                f"Metric {name!r} has shape {tuple(shape)}; step metrics must be scalars or metric objects (or dicts "
+                f"of them). Reduce it in the step, e.g. `{name}.mean()`, or return an object with merge/compute such "
+                f"as flaxlight.metric_objects.ConfusionMatrix.")
     acc: dict[str, Any] = {"totals": Totals.zeros(name for name in metrics_like if name not in objects)}
     if objects:
         acc["objects"] = {name: jax.tree.map(lambda leaf: jnp.zeros(leaf.shape, leaf.dtype), value)
@@ -118,7 +176,8 @@ def init_accumulator(metrics_like: Mapping[str, Any]) -> dict:
 
 def all_finite(metrics: Mapping[str, Any]):
     """Pure: True when every metric of the step (the loss included) is finite."""
-    values = [jnp.all(jnp.isfinite(jnp.asarray(v, jnp.float32))) for v in metrics.values() if not is_metric_object(v)]
+    values = [jnp.all(jnp.isfinite(jnp.asarray(v, jnp.float32))) for v in flat_metrics(metrics).values()
+              if not is_metric_object(v)]
     return jnp.all(jnp.stack(values)) if values else jnp.bool_(True)
 
 
@@ -132,6 +191,7 @@ def step_finite(metrics: Mapping[str, Any]):
         >>> bool(step_finite({"loss": jnp.float32(0.5), "recall": jnp.float32(jnp.nan)}))
         True
     """
+    metrics = flat_metrics(metrics)
     loss = metrics.get("loss")
     return all_finite({"loss": loss} if loss is not None and not is_metric_object(loss) else metrics)
 
@@ -161,7 +221,7 @@ def accumulate(acc: dict, metrics: Mapping[str, Any], weight, finite=None, *, dr
         >>> acc["totals"].read()
         ({'loss': 8.0}, 4.0, 1)
     """
-    weight = jnp.asarray(weight, jnp.float32)
+    weight, metrics = jnp.asarray(weight, jnp.float32), flat_metrics(metrics)
     totals = acc["totals"]
     finite = step_finite(metrics) if finite is None else finite
     bad = jnp.logical_not(finite).astype(jnp.float32)
@@ -242,13 +302,42 @@ def read_means(acc: dict, prefix: str = "") -> dict[str, float]:
 
 
 def _put_computed(out: dict, key: str, value: Any) -> None:
-    """An object's result under ``key``: a number as a float, an array as numpy, a dict as ``key/sub``."""
+    """An object's result under ``key``: a number (a one-element array included: an R² over a
+    ``(B, 1)`` head) as a float, logged and monitorable as any; a larger array as numpy; a dict as
+    ``key/sub``."""
     if isinstance(value, Mapping):
         for sub, item in value.items():
             _put_computed(out, f"{key}/{sub}", item)
         return
     array = np.asarray(value)
-    out[key] = float(array) if array.ndim == 0 else array
+    out[key] = float(array.reshape(())) if array.size == 1 else array
+
+
+def result_shapes(objects: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
+    """The shape of each metric object's result under the name :func:`read_means` gives it (a dict
+    result as ``name/key``), from ``compute()`` traced on the objects' shapes (nothing runs); an
+    object whose ``compute`` does not trace so is left out.
+
+    Examples:
+        >>> from flaxlight.metric_objects import ConfusionMatrix
+        >>> result_shapes({"cm": jax.eval_shape(lambda: ConfusionMatrix.of(jnp.zeros(4, int), jnp.zeros(4, int), 3))})
+        {'cm': (3, 3)}
+    """
+    out: dict[str, tuple[int, ...]] = {}
+
+    def put(key: str, value: Any) -> None:
+        if isinstance(value, Mapping):
+            for sub, item in value.items():
+                put(f"{key}/{sub}", item)
+        else:
+            out[key] = tuple(getattr(value, "shape", ()))
+
+    for name, value in objects.items():
+        try:
+            put(name, jax.eval_shape(lambda obj: obj.compute(), value))
+        except Exception:  # noqa: BLE001 - known when the epoch's values are read
+            continue
+    return out
 
 
 def with_saved_objects(template: dict, restored: dict) -> dict:

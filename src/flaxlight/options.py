@@ -21,8 +21,9 @@ from flaxlight.metrics import name_direction
 from flaxlight.optim import accumulated_updates
 from flaxlight.registry import explicit_parameters
 
-__all__ = ["TrainerOptions", "DEFAULT_MONITORS", "LIGHTNING_TRAINER_ARGUMENTS", "check_trainer_arguments",
-           "declared_keywords", "lightning_argument_message", "written_otherwise"]
+__all__ = ["TrainerOptions", "DEFAULT_MONITORS", "LIGHTNING_TRAINER_ARGUMENTS", "FOREIGN_TRAINER_METHODS",
+           "check_monitors_are_numbers", "check_trainer_arguments", "declared_keywords", "foreign_method_message", "lightning_argument_message",
+           "written_otherwise"]
 
 # The constructor arguments of TrainerModule itself (for messages).
 TRAINER_ARGUMENTS = ("model_class", "model_hparams", "optimizer_hparams", "exmp_input", "seed", "logger_params",
@@ -385,6 +386,67 @@ def train_model_argument_message(owner: str, key: str, value: Any) -> str:
             f"trainer.train_model(..., {key}={value!r}). (Kept as an extra hparam, as other unknown keywords are, "
             f"it would change nothing; so it is refused. A hparam of your own trainer's under this name: declare "
             f"it in {owner}.__init__ and pass it up, as for any hparam.)")
+
+
+def check_monitors_are_numbers(monitors: Sequence[tuple[str, str | None]], shapes: Mapping[str, tuple]) -> None:
+    """Refuse a monitor (``(who, name)`` pairs) that names a validation metric whose value is an
+    array of more than one number (``shapes``: the eval step's metric objects' results, traced ahead).
+
+    Examples:
+        >>> check_monitors_are_numbers([("EarlyStopping", "val/cm")], {"cm": (3, 3)})  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ValueError: EarlyStopping monitors 'val/cm', a metric object's result of shape (3, 3): ...
+    """
+    for who, monitor in monitors:
+        shape = shapes.get(monitor[len("val/"):]) if monitor and monitor.startswith("val/") else None
+        if shape is not None and int(np.prod(shape)) != 1:
+            raise ValueError(
+                f"{who} monitors {monitor!r}, a metric object's result of shape {tuple(shape)}: a monitor must be one "
+                f"number (such a result is kept in trainer.history and metrics/*.json, not logged). Monitor a "
+                f"metric of one number, e.g. an F1 object's 'val/f1', or have the object's compute() return a dict "
+                f"of numbers (logged as '{monitor}/<key>').")
+
+
+# Lightning's / Keras' method names that a trainer of theirs has and flaxlight's has not: what to
+# call instead (TrainerModule.__getattr__ says it for a name not found otherwise).
+FOREIGN_TRAINER_METHODS = {
+    "fit": "Lightning's trainer.fit(model, train_dl, val_dl) and Keras' model.fit(x, y, epochs=10) are "
+           "trainer.train_model(train_loader, val_loader, num_epochs=10) (arrays: trainer.train_model((x, y), "
+           "(x_val, y_val), num_epochs=10, batch_size=64))",
+    "validate": "Lightning's trainer.validate(model, val_dl) is trainer.eval_model(val_loader, log_prefix='val/') "
+                "(the model as it is; arrays: eval_model((x, y), log_prefix='val/', batch_size=256)), or "
+                "trainer.test(data) for the best checkpoint's metrics, logged and saved",
+    "evaluate": "Keras' model.evaluate(x, y, batch_size=256) is trainer.eval_model((x, y), log_prefix='val/', "
+                "batch_size=256) (the model as it is), or trainer.test((x, y), batch_size=256) for the best "
+                "checkpoint's metrics, logged and saved",
+    "log": "Lightning's self.log('acc', acc) in a step is a value of loss_fn's metrics: return loss, {'acc': acc} "
+           "(logged as train/acc, val/acc, test/acc; per-head dicts {'cls': {'acc': acc}} as cls/acc); from a "
+           "callback or a hook, outside the step, trainer.log_metrics({'val/f1': f1})",
+    "log_dict": "Lightning's self.log_dict({'acc': acc, ...}) in a step is loss_fn's metrics dict: return loss, "
+                "{'acc': acc, ...} (logged as train/acc, val/acc, test/acc); from a callback or a hook, outside the "
+                "step, trainer.log_metrics({'val/f1': f1, ...})",
+    "compile": "Keras' model.compile(optimizer, loss, metrics) is the trainer's construction: "
+               "optimizer_hparams={'optimizer': 'adam', 'lr': 1e-3} for the optimizer, and loss_fn returning "
+               "(loss, {'acc': ...}) for the loss and the metrics (the steps are jitted by the trainer)",
+    "summary": "Keras' model.summary() is trainer.print_tabulate(exmp_input) (printed when the trainer is built "
+               "unless enable_model_summary=False)",
+    "save_checkpoint": "Lightning's trainer.save_checkpoint(path) is trainer.save_model() (a checkpoint of the "
+                       "current step in <log_dir>/checkpoints/<step>; the run's folder is set by logger_params)",
+}
+
+
+def foreign_method_message(owner: str, name: str) -> str | None:
+    """What to call instead of Lightning's / Keras' trainer method ``name`` (None for another name).
+
+    Examples:
+        >>> print(foreign_method_message("MyTrainer", "fit"))  # doctest: +ELLIPSIS
+        'MyTrainer' object has no attribute 'fit': Lightning's trainer.fit(...) ... trainer.train_model(...)...
+    """
+    hint = FOREIGN_TRAINER_METHODS.get(name)
+    if hint is None:
+        return None
+    return (f"{owner!r} object has no attribute {name!r}: {hint}. See docs/from-lightning.md and "
+            f"docs/from-keras.md.")
 
 
 def lightning_argument_message(owner: str, key: str, value: Any) -> str:

@@ -31,6 +31,7 @@ from flaxlight.data import as_input_list, as_loader
 from flaxlight.messages import logger as messages
 from flaxlight.metrics import batch_size as examples_in, deliberate_reads, to_host
 from flaxlight.optim import PRECISIONS, as_optimizer_config, ema_params
+from flaxlight.options import foreign_method_message
 from flaxlight.step import cast_floating, step_owner
 from flaxlight.view import _is_flaxlights, writes_own_checkpoints
 
@@ -99,6 +100,10 @@ def _construct(cls: type, exmp_input: Any, kwargs: dict, overrides: Mapping[str,
 
 class TrainerVerbsMixin:
     """``load_from_checkpoint``, ``predict``, ``test``, ``export``, ``bind_model`` (see the module docstring)."""
+
+    def __getattr__(self, name: str) -> Any:  # only for names not found otherwise: Lightning's / Keras', with a hint
+        message = foreign_method_message(type(self).__name__, name)
+        raise AttributeError(message or f"{type(self).__name__!r} object has no attribute {name!r}")
 
     @classmethod
     def load_from_checkpoint(cls, checkpoint: str | os.PathLike, exmp_input: Any, which: str = "best",

@@ -41,7 +41,7 @@ from flaxlight.loggers.csv import LoggedStep
 from flaxlight.loop import Interrupted, SignalGuard
 from flaxlight.messages import logger as messages
 from flaxlight.metrics import to_host
-from flaxlight.options import MetricNotLoggedError, written_otherwise
+from flaxlight.options import MetricNotLoggedError, check_monitors_are_numbers, written_otherwise
 from flaxlight.progress import progress
 from flaxlight.state import TrainState
 
@@ -607,6 +607,8 @@ class TrainerViewMixin:
         names, monitor = self.engine.eval_metric_names, self.options.monitor
         if names is None or not _is_flaxlights(type(self).eval_model):  # it may add metrics
             return
+        check_monitors_are_numbers([*((type(cb).__name__, cb.monitor) for cb in self.callbacks if isinstance(
+            cb, (EarlyStopping, ModelCheckpoint))), ("The trainer", monitor)], self.engine.eval_result_shapes)
         known = {f"val/{name}": 0.0 for name in names}
         if not _is_flaxlights(type(self).on_validation_epoch_end) or any(
                 not _is_flaxlights(getattr(type(cb), hook)) for cb in self.callbacks
