@@ -411,8 +411,9 @@ def state_shardings(state, mesh: Mesh, mode: str, annotations=None, rules=None):
     params = jax.tree_util.tree_map_with_path(for_param, state.params, annotations)  # annotations: a prefix tree
     opt_state = state.opt_state
     if state.tx is not None and opt_state is not None:
-        opt_state = optax.tree_map_params(state.tx, lambda _, sharding: sharding, opt_state, params,
-                                          transform_non_params=lambda _: rep)
+        masked = lambda node: isinstance(node, optax.MaskedNode)  # a parameter outside a group (multi_transform)
+        opt_state = optax.tree_map_params(state.tx, lambda leaf, sharding: leaf if masked(leaf) else sharding,
+                                          opt_state, params, transform_non_params=lambda _: rep, is_leaf=masked)
     return shardings.replace(params=params, opt_state=opt_state)
 
 

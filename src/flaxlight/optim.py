@@ -8,8 +8,8 @@
   ``gradient_clip`` (global norm, default 1.0) / ``gradient_clip_value``, ``weight_decay`` +
   ``weight_decay_mode`` (``"decoupled"`` or ``"l2"``) + ``weight_decay_exclude`` /
   ``weight_decay_mask``, ``reduce_on_plateau``, ``accumulate_grad_batches``, ``ema_decay``,
-  ``precision``; every other key is passed to the optax optimizer (``b1``, ``momentum``, ...)
-  and must be one it takes;
+  ``freeze`` (parameters kept fixed), ``precision``; every other key is passed to the optax
+  optimizer (``b1``, ``momentum``, ...) and must be one it takes;
 - a ready :class:`optax.GradientTransformation`: used unchanged;
 - an :data:`OptimizerFactory`, ``total_steps -> GradientTransformation``: the interface of
   learned optimizers such as VeLO, which need the run's length at construction; the result is
@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import fnmatch
 import functools
 import inspect
 import logging
@@ -64,6 +65,7 @@ __all__ = [
     "current_learning_rate",
     "decoupled_weight_decay",
     "ema_params",
+    "make_freeze_mask",
     "make_l2_regularizer",
     "make_optimizer",
     "make_optimizer_plan",
@@ -256,6 +258,13 @@ class OptimizerConfig(Mapping):
             batches accumulated since the last update (their mean), so an epoch of B batches makes
             ``ceil(B / N)`` updates and no update mixes two epochs. Not with ``lbfgs``.
         ema_decay: keep an exponential moving average of the parameters (evaluation uses it).
+        freeze: parameters that stay fixed (Lightning's ``freeze()``, Keras' ``trainable = False``):
+            layer or parameter paths such as ``"body"``, ``"encoder/layers_0"``, ``"head/bias"``
+            (``.`` separates too; ``*`` and ``?`` match within one part); a parameter whose path
+            holds a name's parts in a row is frozen. Frozen parameters get zero updates, so they
+            stay bitwise unchanged whatever the decay, momentum, schedule, accumulation or EMA;
+            their gradients are left out of ``gradient_clip``'s global norm and the optimizer
+            keeps no state for them (see :func:`make_freeze_mask`). Not with ``lbfgs``.
         precision: ``"fp32"`` or ``"bf16"`` (bf16 compute, fp32 master weights and optimizer state).
         optimizer_kwargs: further keyword arguments of the optax optimizer (``b1``, ``momentum``...).
     """
@@ -275,6 +284,7 @@ class OptimizerConfig(Mapping):
     reduce_on_plateau: Optional[Mapping[str, Any]] = None
     accumulate_grad_batches: int = 1
     ema_decay: Optional[float] = None
+    freeze: tuple = ()
     precision: str = "fp32"
     optimizer_kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
@@ -316,6 +326,7 @@ class OptimizerConfig(Mapping):
             if not 0 < self.ema_decay < 1:
                 raise ValueError(f"optimizer_hparams['ema_decay'] must be in (0, 1) (e.g. 0.999) or None, "
                                  f"got {self.ema_decay!r}.")
+        self._check_freeze()
         if self.precision not in PRECISIONS:
             raise ValueError(f"Unknown precision {self.precision!r} in optimizer_hparams."
                              f"{suggest_key(self.precision, PRECISIONS)} Valid: {', '.join(PRECISIONS)}.")
@@ -369,6 +380,20 @@ class OptimizerConfig(Mapping):
             )
         self.lr = None
 
+    def _check_freeze(self) -> None:
+        """``freeze``: a list of layer or parameter paths (a single one may be a string)."""
+        names = (self.freeze,) if isinstance(self.freeze, str) else (self.freeze or ())
+        if not isinstance(names, (list, tuple)) or not all(isinstance(name, str) and _name_parts(name)
+                                                           for name in names):
+            raise ValueError(f"optimizer_hparams['freeze'] must be a list of layer or parameter paths, e.g. ['body'] "
+                             f"or ['encoder/layers_0', 'embed'], got {self.freeze!r}.")
+        self.freeze = tuple(names)
+        if self.freeze and self.optimizer == "lbfgs":
+            raise ValueError(f"optimizer_hparams: 'lbfgs' cannot freeze parameters (freeze={list(self.freeze)}): its "
+                             f"line search evaluates the loss (value_fn) at points it moves every parameter to, and "
+                             f"would see only the trained ones. Train every parameter with lbfgs, or fine-tune with "
+                             f"another optimizer (e.g. 'adam').")
+
     def _check_reduce_on_plateau(self) -> None:
         """Its keys and values, checked now by building it (optax checks factor, rtol and atol)."""
         if self.reduce_on_plateau is None:
@@ -421,6 +446,7 @@ class OptimizerConfig(Mapping):
         """The dict form (optimizer keyword arguments flattened in), ``from_dict``'s inverse."""
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "optimizer_kwargs"}
         out["weight_decay_exclude"] = list(self.weight_decay_exclude)
+        out["freeze"] = list(self.freeze)
         out.update(self.optimizer_kwargs)
         return out
 
@@ -496,23 +522,31 @@ class OptimizerConfig(Mapping):
         if decay > 0:
             masked = "a custom mask" if self.weight_decay_mask is not None else f"not on {list(self.weight_decay_exclude)}"
             parts.append(f"weight_decay({decay:g}, {self.weight_decay_mode}, {masked})")
+        if self.freeze:
+            parts.append(f"freeze({list(self.freeze)})")
         for name, value in (("accumulate_grad_batches", self.accumulate_grad_batches), ("ema_decay", self.ema_decay),
                             ("reduce_on_plateau", self.reduce_on_plateau)):
             if value not in (None, 1, {}):
                 parts.append(f"{name}({value})")
         return " + ".join(parts) + (f" in {self.precision}" if self.precision != "fp32" else "")
 
-    def decay_mask(self) -> Any:
-        """The weight-decay mask: ``weight_decay_mask`` if given, else by name (``weight_decay_exclude``)."""
+    def decay_mask(self, check: bool = True) -> Any:
+        """The weight-decay mask: ``weight_decay_mask`` if given, else by name (``weight_decay_exclude``;
+        ``check=False``: names that match no parameter are not refused, for a mask applied to a part
+        of the parameters, the trained ones beside frozen ones)."""
         if self.weight_decay_mask is not None:
             return self.weight_decay_mask
-        return make_weight_decay_mask(self.weight_decay_exclude)
+        return _weight_decay_mask(self.weight_decay_exclude, check)
 
     def l2_regularizer(self) -> Callable[[Any], jax.Array] | None:
-        """``params -> penalty`` for ``weight_decay_mode="l2"`` (None when there is nothing to add)."""
+        """``params -> penalty`` for ``weight_decay_mode="l2"`` (None when there is nothing to add);
+        frozen parameters (``freeze``) are left out of it."""
         if self.weight_decay_mode != "l2" or not self.weight_decay:
             return None
-        return make_l2_regularizer(self.weight_decay, self.decay_mask())
+        mask = self.decay_mask()
+        if self.freeze:
+            mask = _unless_frozen(mask, make_freeze_mask(self.freeze))
+        return make_l2_regularizer(self.weight_decay, mask)
 
 
 def _schedule_as_lr_message(name: str, function: Callable) -> str:
@@ -627,6 +661,8 @@ def recorded_optimizer(optimizer_hparams) -> Any:
                 "note": "a ready optax object was given; pass it again as optimizer_hparams to train on"}
     record = config.to_dict()
     record["weight_decay"] = config.resolved_weight_decay()
+    if not record["freeze"]:  # unused: the record stays that of the runs written before the key existed
+        del record["freeze"]
     for key in ("schedule", "weight_decay_mask"):
         if callable(record.get(key)):
             record[key] = f"<function {getattr(record[key], '__qualname__', type(record[key]).__name__)}>"
@@ -718,13 +754,25 @@ def make_weight_decay_mask(exclude=DEFAULT_WEIGHT_DECAY_EXCLUDE) -> Callable[[An
         >>> make_weight_decay_mask()({"Dense_0": {"kernel": 1.0, "bias": 0.0}})
         {'Dense_0': {'bias': False, 'kernel': True}}
     """
+    return _weight_decay_mask(exclude, check=True)
+
+
+def _weight_decay_mask(exclude, check: bool) -> Callable[[Any], Any]:
+    """:func:`make_weight_decay_mask`; ``check=False`` leaves names that match no parameter unrefused."""
     excluded = frozenset(exclude)
 
     def mask(params):
-        _refuse_unmatched_names(excluded - set(DEFAULT_WEIGHT_DECAY_EXCLUDE), params)
+        if check:
+            _refuse_unmatched_names(excluded - set(DEFAULT_WEIGHT_DECAY_EXCLUDE), params)
         return jax.tree_util.tree_map_with_path(lambda path, _: _leaf_name(path) not in excluded, params)
 
     return mask
+
+
+def _unless_frozen(mask, frozen: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """``mask`` (a decay mask, a function or a pytree) with the parameters ``frozen`` names set to False."""
+    return lambda params: jax.tree.map(lambda keep, is_frozen: False if is_frozen else keep,
+                                       _mask_tree(mask, params), frozen(params))
 
 
 def _refuse_unmatched_names(names, params) -> None:
@@ -751,6 +799,64 @@ def _refuse_unmatched_names(names, params) -> None:
     raise ValueError(f"weight_decay_exclude names {', '.join(map(repr, unmatched))}, which match no parameter of this "
                      f"model, so they keep nothing from weight decay: the names are matched against each parameter's "
                      f"own (last) name, and this model's are {shown}. {' '.join(hints)}".rstrip())
+
+
+def _name_parts(name: str) -> list[str]:
+    """``"encoder/layers_0"`` (or ``"encoder.layers_0"``) -> ``["encoder", "layers_0"]``."""
+    return [part for part in name.replace(".", "/").split("/") if part]
+
+
+def _path_parts(path) -> list[str]:
+    """A parameter's path as names, ``["encoder", "layers_0", "kernel"]`` (Variable ``value`` wrappers left out)."""
+    names = (getattr(entry, "key", getattr(entry, "name", getattr(entry, "idx", None))) for entry in path)
+    return [str(name) for name in names if name not in ("value", "raw_value")]
+
+
+def _path_matches(parts: list[str], pattern: list[str]) -> bool:
+    """Whether ``pattern``'s parts (fnmatch wildcards allowed) are parts of ``parts`` in a row."""
+    return any(all(fnmatch.fnmatchcase(part, wanted) for part, wanted in zip(parts[start:], pattern))
+               for start in range(len(parts) - len(pattern) + 1))
+
+
+def make_freeze_mask(freeze) -> Callable[[Any], Any]:
+    """``params -> pytree of bools``: True for the parameters that ``freeze`` names (the
+    ``freeze`` setting of :class:`OptimizerConfig`). A name is a layer or parameter path, its parts
+    separated by ``/`` or ``.`` (``"body"``, ``"encoder/layers_0"``, ``"head.bias"``; ``*`` and
+    ``?`` match within one part, ``"layers_*"``); a parameter is named when its path holds the
+    name's parts in a row. A name that matches no parameter would freeze nothing: applying the
+    mask raises a ``ValueError`` listing the model's parameter paths.
+
+    Examples:
+        >>> make_freeze_mask(["body"])({"body": {"kernel": 1.0, "bias": 0.0}, "head": {"kernel": 1.0}})
+        {'body': {'bias': True, 'kernel': True}, 'head': {'kernel': False}}
+    """
+    patterns = {name: _name_parts(name) for name in ((freeze,) if isinstance(freeze, str) else freeze)}
+
+    def mask(params):
+        paths = [_path_parts(path) for path, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
+        unmatched = [name for name, pattern in patterns.items() if not any(_path_matches(p, pattern) for p in paths)]
+        if paths and unmatched:
+            raise ValueError(_unmatched_freeze_message(unmatched, paths))
+        return jax.tree_util.tree_map_with_path(
+            lambda path, _: any(_path_matches(_path_parts(path), pattern) for pattern in patterns.values()), params)
+
+    return mask
+
+
+def _unmatched_freeze_message(unmatched: list[str], paths: list[list[str]]) -> str:
+    """What to say about ``freeze`` names that match no parameter: the model's paths, and the closest."""
+    shown = ["/".join(path) for path in paths]
+    prefixes = sorted({"/".join(path[:i]) for path in paths for i in range(1, len(path) + 1)})
+    hints = []
+    for name in unmatched:
+        close = difflib.get_close_matches("/".join(_name_parts(name)), prefixes, n=1, cutoff=0.6)
+        if close:
+            hints.append(f"Did you mean {close[0]!r} for {name!r}?")
+    listed = ", ".join(shown[:24]) + (f", ... ({len(shown) - 24} more)" if len(shown) > 24 else "")
+    return (f"optimizer_hparams['freeze'] names {', '.join(map(repr, unmatched))}, which match no parameter of this "
+            f"model, so they would freeze nothing. A name is a layer or parameter path ('body', 'encoder/layers_0', "
+            f"'head/bias'; '*' matches within one part), matched against each parameter's path; this model's "
+            f"parameters are {listed}. {' '.join(hints)}").rstrip()
 
 
 def _mask_tree(mask, params):
@@ -887,10 +993,40 @@ def _opt_state(state_or_opt_state):
     return getattr(state_or_opt_state, "opt_state", state_or_opt_state)
 
 
-def ema_params(state_or_opt_state) -> Any | None:
-    """The EMA of the parameters (``ema_decay``) from a TrainState or optimizer state, or None."""
+def ema_params(state_or_opt_state, params: Any = None) -> Any | None:
+    """The EMA of the parameters (``ema_decay``) from a TrainState or optimizer state, or None.
+
+    An EMA kept for a part of the parameters only (``ema_decay`` with ``freeze``, or in a group
+    of ``optax.multi_transform``, each group built with :func:`make_optimizer`) is put together:
+    each parameter's average from the group that keeps one, and the parameter itself where no
+    group does (a frozen one, a group without ``ema_decay``). Those come from the TrainState's
+    ``params`` (or ``params``); given an optimizer state alone, a part no group averages is a
+    ``ValueError``.
+
+    Examples:
+        >>> eval_params = ema_params(state)     # doctest: +SKIP
+    """
     found = _find(_opt_state(state_or_opt_state), ParamsEmaState)
-    return found[0].ema if found else None
+    if not found:
+        return None
+    averages = [state.ema for state in found]
+    if not any(_is_masked(leaf) for ema in averages for leaf in jax.tree.leaves(ema, is_leaf=_is_masked)):
+        return averages[0]
+    params = params if params is not None else getattr(state_or_opt_state, "params", None)
+    merged = jax.tree.map(lambda *parts: next((part for part in parts if not _is_masked(part)), parts[0]),
+                          *averages, is_leaf=_is_masked)
+    if params is not None:
+        return jax.tree.map(lambda param, average: param if _is_masked(average) else average, params, merged)
+    if any(_is_masked(leaf) for leaf in jax.tree.leaves(merged, is_leaf=_is_masked)):
+        raise ValueError("This optimizer state keeps a moving average (ema_decay) of a part of the parameters only "
+                         "(ema_decay with freeze, or in a group of optax.multi_transform): pass the TrainState, "
+                         "ema_params(state), or the parameters, ema_params(opt_state, params), for the others.")
+    return merged
+
+
+def _is_masked(node: Any) -> bool:
+    """Whether ``node`` is optax's placeholder for a parameter outside a group (``optax.MaskedNode``)."""
+    return isinstance(node, optax.MaskedNode)
 
 
 def current_learning_rate(state_or_opt_state) -> jax.Array | None:
@@ -1241,7 +1377,7 @@ def _weight_decay_kwargs(config: OptimizerConfig, schedule: optax.Schedule | Non
                          ) -> tuple[dict[str, Any], optax.GradientTransformation | None]:
     """The optimizer's decay arguments and the decoupled-decay step to chain after it (or None)."""
     name = config.optimizer
-    mask = config.decay_mask()
+    mask = config.decay_mask(check=not config.freeze)  # frozen: checked on every parameter (_freeze_parameters)
     native = _native_decay(name)
     params = _factory_parameters(name)
     decay_arg = next((k for k in ("weight_decay", "weight_decay_rate") if k in params), None)
@@ -1284,9 +1420,50 @@ def _assemble_tx(config: OptimizerConfig, kwargs: dict[str, Any], tail: optax.Gr
     if config.ema_decay is not None:
         chain.append(track_params_ema(config.ema_decay))
     tx = optax.chain(*chain)
+    if config.freeze:
+        tx = _freeze_parameters(tx, config)
     if config.accumulate_grad_batches > 1:
         tx = accumulate_gradients(tx, config.accumulate_grad_batches)
     return tx
+
+
+def _freeze_parameters(tx: optax.GradientTransformation, config: OptimizerConfig
+                       ) -> optax.GradientTransformationExtraArgs:
+    """``tx`` for the parameters ``config.freeze`` does not name, zero updates for the named ones
+    (``optax.multi_transform`` with ``optax.set_to_zero``): ``tx`` (clipping, decay, EMA) sees
+    only the trained ones and keeps no state for the frozen ones. Its ``init`` checks the names
+    (and the weight-decay names, which ``tx`` sees only in part) against every parameter."""
+    frozen = make_freeze_mask(config.freeze)
+    labels = lambda params: jax.tree.map(lambda is_frozen: "frozen" if is_frozen else "trained", frozen(params))
+    partition = optax.multi_transform({"trained": tx, "frozen": optax.set_to_zero()}, labels)
+    decays = config.weight_decay_mode == "decoupled" and config.resolved_weight_decay() > 0
+
+    def init_fn(params):
+        mask = frozen(params)
+        if decays:
+            _mask_tree(config.decay_mask(), params)
+        _say_frozen(config.freeze, mask, params)
+        return partition.init(params)
+
+    return optax.GradientTransformationExtraArgs(init_fn, partition.update)
+
+
+def _say_frozen(freeze: tuple, mask: Any, params: Any) -> None:
+    """Log (once) which parameters ``freeze`` holds fixed; warn when it names them all."""
+    flags, leaves = jax.tree.leaves(mask), jax.tree.leaves(params)
+    if not leaves or not all(hasattr(leaf, "shape") for leaf in leaves):  # optax.tree_map_params' placeholder
+        return
+    paths = ["/".join(_path_parts(path)) for path, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
+    names = [path for path, flag in zip(paths, flags) if flag]
+    sizes = [int(np.prod(leaf.shape)) for leaf, flag in zip(leaves, flags) if flag]
+    total = sum(int(np.prod(leaf.shape)) for leaf in leaves)
+    if all(flags):
+        _log_once(logging.WARNING, f"optimizer_hparams['freeze']={list(freeze)} names every parameter of the model: "
+                                   f"training changes none of them (BatchNorm statistics still update).")
+        return
+    shown = ", ".join(names[:12]) + (f", ... ({len(names) - 12} more)" if len(names) > 12 else "")
+    _log_once(logging.INFO, f"freeze {list(freeze)}: {len(names)} of {len(leaves)} parameter arrays stay fixed "
+                            f"({sum(sizes):,} of {total:,} values): {shown}.")
 
 
 def make_optimizer(optimizer_hparams, total_steps: int) -> optax.GradientTransformation:

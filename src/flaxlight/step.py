@@ -317,7 +317,7 @@ class TrainStep:
         rng = jax.random.PRNGKey(_EVAL_RNG_SEED)
         params = state.params
         if self.eval_with_ema and state.opt_state is not None:
-            averaged = ema_params(state.opt_state)
+            averaged = ema_params(state)
             params = params if averaged is None else averaged
         dtype = self._compute_dtype()
         if dtype is not None:
