@@ -138,15 +138,44 @@ def _flat_shapes(tree) -> dict[str, tuple]:
     return flat
 
 
-def _param_problems(saved: dict[str, tuple], wanted: dict[str, tuple]) -> list[str]:
+def _param_differences(saved: dict[str, tuple], wanted: dict[str, tuple]) -> dict[str, tuple]:
+    """``{path: (checkpoint shape, model shape)}`` for every parameter path whose shape differs
+    (None: the path is missing there); empty when nothing was saved to compare with."""
+    return {path: (saved.get(path), wanted.get(path)) for path in sorted(set(saved) | set(wanted)) if saved
+            and saved.get(path) != wanted.get(path)}
+
+
+def _param_problems(differences: dict[str, tuple]) -> list[str]:
     """``params/<path>: checkpoint <shape>, model <shape>`` for every path whose shape differs."""
-    problems = []
-    for path in sorted(set(saved) | set(wanted)) if saved else ():
-        got, want = saved.get(path), wanted.get(path)
-        if got != want:
-            problems.append(f"  params/{path}: checkpoint {'missing' if got is None else got}, "
-                            f"model {'missing' if want is None else want}")
-    return problems
+    return [f"  params/{path}: checkpoint {'missing' if got is None else got}, model {'missing' if want is None else want}"
+            for path, (got, want) in differences.items()]
+
+
+def _layer(path: str) -> str:
+    """The layer a parameter path is in: ``"head"`` for ``"head/kernel"``."""
+    return path.rpartition("/")[0] or path
+
+
+def _different_model_message(where: str, differences: dict[str, tuple], model_paths: list[str], limit: int) -> str:
+    """:class:`ModelMismatchError`'s text: the parameters that differ (the first ``limit``), and the
+    way on. When some of the model's layers (of ``model_paths``) fit the checkpoint whole and only
+    others differ, as in fine-tuning on a new task (a new head), it names both: the run's own model
+    hyperparameters load it as it was, and a partial load (docs/models.md, "Fine-tuning") keeps the
+    new layers."""
+    problems = _param_problems(differences)
+    more = f"\n  ... and {len(problems) - limit} more" if len(problems) > limit else ""
+    text = (f"{where} was saved from a different model; first mismatching parameters:\n" + "\n".join(problems[:limit])
+            + more)
+    differ = sorted({_layer(path) for path in differences})
+    fit = sorted({_layer(path) for path in model_paths} - set(differ))
+    if not fit:
+        return text + "\nBuild the trainer with the model hyperparameters of that run (see its hparams.yaml)."
+    return (f"{text}\nThe model's layers {', '.join(fit)} fit the checkpoint; only {', '.join(differ)} "
+            f"differ{'s' if len(differ) == 1 else ''}. To load that run's model as it was, build the trainer with the "
+            f"model hyperparameters of that run (see its hparams.yaml). To fine-tune it with new layers of their own "
+            f"shapes (e.g. a head for another number of classes), restore the layers that fit and keep the new ones "
+            f"as initialised: a partial load (Keras' load_weights(skip_mismatch=True)), shown in docs/models.md, "
+            f"section \"Fine-tuning\"; a checkpoint is otherwise restored whole or not at all.")
 
 
 def _first_metric(metrics: dict) -> float:
@@ -168,7 +197,17 @@ class DamagedCheckpointError(ValueError):
 
 class ModelMismatchError(ValueError):
     """A checkpoint whose parameters are shaped unlike the model's: saved from another model (or
-    the model was built from another ``exmp_input``); the message names the mismatching paths."""
+    the model was built from another ``exmp_input``); the message names the mismatching paths.
+    ``shapes``: ``{path: (checkpoint shape, model shape)}`` of those parameters (None: missing there).
+
+    Examples:
+        >>> ModelMismatchError("...", shapes={"head/bias": ((10,), (5,))}).shapes["head/bias"]
+        ((10,), (5,))
+    """
+
+    def __init__(self, message: str, shapes: dict[str, tuple] | None = None):
+        super().__init__(message)
+        self.shapes = dict(shapes or {})
 
 
 class Checkpointer:
@@ -509,24 +548,32 @@ class Checkpointer:
     def _refuse_mismatch(self, target, step: int) -> None:
         """Raise :meth:`describe_mismatch`'s message: :class:`ModelMismatchError` for parameters."""
         mismatch = self.describe_mismatch(target, step)
+        if mismatch and "different model" in mismatch:
+            saved = self._saved_metadata(step) or {}
+            raise ModelMismatchError(mismatch, shapes=_param_differences(_flat_shapes(saved.get("params", {})),
+                                                                         _flat_shapes(target.params)))
         if mismatch:
-            raise (ModelMismatchError if "different model" in mismatch else ValueError)(mismatch)
+            raise ValueError(mismatch)
+
+    def _saved_metadata(self, step: int) -> dict | None:
+        """The shapes of checkpoint ``step``'s state, as orbax's metadata holds them (None: unreadable)."""
+        try:
+            saved = self._manager.item_metadata(step)["state"]
+            return getattr(saved, "tree", saved)
+        except Exception:  # noqa: BLE001 - unreadable metadata is reported by the restore itself
+            return None
 
     def describe_mismatch(self, target, step: int, limit: int = 5) -> str | None:
         """What differs between checkpoint ``step`` and ``target`` (a readable list of parameter
         paths whose shape differs, or an optimizer state of another shape), or None."""
         self.wait()
-        try:
-            saved = self._manager.item_metadata(step)["state"]
-            saved = getattr(saved, "tree", saved)
-        except Exception:  # noqa: BLE001 - unreadable metadata is reported by the restore itself
+        saved = self._saved_metadata(step)
+        if saved is None:
             return None
-        problems = _param_problems(_flat_shapes(saved.get("params", {})), _flat_shapes(target.params))
-        if problems:
-            more = f"\n  ... and {len(problems) - limit} more" if len(problems) > limit else ""
-            return (f"Checkpoint {step} in {self.directory} was saved from a different model; first mismatching "
-                    f"parameters:\n" + "\n".join(problems[:limit]) + more +
-                    "\nBuild the trainer with the model hyperparameters of that run (see its hparams.yaml).")
+        wanted = _flat_shapes(target.params)
+        differences = _param_differences(_flat_shapes(saved.get("params", {})), wanted)
+        if differences:
+            return _different_model_message(f"Checkpoint {step} in {self.directory}", differences, list(wanted), limit)
         if target.opt_state is None or saved.get("opt_state") is None:
             return None
         got = sorted(_flat_shapes(saved["opt_state"]).values())

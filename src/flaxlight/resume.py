@@ -468,6 +468,22 @@ class ResumeTarget:
         if self.continuing and log_dir is not None and jax.process_index() == 0:
             set_aside_branch(own, log_dir, meta)
 
+    def begin_from_loaded_model(self, step: int, epochs_before: int, own: Checkpointer, log_dir: str | None, *,
+                                loaded_from: str) -> None:
+        """:meth:`begin` for a fine-tune resumed before its first checkpoint (``resume=True`` of a trainer
+        from ``load_from_checkpoint`` logging to a folder of its own, which holds none yet): the run
+        goes on from the loaded model (its ``step``; ``epochs_before``: the epochs it had trained), so
+        what an earlier attempt recorded after that step (``metrics.csv`` rows, validation files, a
+        best) is set aside as for a run killed after its newest checkpoint (:func:`set_aside_branch`).
+
+        Examples:
+            >>> target.begin_from_loaded_model(57, 3, trainer.checkpointer, "runs/ft",     # doctest: +SKIP
+            ...                                loaded_from="runs/base/checkpoints")
+        """
+        if self.continuing and log_dir is not None and jax.process_index() == 0:
+            meta = CheckpointMeta(step=step, epoch=0, phase="epoch_end", epochs_before=epochs_before)
+            set_aside_branch(own, log_dir, meta, start=f"from the model loaded from {loaded_from} (step {step})")
+
 
 def check_epoch_position(meta: CheckpointMeta, steps_per_epoch: int | None, source: Checkpointer) -> None:
     """A checkpoint saved mid-epoch continues at its batch number: with epochs of another number of
@@ -511,7 +527,7 @@ def _epoch_end_steps(source: Checkpointer, up_to: int) -> list[int]:
     return sorted(ends)
 
 
-def set_aside_branch(own: Checkpointer, log_dir: str, meta: CheckpointMeta) -> str | None:
+def set_aside_branch(own: Checkpointer, log_dir: str, meta: CheckpointMeta, start: str | None = None) -> str | None:
     """Rewind the run in ``log_dir`` to its checkpoint ``meta.step``: what came after it is a branch
     the run leaves. Its later checkpoints move to ``<log_dir>/abandoned/after_step_<step>/checkpoints/``,
     next to copies of the run's ``hparams.yaml``, ``metrics.csv`` and ``metrics/`` as they were (a
@@ -520,7 +536,8 @@ def set_aside_branch(own: Checkpointer, log_dir: str, meta: CheckpointMeta) -> s
     ``best_eval.json`` is the checkpoint's best (the CSV rows after the step are dropped by the
     loggers' resume). With no later checkpoint (a run killed, or failed, after its newest one), its
     records after the step (``metrics.csv`` rows, validation and test files, a later best) are set
-    aside the same way, without checkpoints, and that is said.
+    aside the same way, without checkpoints, and that is said. ``start``: where the run went on from
+    when that is no checkpoint of its own (``"from the model loaded from ..."``: a fine-tune's).
     Returns the folder (None when nothing came after the step: nothing moves)."""
     own.wait()
     later = sorted((step for step in own.all_steps() if step > meta.step), reverse=True)
@@ -541,8 +558,9 @@ def set_aside_branch(own: Checkpointer, log_dir: str, meta: CheckpointMeta) -> s
     own.reload()
     _drop_later_metrics(log_dir, meta)
     if not later:
-        messages.warning(f"The run in {log_dir} went on after checkpoint {meta.step} and ended (killed, or failed) "
-                         f"before saving again, so its records of that training ({'; '.join(records)}) describe "
+        messages.warning(f"The run in {log_dir} went on {start or f'after checkpoint {meta.step}'} and ended "
+                         f"(killed, or failed) before saving {'again' if start is None else 'a checkpoint'}, so its "
+                         f"records of that training ({'; '.join(records)}) describe "
                          f"models no checkpoint holds. They are set aside in {aside} (with the run's hparams.yaml, "
                          f"metrics.csv and metrics/ as they were); this run's metrics.csv and metrics/ go on from "
                          f"step {meta.step}.")

@@ -35,13 +35,14 @@ from flaxlight.export import INFO_FILE as EXPORT_INFO_FILE
 from flaxlight.loggers import CSVLogger, Logger, LoggerCollection, TensorBoardLogger, tensorboard_available
 from flaxlight.loggers.base import run_display_name
 from flaxlight.messages import logger as messages
-from flaxlight.options import LIGHTNING_TRAINER_ARGUMENTS, TRAIN_MODEL_ARGUMENTS, declared_keywords
+from flaxlight.options import (LIGHTNING_TRAINER_ARGUMENTS, TRAIN_MODEL_ARGUMENTS, TRAINER_ARGUMENTS, TrainerOptions,
+                               declared_keywords)
 from flaxlight.registry import RegistryError, explicit_parameters, import_object
 
 __all__ = ["RunInUseError", "LoggerParams", "HPARAMS_FILE", "CHECKPOINT_DIR", "METRICS_DIR", "LOGGER_TYPES", "next_version_dir",
            "open_run", "no_run_files", "finish_run", "claim_run", "RunLock", "run_files_present", "failed_start",
            "set_aside_failed_start", "FAILED_START_DIR", "make_loggers",
-           "write_hparams", "read_hparams", "trainer_kwargs", "write_metrics", "to_yaml_safe", "class_path",
+           "write_hparams", "read_hparams", "trainer_kwargs", "load_overrides", "write_metrics", "to_yaml_safe", "class_path",
            "enable_compilation_cache"]
 
 HPARAMS_FILE = "hparams.yaml"
@@ -243,7 +244,9 @@ def claim_run(log_dir: str, checkpointer: Checkpointer, *, continuing: bool, ove
     ``metrics/``, TensorBoard event files and the W&B / MLflow run ids are deleted first, so the
     loggers start new runs); ``owned``: this trainer wrote them itself, in this process. The files
     of a run that failed before its first record (:func:`failed_start`: no checkpoint, no metrics)
-    are no run: they are moved into ``failed_start_<N>/`` and the new run starts there.
+    are no run: they are moved into ``failed_start_<N>/`` and the new run starts there. The lock's
+    ``replaced`` says whether the folder's earlier files went (deleted or set aside, its
+    ``hparams.yaml`` with them): the new run then writes its own.
     """
     lock = RunLock(log_dir)
     lock.acquire()
@@ -254,7 +257,7 @@ def claim_run(log_dir: str, checkpointer: Checkpointer, *, continuing: bool, ove
             messages.info(f"log_dir {log_dir} held a run that failed before its first record or checkpoint: its "
                           f"files ({', '.join(sorted(os.listdir(kept)))}) were moved to {kept}, and this run starts "
                           f"there.")
-            present = []
+            present, lock.replaced = [], True
         if present and not (continuing or owned):
             if not overwrite:
                 resume = "Pass train_model(..., resume=True) to continue it, " if CHECKPOINT_DIR + "/" in present \
@@ -267,6 +270,7 @@ def claim_run(log_dir: str, checkpointer: Checkpointer, *, continuing: bool, ove
             _delete_replaced_run(log_dir)
             os.makedirs(os.path.join(log_dir, METRICS_DIR), exist_ok=True)
             checkpointer.reload()
+            lock.replaced = True
     except BaseException:
         lock.release()
         raise
@@ -315,6 +319,7 @@ class RunLock:
 
     def __init__(self, log_dir: str):
         self.path, self.held = os.path.join(log_dir, self.FILE), False
+        self.replaced = False  # claim_run: the folder's earlier run was deleted (overwrite) or set aside
         self._key = os.path.realpath(self.path)  # one folder reached by two paths is one lock
 
     def acquire(self) -> None:
@@ -595,7 +600,6 @@ def trainer_kwargs(trainer_class: type, run: str | os.PathLike, which: str,
             hparams["distributed"] = None
             messages.info(f"The run's mesh does not fit the {jax.device_count()} device(s) here: the model loads on "
                           f"one device (pass mesh=... to load_from_checkpoint to place it).")
-    named = explicit_parameters(trainer_class.__init__)
     declared = declared_keywords(trainer_class)  # the class's own, as TrainerOptions.split_kwargs takes them
     ignored = sorted(key for key in hparams if key in LIGHTNING_TRAINER_ARGUMENTS and key not in declared)
     if ignored:  # a run from before they were refused: they were kept as extra hparams and did nothing
@@ -607,13 +611,98 @@ def trainer_kwargs(trainer_class: type, run: str | os.PathLike, which: str,
         messages.info(f"{HPARAMS_FILE} holds {', '.join(ignored)}, train_model keyword(s) that this run's trainer "
                       f"was given and that flaxlight never read there: left out (flaxlight now refuses them).")
         hparams = {key: value for key, value in hparams.items() if key not in ignored}
-    if "model_hparams" in named or not model_hparams or not set(model_hparams) <= set(named):
+    if _takes_model_hparams(trainer_class, model_hparams):
         hparams["model_hparams"] = model_hparams
         if "model_class" not in overrides:
             hparams["model_class"] = _import_model_class(model_class_path)
     else:  # the seed's pattern: MyTrainer(hidden_dims, output_dim, **kwargs)
         hparams.update(model_hparams)
     return {**hparams, **{key: value for key, value in overrides.items() if key != "logger_params"}}
+
+
+def _takes_model_hparams(trainer_class: type, model_hparams: Mapping[str, Any]) -> bool:
+    """Whether ``trainer_class`` is rebuilt with ``model_class`` / ``model_hparams`` (else: the seed's
+    pattern, a constructor naming every model hyperparameter, ``MyTrainer(hidden_dims, ...)``)."""
+    named = explicit_parameters(trainer_class.__init__)
+    return "model_hparams" in named or not model_hparams or not set(model_hparams) <= set(named)
+
+
+#: ``load_from_checkpoint`` keywords of other libraries that load part of a checkpoint, by whose they are.
+PARTIAL_LOAD_ARGUMENTS = {"strict": "PyTorch Lightning's load_from_checkpoint", "skip_mismatch": "Keras' load_weights"}
+
+
+def load_overrides(trainer_class: type, run: str | os.PathLike, overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """``load_from_checkpoint``'s overrides, settled before the trainer of the run folder ``run`` is
+    rebuilt. A keyword that names an argument of the run's model (a key of its saved
+    ``model_hparams``, or an argument of its model class: Lightning's
+    ``load_from_checkpoint(path, num_classes=5)``) and no argument of the trainer's replaces that
+    model hyperparameter: it joins the saved ``model_hparams`` (said), the model is built with it
+    and the new run records it (a checkpoint the new model does not fit is then a
+    :class:`~flaxlight.checkpoint.ModelMismatchError` naming the parameters that differ). Given
+    beside ``model_hparams=``, which replaces the saved dict whole, it is refused. Lightning's
+    ``strict`` and Keras' ``skip_mismatch`` are refused, naming the partial load's recipe.
+
+    Examples:
+        >>> load_overrides(Classifier, "runs/base", {"num_classes": 5})   # doctest: +SKIP
+        {'model_hparams': {'hidden': 32, 'num_classes': 5}}
+    """
+    declared, name = declared_keywords(trainer_class), trainer_class.__name__
+    for key, whose in PARTIAL_LOAD_ARGUMENTS.items():
+        if key in overrides and key not in declared:
+            raise TypeError(_partial_load_message(name, key, overrides[key], whose))
+    taken = declared | set(TRAINER_ARGUMENTS) | {field.name for field in dataclasses.fields(TrainerOptions)}
+    unknown = [key for key in overrides if key not in taken | {"callbacks", "loggers", "mesh"}]
+    hparams = read_hparams(os.path.abspath(os.fspath(run))) if unknown else {}
+    saved = hparams.get("model_hparams") or {}
+    if not unknown or not _takes_model_hparams(trainer_class, saved):
+        return dict(overrides)
+    model_class = overrides.get("model_class") or _model_class_or_none(hparams.get("model_class"))
+    moved = {key: overrides[key] for key in unknown if key in set(saved) | _model_arguments(model_class)}
+    if not moved:
+        return dict(overrides)
+    model = getattr(model_class, "__name__", "the run's model")
+    given, argument = ", ".join(f"{key}={value!r}" for key, value in moved.items()), \
+        "an argument" if len(moved) == 1 else "arguments"
+    if "model_hparams" in overrides:
+        raise TypeError(
+            f"{name}.load_from_checkpoint got {given}, {argument} of the model {model}, and model_hparams="
+            f"{overrides['model_hparams']!r}, which replaces the run's model hyperparameters whole: give them in one "
+            f"place, model_hparams={ {**overrides['model_hparams'], **moved}!r}.")
+    merged = {**saved, **moved}
+    messages.info(f"{name}.load_from_checkpoint: {given}, {argument} of the model {model}, replaces the run's "
+                  f"(model_hparams {saved!r} -> {merged!r}): the model is built with it, and the checkpoint's "
+                  f"parameters must fit it (a partial load, for a new head: docs/models.md, \"Fine-tuning\").")
+    return {**{key: value for key, value in overrides.items() if key not in moved}, "model_hparams": merged}
+
+
+def _partial_load_message(owner: str, key: str, value: Any, whose: str) -> str:
+    """Why ``strict`` / ``skip_mismatch`` given to ``load_from_checkpoint`` are refused, and what to do."""
+    what = (f"load_from_checkpoint always restores every parameter of the checkpoint, or fails (as {key}={value!r} "
+            f"asks): drop {key}" if value is (key == "strict") else
+            f"flaxlight has no partial load by keyword: load_from_checkpoint restores every parameter of the checkpoint "
+            f"into the model built from the run's hparams.yaml (and your overrides), or fails with a "
+            f"ModelMismatchError naming the parameters whose shapes differ")
+    return (f"{owner}.load_from_checkpoint got {key}={value!r} (a keyword of {whose}): {what}. To restore only part of a "
+            f"run (a backbone) and keep the rest as the new model initialised it (a new head for another number of "
+            f"classes), build the new trainer, load the run, and put the parts that fit into the new trainer's state "
+            f"before train_model: the recipe is in docs/models.md, section \"Fine-tuning\". (Kept as an extra hparam, "
+            f"as other unknown keywords are, {key} would do nothing; so it is refused.)")
+
+
+def _model_class_or_none(path: Any) -> type | None:
+    """The model class ``hparams.yaml`` names, or None when it does not import."""
+    try:
+        return _import_model_class(path) if isinstance(path, str) else None
+    except ImportError:
+        return None
+
+
+def _model_arguments(model_class: Any) -> set[str]:
+    """The arguments ``model_class`` takes: a Linen module's fields, an NNX module's ``__init__``'s
+    (less ``rngs``); empty when unknown."""
+    if isinstance(model_class, type) and dataclasses.is_dataclass(model_class):  # Linen modules are dataclasses
+        return {field.name for field in dataclasses.fields(model_class)} - {"parent", "name"}
+    return set(explicit_parameters(getattr(model_class, "__init__", None))) - {"rngs"} if model_class else set()
 
 
 def _import_model_class(path: str) -> type:

@@ -218,9 +218,7 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
             return done
         self._check_load_seam("train_model(test_loader=...)" if test_loader is not None else None)
         self.engine.compile_eval_ahead(self.state, val_loader, check=self._val_batch_check())  # a bad one writes nothing
-        if target.replaces:  # overwrite=True: the run in log_dir is replaced, one this trainer wrote too
-            self._trained_here, self._wrote_here, self._hparams_written = False, False, not dist.is_main_process()
-        self._claim_run_folder(continuing=target.continuing, overwrite=overwrite)
+        self._claim_run_folder(continuing=target.continuing, overwrite=overwrite, replaces=target.replaces)
         try:  # from here on, the run's folder is locked: every exit releases it
             if target.resumes:
                 self._resume(target, train_loader)
@@ -485,14 +483,15 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
         restored = resume.restore_run(self.checkpointer, target.resume_from, self.state, load=self._load_for_resume,
                                       train_loader=train_loader, schedule_steps=self._fitted_schedule_steps,
                                       loaded_from=self._loaded_from, steps_per_epoch=self.steps_per_epoch)
-        if restored is not None:
-            self.state, meta, step = restored
-            target.begin(meta, self.checkpointer, self.log_dir)  # a rewind sets the later branch aside
-            self._loop, self._best_eval_metrics = meta.loop_state(self.steps_per_epoch), meta.best_eval_metrics
-            meta.restore_callbacks(self.callbacks)
-            self.engine.adopt_block_length(meta.block_length)
-            self._nonfinite.steps, self._nonfinite.before_epoch = meta.nonfinite
-            self.logger.resume_from_step(step)
+        if restored is None:  # no checkpoint yet: a fine-tune goes on from its loaded model's step
+            return self._go_on_from_the_loaded_model(target)
+        self.state, meta, step = restored
+        target.begin(meta, self.checkpointer, self.log_dir)  # a rewind sets the later branch aside
+        self._loop, self._best_eval_metrics = meta.loop_state(self.steps_per_epoch), meta.best_eval_metrics
+        meta.restore_callbacks(self.callbacks)
+        self.engine.adopt_block_length(meta.block_length)
+        self._nonfinite.steps, self._nonfinite.before_epoch = meta.nonfinite
+        self.logger.resume_from_step(step)
 
     def _finish_files(self, status: str, best: dict | None = None) -> None:
         self._in_run = False  # every end of train_model comes here

@@ -76,6 +76,22 @@ def _run_and_step(checkpoint: str | os.PathLike) -> tuple[str, int | None]:
     return path, None
 
 
+def _input_sized(shapes: Mapping[str, tuple]) -> bool:
+    """Whether a parameter of a checkpoint's mismatch (``{path: (checkpoint shape, model shape)}``)
+    differs where a wrong ``exmp_input`` would make it differ: in a dimension before its last (a
+    layer's input size, which a Linen model takes from its input) or in its rank. Output sizes
+    alone (a new head for another number of classes) are no input's doing.
+
+    Examples:
+        >>> _input_sized({"head/kernel": ((32, 10), (32, 5)), "head/bias": ((10,), (5,))})
+        False
+        >>> _input_sized({"Dense_0/kernel": ((4, 8), (1, 8))})
+        True
+    """
+    return any(got is not None and want is not None and (len(got) != len(want) or got[:-1] != want[:-1])
+               for got, want in shapes.values())
+
+
 def _exmp_input_note(exmp_input: Any) -> str:
     """What a checkpoint of "a different model" may also mean when loading: a wrong ``exmp_input``."""
     return (f"This trainer's exmp_input is {_describe_inputs(as_input_list(exmp_input))}, and the model's first "
@@ -116,6 +132,7 @@ class TrainerVerbsMixin:
         eval folder). ``test()`` and ``log_metrics`` add to the run's records.
         Example: ``MyTrainer.load_from_checkpoint("checkpoints/MLP/version_0", exmp_input=x[:1])``."""
         run, step = _run_and_step(checkpoint)
+        overrides = runfiles.load_overrides(cls, run, overrides)  # num_classes=5: a model hparam; strict: refused
         if writes_own_checkpoints(cls) and runfiles.CHECKPOINT_DIR + "/" not in runfiles.run_files_present(run):
             return cls._load_own_checkpoint(run, step, exmp_input, which, overrides)
         trainer = _construct(cls, exmp_input, runfiles.trainer_kwargs(cls, run, which, overrides), overrides)
@@ -133,8 +150,10 @@ class TrainerVerbsMixin:
         load = functools.partial(trainer._load_for_resume, purpose="load_from_checkpoint") if own else None
         try:
             trainer.state = resume.load_with_fallback(source, trainer.state, which, load, step=step)
-        except ModelMismatchError as exc:  # the model was shaped from exmp_input: it may be the one at fault
-            raise ModelMismatchError(f"{exc}\n{_exmp_input_note(exmp_input)}") from None
+        except ModelMismatchError as exc:  # a Linen model was shaped from exmp_input: it may be the one at fault
+            if trainer.model_adapter.kind == "nnx" or not _input_sized(exc.shapes):
+                raise
+            raise ModelMismatchError(f"{exc}\n{_exmp_input_note(exmp_input)}", shapes=exc.shapes) from None
         if averaged:  # an inference load serves the moving average the run was validated with
             trainer.state = trainer._serving(trainer.state).replace(opt_state=None)
         trainer.global_step = int(to_host(trainer.state.step))

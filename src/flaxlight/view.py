@@ -556,16 +556,26 @@ class TrainerViewMixin:
             if type(self).loss_fn.__module__.startswith("flaxlight") or not self._loss_accepts(batch, mismatch):
                 raise
 
-    def _claim_run_folder(self, continuing: bool, overwrite: bool) -> None:
+    def _claim_run_folder(self, continuing: bool, overwrite: bool, replaces: bool = False) -> None:
         """Refuse to overwrite another run or to share a live one (:func:`flaxlight.runfiles.claim_run`),
-        after the last checks that need no folder (a monitor the eval step does not return)."""
+        after the last checks that need no folder (a monitor the eval step does not return).
+        ``overwrite=True`` replaces the folder's run, also one this trainer wrote when its model was set
+        back to an older step of it (``replaces``: a ``resume_from`` another run's checkpoint), and the
+        new run writes its own ``hparams.yaml``; a trainer going on from the newest step of its own run
+        continues it."""
         self._check_monitor_ahead()
         owned = self._trained_here or self._wrote_here
-        if owned and not (continuing or overwrite):
+        if owned and not continuing and (replaces or (overwrite and self._later_checkpoints())):
+            self._forget_the_replaced_run()
+        elif owned and not (continuing or overwrite):
             self._refuse_a_second_branch()
+        elif self._loaded and self._loaded_from is None and self.log_dir is not None and not (
+                owned or continuing or overwrite):
+            self._refuse_training_over_the_loaded_run()
         if self.log_dir is not None and dist.is_main_process():
             self._run_lock = runfiles.claim_run(self.log_dir, self.checkpointer, continuing=continuing,
                                                 overwrite=overwrite, owned=self._trained_here or self._wrote_here)
+            self._hparams_written = self._hparams_written and not self._run_lock.replaced  # that run's went with it
             self._trained_here = True
             try:
                 self.logger.start_run()  # a loaded trainer's records were late ones; overwrite deleted files
@@ -574,12 +584,62 @@ class TrainerViewMixin:
                 raise
         self._in_run = True  # until _finish_files: load_model leaves global_step to the loop
 
+    def _later_checkpoints(self) -> list[int]:
+        """The steps of this run's checkpoints after the model's (set back by ``load_model``, or
+        loaded from an older checkpoint of the run)."""
+        return sorted(step for step in self.checkpointer.all_steps() if step > self.global_step)
+
+    def _forget_the_replaced_run(self) -> None:
+        """The run this trainer wrote is replaced (``overwrite=True``): its best model, its
+        checkpoints' ranking and the ownership of its files go with it."""
+        self._trained_here = self._wrote_here = False
+        self._best_eval_metrics = None
+        if self._checkpoint_callback is not None:
+            self._checkpoint_callback.load_state_dict({})
+
+    def _refuse_training_over_the_loaded_run(self) -> None:
+        """``train_model`` on a trainer from :meth:`load_from_checkpoint` that logs to the run it was
+        loaded from (no ``log_dir`` given: a Lightning user's fine-tune, where Lightning starts a new
+        ``version_N``): refused before anything is written, saying what a fine-tune does (a new
+        folder), what ``resume=True`` continues, and that ``overwrite=True`` deletes the run loaded from."""
+        step, name, steps = self.global_step, type(self).__name__, self.checkpointer.all_steps()
+        source = os.path.join(self.checkpointer.directory, str(step)) if step in steps else self.log_dir
+        newest = max(steps, default=None)
+        resume_text = "" if newest is None else (
+            f"To continue that run itself from its newest checkpoint (step {newest}"
+            f"{'' if newest == step else f', not the loaded model of step {step}'}), pass train_model(..., "
+            f"resume=True). ")
+        among = f" (step {step} among them)" if step in steps else ""
+        raise FileExistsError(
+            f"This trainer was loaded from the run in {self.log_dir}, and logs to that run (load_from_checkpoint "
+            f"without logger_params={{'log_dir': ...}} keeps the run's folder), so train_model would train into it, "
+            f"over its checkpoints and records. To fine-tune (train on from the loaded model as a new run, as "
+            f"Lightning's fit after load_from_checkpoint starts a new version_N), load it with a new folder: "
+            f"{name}.load_from_checkpoint({source!r}, exmp_input=..., logger_params={{'log_dir': <a new folder>}}), "
+            f"then train_model; the run in {self.log_dir} stays as it is. {resume_text}overwrite=True deletes the "
+            f"run being loaded from: its checkpoints{among}, hparams.yaml and records go, and a new run from the "
+            f"loaded model (step {step}) is written in its place.")
+
+    def _go_on_from_the_loaded_model(self, target: resume.ResumeTarget) -> None:
+        """``resume=True`` of a trainer from :meth:`load_from_checkpoint` logging to a folder of its own
+        that holds no checkpoint yet (a fine-tune killed before its first): training goes on from the
+        loaded model (:func:`flaxlight.resume.restore_run` said so). What an earlier attempt recorded
+        after the loaded model's step is set aside, as for a run killed after its newest checkpoint
+        (:meth:`~flaxlight.resume.ResumeTarget.begin_from_loaded_model`), and the loggers go on from
+        that step: the run's records end as an uninterrupted run's."""
+        if self._loaded_from is None:
+            return
+        step = int(to_host(self.state.step))
+        target.begin_from_loaded_model(step, self._loop.epochs_before, self.checkpointer, self.log_dir,
+                                       loaded_from=self._loaded_from.directory)
+        self.logger.resume_from_step(step)
+
     def _refuse_a_second_branch(self) -> None:
         """A next ``train_model`` of a model set back to an older step of its run (``load_model()``,
         the best model loaded by ``load_from_checkpoint`` into its own folder) would write steps the
         run's later checkpoints hold and records of epochs it has: two branches in one run. Refused
         before anything is written, with the rewind (``resume_from``) and a new folder to choose from."""
-        later = [step for step in self.checkpointer.all_steps() if step > self.global_step]
+        later = self._later_checkpoints()
         if not later:
             return
         step, name = self.global_step, type(self).__name__
@@ -593,7 +653,8 @@ class TrainerViewMixin:
             f"training after it: training on here would write a second branch over the first (its checkpoints and "
             f"epoch records). To go on from step {step} in this run, {rewind}to keep the run as it is, train in "
             f"another folder: {name}.load_from_checkpoint({here!r}, exmp_input=..., logger_params={{'log_dir': "
-            f"...}}), then train_model; or pass overwrite=True to replace the run.")
+            f"...}}), then train_model; or pass overwrite=True to replace the run (its checkpoints and records are "
+            f"deleted, and a new run from step {step} is written in its place).")
 
     def _check_monitor_ahead(self) -> None:
         """The trainer's ``monitor`` (the best model is picked among the validation's metrics)

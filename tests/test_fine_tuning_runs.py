@@ -1,0 +1,232 @@
+"""Fine-tuning a trained run, as a Lightning or Keras user does it: ``load_from_checkpoint`` then
+``train_model``. The run trained into must stay complete (``overwrite=True`` leaves its own
+``hparams.yaml``), Lightning's hparam override (``num_classes=5``) must not be kept silently,
+``strict`` / ``skip_mismatch`` are refused with the way to a partial load, a fine-tune resumed
+before its first checkpoint ends with the records of an uninterrupted one, and a head-only shape
+mismatch says how to fine-tune (a partial load), not to check ``exmp_input``."""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import logging
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import FailAt, RegressTrainer, TinyMLP, TinyNNX, linear_data
+
+import flaxlight
+from flaxlight.callbacks import ModelCheckpoint
+from flaxlight.checkpoint import ModelMismatchError
+
+X0 = linear_data(1)[0]
+SGD = {"optimizer": "sgd", "lr": 1e-2, "schedule": "constant"}
+
+
+def _loaders():
+    """256 examples: 8 batches of 32 per epoch."""
+    return (flaxlight.ArrayLoader(*linear_data(256, 0), batch_size=32, shuffle=True, seed=0),
+            flaxlight.ArrayLoader(*linear_data(64, 1), batch_size=32))
+
+
+def _base(run: Path, num_epochs: int = 3, model_class=TinyMLP, **options) -> RegressTrainer:
+    """The source run: 8 steps per epoch."""
+    trainer = RegressTrainer(model_class=model_class, model_hparams={"hidden_dims": [8]},
+                             optimizer_hparams={"optimizer": "adam", "lr": 1e-2}, exmp_input=X0,
+                             logger_params={"log_dir": str(run), "logger_type": "csv"}, enable_progress_bar=False,
+                             enable_model_summary=False, **options)
+    trainer.train_model(*_loaders(), num_epochs=num_epochs)
+    return trainer
+
+
+def _load(run: Path, **overrides) -> RegressTrainer:
+    return RegressTrainer.load_from_checkpoint(run, exmp_input=X0, enable_progress_bar=False, **overrides)
+
+
+def _digests(folder: Path) -> dict[str, str]:
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def _rows(run: Path) -> list[dict]:
+    """``metrics.csv``'s rows, less the wall-clock epoch_time."""
+    with open(run / "metrics.csv") as f:
+        return [{key: value for key, value in row.items() if key != "epoch_time" and value} for row in csv.DictReader(f)]
+
+
+def _steps(run: Path) -> list[int]:
+    folder = run / "checkpoints"
+    return sorted(int(name.name) for name in folder.iterdir() if name.name.isdigit()) if folder.is_dir() else []
+
+
+# ----------------------------------------------------------------- 1. overwrite=True leaves a complete run
+def test_overwrite_on_a_trainer_loaded_from_its_own_run_writes_the_new_runs_hparams(tmp_path):
+    """The Lightning user's fine-tune with no log_dir, then overwrite=True as the refusal allows: the
+    run's hparams.yaml was deleted and never written again, so nothing could load the new run."""
+    run = tmp_path / "run"
+    _base(run, num_epochs=2)
+    tuned = _load(run, which="last", optimizer_hparams=SGD)
+    tuned.train_model(*_loaders(), num_epochs=1, overwrite=True)
+    assert tuned.global_step == 24 and _steps(run) == [24]
+    recorded = yaml.safe_load((run / "hparams.yaml").read_text())
+    assert recorded["optimizer_hparams"]["optimizer"] == "sgd"  # the new run's, not the replaced one's
+    again = _load(run, which="last")  # the new run loads, with its own settings
+    assert again.global_step == 24 and again.optimizer_hparams["optimizer"] == "sgd"
+    assert [row["step"] for row in _rows(run)] == ["24", "24"]  # its epoch's train and val rows only
+
+
+@pytest.mark.filterwarnings("ignore:the trainer. monitor='val/loss' with mode='max':UserWarning")
+def test_training_into_the_run_a_trainer_was_loaded_from_is_refused_naming_the_fine_tune_way(tmp_path):
+    """No log_dir given (Lightning would start a new version_N): the refusal said only "resume=True
+    ... or overwrite=True", and overwrite=True deletes the checkpoint being fine-tuned from."""
+    run = tmp_path / "run"
+    with pytest.warns(UserWarning, match="reads as a metric to minimize"):  # the best: epoch 1's (step 8)
+        _base(run, num_epochs=2, monitor="val/loss", mode="max")
+    before = _digests(run)
+    tuned = _load(run, optimizer_hparams=SGD)
+    assert tuned.global_step == 8
+    with pytest.raises(FileExistsError) as refused:
+        tuned.train_model(*_loaders(), num_epochs=1)
+    message = str(refused.value)
+    assert "To fine-tune" in message and "logger_params={'log_dir': <a new folder>}" in message
+    assert f"load_from_checkpoint({str(run / 'checkpoints' / '8')!r}" in message
+    assert "resume=True" in message and "step 16, not the loaded model of step 8" in message
+    assert "overwrite=True deletes the run being loaded from: its checkpoints (step 8 among them), hparams.yaml" in message
+    assert _digests(run) == before
+    copy = _load(run / "checkpoints" / "8", optimizer_hparams=SGD, logger_params={"log_dir": str(tmp_path / "ft")})
+    copy.train_model(*_loaders(), num_epochs=1)  # the way it names works, and the source stays as it was
+    assert copy.global_step == 16 and (tmp_path / "ft" / "hparams.yaml").is_file() and _digests(run) == before
+
+
+def test_overwrite_after_load_model_set_the_model_back_replaces_the_run(tmp_path):
+    """The refusal of a second branch names overwrite=True "to replace the run"; it wrote the new
+    branch over the old one instead (checkpoint 48 and the old epochs' rows stayed)."""
+    run = tmp_path / "run"
+    with pytest.warns(UserWarning, match="reads as a metric to minimize"):
+        trainer = _base(run, num_epochs=6, callbacks=[ModelCheckpoint(monitor="val/loss", mode="max")])
+    trainer.load_model()  # the best: the first epoch's (step 8)
+    with pytest.raises(FileExistsError, match=r"(?s)later checkpoints \(48\).*pass overwrite=True to replace the run"):
+        trainer.train_model(*_loaders(), num_epochs=2)
+    trainer.train_model(*_loaders(), num_epochs=2, overwrite=True)
+    assert trainer.global_step == 24
+    assert max(_steps(run)) == 24 and 48 not in _steps(run)
+    assert [int(row["step"]) for row in _rows(run)] == [16, 16, 24, 24]
+    assert sorted(p.name for p in (run / "metrics").glob("eval_*.json")) == ["eval_epoch_002.json",
+                                                                           "eval_epoch_003.json"]
+    assert (run / "hparams.yaml").is_file() and _load(run, which="last").global_step == 24
+
+
+def test_overwrite_on_a_trainer_at_its_runs_newest_step_goes_on_in_its_run(tmp_path):
+    """The guard: a trainer that wrote its run, at its newest step, continues it (nothing replaced)."""
+    run = tmp_path / "run"
+    trainer = _base(run, num_epochs=1)
+    trainer.train_model(*_loaders(), num_epochs=1, overwrite=True)
+    assert _steps(run)[-1] == 16 and [row["step"] for row in _rows(run)] == ["8", "8", "16", "16"]
+
+
+# ----------------------------------------------------------------- 4. Lightning's and Keras' keywords at load
+def test_a_model_hparam_given_to_load_from_checkpoint_is_the_models(tmp_path, caplog):
+    """load_from_checkpoint(run, num_classes=5) kept the saved model and recorded num_classes as an
+    extra hparam that nothing read; as in Lightning, it now builds the model with it."""
+    run = tmp_path / "run"
+    _base(run, num_epochs=1)
+    with caplog.at_level(logging.INFO, logger="flaxlight"):
+        tuned = _load(run, dropout_prob=0.5, logger_params={"log_dir": str(tmp_path / "ft")})
+    assert tuned.model_hparams == {"hidden_dims": [8], "dropout_prob": 0.5}
+    assert "dropout_prob" not in tuned.extra_hparams and "dropout_prob=0.5, an argument of the model TinyMLP" in caplog.text
+    tuned.train_model(*_loaders(), num_epochs=1)
+    recorded = yaml.safe_load((tmp_path / "ft" / "hparams.yaml").read_text())
+    assert recorded["model_hparams"] == {"hidden_dims": [8], "dropout_prob": 0.5} and "dropout_prob" not in recorded
+
+
+def test_a_model_hparam_that_changes_the_head_fails_loudly_with_the_fine_tuning_way(tmp_path):
+    """output_dim=3 (a new head) trained the old 1-output head and recorded output_dim: 3."""
+    run = tmp_path / "run"
+    _base(run, num_epochs=1)
+    with pytest.raises(ModelMismatchError) as raised:
+        _load(run, output_dim=3, logger_params={"log_dir": str(tmp_path / "ft")})
+    message = str(raised.value)
+    assert "params/Dense_1/bias: checkpoint (1,), model (3,)" in message
+    assert "layers Dense_0 fit the checkpoint; only Dense_1 differs" in message
+    assert 'docs/models.md, section "Fine-tuning"' in message
+    assert "exmp_input" not in message  # the input is not at fault when only output sizes differ
+
+
+def test_a_model_hparam_beside_model_hparams_is_refused_naming_one_dict(tmp_path):
+    run = tmp_path / "run"
+    _base(run, num_epochs=1)
+    with pytest.raises(TypeError, match=r"output_dim=3, an argument of the model TinyMLP, and model_hparams=.*"
+                                        r"model_hparams=\{'hidden_dims': \[8\], 'output_dim': 3\}"):
+        _load(run, output_dim=3, model_hparams={"hidden_dims": [8]})
+
+
+@pytest.mark.parametrize("keyword", [{"strict": False}, {"skip_mismatch": True}, {"strict": True}])
+def test_partial_load_keywords_are_refused_naming_the_recipe(tmp_path, keyword):
+    """strict=False (Lightning) and skip_mismatch=True (Keras) were kept as extra hparams and did nothing."""
+    run = tmp_path / "run"
+    _base(run, num_epochs=1)
+    before = _digests(run)
+    with pytest.raises(TypeError) as refused:
+        _load(run, model_hparams={"hidden_dims": [8], "output_dim": 3}, **keyword)
+    message = str(refused.value)
+    assert f"{next(iter(keyword))}={next(iter(keyword.values()))!r}" in message
+    assert 'docs/models.md, section "Fine-tuning"' in message and "restores every parameter" in message
+    assert _digests(run) == before
+
+
+# ----------------------------------------------------------------- 5. a fine-tune resumed before its first checkpoint
+def test_a_fine_tune_resumed_before_its_first_checkpoint_ends_with_an_uninterrupted_runs_records(tmp_path, caplog):
+    """The failed attempt's epoch rows were kept and the resumed run wrote them again (duplicate rows
+    at step 32); a fresh run in the same situation had clean records."""
+    run = tmp_path / "run"
+    _base(run, num_epochs=3)  # the best and last: step 24
+
+    def fine_tune(folder, *callbacks, resume=False):
+        tuned = _load(run, which="last", optimizer_hparams=SGD, logger_params={"log_dir": str(folder)},
+                      callbacks=[ModelCheckpoint(every_n_epochs=5, save_top_k=0), *callbacks])
+        tuned.train_model(*_loaders(), num_epochs=3, resume=resume)
+        return tuned
+
+    fine_tune(tmp_path / "straight")
+    with pytest.raises(RuntimeError, match="data error at step 35"):
+        fine_tune(tmp_path / "cut", FailAt(35))  # in its 2nd epoch, with no checkpoint of its own yet
+    assert not _steps(tmp_path / "cut") and [row["step"] for row in _rows(tmp_path / "cut")] == ["32", "32"]
+    with caplog.at_level(logging.INFO, logger="flaxlight"):
+        resumed = fine_tune(tmp_path / "cut", resume=True)
+    assert resumed.global_step == 48
+    assert _rows(tmp_path / "cut") == _rows(tmp_path / "straight")
+    aside = tmp_path / "cut" / "abandoned" / "after_step_24"
+    assert [row["step"] for row in _rows(aside)] == ["32", "32"] and "set aside in" in caplog.text
+    assert sorted(p.name for p in (tmp_path / "cut" / "metrics").iterdir()) == \
+        sorted(p.name for p in (tmp_path / "straight" / "metrics").iterdir())
+
+
+# ----------------------------------------------------------------- 7. the mismatch message for fine-tuning
+def test_an_nnx_models_mismatch_gives_no_exmp_input_note(tmp_path):
+    """NNX models take their input sizes from model_hparams, not from exmp_input: the note that a
+    wrong exmp_input may be at fault was wrong there."""
+    run = tmp_path / "run"
+    _base(run, num_epochs=1, model_class=TinyNNX)
+    for hparams in ({"hidden_dims": [8], "output_dim": 3}, {"hidden_dims": [8], "din": 6}):
+        with pytest.raises(ModelMismatchError) as raised:
+            _load(run, model_hparams=hparams)
+        assert "exmp_input" not in str(raised.value) and "hparams.yaml" in str(raised.value)
+    head = _load_error(run, {"hidden_dims": [8], "output_dim": 3})
+    assert "params/head/kernel: checkpoint (8, 1), model (8, 3)" in head and "only head differs" in head
+    assert "Fine-tuning" in head
+
+
+def _load_error(run: Path, model_hparams: dict) -> str:
+    with pytest.raises(ModelMismatchError) as raised:
+        _load(run, model_hparams=model_hparams)
+    return str(raised.value)
+
+
+def test_a_linen_models_wrong_exmp_input_is_still_named(tmp_path):
+    """The guard: a Linen model's first layer shaped from a wrong exmp_input keeps its note."""
+    run = tmp_path / "run"
+    _base(run, num_epochs=1)
+    with pytest.raises(ModelMismatchError, match=r"(?s)Dense_0/kernel: checkpoint \(4, 8\), model \(1, 8\).*"
+                                                 r"x\[0\] instead of x\[:1\]"):
+        RegressTrainer.load_from_checkpoint(run, exmp_input=X0[0])
