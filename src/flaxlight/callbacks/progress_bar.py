@@ -13,7 +13,8 @@ __all__ = ["ProgressBar"]
 
 
 class ProgressBar(Callback):
-    """Epoch and step bars showing loss, learning rate and samples/s.
+    """Epoch and step bars showing loss, learning rate and samples/s (one step bar for the run, reset
+    at each epoch, as Lightning's).
 
     Everything shown is already on the host (values from the last log point), so the bars never
     wait for the device; samples/s is over the interval between log points, each timed when the
@@ -56,9 +57,15 @@ class ProgressBar(Callback):
         self._epoch_metrics = {}
         self._last_step = trainer.global_step
         self._clock.start_epoch(trainer.global_step)
-        if not self._lines:
+        if self._lines:
+            return
+        if self._step_bar is None:  # one bar for the run, reset at each epoch (as Lightning's)
             self._step_bar = self._tqdm(total=trainer.steps_per_epoch, initial=trainer.batch_in_epoch,
                                         desc=f"Epoch {epoch}", leave=False)
+        else:
+            self._step_bar.reset(total=trainer.steps_per_epoch)
+            self._step_bar.n = trainer.batch_in_epoch
+            self._step_bar.set_description(f"Epoch {epoch}", refresh=False)
 
     def on_step(self, trainer, step: int) -> None:
         if self._step_bar is not None:
@@ -83,7 +90,6 @@ class ProgressBar(Callback):
     def on_train_epoch_end(self, trainer, epoch: int, metrics: Mapping[str, float]) -> None:
         self._clock.end_epoch(trainer.global_step)
         self._epoch_metrics.update(metrics)
-        self._close_step_bar()
 
     def on_validation_end(self, trainer, epoch: int, metrics: Mapping[str, float]) -> None:
         self._epoch_metrics.update(metrics)
@@ -94,8 +100,8 @@ class ProgressBar(Callback):
             seconds = self._epoch_metrics.get("epoch_time", 0.0)
             print(f"Epoch {epoch}/{trainer.num_epochs} ({seconds:.2f}s): {summary}", flush=True)
         elif self._epoch_bar is not None:
-            self._epoch_bar.update(1)
-            self._epoch_bar.set_postfix_str(summary, refresh=True)
+            self._epoch_bar.set_postfix_str(summary, refresh=False)
+            self._epoch_bar.update(1)  # drawn when tqdm's mininterval has passed, and at the end
 
     def _close_step_bar(self) -> None:
         if self._step_bar is not None:
