@@ -103,7 +103,8 @@ def test_train_lr_shows_the_rate_the_optimizer_used_and_a_schedule_that_runs_out
     while train/lr showed the schedule at the batch count (never used)."""
     hparams = {"optimizer": "sgd", "lr": 0.1, "schedule": "linear", "end_lr_factor": 0.0, "gradient_clip": None}
     schedule = optax.linear_schedule(0.1, 0.0, 16)
-    _train(tmp_path, num_epochs=2, optimizer_hparams=hparams, callbacks=[LearningRateMonitor()])
+    trainer = _train(tmp_path, num_epochs=2, optimizer_hparams=hparams, callbacks=[LearningRateMonitor()])
+    assert trainer.one_update_per_batch is False and trainer.learning_rate() is None  # the schedule counts updates
     said = capsys.readouterr().err
     assert "made 16 optimizer updates in 8 batches (2 per batch" in said
     assert "sized for one update per batch (16 updates), so it ends after about 1/2 of the run" in said

@@ -49,7 +49,8 @@ class CheckpointMeta:
     """The JSON ``meta`` item of a checkpoint: everything but the arrays needed to continue.
 
     Attributes:
-        step: optimizer updates completed.
+        step: train steps (batches) completed, the trainer's ``global_step`` (``state.step``
+            counts optimizer updates: more for a step of yours updating twice per batch).
         epoch, phase, batch_index: where the loop was (``phase``: ``"train"`` mid-epoch,
             ``"val"`` after the epoch's training, ``"epoch_end"`` after its validation).
         validated: whether the epoch's validation ran (a save at validation: it is not repeated).

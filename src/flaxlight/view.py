@@ -890,7 +890,8 @@ _IN_THE_STEP = {
     "current_epoch": "state.epoch, the epochs completed (an int32 traced with the step: 0 in the first epoch, as "
                      "Lightning's current_epoch, i.e. current_epoch - 1 while training), e.g. "
                      "beta = jnp.minimum(1.0, state.epoch / warmup_epochs)",
-    "global_step": "state.step, the steps completed before this one (global_step's value, traced with the step), "
+    "global_step": "state.step, the steps completed before this one (global_step's value, traced with the step; it "
+                   "counts apply_gradients calls: two per batch for a step updating twice), "
                    "e.g. beta = jnp.minimum(1.0, state.step / warmup_steps)",
 }
 
