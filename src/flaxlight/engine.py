@@ -170,6 +170,19 @@ def _loop_functions(train_step: Callable, eval_step: Callable, *, block_length: 
         block_at=lambda state, acc, item: block(state, acc, take_batches(*item, count=block_length)))
 
 
+def _train_step_metrics(result: Any, state: Any) -> Any:
+    """The metrics of a train step's ``(state, metrics)`` result (its shapes); a result of another
+    form (the state alone, the pair swapped) is a ``TypeError`` saying what the step must return."""
+    if isinstance(result, (tuple, list)) and len(result) == 2 and isinstance(result[1], Mapping):
+        return result[1]
+    got = f"({', '.join(type(item).__name__ for item in result)})" if isinstance(result, (tuple, list)) \
+        else type(result).__name__
+    raise TypeError(f"The train step must return (state, metrics): the new {type(state).__name__} (from "
+                    f"state.apply_gradients(...) or state.replace(...)) and a dict of metrics, e.g. "
+                    f"`return state, {{'loss': loss}}`; got {got}. A Lightning training_step under manual "
+                    f"optimization returns nothing: here the step returns what it updated.")
+
+
 def check_step_pair(functions: Any, rule: str) -> tuple[Callable, Callable]:
     """``(train_step, eval_step)``, or a clear error: ``rule`` says who must provide them."""
     if isinstance(functions, (tuple, list)) and len(functions) == 2 and all(map(callable, functions)):
@@ -285,7 +298,7 @@ class Engine:
             shapes_of = (lambda step, *args: step(*args)) if self.debug else jax.eval_shape
             with dist.axis_names_explained():  # the steps' first trace: nn.BatchNorm(axis_name=...) fails here
                 if kind == "train":
-                    _, metrics = shapes_of(self.step_functions["train"], state, batch)
+                    metrics = _train_step_metrics(shapes_of(self.step_functions["train"], state, batch), state)
                 else:
                     metrics = shapes_of(self.step_functions["eval"], state, batch)
             if not isinstance(metrics, Mapping):

@@ -973,13 +973,19 @@ def track_params_ema(decay: float) -> optax.GradientTransformation:
 
 
 def _find(tree, cls) -> list:
-    """Every ``cls`` instance inside an optimizer state (namedtuples, tuples, lists, dicts)."""
+    """Every ``cls`` instance inside an optimizer state (namedtuples, tuples, lists, dicts), a
+    dict's in the order of its sorted keys: jax's, so that the order is the same inside ``jit``
+    (where a dict comes back sorted) as outside (``multi_transform``'s groups, in the user's order)."""
     if isinstance(tree, cls):
         return [tree]
     if isinstance(tree, (tuple, list)):
         return [found for item in tree for found in _find(item, cls)]
     if isinstance(tree, Mapping):
-        return [found for item in tree.values() for found in _find(item, cls)]
+        try:
+            keys = sorted(tree)
+        except TypeError:  # keys of mixed types: as given
+            keys = list(tree)
+        return [found for key in keys for found in _find(tree[key], cls)]
     return []
 
 
@@ -1038,7 +1044,9 @@ def current_learning_rate(state_or_opt_state) -> jax.Array | None:
     any ``optax.contrib.reduce_on_plateau`` (the scale of the last update: the next one depends on
     the next loss); None when the state holds no rate. Given only an inject state's optimizer
     state (no ``tx`` to ask), it is the last update's rate; inside ``optax.MultiSteps`` (TrainState
-    given), it is the rate of the update the accumulation completes next.
+    given), it is the rate of the update the accumulation completes next. Of several rates (the
+    groups of an ``optax.multi_transform``), the first by label order:
+    :func:`flaxlight.callbacks.lr_monitor.learning_rates` gives each, named.
 
     Example (log it from a loss function):
         >>> metrics = {"lr": current_learning_rate(state)}     # doctest: +SKIP

@@ -138,7 +138,8 @@ class TrainerOptions:
         check_batches: check each loader's first batch against ``exmp_input``. A batch shaped
             otherwise is an error where flaxlight's own loss feeds it to the model; with your
             ``loss_fn`` it is accepted when the loss traces on it (it may reshape the batch
-            first). False skips the check.
+            first), with your steps (``create_functions``) when the step traces on it (a
+            generator fed latent z). False skips the check.
         sharding_rules: logical axis rules for parameters annotated with Linen's
             ``nn.with_logical_partitioning``: pairs ``(logical name, mesh axis or None)``, e.g.
             ``[("embed", None), ("mlp", "model")]``, as flax defines them.
@@ -432,6 +433,11 @@ FOREIGN_TRAINER_METHODS = {
                "unless enable_model_summary=False)",
     "save_checkpoint": "Lightning's trainer.save_checkpoint(path) is trainer.save_model() (a checkpoint of the "
                        "current step in <log_dir>/checkpoints/<step>; the run's folder is set by logger_params)",
+    **dict.fromkeys(("optimizers", "manual_backward", "toggle_optimizer"),
+                    "Lightning's manual optimization (self.optimizers(), manual_backward, opt.step()) is a train step "
+                    "of yours: create_functions returns a pure (state, batch) -> (state, metrics) that updates the "
+                    "optimizer of state.tx with state.apply_gradients and a second one kept in a field of your "
+                    "TrainState subclass (docs/optimizers.md, 'Several optimizers')"),
 }
 
 

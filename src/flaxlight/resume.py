@@ -49,7 +49,8 @@ class CheckpointMeta:
     """The JSON ``meta`` item of a checkpoint: everything but the arrays needed to continue.
 
     Attributes:
-        step: optimizer updates completed.
+        step: train steps (batches) completed, the trainer's ``global_step`` (``state.step``
+            counts optimizer updates: more for a step of yours updating twice per batch).
         epoch, phase, batch_index: where the loop was (``phase``: ``"train"`` mid-epoch,
             ``"val"`` after the epoch's training, ``"epoch_end"`` after its validation).
         validated: whether the epoch's validation ran (a save at validation: it is not repeated).
@@ -731,9 +732,10 @@ def earlier_epochs(checkpointer: Checkpointer) -> tuple:
 
 
 def load_with_fallback(checkpointer: Checkpointer, state: Any, which: str,
-                       load: Callable[[int], Any] | None = None, step: int | None = None) -> Any:
-    """The ``which`` checkpoint (``step``: that one) loaded by ``load(step)`` (default: restored into
-    ``state``); past a damaged one, with a warning, the newest that reads; a damaged best checkpoint
+                       load: Callable[[int], Any] | None = None, step: int | None = None) -> tuple[Any, int]:
+    """``(state, step)``: the ``which`` checkpoint (``step``: that one) loaded by ``load(step)`` (default:
+    restored into ``state``), and its step, the batches it trained (``state.step`` counts optimizer
+    updates); past a damaged one, with a warning, the newest that reads; a damaged best checkpoint
     kept for its score (older than the newest), or the ``step`` asked for, raises
     :class:`DamagedCheckpointError` instead: no other checkpoint holds that model. A checkpoint of
     another model or optimizer raises its own error."""
@@ -743,7 +745,7 @@ def load_with_fallback(checkpointer: Checkpointer, state: Any, which: str,
         raise FileNotFoundError(_missing_checkpoint_message(os.path.join(checkpointer.directory, str(step))))
     step = step if asked else pick_checkpoint(checkpointer, which)
     try:
-        return load(step)
+        return load(step), step
     except Exception as exc:  # noqa: BLE001 - orbax, tensorstore and JSON raise many types
         if getattr(exc, "flaxlight_user_code", False) or checkpointer.describe_mismatch(state, step):
             raise  # an error of the user's load_model (never damage), or another model's checkpoint
@@ -761,7 +763,8 @@ def load_with_fallback(checkpointer: Checkpointer, state: Any, which: str,
                                          f"load which='last' (step {max(earlier)}) for the newest one, or train "
                                          f"again.") from exc
         warnings.warn(f"{problem}; loading the newest readable checkpoint instead.", RuntimeWarning, stacklevel=3)
-        return checkpointer.restore_latest_valid(state, load=load, before=max(earlier) + 1)[0]
+        state, _, step = checkpointer.restore_latest_valid(state, load=load, before=max(earlier) + 1)
+        return state, step
 
 
 def _first_line(exc: BaseException, limit: int = 200) -> str:

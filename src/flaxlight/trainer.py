@@ -220,9 +220,7 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
         self.engine.compile_eval_ahead(self.state, val_loader, check=self._val_batch_check())  # a bad one writes nothing
         self._claim_run_folder(continuing=target.continuing, overwrite=overwrite, replaces=target.replaces)
         try:  # from here on, the run's folder is locked: every exit releases it
-            if target.resumes:
-                self._resume(target, train_loader)
-            self.global_step = int(to_host(self.state.step))
+            self._settle_global_step(self._resume(target, train_loader) if target.resumes else None)  # batches
             self._train_loader, self._val_loader = train_loader, val_loader
             self._write_hparams()
             with SignalGuard(self._schedule) as guard:
@@ -336,8 +334,8 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
             warn_if_loader_ran_short(loop.batch_index, stop)
         self._log_running(loop.running_log.flush())
         loop.cut = length is not None and loop.batch_index < length and self._stopping()  # a longer run continues it
-        loop.phase, host = "val", to_host(loop.acc)  # the epoch's one read of the sums
-        self._nonfinite.note(self.global_step, int(host["totals"].nonfinite))
+        loop.phase, (host, updates) = "val", to_host((loop.acc, self.state.step))  # the epoch's one read
+        self._end_epoch_count(int(host["totals"].nonfinite), int(updates))  # also: updates per batch
         return {**read_means(host, prefix="train/"), "epoch_time": time.time() - start}
 
     def _start_epoch_sums(self, batch) -> dict:
@@ -478,8 +476,9 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
         override may drop ``step`` (the UvA guide's ``load_model(self)``: the best only), see docs/from-uva.md."""
         self._restore_checkpoint(step)
 
-    def _resume(self, target: ResumeTarget, train_loader) -> None:
-        """Continue from a checkpoint (:func:`flaxlight.resume.restore_run`): state, loop, best, callbacks, loggers."""
+    def _resume(self, target: ResumeTarget, train_loader) -> int | None:
+        """Continue from a checkpoint (:func:`flaxlight.resume.restore_run`): state, loop, best, callbacks, loggers.
+        Returns the checkpoint's step (None: none to resume from), the batches trained: ``global_step``."""
         restored = resume.restore_run(self.checkpointer, target.resume_from, self.state, load=self._load_for_resume,
                                       train_loader=train_loader, schedule_steps=self._fitted_schedule_steps,
                                       loaded_from=self._loaded_from, steps_per_epoch=self.steps_per_epoch)
@@ -492,6 +491,7 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
         self.engine.adopt_block_length(meta.block_length)
         self._nonfinite.steps, self._nonfinite.before_epoch = meta.nonfinite
         self.logger.resume_from_step(step)
+        return step
 
     def _finish_files(self, status: str, best: dict | None = None) -> None:
         self._in_run = False  # every end of train_model comes here

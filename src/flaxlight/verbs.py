@@ -29,7 +29,7 @@ from flaxlight import resume, runfiles
 from flaxlight.checkpoint import ModelMismatchError
 from flaxlight.data import as_input_list, as_loader
 from flaxlight.messages import logger as messages
-from flaxlight.metrics import batch_size as examples_in, deliberate_reads, to_host
+from flaxlight.metrics import batch_size as examples_in, deliberate_reads
 from flaxlight.optim import PRECISIONS, as_optimizer_config, ema_params
 from flaxlight.options import foreign_method_message
 from flaxlight.step import cast_floating, step_owner
@@ -149,14 +149,14 @@ class TrainerVerbsMixin:
         trainer._place_state()
         load = functools.partial(trainer._load_for_resume, purpose="load_from_checkpoint") if own else None
         try:
-            trainer.state = resume.load_with_fallback(source, trainer.state, which, load, step=step)
+            trainer.state, step = resume.load_with_fallback(source, trainer.state, which, load, step=step)
         except ModelMismatchError as exc:  # a Linen model was shaped from exmp_input: it may be the one at fault
             if trainer.model_adapter.kind == "nnx" or not _input_sized(exc.shapes):
                 raise
             raise ModelMismatchError(f"{exc}\n{_exmp_input_note(exmp_input)}", shapes=exc.shapes) from None
         if averaged:  # an inference load serves the moving average the run was validated with
             trainer.state = trainer._serving(trainer.state).replace(opt_state=None)
-        trainer.global_step = int(to_host(trainer.state.step))
+        trainer._settle_global_step(step)  # the batches the checkpoint trained, not state.step (its updates)
         trainer.logger.continue_run()  # test() and log_metrics add to the run's records
         return trainer
 
@@ -182,7 +182,7 @@ class TrainerVerbsMixin:
         trainer = _construct(cls, exmp_input, kwargs, overrides)
         trainer._hparams_written = trainer._loaded = True
         trainer._load_for_resume(None, purpose="load_from_checkpoint")
-        trainer.global_step = int(to_host(trainer.state.step))
+        trainer._settle_global_step()  # no meta: the state's step (its load_model replaced the state)
         trainer.logger.continue_run()
         return trainer
 
@@ -316,7 +316,7 @@ class TrainerVerbsMixin:
             if self.state.opt_state is None and not own_load:  # loaded for inference: served as loaded (the EMA)
                 self.state = self._state_for(which).replace(opt_state=None)
             elif source is not self.checkpointer:  # loaded from another run's folder, with its optimizer
-                self.state = resume.load_with_fallback(source, self.state, which)
+                self.state = resume.load_with_fallback(source, self.state, which)[0]
             else:
                 source.wait()
                 self._load_for_resume(None if which == "best" else resume.pick_checkpoint(source, which),

@@ -44,6 +44,7 @@ from flaxlight.metrics import to_host
 from flaxlight.options import MetricNotLoggedError, check_monitors_are_numbers, written_otherwise
 from flaxlight.progress import progress
 from flaxlight.state import TrainState
+from flaxlight.step import TrainStep
 
 __all__ = ["TrainerViewMixin"]
 
@@ -56,6 +57,9 @@ class TrainerViewMixin:
     _validation_open = False  # from its evaluation's end until its callbacks' on_validation_end ended
     _best_pending: dict | None = None  # a validation's metrics whose best-model question waits for its monitor
     _earlier_epochs: tuple = ()  # a resumed run's batches in epochs of other lengths (RunPlan.earlier)
+    _step_count: tuple = (0, 0)  # (global_step, state.step) when last known together (_settle_global_step)
+    _step_updates: float | None = None  # state.step increments per batch, counted at an epoch's end
+    _steps_are_flaxlights = False  # the train step is a TrainStep's own: one update per batch
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         """A ``load_model`` of the subclass's own is wrapped so that the state it sets is taken in as
@@ -123,6 +127,17 @@ class TrainerViewMixin:
         self.__dict__["_global_step"] = value
 
     @property
+    def one_update_per_batch(self) -> bool | None:
+        """Whether the train step makes one optimizer update (one ``state.step`` increment) per
+        batch, so that ``state.step`` and the optimizer's schedule count what ``global_step``
+        counts: True for the step flaxlight builds from ``loss_fn``; for a ``create_functions`` of
+        yours, None until the end of its first epoch, which counts them (a GAN's two
+        ``apply_gradients`` per batch: False)."""
+        if self._step_updates is None:
+            return True if self._steps_are_flaxlights else None
+        return self._step_updates == 1.0
+
+    @property
     def batch_in_epoch(self) -> int:
         """Batches of the current epoch already trained on."""
         return self._loop.batch_index if self._loop.phase == "train" else 0
@@ -188,8 +203,13 @@ class TrainerViewMixin:
         return getattr(self, "_val_loader", None)
 
     def learning_rate(self, step: int | None = None) -> float | None:
-        """The scheduled learning rate at ``step`` (default: now); None without a known schedule.
-        Read from the epoch's table, computed at its start (a log point does not wait)."""
+        """The scheduled learning rate at ``step`` (default: now); None without a known schedule,
+        or once the train step was seen making other than one optimizer update per batch
+        (:attr:`one_update_per_batch` False: the schedule's count is then not the step; the rate
+        used is in the optimizer state, where ``LearningRateMonitor`` reads it). Read from the
+        epoch's table, computed at its start (a log point does not wait)."""
+        if self.one_update_per_batch is False:
+            return None
         return self.engine.learning_rates.rate(self.optimizer_plan, self.global_step if step is None else int(step))
 
     def monitored_value(self, name: str, owner: str = "monitor") -> float:
@@ -349,6 +369,49 @@ class TrainerViewMixin:
         if isinstance(self.optimizer_plan, optim.OptimizerPlan) and start != self.global_step:
             self.optimizer_plan = dataclasses.replace(self.optimizer_plan, first_step=start)
 
+    def _settle_global_step(self, checkpoint_step: int | None = None) -> None:
+        """Set ``global_step``, the batches trained, before a run or after a load: ``checkpoint_step``
+        (the step a flaxlight checkpoint was saved at, its meta's) when one was restored; else the
+        count kept, unless ``self.state`` was replaced since (a ``load_model`` of yours, an
+        assignment): then its ``state.step``. Not ``state.step`` after a restore: it counts the
+        optimizer's updates, two per batch for a step that calls ``apply_gradients`` twice."""
+        state_step = int(to_host(self.state.step))
+        if checkpoint_step is None:
+            counted, at = self._step_count
+            checkpoint_step = counted if state_step == at else state_step
+        self.global_step = int(checkpoint_step)
+        self._step_count = (self.global_step, state_step)
+
+    def _end_epoch_count(self, nonfinite: int, state_step: int) -> None:
+        """At a training epoch's end, its one read of the sums (which brings ``state.step`` along):
+        note its non-finite steps and the optimizer updates per batch of a train step of yours;
+        more than one is said once (:meth:`_say_updates_per_batch`)."""
+        self._nonfinite.note(self.global_step, nonfinite)
+        (counted, at), self._step_count = self._step_count, (self.global_step, state_step)
+        batches, updates = self.global_step - counted, state_step - at
+        if batches > 0 and not self._steps_are_flaxlights and self._step_updates is None:
+            self._step_updates = updates / batches
+            if self._step_updates > 1:
+                self._say_updates_per_batch(updates, batches)
+
+    def _say_updates_per_batch(self, updates: int, batches: int) -> None:
+        """Warn that the train step makes several optimizer updates per batch: ``global_step``,
+        ``max_steps`` and the logs count batches, and a schedule flaxlight sized for one update
+        per batch (not enlarged by an ``init_optimizer`` of the user's) ends early."""
+        name, per = type(self).__name__, updates / batches
+        text = f"{per:g}" if per == int(per) else f"{per:.3g} on average"
+        plan, asked = self.optimizer_plan, getattr(self, "_schedule_asked", None)
+        ends = self._fitted_schedule_steps is not None and asked is not None and plan.total_steps <= asked
+        factor = f"{int(per)} * num_steps_per_epoch" if per == int(per) else f"round({per:.3g} * num_steps_per_epoch)"
+        (messages.warning if ends else messages.info)(
+            f"{name}'s train step made {updates} optimizer updates in {batches} batches ({text} per batch: state.step "
+            f"counts updates, global_step, max_steps, log points and checkpoints count batches)."
+            + (f" The learning-rate schedule was sized for one update per batch ({plan.total_steps} updates), so it "
+               f"ends after about 1/{per:.3g} of the run, which then trains at its final rate. Size it for your "
+               f"updates in an init_optimizer override: def init_optimizer(self, num_epochs, num_steps_per_epoch): "
+               f"super().init_optimizer(num_epochs, {factor})." if ends else "")
+            + " LearningRateMonitor logs the rate the optimizer used (read from its state).")
+
     def _nothing_to_train(self, target: resume.ResumeTarget, num_epochs: int, test_loader: Any) -> FitResult | None:
         """A resume of the run in place (``resume=True``, or ``resume_from`` its folder; not a rewind
         to an older checkpoint, nor a copy into another folder, which are asked to write) whose
@@ -370,8 +433,8 @@ class TrainerViewMixin:
             if getattr(exc, "flaxlight_user_code", False):
                 raise
             return None
-        self.global_step, self._best_eval_metrics = int(to_host(self.state.step)), meta.best_eval_metrics
-        self._loop = meta.loop_state(self.steps_per_epoch)
+        self._settle_global_step(meta.step)  # the batches it trained (state.step counts the updates)
+        self._best_eval_metrics, self._loop = meta.best_eval_metrics, meta.loop_state(self.steps_per_epoch)
         meta.restore_callbacks(self.callbacks)
         tested = (" The test_loader was not run: trainer.test(test_loader) tests the run's best model again."
                   if test_loader is not None else "")
@@ -546,15 +609,29 @@ class TrainerViewMixin:
     def _check_first_batch(self, batch, loader_name: str) -> None:
         """Check a loader's first batch (:func:`flaxlight.data.check_first_batch`); nothing with
         ``check_batches=False``. A batch shaped unlike ``exmp_input`` is an error when
-        flaxlight's own ``loss_fn`` feeds it to the model; with a ``loss_fn`` of yours it is
-        traced (shapes only) and accepted if your loss handles it (e.g. reshapes it first)."""
+        flaxlight's own ``loss_fn`` feeds it to the model; with steps of yours (``create_functions``)
+        the step that takes it is traced (shapes only), with a ``loss_fn`` of yours the loss, and
+        it is accepted if that handles it (a generator fed latent z, a loss that reshapes first)."""
         if not self.options.check_batches:
             return
         try:
             check_first_batch(batch, self.exmp_input, loader_name)
         except ValueError as mismatch:
-            if type(self).loss_fn.__module__.startswith("flaxlight") or not self._loss_accepts(batch, mismatch):
+            if not (_is_flaxlights(type(self).create_functions) and _is_flaxlights(type(self).create_jitted_functions)):
+                self._step_accepts(batch, "train" if loader_name == "train_loader" else "eval", mismatch)
+            elif type(self).loss_fn.__module__.startswith("flaxlight") or not self._loss_accepts(batch, mismatch):
                 raise
+
+    def _step_accepts(self, batch, kind: str, mismatch: ValueError) -> None:
+        """Trace the ``kind`` step of the user's on ``batch`` (the shapes the loop traces it with
+        anyway, kept: :meth:`Engine.zero_sums`); its failure raises ``mismatch`` with the trace's error."""
+        try:
+            self.engine.zero_sums(kind, self.state, batch)
+        except Exception as exc:  # noqa: BLE001 - the step's own error, shown under ours
+            raise ValueError(f"{mismatch}\nTracing {type(self).__name__}'s {kind} step (create_functions) on this batch "
+                             f"failed too: {type(exc).__name__}: {str(exc)[:300]}\n(A step that feeds the model "
+                             f"something else than the batch's first element, a generator fed latent z, is accepted "
+                             f"when it traces on the batch; check_batches=False skips this check.)") from exc
 
     def _claim_run_folder(self, continuing: bool, overwrite: bool, replaces: bool = False) -> None:
         """Refuse to overwrite another run or to share a live one (:func:`flaxlight.runfiles.claim_run`),
@@ -741,13 +818,15 @@ class TrainerViewMixin:
         (:func:`adopt_state`)."""
         name = type(self).__name__
         self.state = adopt_state(self.state, None, f"{name}.init_model", self._say_once)
-        before = self.state
+        before, self._schedule_asked = self.state, num_epochs * num_steps_per_epoch  # an override may enlarge it
         self.init_optimizer(num_epochs, num_steps_per_epoch)
         self.state = adopt_state(self.state, before, f"{name}.init_optimizer", self._say_once)
 
     def _watched_steps(self, train_step: Callable, eval_step: Callable) -> tuple[Callable, Callable]:
         """The steps the engine jits, each warning of a trainer attribute read while it is traced
-        (:func:`watch_traced_reads`); as they are with ``debug=True`` (un-jitted: read live)."""
+        (:func:`watch_traced_reads`); as they are with ``debug=True`` (un-jitted: read live). A
+        ``TrainStep``'s own ``step``, not wrapped, makes one optimizer update per batch (noted)."""
+        self._steps_are_flaxlights = isinstance(getattr(train_step, "__self__", None), TrainStep)
         if self.debug:
             return train_step, eval_step
         return watch_traced_reads(train_step, "train"), watch_traced_reads(eval_step, "eval")
@@ -784,7 +863,7 @@ class TrainerViewMixin:
             exc.flaxlight_checkpoint_read = True
             raise
         if not self._in_run:
-            self.global_step = int(to_host(self.state.step))
+            self._settle_global_step(step)
 
     def _load_for_resume(self, step: int | None = None, purpose: str = "a resume") -> Any:
         """Checkpoint ``step`` (None: the best) restored through ``load_model`` for ``purpose``; returns
@@ -872,7 +951,8 @@ _IN_THE_STEP = {
     "current_epoch": "state.epoch, the epochs completed (an int32 traced with the step: 0 in the first epoch, as "
                      "Lightning's current_epoch, i.e. current_epoch - 1 while training), e.g. "
                      "beta = jnp.minimum(1.0, state.epoch / warmup_epochs)",
-    "global_step": "state.step, the steps completed before this one (global_step's value, traced with the step), "
+    "global_step": "state.step, the steps completed before this one (global_step's value, traced with the step; it "
+                   "counts apply_gradients calls: two per batch for a step updating twice), "
                    "e.g. beta = jnp.minimum(1.0, state.step / warmup_steps)",
 }
 

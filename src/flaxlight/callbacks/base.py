@@ -70,6 +70,8 @@ class TrainerView(Protocol):
         calling ``super().save_model``, the UvA guide's), to be called at new best models only.
         train_loader / val_loader: the loaders ``train_model`` was given (e.g. to compute a
         confusion matrix at ``on_validation_end``; val_loader is None without validation).
+        one_update_per_batch: whether the train step makes one optimizer update per batch (True
+        for flaxlight's; a step of yours: None until its first epoch's end counted them).
 
     Act:
         stop(reason): end the loop after the current step's work. log_metrics(metrics, step):
@@ -121,6 +123,9 @@ class TrainerView(Protocol):
 
     @property
     def val_loader(self) -> Any: ...
+
+    @property
+    def one_update_per_batch(self) -> bool | None: ...
 
     def stop(self, reason: str) -> None: ...
 

@@ -80,6 +80,8 @@ class ProgressBar(Callback):
         lr = trainer.learning_rate()
         if lr is not None:
             self._shown["lr"] = f"{lr:.3g}"
+        else:  # none known (any more: a step of yours updating twice per batch), none shown
+            self._shown.pop("lr", None)
         done = trainer.log_point_time(step)  # when this point's step was done (its values come a point late)
         seconds = None if done is None else self._clock.seconds_per_step(step, done)
         if seconds is not None and trainer.batch_size:
