@@ -230,3 +230,37 @@ def test_a_linen_models_wrong_exmp_input_is_still_named(tmp_path):
     with pytest.raises(ModelMismatchError, match=r"(?s)Dense_0/kernel: checkpoint \(4, 8\), model \(1, 8\).*"
                                                  r"x\[0\] instead of x\[:1\]"):
         RegressTrainer.load_from_checkpoint(run, exmp_input=X0[0])
+
+
+# ----------------------------------------------------------------- an optimizer override with or without ema_decay
+def _same_params(a, b) -> bool:
+    import jax
+    import numpy as np
+    return all(np.array_equal(x, y) for x, y in zip(jax.tree.leaves(a.state.params), jax.tree.leaves(b.state.params)))
+
+
+def test_a_fine_tune_adding_ema_decay_loads_the_runs_weights_and_trains(tmp_path):
+    """The run kept no average: optimizer_hparams with ema_decay failed "holds the state of a different
+    optimizer" (and advised with_optimizer=False, the default); its weights load and train now."""
+    _base(tmp_path / "run", num_epochs=2)
+    tuned = _load(tmp_path / "run", optimizer_hparams={**SGD, "ema_decay": 0.9},
+                  logger_params={"log_dir": str(tmp_path / "ft")})
+    assert _same_params(tuned, _load(tmp_path / "run"))
+    tuned.train_model(*_loaders(), num_epochs=1)
+    assert tuned.global_step == 24
+
+
+def test_a_fine_tune_of_an_ema_run_with_another_optimizer_starts_from_the_average_the_run_validated(tmp_path):
+    """The run's validation (and its best checkpoint's score) measured its moving average: a load with
+    another optimizer took the raw weights instead."""
+    run = tmp_path / "run"
+    RegressTrainer(model_class=TinyMLP, model_hparams={"hidden_dims": [8]}, exmp_input=X0,
+                   optimizer_hparams={"optimizer": "adam", "lr": 1e-2, "ema_decay": 0.9},
+                   logger_params={"log_dir": str(run), "logger_type": "csv"}, enable_progress_bar=False,
+                   enable_model_summary=False).train_model(*_loaders(), num_epochs=2)
+    served = _load(run)  # the run's own optimizer: its average
+    tuned = _load(run, optimizer_hparams=SGD, logger_params={"log_dir": str(tmp_path / "ft")})
+    assert _same_params(tuned, served) and tuned.optimizer_hparams == SGD
+    assert tuned.eval_model(_loaders()[1])["loss"] == served.eval_model(_loaders()[1])["loss"]
+    tuned.train_model(*_loaders(), num_epochs=1)
+    assert tuned.global_step == 24

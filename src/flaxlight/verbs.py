@@ -140,12 +140,15 @@ class TrainerVerbsMixin:
         own = source.directory == trainer.checkpointer.directory
         trainer._loaded_from = None if own else source  # which="best"/"last" until the trainer saves its own
         trainer._hparams_written, trainer._loaded = own, True  # its hparams.yaml describes this trainer already
-        config = as_optimizer_config(trainer.optimizer_hparams)
-        averaged = not with_optimizer and getattr(config, "ema_decay", None) is not None  # the EMA is in its state
+        wanted = trainer.optimizer_hparams
+        saved = runfiles.read_hparams(run).get("optimizer_hparams", wanted)  # the optimizer whose state was saved
+        averaged = not with_optimizer and _keeps_ema(saved)  # the model the run validated is the EMA in that state
         if with_optimizer or averaged:  # the run's schedule again: its length, and its epochs (accumulation's updates)
             trainer.steps_per_epoch = trainer.steps_per_epoch or resume.epoch_length(source)
             trainer._earlier_epochs = resume.earlier_epochs(source)  # epochs of another batch size, if any
+            trainer.optimizer_hparams = wanted if with_optimizer else saved  # an override's optimizer: built to train
             trainer._build_optimizer(*resume.run_length(source))
+            trainer.optimizer_hparams = wanted
         trainer._place_state()
         load = functools.partial(trainer._load_for_resume, purpose="load_from_checkpoint") if own else None
         try:
@@ -156,6 +159,8 @@ class TrainerVerbsMixin:
             raise ModelMismatchError(f"{exc}\n{_exmp_input_note(exmp_input)}", shapes=exc.shapes) from None
         if averaged:  # an inference load serves the moving average the run was validated with
             trainer.state = trainer._serving(trainer.state).replace(opt_state=None)
+            if not _same_settings(wanted, saved):  # another optimizer: train_model builds it, for its own run
+                trainer.optimizer_plan = None
         trainer._settle_global_step(step)  # the batches the checkpoint trained, not state.step (its updates)
         trainer.logger.continue_run()  # test() and log_metrics add to the run's records
         return trainer
@@ -508,6 +513,21 @@ class TrainerVerbsMixin:
         """``state`` with the parameters the eval step uses: :func:`_served`, unless the trainer's
         :class:`~flaxlight.TrainStep` was built with ``eval_with_ema=False``."""
         return _served(state) if getattr(step_owner(self.eval_step), "eval_with_ema", True) else state
+
+
+def _same_settings(first: Any, second: Any) -> bool:
+    try:
+        return bool(first == second)
+    except Exception:  # noqa: BLE001 - objects without a plain equality: taken as different
+        return False
+
+
+def _keeps_ema(optimizer_hparams: Any) -> bool:
+    """Whether a run's optimizer settings keep a moving average of the parameters (``ema_decay``)."""
+    try:
+        return getattr(as_optimizer_config(optimizer_hparams), "ema_decay", None) is not None
+    except Exception:  # noqa: BLE001 - settings this flaxlight cannot read: the trainer's build says so
+        return False
 
 
 def _inputs_given(examples: list, args: tuple, kwargs: Mapping[str, Any]) -> int | None:
