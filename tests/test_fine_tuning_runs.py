@@ -140,6 +140,15 @@ def test_a_model_hparam_given_to_load_from_checkpoint_is_the_models(tmp_path, ca
     assert recorded["model_hparams"] == {"hidden_dims": [8], "dropout_prob": 0.5} and "dropout_prob" not in recorded
 
 
+def test_a_trainer_setting_the_run_saved_stays_the_trainers_though_the_model_has_that_name(tmp_path):
+    """A run saved dropout_prob=0.1 beside model_hparams (the trainer's own extra hparam): an override
+    of it went into model_hparams, where the trainer kept 0.1 (review)."""
+    run = tmp_path / "run"
+    _base(run, num_epochs=1, dropout_prob=0.1)
+    tuned = _load(run, dropout_prob=0.3, logger_params={"log_dir": str(tmp_path / "ft")})
+    assert tuned.extra_hparams["dropout_prob"] == 0.3 and tuned.model_hparams == {"hidden_dims": [8]}
+
+
 def test_a_model_hparam_that_changes_the_head_fails_loudly_with_the_fine_tuning_way(tmp_path):
     """output_dim=3 (a new head) trained the old 1-output head and recorded output_dim: 3."""
     run = tmp_path / "run"

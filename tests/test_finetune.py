@@ -339,3 +339,21 @@ def test_the_fine_tuning_section_and_the_links_to_it():
         assert said in lightning and "models.md#" in next(row for row in lightning.splitlines() if said in row), said
     for said in ("`layer.trainable = False`", "`model.load_weights(path, skip_mismatch=True)`"):
         assert said in keras and "models.md#" in next(row for row in keras.splitlines() if said in row), said
+
+
+def test_a_resume_with_another_layer_frozen_says_the_optimizer_changed_not_that_the_checkpoint_is_damaged(tmp_path):
+    """Dense_1 frozen, then resumed (or loaded with its optimizer) with Dense_2 frozen: the same shapes at
+    other places. It was "No readable checkpoint" / "damaged ... train again" (review)."""
+    x, y = linear_data(64)
+    settings = dict(model_class=TinyMLP, model_hparams={"hidden_dims": [8, 8, 8]}, exmp_input=x[:1], **quiet(tmp_path))
+    RegressTrainer(optimizer_hparams={"optimizer": "adam", "lr": 1e-2, "freeze": ["Dense_1"]}, **settings
+                   ).train_model((x, y), None, num_epochs=1, batch_size=16)
+    other = {"optimizer": "adam", "lr": 1e-2, "freeze": ["Dense_2"]}
+    with pytest.raises(ValueError, match=r"differently grouped optimizer .* \(freeze, or the groups of a "
+                                         r"multi_transform\)\. The checkpoint is not damaged"):
+        RegressTrainer(optimizer_hparams=other, **settings).train_model((x, y), None, num_epochs=2, batch_size=16,
+                                                                        resume=True)
+    with pytest.raises(ValueError, match="differently grouped optimizer"):
+        RegressTrainer.load_from_checkpoint(tmp_path / "run", exmp_input=x[:1], which="last", with_optimizer=True,
+                                            optimizer_hparams=other)
+    assert (tmp_path / "run" / "checkpoints" / "4").is_dir()

@@ -478,6 +478,18 @@ def test_lightning_and_keras_method_names_say_what_to_call(tmp_path, name, writt
     assert getattr(trainer, "no_such_thing", 42) == 42 and not hasattr(trainer, "fit")  # others: as before
 
 
+def test_a_property_of_yours_that_fails_names_what_it_missed(tmp_path):
+    """The hint's __getattr__ hid a property's own AttributeError: it named the property (review)."""
+    class WithProperty(RegressTrainer):
+        @property
+        def my_prop(self):
+            return self.missing_thing
+
+    trainer = _trainer(tmp_path, trainer_class=WithProperty)
+    with pytest.raises(AttributeError, match="has no attribute 'missing_thing'"):
+        trainer.my_prop
+
+
 def test_self_log_in_loss_fn_fails_before_training_saying_to_return_the_metric(tmp_path, regression_loaders):
     class Logging(RegressTrainer):
         def loss_fn(self, params, batch, *, train, rng, state):

@@ -534,6 +534,9 @@ class Checkpointer:
             except Exception as exc:  # noqa: BLE001 - any read failure means "damaged": try the previous one
                 if getattr(exc, "flaxlight_user_code", False):  # the trainer's load_model override's own error
                     raise
+                regrouped = self.describe_regrouping(target, step)
+                if regrouped:  # not damage: another grouping of the optimizer's state (freeze changed)
+                    raise ValueError(regrouped) from exc
                 remaining = steps[i + 1 :]
                 if not remaining:
                     raise ValueError(f"No readable checkpoint in {self.directory}; the last error: {exc}") from exc
@@ -562,6 +565,23 @@ class Checkpointer:
             return getattr(saved, "tree", saved)
         except Exception:  # noqa: BLE001 - unreadable metadata is reported by the restore itself
             return None
+
+    def describe_regrouping(self, target, step: int) -> str | None:
+        """After a restore of checkpoint ``step`` into ``target`` failed: a message when its
+        optimizer state holds arrays of the same shapes as ``target``'s at other places (the
+        optimizer's ``freeze`` or ``multi_transform`` groups changed), not damage; else None."""
+        saved = self._saved_metadata(step)
+        if saved is None or target.opt_state is None or saved.get("opt_state") is None:
+            return None
+        got, want = set(_flat_shapes(saved["opt_state"])), set(_flat_shapes(_key_data(target.opt_state)))
+        if got == want:
+            return None
+        return (f"Checkpoint {step} in {self.directory} holds the state of a differently grouped optimizer (its "
+                f"arrays sit at {len(got - want)} other place(s), e.g. {sorted(got - want)[0]!r}): optimizer_hparams "
+                f"changed (freeze, or the groups of a multi_transform). The checkpoint is not damaged. Resume with the "
+                f"run's optimizer_hparams (see its hparams.yaml), or start fresh from its weights: "
+                f"load_from_checkpoint(run_dir, exmp_input, with_optimizer=False, optimizer_hparams=...) and "
+                f"train_model into a new log_dir.")
 
     def describe_mismatch(self, target, step: int, limit: int = 5) -> str | None:
         """What differs between checkpoint ``step`` and ``target`` (a readable list of parameter

@@ -749,6 +749,9 @@ def load_with_fallback(checkpointer: Checkpointer, state: Any, which: str,
     except Exception as exc:  # noqa: BLE001 - orbax, tensorstore and JSON raise many types
         if getattr(exc, "flaxlight_user_code", False) or checkpointer.describe_mismatch(state, step):
             raise  # an error of the user's load_model (never damage), or another model's checkpoint
+        regrouped = checkpointer.describe_regrouping(state, step)
+        if regrouped:  # another grouping of the optimizer's state (freeze changed), not damage
+            raise ValueError(regrouped) from exc
         cause = exc.__cause__ if isinstance(exc, DamagedCheckpointError) and exc.__cause__ is not None else exc
         problem = (f"Checkpoint {step} in {checkpointer.directory} is damaged or partial ({type(cause).__name__}: "
                    f"{_first_line(cause)})")

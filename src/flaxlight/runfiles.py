@@ -636,7 +636,8 @@ def load_overrides(trainer_class: type, run: str | os.PathLike, overrides: Mappi
     rebuilt. A keyword that names an argument of the run's model (a key of its saved
     ``model_hparams``, or an argument of its model class: Lightning's
     ``load_from_checkpoint(path, num_classes=5)``) and no argument of the trainer's replaces that
-    model hyperparameter: it joins the saved ``model_hparams`` (said), the model is built with it
+    model hyperparameter (unless the run saved it as a setting of its trainer, beside ``model_hparams``):
+    it joins the saved ``model_hparams`` (said), the model is built with it
     and the new run records it (a checkpoint the new model does not fit is then a
     :class:`~flaxlight.checkpoint.ModelMismatchError` naming the parameters that differ). Given
     beside ``model_hparams=``, which replaces the saved dict whole, it is refused. Lightning's
@@ -657,7 +658,9 @@ def load_overrides(trainer_class: type, run: str | os.PathLike, overrides: Mappi
     if not unknown or not _takes_model_hparams(trainer_class, saved):
         return dict(overrides)
     model_class = overrides.get("model_class") or _model_class_or_none(hparams.get("model_class"))
-    moved = {key: overrides[key] for key in unknown if key in set(saved) | _model_arguments(model_class)}
+    extra = {key for key in hparams if key not in ("model_class", "model_hparams")}  # the trainer's own, saved top-level
+    moved = {key: overrides[key] for key in unknown
+             if key in set(saved) | _model_arguments(model_class) and not (key in extra and key not in saved)}
     if not moved:
         return dict(overrides)
     model = getattr(model_class, "__name__", "the run's model")

@@ -118,6 +118,8 @@ class TrainerVerbsMixin:
     """``load_from_checkpoint``, ``predict``, ``test``, ``export``, ``bind_model`` (see the module docstring)."""
 
     def __getattr__(self, name: str) -> Any:  # only for names not found otherwise: Lightning's / Keras', with a hint
+        if any(name in vars(klass) for klass in type(self).__mro__):  # a property that failed: its own error again
+            return object.__getattribute__(self, name)
         message = foreign_method_message(type(self).__name__, name)
         raise AttributeError(message or f"{type(self).__name__!r} object has no attribute {name!r}")
 
