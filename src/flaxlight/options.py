@@ -47,11 +47,13 @@ LIGHTNING_TRAINER_ARGUMENTS = {
     "gradient_clip_algorithm": "the algorithm is the optimizer_hparams key: 'gradient_clip': v clips by global norm "
                                "('norm'), 'gradient_clip_value': v each entry ('value')",
     "precision": "it is an optimizer setting: optimizer_hparams={{..., 'precision': 'bf16'}} (bf16 compute with fp32 "
-                 "master weights and optimizer state: Lightning's 'bf16-mixed') or 'fp32' (the default)",
+                 "master weights and optimizer state: Lightning's 'bf16-mixed') or 'fp32' (the default); fp16 "
+                 "('16-mixed') is not offered: bf16 has float32's range and needs no loss scaling",
     "deterministic": "flaxlight has no such switch: a run is a function of its seeds (seed= for initialisation and "
                      "dropout, the loader's seed for the data order), and on CPU the same seeds give the same "
-                     "parameters, bit for bit; on a GPU, also set XLA_FLAGS=--xla_gpu_deterministic_ops=true before "
-                     "JAX starts; drop deterministic",
+                     "parameters, bit for bit, on the same machine with the same number of cores (XLA splits a "
+                     "matmul's work by thread count, so another core count rounds differently); on a GPU, also set "
+                     "XLA_FLAGS=--xla_gpu_deterministic_ops=true before JAX starts; drop deterministic",
     "num_sanity_val_steps": "flaxlight runs no sanity validation: before the first epoch, train_model checks the "
                             "validation loader's first batch and traces the eval step on it (nothing is logged); "
                             "check_batches=False skips that check",
