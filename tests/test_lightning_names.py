@@ -36,6 +36,8 @@ def _steps(trainer):
     ("gradient_clip_val", 0.5, "optimizer_hparams={..., 'gradient_clip': 0.5}"),
     ("precision", "bf16-mixed", "optimizer_hparams={..., 'precision': 'bf16'}"),
     ("deterministic", True, "XLA_FLAGS=--xla_gpu_deterministic_ops=true"),
+    ("deterministic", True, "bit for bit, on the same machine with the same number of cores"),  # not across
+    ("precision", 16, "fp16 ('16-mixed') is not offered: bf16 has float32's range and needs no loss scaling"),
     ("min_epochs", 2, "flaxlight has no minimum number of epochs"),
     ("num_sanity_val_steps", 0, "check_batches=False"),
     ("default_root_dir", "/tmp/x", "logger_params={'base_log_dir': '/tmp/x'}"),

@@ -49,11 +49,11 @@ def test_predict_computes_in_bf16_as_the_evaluation_of_a_bf16_run_does(tmp_path,
     predictions = trainer.predict(x, batch_size=len(x))
     state = trainer.state
     bf16 = jax.tree.map(lambda p: p.astype(jnp.bfloat16), state.params)
-    in_bf16 = jax.jit(lambda p, x: state.apply_model(p, x, train=False)[0].astype(jnp.float32))(
-        bf16, jnp.asarray(x, jnp.bfloat16))  # as the eval step computes its loss: bf16 copies, float32 out
+    in_bf16 = jax.jit(lambda p, x: state.apply_model(p, x, train=False)[0])(
+        bf16, jnp.asarray(x, jnp.bfloat16))  # as the eval step computes: bf16 copies, bf16 outputs
     in_fp32, _ = state.apply_model(state.params, x, train=False)
     assert predictions.dtype == np.float32
-    np.testing.assert_array_equal(predictions, np.asarray(in_bf16))
+    np.testing.assert_array_equal(predictions, np.asarray(in_bf16, np.float32))  # float32, rounded as computed
     assert np.abs(predictions - np.asarray(in_fp32)).max() > 1e-4  # not the float32 forward pass
 
 

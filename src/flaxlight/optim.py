@@ -115,6 +115,37 @@ _HINTS = {"learning_rate": "lr", "warmup_epochs": "warmup_steps", "grad_clip": "
           "clipnorm": "gradient_clip", "global_clipnorm": "gradient_clip", "clipvalue": "gradient_clip_value",
           "betas": ("b1", "b2"), "decay": "weight_decay"}
 _ALIASES = {"warmup": "warmup_steps"}  # the seed's key
+# Other trainers' precision values (Lightning's Trainer(precision=...), Keras' mixed-precision
+# policies, PyTorch dtypes), lower-cased -> what flaxlight offers instead.
+_BF16 = "'bf16' (the model computes in bfloat16; parameters, gradients, optimizer state and the loss stay float32)"
+_PRECISION_HINTS = {
+    **dict.fromkeys(("bf16-mixed", "bf16_mixed", "mixed_bfloat16", "mixed-bfloat16", "bfloat16", "torch.bfloat16"),
+                    f" flaxlight spells it {_BF16}."),
+    **dict.fromkeys(("bf16-true", "bf16_true"), f" flaxlight offers bfloat16 as mixed precision only: {_BF16}."),
+    **dict.fromkeys(("16", "16-mixed", "16_mixed", "16-true", "fp16", "float16", "half", "mixed_float16",
+                     "mixed-float16", "torch.float16"),
+                    " float16 (fp16, Lightning's 16 / '16-mixed', Keras' 'mixed_float16') is not offered: use "
+                    f"{_BF16}, which has float32's range and so needs no loss scaling."),
+    **dict.fromkeys(("32", "32-true", "float32", "single", "torch.float32"),
+                    " flaxlight spells it 'fp32' (the default)."),
+    **dict.fromkeys(("64", "64-true", "fp64", "float64", "double", "torch.float64"),
+                    " float64 is not offered: 'precision' picks the dtype float32 parameters compute in, 'fp32' or "
+                    "'bf16'."),
+}
+
+
+def _precision_hint(value: Any) -> str:
+    """A hint for a precision flaxlight does not know: Lightning's and Keras' spellings named
+    (``'bf16-mixed'`` is ``'bf16'``; fp16 is not offered), else the closest valid one.
+
+    Examples:
+        >>> print(_precision_hint("bf16-mixed")[:29])
+         flaxlight spells it 'bf16' (
+        >>> print(_precision_hint(16)[:36])
+         float16 (fp16, Lightning's 16 / '16
+    """
+    hint = _PRECISION_HINTS.get(str(value).strip().lower())
+    return hint if hint is not None else suggest_key(value, PRECISIONS)
 
 _logged: set[str] = set()
 
@@ -329,7 +360,7 @@ class OptimizerConfig(Mapping):
         self._check_freeze()
         if self.precision not in PRECISIONS:
             raise ValueError(f"Unknown precision {self.precision!r} in optimizer_hparams."
-                             f"{suggest_key(self.precision, PRECISIONS)} Valid: {', '.join(PRECISIONS)}.")
+                             f"{_precision_hint(self.precision)} Valid: {', '.join(PRECISIONS)}.")
         self.optimizer_kwargs = dict(self.optimizer_kwargs or {})
         accepted = _factory_parameters(self.optimizer)
         for key in self.optimizer_kwargs:

@@ -47,11 +47,13 @@ LIGHTNING_TRAINER_ARGUMENTS = {
     "gradient_clip_algorithm": "the algorithm is the optimizer_hparams key: 'gradient_clip': v clips by global norm "
                                "('norm'), 'gradient_clip_value': v each entry ('value')",
     "precision": "it is an optimizer setting: optimizer_hparams={{..., 'precision': 'bf16'}} (bf16 compute with fp32 "
-                 "master weights and optimizer state: Lightning's 'bf16-mixed') or 'fp32' (the default)",
+                 "master weights and optimizer state: Lightning's 'bf16-mixed') or 'fp32' (the default); fp16 "
+                 "('16-mixed') is not offered: bf16 has float32's range and needs no loss scaling",
     "deterministic": "flaxlight has no such switch: a run is a function of its seeds (seed= for initialisation and "
                      "dropout, the loader's seed for the data order), and on CPU the same seeds give the same "
-                     "parameters, bit for bit; on a GPU, also set XLA_FLAGS=--xla_gpu_deterministic_ops=true before "
-                     "JAX starts; drop deterministic",
+                     "parameters, bit for bit, on the same machine with the same number of cores (XLA splits a "
+                     "matmul's work by thread count, so another core count rounds differently); on a GPU, also set "
+                     "XLA_FLAGS=--xla_gpu_deterministic_ops=true before JAX starts; drop deterministic",
     "num_sanity_val_steps": "flaxlight runs no sanity validation: before the first epoch, train_model checks the "
                             "validation loader's first batch and traces the eval step on it (nothing is logged); "
                             "check_batches=False skips that check",
@@ -121,7 +123,9 @@ class TrainerOptions:
             callbacks fire at block ends (intervals that are multiples of it stay exact).
             ``"auto"``: single steps in the first epoch, which also times single steps and
             blocks of 16 on its first batch (on a copy of the state) and picks K from 1, 2, 4,
-            8, 16, 32 so that a dispatch costs at most 3% of the work it launches (said once).
+            8, 16, 32 so that a dispatch costs at most 3% of the work it launches (said once);
+            its blocks also end at every log point and step validation, which stay where
+            single steps put them (the run's logged rows do not depend on the K picked).
         prefetch: batches (or blocks) loaded, stacked and put on the device ahead of use by a
             background thread (for loaders whose host work is slow); 0, the default, loads them
             in the training thread, which is faster when a batch is cheap to make (the thread's
@@ -242,6 +246,18 @@ class TrainerOptions:
             messages.info(f"{owner}: extra hparams kept in the run's config (no trainer option reads them): "
                           f"{', '.join(sorted(extras))}.")
         return cls(**{key: value for key, value in kwargs.items() if key in names}), extras
+
+    @property
+    def engine_settings(self) -> dict[str, Any]:
+        """The :class:`~flaxlight.engine.Engine`'s settings among these options: blocks of steps,
+        prefetching, and the step intervals of the rows a run logs (log points, step validations).
+
+        Examples:
+            >>> TrainerOptions(log_every_n_steps=10, val_check_interval=25).engine_settings["logged_every"]
+            (10, 25)
+        """
+        return {"steps_per_execution": self.steps_per_execution, "prefetch": self.prefetch,
+                "logged_every": tuple(n for n in (self.log_every_n_steps, self.val_check_interval) if n)}
 
     def reached_max_steps(self, step: int) -> bool:
         return self.max_steps is not None and step >= self.max_steps

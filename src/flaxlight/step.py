@@ -34,7 +34,7 @@ from flaxlight.models import LinenAdapter, NNXAdapter
 from flaxlight.optim import PRECISIONS, ema_params
 from flaxlight.state import TrainState, step_key
 
-__all__ = ["TrainStep", "apply_update", "make_train_step", "make_eval_step", "step_owner"]
+__all__ = ["TrainStep", "apply_update", "computing_state", "make_train_step", "make_eval_step", "step_owner"]
 
 LossFn = Callable[..., Any]
 
@@ -165,6 +165,99 @@ def cast_floating(tree, dtype):
     return jax.tree.map(cast, tree)
 
 
+def _as_float32(tree, dtype):
+    """Floating leaves of ``tree`` in ``dtype`` as float32, rounded to ``dtype``'s precision by an
+    explicit ``reduce_precision``: XLA may keep a low-precision result in float32 where a
+    ``convert`` to float32 follows it (``xla_allow_excess_precision``), and does so differently
+    in different programs; the explicit rounding gives every program (train step, eval step,
+    ``predict``, an exported artifact) the same outputs."""
+    info = jnp.finfo(dtype)
+
+    def widen(x):
+        if hasattr(x, "dtype") and x.dtype == dtype:
+            return jax.lax.reduce_precision(jnp.asarray(x).astype(jnp.float32), exponent_bits=info.nexp,
+                                            mantissa_bits=info.nmant)
+        return x
+
+    return jax.tree.map(widen, tree)
+
+
+class _ComputingIn:
+    """An ``apply_fn`` that runs the model in ``dtype`` (bfloat16): the floating inputs it is
+    given positionally are cast to ``dtype``, and its outputs in ``dtype`` come back as float32
+    (rounded to ``dtype``), as Keras' mixed-precision policies and Lightning's autocast return
+    them to the loss. Returned updates (``batch_stats``) are left as they are."""
+
+    def __init__(self, apply_fn: Callable, dtype):
+        self.apply_fn, self.dtype = apply_fn, dtype
+
+    def __call__(self, variables, *inputs, **kwargs):
+        out = self.apply_fn(variables, *cast_floating(inputs, self.dtype), **kwargs)
+        if kwargs.get("mutable"):  # (outputs, updates)
+            return _as_float32(out[0], self.dtype), out[1]
+        return _as_float32(out, self.dtype)
+
+    def __eq__(self, other) -> bool:  # one static apply_fn for jit, however often it is made
+        return isinstance(other, _ComputingIn) and (other.apply_fn, other.dtype) == (self.apply_fn, self.dtype)
+
+    def __hash__(self) -> int:
+        return hash((self.apply_fn, self.dtype))
+
+
+def computing_state(state: TrainState, precision: str = "fp32") -> tuple[TrainState, Any]:
+    """``(state, params)`` as the model computes with them under ``precision``: for ``"bf16"``,
+    bfloat16 copies of ``state.params`` and a state whose model casts its floating inputs to
+    bfloat16 and returns its bfloat16 outputs as float32; for ``"fp32"``, ``state`` and its
+    params. The train step, the eval step, ``predict`` and ``export`` all compute through it.
+
+    Examples:
+        >>> state, params = computing_state(trainer.state, "bf16")          # doctest: +SKIP
+        >>> outputs, _ = state.apply_model(params, x, train=False)          # doctest: +SKIP
+        >>> outputs.dtype                                                    # doctest: +SKIP
+        dtype('float32')
+    """
+    if precision != "bf16":
+        return state, state.params
+    return _in_bfloat16(state), cast_floating(state.params, jnp.bfloat16)
+
+
+def _in_bfloat16(state: TrainState) -> TrainState:
+    """``state`` whose model computes in bfloat16 (see :class:`_ComputingIn`)."""
+    return state.replace(apply_fn=_ComputingIn(state.apply_fn, jnp.bfloat16))
+
+
+def _matmul_dtypes(jaxpr) -> set[str]:
+    """The operand dtypes of the matrix multiplications and convolutions in ``jaxpr`` (a jaxpr or
+    closed jaxpr), nested calls, scans and branches included."""
+    found: set[str] = set()
+    jaxpr = getattr(jaxpr, "jaxpr", jaxpr)
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name in ("dot_general", "conv_general_dilated"):
+            found.update(str(var.aval.dtype) for var in eqn.invars)
+        for param in eqn.params.values():
+            for sub in param if isinstance(param, (tuple, list)) else (param,):
+                if hasattr(sub, "eqns") or hasattr(getattr(sub, "jaxpr", None), "eqns"):
+                    found |= _matmul_dtypes(sub)
+    return found
+
+
+def _warn_if_computing_in_float32(forward: Callable, params) -> None:
+    """With ``precision="bf16"``: warn when ``forward`` (params -> loss, traced once more here,
+    forward only) multiplies matrices but never in bfloat16: something in the model made float32
+    arrays that took the computation back to float32."""
+    dtypes = _matmul_dtypes(jax.make_jaxpr(forward)(params))
+    if not dtypes or "bfloat16" in dtypes:
+        return
+    messages.warning(
+        "precision='bf16', but every matrix multiplication and convolution of the train step runs in %s: the "
+        "run rounds its weights to bfloat16 without bfloat16's speed or memory savings. Likely cause: the model makes "
+        "a float32 array, which promotes the bfloat16 weights back to float32, e.g. `x.astype(jnp.float32) / 255` on "
+        "integer images (the Flax MNIST example), a jnp.float32 constant or table; or loss_fn calls the model other "
+        "than through state.apply_model (which casts floating inputs to bfloat16). Fix: convert without naming "
+        "float32 (`x / 255.0` stays bfloat16 in the model), give the data float inputs (apply_model casts them), or "
+        "give the layers dtype=jnp.bfloat16; or use precision='fp32'.", " and ".join(sorted(dtypes)))
+
+
 def _cast_like(new, old):
     """Changed model collections back to the dtypes the state holds (no recompiles, no drift)."""
     if old is None:
@@ -211,8 +304,11 @@ class TrainStep:
 
     Options: ``regularizer`` (``params -> scalar`` added to the minimised loss, e.g.
     :func:`flaxlight.optim.make_l2_regularizer`; reported as the metric ``"penalty"``, not in
-    ``"loss"``), ``precision`` (``"bf16"``: the loss function sees bf16 parameters and floating
-    inputs, gradients and the optimizer stay fp32), ``eval_with_ema`` (evaluate with the
+    ``"loss"``), ``precision`` (``"bf16"``: the loss function gets bf16 copies of the parameters
+    and a state whose ``apply_model`` casts the model's floating inputs to bf16 and returns its
+    bf16 outputs as float32, so the loss is computed in float32 against the batch as given;
+    gradients, parameters and the optimizer stay fp32; see :func:`computing_state`),
+    ``eval_with_ema`` (evaluate with the
     parameters' moving average when the optimizer keeps one, ``ema_decay``), ``log_grad_norm``
     (add the metric ``"grad_norm"``: the global L2 norm of the step's gradients, before any
     clipping in the optimizer).
@@ -258,14 +354,18 @@ class TrainStep:
         return jnp.bfloat16 if self.precision == "bf16" else None
 
     def objective(self, state: TrainState, batch, rng, *, train: bool = True):
-        """``params -> (loss + penalty, (loss, penalty, aux))``: what the optimizer minimises."""
+        """``params -> (loss + penalty, (loss, penalty, aux))``: what the optimizer minimises.
+
+        With ``precision="bf16"`` the loss function gets bfloat16 copies of the parameters and
+        a state whose ``apply_model`` computes in bfloat16 (see :func:`computing_state`); the
+        batch is passed as it is (targets, weights and masks keep their precision)."""
         dtype = self._compute_dtype()
-        if dtype is not None:
-            batch = cast_floating(batch, dtype)
+        model_state = state if dtype is None else _in_bfloat16(state)
 
         def objective(params):
             compute_params = params if dtype is None else cast_floating(params, dtype)
-            loss, aux = _split_loss(self.loss_fn(compute_params, batch, train=train, rng=rng, state=state), "loss_fn")
+            loss, aux = _split_loss(self.loss_fn(compute_params, batch, train=train, rng=rng, state=model_state),
+                                    "loss_fn")
             if dtype is not None:
                 loss = jnp.asarray(loss, jnp.float32)
             if self.regularizer is None:
@@ -290,6 +390,9 @@ class TrainStep:
         """Pure ``(state, batch) -> (state, metrics)``: this step's key, :meth:`compute_gradients`, update."""
         step_rng = step_key(state)
         objective = self.objective(state, batch, step_rng)
+        if self.precision == "bf16" and not getattr(self, "_checked_compute", False):
+            self._checked_compute = True  # once per step object, while tracing
+            _warn_if_computing_in_float32(lambda params: objective(params)[0], state.params)
         (loss, aux), grads = self.compute_gradients(state, batch, step_rng)
         penalty = self.regularizer(state.params) if self.regularizer is not None else None  # as in the objective
         total = loss if penalty is None else loss + penalty
@@ -319,12 +422,12 @@ class TrainStep:
         if self.eval_with_ema and state.opt_state is not None:
             averaged = ema_params(state)
             params = params if averaged is None else averaged
-        dtype = self._compute_dtype()
-        if dtype is not None:
-            params, batch = cast_floating(params, dtype), cast_floating(batch, dtype)
-        loss, aux = _split_loss(self.loss_fn(params, batch, train=False, rng=rng, state=state), "loss_fn")
+        model_state = state
+        if self.precision == "bf16":  # as computing_state(state with these params, "bf16")
+            model_state, params = _in_bfloat16(state), cast_floating(params, jnp.bfloat16)
+        loss, aux = _split_loss(self.loss_fn(params, batch, train=False, rng=rng, state=model_state), "loss_fn")
         metrics, _ = _split_aux(aux, "loss_fn")
-        if dtype is not None:
+        if self.precision == "bf16":
             loss = jnp.asarray(loss, jnp.float32)
         return _with_loss(metrics, loss)
 

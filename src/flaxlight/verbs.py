@@ -21,7 +21,6 @@ from typing import Any, Mapping, Sequence
 
 import flax.linen as nn
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from flaxlight import distributed as dist
@@ -32,7 +31,7 @@ from flaxlight.messages import logger as messages
 from flaxlight.metrics import batch_size as examples_in, deliberate_reads
 from flaxlight.optim import PRECISIONS, as_optimizer_config, ema_params
 from flaxlight.options import foreign_method_message
-from flaxlight.step import cast_floating, step_owner
+from flaxlight.step import computing_state, step_owner
 from flaxlight.view import _is_flaxlights, writes_own_checkpoints
 
 __all__ = ["TrainerVerbsMixin"]
@@ -675,12 +674,11 @@ def _check_stackable(first: Any, out: Any, index: int, expected: list) -> None:
 
 
 def _forward(state, inputs, *, precision: str = "fp32"):
-    """Eval-mode outputs, computed as the eval step computes them: with ``precision="bf16"`` on
-    bfloat16 copies of the parameters and inputs, the floating outputs returned as float32."""
-    if precision != "bf16":
-        return state.apply_model(state.params, *inputs, train=False)[0]
-    params, inputs = cast_floating(state.params, jnp.bfloat16), cast_floating(inputs, jnp.bfloat16)
-    return cast_floating(state.apply_model(params, *inputs, train=False)[0], jnp.float32)
+    """Eval-mode outputs, computed as the eval step computes them (:func:`computing_state`): with
+    ``precision="bf16"`` on bfloat16 copies of the parameters and inputs, the bfloat16 outputs
+    returned as float32."""
+    state, params = computing_state(state, precision)
+    return state.apply_model(params, *inputs, train=False)[0]
 
 
 def _served(state):
