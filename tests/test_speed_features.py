@@ -314,31 +314,11 @@ def test_steps_per_execution_auto_measures_picks_a_block_length_and_trains_the_s
     assert int(trainer.state.step) == 3 * 128
 
 
-@pytest.mark.parametrize("on_device", [True, False])  # device epochs; host batches stacked into blocks
-def test_auto_runs_log_the_rows_of_single_steps_whatever_block_length_they_pick(tmp_path, monkeypatch, caplog,
-                                                                               on_device):
-    """steps_per_execution='auto' picks K from a timing, and the step rows moved to its block ends
-    (rows at 160, 192, ... with K=32; 144, 160, ... with K=16): two runs with the same seeds wrote
-    different metrics.csv files, and the K was recorded nowhere but an info line."""
-    train = ArrayLoader(*linear_data(2048, 0), batch_size=16, shuffle=True, seed=0, on_device=on_device)
-    _, single_rows, _ = _run_on(tmp_path, "single", train, log_every_n_steps=10, num_epochs=2)
-    for timed, picked in ((4, 4), (8, 8), (32, 8)):  # 32 would leave 10 single steps between log points
-        monkeypatch.setattr(flaxlight.engine, "block_length_for", lambda *args, timed=timed, **kwargs: timed)
-        caplog.clear()
-        _, rows, trainer = _run_on(tmp_path, f"auto{timed}", train, log_every_n_steps=10, num_epochs=2,
-                                   steps_per_execution="auto")
-        assert trainer.engine.block_length == picked
-        said = [r.getMessage() for r in caplog.records if "steps_per_execution='auto'" in r.getMessage()]
-        assert len(said) == 1 and f"'auto': {picked} step(s) per dispatch from the second epoch on" in said[0]
-        assert "blocks also end at every multiple of 10 steps" in said[0]
-        assert rows == single_rows, timed
-
-
-def _run_on(tmp_path, name, train, num_epochs=3, **kwargs):
+def _run_on(tmp_path, name, train, **kwargs):
     trainer = RegressTrainer(model_class=TinyMLP, model_hparams={"hidden_dims": [16]},
                              optimizer_hparams={"optimizer": "adam", "lr": 1e-2}, exmp_input=X0,
                              **quiet(tmp_path, logger_params={"log_dir": str(tmp_path / name)}, **kwargs))
-    trainer.train_model(train, None, num_epochs=num_epochs)
+    trainer.train_model(train, None, num_epochs=3)
     with open(tmp_path / name / "metrics.csv") as f:
         rows = [{k: v for k, v in row.items() if k != "epoch_time"} for row in csv.DictReader(f)]
     return jax.device_get(trainer.state.params), rows, trainer

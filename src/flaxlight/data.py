@@ -335,18 +335,17 @@ class DeviceEpoch:
         made ahead of time is used only then)."""
         return self._key == (id(loader), id(loader.data), loader.epoch, min(int(stop), len(loader)))
 
-    def items(self, start: int, steps: int, global_step: int,
-              cuts: Sequence[int] = ()) -> Iterator[tuple[int, Any]]:
+    def items(self, start: int, steps: int, global_step: int) -> Iterator[tuple[int, Any]]:
         """``(steps, (arrays, index))`` from batch ``start`` on; blocks of ``steps`` end at
-        global-step multiples of ``steps`` (and of ``cuts``), as :func:`group_batches` makes them."""
+        global-step multiples of ``steps``, as :func:`group_batches` makes them."""
         i, index = start, self.index
-        while steps > 1 and i < self.num_full:
-            if i + steps <= self.num_full and block_fits(global_step + i - start, steps, cuts):
-                yield steps, (self.full, index[i])
-                i += steps
-            else:
+        if steps > 1:
+            while i < self.num_full and (global_step + i - start) % steps:
                 yield 1, (self.full, index[i])
                 i += 1
+            while i + steps <= self.num_full:
+                yield steps, (self.full, index[i])
+                i += steps
         while i < self.num_full:
             yield 1, (self.full, index[i])
             i += 1
@@ -641,54 +640,35 @@ def same_shapes(a, b) -> bool:
     return [np.shape(x) for x in jax.tree.leaves(a)] == [np.shape(x) for x in jax.tree.leaves(b)]
 
 
-def block_fits(step: int, steps: int, cuts: Sequence[int] = ()) -> bool:
-    """Whether a block of ``steps`` steps starts at global step ``step`` (the step before its
-    first batch): blocks follow each other from the last multiple of any of ``cuts`` (from 0
-    without cuts), and none reaches past the next multiple of one of ``cuts``.
-
-    Examples:
-        >>> [s for s in range(10) if block_fits(s, 4)], [s for s in range(10) if block_fits(s, 4, cuts=(5,))]
-        ([0, 4, 8], [0, 5])
-    """
-    last = max((step // cut * cut for cut in cuts), default=0)
-    return (step - last) % steps == 0 and all(step + steps <= (step // cut + 1) * cut for cut in cuts)
-
-
-def group_batches(batches: Iterable, steps: int, start: int = 0,
-                  cuts: Sequence[int] = ()) -> Iterator[tuple[int, Any]]:
+def group_batches(batches: Iterable, steps: int, start: int = 0) -> Iterator[tuple[int, Any]]:
     """Yield ``(1, batch)`` or, for ``steps > 1``, ``(steps, block)`` with ``steps`` batches
     stacked along a new leading axis (one host array per leaf, so one transfer per block).
 
     Blocks end at multiples of ``steps`` counted from step ``start`` (the global step before
     the first batch): the batches before the first such boundary, those that cannot fill a
     block of equal shapes (the end of an epoch, a smaller last batch) come out one by one. So
-    any interval that is a multiple of ``steps`` falls on a block end. ``cuts``: intervals at
-    whose multiples a block must end too (blocks then start again there; see :func:`block_fits`).
+    any interval that is a multiple of ``steps`` falls on a block end.
 
     Examples:
         >>> [n for n, _ in group_batches([np.zeros((2, 3))] * 6, steps=2, start=1)]
         [1, 2, 2, 1]
-        >>> [n for n, _ in group_batches([np.zeros((2, 3))] * 10, steps=4, cuts=(5,))]
-        [4, 1, 4, 1]
     """
     batches = iter(batches)
     if steps == 1:
         for batch in batches:
             yield 1, batch
         return
-    step, block = start, []
+    for batch in itertools.islice(batches, (-start) % steps):
+        yield 1, batch
+    block: list = []
     for batch in batches:
         if block and not same_shapes(batch, block[0]):
             yield from ((1, b) for b in block)
-            step, block = step + len(block), []
-        if not block and not block_fits(step, steps, cuts):
-            yield 1, batch
-            step += 1
-            continue
+            block = []
         block.append(batch)
         if len(block) == steps:
             yield steps, jax.tree.map(lambda *leaves: np.stack(leaves), *block)
-            step, block = step + steps, []
+            block = []
     yield from ((1, b) for b in block)
 
 

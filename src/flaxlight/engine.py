@@ -39,7 +39,7 @@ import threading
 import time
 import warnings
 import weakref
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping
 
 import jax
 import jax.numpy as jnp
@@ -47,9 +47,9 @@ import numpy as np
 
 from flaxlight import distributed as dist
 from flaxlight.messages import logger as messages
-from flaxlight.data import (ArrayLoader, DeviceEpoch, FirstBatches, Prefetcher, block_fits, ending_the_pass,
-                            ends_its_pass, group_batches, is_iterator, is_stream, no_batches_error, positioned_iterator,
-                            same_shapes, take_batches)
+from flaxlight.data import (ArrayLoader, DeviceEpoch, FirstBatches, Prefetcher, ending_the_pass, ends_its_pass,
+                            group_batches, is_iterator, is_stream, no_batches_error, positioned_iterator, same_shapes,
+                            take_batches)
 from flaxlight.lean import LeanLoop, strip_idle_fields
 from flaxlight.metrics import (accumulate, batch_size, deliberate_reads, fresh_zeros, init_accumulator, result_shapes,
                                step_finite, tree_finite, with_saved_objects, device_copy as device_copy_of)
@@ -80,27 +80,6 @@ def block_length_for(single: float, fused: float, fused_length: int, max_share: 
     if work <= 0:  # all dispatch (timing noise): as many steps per dispatch as allowed
         return BLOCK_LENGTHS[-1]
     return next((k for k in BLOCK_LENGTHS if dispatch / k <= max_share * work), BLOCK_LENGTHS[-1])
-
-
-def block_length_within(length: int, cuts: Sequence[int], window: int = 4096) -> int:
-    """The block length up to ``length`` (one of ``BLOCK_LENGTHS``) that needs the fewest
-    dispatches over ``window`` steps when blocks also end at every multiple of ``cuts`` (see
-    :func:`~flaxlight.data.block_fits`); of equals, the shorter. ``length`` without cuts.
-
-    Examples:
-        >>> block_length_within(32, (50,)), block_length_within(16, (10,)), block_length_within(32, (64,))
-        (16, 8, 32)
-    """
-    def dispatches(steps: int) -> int:
-        count = step = 0
-        while step < window:
-            step += steps if block_fits(step, steps, cuts) else 1
-            count += 1
-        return count
-
-    if not cuts:
-        return length
-    return min((k for k in BLOCK_LENGTHS if k <= length), key=lambda k: (dispatches(k), k))
 
 
 @dataclasses.dataclass
@@ -219,22 +198,16 @@ class Engine:
     """Builds and runs the jitted loop for one pair of steps (see the module docstring).
 
     ``debug=True`` runs everything un-jitted, one step per execution (prints and breakpoints work). ``nonfinite_guard``
-    (``"stop"``/``"skip"``, a NaNGuard's action) also checks each step's updated params. ``logged_every``: the step
-    intervals of the rows the run logs (``log_every_n_steps``, a step ``val_check_interval``); with
-    ``steps_per_execution="auto"`` blocks also end at their multiples (see :func:`block_length_within`).
+    (``"stop"``/``"skip"``, a NaNGuard's action) also checks each step's updated params.
     """
 
     def __init__(self, train_step: Callable, eval_step: Callable, *, steps_per_execution: int | str = 1,
-                 nonfinite_guard: str | None = None, prefetch: int = 0, debug: bool = False,
-                 logged_every: Sequence[int] = ()):
+                 nonfinite_guard: str | None = None, prefetch: int = 0, debug: bool = False):
         self.step_functions = {"train": train_step, "eval": eval_step}
         # "auto": single steps until the first epoch has been measured (see choose_block_length)
         self.choosing_block_length = steps_per_execution == "auto" and not debug
         self.auto_block_length = steps_per_execution == "auto"
         self.block_length = 1 if steps_per_execution == "auto" or debug else steps_per_execution
-        # "auto": blocks also end at every multiple of the logged rows' step intervals, so a run's rows
-        # are those of single steps whatever block length the timing picks (a fixed K moves them).
-        self._cuts = tuple(int(n) for n in logged_every if n) if steps_per_execution == "auto" else ()
         if debug and steps_per_execution not in (1, "auto"):  # a block is a lax.scan: traced, never concrete
             messages.info("debug=True runs one step per execution (steps_per_execution=%s is ignored), so that "
                           "steps see concrete values.", steps_per_execution)
@@ -370,8 +343,7 @@ class Engine:
             epoch, self._epoch_ahead = self._epoch_ahead, None
             if epoch is None or not epoch.serves(loader, stop):
                 epoch = DeviceEpoch(loader, stop=stop, host_gather=self._gathers_on_host())
-            return Feed(epoch.items(start, self.block_length, step, self._cuts), "indexed",
-                        lambda head: epoch.first_batch)
+            return Feed(epoch.items(start, self.block_length, step), "indexed", lambda head: epoch.first_batch)
         iterator, reader = positioned_iterator(loader, position)
         source, ends_pass, taken = iterator, ends_its_pass(loader, stop), stop  # taken: the epoch's batches
         held, self._held = self._held, None
@@ -388,7 +360,7 @@ class Engine:
         if ends_pass:
             batches = ending_the_pass(batches, source, lambda batch: self._beyond_the_pass(loader, source, taken, batch),
                                       expected=None if stop is None else stop - start)
-        items = group_batches(batches, self.block_length, start=step, cuts=self._cuts)
+        items = group_batches(batches, self.block_length, start=step)
         prefetcher = None
         if self.prefetch:
             items = prefetcher = Prefetcher(items, size=self.prefetch, transform=self._to_device)
@@ -554,24 +526,14 @@ class Engine:
                          for length in (fused_length, longest)]
                 (fused, longer), state, acc = _interleaved_seconds(calls, state, acc, rounds)
                 self.block_length = longest if longer < 0.98 * fused else fused_length
-            timed, self.block_length = self.block_length, block_length_within(self.block_length, self._cuts)
-            messages.info(f"steps_per_execution='auto': {self.block_length} step(s) per dispatch from the second "
-                          f"epoch on (measured {single * 1e6:.0f} us per single step, {fused * 1e6:.0f} us per step "
-                          f"in blocks of {fused_length}{self._cut_note(timed)}).")
+            messages.info(f"steps_per_execution='auto': {self.block_length} step(s) per dispatch (measured "
+                          f"{single * 1e6:.0f} us per single step, {fused * 1e6:.0f} us per step in blocks of "
+                          f"{fused_length}).")
         else:
             messages.info(f"steps_per_execution='auto': 1 step per dispatch (a single step takes "
                           f"{single * 1e3:.1f} ms: dispatch costs little next to it).")
         self._use_block_length()
         return self.block_length
-
-    def _cut_note(self, timed: int) -> str:
-        """What the info line of ``"auto"``'s choice says of the blocks' ends at the step intervals."""
-        if not self._cuts:
-            return ""
-        fewer = (f"; {self.block_length} rather than {timed}, which would leave more single steps between them"
-                 if timed != self.block_length else "")
-        return (f"; blocks also end at every multiple of {', '.join(map(str, self._cuts))} steps (log points, step "
-                f"validations), so the logged rows are those of single steps{fewer}")
 
     def chosen_block_length(self) -> int | None:
         """The block length ``"auto"`` chose (kept in checkpoints); None while still choosing, or

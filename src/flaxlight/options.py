@@ -123,9 +123,7 @@ class TrainerOptions:
             callbacks fire at block ends (intervals that are multiples of it stay exact).
             ``"auto"``: single steps in the first epoch, which also times single steps and
             blocks of 16 on its first batch (on a copy of the state) and picks K from 1, 2, 4,
-            8, 16, 32 so that a dispatch costs at most 3% of the work it launches (said once);
-            its blocks also end at every log point and step validation, which stay where
-            single steps put them (the run's logged rows do not depend on the K picked).
+            8, 16, 32 so that a dispatch costs at most 3% of the work it launches (said once).
         prefetch: batches (or blocks) loaded, stacked and put on the device ahead of use by a
             background thread (for loaders whose host work is slow); 0, the default, loads them
             in the training thread, which is faster when a batch is cheap to make (the thread's
@@ -246,18 +244,6 @@ class TrainerOptions:
             messages.info(f"{owner}: extra hparams kept in the run's config (no trainer option reads them): "
                           f"{', '.join(sorted(extras))}.")
         return cls(**{key: value for key, value in kwargs.items() if key in names}), extras
-
-    @property
-    def engine_settings(self) -> dict[str, Any]:
-        """The :class:`~flaxlight.engine.Engine`'s settings among these options: blocks of steps,
-        prefetching, and the step intervals of the rows a run logs (log points, step validations).
-
-        Examples:
-            >>> TrainerOptions(log_every_n_steps=10, val_check_interval=25).engine_settings["logged_every"]
-            (10, 25)
-        """
-        return {"steps_per_execution": self.steps_per_execution, "prefetch": self.prefetch,
-                "logged_every": tuple(n for n in (self.log_every_n_steps, self.val_check_interval) if n)}
 
     def reached_max_steps(self, step: int) -> bool:
         return self.max_steps is not None and step >= self.max_steps

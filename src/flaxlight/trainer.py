@@ -176,8 +176,8 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
         self._step_owner = step_owner(train_step)  # what its TrainStep applies (the L2 penalty, bf16)
         if self.debug:
             messages.info("debug=True: the train and eval steps run un-jitted (prints and breakpoints work).")
-        return Engine(*self._watched_steps(train_step, eval_step), nonfinite_guard=self._nonfinite_guard(),
-                      debug=self.debug, **self.options.engine_settings)
+        return Engine(*self._watched_steps(train_step, eval_step), steps_per_execution=self.options.steps_per_execution,
+                      nonfinite_guard=self._nonfinite_guard(), prefetch=self.options.prefetch, debug=self.debug)
 
     def _nonfinite_guard(self) -> str | None:
         return next((cb.action for cb in self.callbacks if isinstance(cb, NaNGuard)), None)
