@@ -213,3 +213,18 @@ def test_throughput_and_progress_rates_time_the_steps_they_are_logged_for(tmp_pa
     assert len(bar_seconds) == 7
     _steady(bar_seconds, sleep * 1e3)
 
+
+
+def test_the_step_bar_names_each_epoch_and_shows_its_last_batch_while_validating(tmp_path, regression_loaders, capsys):
+    """One step bar for the run, reset each epoch: it was drawn as "Epoch N-1: 0/8" at epoch N's start
+    and left at a partial count during validation (review)."""
+    train, val, _ = regression_loaders  # 8 batches of 32 per epoch
+    trainer = _trainer(tmp_path, enable_checkpointing=False,
+                       callbacks=[flaxlight.callbacks.ProgressBar(refresh_every_n_steps=3, style="bars")])
+    trainer.train_model(train, val, num_epochs=3)
+    draws = [d.strip() for d in capsys.readouterr().err.replace("\n", "\r").split("\r") if d.strip()]
+    steps = [d for d in draws if d.startswith("Epoch ") and not d.startswith("Epochs")]
+    for epoch in (1, 2, 3):
+        assert any(d.startswith(f"Epoch {epoch}: 100%") and "8/8" in d for d in steps), (epoch, steps)
+    assert not any(d.startswith("Epoch 1:") and " 0/8" in d for d in steps[steps.index(next(
+        d for d in steps if d.startswith("Epoch 2:"))):]), steps

@@ -262,3 +262,61 @@ def test_a_train_step_returning_other_than_state_and_metrics_is_told_what_to_ret
     with pytest.raises(TypeError, match=r"The train step must return \(state, metrics\)") as raised:
         _train(tmp_path, cls=StateOnly)
     assert got in str(raised.value) and "`return state, {'loss': loss}`" in str(raised.value)
+
+
+# ---------------------------------------------------------------------- review: the batch count kept
+def _trainer_of(log_dir, cls=TwoUpdates, **options):
+    return cls(model_class=TinyMLP, model_hparams={"hidden_dims": [8]}, exmp_input=X0,
+               optimizer_hparams={"optimizer": "adam", "lr": 1e-2, "schedule": "constant"},
+               **quiet(log_dir, logger_params={"log_dir": str(log_dir)}, log_every_n_steps=4, **options))
+
+
+def _loaders():
+    return (flaxlight.ArrayLoader(*linear_data(256, 0), batch_size=32, shuffle=True, seed=0),
+            flaxlight.ArrayLoader(*linear_data(64, 1), batch_size=32))
+
+
+def test_a_next_train_model_after_a_failed_epoch_counts_batches(tmp_path):
+    """A failure at batch 12, then train_model again on the trainer: it went on from state.step (24)."""
+    from conftest import FailAt
+    trainer = _trainer_of(tmp_path / "run", callbacks=[FailAt(12)])
+    with pytest.raises(RuntimeError, match="data error at step 12"):
+        trainer.train_model(*_loaders(), num_epochs=3)
+    trainer.callbacks = [cb for cb in trainer.callbacks if not isinstance(cb, FailAt)]
+    trainer.train_model(*_loaders(), num_epochs=3)
+    assert trainer.global_step == 12 + 24 and int(trainer.state.step) == 2 * 36
+
+
+def test_a_test_between_two_train_model_calls_keeps_the_batch_count(tmp_path):
+    """test() restored the best checkpoint for itself and left the trainer counting from state.step."""
+    trainer = _trainer_of(tmp_path / "run", callbacks=[ModelCheckpoint(monitor="val/loss", mode="max")])
+    trainer.train_model(*_loaders(), num_epochs=2)
+    trainer.test(_loaders()[1])
+    trainer.train_model(*_loaders(), num_epochs=1)
+    assert trainer.global_step == 24 and _csv_steps(tmp_path / "run")[-1] == "24"
+
+
+def test_a_second_optimizers_rate_is_logged_in_a_second_train_model_call_too(tmp_path):
+    """A dict optimizer with a schedule and a second optimizer in a field: the second call logged one
+    train/lr (the schedule's) and the field's rate disappeared (review)."""
+    trainer = _trainer_of(tmp_path / "run", cls=SecondOptimizer, callbacks=[LearningRateMonitor()])
+    trainer.train_model(*_loaders(), num_epochs=1)
+    trainer.train_model(*_loaders(), num_epochs=1)
+    rates = _csv_column(tmp_path / "run", "train/lr/d_opt_state")
+    assert rates == pytest.approx({s: 1e-3 for s in (4, 8, 12, 16)})
+
+
+def test_a_one_update_step_of_yours_has_its_rates_from_the_schedule_without_reading_the_state(tmp_path):
+    """Before its first epoch's end a step of yours is not known to make one update per batch: the
+    monitor read the optimizer state at every log point of the run (7 ms each for 300 leaves; review).
+    Once the epoch counted one update per batch, it reads nothing at log points."""
+    class OneUpdate(RegressTrainer):
+        def create_functions(self):
+            step = flaxlight.TrainStep(self.loss_fn)
+            return (lambda state, batch: step.step(state, batch)), step.eval_step  # the user's own function
+
+    monitor = LearningRateMonitor()
+    trainer = _trainer_of(tmp_path / "run", cls=OneUpdate, callbacks=[monitor])
+    trainer.train_model(*_loaders(), num_epochs=2)
+    assert monitor.every_n_steps is None  # no on_step reads: the rates come from the host schedule
+    assert _csv_column(tmp_path / "run", "train/lr") == pytest.approx({s: 1e-2 for s in range(4, 17, 4)})

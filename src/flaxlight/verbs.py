@@ -288,7 +288,7 @@ class TrainerVerbsMixin:
             raise ValueError(f"which must be 'current', 'best' or 'last'; got {which!r}.")
         stem = _test_stem(name)
         self._check_records_folder("test results")  # before loading anything: a folder in use is refused
-        kept, step = self.state, self.global_step
+        kept, step, count = self.state, self.global_step, self._step_count
         try:
             self._restore_for_test(which)
             self.global_step = step  # the test's records are the run's, at its step
@@ -302,7 +302,7 @@ class TrainerVerbsMixin:
                                              f"{test_metrics}.", busy.log_dir, busy.pid, busy.host) from None
             self._call_callbacks("on_test_end", test_metrics)  # with the tested model, as in Lightning
         finally:
-            self.state, self.global_step = kept, step
+            self.state, self.global_step, self._step_count = kept, step, count
         return test_metrics
 
     def _restore_for_test(self, which: str) -> None:

@@ -572,6 +572,8 @@ class TrainerViewMixin:
         """Tell every callback ``on_exception`` (one that raises is warned about, and the others are
         still told), then close the run's files with ``status``, whatever happened. The log points
         marked before the failure are logged first (an interrupt's save logged them already)."""
+        with contextlib.suppress(Exception):  # the batches trained and the state's updates, for a next train_model
+            self._step_count = (self.global_step, int(to_host(self.state.step)))
         try:
             try:
                 self._log_running(self._loop.running_log.flush())

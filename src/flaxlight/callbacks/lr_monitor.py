@@ -192,15 +192,28 @@ class LearningRateMonitor(Callback):
     def on_fit_start(self, trainer) -> None:
         """Decide where the rate comes from; read the device only at log points, when it must."""
         self._taken.clear()
+        self._rate_count = len(learning_rates(trainer.state))  # once per run: walking the optimizer state is not free
+        self._choose_source(trainer)
+
+    def _choose_source(self, trainer) -> None:
+        """The host schedule (nothing read at log points) when it is the one rate and counts what
+        ``global_step`` counts (one update per batch); else the optimizer state, read at log points
+        (a step of yours until its first epoch's end has counted its updates per batch)."""
         plan = getattr(trainer, "optimizer_plan", None)
         config = getattr(plan, "config", None)
-        counts_batches = getattr(trainer, "one_update_per_batch", True) is True  # the schedule counts steps
-        if getattr(plan, "schedule", None) is not None and counts_batches:  # trainer.learning_rate(step)'s
+        counts_batches = getattr(trainer, "one_update_per_batch", True) is True
+        if getattr(plan, "schedule", None) is not None and counts_batches and self._rate_count <= 1:
             self._source = "schedule" if getattr(config, "reduce_on_plateau", None) is None else "schedule+scale"
         else:
-            self._source = "state" if learning_rates(trainer.state) else "none"
+            self._source = "state" if self._rate_count else "none"
         self.every_n_steps = trainer.options.log_every_n_steps if self._source in ("schedule+scale", "state") \
             else None
+
+    def on_train_epoch_end(self, trainer, epoch: int, metrics: Mapping[str, float]) -> None:
+        """After a step of yours has counted its updates per batch (its first epoch): one per batch
+        goes on with the host schedule, which reads nothing at log points."""
+        if self._source is not None:
+            self._choose_source(trainer)
 
     def on_step(self, trainer, step: int) -> None:
         """At a log point: start copying this step's rate (or plateau scale) to the host."""
@@ -267,8 +280,8 @@ def _refuse_lightning_only(logging_interval: Any, log_momentum: bool, log_weight
             f"LearningRateMonitor(logging_interval={logging_interval!r}): flaxlight's monitor logs the rate at every "
             f"train log point (log_every_n_steps), Lightning's logging_interval='step' (None and 'step' are accepted). "
             f"For one value per epoch, log it yourself: a Callback whose on_train_epoch_end calls "
-            f"trainer.log_metrics({{'train/lr': trainer.learning_rate()}}), or set log_every_n_steps to the epoch's "
-            f"length.")
+            f"trainer.log_metrics(flaxlight.callbacks.lr_monitor.learning_rates(trainer.state)) (the rates of the "
+            f"next updates, one per optimizer group), or set log_every_n_steps to the epoch's length.")
     if log_momentum or log_weight_decay:
         what = "log_momentum" if log_momentum else "log_weight_decay"
         raise ValueError(

@@ -62,10 +62,11 @@ class ProgressBar(Callback):
         if self._step_bar is None:  # one bar for the run, reset at each epoch (as Lightning's)
             self._step_bar = self._tqdm(total=trainer.steps_per_epoch, initial=trainer.batch_in_epoch,
                                         desc=f"Epoch {epoch}", leave=False)
-        else:
-            self._step_bar.reset(total=trainer.steps_per_epoch)
-            self._step_bar.n = trainer.batch_in_epoch
+        else:  # named first: reset() draws the bar
             self._step_bar.set_description(f"Epoch {epoch}", refresh=False)
+            self._step_bar.reset(total=trainer.steps_per_epoch)
+            if trainer.batch_in_epoch:
+                self._step_bar.update(trainer.batch_in_epoch)
 
     def on_step(self, trainer, step: int) -> None:
         if self._step_bar is not None:
@@ -92,6 +93,10 @@ class ProgressBar(Callback):
     def on_train_epoch_end(self, trainer, epoch: int, metrics: Mapping[str, float]) -> None:
         self._clock.end_epoch(trainer.global_step)
         self._epoch_metrics.update(metrics)
+        if self._step_bar is not None:  # the epoch's last steps shown while it validates
+            self._step_bar.update(trainer.global_step - self._last_step)
+            self._last_step = trainer.global_step
+            self._step_bar.refresh()
 
     def on_validation_end(self, trainer, epoch: int, metrics: Mapping[str, float]) -> None:
         self._epoch_metrics.update(metrics)
