@@ -273,3 +273,28 @@ def test_a_fine_tune_of_an_ema_run_with_another_optimizer_starts_from_the_averag
     assert tuned.eval_model(_loaders()[1])["loss"] == served.eval_model(_loaders()[1])["loss"]
     tuned.train_model(*_loaders(), num_epochs=1)
     assert tuned.global_step == 24
+
+
+def _my_schedule(count):
+    return 1e-2 * 0.99 ** count
+
+
+def test_an_ema_run_with_a_schedule_of_yours_loaded_with_its_settings_again_serves_the_average(tmp_path, caplog):
+    """hparams.yaml records the function by name: the settings given again stand for it (the load served
+    the raw weights; review). Loading with another optimizer says nothing of the run's own (it warned of
+    an L2 penalty and bf16 missing from "your step")."""
+    hparams = {"optimizer": "adam", "schedule": _my_schedule, "ema_decay": 0.5}
+    run = tmp_path / "run"
+    trainer = RegressTrainer(model_class=TinyMLP, model_hparams={"hidden_dims": [8]}, exmp_input=X0,
+                             optimizer_hparams=hparams, logger_params={"log_dir": str(run), "logger_type": "csv"},
+                             enable_progress_bar=False, enable_model_summary=False)
+    trainer.train_model(*_loaders(), num_epochs=1)
+    average = flaxlight.ema_params(trainer.state)
+    loaded = _load(run, which="last", optimizer_hparams=hparams)
+    import jax
+    import numpy as np
+    assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(loaded.state.params), jax.tree.leaves(average)))
+    with caplog.at_level(logging.WARNING, logger="flaxlight"):
+        _load(run, which="last", optimizer_hparams={**SGD, "weight_decay": 1e-3, "weight_decay_mode": "l2",
+                                                    "precision": "bf16"}, logger_params={"log_dir": str(tmp_path / "f")})
+    assert "your own" not in caplog.text.lower() and "step" not in caplog.text

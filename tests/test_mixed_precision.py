@@ -144,3 +144,29 @@ def test_other_trainers_precision_spellings_are_answered_with_flaxlights(value, 
         with pytest.raises(ConfigError, match="optimizer: Unknown precision 'bf16-mixed' .* flaxlight spells it 'bf16'"):
             load_config({"trainer": {"name": "regression"}, "model": {"name": "mlp_regressor"},
                          "data": {"name": "sine"}, "optimizer": {"precision": "bf16-mixed"}})
+
+
+def test_a_floating_input_given_by_keyword_computes_in_bf16_too(tmp_path):
+    """apply_model(params, x, mask=m): only positional inputs were cast, and the float32 mask sent the
+    rest of the model back to float32 (review)."""
+    seen = {}
+
+    class Masked(nn.Module):
+        @nn.compact
+        def __call__(self, x, mask=None, train: bool = False):
+            hidden = nn.Dense(8)(x) * mask
+            seen["hidden"] = str(hidden.dtype)
+            return nn.Dense(1)(hidden)
+
+    class Trainer(flaxlight.TrainerModule):
+        def loss_fn(self, params, batch, *, train, rng, state):
+            x, m, y = batch
+            pred, updates = state.apply_model(params, x, train=train, rng=rng, mask=m)
+            return jnp.mean((pred - y) ** 2), ({}, updates)
+
+    x = np.random.default_rng(0).normal(size=(64, 4)).astype(np.float32)
+    m, y = np.ones((64, 1), np.float32), x[:, :1] * 2
+    trainer = Trainer(model_class=Masked, model_hparams={}, exmp_input=(x[:1], m[:1]), optimizer_hparams=BF16,
+                      **quiet(tmp_path))
+    trainer.train_model((x, m, y), None, num_epochs=1, batch_size=32)
+    assert seen["hidden"] == "bfloat16"

@@ -184,7 +184,7 @@ def _as_float32(tree, dtype):
 
 class _ComputingIn:
     """An ``apply_fn`` that runs the model in ``dtype`` (bfloat16): the floating inputs it is
-    given positionally are cast to ``dtype``, and its outputs in ``dtype`` come back as float32
+    given (positional arrays and pytrees of them, keyword arrays) are cast to ``dtype``, and its outputs in ``dtype`` come back as float32
     (rounded to ``dtype``), as Keras' mixed-precision policies and Lightning's autocast return
     them to the loss. Returned updates (``batch_stats``) are left as they are."""
 
@@ -192,6 +192,9 @@ class _ComputingIn:
         self.apply_fn, self.dtype = apply_fn, dtype
 
     def __call__(self, variables, *inputs, **kwargs):
+        kwargs = {key: jnp.asarray(value).astype(self.dtype)  # a floating input given by keyword (mask=m)
+                  if hasattr(value, "dtype") and jnp.issubdtype(value.dtype, jnp.floating) else value
+                  for key, value in kwargs.items()}
         out = self.apply_fn(variables, *cast_floating(inputs, self.dtype), **kwargs)
         if kwargs.get("mutable"):  # (outputs, updates)
             return _as_float32(out[0], self.dtype), out[1]

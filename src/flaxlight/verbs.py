@@ -13,7 +13,9 @@ Examples:
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import logging
 import os
 import re
 import warnings
@@ -143,12 +145,17 @@ class TrainerVerbsMixin:
         trainer._hparams_written, trainer._loaded = own, True  # its hparams.yaml describes this trainer already
         wanted = trainer.optimizer_hparams
         saved = runfiles.read_hparams(run).get("optimizer_hparams", wanted)  # the optimizer whose state was saved
-        averaged = not with_optimizer and _keeps_ema(saved)  # the model the run validated is the EMA in that state
+        run_ema = _keeps_ema(saved)
+        if run_ema is None:  # settings recorded by name (a function of yours): the ones given stand for them
+            saved, run_ema = wanted, bool(_keeps_ema(wanted))
+        averaged = not with_optimizer and run_ema  # the model the run validated is the EMA in that state
         if with_optimizer or averaged:  # the run's schedule again: its length, and its epochs (accumulation's updates)
             trainer.steps_per_epoch = trainer.steps_per_epoch or resume.epoch_length(source)
             trainer._earlier_epochs = resume.earlier_epochs(source)  # epochs of another batch size, if any
-            trainer.optimizer_hparams = wanted if with_optimizer else saved  # an override's optimizer: built to train
-            trainer._build_optimizer(*resume.run_length(source))
+            built = wanted if with_optimizer else saved  # an override's optimizer is built to train, at train_model
+            trainer.optimizer_hparams = built
+            with _quiet_step_check(built is not wanted):
+                trainer._build_optimizer(*resume.run_length(source))
             trainer.optimizer_hparams = wanted
         trainer._place_state()
         load = functools.partial(trainer._load_for_resume, purpose="load_from_checkpoint") if own else None
@@ -523,12 +530,31 @@ def _same_settings(first: Any, second: Any) -> bool:
         return False
 
 
-def _keeps_ema(optimizer_hparams: Any) -> bool:
-    """Whether a run's optimizer settings keep a moving average of the parameters (``ema_decay``)."""
+def _keeps_ema(optimizer_hparams: Any) -> bool | None:
+    """Whether a run's optimizer settings keep a moving average of the parameters (``ema_decay``);
+    None when they cannot be read back (a function of the user's, recorded by name)."""
     try:
-        return getattr(as_optimizer_config(optimizer_hparams), "ema_decay", None) is not None
-    except Exception:  # noqa: BLE001 - settings this flaxlight cannot read: the trainer's build says so
-        return False
+        config = as_optimizer_config(optimizer_hparams)
+    except Exception:  # noqa: BLE001 - settings this flaxlight cannot read
+        return None
+    return None if config is None else config.ema_decay is not None
+
+
+@contextlib.contextmanager
+def _quiet_step_check(quiet: bool):
+    """The run's own optimizer, built only to restore its average: the checks of its settings
+    against the train step (made from the settings given) are not this load's to say."""
+    if not quiet:
+        yield
+        return
+    level = messages.level
+    messages.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        messages.setLevel(level)
 
 
 def _inputs_given(examples: list, args: tuple, kwargs: Mapping[str, Any]) -> int | None:
