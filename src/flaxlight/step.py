@@ -184,9 +184,10 @@ def _as_float32(tree, dtype):
 
 class _ComputingIn:
     """An ``apply_fn`` that runs the model in ``dtype`` (bfloat16): the floating inputs it is
-    given (positional arrays and pytrees of them, keyword arrays) are cast to ``dtype``, and its outputs in ``dtype`` come back as float32
-    (rounded to ``dtype``), as Keras' mixed-precision policies and Lightning's autocast return
-    them to the loss. Returned updates (``batch_stats``) are left as they are."""
+    given (positional arrays and pytrees of them, keyword arrays) are cast to ``dtype``, and its
+    outputs in ``dtype`` come back as float32 (rounded to ``dtype``), as Keras' mixed-precision
+    policies and Lightning's autocast return them to the loss. Returned updates
+    (``batch_stats``) are left as they are."""
 
     def __init__(self, apply_fn: Callable, dtype):
         self.apply_fn, self.dtype = apply_fn, dtype
