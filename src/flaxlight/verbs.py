@@ -154,7 +154,7 @@ class TrainerVerbsMixin:
             trainer._earlier_epochs = resume.earlier_epochs(source)  # epochs of another batch size, if any
             built = wanted if with_optimizer else saved  # an override's optimizer is built to train, at train_model
             trainer.optimizer_hparams = built
-            with _quiet_step_check(built is not wanted):
+            with _quiet_step_check(not _same_settings(built, wanted)):
                 trainer._build_optimizer(*resume.run_length(source))
             trainer.optimizer_hparams = wanted
         trainer._place_state()
