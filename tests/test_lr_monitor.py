@@ -134,3 +134,15 @@ def test_an_accumulating_inject_hyperparams_optimizer_logs_the_next_updates_rate
     logged = _logged(tmp_path)
     assert sorted(logged) == [3, 6, 9, 12, 15, 18, 21, 24]
     assert logged == pytest.approx({step: float(schedule(step // 2)) for step in logged})  # s // 2 updates made
+
+
+@pytest.mark.parametrize("optimizer", ["dict", "ready"])
+def test_logging_interval_epoch_logs_each_epochs_first_rate_once(tmp_path, regression_loaders, optimizer):
+    """Lightning's logging_interval='epoch' was refused; now the rate of each epoch's first update is
+    logged at the step before it, and nothing at the log points in between."""
+    train, val, _ = regression_loaders  # 8 steps per epoch
+    hparams = {"optimizer": "sgd", "schedule": SCHEDULE} if optimizer == "dict" else \
+        optax.inject_hyperparams(optax.sgd)(learning_rate=SCHEDULE)
+    _trainer(tmp_path, hparams, callbacks=[LearningRateMonitor(logging_interval="epoch")],
+             log_every_n_steps=2).train_model(train, val, num_epochs=4)
+    assert _logged(tmp_path) == pytest.approx({s: float(SCHEDULE(s)) for s in (0, 8, 16, 24)})

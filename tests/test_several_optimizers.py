@@ -189,8 +189,9 @@ def test_a_second_optimizers_state_in_a_field_is_logged_under_the_fields_name(tm
 def test_lightnings_logging_interval_is_taken_or_refused_with_flaxlights_way():
     LearningRateMonitor(logging_interval="step")
     LearningRateMonitor(logging_interval=None)
-    with pytest.raises(ValueError, match=r"logging_interval='epoch'.*every train log point \(log_every_n_steps\)"):
-        LearningRateMonitor(logging_interval="epoch")
+    LearningRateMonitor(logging_interval="epoch")
+    with pytest.raises(ValueError, match=r"logging_interval='hour'.*expected None or 'step'.*or 'epoch'"):
+        LearningRateMonitor(logging_interval="hour")
     with pytest.raises(ValueError, match=r"log_momentum=True\) is Lightning's"):
         LearningRateMonitor(log_momentum=True)
 

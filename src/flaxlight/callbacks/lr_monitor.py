@@ -174,9 +174,11 @@ class LearningRateMonitor(Callback):
     logged when the running metrics of ``s`` arrive, a log point later: the loop never waits for
     them. When neither is known, it says so once and logs nothing.
 
-    Lightning's arguments: ``logging_interval`` ``None`` or ``"step"`` is what it does (every
-    train log point, ``log_every_n_steps``); ``"epoch"``, ``log_momentum=True`` and
-    ``log_weight_decay=True`` are refused, naming what to do instead.
+    Lightning's ``logging_interval``: ``None`` or ``"step"`` is what is said above (every train
+    log point, ``log_every_n_steps``); ``"epoch"`` logs the rates once per epoch instead, at its
+    start (the rates of the epoch's first update, at the step before it, as Lightning's
+    ``on_train_epoch_start``). ``log_momentum=True`` and ``log_weight_decay=True`` are refused,
+    naming what to do instead.
 
     Examples:
         >>> trainer = MyTrainer(..., callbacks=[LearningRateMonitor()])  # doctest: +SKIP
@@ -185,6 +187,7 @@ class LearningRateMonitor(Callback):
     def __init__(self, logging_interval: str | None = None, log_momentum: bool = False,
                  log_weight_decay: bool = False):
         _refuse_lightning_only(logging_interval, log_momentum, log_weight_decay)
+        self.logging_interval = logging_interval
         self._warned = False
         self._source: str | None = None  # "schedule", "schedule+scale", "state" or "none" (set per run)
         self._taken: dict[int, dict[str, Any]] = {}  # step -> device values on their way to the host
@@ -206,8 +209,26 @@ class LearningRateMonitor(Callback):
             self._source = "schedule" if getattr(config, "reduce_on_plateau", None) is None else "schedule+scale"
         else:
             self._source = "state" if self._rate_count else "none"
-        self.every_n_steps = trainer.options.log_every_n_steps if self._source in ("schedule+scale", "state") \
-            else None
+        self.every_n_steps = trainer.options.log_every_n_steps \
+            if self._source in ("schedule+scale", "state") and self.logging_interval != "epoch" else None
+
+    def on_train_epoch_start(self, trainer, epoch: int) -> None:
+        """``logging_interval="epoch"``: the rates of the epoch's first update, at the step before it
+        (one device read per epoch for rates the optimizer state holds)."""
+        if self.logging_interval != "epoch":
+            return
+        if self._source is None:
+            self.on_fit_start(trainer)
+        step = trainer.global_step
+        if self._source == "none":
+            self._warn_once()
+            return
+        values = {"train/lr": trainer.learning_rate(step)} if self._source == "schedule" else \
+            {key: float(np.mean(value)) for key, value in jax.device_get(self._device_values(trainer)).items()}
+        if self._source == "schedule+scale":
+            scale = values.get("train/lr_scale", 1.0)
+            values = {"train/lr": trainer.learning_rate(step) * scale, "train/lr_scale": scale}
+        trainer.log_metrics(values, step=step)
 
     def on_train_epoch_end(self, trainer, epoch: int, metrics: Mapping[str, float]) -> None:
         """After a step of yours has counted its updates per batch (its first epoch): one per batch
@@ -234,7 +255,7 @@ class LearningRateMonitor(Callback):
         return values
 
     def on_log(self, trainer, step: int, metrics: Mapping[str, float]) -> None:
-        if not any(key.endswith("_step") for key in metrics):
+        if self.logging_interval == "epoch" or not any(key.endswith("_step") for key in metrics):
             return
         if self._source is None:  # logged outside train_model's loop (no on_fit_start)
             self.on_fit_start(trainer)
@@ -275,13 +296,10 @@ class LearningRateMonitor(Callback):
 def _refuse_lightning_only(logging_interval: Any, log_momentum: bool, log_weight_decay: bool) -> None:
     """Lightning's ``LearningRateMonitor`` arguments: what flaxlight's does is accepted, the rest
     refused naming the way to get it."""
-    if logging_interval not in (None, "step"):
+    if logging_interval not in (None, "step", "epoch"):
         raise ValueError(
-            f"LearningRateMonitor(logging_interval={logging_interval!r}): flaxlight's monitor logs the rate at every "
-            f"train log point (log_every_n_steps), Lightning's logging_interval='step' (None and 'step' are accepted). "
-            f"For one value per epoch, log it yourself: a Callback whose on_train_epoch_end calls "
-            f"trainer.log_metrics(flaxlight.callbacks.lr_monitor.learning_rates(trainer.state)) (the rates of the "
-            f"next updates, one per optimizer group), or set log_every_n_steps to the epoch's length.")
+            f"LearningRateMonitor(logging_interval={logging_interval!r}): expected None or 'step' (the rate at every "
+            f"train log point, log_every_n_steps) or 'epoch' (once per epoch, at its start), as in Lightning.")
     if log_momentum or log_weight_decay:
         what = "log_momentum" if log_momentum else "log_weight_decay"
         raise ValueError(
