@@ -196,6 +196,14 @@ def test_wrong_type_names_expected_type(override, expected):
     assert expected in error_of(minimal(), [override])
 
 
+def test_one_name_for_freeze_or_weight_decay_exclude_is_taken_as_the_python_api_takes_it():
+    """``optimizer.freeze=Dense_0`` was refused ('expected tuple, got str') where
+    ``optimizer_hparams={"freeze": "Dense_0"}`` works."""
+    cfg = load_config(minimal(), ["optimizer.freeze=Dense_0", "optimizer.weight_decay_exclude=bias"])
+    assert cfg.optimizer.freeze == ("Dense_0",) and cfg.optimizer.weight_decay_exclude == ("bias",)
+    assert "optimizer.freeze: expected a list or str, got int 3" in error_of(minimal(), ["optimizer.freeze=3"])
+
+
 def test_an_optax_argument_that_defaults_to_none_is_checked_against_its_annotation():
     sgd = ["optimizer.optimizer=sgd", "optimizer.schedule=constant"]
     assert error_of(minimal(), sgd + ["optimizer.momentum=fast"]) == (

@@ -415,7 +415,7 @@ def _type_name(tp: Any) -> str:
         return " or ".join(_type_name(a) for a in args)
     if origin is Literal:
         return "one of " + ", ".join(map(repr, args))
-    if origin in (list, tuple, collections.abc.Sequence):
+    if origin in (list, tuple, collections.abc.Sequence) or tp in (list, tuple):
         inner = [a for a in args if a is not Ellipsis]
         return f"a list of {_type_name(inner[0])}" if inner and inner[0] is not Any else "a list"
     if origin in (dict, collections.abc.Mapping) or tp in (dict, collections.abc.Mapping):

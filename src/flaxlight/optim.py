@@ -310,12 +310,12 @@ class OptimizerConfig(Mapping):
     gradient_clip_value: Optional[float] = None
     weight_decay: Optional[float] = None
     weight_decay_mode: str = "decoupled"
-    weight_decay_exclude: tuple = DEFAULT_WEIGHT_DECAY_EXCLUDE
+    weight_decay_exclude: Union[tuple, str] = DEFAULT_WEIGHT_DECAY_EXCLUDE  # a str: one name
     weight_decay_mask: Any = None
     reduce_on_plateau: Optional[Mapping[str, Any]] = None
     accumulate_grad_batches: int = 1
     ema_decay: Optional[float] = None
-    freeze: tuple = ()
+    freeze: Union[tuple, str] = ()  # a str: one path
     precision: str = "fp32"
     optimizer_kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
