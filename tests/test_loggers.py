@@ -466,6 +466,18 @@ def test_tensorboard_hparams_tab_gets_the_hyperparameters_and_the_best_metrics(t
     assert point.value == pytest.approx(best["val/loss"]) and point.step == trainer.global_step
 
 
+def test_tensorboard_has_one_epoch_point_per_epoch(tmp_path, regression_loaders):
+    """The epoch's train and val records both carry `epoch`: TensorBoard got two equal points per step."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    train, val, _ = regression_loaders  # 8 steps per epoch
+    _trainer(tmp_path).train_model(train, val, num_epochs=3)
+    events = EventAccumulator(str(tmp_path / "run"), size_guidance={"scalars": 0})
+    events.Reload()
+    assert [(point.step, point.value) for point in events.Scalars("epoch")] == [(8, 1.0), (16, 2.0), (24, 3.0)]
+    assert [point.step for point in events.Scalars("val/loss")] == [8, 16, 24]
+
+
 def test_continuing_a_metrics_csv_whose_last_line_was_cut_rewrites_it_whole(tmp_path):
     import csv
 

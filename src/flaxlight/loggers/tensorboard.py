@@ -62,6 +62,7 @@ class TensorBoardLogger(Logger):
         self._purge_step: int | None = None
         self._logged_ahead: list[tuple[int, dict[str, float]]] = []  # written again after the purge
         self._hparams: dict[str, Any] = {}  # every hyperparameter logged so far, nested
+        self._epoch_written: tuple[int, float] | None = None  # (step, epoch) of the latest `epoch` scalar
 
     @property
     def save_dir(self) -> str:
@@ -126,6 +127,11 @@ class TensorBoardLogger(Logger):
 
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
         summary_pb2 = _tensorboardx("tensorboardX.proto.summary_pb2")
+        if "epoch" in metrics:  # an epoch's train and val records both carry it: one point per step
+            point = (int(step), float(metrics["epoch"]))
+            if point == self._epoch_written:
+                metrics = {key: value for key, value in metrics.items() if key != "epoch"}
+            self._epoch_written = point
         values = [summary_pb2.Summary.Value(tag=key, simple_value=float(value)) for key, value in metrics.items()]
         if values:
             self._write_event(step, summary=summary_pb2.Summary(value=values))
@@ -153,6 +159,7 @@ class TensorBoardLogger(Logger):
             self._writer.flush()
 
     def finalize(self, status: str) -> None:
+        self._epoch_written = None  # a new file (after a purge, too) gets its own
         if self._writer is not None:
             self._writer.close()
             self._writer = None
