@@ -71,6 +71,25 @@ def test_default_log_dir_is_versioned_per_model(tmp_path):
     assert second.log_dir == str(tmp_path / "TinyMLP" / "version_1")
 
 
+def test_a_version_folder_nothing_was_written_into_is_given_back(tmp_path, regression_loaders):
+    """A trainer built and dropped (a notebook cell run again) left an empty version_N folder each time."""
+    import gc
+
+    kwargs = dict(model_class=TinyMLP, model_hparams={}, optimizer_hparams={}, exmp_input=np.zeros((1, 4), np.float32),
+                  enable_progress_bar=False, enable_model_summary=False, logger_params={"base_log_dir": str(tmp_path)})
+    dropped = RegressTrainer(**kwargs)
+    (tmp_path / "TinyMLP" / "notes.txt").write_text("the user's")  # beside the runs: never touched
+    del dropped
+    gc.collect()
+    assert sorted(p.name for p in (tmp_path / "TinyMLP").iterdir()) == ["notes.txt"]
+    trained = RegressTrainer(**kwargs)
+    trained.train_model(*regression_loaders[:2], num_epochs=1)
+    kept = trained.log_dir
+    del trained
+    gc.collect()
+    assert os.path.isfile(os.path.join(kept, "hparams.yaml")) and os.listdir(os.path.join(kept, "checkpoints"))
+
+
 def test_best_model_is_restored_for_testing(tmp_path, regression_loaders):
     train, val, test = regression_loaders
 

@@ -23,6 +23,7 @@ import socket
 import tempfile
 import uuid
 import warnings
+import weakref
 from typing import Any, Callable, Mapping
 
 import jax
@@ -180,7 +181,23 @@ def open_run(logger_params: Mapping[str, Any] | None, owner_name: str,
     check_folders(log_dir)
     loggers = make_loggers(params, log_dir, extra)  # a missing extra (wandb, mlflow) fails before the folder is made
     os.makedirs(os.path.join(log_dir, METRICS_DIR), exist_ok=True)
+    if not params.log_dir:  # a version folder claimed for the trainer: given back if it never writes into it
+        weakref.finalize(loggers, _remove_if_unused, log_dir)
     return log_dir, loggers, Checkpointer(os.path.join(log_dir, CHECKPOINT_DIR), max_to_keep=None)
+
+
+def _remove_if_unused(log_dir: str) -> bool:
+    """Remove ``log_dir`` when it holds nothing but the empty ``metrics/`` folder a trainer makes
+    at construction (a trainer built and dropped, never trained: a notebook cell run again), so
+    that empty ``version_N`` folders do not pile up; ``os.rmdir`` never removes a file."""
+    try:
+        if os.listdir(log_dir) != [METRICS_DIR] or os.listdir(os.path.join(log_dir, METRICS_DIR)):
+            return False
+        os.rmdir(os.path.join(log_dir, METRICS_DIR))
+        os.rmdir(log_dir)
+    except OSError:  # gone already, or written into meanwhile
+        return False
+    return True
 
 
 def run_files_present(log_dir: str) -> list[str]:
