@@ -506,3 +506,52 @@ def test_self_log_in_loss_fn_fails_before_training_saying_to_return_the_metric(t
                                              r"value of loss_fn's metrics: return loss, \{'acc': acc\}"):
         trainer.train_model(*regression_loaders[:2], num_epochs=1)
     assert trainer.global_step == 0
+
+
+# ---------------------------------------------------------------- LightningModule methods on a trainer
+@pytest.mark.parametrize("name, instead", [
+    ("training_step", "Instead: loss_fn(self, params, batch, *, train, rng, state) returning (loss, metrics)"),
+    ("validation_step", "Instead: the same loss_fn with train=False: its metrics are logged as val/..."),
+    ("test_step", "Instead: the same loss_fn with train=False: its metrics are logged as test/..."),
+    ("predict_step", "Instead: predict() returns the model's eval-mode outputs"),
+    ("configure_optimizers", "Instead: optimizer_hparams={'optimizer': 'adamw'"),
+    ("on_save_checkpoint", "Instead: what must travel with the run goes in a field of a flaxlight.TrainState"),
+    ("on_load_checkpoint", "a Callback's state_dict() / load_state_dict() (restored at a resume)"),
+    ("on_train_epoch_end", "Instead: on_training_epoch_end(epoch_idx), or a Callback's on_train_epoch_end("),
+    ("optimizer_step", "Instead: the gradients exist only inside the jitted train step"),
+    ("train_dataloader", "Instead: the loaders are given to the call: train_model(train_loader, val_loader"),
+])
+def test_a_lightning_module_method_on_a_trainer_is_warned_of_naming_what_flaxlight_calls(tmp_path, name, instead):
+    """A predict_step / on_save_checkpoint / configure_optimizers written on the trainer was silently never
+    called: predict returned plain outputs, the scaler never reached the checkpoint (trials7 forecast 3)."""
+    ported = type("Ported", (RegressTrainer,), {name: lambda self, *args: None})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _trainer(tmp_path, trainer_class=ported)
+    said = [str(w.message) for w in caught if "is never called" in str(w.message)]
+    assert len(said) == 1 and said[0].startswith(f"Ported.{name} is never called: flaxlight.TrainerModule has no "
+                                                 f"method {name!r} (a LightningModule's). ")
+    assert instead in said[0] and "docs/from-lightning.md" in said[0]
+    assert all(w.filename == __file__ for w in caught if "is never called" in str(w.message))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # said once: another trainer of the class, or of a subclass, says nothing
+        _trainer(tmp_path, trainer_class=ported)
+        _trainer(tmp_path, trainer_class=type("Sub", (ported,), {}))
+
+
+def test_methods_flaxlight_calls_and_a_mixins_lightning_method_are_told_apart(tmp_path):
+    class Seed(RegressTrainer):  # the seed's hooks, which flaxlight calls (on_validation_epoch_end is Lightning's too)
+        def on_validation_epoch_end(self, epoch_idx, eval_metrics, val_loader): ...
+        def on_training_epoch_end(self, epoch_idx): ...
+        def predict_rollout(self, x): ...
+
+    class LightningBits:  # no trainer: its predict_step reaches a trainer through inheritance
+        def predict_step(self, batch, batch_idx=0): ...
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _trainer(tmp_path, trainer_class=Seed)
+        _trainer(tmp_path, trainer_class=type("Mixed", (LightningBits, RegressTrainer), {}))
+        _trainer(tmp_path, trainer_class=type("OtherMixed", (LightningBits, RegressTrainer), {}))
+    said = [str(w.message) for w in caught]
+    assert len(said) == 1 and said[0].startswith("Mixed.predict_step is never called"), said

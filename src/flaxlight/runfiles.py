@@ -1,8 +1,8 @@
 """The run directory: its versioned folder, its loggers, its hparams and metrics files.
 
 A run's folder (``log_dir``) holds ``hparams.yaml`` (how the trainer was built: plain YAML,
-never pickled), ``metrics.csv`` and the other loggers' files, ``metrics/<name>.json`` and
-``checkpoints/``.
+never pickled; arrays as lists, listed with their dtype and shape under ``array_hparams``),
+``metrics.csv`` and the other loggers' files, ``metrics/<name>.json`` and ``checkpoints/``.
 
 Examples:
     >>> params = LoggerParams.from_mapping({"base_log_dir": "runs", "logger_type": "csv"})
@@ -35,7 +35,7 @@ from flaxlight.distributed import fit_mesh
 from flaxlight.export import INFO_FILE as EXPORT_INFO_FILE
 from flaxlight.loggers import CSVLogger, Logger, LoggerCollection, TensorBoardLogger, tensorboard_available
 from flaxlight.loggers.base import run_display_name
-from flaxlight.messages import logger as messages
+from flaxlight.messages import logger as messages, warn_at_user
 from flaxlight.options import (LIGHTNING_TRAINER_ARGUMENTS, TRAIN_MODEL_ARGUMENTS, TRAINER_ARGUMENTS, TrainerOptions,
                                declared_keywords)
 from flaxlight.registry import RegistryError, explicit_parameters, import_object
@@ -43,10 +43,14 @@ from flaxlight.registry import RegistryError, explicit_parameters, import_object
 __all__ = ["RunInUseError", "LoggerParams", "HPARAMS_FILE", "CHECKPOINT_DIR", "METRICS_DIR", "LOGGER_TYPES", "next_version_dir",
            "open_run", "no_run_files", "finish_run", "claim_run", "RunLock", "run_files_present", "failed_start",
            "set_aside_failed_start", "FAILED_START_DIR", "make_loggers",
-           "write_hparams", "read_hparams", "trainer_kwargs", "load_overrides", "write_metrics", "to_yaml_safe", "class_path",
-           "enable_compilation_cache"]
+           "write_hparams", "read_hparams", "hparams_record", "with_arrays", "ARRAYS_KEY", "ARRAY_SIZE_LIMIT",
+           "trainer_kwargs", "load_overrides", "write_metrics", "to_yaml_safe", "class_path", "enable_compilation_cache"]
 
 HPARAMS_FILE = "hparams.yaml"
+#: The key of ``hparams.yaml`` that lists which values were arrays (path, dtype, shape): they load back as arrays.
+ARRAYS_KEY = "array_hparams"
+#: Elements of an array in the hparams above which writing it warns (it is written whole, a list in the YAML).
+ARRAY_SIZE_LIMIT = 10_000
 CHECKPOINT_DIR = "checkpoints"
 METRICS_DIR = "metrics"
 ABANDONED_DIR = "abandoned"  # <log_dir>/abandoned/after_step_<N>/: a branch a resume set aside (flaxlight.resume)
@@ -502,11 +506,19 @@ def class_path(cls: type) -> str:
 
 
 def to_yaml_safe(value: Any) -> Any:
-    """Plain YAML data: tuples become lists, numpy scalars floats/ints, classes their path."""
+    """Plain YAML data: tuples become lists, numpy scalars floats/ints, numpy and JAX arrays (of
+    numbers, booleans or strings) nested lists of their values, classes their path.
+
+    Examples:
+        >>> to_yaml_safe({"mean": np.array([37.52751, 49.972755], np.float32), "dims": (8, 8)})
+        {'mean': [37.52751, 49.972755], 'dims': [8, 8]}
+    """
     if isinstance(value, Mapping):
         return {str(k): to_yaml_safe(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [to_yaml_safe(v) for v in value]
+    if (array := _plain_array(value)) is not None:
+        return _array_values(array)
     if isinstance(value, np.generic):
         return value.item()
     if isinstance(value, (str, int, float, bool)) or value is None:
@@ -516,6 +528,132 @@ def to_yaml_safe(value: Any) -> Any:
     if callable(value) and isinstance(getattr(value, "__qualname__", None), str) and getattr(value, "__module__", None):
         return f"{value.__module__}.{value.__qualname__}"  # a function (an activation): its path, as a class's
     return re.sub(r" at 0x[0-9a-fA-F]+", "", repr(value))  # the same for the same object in the next process
+
+
+def _plain_array(value: Any) -> np.ndarray | None:
+    """``value`` as a numpy array when it is a numpy or JAX array that YAML can hold as lists (numbers,
+    booleans, strings); None for anything else (a PRNG key, an array of objects: written by repr)."""
+    if not isinstance(value, (np.ndarray, jax.Array)) or jax.dtypes.issubdtype(value.dtype, jax.dtypes.prng_key):
+        return None
+    array = np.asarray(value)
+    floating = jax.dtypes.issubdtype(array.dtype, np.floating)  # bfloat16 too (its numpy kind is "V")
+    return array if floating or array.dtype.kind in "biuU" else None
+
+
+def _array_values(array: np.ndarray) -> Any:
+    """An array's values as nested lists (a 0-d array: one value). Floats narrower than 64 bits are
+    written by their shortest form that reads back as the same value (``37.52751``, not
+    ``37.52751190185547``)."""
+    if not jax.dtypes.issubdtype(array.dtype, np.floating) or array.dtype.itemsize >= 8:
+        return array.tolist()
+    return np.array([float(str(v)) for v in array.ravel()], dtype=object).reshape(array.shape).tolist()
+
+
+def _arrays_in(value: Any, path: tuple = ()) -> list[tuple[tuple, np.ndarray]]:
+    """``(path, array)`` of every array :func:`to_yaml_safe` writes as lists; a path holds the
+    mapping keys (as strings) and list positions leading to it."""
+    if isinstance(value, Mapping):
+        return [found for k, v in value.items() for found in _arrays_in(v, (*path, str(k)))]
+    if isinstance(value, (list, tuple)):
+        return [found for i, v in enumerate(value) for found in _arrays_in(v, (*path, i))]
+    array = _plain_array(value)
+    return [] if array is None else [(path, array)]
+
+
+class _FlowList(list):
+    """A list ``hparams.yaml`` writes on one line, ``[37.52751, 49.972755]``: an array's values."""
+
+
+class _HparamsDumper(yaml.SafeDumper):
+    """``yaml.safe_dump``'s dumper, writing :class:`_FlowList` in flow style."""
+
+
+_HparamsDumper.add_representer(_FlowList, lambda dumper, data: dumper.represent_sequence(
+    "tag:yaml.org,2002:seq", data, flow_style=True))
+
+
+def hparams_record(config: Mapping[str, Any]) -> dict:
+    """``config`` as ``hparams.yaml`` holds it: :func:`to_yaml_safe`, plus, when it holds arrays,
+    :data:`ARRAYS_KEY` listing each one's path, dtype and shape, from which :func:`with_arrays`
+    makes them arrays again. An array of more than :data:`ARRAY_SIZE_LIMIT` elements is written
+    whole, with a warning: such data belongs in the state or a file, not in the settings.
+
+    Examples:
+        >>> hparams_record({"seed": 1, "mean": np.zeros(2, np.float32)})["array_hparams"]
+        [{'path': ['mean'], 'dtype': 'float32', 'shape': [2]}]
+    """
+    hparams, arrays = to_yaml_safe(config), _arrays_in(config)
+    if not arrays:
+        return hparams
+    if ARRAYS_KEY in hparams:
+        raise ValueError(f"{ARRAYS_KEY!r} is the key under which {HPARAMS_FILE} lists which hyperparameters are "
+                         f"arrays; a hyperparameter of yours has that name: rename it.")
+    for path, array in arrays:
+        if array.size > ARRAY_SIZE_LIMIT:
+            warn_at_user(f"{HPARAMS_FILE}: {'.'.join(map(str, path))} is an array of {array.size:,} elements "
+                         f"{array.dtype}{list(array.shape)}, written whole as a list (more than {ARRAY_SIZE_LIMIT:,}), "
+                         f"and given to every logger. Keep large arrays out of the hyperparameters: in a field of a "
+                         f"flaxlight.TrainState subclass (saved in each checkpoint) or in a file of your own whose "
+                         f"path is the hyperparameter (docs/models.md, \"State that travels with the run\").")
+    records = [{"path": list(path), "dtype": "str" if array.dtype.kind == "U" else array.dtype.name,  # not "str96"
+                "shape": list(array.shape)} for path, array in arrays]
+    return {**hparams, ARRAYS_KEY: records}
+
+
+def _for_file(hparams: dict) -> dict:
+    """``hparams`` with its arrays' lists, and their records' paths and shapes, as :class:`_FlowList`."""
+    records = hparams.get(ARRAYS_KEY)
+    if not records:
+        return hparams
+    for record in records:
+        hparams = _at_path(hparams, record["path"], _flowing)
+    return {**hparams, ARRAYS_KEY: [{key: _flowing(value) for key, value in record.items()} for record in records]}
+
+
+def _flowing(value: Any) -> Any:
+    return _FlowList(value) if isinstance(value, list) else value
+
+
+def _at_path(tree: Any, path: list, change: Callable[[Any], Any]) -> Any:
+    """``tree`` (plain dicts and lists) with ``change`` applied at ``path`` (keys and list positions),
+    copied along the path, not in place; a path that leads nowhere (a file edited by hand): as it is."""
+    if not path:
+        return change(tree)
+    key, rest = path[0], path[1:]
+    if isinstance(tree, dict) and key in tree:
+        return {**tree, key: _at_path(tree[key], rest, change)}
+    if isinstance(tree, list) and isinstance(key, int) and 0 <= key < len(tree):
+        return [*tree[:key], _at_path(tree[key], rest, change), *tree[key + 1:]]
+    return tree
+
+
+def with_arrays(hparams: dict) -> dict:
+    """``hparams`` read from ``hparams.yaml`` with the values its :data:`ARRAYS_KEY` record names made
+    numpy arrays of their dtype and shape again, and the record left out (what a trainer is rebuilt
+    from). A record that is not flaxlight's shape is left as it is.
+
+    Examples:
+        >>> with_arrays({"m": [1.5, 2.0], "array_hparams": [{"path": ["m"], "dtype": "float32", "shape": [2]}]})
+        {'m': array([1.5, 2. ], dtype=float32)}
+    """
+    records = hparams.get(ARRAYS_KEY)
+    if not isinstance(records, list) or not all(isinstance(record, dict) and {"path", "dtype", "shape"} <= set(record)
+                                                and isinstance(record["path"], list) for record in records):
+        return hparams
+    rest = {key: value for key, value in hparams.items() if key != ARRAYS_KEY}
+    for record in records:
+        rest = _at_path(rest, record["path"], lambda value, record=record: _as_array(value, record))
+    return rest
+
+
+def _as_array(value: Any, record: Mapping[str, Any]) -> Any:
+    """The list ``value`` as the array ``record`` describes (its values as the file gives them)."""
+    try:
+        array = np.asarray(value, dtype=np.dtype(record["dtype"]))
+    except (TypeError, ValueError):  # a dtype this numpy does not know, values edited into another shape
+        return value
+    shape = tuple(record["shape"]) if isinstance(record["shape"], list) else array.shape
+    return array.reshape(shape) if array.shape != shape and array.size == int(np.prod(shape)) else array
 
 
 def check_shared_log_dir(logger_params: Mapping[str, Any] | None, fast_dev_run: bool) -> None:
@@ -534,7 +672,7 @@ def write_hparams(log_dir: str, config: Mapping[str, Any]) -> dict:
     ``hparams.1.yaml`` (``.2``, ...), and the changes are said; an equal one is left as it is.
     Where the run is (``logger_params``' ``log_dir``, ``base_log_dir``, ``logger_name``: a
     ``version_N`` run resumed by its folder, a moved run) is no setting: it alone changes nothing."""
-    hparams, path = to_yaml_safe(config), os.path.join(log_dir, HPARAMS_FILE)
+    hparams, path = hparams_record(config), os.path.join(log_dir, HPARAMS_FILE)
     if os.path.isfile(path):
         with open(path) as f:
             changes = _changes(_without_location(yaml.safe_load(f) or {}), _without_location(hparams))
@@ -547,7 +685,7 @@ def write_hparams(log_dir: str, config: Mapping[str, Any]) -> dict:
                          f"{'; ...' if len(changes) > 5 else ''}): they apply from now on; the earlier file is kept as "
                          f"{kept}.")
     with open(path, "w") as f:
-        yaml.safe_dump(hparams, f, sort_keys=False)
+        yaml.dump(_for_file(hparams), f, Dumper=_HparamsDumper, sort_keys=False)
     return hparams
 
 
@@ -596,7 +734,7 @@ def trainer_kwargs(trainer_class: type, run: str | os.PathLike, which: str,
     if which not in ("best", "last"):
         raise ValueError(f"which must be 'best' or 'last', got {which!r}.")
     log_dir = os.path.abspath(os.fspath(run))
-    hparams, ckpt_dir = read_hparams(log_dir), os.path.join(log_dir, CHECKPOINT_DIR)
+    hparams, ckpt_dir = with_arrays(read_hparams(log_dir)), os.path.join(log_dir, CHECKPOINT_DIR)
     check_folders(log_dir)
     if need_checkpoint and (not os.path.isdir(ckpt_dir) or not Checkpointer(ckpt_dir, read_only=True).all_steps()):
         if hparams.get("enable_checkpointing") is False:  # not "yet": it never will
@@ -670,7 +808,7 @@ def load_overrides(trainer_class: type, run: str | os.PathLike, overrides: Mappi
             raise TypeError(_partial_load_message(name, key, overrides[key], whose))
     taken = declared | set(TRAINER_ARGUMENTS) | {field.name for field in dataclasses.fields(TrainerOptions)}
     unknown = [key for key in overrides if key not in taken | {"callbacks", "loggers", "mesh"}]
-    hparams = read_hparams(os.path.abspath(os.fspath(run))) if unknown else {}
+    hparams = with_arrays(read_hparams(os.path.abspath(os.fspath(run)))) if unknown else {}
     saved = hparams.get("model_hparams") or {}
     if not unknown or not _takes_model_hparams(trainer_class, saved):
         return dict(overrides)

@@ -400,7 +400,7 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
     def eval_model(self, data_loader: Iterable, log_prefix: str = "", *, batch_size: int | None = None) -> dict[str, float]:
         """Evaluate on ``data_loader`` (or arrays with ``batch_size``): per-example means keyed ``log_prefix + name``."""
         data_loader = as_loader(data_loader, batch_size, what="eval_model's data")
-        acc = self.engine.evaluate(self.state, data_loader, after_batch=self._schedule.raise_if_interrupted,
+        acc = self.engine.evaluate(self._live_state(), data_loader, after_batch=self._schedule.raise_if_interrupted,
                                    on_first_batch=lambda batch: self._check_first_batch(batch, "the evaluation loader"))
         if acc is None:
             raise no_batches_error(f"The evaluation loader ({log_prefix or 'eval'})", data_loader,

@@ -19,6 +19,7 @@ import logging
 import os
 import re
 import warnings
+import weakref
 from typing import Any, Mapping, Sequence
 
 import flax.linen as nn
@@ -29,14 +30,14 @@ from flaxlight import distributed as dist
 from flaxlight import resume, runfiles
 from flaxlight.checkpoint import ModelMismatchError
 from flaxlight.data import as_input_list, as_loader
-from flaxlight.messages import logger as messages
+from flaxlight.messages import logger as messages, warn_at_user
 from flaxlight.metrics import batch_size as examples_in, deliberate_reads
 from flaxlight.optim import PRECISIONS, as_optimizer_config, ema_params
 from flaxlight.options import foreign_method_message
 from flaxlight.step import computing_state, step_owner
-from flaxlight.view import _is_flaxlights, writes_own_checkpoints
+from flaxlight.view import _is_flaxlights, refuse_deleted_arrays, writes_own_checkpoints
 
-__all__ = ["TrainerVerbsMixin"]
+__all__ = ["TrainerVerbsMixin", "LIGHTNING_MODULE_METHODS", "warn_lightning_module_methods"]
 
 
 def _version() -> str:
@@ -115,8 +116,104 @@ def _construct(cls: type, exmp_input: Any, kwargs: dict, overrides: Mapping[str,
             return cls(exmp_input=exmp_input, **{key: value for key, value in kwargs.items() if key not in added})
 
 
+_LOSS_FN = ("loss_fn(self, params, batch, *, train, rng, state) returning (loss, metrics), from which the trainer "
+            "builds the jitted train and eval steps (or create_functions() returning your own (train_step, "
+            "eval_step))")
+_EVAL = "the same loss_fn with train=False: its metrics are logged as {prefix}/... ({where})"
+_IN_STEP = ("the gradients exist only inside the jitted train step: optimizer_hparams sets clipping "
+            "('gradient_clip'), accumulation and the schedule; a TrainStep.compute_gradients override (or "
+            "create_functions() of your own) changes the gradients")
+_RUN_STATE = ("what must travel with the run goes in a field of a flaxlight.TrainState subclass (arrays: saved in "
+              "every checkpoint, restored by load_from_checkpoint and resume=True), in an argument of the trainer's "
+              "constructor (hparams.yaml: back with load_from_checkpoint), in the model (model_hparams: export() "
+              "serves it too) or in a Callback's state_dict() / load_state_dict() (restored at a resume); see "
+              "docs/models.md, \"State that travels with the run\"")
+_BATCH_HOOK = "batches run in one jitted loop with no hook per batch: {what}"
+
+# LightningModule methods that Lightning calls and flaxlight never does: what flaxlight calls instead
+# (a TrainerModule subclass defining one is warned of, :func:`warn_lightning_module_methods`).
+LIGHTNING_MODULE_METHODS = {
+    "training_step": _LOSS_FN,
+    "validation_step": _EVAL.format(prefix="val", where="train_model's val_loader, eval_model"),
+    "test_step": _EVAL.format(prefix="test", where="test(), train_model's test_loader"),
+    "predict_step": "predict() returns the model's eval-mode outputs (its __call__, through state.apply_model); "
+                    "other outputs (a multi-step rollout, post-processing) are a method of your own around predict() "
+                    "or a jitted state.apply_model, or part of the model's __call__ (then export() serves them too)",
+    "configure_optimizers": "optimizer_hparams={'optimizer': 'adamw', 'lr': 1e-3, 'schedule': ...} (or an optax "
+                            "transformation, or a function of the run's total_steps returning one); an "
+                            "init_optimizer(num_epochs, num_steps_per_epoch) override for full control",
+    "configure_callbacks": "callbacks=[...], given to the trainer",
+    "on_save_checkpoint": _RUN_STATE, "on_load_checkpoint": _RUN_STATE,
+    **dict.fromkeys(("backward", "optimizer_step", "optimizer_zero_grad", "configure_gradient_clipping",
+                     "lr_scheduler_step", "on_before_backward", "on_after_backward", "on_before_optimizer_step",
+                     "on_before_zero_grad"), _IN_STEP),
+    "on_fit_start": "on_training_start() (before the first epoch), or a Callback's on_fit_start(trainer)",
+    "on_train_start": "on_training_start() (before the first epoch), or a Callback's on_fit_start(trainer)",
+    "on_fit_end": "on_training_end(), or a Callback's on_fit_end(trainer)",
+    "on_train_end": "on_training_end(), or a Callback's on_fit_end(trainer)",
+    "on_train_epoch_start": "a Callback's on_train_epoch_start(trainer, epoch)",
+    "on_train_epoch_end": "on_training_epoch_end(epoch_idx), or a Callback's on_train_epoch_end(trainer, epoch, "
+                          "metrics)",
+    **dict.fromkeys(("on_validation_start", "on_validation_end", "on_validation_epoch_start"),
+                    "on_validation_epoch_end(epoch_idx, eval_metrics, val_loader) (after each validation), or a "
+                    "Callback's on_validation_end(trainer, epoch, metrics)"),
+    **dict.fromkeys(("on_test_start", "on_test_end", "on_test_epoch_start", "on_test_epoch_end"),
+                    "a Callback's on_test_end(trainer, metrics)"),
+    **dict.fromkeys(("on_train_batch_start", "on_train_batch_end"),
+                    _BATCH_HOOK.format(what="a Callback's on_step(trainer, step) with the class attribute "
+                                            "every_n_steps = 1 runs after each optimizer update")),
+    **dict.fromkeys(("on_validation_batch_start", "on_validation_batch_end", "on_test_batch_start",
+                     "on_test_batch_end"),
+                    _BATCH_HOOK.format(what="return per-batch values from loss_fn (train=False) as metrics")),
+    **{f"on_predict_{moment}": "predict() calls no hooks: use the outputs it returns"
+       for moment in ("start", "end", "epoch_start", "epoch_end", "batch_start", "batch_end")},
+    **dict.fromkeys(("train_dataloader", "val_dataloader", "test_dataloader", "predict_dataloader"),
+                    "the loaders are given to the call: train_model(train_loader, val_loader, test_loader), "
+                    "test(data), predict(data)"),
+    **dict.fromkeys(("transfer_batch_to_device", "on_before_batch_transfer", "on_after_batch_transfer"),
+                    "the loop moves batches to the device itself (prefetched): change them in the loader, or in "
+                    "loss_fn"),
+}
+
+
+_SAID_LIGHTNING_METHODS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # class -> its method names warned of
+
+
+def warn_lightning_module_methods(cls: type) -> None:
+    """Warn of each method of ``cls`` (a :class:`~flaxlight.TrainerModule` subclass) that is named
+    as a LightningModule method Lightning would call and flaxlight never does
+    (:data:`LIGHTNING_MODULE_METHODS`: ``predict_step``, ``configure_optimizers``,
+    ``on_save_checkpoint``, ...), naming what flaxlight calls instead. Run when a trainer is built;
+    each method is warned of once, whichever class of the ones inheriting it is built first. A
+    name flaxlight's trainer has (``on_validation_epoch_end``, the seed's hook) is called, so left alone.
+
+    Examples:
+        >>> class Ported(flaxlight.TrainerModule):        # doctest: +SKIP
+        ...     def predict_step(self, batch, batch_idx): ...
+        >>> Ported(model_class=MLP, ...)                  # doctest: +SKIP
+        UserWarning: Ported.predict_step is never called: flaxlight.TrainerModule has no method 'predict_step' ...
+    """
+    for name, instead in LIGHTNING_MODULE_METHODS.items():
+        owner = next((klass for klass in cls.__mro__ if name in vars(klass)), None)
+        if owner is None or _is_flaxlights(owner) or not callable(getattr(cls, name)):
+            continue
+        said = _SAID_LIGHTNING_METHODS.setdefault(owner, set())
+        if name in said:  # a trainer of this class, or of another that inherits the method, was built
+            continue
+        said.add(name)
+        warn_at_user(f"{cls.__name__}.{name} is never called: flaxlight.TrainerModule has no method {name!r} "
+                     f"(a LightningModule's). Instead: {instead}. (A method of yours that your own code calls, not "
+                     f"meant as Lightning's: name it otherwise. See docs/from-lightning.md.)")
+
+
 class TrainerVerbsMixin:
     """``load_from_checkpoint``, ``predict``, ``test``, ``export``, ``bind_model`` (see the module docstring)."""
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        """A LightningModule method the trainer's class has, which flaxlight never calls, is warned of
+        when the first trainer of that class is built (:func:`warn_lightning_module_methods`)."""
+        warn_lightning_module_methods(cls)
+        return super().__new__(cls)
 
     def __getattr__(self, name: str) -> Any:  # only for names not found otherwise: Lightning's / Keras', with a hint
         if any(name in vars(klass) for klass in type(self).__mro__):  # a property that failed: its own error again
@@ -224,6 +321,7 @@ class TrainerVerbsMixin:
         """
         loader = as_loader(data, batch_size, what="predict's data")
         state = self._state_for(which)
+        refuse_deleted_arrays(state, f"{type(self).__name__}.predict")  # shared with a trainer that trained since
         if getattr(self, "_predict_step", None) is None:
             precision = getattr(step_owner(self.eval_step), "precision", "fp32")  # as validation computes
             self._predict_step = jax.jit(functools.partial(_forward, precision=precision))
@@ -298,6 +396,7 @@ class TrainerVerbsMixin:
         kept, step, count = self.state, self.global_step, self._step_count
         try:
             self._restore_for_test(which)
+            self._live_state("test")  # shared with a trainer that trained since: said before anything is written
             self.global_step = step  # the test's records are the run's, at its step
             test_metrics = self.eval_model(test_loader, log_prefix=f"{stem}/")
             try:  # the run folder's lock is held while the records are written, not during the evaluation
@@ -387,6 +486,7 @@ class TrainerVerbsMixin:
         except FileNotFoundError as exc:
             raise FileNotFoundError(f"{exc} export(which={which!r}) needs a saved checkpoint; pass which='current' "
                                     f"to export the trainer's state now.") from None
+        refuse_deleted_arrays(state, f"{type(self).__name__}.export")
         example = _model_inputs(self.exmp_input, self._input_count)
         info = {"which": which, "step": int(np.asarray(state.step)), "precision": precision,
                 "model": getattr(self.model_class, "__name__", type(self.model_adapter).__name__),

@@ -820,6 +820,7 @@ class TrainerViewMixin:
         (:func:`adopt_state`)."""
         name = type(self).__name__
         self.state = adopt_state(self.state, None, f"{name}.init_model", self._say_once)
+        refuse_deleted_arrays(self.state, f"{name}.train_model")  # donated by another trainer's: before any file
         before, self._schedule_asked = self.state, num_epochs * num_steps_per_epoch  # an override may enlarge it
         self.init_optimizer(num_epochs, num_steps_per_epoch)
         self.state = adopt_state(self.state, before, f"{name}.init_optimizer", self._say_once)
@@ -844,6 +845,13 @@ class TrainerViewMixin:
         state = getattr(self, "state", None)
         if state is not before and isinstance(state, flax_train_state.TrainState):
             self.state = adopt_state(state, before, f"{type(self).__name__}.load_model", self._say_once)
+
+    def _live_state(self, verb: str = "eval_model") -> Any:
+        """``self.state`` for ``verb``, refused when arrays of it were deleted (:func:`refuse_deleted_arrays`);
+        inside ``train_model`` (a validation) unchecked: the loop's own state is live."""
+        if not self._in_run:
+            refuse_deleted_arrays(self.state, f"{type(self).__name__}.{verb}")
+        return self.state
 
     def _say_once(self, message: str) -> None:
         """Say ``message`` the first time only (each ``train_model`` builds the optimizer again)."""
@@ -1144,6 +1152,31 @@ def adopt_state(state: Any, before: Any, where: str, say: Callable[[str], None])
                     f"self.state.with_optimizer(optimizer) "
                     f"(every field kept); for fields of your own, subclass it: class MyState(flaxlight.TrainState): "
                     f"ema: Any = None.")
+
+
+def refuse_deleted_arrays(state: Any, where: str) -> None:
+    """A clear error when ``state`` holds JAX arrays that were deleted, naming them: ``train_model``
+    donates its trainer's state to the jitted step, so arrays one trainer's state shares with
+    another's (layers put into a new trainer's state, docs/models.md "A new head") are gone once
+    either trains. Cheap (``is_deleted()`` per leaf); paths are found only when one is deleted.
+
+    Examples:
+        >>> refuse_deleted_arrays(trainer.state, "MyTrainer.predict")   # doctest: +SKIP
+    """
+    if not any(isinstance(leaf, jax.Array) and leaf.is_deleted() for leaf in jax.tree.leaves(state)):
+        return
+    paths = [(path, leaf) for path, leaf in jax.tree_util.tree_leaves_with_path(state)
+             if isinstance(leaf, jax.Array) and leaf.is_deleted()]
+    named = ", ".join(f"state{jax.tree_util.keystr(path)} ({leaf.dtype}{list(leaf.shape)})" for path, leaf in paths[:4])
+    more = f" and {len(paths) - 4} more" if len(paths) > 4 else ""
+    layer = f"source.state{jax.tree_util.keystr(paths[0][0][:2])}"  # e.g. source.state.params['Dense_0']
+    raise RuntimeError(
+        f"{where}: {len(paths)} array(s) of the trainer's state were deleted: {named}{more}. JAX deletes an array "
+        f"that a jitted step was given to reuse (donated): train_model donates its trainer's state, so arrays that two "
+        f"trainers' states share (layers put into a new trainer's state from another's, as in docs/models.md \"A new "
+        f"head\") are gone once either of them trains. Load the run they came from again (load_from_checkpoint), and "
+        f"copy them when putting them into another trainer's state, jax.tree.map(jnp.copy, {layer}), so that "
+        f"training one leaves the other intact.")
 
 
 def _is_flaxlights(method: Callable) -> bool:
