@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import types
@@ -365,6 +366,16 @@ def test_a_dashed_key_does_not_take_an_option_as_its_value(tmp_path, capsys, opt
     assert err.startswith("flaxlight fit: error: --trainer.logger_params.run_name expects a value")
     assert f"the next argument, {option}, is an option" in err and "--trainer.logger_params.run_name=-x" in err
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("flag", [["--trainer.max_epochs", "5"], ["--trainer.max_epochs=5"]])
+def test_an_option_missing_its_value_does_not_take_a_dashed_key(tmp_path, capsys, monkeypatch, flag):
+    """`--log-dir --trainer.max_epochs 5` trained in a folder named 'trainer.max_epochs=5' for the config's epochs."""
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run(capsys, "fit", "-c", CONFIGS / "sine_regression.yaml", "--log-dir", *flag)
+    assert code == 2 and out == "" and not os.listdir(tmp_path), err
+    assert err == f"flaxlight fit: error: --log-dir expects a value: --log-dir VALUE (the next argument, {flag[0]}, " \
+                  f"is an option).\n"
 
 
 def test_a_dashed_key_takes_a_negative_number_and_text_after_equals(capsys):

@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 __all__ = ["main"]
 
@@ -81,15 +81,19 @@ class _Parser(argparse.ArgumentParser):
                 f"optimizer_hparams of docs/optimizers.md):\n{listing}\n")
 
 
-def _dotted_flags(argv: Sequence[str]) -> list[str]:
+def _dotted_flags(argv: Sequence[str], value_options: Iterable[str] = ()) -> list[str]:
     """LightningCLI's ``--trainer.max_epochs=5`` / ``--trainer.max_epochs 5`` as our ``trainer.max_epochs=5``.
     As argparse, ``--KEY VALUE`` does not take an option as its VALUE (``--print-config``, ``-c``,
-    ``--a.b``, ...), a negative number aside: ``--trainer.seed -1`` works, ``--KEY=-x`` for other text."""
+    ``--a.b``, ...), a negative number aside: ``--trainer.seed -1`` works, ``--KEY=-x`` for other text;
+    nor is ``--KEY`` taken as the value of an option in ``value_options`` (``--log-dir --a.b 5``)."""
     out, args = [], list(argv)
     while args:
         arg = args.pop(0)
         name = arg[2:].split("=", 1)[0]
         if arg.startswith("--") and "." in name and not name.startswith("."):
+            if out and out[-1] in value_options:
+                raise _UsageError(f"{out[-1]} expects a value: {out[-1]} VALUE (the next argument, {arg}, is an "
+                                  f"option).")
             if "=" in arg:
                 out.append(arg[2:])
                 continue
@@ -715,8 +719,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     failed, e.g. a study whose every trial failed)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     top, parsers = _build_parser()
+    command = parsers.get(argv[0]) if argv else None
+    value_options = {option for action in (command._actions if command else [])  # argparse's own list
+                     for option in action.option_strings if action.nargs != 0}
     try:
-        argv = _dotted_flags(argv)
+        argv = _dotted_flags(argv, value_options)
     except _UsageError as exc:
         command = f" {argv[0]}" if argv and argv[0] in parsers else ""
         print(f"flaxlight{command}: error: {exc}", file=sys.stderr)
