@@ -719,14 +719,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     failed, e.g. a study whose every trial failed)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     top, parsers = _build_parser()
-    command = parsers.get(argv[0]) if argv else None
-    value_options = {option for action in (command._actions if command else [])  # argparse's own list
-                     for option in action.option_strings if action.nargs != 0}
+    parser = parsers.get(argv[0]) if argv else None
+    value_options = {option for action in (parser._actions if parser else [])  # argparse's own list
+                     for option in action.option_strings if action.nargs != 0}  # store_true, help: nargs 0
     try:
         argv = _dotted_flags(argv, value_options)
     except _UsageError as exc:
-        command = f" {argv[0]}" if argv and argv[0] in parsers else ""
-        print(f"flaxlight{command}: error: {exc}", file=sys.stderr)
+        print(f"flaxlight{f' {argv[0]}' if parser else ''}: error: {exc}", file=sys.stderr)
         return 2
     if argv and argv[0] in parsers:
         # Intermixed: overrides may come before, between or after the options.
