@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import types
@@ -351,7 +352,39 @@ def test_lightning_style_print_config_and_dashed_dotted_keys(tmp_path, capsys):
     code, _, err = run(capsys, "fit", "--config", CONFIGS / "digits_mlp.yaml", "--print_config", "--trainer.max_epoch=5")
     assert code == 2 and "Did you mean 'trainer.max_epochs'?" in err  # the same message as key=value
     code, _, err = run(capsys, "fit", "--config", CONFIGS / "digits_mlp.yaml", "--trainer.max_epochs")
-    assert code == 2 and "--trainer.max_epochs needs a value" in err
+    assert code == 2 and "--trainer.max_epochs expects a value" in err
+
+
+@pytest.mark.parametrize("option", ["--print-config", "--help", "-h", "-c", "--resume", "--overwrite",
+                                    "--optimizer.lr=3e-4", "--optimizer.lr"])
+def test_a_dashed_key_does_not_take_an_option_as_its_value(tmp_path, capsys, option):
+    """`--trainer.logger_params.run_name --print-config` (a forgotten value) trained a whole run named
+    '--print-config' instead of printing the config; `... --help` trained instead of helping."""
+    code, out, err = run(capsys, "fit", "-c", CONFIGS / "sine_regression.yaml", "--log-dir", tmp_path / "run",
+                         "--trainer.logger_params.run_name", option, "x.yaml")
+    assert code == 2 and out == "" and err.count("\n") == 1, err
+    assert err.startswith("flaxlight fit: error: --trainer.logger_params.run_name expects a value")
+    assert f"the next argument, {option}, is an option" in err and "--trainer.logger_params.run_name=-x" in err
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("flag", [["--trainer.max_epochs", "5"], ["--trainer.max_epochs=5"]])
+def test_an_option_missing_its_value_does_not_take_a_dashed_key(tmp_path, capsys, monkeypatch, flag):
+    """`--log-dir --trainer.max_epochs 5` trained in a folder named 'trainer.max_epochs=5' for the config's epochs."""
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run(capsys, "fit", "-c", CONFIGS / "sine_regression.yaml", "--log-dir", *flag)
+    assert code == 2 and out == "" and not os.listdir(tmp_path), err
+    assert err == f"flaxlight fit: error: --log-dir expects a value: --log-dir VALUE (the next argument, {flag[0]}, " \
+                  f"is an option).\n"
+
+
+def test_a_dashed_key_takes_a_negative_number_and_text_after_equals(capsys):
+    code, out, err = run(capsys, "fit", "-c", CONFIGS / "sine_regression.yaml", "--print-config", "--trainer.seed",
+                         "-1", "--optimizer.b2", "-1e-3", "--trainer.logger_params.run_name=-x")
+    assert code == 0, err
+    printed = yaml.safe_load(out)
+    assert printed["trainer"]["seed"] == -1 and printed["optimizer"]["b2"] == -1e-3
+    assert printed["trainer"]["logger_params"]["run_name"] == "-x"
 
 
 def test_repeated_config_files_merge_in_order(tmp_path, capsys):
@@ -533,8 +566,13 @@ def test_a_checkpoint_callback_ranking_by_another_monitor_than_the_trainer_is_a_
 def test_a_config_for_another_model_than_the_run_is_a_config_error(sine_run, capsys):
     """`test --ckpt RUN -c other.yaml` ended in a TypeError traceback (exit 1)."""
     code, _, err = run(capsys, "test", "--ckpt", sine_run, "--config", CONFIGS / "digits_mlp.yaml")
-    assert code == 2 and "Traceback" not in err
-    assert "does not fit this config's model (a config for another model?)" in err and "not accepted by" in err
+    assert code == 2 and "Traceback" not in err  # its data first: another data set than the run's
+    assert "data.name: 'digits' here, 'sine' in the run's config" in err
+    code, _, err = run(capsys, "test", "--ckpt", sine_run, "--config", CONFIGS / "digits_mlp.yaml", "--allow-resplit")
+    assert code == 2 and "Traceback" not in err and err.splitlines()[-1].startswith("flaxlight test: error: ")
+    assert ("does not fit this config's model flaxlight.zoo.models.MLPClassifier (the run's is "
+            "flaxlight.zoo.models.MLPRegressor)") in err and "different model" in err
+    assert "se the run's model section (its config.yaml, the default without --config)" in err
 
 
 def test_predict_and_export_outputs_of_best_and_last_do_not_replace_each_other(sine_run, tmp_path, capsys):

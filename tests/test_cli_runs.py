@@ -7,7 +7,9 @@ import hashlib
 import os
 import shutil
 from pathlib import Path
+from typing import Sequence
 
+import flax.linen as nn
 import pytest
 import yaml
 
@@ -159,3 +161,104 @@ def test_a_run_without_checkpoints_is_not_offered_resume(tmp_path, capsys):
     code, _, err = run(capsys, "fit", "-c", SINE, *no_checkpoints, "--resume", run_dir)
     assert code == 2 and "the run there saved no checkpoint" in err and f"--log-dir {run_dir} --overwrite" in err
     assert digests(run_dir) == before
+
+
+def test_resume_refuses_data_settings_that_change_the_splits_unless_allowed(run_copy, capsys):
+    """`fit --resume RUN data.seed=3` trained on, validated and tested on a re-split (its val and test
+    splits held examples it had trained on) and recorded the new seed in config.yaml, silently."""
+    before = digests(run_copy)
+    code, _, err = run(capsys, "fit", "-c", run_copy / "config.yaml", "--resume", run_copy, "trainer.max_epochs=3",
+                       "data.seed=3")
+    assert code == 2 and err.count("\n") == 1, err
+    assert err.startswith("flaxlight fit: error: fit --resume would continue the run on other data than the run's: "
+                          "data.seed: 3 here, 0 in the run's config") and "(the override data.seed=3)" in err
+    assert "may hold examples the run trained on" in err and "pass --allow-resplit to continue" in err
+    assert digests(run_copy) == before  # nothing trained or written
+    code, _, err = run(capsys, "fit", "-c", run_copy / "config.yaml", "--resume", run_copy, "trainer.max_epochs=3",
+                       "data.kwargs.num_val=100")
+    assert code == 2 and "data.kwargs: {'num_val': 100} here, {} in the run's config" in err
+    code, out, err = run(capsys, "fit", "-c", run_copy / "config.yaml", "--resume", run_copy, "trainer.max_epochs=3",
+                         "data.seed=3", "--allow-resplit")
+    assert code == 0 and "test/loss:" in out, err
+    assert yaml.safe_load((run_copy / "config.yaml").read_text())["data"]["seed"] == 3  # what the run now uses
+
+
+# ------------------------------------------------------------------------------------ another model class
+class ScaledRegressor(nn.Module):
+    """MLPRegressor's layers (a sine run's checkpoint fits it) and an output scale it requires."""
+
+    hidden_dims: Sequence[int]
+    output_dim: int
+    scale: float
+
+    @nn.compact
+    def __call__(self, x, train: bool = False):
+        for dim in self.hidden_dims:
+            x = nn.silu(nn.Dense(dim)(x))
+        return self.scale * nn.Dense(self.output_dim)(x)
+
+
+def test_a_config_naming_another_model_class_builds_it_from_its_own_hparams(finished_run, tmp_path, capsys):
+    """`test --ckpt RUN -c other.yaml`, other.yaml naming another class: it was built from the run's
+    hparams (other.yaml's ignored), and one missing a required argument ended in a TypeError traceback."""
+    registry.register_model("scaled_regressor_for_tests", ScaledRegressor)
+    code, out, err = run(capsys, "test", "--ckpt", finished_run)
+    assert code == 0, err
+    own_loss = float(out.split("test/loss: ")[1].split()[0])
+    config = yaml.safe_load((finished_run / "config.yaml").read_text())
+    config["model"] = {"name": "scaled_regressor_for_tests", "hparams": {"hidden_dims": [128, 128], "output_dim": 1,
+                                                                         "scale": 1.0}}
+    for scale in (1.0, 3.0):
+        config["model"]["hparams"]["scale"] = scale
+        (tmp_path / "other.yaml").write_text(yaml.safe_dump(config))
+        code, out, err = run(capsys, "test", "--ckpt", finished_run, "-c", tmp_path / "other.yaml")
+        assert code == 0 and "Traceback" not in err, err
+        assert "is not the class the run recorded (flaxlight.zoo.models.MLPRegressor in " in err
+        assert "it is built from the config's model.hparams" in err and "'scale': " in err
+        loss = float(out.split("test/loss: ")[1].split()[0])
+        assert (loss == pytest.approx(own_loss)) == (scale == 1.0)  # the config's scale is the one used
+    config["model"]["hparams"]["hidden_dims"] = [64, 64]  # the run's checkpoint does not fit this one
+    (tmp_path / "other.yaml").write_text(yaml.safe_dump(config))
+    code, _, err = run(capsys, "test", "--ckpt", finished_run, "-c", tmp_path / "other.yaml")
+    assert code == 2 and "Traceback" not in err and err.splitlines()[-1].startswith("flaxlight test: error: the run")
+    assert "does not fit this config's model " in err and ".ScaledRegressor (the run's is " \
+        "flaxlight.zoo.models.MLPRegressor)" in err and "(128,)" in err
+
+
+# ------------------------------------------------------------------------------------ advice in the CLI's words
+def test_errors_and_log_lines_give_the_command_lines_spelling(tmp_path, capsys):
+    """The CLI said "Pass which='current'", "Pass monitor='val/<name>' ... to the trainer" and
+    "load_from_checkpoint(run_dir, ..., with_optimizer=False)": things only Python can do."""
+    run_dir = tmp_path / "run"
+    code, _, err = run(capsys, "fit", "-c", SINE, *SHORT, "trainer.max_epochs=1", "trainer.enable_checkpointing=false",
+                       "--log-dir", run_dir)
+    assert code == 0, err
+    assert "Testing the model as training left it" in err and "which='current'" not in err
+    assert "Turn checkpointing on (trainer.enable_checkpointing=true, or a model_checkpoint callback)" in err
+    code, _, err = run(capsys, "test", "--ckpt", run_dir)
+    assert code == 2 and "ModelCheckpoint(" not in err and "trainer.enable_checkpointing=true" in err
+    code, _, err = run(capsys, "fit", "-c", SINE, *SHORT, "trainer.monitor=val_loss", "--log-dir", tmp_path / "other")
+    assert code == 2 and "monitor='val/<name>'" not in err and "Set trainer.monitor=val/<name>" in err, err
+
+
+def test_a_refused_resume_points_at_the_python_recipe_for_a_new_run_from_its_weights(run_copy, capsys):
+    code, _, err = run(capsys, "fit", "-c", run_copy / "config.yaml", "--resume", run_copy, "trainer.max_epochs=3",
+                       "optimizer.freeze=[Dense_0]")
+    assert code == 2 and "load_from_checkpoint(" not in err and "hparams.yaml" not in err, err
+    assert "Resume with the run's optimizer section (see its config.yaml)" in err
+    section = "A new run from a trained run's weights"
+    assert f'which the command line cannot do (the Python recipe: docs/cli.md, "{section}")' in err
+    assert f"\n## {section}\n" in (Path(__file__).resolve().parents[1] / "docs" / "cli.md").read_text()
+
+
+def test_the_docs_recipe_for_a_new_run_from_a_trained_runs_weights(run_copy, tmp_path, capsys, monkeypatch):
+    """docs/cli.md's Python recipe (the command line has none) trains a new run that `flaxlight test` reads."""
+    text = (Path(__file__).resolve().parents[1] / "docs" / "cli.md").read_text()
+    recipe = text.split("## A new run from a trained run's weights")[1].split("```python\n")[1].split("```")[0]
+    monkeypatch.chdir(tmp_path)
+    before = digests(run_copy)
+    exec(recipe.replace('"runs/base"', repr(str(run_copy))), {})
+    assert (tmp_path / "runs" / "finetune" / "config.yaml").is_file()
+    assert digests(run_copy) == before  # the source run is left as it was
+    code, out, err = run(capsys, "test", "--ckpt", tmp_path / "runs" / "finetune")
+    assert code == 0 and "test/loss:" in out, err

@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 __all__ = ["main"]
 
@@ -32,8 +32,9 @@ overrides: any number of dotted KEY=VALUE pairs after the options; values are re
 
 """ + _TRUST_EPILOG
 _TOP_EPILOG = _EPILOG.replace("\n\ntrust:", "\n  (validate, test, predict and export take data.* overrides only; "
-                              "validate also trainer.limit_val_batches;\n  validate, test and predict take data.name, "
-                              "data.seed and data.kwargs other than the run's only with --allow-resplit)\n\ntrust:", 1)
+                              "validate also trainer.limit_val_batches;\n  validate, test, predict and fit --resume "
+                              "take data.name, data.seed and data.kwargs\n  other than the run's only with "
+                              "--allow-resplit)\n\ntrust:", 1)
 
 # validate, test, predict and export load the run's model with its saved settings (hparams.yaml):
 # they take data.* overrides only (validate also trainer.limit_val_batches) and refuse the others.
@@ -43,8 +44,8 @@ _EVAL_OVERRIDES = {  # command: (what it accepts, an example)
     "predict": ("data.*", "data.eval_batch_size=256"),
     "export": ("data.*", "data.kwargs.KEY=VALUE"),  # the data gives only the example input (its train split)
 }
-# The data section's fields that decide which examples each split holds: validate, test and
-# predict refuse a value other than the run's unless --allow-resplit (batch sizes are safe).
+# The data section's fields that decide which examples each split holds: validate, test, predict
+# and fit --resume refuse a value other than the run's unless --allow-resplit (batch sizes are safe).
 _SPLIT_FIELDS = ("name", "seed", "kwargs")
 _RESPLIT_TEXT = ("data.name, data.seed and data.kwargs must be the run's (they decide which examples each split "
                  "holds) unless --allow-resplit is given")
@@ -80,22 +81,42 @@ class _Parser(argparse.ArgumentParser):
                 f"optimizer_hparams of docs/optimizers.md):\n{listing}\n")
 
 
-def _dotted_flags(argv: Sequence[str]) -> list[str]:
-    """LightningCLI's ``--trainer.max_epochs=5`` / ``--trainer.max_epochs 5`` as our ``trainer.max_epochs=5``."""
+def _dotted_flags(argv: Sequence[str], value_options: Iterable[str] = ()) -> list[str]:
+    """LightningCLI's ``--trainer.max_epochs=5`` / ``--trainer.max_epochs 5`` as our ``trainer.max_epochs=5``.
+    As argparse, ``--KEY VALUE`` does not take an option as its VALUE (``--print-config``, ``-c``,
+    ``--a.b``, ...), a negative number aside: ``--trainer.seed -1`` works, ``--KEY=-x`` for other text;
+    nor is ``--KEY`` taken as the value of an option in ``value_options`` (``--log-dir --a.b 5``)."""
     out, args = [], list(argv)
     while args:
         arg = args.pop(0)
         name = arg[2:].split("=", 1)[0]
         if arg.startswith("--") and "." in name and not name.startswith("."):
+            if out and out[-1] in value_options:
+                raise _UsageError(f"{out[-1]} expects a value: {out[-1]} VALUE (the next argument, {arg}, is an "
+                                  f"option).")
             if "=" in arg:
                 out.append(arg[2:])
                 continue
-            if not args:
-                raise _UsageError(f"{arg} needs a value: {arg}=VALUE or {arg} VALUE.")
+            if not args or _is_option(args[0]):
+                after = f" (the next argument, {args[0]}, is an option; a value that starts with '-' goes " \
+                        f"after '=': {arg}=-x)" if args else ""
+                raise _UsageError(f"{arg} expects a value: {arg} VALUE or {arg}=VALUE{after}.")
             out.append(f"{name}={args.pop(0)}")
         else:
             out.append(arg)
     return out
+
+
+def _is_option(text: str) -> bool:
+    """Whether a command-line argument reads as an option, as argparse reads it: it starts with
+    ``-`` and is not a number (``-1``, ``-1e-3``) or ``-`` alone."""
+    if not text.startswith("-") or text == "-":
+        return False
+    try:
+        float(text)
+    except ValueError:
+        return True
+    return False
 
 
 def _add_config_arguments(parser: argparse.ArgumentParser, *, config_required: bool,
@@ -135,6 +156,10 @@ def _add_fit_arguments(fit: argparse.ArgumentParser) -> None:
                      help="continue the run in RUN_DIR from its newest checkpoint (its log dir becomes RUN_DIR)")
     fit.add_argument("--overwrite", action="store_true",
                      help="replace the run already in --log-dir (its checkpoints and metrics are deleted)")
+    fit.add_argument("--allow-resplit", action="store_true",
+                     help="with --resume: continue on data whose data.name, data.seed or data.kwargs differ from the "
+                          "run's (they change which examples each split holds, so the val and test splits may then "
+                          "hold examples the run trained on)")
 
 
 def _add_checkpoint_arguments(parser: argparse.ArgumentParser, *, scores: bool = True) -> None:
@@ -328,6 +353,8 @@ def _fit(args: argparse.Namespace) -> int:
         cfg.trainer.logger_params.log_dir = args.resume or args.log_dir
     if args.print_config:
         return _print_config(cfg)
+    if args.resume and not args.allow_resplit:
+        _check_same_splits(cfg, args, args.resume)
     done = _nothing_to_train(cfg, args.resume) if args.resume else None
     if done:
         print(done)
@@ -423,7 +450,7 @@ def _evaluate(args: argparse.Namespace) -> int:
     if args.print_config:
         return _print_config(cfg)
     if args.command != "export" and not args.allow_resplit:
-        _check_same_splits(cfg, args)
+        _check_same_splits(cfg, args, args.ckpt)
     resolved = resolve_config(cfg, **_opt_in(args))
     train, val, test = build_data(cfg, resolved)
     split = getattr(args, "split", None) or {"validate": "val", "test": "test", "export": "train"}[args.command]
@@ -460,13 +487,13 @@ def _evaluate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check_same_splits(cfg: Any, args: argparse.Namespace) -> None:
+def _check_same_splits(cfg: Any, args: argparse.Namespace, run_dir: str) -> None:
     """Refuse data settings that change which examples each split holds (:data:`_SPLIT_FIELDS`),
     compared with the run's own ``config.yaml`` (else the ``--config`` files without the overrides):
-    the model would be scored on examples it may have trained on."""
+    evaluating (or resuming: ``fit --resume``) would score the model on examples it may have trained on."""
     from flaxlight.config import CONFIG_FILE, ConfigError, load_config
 
-    saved = os.path.join(args.ckpt, CONFIG_FILE)
+    saved = os.path.join(run_dir, CONFIG_FILE)
     reference = None
     for source, what in ((saved, f"the run's config ({saved})"), (args.config, " + ".join(args.config or []))):
         if source and (isinstance(source, list) or os.path.isfile(source)):
@@ -475,7 +502,7 @@ def _check_same_splits(cfg: Any, args: argparse.Namespace) -> None:
                 break
             except ConfigError:
                 continue
-    if reference is None or reference.model != cfg.model:  # a config for another model: loading says so first
+    if reference is None:
         return
     differ = [f"data.{key}: {getattr(cfg.data, key)!r} here, {getattr(reference.data, key)!r} in {what}"
               for key in _SPLIT_FIELDS if getattr(cfg.data, key) != getattr(reference.data, key)]
@@ -484,10 +511,16 @@ def _check_same_splits(cfg: Any, args: argparse.Namespace) -> None:
     given = [text for text in args.overrides if text.split("=", 1)[0].strip().split(".")[0] == "data"
              and text.split("=", 1)[0].strip() not in ("data.batch_size", "data.eval_batch_size")]
     by = f" (the override{'s' * (len(given) > 1)} {', '.join(given)})" if given else ""
-    raise ConfigError(f"{args.command} would score the run's model on other data than the run's: {'; '.join(differ)}"
-                      f"{by}. data.name, data.seed and data.kwargs decide which examples each split holds, so this "
-                      f"split may hold examples the run trained on. Keep the run's (data.batch_size and "
-                      f"data.eval_batch_size may change), or pass --allow-resplit to evaluate on this data anyway.")
+    if args.command == "fit":
+        doing, harm, anyway = ("fit --resume would continue the run on other data than the run's",
+                               "the resumed epochs would train on other examples, and validate and test on splits "
+                               "that may hold examples the run trained on", "continue on this data anyway")
+    else:
+        doing, harm, anyway = (f"{args.command} would score the run's model on other data than the run's",
+                               "this split may hold examples the run trained on", "evaluate on this data anyway")
+    raise ConfigError(f"{doing}: {'; '.join(differ)}{by}. data.name, data.seed and data.kwargs decide which "
+                      f"examples each split holds, so {harm}. Keep the run's (data.batch_size and "
+                      f"data.eval_batch_size may change), or pass --allow-resplit to {anyway}.")
 
 
 def _in_order(loader):
@@ -621,6 +654,47 @@ def _list(args: argparse.Namespace) -> int:
     return 0
 
 
+# Advice that flaxlight's messages give in Python terms, as a command-line user acts on it (errors and
+# log lines of a command pass through _for_cli). Python spelling -> command-line spelling.
+_CLI_SPELLINGS = (
+    ("Pass monitor='val/<name>' (and mode='min'/'max') to the trainer",
+     "Set trainer.monitor=val/<name> (and trainer.mode=min or max)"),
+    ("pass monitor='val/<name>', mode='min'/'max' to choose another",
+     "set trainer.monitor=val/<name> and trainer.mode=min or max to choose another"),
+    ("Pass which='current' to say so, or turn checkpointing on",
+     "Turn checkpointing on (trainer.enable_checkpointing=true, or a model_checkpoint callback)"),
+    ("(enable_checkpointing=True, or callbacks=[ModelCheckpoint(...)]), or use the trainer that trained it "
+     "(predict, export)", "(trainer.enable_checkpointing=true, or a model_checkpoint callback)"),
+    ("optimizer_hparams (see its hparams.yaml)", "optimizer section (see its config.yaml)"),
+    ("start fresh from its weights: load_from_checkpoint(run_dir, exmp_input, with_optimizer=False, "
+     "optimizer_hparams=...) and train_model into a new log_dir",
+     "start a new run from its weights, which the command line cannot do (the Python recipe: docs/cli.md, "
+     "\"A new run from a trained run's weights\")"),
+    ("build the trainer with the model hyperparameters of that run (see its hparams.yaml)",
+     "use the run's model section (its config.yaml, the default without --config)"),
+    ("Build the trainer with the model hyperparameters of that run (see its hparams.yaml)",
+     "Use the run's model section (its config.yaml, the default without --config)"),
+)
+
+
+def _for_cli(text: str) -> str:
+    """``text`` with the Python-only advice of :data:`_CLI_SPELLINGS` in the command line's spelling.
+
+    Examples:
+        >>> _for_cli("Pass monitor='val/<name>' (and mode='min'/'max') to the trainer.")
+        'Set trainer.monitor=val/<name> (and trainer.mode=min or max).'
+    """
+    for python, command_line in _CLI_SPELLINGS:
+        text = text.replace(python, command_line)
+    return text
+
+
+def _cli_log_lines(record: Any) -> bool:
+    """A filter of the ``flaxlight`` logger while a command runs: its lines in the CLI's spelling."""
+    record.msg, record.args = _for_cli(record.getMessage()), ()
+    return True
+
+
 class _UsageError(Exception):
     """Wrong arguments: the message is printed, the exit status is 2."""
 
@@ -645,10 +719,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     failed, e.g. a study whose every trial failed)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     top, parsers = _build_parser()
+    parser = parsers.get(argv[0]) if argv else None
+    value_options = {option for action in (parser._actions if parser else [])  # argparse's own list
+                     for option in action.option_strings if action.nargs != 0}  # store_true, help: nargs 0
     try:
-        argv = _dotted_flags(argv)
+        argv = _dotted_flags(argv, value_options)
     except _UsageError as exc:
-        print(f"flaxlight: error: {exc}", file=sys.stderr)
+        print(f"flaxlight{f' {argv[0]}' if parser else ''}: error: {exc}", file=sys.stderr)
         return 2
     if argv and argv[0] in parsers:
         # Intermixed: overrides may come before, between or after the options.
@@ -661,18 +738,22 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
     from flaxlight.checkpoint import DamagedCheckpointError
     from flaxlight.config import ConfigError
+    from flaxlight.messages import logger
     from flaxlight.registry import RegistryError
     from flaxlight.runfiles import RunInUseError
 
+    logger.addFilter(_cli_log_lines)
     try:
         return _COMMANDS[args.command](args)
     except (ConfigError, RegistryError, _UsageError, RunInUseError,  # and paths: --ckpt at no run, -o at a
             FileNotFoundError, FileExistsError, NotADirectoryError) as exc:  # file, a file where a folder goes
-        print(f"flaxlight {args.command}: error: {exc}", file=sys.stderr)
+        print(f"flaxlight {args.command}: error: {_for_cli(str(exc))}", file=sys.stderr)
         return 2
     except (_CommandFailed, DamagedCheckpointError) as exc:
-        print(f"flaxlight {args.command}: error: {exc}", file=sys.stderr)
+        print(f"flaxlight {args.command}: error: {_for_cli(str(exc))}", file=sys.stderr)
         return 1
+    finally:
+        logger.removeFilter(_cli_log_lines)
 
 
 if __name__ == "__main__":

@@ -45,6 +45,7 @@ import yaml
 from flaxlight import configyaml, registry
 from flaxlight.callbacks import Callback
 from flaxlight.callbacks.timer import parse_duration
+from flaxlight.checkpoint import ModelMismatchError
 from flaxlight.messages import logger as messages
 from flaxlight.models import ModelHparamsError
 from flaxlight.optim import OptimizerConfig, suggest_key
@@ -1453,38 +1454,59 @@ def load_trainer(cfg: Config, run_dir: str | os.PathLike, exmp_input: Any, *, wh
     """The trainer class of ``cfg`` loaded from a run's log dir (``load_from_checkpoint``).
 
     The model class is the config's (resolved as :func:`resolve_config` does, with the same
-    opt-in), never an import path read from the run's ``hparams.yaml``.
+    opt-in), never an import path read from the run's ``hparams.yaml``. The run's own model class
+    loads with the run's saved hyperparameters (a ``model.hparams`` value that differs from them is
+    a :class:`ConfigError`); another class (a module renamed, a model of your own that should take
+    the run's weights) is built from the config's ``model.hparams``, said in a log line, and a
+    checkpoint whose parameters do not fit it is a :class:`ConfigError` naming both classes.
+
+    Examples:
+        >>> cfg = load_config("runs/base/config.yaml")                              # doctest: +SKIP
+        >>> train, val, test = build_data(cfg)                                      # doctest: +SKIP
+        >>> trainer = load_trainer(cfg, "runs/base", example_input(train))          # doctest: +SKIP
     """
     policy = _ImportPolicy.of(trust_config, allow_imports)
     resolved = resolved or _resolve_config(cfg, policy)
+    run_class = None
     if resolved.model_class is not None:
-        _check_same_model_hparams(cfg, resolved.model_class, run_dir)
+        run_class = _check_same_model_hparams(cfg, resolved.model_class, run_dir)
         overrides.setdefault("model_class", resolved.model_class)
+        if run_class is not None:  # another class than the run's: the config's hparams are the ones it takes
+            overrides.setdefault("model_hparams", dict(cfg.model.hparams))
     else:
         _check_saved_model_class(resolved.trainer_class, run_dir, policy)
     overrides.setdefault("enable_progress_bar", False)
     try:
         return resolved.trainer_class.load_from_checkpoint(run_dir, exmp_input=exmp_input, which=which, **overrides)
-    except ModelHparamsError as exc:  # the run's hparams.yaml and the config's model disagree
-        raise ConfigError(f"the run in {os.fspath(run_dir)} does not fit this config's model (a config for another "
-                          f"model?): {exc}") from exc
+    except (ModelHparamsError, ModelMismatchError) as exc:  # the run's checkpoint and the config's model disagree
+        model = "" if resolved.model_class is None else f" {class_path(resolved.model_class)}"
+        theirs = f" (the run's is {run_class})" if run_class else \
+            " (a config for another model?)" if isinstance(exc, ModelHparamsError) else ""
+        raise ConfigError(f"the run in {os.fspath(run_dir)} does not fit this config's model{model}{theirs}: "
+                          f"{' '.join(str(exc).split())}") from exc
 
 
-def _check_same_model_hparams(cfg: Config, model_class: type, run_dir: str | os.PathLike) -> None:
+def _check_same_model_hparams(cfg: Config, model_class: type, run_dir: str | os.PathLike) -> str | None:
     """The run's model is loaded with its saved hparams: refuse a config for that model whose
-    ``model.hparams`` set other values, which would be ignored (as ``model.*`` overrides are)."""
+    ``model.hparams`` set other values, which would be ignored (as ``model.*`` overrides are).
+    Returns the class the run recorded when it is not ``model_class`` (said in a log line), else None."""
     hparams = read_hparams(os.fspath(run_dir))
-    if hparams.get("model_class") != class_path(model_class):
-        return  # a config for another model: loading says whether the run fits it
-    saved, given = hparams.get("model_hparams") or {}, to_yaml_safe(dict(cfg.model.hparams))  # (8, 8) as saved: [8, 8]
+    where = os.path.join(os.fspath(run_dir), HPARAMS_FILE)
+    recorded, given = hparams.get("model_class"), to_yaml_safe(dict(cfg.model.hparams))  # (8, 8) as saved: [8, 8]
+    if recorded != class_path(model_class):
+        messages.info(f"The config's model {class_path(model_class)} is not the class the run recorded ({recorded} "
+                      f"in {where}): it is built from the config's model.hparams {given!r}, and the run's checkpoint "
+                      f"loads into it if its parameters fit.")
+        return str(recorded)
+    saved = hparams.get("model_hparams") or {}
     differ = [f"model.hparams.{key}: {value!r} here, {repr(saved[key]) if key in saved else 'not set'} in the run"
               for key, value in given.items() if key not in saved or saved[key] != value]
     if differ:
-        where = os.path.join(os.fspath(run_dir), HPARAMS_FILE)
         raise ConfigError(f"the config's model differs from the run's ({'; '.join(differ)}). The run's model loads "
                           f"with its saved settings ({where}), so the config's would be ignored: evaluate with the "
                           f"run's own {CONFIG_FILE} (the default without --config), or fit a new run to change the "
                           f"model.")
+    return None
 
 
 def _check_saved_model_class(trainer_class: type, run_dir: str | os.PathLike, policy: _ImportPolicy) -> None:
