@@ -19,7 +19,7 @@ def _loader(dim=4, num=16):
 
 
 def test_exmp_input_shape_that_does_not_match_the_batches(tmp_path):
-    with pytest.raises(ValueError, match=r"shape \(8, 5\).*exmp_input\[0\] of shape \(1, 4\)"):
+    with pytest.raises(ValueError, match=r"shape \(8, 5\).*exmp_input of shape \(1, 4\)"):
         _trainer(tmp_path).train_model(_loader(dim=5), None, num_epochs=1)
 
 

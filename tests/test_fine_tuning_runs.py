@@ -217,10 +217,12 @@ def test_an_nnx_models_mismatch_gives_no_exmp_input_note(tmp_path):
     wrong exmp_input may be at fault was wrong there."""
     run = tmp_path / "run"
     _base(run, num_epochs=1, model_class=TinyNNX)
-    for hparams in ({"hidden_dims": [8], "output_dim": 3}, {"hidden_dims": [8], "din": 6}):
-        with pytest.raises(ModelMismatchError) as raised:
-            _load(run, model_hparams=hparams)
-        assert "exmp_input" not in str(raised.value) and "hparams.yaml" in str(raised.value)
+    with pytest.raises(ModelMismatchError) as raised:
+        _load(run, model_hparams={"hidden_dims": [8], "output_dim": 3})
+    assert "exmp_input" not in str(raised.value) and "hparams.yaml" in str(raised.value)
+    with pytest.raises(TypeError, match="dot_general") as raised:  # an input size exmp_input does not fit: when built
+        _load(run, model_hparams={"hidden_dims": [8], "din": 6})
+    assert "flaxlight: TinyNNX(hidden_dims=[8], din=6) cannot be called on exmp_input" in raised.value.__notes__[-1]
     head = _load_error(run, {"hidden_dims": [8], "output_dim": 3})
     assert "params/head/kernel: checkpoint (8, 1), model (8, 3)" in head and "only head differs" in head
     assert "Fine-tuning" in head

@@ -252,10 +252,13 @@ def test_predict_on_wrongly_shaped_data_names_the_shapes_as_test_does(tmp_path, 
     one = linear_data(3, 3)[0][:, :, None]  # a model of (N, 4, 1) inputs, given one example x[0] of shape (4, 1)
     image = RegressTrainer(model_class=TinyMLP, model_hparams={"hidden_dims": [4]}, optimizer_hparams={},
                            exmp_input=one[:1], **quiet(tmp_path, logger_params={"log_dir": str(tmp_path / "i")}))
+    with pytest.raises(ValueError, match=r"predict's data has shape \(4, 1\): exmp_input's shape \(1, 4, 1\) without "
+                                         r"its batch axis.*Pass one example as x\[:1\] or x\[None\] \(shape \(1, 4, 1\)\)"):
+        image.predict(one[0], batch_size=1)  # refused before the model runs
     with pytest.raises(ValueError, match=r"input has shape \(1, 1\).*expected \(N, 4, 1\). The data seems to lack "
                                          r"the batch axis: pass one example as x\[:1\] or x\[None\] \(shape "
                                          r"\(1, 4, 1\)\), not x\[0\] \(shape \(4, 1\)\)"):
-        image.predict(one[0], batch_size=1)
+        image.predict([one[0][:1]])  # a loader's batch of rows: the model, traced on it, fails
     assert image.predict(one[0][None], batch_size=1).shape == (1, 1)
 
 

@@ -582,26 +582,42 @@ def check_batch(batch, where: str = "batch") -> None:
                          f"{', '.join(f'{k} {v}' for k, v in sizes.items())}; every array needs one row per example.")
 
 
-def check_input_shapes(batch, exmp_input: Sequence[Any], where: str = "batch") -> None:
+def check_input_shapes(batch, exmp_input: Sequence[Any], where: str = "batch", *, one_input: bool = False) -> None:
     """Compare the model inputs of a tuple/list batch with ``exmp_input`` (all but the batch dim).
 
     The seed's convention: a batch is ``(inputs..., targets...)`` and ``exmp_input`` holds the
     inputs, so ``batch[i]`` must look like ``exmp_input[i]``. Other batch layouts are checked when
-    the step is first traced.
+    the step is first traced. ``one_input``: ``exmp_input`` was one array (not a tuple / list of
+    inputs), named so in the message. Shapes that differ by exactly one leading axis are said to be
+    a missing batch axis (``x[0]`` for ``x[:1]``).
+
+    Examples:
+        >>> check_input_shapes((np.zeros((4, 8, 8)), np.zeros(4)), [np.zeros((8, 8))], one_input=True)
+        Traceback (most recent call last):
+        ...
+        ValueError: Element 0 of the batch has shape (4, 8, 8) but the model was initialised with exmp_input of shape (8, 8): exmp_input lacks the batch axis: ...
     """
     if not isinstance(batch, (tuple, list)) or len(batch) < len(exmp_input):
         return
     for i, example in enumerate(exmp_input):
-        got, want = np.shape(batch[i]), np.shape(example)
+        got, want = tuple(np.shape(batch[i])), tuple(np.shape(example))
         if not hasattr(batch[i], "shape"):
             continue
-        if len(got) != len(want) or tuple(got[1:]) != tuple(want[1:]):
-            raise ValueError(
-                f"Element {i} of the {where} has shape {tuple(got)} but the model was initialised with "
-                f"exmp_input[{i}] of shape {tuple(want)} (all dimensions but the first must match). "
-                f"Pass an exmp_input taken from your loader, e.g. next(iter(train_loader))[0]. "
-                f"Batch: {_describe(batch)}"
-            )
+        if len(got) == len(want) and got[1:] == want[1:]:
+            continue
+        name = "exmp_input" if one_input and len(exmp_input) == 1 else f"exmp_input[{i}]"
+        if len(got) == len(want) + 1 and got[1:] == want:
+            why = (f"{name} lacks the batch axis: it is shaped like one example. Pass one batch of the model's "
+                   f"inputs, batch axis first: x[:1] (shape {(1, *want)}), not x[0] (shape {want}).")
+        elif len(got) + 1 == len(want) and got == want[1:]:
+            why = (f"the batch's element {i} lacks the batch axis: it is shaped like one example of {name}, so the "
+                   f"loader yields single examples. Batch them, e.g. ArrayLoader(x, y, batch_size=64), or pass arrays "
+                   f"with batch_size=64.")
+        else:
+            why = (f"all dimensions but the first must match. Pass an exmp_input taken from your loader, e.g. "
+                   f"next(iter(train_loader))[0].")
+        raise ValueError(f"Element {i} of the {where} has shape {got} but the model was initialised with {name} of "
+                         f"shape {want}: {why} Batch: {_describe(batch)}")
 
 
 def as_input_list(exmp_input: Any) -> list:
@@ -633,7 +649,8 @@ def check_first_batch(batch, exmp_input: Any, loader_name: str) -> None:
         raise ValueError(f"The first batch of {loader_name} has 0 rows (shapes "
                          f"{[np.shape(leaf) for leaf in jax.tree.leaves(batch)]}); drop empty batches in the loader "
                          f"(later ones are passed over with a warning).")
-    check_input_shapes(batch, as_input_list(exmp_input), where=f"first batch of {loader_name}")
+    several = isinstance(exmp_input, (list, tuple)) and len(exmp_input) > 0  # as as_input_list reads it
+    check_input_shapes(batch, as_input_list(exmp_input), where=f"first batch of {loader_name}", one_input=not several)
 
 
 def same_shapes(a, b) -> bool:

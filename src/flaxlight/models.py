@@ -128,6 +128,51 @@ def _check_hparams(model_class, model_hparams: Mapping[str, Any], accepted: Sequ
         )
 
 
+def _shapes_text(inputs: Sequence[Any]) -> str:
+    """``"an array of shape (1, 8, 8)"``, or for several inputs (or a pytree) each one's shapes.
+
+    Examples:
+        >>> _shapes_text([np.zeros((1, 8))]), _shapes_text([np.zeros((1, 8)), np.zeros((1, 3))])
+        ('an array of shape (1, 8)', 'inputs of shapes (1, 8), (1, 3)')
+    """
+    def shapes(value) -> str:
+        leaves = jax.tree.leaves(value)
+        if len(leaves) == 1 and leaves[0] is value:
+            return str(tuple(np.shape(value)))
+        return "{" + ", ".join(f"{jax.tree_util.keystr(path)}: {tuple(np.shape(leaf))}"
+                               for path, leaf in jax.tree_util.tree_leaves_with_path(value)) + "}"
+
+    if len(inputs) == 1 and hasattr(inputs[0], "shape"):
+        return f"an array of shape {tuple(np.shape(inputs[0]))}"
+    return f"input{'s' * (len(inputs) > 1)} of shape{'s' * (len(inputs) > 1)} {', '.join(map(shapes, inputs))}"
+
+
+# What a model may raise when the example input does not fit it (a shape, a rank, a size): these get
+# a note with what flaxlight knows (the model, its hparams, exmp_input); any other error is left as it is.
+_FIT_ERRORS = (TypeError, ValueError, IndexError, AssertionError, flax.errors.FlaxError)
+
+
+def note_unfit_example(exc: Exception, model_name: str, model_hparams: Mapping[str, Any], inputs: Sequence[Any],
+                       how: str, advice: str) -> None:
+    """Add flaxlight's note to ``exc``, the model's error when the trainer, as it is built, calls it
+    on ``exmp_input`` (``inputs``): which model (and ``model_hparams``), the example's shapes, ``how``
+    it was called, and ``advice``. The error itself is raised as it is (its type, the model's own
+    message and traceback kept); one that is no shape error (a ``NameError`` in the model) gets none.
+
+    Examples:
+        >>> error = TypeError("dot_general requires contracting dimensions to have the same shape")
+        >>> note_unfit_example(error, "MLP", {"din": 3}, [np.zeros((1, 4))], "model(*exmp_input)", "Fix din.")
+        >>> error.__notes__[0][:80]
+        'flaxlight: MLP(din=3) cannot be called on exmp_input (an array of shape (1, 4)),'
+    """
+    if not isinstance(exc, _FIT_ERRORS):
+        return
+    hparams = ", ".join(f"{key}={value!r:.60}" for key, value in model_hparams.items())
+    exc.add_note(f"flaxlight: {model_name}({hparams}) cannot be called on exmp_input ({_shapes_text(inputs)}), as the "
+                 f"trainer does when it is built ({how}): the error above. If it is about a shape: {advice} exmp_input "
+                 f"must be one batch of the model's inputs, batch axis first (x[:1], not x[0]).")
+
+
 def make_adapter(model_class, model_hparams: Mapping[str, Any], seed: int = 0):
     """The adapter for a ``flax.linen.Module`` or ``flax.nnx.Module`` class (else a clear error)."""
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
@@ -138,7 +183,7 @@ def make_adapter(model_class, model_hparams: Mapping[str, Any], seed: int = 0):
     if isinstance(model_class, type) and issubclass(model_class, nn.Module):
         fields = [f.name for f in dataclasses.fields(model_class) if f.name not in ("parent", "name")]
         _check_hparams(model_class, model_hparams, fields, extra_ok=False)
-        return LinenAdapter(model_class(**model_hparams))
+        return LinenAdapter(model_class(**model_hparams), model_hparams=model_hparams)
     if is_nnx_model(model_class):
         params = inspect.signature(model_class.__init__).parameters
         extra_ok = any(p.kind is p.VAR_KEYWORD for p in params.values())
@@ -169,8 +214,10 @@ class LinenAdapter:
     kind = "linen"
     annotations = None  # Linen's partitioning boxes come with the initial params (see flaxlight.distributed)
 
-    def __init__(self, module: nn.Module):
+    def __init__(self, module: nn.Module, model_hparams: Mapping[str, Any] | None = None):
         self.module = module
+        self.model_hparams = dict(model_hparams) if model_hparams is not None else {
+            f.name: getattr(module, f.name) for f in dataclasses.fields(module) if f.name not in ("parent", "name")}
         parameters = _call_parameters(type(module).__call__)
         self.mode_argument = mode_argument(parameters)
         _check_unset_mode(type(module).__name__, parameters, self.mode_argument, nnx_mode=False)
@@ -213,6 +260,11 @@ class LinenAdapter:
             return self.module.init({"params": params_rng, "dropout": dropout_rng}, *inputs, **self._train_kwargs(True))
         except Exception as exc:
             self._explain(exc)
+            mode = ", ".join(f"{k}={v}" for k, v in self._train_kwargs(True).items())
+            note_unfit_example(exc, type(self.module).__name__, self.model_hparams, inputs,
+                               f"model.init(rngs, *exmp_input{', ' + mode if mode else ''})",
+                               "A Linen model's layers take their input sizes from exmp_input; the sizes its "
+                               "model_hparams fix must fit it.")
             raise
 
     def apply(self, variables, *inputs, train: bool = False, **kwargs):
@@ -226,6 +278,25 @@ class LinenAdapter:
                 f"keep: the train state holds 'params' and 'batch_stats' (the model's mutable state: train steps "
                 f"update it through loss_fn's updates, checkpoints save it). Keep such state in 'batch_stats', e.g. "
                 f"self.variable('batch_stats', {name!r}, ...).") from exc
+        except flax.errors.ScopeParamNotFoundError as exc:
+            exc.add_note(self._uninitialised_note(exc, kwargs))
+            raise
+
+    def _uninitialised_note(self, exc: Exception, kwargs: Mapping[str, Any]) -> str:
+        """Why a parameter may be missing: the layer sits on a branch the init call did not take."""
+        found = re.search(r'parameter named "([^"]+)" in scope "([^"]+)"', str(exc))
+        where = f"{found.group(2)}/{found.group(1)}" if found else "a parameter"
+        name = type(self.module).__name__
+        init_call = ", ".join(["*exmp_input", *(f"{k}={v}" for k, v in self._train_kwargs(True).items())])
+        given = {key: f"{key}={value!r:.40}" for key, value in kwargs.items() if key not in ("rngs", "mutable")}
+        this_call = f" This call passes {', '.join(given.values())}, which that one did not." if given else ""
+        key, branch = next(iter(given.items()), ("project", "project=True"))
+        return (f"flaxlight: {name} has no {where}: the trainer initialised the model by calling it once, "
+                f"model.init(rngs, {init_call}) (run_model_init), which creates only the layers that call "
+                f"reaches.{this_call} A layer used only on a branch init did not take (a head used only with "
+                f"{branch}) has no parameters: create it at init too (`if {key} or self.is_initializing():`, its "
+                f"output may be dropped there), or override run_model_init(self, exmp_input, init_rng) to initialise "
+                f"with that branch on (model.init(..., {branch})). See docs/models.md.")
 
     def tabulate(self, inputs: Sequence[Any]) -> str:
         rngs = {"params": jax.random.PRNGKey(0), "dropout": jax.random.PRNGKey(1)}
@@ -290,6 +361,22 @@ def _keyless_dropouts(module) -> list[str]:
             and node.deterministic is not True]
 
 
+def _traced_on(fn, inputs: Sequence[Any]) -> Any:
+    """``jax.eval_shape`` of ``fn(*inputs)``: the arrays in ``inputs`` go in as their shapes and
+    dtypes (a large ``exmp_input`` is not copied to the device); other leaves (a Python number) as they are."""
+    leaves, treedef = jax.tree.flatten(list(inputs))
+    arrays = [i for i, leaf in enumerate(leaves) if hasattr(leaf, "shape") and hasattr(leaf, "dtype")]
+
+    def call(values):
+        full = list(leaves)
+        for i, value in zip(arrays, values):
+            full[i] = value
+        return fn(*jax.tree.unflatten(treedef, full))
+
+    return jax.eval_shape(call, [jax.ShapeDtypeStruct(np.shape(leaves[i]), jax.dtypes.canonicalize_dtype(leaves[i].dtype))
+                                 for i in arrays])
+
+
 # An NNX module's state that training updates besides its params: BatchNorm's statistics and any
 # variable type of the user's (``class Count(nnx.Variable)``); not RNG state or sown intermediates.
 MODEL_STATE = nnx.All(nnx.Variable, nnx.Not(nnx.Any(nnx.Param, nnx.RngState, nnx.Intermediate)))
@@ -351,7 +438,23 @@ class NNXAdapter:
         return f"In training flaxlight calls model.train() and {called}"
 
     def init(self, rng, inputs: Sequence[Any]) -> dict:
-        """The module's initial state as pure dicts (NNX initialises at construction)."""
+        """The module's initial state as pure dicts (NNX initialises at construction), once the
+        module is seen to take ``inputs`` (traced in eval mode, shapes only): an NNX model's input
+        sizes come from its hparams, and one that does not fit ``exmp_input`` fails here, naming them."""
+        variables = self._variables()
+        try:
+            _traced_on(lambda *xs: self.apply(variables, *xs, train=False), inputs)
+        except Exception as exc:
+            call = ", ".join(["*exmp_input", *(f"{k}={v}" for k, v in mode_kwargs(self.mode_argument, False).items())])
+            note_unfit_example(exc, self.model_class.__name__, self.model_hparams, inputs,
+                               f"model.eval(); model({call}), shapes only",
+                               "An NNX model takes its input sizes from model_hparams (its layers are built in "
+                               "__init__; nothing is inferred from exmp_input): make them fit exmp_input, e.g. "
+                               "din = its number of features.")
+            raise
+        return variables
+
+    def _variables(self) -> dict:
         variables = {"params": nnx.to_pure_dict(self.params_template)}
         if self.has_batch_stats:
             variables["batch_stats"] = nnx.to_pure_dict(self.batch_stats_template)
@@ -440,7 +543,7 @@ class NNXAdapter:
         """``nnx.tabulate``'s table, in eval mode (same shapes; a dropout built without rngs
         needs none). ``nnx.tabulate`` patches the model's classes and leaves them patched when the
         model fails; they are put back, so a failed table never breaks the training after it."""
-        model = self.merge(self.init(None, inputs))
+        model = self.merge(self._variables())
         model.eval()
         classes = {type(node) for _, node in nnx.iter_graph(model)}
         saved = {cls: dict(vars(cls)) for cls in classes}

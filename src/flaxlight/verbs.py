@@ -29,7 +29,7 @@ import numpy as np
 from flaxlight import distributed as dist
 from flaxlight import resume, runfiles
 from flaxlight.checkpoint import ModelMismatchError
-from flaxlight.data import as_input_list, as_loader
+from flaxlight.data import ArrayLoader, as_input_list, as_loader
 from flaxlight.messages import logger as messages, warn_at_user
 from flaxlight.metrics import batch_size as examples_in, deliberate_reads
 from flaxlight.optim import PRECISIONS, as_optimizer_config, ema_params
@@ -307,7 +307,8 @@ class TrainerVerbsMixin:
 
         ``data``: a loader (its batches' first element, or the first ``len(exmp_input)`` for a
         model of several inputs, or the whole batch when it is not a tuple, is what the model
-        takes), or an array / a tuple of arrays with ``batch_size``. An ``exmp_input`` that is a
+        takes), or an array / a tuple of arrays with ``batch_size``; data shaped as ``exmp_input`` without
+        its batch axis (one example, ``x[0]``) is refused: pass ``x[:1]``. An ``exmp_input`` that is a
         whole ``(inputs, labels)`` batch, of which a ``run_model_init`` of yours gave the model the
         inputs (the UvA guide's classifier), counts as those inputs.
         ``which``: ``"current"`` (the trainer's state now: after ``train_model``, the model as
@@ -330,8 +331,9 @@ class TrainerVerbsMixin:
             inputs = _model_inputs(batch, self._input_count)
             if i == 0:
                 _check_like_example(inputs, examples, self._whole_batch_hint())
-                if self.options.check_batches:
-                    _check_input_shapes(self._predict_step, state, inputs, examples)
+                if self.options.check_batches:  # arrays: their whole shape (one example, x[0], is refused)
+                    whole = _model_inputs(loader.data, self._input_count) if isinstance(loader, ArrayLoader) else None
+                    _check_input_shapes(self._predict_step, state, inputs, examples, whole=whole)
             try:
                 out = self._predict_step(state, inputs)
             except TypeError as exc:  # e.g. labels given as a second input: "got multiple values for argument"
@@ -713,22 +715,49 @@ def _describe_inputs(inputs) -> str:
     return "; ".join(describe(value) for value in inputs)
 
 
-def _check_input_shapes(forward, state, inputs: tuple, examples: list) -> None:
+def _check_input_shapes(forward, state, inputs: tuple, examples: list, whole: tuple | None = None) -> None:
     """Fail with flaxlight's shape message (as ``test()`` does for its batches) when predict's first
     batch is shaped unlike ``exmp_input`` in any dimension but the batch axis and the model cannot
-    take it (traced, shapes only: a model of variable sizes is given what it takes)."""
+    take it (traced, shapes only: a model of variable sizes is given what it takes). Data shaped as
+    ``exmp_input`` without its batch axis (``whole``: all of predict's arrays, else the first batch)
+    is refused before the model runs, even when it traces (an RNN takes unbatched sequences); one
+    dimension fewer and the same trailing dimensions otherwise is warned of when it traces."""
+    _refuse_missing_batch_axis(inputs if whole is None else whole, examples)
     for i, (given, example) in enumerate(zip(inputs, examples)):
         pairs = zip(jax.tree_util.tree_leaves_with_path(given), jax.tree.leaves(example))
         for (path, leaf), want_leaf in pairs:
             got, want = tuple(np.shape(leaf)), tuple(np.shape(want_leaf))
             if len(got) == len(want) and got[1:] == want[1:]:
                 continue
+            where = f"{f'[{i}]' if len(examples) > 1 else ''}{jax.tree_util.keystr(path)}"
             try:
                 jax.eval_shape(forward, state, inputs)
             except Exception as exc:  # noqa: BLE001 - the model's own error, shown under ours
-                raise ValueError(_shape_message(f"{f'[{i}]' if len(examples) > 1 else ''}"
-                                                f"{jax.tree_util.keystr(path)}", got, want, exc)) from exc
+                raise ValueError(_shape_message(where, got, want, exc)) from exc
+            if len(got) == len(want) - 1 and got[1:] == want[2:]:
+                warnings.warn(f"predict's data{where} has one dimension fewer than exmp_input{where} {want}: its "
+                              f"batches have shape {got}. If it is one example without its batch axis (x[0]), predict "
+                              f"cuts it into rows of shape {want[2:]} and the model takes each batch of rows as one "
+                              f"input: pass x[None] or x[:1] instead. (A model that takes inputs of this rank: "
+                              f"ignore this, or check_batches=False.)", UserWarning, stacklevel=3)
             return
+
+
+def _refuse_missing_batch_axis(data: tuple, examples: list) -> None:
+    """A clear error when predict's data (an input, or a leaf of one) is shaped exactly as
+    ``exmp_input``'s without its batch axis: one example, ``x[0]``, which predict would cut along
+    its first axis into batches of rows, silently wrong for a model that takes unbatched inputs."""
+    for i, (given, example) in enumerate(zip(data, examples)):
+        for (path, leaf), want_leaf in zip(jax.tree_util.tree_leaves_with_path(given), jax.tree.leaves(example)):
+            got, want = tuple(np.shape(leaf)), tuple(np.shape(want_leaf))
+            if want and got == want[1:]:
+                where = f"{f'[{i}]' if len(examples) > 1 else ''}{jax.tree_util.keystr(path)}"
+                raise ValueError(
+                    f"predict's data{where} has shape {got}: exmp_input{where}'s shape {want} without its batch axis, "
+                    f"i.e. one example (x[0]) rather than a batch of them. predict takes the first axis as the batch "
+                    f"axis: it would cut the example into rows of shape {want[2:]} and give the model batches of "
+                    f"those. Pass one example as x[:1] or x[None] (shape {(1, *got)}). (check_batches=False skips "
+                    f"this check.)")
 
 
 def _shape_message(where: str, got: tuple, want: tuple, exc: Exception) -> str:
