@@ -48,6 +48,7 @@ def _ocp():
 
 
 _FAILED_READS: set[str] = set()  # step folders whose restore failed (said as DamagedCheckpointError)
+_READING: set[str] = set()  # step folders being restored now
 _ORPHANED = [0]  # read completions dropped so far (see _contain_failed_reads)
 
 
@@ -102,13 +103,14 @@ def _orphaned_read_callback(unraisable: Any) -> bool:
 
 
 class _SaidReadErrors(logging.Filter):
-    """Drops asyncio's "Task exception was never retrieved" about a checkpoint whose restore failed."""
+    """Drops asyncio's "Task exception was never retrieved" about a checkpoint whose restore failed
+    (or is failing: the message may come before the restore raises)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if not str(record.msg).startswith("Task exception was never retrieved") or not _FAILED_READS:
+        if not str(record.msg).startswith("Task exception was never retrieved") or not (_FAILED_READS or _READING):
             return True
         text = f"{record.getMessage()} {record.exc_info[1] if record.exc_info else ''}"
-        return not any(folder in text for folder in _FAILED_READS)
+        return not any(folder in text for folder in _FAILED_READS | _READING)
 
 
 def _abstract(tree):
@@ -459,18 +461,22 @@ class Checkpointer:
         # partial_restore: the optimizer state stays on disk when it is not wanted.
         item = ocp.args.PyTreeRestore(abstract, restore_args=ocp.checkpoint_utils.construct_restore_args(abstract),
                                       partial_restore=True)
+        folder = os.path.join(self.directory, str(step), "")
+        _READING.add(folder)  # a failing read's left-behind tasks may be reported before the failure is
         try:
             restored = self._manager.restore(step, args=ocp.args.Composite(state=item))["state"]
         except Exception as exc:  # orbax raises several types; the shapes matched above, so the files are bad
             if not _FAILED_READS:
                 atexit.register(_settle_failed_reads)
-            _FAILED_READS.add(os.path.join(self.directory, str(step), ""))
+            _FAILED_READS.add(folder)
             _settle_failed_reads()
             raise DamagedCheckpointError(
                 f"Could not restore checkpoint {step} from {self.directory}: it is damaged or partial (its "
                 f"structure matches the model and optimizer built now, its files do not read: "
                 f"{type(exc).__name__}: {str(exc)[:300]}). Load another checkpoint (which='last', or an earlier step)."
             ) from exc
+        finally:
+            _READING.discard(folder)
         restored = _typed_like(restored, wanted)
         replace = dict(restored.get("model_state") or {})
         replace["params"] = restored["params"]
