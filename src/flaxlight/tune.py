@@ -1139,9 +1139,11 @@ def _trial_run(settings: Mapping[str, Any], trainer_class: type, num_epochs: int
     if trainer_class.init_optimizer is not TrainerModule.init_optimizer:
         return None
     try:
-        options = TrainerOptions(**{f.name: settings[f.name] for f in dataclasses.fields(TrainerOptions)
-                                    if f.name in settings})
-        optimizer = optim.as_optimizer_config(settings.get("optimizer_hparams"))
+        with warnings.catch_warnings():  # the trials warn, once each
+            warnings.simplefilter("ignore")
+            options = TrainerOptions(**{f.name: settings[f.name] for f in dataclasses.fields(TrainerOptions)
+                                        if f.name in settings})
+            optimizer = optim.as_optimizer_config(settings.get("optimizer_hparams"))
     except Exception:  # noqa: BLE001 - a trial reports it, with its own message
         return None
     return None if optimizer is None else (options, settings.get("check_val_every_n_epoch", 1), optimizer, num_epochs)
