@@ -1104,10 +1104,7 @@ def tune(
     _check_data_arguments(train_loader, val_loader, loaders)
     base = _base_trial_hparams(hparams, metric, direction)
     make_trainer = _trainer_maker(trainer, base, space, data_key="data" if loaders is not None else None)
-    _check_overrides(base, space)
-    if isinstance(trainer, type) and loaders is None:  # one data for all trials: every trial's length known now
-        runs = [_trial_run(_with_overrides(base, values), trainer, num_epochs) for values in _sample_values(space)]
-        _check_trials_can_start(runs, train_loader, val_loader, searched=[f"hparams.{key}" for key in space])
+    _check_before_trials(trainer, base, space, train_loader, val_loader, loaders, num_epochs)
     build = _trial_builder(make_trainer, base, train_loader, val_loader, loaders, num_epochs)
     setup = _setup_summary({"trainer": trainer, "hparams": base, "num_epochs": num_epochs}, [f"hparams.{k}" for k in space])
     return _run_study(build, space, metric=metric, direction=direction, n_trials=n_trials, timeout=timeout,
@@ -1123,6 +1120,16 @@ def _check_trial_settings(metric: str, direction: str | None, num_epochs: int) -
     if isinstance(num_epochs, bool) or not isinstance(num_epochs, int) or num_epochs < 1:
         raise ValueError(f"num_epochs must be a positive int, got {num_epochs!r}.")
     return direction
+
+
+def _check_before_trials(trainer: Any, base: Mapping[str, Any], space: SearchSpace, train_loader: Any,
+                         val_loader: Any, loaders: Callable | None, num_epochs: int) -> None:
+    """Every searched key can be set in ``base`` (:func:`_check_overrides`) and, for a trainer class
+    training every trial on the same data, the trials' run length (:func:`_check_trials_can_start`)."""
+    _check_overrides(base, space)
+    if isinstance(trainer, type) and loaders is None:
+        runs = [_trial_run(_with_overrides(base, values), trainer, num_epochs) for values in _sample_values(space)]
+        _check_trials_can_start(runs, train_loader, val_loader, searched=[f"hparams.{key}" for key in space])
 
 
 _LENGTH_OPTIONS = ("max_steps", "fast_dev_run", "limit_train_batches", "limit_val_batches", "val_check_interval")
