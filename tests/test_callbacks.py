@@ -421,8 +421,8 @@ def test_the_advice_for_a_checkpoint_ranking_unlike_the_trainer_works_when_follo
     options = TrainerOptions(monitor="val/acc", mode="max")
     with pytest.warns(UserWarning, match="pass mode='max'"), pytest.raises(ValueError) as info:
         one_best(options, [ModelCheckpoint(monitor="val/acc", save_top_k=2)])
-    assert "Pass mode='max' to the callback (ModelCheckpoint(monitor='val/acc', mode='max', save_top_k=2);" \
-           in str(info.value) and "drop the callback's monitor" not in str(info.value)
+    assert "Give both the same monitor and mode: pass mode='max' to the callback (ModelCheckpoint(monitor='val/acc', " \
+           "mode='max', save_top_k=2)), or mode='min' to the trainer." in str(info.value) and "drop the callback's monitor" not in str(info.value)
     with pytest.raises(ValueError) as info:
         one_best(options, [ModelCheckpoint(monitor="val/loss", save_top_k=2)])
     assert "e.g. ModelCheckpoint(monitor='val/acc', mode='max', save_top_k=2) (its save_top_k=2 needs a monitor of " \
