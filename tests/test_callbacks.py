@@ -410,3 +410,27 @@ def test_start_fresh_forgets_the_time_a_resumed_run_had_spent():
     timer.load_state_dict({"elapsed": 59.0})  # a resumed run that had almost spent its budget
     start_fresh([timer])
     assert timer.state_dict()["elapsed"] < 1.0
+
+
+def test_the_advice_for_a_checkpoint_ranking_unlike_the_trainer_works_when_followed():
+    """{monitor: val/acc, save_top_k: 2} (mode left at 'min') was told to drop its monitor, and that was refused next:
+    'save_top_k=2 needs a monitor'."""
+    from flaxlight.callbacks.defaults import one_best
+    from flaxlight.options import TrainerOptions
+
+    options = TrainerOptions(monitor="val/acc", mode="max")
+    with pytest.warns(UserWarning, match="pass mode='max'"), pytest.raises(ValueError) as info:
+        one_best(options, [ModelCheckpoint(monitor="val/acc", save_top_k=2)])
+    assert "Give both the same monitor and mode: pass mode='max' to the callback (ModelCheckpoint(monitor='val/acc', " \
+           "mode='max', save_top_k=2)), or mode='min' to the trainer." in str(info.value) and "drop the callback's monitor" not in str(info.value)
+    with pytest.raises(ValueError) as info:
+        one_best(options, [ModelCheckpoint(monitor="val/loss", save_top_k=2)])
+    assert "e.g. ModelCheckpoint(monitor='val/acc', mode='max', save_top_k=2) (its save_top_k=2 needs a monitor of " \
+           "its own" in str(info.value) and "drop the callback's monitor" not in str(info.value)
+    assert one_best(options, [ModelCheckpoint(monitor="val/acc", mode="max", save_top_k=2)])[0] == options  # as said
+    with pytest.raises(ValueError, match=r"save_top_k=2 needs a monitor.*e\.g\. ModelCheckpoint\(monitor='val/acc', "
+                                         r"mode='max', save_top_k=2\)"):
+        ModelCheckpoint(save_top_k=2)
+    with pytest.raises(ValueError, match=r"or drop the callback's monitor \(it then follows the trainer's\)"):
+        one_best(options, [ModelCheckpoint(monitor="val/loss")])  # save_top_k=1: dropping it works
+    assert one_best(options, [ModelCheckpoint()])[0] == options

@@ -601,8 +601,8 @@ def test_predict_and_export_outputs_of_best_and_last_do_not_replace_each_other(s
 @pytest.mark.parametrize("argv, message", [
     (["export", "--batch-size", "0"], "argument --batch-size: expected a positive whole number, got '0'"),
     (["export", "-o", "{file}"], "File exists"),
-    (["test", "data.kwargs.num_test=0", "--allow-resplit"], "yielded no batches"),
-    (["predict", "data.kwargs.num_test=0", "--allow-resplit"], "yielded no batches"),
+    (["test", "data.kwargs.num_test=0", "--allow-resplit"], "data 'sine' has no test split"),
+    (["predict", "data.kwargs.num_test=0", "--allow-resplit"], "data 'sine' has no test split"),
 ])
 def test_evaluation_verbs_turn_user_mistakes_into_one_line(sine_run, tmp_path, capsys, argv, message):
     """Each ended in a traceback (ZeroDivisionError, FileExistsError, ValueError) with exit 1."""

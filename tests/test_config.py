@@ -411,6 +411,22 @@ def test_allowed_prefixes_and_kinds_are_checked_before_anything_is_called():
         load_config(minimal(), allow_imports=["my pkg"])
 
 
+@pytest.mark.parametrize("key, path, name", [
+    ("data.name", "flaxlight.zoo.datasets.sine", "sine"), ("data.name", "flaxlight.zoo.datasets:digits", "digits"),
+    ("data.name", "flaxlight.zoo.sine", "sine"), ("data.name", "flaxlight.zoo.datasets.sines", None),
+    ("data.name", "mypkg.data.sine", None)])
+def test_an_import_path_to_a_registered_object_is_pointed_to_its_name(key, path, name):
+    """LightningCLI's class_path habit: 'data.name: flaxlight.zoo.datasets.digits' was refused with 'register it in
+    your own code ... or pass --allow-import flaxlight', not saying it is registered as 'digits'."""
+    message = error_of(minimal(), [f"{key}={path}"])
+    if name is None:  # no registered object there: the usual fixes
+        assert "is registered as" not in message and "register it in your own code" in message
+        return
+    assert f"{key}: {path!r} is an import path, which was not imported" in message
+    assert f"Fix: it is registered as {name!r}: use `{name}` ({key}: {name}), which needs no opt-in." in message
+    assert load_config(minimal(), [f"{key}={name}"]).data.name == name  # as said
+
+
 def test_a_reexported_function_is_judged_by_where_it_is_defined(tmp_path, monkeypatch, clean_imports):
     (tmp_path / "helper_data_mod.py").write_text("def make_data(*, batch_size, seed=0):\n    raise SystemExit(3)\n")
     (tmp_path / "reexport_data_mod.py").write_text(

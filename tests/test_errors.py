@@ -143,3 +143,33 @@ def test_the_check_before_training_never_takes_a_batch_from_a_shared_stream(tmp_
 
     metrics = _trainer(tmp_path / "b").train_model(_loader(), FirstBatches(iter(val_batches), 4), num_epochs=1)
     assert metrics["val/loss"] == pytest.approx(trainer.eval_model(val_batches, log_prefix="val/")["val/loss"])
+
+
+def test_a_compilation_cache_that_is_a_file_is_refused_at_construction(tmp_path):
+    """JAX only warned, at each compile, 'Error reading persistent compilation cache entry ... FileExistsError'."""
+    (tmp_path / "config.yaml").write_text("x: 1\n")
+    with pytest.raises(ValueError, match=r"compilation_cache='.*config.yaml' is a file, not a folder: JAX's persistent "
+                                         r"compilation cache is a folder.*Name a folder instead"):
+        _trainer(tmp_path, compilation_cache=str(tmp_path / "config.yaml"))
+    with pytest.raises(ValueError, match=r"compilation_cache='.*config.yaml/jax' lies under the file .*config.yaml"):
+        _trainer(tmp_path, compilation_cache=str(tmp_path / "config.yaml" / "jax"))
+    assert not (tmp_path / "run").exists()  # refused before the run's folder is made
+
+
+def test_a_cache_folder_from_the_environment_that_is_a_file_is_refused(tmp_path, monkeypatch):
+    import jax
+
+    from flaxlight.runfiles import enable_compilation_cache
+
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv("FLAXLIGHT_CACHE_DIR", str(tmp_path / "file"))
+    before = jax.config.jax_compilation_cache_dir
+    jax.config.update("jax_compilation_cache_dir", None)  # as in a fresh process
+    try:
+        with pytest.raises(ValueError, match=r"\$FLAXLIGHT_CACHE_DIR='.*file' is a file, not a folder.*Set it to a "
+                                             r"folder, or set compilation_cache"):
+            enable_compilation_cache(True)
+        assert jax.config.jax_compilation_cache_dir is None  # not taken
+        assert enable_compilation_cache(False) is None
+    finally:
+        jax.config.update("jax_compilation_cache_dir", before)

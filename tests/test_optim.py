@@ -949,3 +949,49 @@ def test_a_schedule_passed_as_lr_is_pointed_to_the_schedule_key():
     with pytest.raises(ValueError, match=r"optax.polyak_sgd takes a fixed step size \(max_learning_rate\), not a "
                                          r"schedule: give lr a number"):
         OptimizerConfig(optimizer="polyak_sgd", lr=schedule, schedule="constant")
+
+
+# --------------------------------------------------------------------------- a weight-decay mask for some layers only
+def _two_layer_params():
+    return {"Dense_0": {"kernel": jnp.ones((3, 2)), "bias": jnp.ones(2)},
+            "Dense_1": {"kernel": jnp.ones((2, 1)), "bias": jnp.ones(1)},
+            "BatchNorm_0": {"scale": jnp.ones(2), "bias": jnp.ones(2)}}
+
+
+@pytest.mark.parametrize("hparams", [{"optimizer": "adamw"}, {"optimizer": "sgd"},
+                                     {"optimizer": "adamw", "weight_decay_mode": "l2"},
+                                     {"optimizer": "adamw", "freeze": ["BatchNorm_0"]}])
+def test_a_mask_that_leaves_layers_out_is_refused_naming_them(hparams):
+    """{Dense_0: true} for a model with more layers gave JAX's 'pytree structure error ... tree_map tree' (or,
+    with weight_decay_mode='l2', a zip() error inside the first train step), naming no setting."""
+    tx = make_optimizer({**hparams, "lr": 0.1, "weight_decay": 0.1, "weight_decay_mask": {"Dense_0": True}}, 5)
+    with pytest.raises(ValueError) as info:
+        tx.init(_two_layer_params())  # the trainer builds it before training: refused before the first step
+    message = str(info.value)
+    assert message.startswith("optimizer_hparams['weight_decay_mask'] does not cover every parameter: it has no "
+                              "entry for Dense_1, BatchNorm_0. A mask must cover every parameter: a bool for each "
+                              "layer or parameter (here, e.g. {'Dense_0': True, 'Dense_1': False, 'BatchNorm_0': "
+                              "False}), one bool for all, or a function params -> pytree of bools"), message
+    assert "weight_decay_exclude is simpler" in message and "pytree structure" not in message
+    with pytest.raises(ValueError, match=r"it names Dense_2, which no parameter has"):
+        make_optimizer({"lr": 0.1, "weight_decay": 0.1, "weight_decay_mask": {
+            "Dense_0": True, "Dense_1": True, "BatchNorm_0": False, "Dense_2": True}}, 5).init(_two_layer_params())
+    with pytest.raises(ValueError, match=r"no entry for Dense_0/bias"):  # a function's tree is checked too
+        make_optimizer({"lr": 0.1, "weight_decay": 0.1, "weight_decay_mask": lambda p: {
+            "Dense_0": {"kernel": True}, "Dense_1": True, "BatchNorm_0": False}}, 5).init(_two_layer_params())
+
+
+@pytest.mark.parametrize("mode, optimizer", [("decoupled", "adamw"), ("decoupled", "sgd"), ("l2", "sgd")])
+def test_a_bool_per_layer_decays_those_layers(mode, optimizer):
+    """The message's advice works in each mode (l2 zipped the layer-level mask against the parameters: an error)."""
+    params = _two_layer_params()
+    hparams = {"optimizer": optimizer, "lr": 0.5, "schedule": "constant", "weight_decay": 0.1,
+               "weight_decay_mode": mode, "weight_decay_mask": {"Dense_0": True, "Dense_1": False,
+                                                                "BatchNorm_0": False}}
+    if mode == "l2":
+        assert float(OptimizerConfig.from_dict(hparams).l2_regularizer()(params)) == pytest.approx(0.5 * 0.1 * 8)
+        return
+    new, _ = _run_updates(make_optimizer(hparams, 5), params, steps=1, zero_grads=True)
+    changed = jax.tree.map(lambda a, b: bool(jnp.any(a != b)), new, params)
+    assert changed == {"Dense_0": {"kernel": True, "bias": True}, "Dense_1": {"kernel": False, "bias": False},
+                       "BatchNorm_0": {"scale": False, "bias": False}}

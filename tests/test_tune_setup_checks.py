@@ -198,3 +198,59 @@ def test_a_study_continued_with_other_fixed_settings_is_warned_about_naming_them
         study = run(2, (16,))
     assert [w.filename for w in caught if "other fixed settings" in str(w.message)] == [__file__]
     assert len(study.trials) == 3
+
+
+# ----------------------------------------------------------------------------- a run too short for its warmup
+def sine_warmup_config(tmp_path, warmup, search_space=None):
+    """Trials of 2 train steps (64 examples, batch 32, 1 epoch) with ``warmup`` optimizer updates."""
+    search = search_space or {"optimizer.lr": {"type": "float", "low": 1e-3, "high": 1e-1, "log": True}}
+    return {
+        "trainer": {"name": "regression", "max_epochs": 1, "enable_progress_bar": False,
+                    "enable_model_summary": False},
+        "model": {"name": "mlp_regressor", "hparams": {"hidden_dims": [8], "output_dim": 1}},
+        "optimizer": {"optimizer": "adam", "lr": 0.01, "warmup_steps": warmup},
+        "data": {"name": "sine", "batch_size": 32, "kwargs": {"num_train": 64, "num_val": 32, "num_test": 32}},
+        "tune": {"search_space": search, "metric": "val/loss", "n_trials": 3, "base_dir": str(tmp_path),
+                 "study_name": "cfg", "pruner": "none"},
+    }
+
+
+def test_flaxlight_tune_refuses_a_warmup_longer_than_every_trial_before_the_first_one(tmp_path, capsys):
+    """Five trials failed, each with two tracebacks, then 'Stopped study', exit 1 (fit: one line, exit 2)."""
+    from flaxlight import cli
+
+    path = tmp_path / "tune.yaml"
+    path.write_text(yaml.safe_dump(sine_warmup_config(tmp_path, warmup=5)))
+    code = cli.main(["tune", "-c", str(path)])
+    out, err = capsys.readouterr()
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1, err
+    assert err.startswith(f"flaxlight tune: error: {path}: no trial can start: optimizer_hparams['warmup_steps']=5 "
+                          f"is longer than the run: 2 optimizer updates")
+    assert "Nothing in the search space (optimizer.lr) changes the run's length or warmup" in err
+    assert not (tmp_path / "cfg").exists()  # no study, no trial folder
+
+
+def test_tune_refuses_a_warmup_longer_than_every_trial_before_the_first_one(tmp_path, loaders):
+    hparams = tiny_hparams()
+    hparams["optimizer_hparams"] = {"optimizer": "sgd", "lr": 0.1, "warmup": 10}  # 3 batches per trial
+    with pytest.raises(ValueError, match=r"no trial can start: optimizer_hparams\['warmup_steps'\]=10 is longer than "
+                                         r"the run: 3 optimizer updates.*search space \(hparams.optimizer_hparams.lr\)"):
+        tune(ClassifyTrainer, LR, hparams=hparams, train_loader=loaders[0], val_loader=loaders[1], num_epochs=1,
+             metric="val/acc", n_trials=1, base_dir=tmp_path)
+    assert not (tmp_path / "study").exists()
+    study = tune(ClassifyTrainer, LR, hparams=hparams, train_loader=loaders[0], val_loader=loaders[1], num_epochs=4,
+                 metric="val/acc", n_trials=1, base_dir=tmp_path, pruner="none")  # 12 updates: fits
+    assert [t.state.name for t in study.trials] == ["COMPLETE"]
+
+
+def test_a_searched_warmup_too_long_fails_its_trials_without_tracebacks(tmp_path, caplog):
+    """The search space changes the warmup, so only a trial can tell: each fails with one line."""
+    from flaxlight.tune import TuneError, tune_from_config
+
+    config = sine_warmup_config(tmp_path, warmup=0, search_space={"optimizer.warmup_steps": {
+        "type": "int", "low": 3, "high": 5}})
+    with pytest.raises(TuneError, match=r"Every trial of study 'cfg' failed.*warmup_steps'\]=\d is longer than"):
+        tune_from_config(config, n_trials=2)
+    failed = [r for r in caplog.records if r.name.startswith("optuna") and "is longer than the run" in r.getMessage()]
+    assert len(failed) == 2 and all(r.exc_info is None for r in failed)  # was: two chained tracebacks each
+    assert [t.state.name for t in load_study(tmp_path / "cfg").trials] == ["FAIL", "FAIL"]

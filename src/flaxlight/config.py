@@ -162,6 +162,8 @@ def _refused_import(path: str, value: str, kind: str, policy: _ImportPolicy) -> 
         fix = (f"register it in your own code (flaxlight.registry.register_{kind}('my_name')) and write its "
                f"registered name here, or, if you trust this config, pass --allow-import {package} (or "
                f"--trust-config; Python: allow_imports=[{package!r}] or trust_config=True)")
+    if (name := registry.REGISTRIES[kind].name_of(value) if kind in registry.REGISTRIES else None) is not None:
+        fix = f"it is registered as {name!r}: use `{name}` ({path}: {name}), which needs no opt-in"
     what = "was not imported" if kind == "module" else "is an import path, which was not imported"
     return ConfigError(f"{path}: {value!r} {what}: {why}. Fix: {fix}.", key=path)
 

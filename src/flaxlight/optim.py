@@ -566,7 +566,7 @@ class OptimizerConfig(Mapping):
         ``check=False``: names that match no parameter are not refused, for a mask applied to a part
         of the parameters, the trained ones beside frozen ones)."""
         if self.weight_decay_mask is not None:
-            return self.weight_decay_mask
+            return _covering_mask(self.weight_decay_mask)
         return _weight_decay_mask(self.weight_decay_exclude, check)
 
     def l2_regularizer(self) -> Callable[[Any], jax.Array] | None:
@@ -888,6 +888,49 @@ def _unmatched_freeze_message(unmatched: list[str], paths: list[list[str]]) -> s
             f"model, so they would freeze nothing. A name is a layer or parameter path ('body', 'encoder/layers_0', "
             f"'head/bias'; '*' matches within one part), matched against each parameter's path; this model's "
             f"parameters are {listed}. {' '.join(hints)}").rstrip()
+
+
+def _covering_mask(mask) -> Callable[[Any], Any]:
+    """``weight_decay_mask`` (a pytree of bools, or a function ``params -> pytree``) as a function
+    ``params -> a bool per parameter``: its tree must cover every parameter (the parameters' tree, or
+    a prefix of it: a bool for a whole layer, spread over the layer's parameters); one that leaves
+    parameters out is refused by name, not with JAX's tree error."""
+    def covering(params):
+        tree = mask(params) if callable(mask) else mask
+        try:
+            return jax.tree.map(lambda flag, part: jax.tree.map(lambda _: flag, part), tree, params)
+        except (ValueError, TypeError) as exc:
+            raise ValueError(_partial_mask_message(tree, params, exc)) from None
+
+    return covering
+
+
+def _mask_gaps(tree, params, path: tuple = ()) -> tuple[list[str], list[str]]:
+    """``(parameter paths the mask has no entry for, mask entries no parameter has)``, as ``a/b`` paths."""
+    if not (isinstance(tree, Mapping) and isinstance(params, Mapping)):
+        return [], []
+    missing = ["/".join(map(str, (*path, key))) for key in params if key not in tree]
+    unknown = ["/".join(map(str, (*path, key))) for key in tree if key not in params]
+    for key in tree:
+        if key in params:
+            more_missing, more_unknown = _mask_gaps(tree[key], params[key], (*path, key))
+            missing, unknown = missing + more_missing, unknown + more_unknown
+    return missing, unknown
+
+
+def _partial_mask_message(tree, params, exc: BaseException) -> str:
+    """Why ``weight_decay_mask``'s tree does not fit the parameters, and the ways that work."""
+    missing, unknown = _mask_gaps(tree, params)
+    gaps = ([f"it has no entry for {', '.join(missing[:12])}{', ...' if len(missing) > 12 else ''}"] if missing
+            else []) + ([f"it names {', '.join(unknown[:12])}, which no parameter has"] if unknown else [])
+    detail = "; ".join(gaps) or f"its tree does not match the parameters' ({str(exc).splitlines()[0]})"
+    example = ""
+    if isinstance(tree, Mapping) and isinstance(params, Mapping) and all(isinstance(v, bool) for v in tree.values()):
+        example = f" (here, e.g. {dict({key: tree.get(key, False) for key in params})})"
+    return (f"optimizer_hparams['weight_decay_mask'] does not cover every parameter: {detail}. A mask must cover "
+            f"every parameter: a bool for each layer or parameter{example}, one bool for all, or a function params "
+            f"-> pytree of bools (True: decayed). To keep parameters from decay by name, weight_decay_exclude is "
+            f"simpler (parameter names never decayed; the default is {list(DEFAULT_WEIGHT_DECAY_EXCLUDE)}).")
 
 
 def _mask_tree(mask, params):
@@ -1459,11 +1502,25 @@ def _assemble_tx(config: OptimizerConfig, kwargs: dict[str, Any], tail: optax.Gr
     if config.ema_decay is not None:
         chain.append(track_params_ema(config.ema_decay))
     tx = optax.chain(*chain)
+    if config.weight_decay_mask is not None and config.resolved_weight_decay() > 0:
+        tx = _mask_checked_at_init(tx, config.decay_mask())
     if config.freeze:
         tx = _freeze_parameters(tx, config)
     if config.accumulate_grad_batches > 1:
         tx = accumulate_gradients(tx, config.accumulate_grad_batches)
     return tx
+
+
+def _mask_checked_at_init(tx: optax.GradientTransformation, mask: Callable[[Any], Any]
+                          ) -> optax.GradientTransformationExtraArgs:
+    """``tx`` whose ``init`` first applies the weight-decay ``mask`` to the parameters, so that a mask
+    that does not fit them is refused before training, whatever the mode (``l2`` applies it only in
+    the train step)."""
+    def init_fn(params):
+        mask(params)
+        return tx.init(params)
+
+    return optax.GradientTransformationExtraArgs(init_fn, optax.with_extra_args_support(tx).update)
 
 
 def _freeze_parameters(tx: optax.GradientTransformation, config: OptimizerConfig

@@ -132,8 +132,8 @@ class TrainerOptions:
             there (see :class:`flaxlight.data.DeviceEpoch`).
         compilation_cache: JAX's persistent compilation cache, so a second start-up skips
             compiling: True uses ``$FLAXLIGHT_CACHE_DIR`` or ``~/.cache/flaxlight/jax``, a string
-            names the folder, False leaves JAX's settings alone. A cache folder the user already
-            configured in JAX is kept.
+            names the folder (a file there is an error), False leaves JAX's settings alone. A
+            cache folder the user already configured in JAX is kept.
         distributed: ``"data_parallel"``, ``"fsdp"`` or ``"auto"`` trains on all devices (all
             processes) over a ``jax.sharding.Mesh``; ``mesh=`` gives one explicitly. See
             :mod:`flaxlight.distributed`.

@@ -214,6 +214,29 @@ class Registry:
             self._entries[key] = (registered_name, obj)
         return obj
 
+    def name_of(self, path: str) -> str | None:
+        """The name registered for the object at the import path ``path`` (``pkg.mod.Name`` or
+        ``pkg.mod:Name``), or None; nothing is imported for it beyond the built-in registrations
+        (a module not imported yet is compared by the path alone).
+
+        Examples:
+            >>> DATASETS.name_of("flaxlight.zoo.datasets.digits")
+            'digits'
+            >>> CALLBACKS.name_of("flaxlight.callbacks:EarlyStopping")
+            'early_stopping'
+        """
+        if not is_import_path(path):
+            return None
+        self._load_builtins()
+        dotted = path.replace(":", ".")
+        module, _, attr = path.rpartition(":") if ":" in path else path.rpartition(".")
+        target = getattr(sys.modules.get(module), attr, None)  # a re-export (flaxlight.zoo.digits) too
+        for name, obj in self._entries.values():
+            seen = obj.replace(":", ".") if isinstance(obj, str) else _describe(obj)
+            if seen == dotted or (target is not None and not isinstance(obj, str) and obj is target):
+                return name
+        return None
+
     def _register_hint(self) -> str:
         if REGISTRIES.get(self.kind) is self:
             return f"flaxlight.registry.register_{self.kind}(...)"

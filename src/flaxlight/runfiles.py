@@ -890,12 +890,34 @@ def write_metrics(log_dir: str, name: str, metrics: Mapping[str, float]) -> None
 
 
 def enable_compilation_cache(setting: bool | str) -> str | None:
-    """Turn on JAX's persistent compilation cache (see ``TrainerOptions.compilation_cache``)."""
+    """Turn on JAX's persistent compilation cache (see ``TrainerOptions.compilation_cache``). A
+    folder's path that is a file, or lies under one, is a ``ValueError`` (JAX would only warn at
+    each compile that it cannot read or write there)."""
+    if isinstance(setting, str):  # named: checked even where JAX's own setting is kept
+        _check_cache_folder(setting, f"compilation_cache={setting!r}", "Name a folder instead")
     if setting is False or jax.config.jax_compilation_cache_dir:
         return jax.config.jax_compilation_cache_dir
     folder = setting if isinstance(setting, str) else os.environ.get(
         "FLAXLIGHT_CACHE_DIR", os.path.join(os.path.expanduser("~"), ".cache", "flaxlight", "jax"))
+    if setting is True and "FLAXLIGHT_CACHE_DIR" in os.environ:
+        _check_cache_folder(folder, f"$FLAXLIGHT_CACHE_DIR={folder!r}", "Set it to a folder, or set compilation_cache")
+    elif setting is True:
+        _check_cache_folder(folder, f"The default cache folder {folder}", "Move the file, or set compilation_cache")
     jax.config.update("jax_compilation_cache_dir", folder)
     if jax.config.jax_persistent_cache_min_compile_time_secs == 1.0:  # JAX's default skips small programs
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.1)
     return folder
+
+
+def _check_cache_folder(folder: str, said: str, fix: str) -> None:
+    """Refuse a compilation-cache folder whose path is a file or lies under one (``said``: the
+    setting that gave it; ``fix``: the first way out)."""
+    path = os.path.abspath(folder)
+    while not os.path.exists(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    if os.path.exists(path) and not os.path.isdir(path):
+        what = "is a file" if path == os.path.abspath(folder) else f"lies under the file {path}"
+        raise ValueError(f"{said} {what}, not a folder: JAX's persistent compilation cache is a folder of compiled "
+                         f"programs (JAX would only warn at each compile that it cannot use it). {fix}: compilation_cache "
+                         f"takes a folder's path (made if missing), True ($FLAXLIGHT_CACHE_DIR, else "
+                         f"~/.cache/flaxlight/jax) or False (no cache).")

@@ -216,7 +216,7 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
         num_epochs = self._prepare_run(train_loader, val_loader, num_epochs, steps_per_epoch, target)
         if (done := self._nothing_to_train(target, num_epochs, test_loader)) is not None:  # as the CLI: nothing written
             return done
-        self._check_load_seam("train_model(test_loader=...)" if test_loader is not None else None)
+        self._check_test_loader(test_loader)  # an empty one, or no way to restore the best model: refused now
         self.engine.compile_eval_ahead(self.state, val_loader, check=self._val_batch_check())  # a bad one writes nothing
         self._claim_run_folder(continuing=target.continuing, overwrite=overwrite, replaces=target.replaces)
         try:  # from here on, the run's folder is locked: every exit releases it

@@ -47,6 +47,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import optax
 
+from flaxlight import optim
 from flaxlight.callbacks.pruning import MetricNotLoggedError, PruningCallback
 from flaxlight.loop import RESUME_ADVICE
 from flaxlight.messages import logger as messages, warn_at_user
@@ -780,6 +781,19 @@ class _TrialFailed(Exception):
     """A trial's error, already recorded in its user attrs; optuna marks the trial failed."""
 
 
+class _TrialCouldNotStart(_TrialFailed):
+    """A trial refused by flaxlight's checks of its settings before it trained (a warmup longer than a
+    sampled run, a ``ConfigError``): its one-line message says everything, so optuna logs no traceback."""
+
+
+def _refused_before_training(exc: BaseException, trainer: Any) -> bool:
+    """Whether ``exc`` is flaxlight's refusal of the trial's settings (a ``ValueError`` raised in
+    flaxlight's own code, not the user's) before the trial's first step."""
+    from flaxlight.config import raised_by_flaxlight
+
+    return isinstance(exc, ValueError) and raised_by_flaxlight(exc) and not getattr(trainer, "global_step", 0)
+
+
 class _Interrupted(KeyboardInterrupt):
     """SIGTERM/SIGINT during a trial: optuna marks it failed, then ``tune`` exits as the trainer asked."""
 
@@ -1011,6 +1025,8 @@ class _Objective:
             raise _Interrupted(exc) from exc
         except Exception as exc:  # noqa: BLE001 - recorded; the study goes on when `catch` allows it
             trial.set_user_attr("error", _short_error(exc))
+            if isinstance(exc, self.catch) and _refused_before_training(exc, trainer):
+                raise _TrialCouldNotStart(_short_error(exc)) from None
             if isinstance(exc, self.catch):
                 raise _TrialFailed(_short_error(exc)) from exc
             raise
@@ -1088,7 +1104,7 @@ def tune(
     _check_data_arguments(train_loader, val_loader, loaders)
     base = _base_trial_hparams(hparams, metric, direction)
     make_trainer = _trainer_maker(trainer, base, space, data_key="data" if loaders is not None else None)
-    _check_overrides(base, space)
+    _check_before_trials(trainer, base, space, train_loader, val_loader, loaders, num_epochs)
     build = _trial_builder(make_trainer, base, train_loader, val_loader, loaders, num_epochs)
     setup = _setup_summary({"trainer": trainer, "hparams": base, "num_epochs": num_epochs}, [f"hparams.{k}" for k in space])
     return _run_study(build, space, metric=metric, direction=direction, n_trials=n_trials, timeout=timeout,
@@ -1104,6 +1120,72 @@ def _check_trial_settings(metric: str, direction: str | None, num_epochs: int) -
     if isinstance(num_epochs, bool) or not isinstance(num_epochs, int) or num_epochs < 1:
         raise ValueError(f"num_epochs must be a positive int, got {num_epochs!r}.")
     return direction
+
+
+def _check_before_trials(trainer: Any, base: Mapping[str, Any], space: SearchSpace, train_loader: Any,
+                         val_loader: Any, loaders: Callable | None, num_epochs: int) -> None:
+    """Every searched key can be set in ``base`` (:func:`_check_overrides`) and, for a trainer class
+    training every trial on the same data, the trials' run length (:func:`_check_trials_can_start`)."""
+    _check_overrides(base, space)
+    if isinstance(trainer, type) and loaders is None:
+        runs = [_trial_run(_with_overrides(base, values), trainer, num_epochs) for values in _sample_values(space)]
+        _check_trials_can_start(runs, train_loader, val_loader, searched=[f"hparams.{key}" for key in space])
+
+
+_LENGTH_OPTIONS = ("max_steps", "fast_dev_run", "limit_train_batches", "limit_val_batches", "val_check_interval")
+
+
+def _trial_run(settings: Mapping[str, Any], trainer_class: type, num_epochs: int) -> tuple | None:
+    """``(options, check_val_every_n_epoch, optimizer config, num_epochs)`` of a trial's ``hparams``:
+    what decides its run's length and warmup besides the data; None when that cannot be read here
+    (a ready optax transformation, a setting the trial itself refuses) or the trainer sizes its
+    optimizer its own way (an ``init_optimizer`` override)."""
+    from flaxlight.options import TrainerOptions
+    from flaxlight.trainer import TrainerModule
+
+    if trainer_class.init_optimizer is not TrainerModule.init_optimizer:
+        return None
+    try:
+        with warnings.catch_warnings():  # the trials warn, once each
+            warnings.simplefilter("ignore")
+            options = TrainerOptions(**{f.name: settings[f.name] for f in dataclasses.fields(TrainerOptions)
+                                        if f.name in settings})
+            optimizer = optim.as_optimizer_config(settings.get("optimizer_hparams"))
+    except Exception:  # noqa: BLE001 - a trial reports it, with its own message
+        return None
+    return None if optimizer is None else (options, settings.get("check_val_every_n_epoch", 1), optimizer, num_epochs)
+
+
+def _check_trials_can_start(runs: Sequence[tuple | None], train_loader: Any, val_loader: Any,
+                            searched: Sequence[str]) -> None:
+    """Before the first trial, the trainer's own checks of the run's length (validation due, the
+    train loader's batches, ``max_steps``, a warmup longer than the run) when every sampled trial
+    (``runs``: one :func:`_trial_run` per :func:`_sample_values` sample) has the same run-length
+    settings, so that a mistake there would fail every trial alike. A search that changes them
+    (``warmup_steps``, ``max_steps``, the epochs...) is left to each trial. ``searched``: the
+    search space's keys, for the message."""
+    from flaxlight.loop import BatchLimits, RunPlan
+
+    def length(run: tuple) -> tuple:
+        options, every, optimizer, num_epochs = run
+        return (*(getattr(options, key) for key in _LENGTH_OPTIONS), every, num_epochs,
+                optimizer.warmup_steps, optimizer.accumulate_grad_batches)
+
+    if not runs or any(run is None for run in runs) or len({length(run) for run in runs}) > 1:
+        return
+    options, every, optimizer, num_epochs = runs[0]
+    try:
+        plan = RunPlan.make(train_loader, val_loader, num_epochs=num_epochs, steps_per_epoch=None,
+                            check_val_every_n_epoch=every, limits=BatchLimits.from_options(options),
+                            max_steps=options.max_steps, val_check_interval=options.val_check_interval)
+        optim.make_optimizer_plan(optimizer, total_steps=plan.schedule_epochs * plan.schedule_steps_per_epoch,
+                                  epoch_length=plan.steps_per_epoch)
+    except ValueError as exc:
+        raise ValueError(f"no trial can start: {exc.args[0] if exc.args else exc} Nothing in the search "
+                         f"space ({', '.join(searched)}) changes the run's length or warmup, so every trial would "
+                         f"fail alike (checked before the first trial).") from None
+    except Exception:  # noqa: BLE001 - a loader without len() and the like: each trial says it
+        return
 
 
 def _check_data_arguments(train_loader: Iterable | None, val_loader: Iterable | None,
@@ -1243,7 +1325,7 @@ def _run_study(build: Callable[..., tuple], space: SearchSpace, *, metric: str, 
         return study
     objective = _Objective(build, space, metric, run_dir, catch)
     limit = _FailureLimit(max_failed_in_a_row)
-    quiet = _NoTracebackFor(MetricNotLoggedError, _Interrupted)  # said whole when it stops the study
+    quiet = _NoTracebackFor(MetricNotLoggedError, _Interrupted, _TrialCouldNotStart)  # their message says it all
     optuna_log = logging.getLogger("optuna.study._optimize")
     optuna_log.addFilter(quiet)
     try:
@@ -1558,15 +1640,40 @@ def _check_tune_config(config: Mapping[str, Any], opt_in: Mapping[str, Any]) -> 
         base_config["trainer"] = {**trainer, "monitor": settings["metric"], "mode": mode}
     space: SearchSpace = settings["search_space"]
     try:
-        for values in _sample_values(space):
-            config_module.load_config(_with_overrides(base_config, values), **opt_in)
+        configs = [config_module.load_config(_with_overrides(base_config, values), **opt_in)
+                   for values in _sample_values(space)]
     except config_module.ConfigError as exc:
         if not any(key in str(exc) for key in space):
             raise  # the config's own mistake (an import path without the opt-in, ...), not the search space's
         raise config_module.ConfigError(f"tune.search_space {sorted(space)}: {exc}") from None
     except ValueError as exc:  # a key that indexes into a list or a value that is no section
         raise config_module.ConfigError(_in_tune_section(exc)) from None
+    _check_config_trials_can_start(configs, space, opt_in)
     return settings, base_config
+
+
+def _check_config_trials_can_start(configs: Sequence[Any], space: SearchSpace, opt_in: Mapping[str, Any]) -> None:
+    """:func:`_check_trials_can_start` for the trials of a config (``configs``: one per sample of the
+    search space), on its data built once, when no sample changes the data or the trainer; a
+    failure to build them is left to the first trial, which reports it as it always does."""
+    from flaxlight import config as config_module
+    from flaxlight.trainer import TrainerModule
+
+    first = configs[0]
+    if any(repr(cfg.data) != repr(first.data) or cfg.trainer.name != first.trainer.name for cfg in configs[1:]):
+        return
+    try:
+        resolved = config_module.resolve_config(first, **opt_in)
+        if resolved.trainer_class.init_optimizer is not TrainerModule.init_optimizer:
+            return
+        train_loader, val_loader, _ = config_module.build_data(first, resolved)
+    except Exception:  # noqa: BLE001 - the first trial builds them again and says what is wrong
+        return
+    runs = [(cfg.trainer, cfg.trainer.check_val_every_n_epoch, cfg.optimizer, cfg.trainer.max_epochs) for cfg in configs]
+    try:
+        _check_trials_can_start(runs, train_loader, val_loader, searched=list(space))
+    except ValueError as exc:
+        raise config_module.ConfigError(str(exc)) from None
 
 
 def _in_tune_section(exc: BaseException) -> str:

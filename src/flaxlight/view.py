@@ -38,7 +38,7 @@ from flaxlight.callbacks.model_checkpoint import ModelCheckpoint
 from flaxlight.data import check_first_batch
 from flaxlight.loggers.base import checked_scalars
 from flaxlight.loggers.csv import LoggedStep
-from flaxlight.loop import Interrupted, SignalGuard
+from flaxlight.loop import Interrupted, SignalGuard, safe_len
 from flaxlight.messages import logger as messages
 from flaxlight.metrics import to_host
 from flaxlight.options import MetricNotLoggedError, check_monitors_are_numbers, written_otherwise
@@ -916,6 +916,15 @@ class TrainerViewMixin:
                             f"best). Nothing on disk was changed.")
         refusal.flaxlight_user_code = True  # the override's signature, not a damaged checkpoint: no fallback
         raise refusal
+
+    def _check_test_loader(self, test_loader: Any) -> None:
+        """Before training, what the test after it needs: batches (an empty ``test_loader`` is
+        refused now, as an empty ``val_loader`` is, not after the whole run; a loader without
+        ``len()`` is not read ahead) and a way to restore the best model (:meth:`_check_load_seam`)."""
+        if test_loader is not None and safe_len(test_loader) == 0:
+            raise ValueError("test_loader yielded no batches (its len() is 0): check the dataset size, batch_size and "
+                             "drop_last, or pass test_loader=None to train without a test.")
+        self._check_load_seam("train_model(test_loader=...)" if test_loader is not None else None)
 
     def _check_load_seam(self, purpose: str | None) -> None:
         """Before training (``purpose``: a test to come; None: none): a ``save_model`` writing its own

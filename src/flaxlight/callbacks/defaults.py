@@ -91,9 +91,22 @@ def one_best(options: Any, callbacks: list[Callback], *,
         raise ValueError(f"ModelCheckpoint(monitor={chosen.monitor!r}, mode={chosen.mode!r}) ranks checkpoints by "
                          f"another measure than the trainer's monitor={options.monitor!r} (mode={options.mode!r}), "
                          f"so test(), which='best' and export would use one model while train_model's metrics and "
-                         f"metrics/best_eval.json described another. Give both the same monitor and mode, or drop "
-                         f"the callback's monitor (it then follows the trainer's).")
+                         f"metrics/best_eval.json described another. {_same_best_advice(options, chosen)}")
     return options, chosen
+
+
+def _same_best_advice(options: Any, chosen: ModelCheckpoint) -> str:
+    """How to give the trainer and its ``ModelCheckpoint`` one best: the fix that keeps the
+    callback's ``save_top_k`` (above 1 it needs a monitor of its own, so dropping it is no fix)."""
+    same = f"ModelCheckpoint(monitor={options.monitor!r}, mode={options.mode!r}, save_top_k={chosen.save_top_k})"
+    if chosen.monitor == options.monitor:  # ModelCheckpoint's mode defaults to 'min', as in Lightning
+        return (f"Give both the same monitor and mode: pass mode={options.mode!r} to the callback ({same}), or "
+                f"mode={chosen.mode!r} to the trainer.")
+    if chosen.save_top_k not in (-1, 0, 1):
+        return (f"Give both the same monitor and mode, e.g. {same} (its save_top_k={chosen.save_top_k} needs a "
+                f"monitor of its own to rank checkpoints by), or the trainer monitor={chosen.monitor!r}, "
+                f"mode={chosen.mode!r}.")
+    return "Give both the same monitor and mode, or drop the callback's monitor (it then follows the trainer's)."
 
 
 def start_fresh(callbacks: list[Callback], validates: bool = True) -> None:

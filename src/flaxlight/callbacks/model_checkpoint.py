@@ -140,9 +140,11 @@ class ModelCheckpoint(Callback):
             raise ValueError(f"save_top_k must be an int >= 0, or -1 to keep every checkpoint written; "
                              f"got {save_top_k!r}.")
         if monitor is None and save_top_k not in (-1, 0, 1):
-            raise ValueError(f"save_top_k={save_top_k} needs a monitor='val/<metric>' to rank checkpoints by. Without "
-                             f"one, save_top_k is 1 (keep the best by the trainer's is_new_model_better), 0 (none "
-                             f"for being best) or -1 (keep every checkpoint written).")
+            raise ValueError(f"save_top_k={save_top_k} needs a monitor='val/<metric>' to rank checkpoints by (the "
+                             f"trainer's monitor is not taken for that): give it one with its mode, the trainer's if "
+                             f"it has one, e.g. ModelCheckpoint(monitor='val/acc', mode='max', save_top_k="
+                             f"{save_top_k}). Without one, save_top_k is 1 (keep the best by the trainer's "
+                             f"is_new_model_better), 0 (none for being best) or -1 (keep every checkpoint written).")
         for name, value in (("every_n_epochs", every_n_epochs), ("every_n_steps", every_n_steps)):
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
                 raise ValueError(f"ModelCheckpoint {name} must be a positive int or None, got {value!r}.")
