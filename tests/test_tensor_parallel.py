@@ -177,6 +177,39 @@ print("WARNED:", [str(w.message) for w in said if "sharding rule" in str(w.messa
     assert len(warned) == 1 and "['hidden'] of the parameters' annotations have no sharding rule" in warned[0]
 
 
+def test_a_weight_decay_mask_on_a_sharded_model_trains(tmp_path):
+    """The mask's check at the optimizer's init ran on optax.tree_map_params' placeholder (how the
+    optimizer state's sharding is found) and refused a mask that fits the parameters."""
+    script = f"""
+import os
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+import numpy as np, flax.linen as nn
+from conftest import RegressTrainer, quiet
+from pathlib import Path
+
+class M(nn.Module):
+    @nn.compact
+    def __call__(self, x, train: bool = False):
+        init = nn.initializers.lecun_normal()
+        return nn.Dense(1)(nn.relu(nn.Dense(8, kernel_init=nn.with_partitioning(init, (None, "model")))(x)))
+
+x = np.random.default_rng(0).normal(size=(32, 4)).astype(np.float32)
+mask = {{"Dense_0": {{"kernel": True, "bias": False}}, "Dense_1": {{"kernel": True, "bias": False}}}}
+for mode in ("decoupled", "l2"):
+    trainer = RegressTrainer(model_class=M, model_hparams={{}}, exmp_input=x[:1], mesh={{"data": 1, "model": 2}},
+                             optimizer_hparams={{"optimizer": "adam", "lr": 1e-2, "weight_decay": 0.01,
+                                                 "weight_decay_mode": mode, "weight_decay_mask": mask}},
+                             **quiet(Path({str(tmp_path)!r}) / mode))
+    print(mode, np.isfinite(trainer.train_model((x, x[:, :1]), None, num_epochs=1, batch_size=16)["train/loss"]))
+"""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]))
+    env.pop("XLA_FLAGS", None)
+    env["JAX_PLATFORMS"] = "cpu"  # the forced devices are CPU devices
+    done = subprocess.run([sys.executable, "-c", script], env=env, text=True, capture_output=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "decoupled True" in done.stdout and "l2 True" in done.stdout, done.stdout
+
+
 def test_the_tensor_parallel_transformer_example_matches_one_device(tmp_path):
     examples = Path(__file__).resolve().parents[1] / "examples"
 

@@ -1517,7 +1517,8 @@ def _mask_checked_at_init(tx: optax.GradientTransformation, mask: Callable[[Any]
     that does not fit them is refused before training, whatever the mode (``l2`` applies it only in
     the train step)."""
     def init_fn(params):
-        mask(params)
+        if _real_params(params):
+            mask(params)
         return tx.init(params)
 
     return optax.GradientTransformationExtraArgs(init_fn, optax.with_extra_args_support(tx).update)
@@ -1536,7 +1537,7 @@ def _freeze_parameters(tx: optax.GradientTransformation, config: OptimizerConfig
 
     def init_fn(params):
         mask = frozen(params)
-        if decays:
+        if decays and _real_params(params):
             _mask_tree(config.decay_mask(), params)
         _say_frozen(config.freeze, mask, params)
         return partition.init(params)
@@ -1544,10 +1545,17 @@ def _freeze_parameters(tx: optax.GradientTransformation, config: OptimizerConfig
     return optax.GradientTransformationExtraArgs(init_fn, partition.update)
 
 
+def _real_params(params: Any) -> bool:
+    """Whether ``params`` are parameters (arrays or shapes), not ``optax.tree_map_params``' placeholder
+    (its ``init`` call, made to learn the optimizer state's layout, as sharding it does)."""
+    leaves = jax.tree.leaves(params)
+    return bool(leaves) and all(hasattr(leaf, "shape") for leaf in leaves)
+
+
 def _say_frozen(freeze: tuple, mask: Any, params: Any) -> None:
     """Log (once) which parameters ``freeze`` holds fixed; warn when it names them all."""
     flags, leaves = jax.tree.leaves(mask), jax.tree.leaves(params)
-    if not leaves or not all(hasattr(leaf, "shape") for leaf in leaves):  # optax.tree_map_params' placeholder
+    if not _real_params(params):
         return
     paths = ["/".join(_path_parts(path)) for path, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
     names = [path for path, flag in zip(paths, flags) if flag]
