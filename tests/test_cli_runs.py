@@ -183,6 +183,18 @@ def test_resume_refuses_data_settings_that_change_the_splits_unless_allowed(run_
     assert yaml.safe_load((run_copy / "config.yaml").read_text())["data"]["seed"] == 3  # what the run now uses
 
 
+def test_resume_without_the_runs_config_is_not_compared_with_the_config_files(run_copy, tmp_path, capsys):
+    """A run without its config.yaml (started from Python, or a file an older flaxlight wrote) was
+    compared with the --config files without their overrides: the run's own data was refused."""
+    record = yaml.safe_load((run_copy / "config.yaml").read_text())
+    record["data"]["seed"] = 5  # the user's base file; the run used seed 0, given as an override
+    (tmp_path / "base.yaml").write_text(yaml.safe_dump(record))
+    (run_copy / "config.yaml").unlink()
+    code, out, err = run(capsys, "fit", "-c", tmp_path / "base.yaml", "--resume", run_copy, "trainer.max_epochs=3",
+                         "data.seed=0")
+    assert code == 0 and "test/loss:" in out, err
+
+
 # ------------------------------------------------------------------------------------ another model class
 class ScaledRegressor(nn.Module):
     """MLPRegressor's layers (a sine run's checkpoint fits it) and an output scale it requires."""

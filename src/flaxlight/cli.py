@@ -489,13 +489,17 @@ def _evaluate(args: argparse.Namespace) -> int:
 
 def _check_same_splits(cfg: Any, args: argparse.Namespace, run_dir: str) -> None:
     """Refuse data settings that change which examples each split holds (:data:`_SPLIT_FIELDS`),
-    compared with the run's own ``config.yaml`` (else the ``--config`` files without the overrides):
-    evaluating (or resuming: ``fit --resume``) would score the model on examples it may have trained on."""
+    compared with the run's own ``config.yaml`` (else, when evaluating, the ``--config`` files without the
+    overrides): evaluating (or resuming: ``fit --resume``) would score the model on examples it may have
+    trained on."""
     from flaxlight.config import CONFIG_FILE, ConfigError, load_config
 
     saved = os.path.join(run_dir, CONFIG_FILE)
     reference = None
-    for source, what in ((saved, f"the run's config ({saved})"), (args.config, " + ".join(args.config or []))):
+    # A resume compares with the run's own record only: without one (a run started from Python, a
+    # config.yaml an older flaxlight wrote) the --config files say nothing of the run's data.
+    fallback = () if args.command == "fit" else ((args.config, " + ".join(args.config or [])),)
+    for source, what in ((saved, f"the run's config ({saved})"), *fallback):
         if source and (isinstance(source, list) or os.path.isfile(source)):
             try:
                 reference = load_config(source, check=False)
