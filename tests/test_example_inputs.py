@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 
 import flax.linen as nn
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -27,6 +28,11 @@ class Reshaping(nn.Module):
         return nn.Dense(1)(x.reshape(-1, self.din))
 
 
+def _nothing_written(folder) -> bool:
+    """No file in the run folder (its empty folder is given back once the trainer is gone)."""
+    return not os.path.exists(folder) or not [path for path in folder.rglob("*") if path.is_file()]
+
+
 def _flaxlight_note(error: BaseException) -> str:
     return next(note for note in getattr(error, "__notes__", []) if note.startswith("flaxlight:"))
 
@@ -42,20 +48,21 @@ def test_an_nnx_model_with_the_wrong_input_size_fails_when_built_naming_its_hpar
     assert note.startswith("flaxlight: TinyNNX(din=3, hidden_dims=[8]) cannot be called on exmp_input (an array of "
                            "shape (1, 4))")
     assert "An NNX model takes its input sizes from model_hparams" in note and "x[:1], not x[0]" in note
-    assert not os.path.exists(tmp_path / "run")  # nothing written
+    assert _nothing_written(tmp_path / "run")
 
 
 @pytest.mark.parametrize("summary", [False, True])
 def test_a_linen_model_that_cannot_take_exmp_input_fails_the_same_way(tmp_path, summary):
     x, _ = linear_data(8)
-    with pytest.raises(TypeError) as info:
+    with pytest.raises((TypeError, ValueError)) as info:  # jitted init: TypeError; the summary's call: ValueError
         RegressTrainer(model_class=Reshaping, model_hparams={"din": 3}, optimizer_hparams=ADAM, exmp_input=x[:1],
                        **quiet(tmp_path, enable_model_summary=summary))
     assert "cannot reshape" in str(info.value)
     note = _flaxlight_note(info.value)
     assert note.startswith("flaxlight: Reshaping(din=3) cannot be called on exmp_input (an array of shape (1, 4))")
-    assert "model.init(rngs, *exmp_input, train=True)" in note and "x[:1], not x[0]" in note
-    assert not os.path.exists(tmp_path / "run")
+    called = "model.tabulate" if summary else "model.init"  # the summary, when on, is the first call
+    assert f"{called}(rngs, *exmp_input, train=True)" in note and "x[:1], not x[0]" in note
+    assert _nothing_written(tmp_path / "run")
 
 
 def test_a_fitting_nnx_model_still_builds_and_trains(tmp_path, regression_loaders):
@@ -122,3 +129,63 @@ def test_a_layer_init_never_reached_gets_a_note_naming_the_branch(tmp_path):
     note = _flaxlight_note(info.value)
     assert "model.init(rngs, *exmp_input, train=True)" in note and "This call passes project=True" in note
     assert "`if project or self.is_initializing():`" in note and "run_model_init" in note
+
+
+# ---------------------------------------------------------------------- models the check must not refuse
+class MaskedNNX(nnx.Module):
+    """Needs a keyword exmp_input cannot carry; the loss passes it."""
+
+    def __init__(self, *, rngs: nnx.Rngs):
+        self.lin = nnx.Linear(4, 1, rngs=rngs)
+
+    def __call__(self, x, *, mask):
+        return self.lin(x * mask)
+
+
+class NoisyNNX(nnx.Module):
+    """Draws from call-time rngs in eval mode too (a VAE's sampling); the loss always passes them."""
+
+    def __init__(self, *, rngs: nnx.Rngs):
+        self.enc, self.dec = nnx.Linear(4, 8, rngs=rngs), nnx.Linear(8, 1, rngs=rngs)
+
+    def __call__(self, x, rngs: nnx.Rngs | None = None):
+        h = self.enc(x)
+        return self.dec(h + 0.1 * jax.random.normal(rngs.noise(), h.shape))
+
+
+class CalledWithExtras(flaxlight.TrainerModule):
+    def loss_fn(self, params, batch, *, train, rng, state):
+        x, y = batch
+        extra = {"mask": jnp.ones_like(x)} if self.model_class is MaskedNNX else {"rngs": nnx.Rngs(noise=rng)}
+        pred, updates = state.apply_model(params, x, train=train, rng=rng, **extra)
+        return jnp.mean((pred - y) ** 2), ({}, updates)
+
+
+@pytest.mark.parametrize("model_class", [MaskedNNX, NoisyNNX])
+def test_nnx_models_the_loss_calls_with_more_than_exmp_input_still_build(tmp_path, regression_loaders, model_class):
+    """The construction-time call refused them (a required keyword; rngs None in eval mode)."""
+    trainer = CalledWithExtras(model_class=model_class, model_hparams={}, optimizer_hparams=ADAM,
+                               exmp_input=linear_data(1)[0], **quiet(tmp_path, enable_model_summary=True))
+    train, val, _ = regression_loaders
+    assert np.isfinite(trainer.train_model(train, val, num_epochs=1)["val/loss"])
+
+
+def test_overrides_in_the_uva_guides_order_see_the_run_folder(tmp_path):
+    """init_model ran before the run's folder was set up: an override writing there failed."""
+    class WritesAtInit(RegressTrainer):
+        def init_model(self, exmp_input):
+            super().init_model(exmp_input)
+            with open(os.path.join(self.log_dir, "init.txt"), "w") as f:
+                f.write("built")
+
+    trainer = WritesAtInit(model_class=TinyNNX, model_hparams={"din": 4, "hidden_dims": [8]}, optimizer_hparams=ADAM,
+                           exmp_input=linear_data(1)[0], **quiet(tmp_path))
+    assert (tmp_path / "run" / "init.txt").read_text() == "built" and trainer.logger is not None
+
+
+def test_predict_of_one_value_for_a_one_feature_model_is_not_refused(tmp_path):
+    """(1,) for exmp_input (1, 1) is as well a batch of one value: it was refused as x[0]."""
+    trainer = RegressTrainer(model_class=Reshaping, model_hparams={"din": 1}, optimizer_hparams=ADAM,
+                             exmp_input=np.zeros((1, 1), np.float32), **quiet(tmp_path))
+    np.testing.assert_allclose(trainer.predict(np.array([0.5], np.float32), batch_size=8).ravel(),
+                               trainer.predict(np.array([[0.5]], np.float32), batch_size=8).ravel())

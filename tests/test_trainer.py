@@ -90,6 +90,21 @@ def test_a_version_folder_nothing_was_written_into_is_given_back(tmp_path, regre
     assert os.path.isfile(os.path.join(kept, "hparams.yaml")) and os.listdir(os.path.join(kept, "checkpoints"))
 
 
+def test_a_version_folder_another_trainer_was_given_is_not_given_back(tmp_path, regression_loaders):
+    """Trainer B built on trainer A's version folder: dropping A removed the folder under B, whose
+    train_model then failed on its lock file (review)."""
+    import gc
+
+    kwargs = dict(model_class=TinyMLP, model_hparams={}, optimizer_hparams={}, exmp_input=np.zeros((1, 4), np.float32),
+                  enable_progress_bar=False, enable_model_summary=False)
+    first = RegressTrainer(**kwargs, logger_params={"base_log_dir": str(tmp_path)})
+    second = RegressTrainer(**kwargs, logger_params={"log_dir": first.log_dir})
+    del first
+    gc.collect()
+    second.train_model(*regression_loaders[:2], num_epochs=1)
+    assert os.path.isfile(os.path.join(second.log_dir, "hparams.yaml"))
+
+
 def test_best_model_is_restored_for_testing(tmp_path, regression_loaders):
     train, val, test = regression_loaders
 

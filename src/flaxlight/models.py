@@ -260,12 +260,15 @@ class LinenAdapter:
             return self.module.init({"params": params_rng, "dropout": dropout_rng}, *inputs, **self._train_kwargs(True))
         except Exception as exc:
             self._explain(exc)
-            mode = ", ".join(f"{k}={v}" for k, v in self._train_kwargs(True).items())
-            note_unfit_example(exc, type(self.module).__name__, self.model_hparams, inputs,
-                               f"model.init(rngs, *exmp_input{', ' + mode if mode else ''})",
-                               "A Linen model's layers take their input sizes from exmp_input; the sizes its "
-                               "model_hparams fix must fit it.")
+            self._note_unfit(exc, inputs, "model.init")
             raise
+
+    def _note_unfit(self, exc: Exception, inputs: Sequence[Any], called: str) -> None:
+        mode = ", ".join(f"{k}={v}" for k, v in self._train_kwargs(True).items())
+        note_unfit_example(exc, type(self.module).__name__, self.model_hparams, inputs,
+                           f"{called}(rngs, *exmp_input{', ' + mode if mode else ''})",
+                           "A Linen model's layers take their input sizes from exmp_input; the sizes its "
+                           "model_hparams fix must fit it.")
 
     def apply(self, variables, *inputs, train: bool = False, **kwargs):
         try:
@@ -305,6 +308,7 @@ class LinenAdapter:
                                         console_kwargs={"width": 120, "force_terminal": sys.stdout.isatty()})
         except Exception as exc:
             self._explain(exc)
+            self._note_unfit(exc, inputs, "model.tabulate")  # the summary is the first call, when on
             raise
 
     def bind(self, variables):
@@ -445,6 +449,8 @@ class NNXAdapter:
         try:
             _traced_on(lambda *xs: self.apply(variables, *xs, train=False), inputs)
         except Exception as exc:
+            if not isinstance(exc, _FIT_ERRORS) or not self._called_as_trained(inputs):
+                return variables  # no shape error (call-time rngs it draws from), or called otherwise by the loss
             call = ", ".join(["*exmp_input", *(f"{k}={v}" for k, v in mode_kwargs(self.mode_argument, False).items())])
             note_unfit_example(exc, self.model_class.__name__, self.model_hparams, inputs,
                                f"model.eval(); model({call}), shapes only",
@@ -453,6 +459,16 @@ class NNXAdapter:
                                "din = its number of features.")
             raise
         return variables
+
+    def _called_as_trained(self, inputs: Sequence[Any]) -> bool:
+        """Whether the module's ``__call__`` takes ``inputs`` and the mode argument alone, as the
+        check at construction calls it: not when it needs keywords ``exmp_input`` cannot carry
+        (``mask=``, which the loss passes)."""
+        try:
+            inspect.signature(type(self.module).__call__).bind(None, *inputs, **mode_kwargs(self.mode_argument, False))
+        except TypeError:
+            return False
+        return True
 
     def _variables(self) -> dict:
         variables = {"params": nnx.to_pure_dict(self.params_template)}

@@ -182,18 +182,28 @@ def open_run(logger_params: Mapping[str, Any] | None, owner_name: str,
         if not isinstance(logger, Logger):
             raise TypeError(f"loggers must be flaxlight.loggers.Logger instances; got {type(logger).__name__}.")
     log_dir = run_dir(params, owner_name)
+    made = not params.log_dir or not os.path.exists(log_dir)  # a version claimed, or a folder made, for this trainer
     check_folders(log_dir)
     loggers = make_loggers(params, log_dir, extra)  # a missing extra (wandb, mlflow) fails before the folder is made
     os.makedirs(os.path.join(log_dir, METRICS_DIR), exist_ok=True)
-    if not params.log_dir:  # a version folder claimed for the trainer: given back if it never writes into it
-        weakref.finalize(loggers, _remove_if_unused, log_dir)
-    return log_dir, loggers, Checkpointer(os.path.join(log_dir, CHECKPOINT_DIR), max_to_keep=None)
+    checkpointer = Checkpointer(os.path.join(log_dir, CHECKPOINT_DIR), max_to_keep=None)
+    _FOLDERS_IN_USE[checkpointer] = log_dir
+    if made:  # given back when its trainer is gone without writing into it
+        weakref.finalize(checkpointer, _remove_if_unused, log_dir)
+    return log_dir, loggers, checkpointer
+
+
+# The run folder of each trainer alive in this process (by its checkpointer, which lives as long as it).
+_FOLDERS_IN_USE: "weakref.WeakKeyDictionary[Checkpointer, str]" = weakref.WeakKeyDictionary()
 
 
 def _remove_if_unused(log_dir: str) -> bool:
     """Remove ``log_dir`` when it holds nothing but the empty ``metrics/`` folder a trainer makes
     at construction (a trainer built and dropped, never trained: a notebook cell run again), so
-    that empty ``version_N`` folders do not pile up; ``os.rmdir`` never removes a file."""
+    that empty ``version_N`` folders do not pile up; not while another trainer of this process
+    was given the folder; ``os.rmdir`` never removes a file."""
+    if log_dir in list(_FOLDERS_IN_USE.values()):
+        return False
     try:
         if os.listdir(log_dir) != [METRICS_DIR] or os.listdir(os.path.join(log_dir, METRICS_DIR)):
             return False

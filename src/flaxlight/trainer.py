@@ -76,16 +76,16 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
         runfiles.enable_compilation_cache(self.options.compilation_cache)
         self.mesh = dist.mesh_for(mesh, self.options.distributed)
         self.model_adapter = make_adapter(self.model_class, self.model_hparams, seed=seed)
+        if self.options.enable_model_summary:
+            self.print_tabulate(exmp_input)
+        self._set_up_run_files(logger_params)  # the UvA guide's order: overrides below may use log_dir, logger
         self.engine: Engine | None = None
         self.create_jitted_functions()
         if self.engine is None:  # an override that set only the seed's self.train_step / self.eval_step
             seed_steps = getattr(self, "train_step", None), getattr(self, "eval_step", None)
             self.engine = self._make_engine(*check_step_pair(seed_steps, f"{type(self).__name__}.create_jitted_"
                                                              f"functions() must set self.train_step, self.eval_step:"))
-        self.init_model(exmp_input)  # the model called on exmp_input: one that does not fit it fails before any file
-        if self.options.enable_model_summary:
-            self.print_tabulate(exmp_input)
-        self._set_up_run_files(logger_params)
+        self.init_model(exmp_input)  # the model called on exmp_input: one that does not fit it fails here
         self._place_state()  # on a mesh from the start: eval_model / test before training use it too
 
     def _start_fresh_run_state(self) -> None:

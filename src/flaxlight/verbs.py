@@ -746,11 +746,13 @@ def _check_input_shapes(forward, state, inputs: tuple, examples: list, whole: tu
 def _refuse_missing_batch_axis(data: tuple, examples: list) -> None:
     """A clear error when predict's data (an input, or a leaf of one) is shaped exactly as
     ``exmp_input``'s without its batch axis: one example, ``x[0]``, which predict would cut along
-    its first axis into batches of rows, silently wrong for a model that takes unbatched inputs."""
+    its first axis into batches of rows, silently wrong for a model that takes unbatched inputs. A
+    one-element example (``(1,)`` where ``exmp_input`` is ``(1, 1)``) is as well a batch of one value:
+    not refused (the looser check warns)."""
     for i, (given, example) in enumerate(zip(data, examples)):
         for (path, leaf), want_leaf in zip(jax.tree_util.tree_leaves_with_path(given), jax.tree.leaves(example)):
             got, want = tuple(np.shape(leaf)), tuple(np.shape(want_leaf))
-            if want and got == want[1:]:
+            if want and got == want[1:] and int(np.prod(got)) > 1:  # (1,) for (1, 1): as well one value each row
                 where = f"{f'[{i}]' if len(examples) > 1 else ''}{jax.tree_util.keystr(path)}"
                 raise ValueError(
                     f"predict's data{where} has shape {got}: exmp_input{where}'s shape {want} without its batch axis, "
