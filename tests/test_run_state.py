@@ -62,13 +62,15 @@ def test_array_hyperparameters_are_plain_lists_in_hparams_yaml_and_load_back_as_
     assert (tmp_path / "run" / "hparams.yaml").read_text() == text  # loading rewrote nothing
 
 
-def test_a_large_array_keeps_every_value_with_a_warning_to_keep_it_elsewhere(tmp_path):
-    values = np.arange(20_000, dtype=np.float32) / 7
-    with pytest.warns(UserWarning, match=r"scaler_mean is an array of 20,000 elements .* flaxlight\.TrainState "
-                                         r"subclass .* a file of your own"):
+def test_a_large_array_is_summarised_with_a_warning_to_keep_it_elsewhere(tmp_path):
+    """Written whole, a 1M-element array took 14 s to write and 26 s to read, at every save (review)."""
+    values = np.arange(1_000_000, dtype=np.float32) / 7
+    with pytest.warns(UserWarning, match=r"scaler_mean is an array of 1,000,000 elements .* not written .* "
+                                         r"flaxlight\.TrainState subclass .* a file of your own"):
         runfiles.write_hparams(str(tmp_path), {"seed": 0, "scaler_mean": values, "names": np.array(["ab", "cde"])})
+    assert (tmp_path / "hparams.yaml").stat().st_size < 2000
     back = runfiles.with_arrays(runfiles.read_hparams(str(tmp_path)))
-    assert back["scaler_mean"].dtype == np.float32 and np.array_equal(back["scaler_mean"], values)
+    assert isinstance(back["scaler_mean"], str) and "shape=(1000000,)" in back["scaler_mean"]
     assert back["names"].tolist() == ["ab", "cde"] and back["seed"] == 0 and "array_hparams" not in back
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # 10,000 elements or fewer: written without a word

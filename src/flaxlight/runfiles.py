@@ -49,7 +49,7 @@ __all__ = ["RunInUseError", "LoggerParams", "HPARAMS_FILE", "CHECKPOINT_DIR", "M
 HPARAMS_FILE = "hparams.yaml"
 #: The key of ``hparams.yaml`` that lists which values were arrays (path, dtype, shape): they load back as arrays.
 ARRAYS_KEY = "array_hparams"
-#: Elements of an array in the hparams above which writing it warns (it is written whole, a list in the YAML).
+#: Elements of an array in the hparams above which its values are not written (its summary is, with a warning).
 ARRAY_SIZE_LIMIT = 10_000
 CHECKPOINT_DIR = "checkpoints"
 METRICS_DIR = "metrics"
@@ -543,7 +543,8 @@ def to_yaml_safe(value: Any) -> Any:
 def _plain_array(value: Any) -> np.ndarray | None:
     """``value`` as a numpy array when it is a numpy or JAX array that YAML can hold as lists (numbers,
     booleans, strings); None for anything else (a PRNG key, an array of objects: written by repr)."""
-    if not isinstance(value, (np.ndarray, jax.Array)) or jax.dtypes.issubdtype(value.dtype, jax.dtypes.prng_key):
+    if not isinstance(value, (np.ndarray, jax.Array)) or jax.dtypes.issubdtype(value.dtype, jax.dtypes.prng_key) \
+            or value.size > ARRAY_SIZE_LIMIT:  # data, not a setting: not written (warned: hparams_record)
         return None
     array = np.asarray(value)
     floating = jax.dtypes.issubdtype(array.dtype, np.floating)  # bfloat16 too (its numpy kind is "V")
@@ -570,6 +571,16 @@ def _arrays_in(value: Any, path: tuple = ()) -> list[tuple[tuple, np.ndarray]]:
     return [] if array is None else [(path, array)]
 
 
+def _large_arrays(value: Any, path: tuple = ()) -> list[tuple[tuple, int, Any]]:
+    """``(path, size, array)`` of the arrays over :data:`ARRAY_SIZE_LIMIT` elements in ``value``."""
+    if isinstance(value, Mapping):
+        return [found for k, v in value.items() for found in _large_arrays(v, (*path, str(k)))]
+    if isinstance(value, (list, tuple)):
+        return [found for i, v in enumerate(value) for found in _large_arrays(v, (*path, i))]
+    large = isinstance(value, (np.ndarray, jax.Array)) and value.size > ARRAY_SIZE_LIMIT
+    return [(path, int(value.size), value)] if large else []
+
+
 class _FlowList(list):
     """A list ``hparams.yaml`` writes on one line, ``[37.52751, 49.972755]``: an array's values."""
 
@@ -585,26 +596,27 @@ _HparamsDumper.add_representer(_FlowList, lambda dumper, data: dumper.represent_
 def hparams_record(config: Mapping[str, Any]) -> dict:
     """``config`` as ``hparams.yaml`` holds it: :func:`to_yaml_safe`, plus, when it holds arrays,
     :data:`ARRAYS_KEY` listing each one's path, dtype and shape, from which :func:`with_arrays`
-    makes them arrays again. An array of more than :data:`ARRAY_SIZE_LIMIT` elements is written
-    whole, with a warning: such data belongs in the state or a file, not in the settings.
+    makes them arrays again. An array of more than :data:`ARRAY_SIZE_LIMIT` elements is written as
+    its summary only (numpy's shortened repr), with a warning: such data belongs in the state or a
+    file, not in the settings (writing it whole took seconds per million values, at every save).
 
     Examples:
         >>> hparams_record({"seed": 1, "mean": np.zeros(2, np.float32)})["array_hparams"]
         [{'path': ['mean'], 'dtype': 'float32', 'shape': [2]}]
     """
     hparams, arrays = to_yaml_safe(config), _arrays_in(config)
+    for path, size, array in _large_arrays(config):
+        warn_at_user(f"{HPARAMS_FILE}: {'.'.join(map(str, path))} is an array of {size:,} elements "
+                     f"{array.dtype}{list(array.shape)}, more than {ARRAY_SIZE_LIMIT:,}: its values are not written "
+                     f"(only its summary) and do not come back with load_from_checkpoint. Keep large arrays out of the "
+                     f"hyperparameters: in a field of a flaxlight.TrainState subclass (saved in each checkpoint) or in "
+                     f"a file of your own whose path is the hyperparameter (docs/models.md, \"State that travels with "
+                     f"the run\").")
     if not arrays:
         return hparams
     if ARRAYS_KEY in hparams:
         raise ValueError(f"{ARRAYS_KEY!r} is the key under which {HPARAMS_FILE} lists which hyperparameters are "
                          f"arrays; a hyperparameter of yours has that name: rename it.")
-    for path, array in arrays:
-        if array.size > ARRAY_SIZE_LIMIT:
-            warn_at_user(f"{HPARAMS_FILE}: {'.'.join(map(str, path))} is an array of {array.size:,} elements "
-                         f"{array.dtype}{list(array.shape)}, written whole as a list (more than {ARRAY_SIZE_LIMIT:,}), "
-                         f"and given to every logger. Keep large arrays out of the hyperparameters: in a field of a "
-                         f"flaxlight.TrainState subclass (saved in each checkpoint) or in a file of your own whose "
-                         f"path is the hyperparameter (docs/models.md, \"State that travels with the run\").")
     records = [{"path": list(path), "dtype": "str" if array.dtype.kind == "U" else array.dtype.name,  # not "str96"
                 "shape": list(array.shape)} for path, array in arrays]
     return {**hparams, ARRAYS_KEY: records}
