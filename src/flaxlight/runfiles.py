@@ -689,7 +689,8 @@ _LOCATION_KEYS = ("log_dir", "base_log_dir", "logger_name")  # logger_params tha
 
 
 def write_hparams(log_dir: str, config: Mapping[str, Any]) -> dict:
-    """Write ``config`` as ``<log_dir>/hparams.yaml`` (plain YAML) and return what was written. An
+    """Write ``config`` as ``<log_dir>/hparams.yaml`` (plain YAML) and return what was written (less
+    its :data:`ARRAYS_KEY` record: the loggers get the settings). An
     earlier file that says otherwise (a resume with changed settings) is kept as
     ``hparams.1.yaml`` (``.2``, ...), and the changes are said; an equal one is left as it is.
     Where the run is (``logger_params``' ``log_dir``, ``base_log_dir``, ``logger_name``: a
@@ -699,7 +700,7 @@ def write_hparams(log_dir: str, config: Mapping[str, Any]) -> dict:
         with open(path) as f:
             changes = _changes(_without_location(yaml.safe_load(f) or {}), _without_location(hparams))
         if not changes:
-            return hparams
+            return _without_records(hparams)
         kept = next(name for name in (f"hparams.{n}.yaml" for n in itertools.count(1))
                     if not os.path.exists(os.path.join(log_dir, name)))
         os.replace(path, os.path.join(log_dir, kept))
@@ -708,7 +709,12 @@ def write_hparams(log_dir: str, config: Mapping[str, Any]) -> dict:
                          f"{kept}.")
     with open(path, "w") as f:
         yaml.dump(_for_file(hparams), f, Dumper=_HparamsDumper, sort_keys=False)
-    return hparams
+    return _without_records(hparams)
+
+
+def _without_records(hparams: dict) -> dict:
+    """The settings without the file's record of which are arrays (what the loggers are given)."""
+    return {key: value for key, value in hparams.items() if key != ARRAYS_KEY}
 
 
 def _without_location(hparams: Any) -> Any:
