@@ -746,7 +746,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     from flaxlight.registry import RegistryError
     from flaxlight.runfiles import RunInUseError
 
-    logger.addFilter(_cli_log_lines)
+    added = _cli_log_lines not in logger.filters  # not by a main() called inside another (which removes it)
+    if added:
+        logger.addFilter(_cli_log_lines)
     try:
         return _COMMANDS[args.command](args)
     except (ConfigError, RegistryError, _UsageError, RunInUseError,  # and paths: --ckpt at no run, -o at a
@@ -757,7 +759,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"flaxlight {args.command}: error: {_for_cli(str(exc))}", file=sys.stderr)
         return 1
     finally:
-        logger.removeFilter(_cli_log_lines)
+        if added:
+            logger.removeFilter(_cli_log_lines)
 
 
 if __name__ == "__main__":
