@@ -1156,6 +1156,17 @@ def _trial_run(settings: Mapping[str, Any], trainer_class: type, num_epochs: int
     return None if optimizer is None else (options, settings.get("check_val_every_n_epoch", 1), optimizer, num_epochs)
 
 
+def _same_run_lengths(runs: Sequence[tuple | None]) -> bool:
+    """Whether every sampled trial (``runs``: see :func:`_check_trials_can_start`) has the same
+    run-length settings (epochs, batch limits, validation interval, warmup, accumulation)."""
+    def length(run: tuple) -> tuple:
+        options, every, optimizer, num_epochs = run
+        return (*(getattr(options, key) for key in _LENGTH_OPTIONS), every, num_epochs,
+                optimizer.warmup_steps, optimizer.accumulate_grad_batches)
+
+    return bool(runs) and all(run is not None for run in runs) and len({length(run) for run in runs}) == 1
+
+
 def _check_trials_can_start(runs: Sequence[tuple | None], train_loader: Any, val_loader: Any,
                             searched: Sequence[str]) -> None:
     """Before the first trial, the trainer's own checks of the run's length (validation due, the
@@ -1166,12 +1177,7 @@ def _check_trials_can_start(runs: Sequence[tuple | None], train_loader: Any, val
     search space's keys, for the message."""
     from flaxlight.loop import BatchLimits, RunPlan
 
-    def length(run: tuple) -> tuple:
-        options, every, optimizer, num_epochs = run
-        return (*(getattr(options, key) for key in _LENGTH_OPTIONS), every, num_epochs,
-                optimizer.warmup_steps, optimizer.accumulate_grad_batches)
-
-    if not runs or any(run is None for run in runs) or len({length(run) for run in runs}) > 1:
+    if not _same_run_lengths(runs):
         return
     options, every, optimizer, num_epochs = runs[0]
     try:
@@ -1662,6 +1668,9 @@ def _check_config_trials_can_start(configs: Sequence[Any], space: SearchSpace, o
     first = configs[0]
     if any(repr(cfg.data) != repr(first.data) or cfg.trainer.name != first.trainer.name for cfg in configs[1:]):
         return
+    runs = [(cfg.trainer, cfg.trainer.check_val_every_n_epoch, cfg.optimizer, cfg.trainer.max_epochs) for cfg in configs]
+    if not _same_run_lengths(runs):  # each trial checks its own: the data are not built for nothing
+        return
     try:
         resolved = config_module.resolve_config(first, **opt_in)
         if resolved.trainer_class.init_optimizer is not TrainerModule.init_optimizer:
@@ -1669,7 +1678,6 @@ def _check_config_trials_can_start(configs: Sequence[Any], space: SearchSpace, o
         train_loader, val_loader, _ = config_module.build_data(first, resolved)
     except Exception:  # noqa: BLE001 - the first trial builds them again and says what is wrong
         return
-    runs = [(cfg.trainer, cfg.trainer.check_val_every_n_epoch, cfg.optimizer, cfg.trainer.max_epochs) for cfg in configs]
     try:
         _check_trials_can_start(runs, train_loader, val_loader, searched=list(space))
     except ValueError as exc:
