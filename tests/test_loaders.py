@@ -50,8 +50,8 @@ def _classifier(tmp_path, name="run", **kwargs):
 def _regressor(tmp_path, name="run", **kwargs):
     kwargs.setdefault("enable_progress_bar", False)
     kwargs.setdefault("enable_checkpointing", False)
-    return RegressTrainer(model_class=TinyMLP, model_hparams={"hidden_dims": [16]},
-                          optimizer_hparams={"optimizer": "adam", "lr": 1e-2}, exmp_input=np.zeros((1, 4), np.float32),
+    kwargs.setdefault("optimizer_hparams", {"optimizer": "adam", "lr": 1e-2})
+    return RegressTrainer(model_class=TinyMLP, model_hparams={"hidden_dims": [16]}, exmp_input=np.zeros((1, 4), np.float32),
                           logger_params={"log_dir": str(tmp_path / name), "logger_type": "csv"},
                           enable_model_summary=False, **kwargs)
 
@@ -762,15 +762,20 @@ def _trained(tmp_path, name, loader, num_epochs=500, callbacks=(), resume=False,
     return trainer
 
 
-def test_max_steps_sizes_a_torch_iterable_dataset_as_lightning_does(tmp_path):
+@pytest.mark.parametrize("optimizer", [{}, {"accumulate_grad_batches": 2, "schedule": "constant"}],
+                         ids=["warmup_cosine", "accumulating"])
+def test_max_steps_sizes_a_torch_iterable_dataset_as_lightning_does(tmp_path, optimizer):
     """A DataLoader over an IterableDataset with max_steps was refused ("has no len()"), where a
     generator with max_steps was taken: its epochs end where its passes end (5, 5, then 2 batches),
-    and the run and its schedule (warmup_cosine: sized by the run's length) equal a sized loader's."""
+    and the run and its schedule (warmup_cosine: sized by the run's length) equal a sized loader's.
+    Accumulating gradients, each pass's end ends an update, as an epoch's end does: no update mixes
+    two epochs."""
     batches = _five_batches()
+    hparams = {"optimizer": "adam", "lr": 1e-2, **optimizer}
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)  # no "ran out after 5 of the epoch's 12 batches"
-        streamed = _trained(tmp_path, "stream", _torch_stream(batches), max_steps=12)
-    sized = _trained(tmp_path, "sized", batches, max_steps=12)
+        streamed = _trained(tmp_path, "stream", _torch_stream(batches), max_steps=12, optimizer_hparams=hparams)
+    sized = _trained(tmp_path, "sized", batches, max_steps=12, optimizer_hparams=hparams)
     assert streamed.global_step == sized.global_step == 12
     assert [row["epoch"] for row in streamed.history] == [1, 2, 3]
     jax.tree.map(np.testing.assert_array_equal, streamed.state.params, sized.state.params)
@@ -796,17 +801,21 @@ def test_a_loader_without_len_and_nothing_that_sizes_the_run_names_every_way_out
         _trained(tmp_path, "run", _torch_stream(_five_batches()), max_steps=12, limit_train_batches=0.5)
 
 
-def test_a_loader_without_len_sized_by_max_steps_resumes_bitwise_equal(tmp_path):
-    """SIGTERM in the second pass (epoch 2, after its batch 2): the resumed run passes over that
-    epoch's trained batches and ends as the uninterrupted one."""
+@pytest.mark.parametrize("step, optimizer", [(7, {}), (5, {"accumulate_grad_batches": 2, "schedule": "constant"})],
+                         ids=["mid-pass-2", "at-pass-1s-end-accumulating"])
+def test_a_loader_without_len_sized_by_max_steps_resumes_bitwise_equal(tmp_path, step, optimizer):
+    """SIGTERM in the second pass (epoch 2, after its batch 2), or after the first pass's last batch
+    (before its end is known: its partial group of gradients is applied on resume): the resumed run
+    passes over that epoch's trained batches and ends as the uninterrupted one."""
     batches = _five_batches()
-    reference = _trained(tmp_path, "ref", _torch_stream(batches), max_steps=12, enable_checkpointing=True)
+    options = {"max_steps": 12, "enable_checkpointing": True,
+               "optimizer_hparams": {"optimizer": "adam", "lr": 1e-2, **optimizer}}
+    reference = _trained(tmp_path, "ref", _torch_stream(batches), **options)
     with pytest.raises(SystemExit):
-        _trained(tmp_path, "run", _torch_stream(batches), callbacks=[SigtermAt(7)], max_steps=12,
-                 enable_checkpointing=True)
+        _trained(tmp_path, "run", _torch_stream(batches), callbacks=[SigtermAt(step)], **options)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # a loader without set_epoch: resumed exactly if its order holds
-        resumed = _trained(tmp_path, "run", _torch_stream(batches), resume=True, max_steps=12, enable_checkpointing=True)
+        resumed = _trained(tmp_path, "run", _torch_stream(batches), resume=True, **options)
     assert resumed.global_step == reference.global_step == 12
     jax.tree.map(np.testing.assert_array_equal, resumed.state.params, reference.state.params)
 

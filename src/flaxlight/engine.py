@@ -418,7 +418,8 @@ class Engine:
         ``start_sums(first batch)`` gives the epoch's zeroed sums when ``span.acc`` is None (a
         fresh epoch); when ``more_epochs()`` after the span, the next epoch's device data are
         gathered before this epoch's end waits for its last steps. A span that reaches the epoch's
-        end (``epoch_length`` batches, or the end of a stream) ends the epoch's training: an
+        end (``epoch_length`` batches, or the end of the loader's pass before ``stop``: a loader
+        without ``len()`` sized by ``max_steps`` ends its epochs there) ends the epoch's training: an
         optimizer accumulating gradients makes its epoch-end update then (:meth:`end_accumulation`;
         at an event on the last batch, before it). A span cut short (``max_steps``, a stop, an
         interrupt) leaves the gradients of its partial group in the optimizer state, where a resumed
@@ -428,8 +429,8 @@ class Engine:
         self._updated_at = None
         feed = self.feed(loader, span.batches, stop, span.step, position, skip)
         try:
-            if feed.empty:
-                if epoch_length is not None and span.batches >= epoch_length:  # e.g. resumed at the epoch's end
+            if feed.empty:  # e.g. resumed at the epoch's end, or where the loader's pass ended
+                if stop is None or span.batches < stop or (epoch_length is not None and span.batches >= epoch_length):
                     self.end_accumulation(span)
                 return
             self.note_served(loader)
@@ -445,8 +446,8 @@ class Engine:
             ended_by_event = self.run(feed, span, schedule, self._updating_at_end(epoch_length, span.state, on_event))
             if ended_by_event and stop is not None and span.batches >= stop:  # an event at the pass's last batch
                 feed.end_pass()
-            if span.batches >= epoch_length if epoch_length is not None else \
-                    not ended_by_event and (stop is None or span.batches < stop):  # the epoch's end, not a cut
+            ran_out = not ended_by_event and (stop is None or span.batches < stop)  # the pass ended first
+            if ran_out or (epoch_length is not None and span.batches >= epoch_length):  # the epoch's end, not a cut
                 self.end_accumulation(span)
             if self.choosing_block_length and span.batches >= 2 * BLOCK_LENGTHS[-1]:
                 self.choose_block_length(span.state, feed.first_batch)
