@@ -1,5 +1,10 @@
 """Bad input gets a message that says what was wrong and how to fix it."""
 
+import os
+import re
+import shutil
+import traceback
+
 import numpy as np
 import pytest
 from conftest import RegressTrainer, TinyMLP, quiet
@@ -116,8 +121,10 @@ def test_a_batch_of_zero_rows_is_passed_over_not_a_nan_in_the_metrics(tmp_path):
     with pytest.warns(RuntimeWarning) as said:
         trainer = _trainer(tmp_path)
         metrics = trainer.train_model(batches[:2] + [empty] + batches[2:], batches + [empty], num_epochs=2)
-    messages = " ".join(str(w.message) for w in said)
-    assert "A training batch has 0 rows" in messages and "A evaluation batch has 0 rows" in messages
+    messages = [str(w.message) for w in said]
+    training = next(m for m in messages if m.startswith("A training batch has 0 rows"))
+    evaluation = next(m for m in messages if m.startswith("An evaluation batch has 0 rows"))
+    assert "counts as a step" in training and "step" not in evaluation  # an evaluation batch is no training step
     assert trainer.global_step == int(trainer.state.step) == 2 * 7  # the empty batch still counts as a step
     assert np.isfinite(metrics["train/loss"]) and trainer.nonfinite_steps == 0
     assert trainer.eval_model(batches[:1] + [empty] + batches[1:]) == trainer.eval_model(batches)
@@ -173,3 +180,80 @@ def test_a_cache_folder_from_the_environment_that_is_a_file_is_refused(tmp_path,
         assert enable_compilation_cache(False) is None
     finally:
         jax.config.update("jax_compilation_cache_dir", before)
+
+
+class _ThirdBatchWrong:
+    """Six batches of 16 whose third is wrong: ``"short_y"`` (3 labels cut off), ``"wide_x"`` (a
+    5th feature), or ``"raises"`` (the loader's own error while making it)."""
+
+    def __init__(self, fault):
+        self.fault = fault
+
+    def __len__(self):
+        return 6
+
+    def __iter__(self):
+        for i in range(6):
+            x, y = np.full((16, 4), i, np.float32), np.full((16, 1), i, np.float32)
+            if i == 2 and self.fault == "short_y":
+                y = y[:-3]
+            elif i == 2 and self.fault == "wide_x":
+                x = np.concatenate([x, x[:, :1]], axis=1)
+            elif i == 2:
+                raise KeyError("record 32 is missing")
+            yield x, y
+
+
+def _printed(excinfo) -> str:
+    """The error as Python prints it (its notes included)."""
+    return "".join(traceback.format_exception(excinfo.value))
+
+
+@pytest.mark.parametrize("fault, said", [
+    ("short_y", r"flaxlight: The arrays of the 3rd batch of this epoch of train_loader have different leading "
+                r"\(batch\) dimensions: \[0\] 16, \[1\] 13; every array needs one row per example"),
+    ("wide_x", r"flaxlight: the step failed on the 3rd batch of this epoch of train_loader, whose arrays differ from "
+               r"the first batch's beyond the batch dimension: \[0\] \(16, 5\) float32 \(first batch: \(16, 4\) float32\)"),
+])
+def test_a_bad_batch_after_the_first_is_named_when_the_step_fails_on_it(tmp_path, fault, said):
+    """Only an epoch's first batch is checked; a later bad one gave a bare JAX / Flax error (broadcasting,
+    ScopeParamShapeError) that named neither the loader nor the batch."""
+    with pytest.raises(Exception) as raised:
+        _trainer(tmp_path).train_model(_ThirdBatchWrong(fault), None, num_epochs=1)
+    assert len([note for note in raised.value.__notes__ if note.startswith("flaxlight:")]) == 1
+    assert re.search(said, _printed(raised))
+
+
+def test_a_later_evaluation_batch_that_fails_is_named_and_a_loaders_own_error_gets_no_note(tmp_path):
+    trainer = _trainer(tmp_path)
+    trainer.train_model(_loader(), None, num_epochs=1)
+    with pytest.raises(Exception) as raised:
+        trainer.eval_model(list(_ThirdBatchWrong("wide_x")))
+    assert "flaxlight: the step failed on the 3rd batch of the evaluation loader" in _printed(raised)
+    with pytest.raises(KeyError, match="record 32 is missing") as raised:
+        _trainer(tmp_path / "again").train_model(_ThirdBatchWrong("raises"), None, num_epochs=1)
+    assert not [note for note in getattr(raised.value, "__notes__", []) if note.startswith("flaxlight:")]
+
+
+def test_a_list_of_per_example_arrays_is_said_briefly_with_the_fix(tmp_path):
+    """A collate that forgot to pad: the message listed all 512 arrays (6,897 characters)."""
+    rows = [np.zeros((40 + i % 24,), np.float32) for i in range(512)]
+    with pytest.raises(ValueError) as raised:
+        _trainer(tmp_path).train_model([(rows, np.zeros((512, 1), np.float32))], None, num_epochs=1)
+    message = str(raised.value)
+    assert len(message) < 800, message
+    assert "[0][0] 40, [0][1] 41" in message and "... (513 arrays in all)" in message
+    assert "batch[0] is a list of 512 arrays of lengths 40 to 63: one array per example" in message
+    assert "(np.stack)" in message and "pad them to one length" in message
+
+
+def test_a_log_dir_removed_after_the_trainer_was_built_is_made_again(tmp_path, caplog):
+    """A notebook's `rm -rf runs/` between cells: train_model failed with a raw FileNotFoundError on
+    <log_dir>/.flaxlight.lock."""
+    trainer = _trainer(tmp_path)
+    shutil.rmtree(tmp_path / "run")
+    with caplog.at_level("INFO", logger="flaxlight"):
+        trainer.train_model(_loader(), None, num_epochs=1)
+    assert "is gone (removed after the trainer was built): it is made again for this run" in caplog.text
+    assert (tmp_path / "run" / "metrics.csv").is_file() and (tmp_path / "run" / "hparams.yaml").is_file()
+    assert trainer.global_step == 2 and os.listdir(tmp_path / "run" / "checkpoints")  # its checkpoint too

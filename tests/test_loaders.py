@@ -50,8 +50,8 @@ def _classifier(tmp_path, name="run", **kwargs):
 def _regressor(tmp_path, name="run", **kwargs):
     kwargs.setdefault("enable_progress_bar", False)
     kwargs.setdefault("enable_checkpointing", False)
-    return RegressTrainer(model_class=TinyMLP, model_hparams={"hidden_dims": [16]},
-                          optimizer_hparams={"optimizer": "adam", "lr": 1e-2}, exmp_input=np.zeros((1, 4), np.float32),
+    kwargs.setdefault("optimizer_hparams", {"optimizer": "adam", "lr": 1e-2})
+    return RegressTrainer(model_class=TinyMLP, model_hparams={"hidden_dims": [16]}, exmp_input=np.zeros((1, 4), np.float32),
                           logger_params={"log_dir": str(tmp_path / name), "logger_type": "csv"},
                           enable_model_summary=False, **kwargs)
 
@@ -728,3 +728,117 @@ def test_generators_that_run_dry_are_explained(tmp_path):
     with pytest.raises(ValueError, match=r"train_loader yielded no batches: it is an iterator .*a list, an ArrayLoader"):
         trainer.train_model((b for b in batches), None, num_epochs=2, steps_per_epoch=4)
     assert trainer.global_step == 4  # the first epoch trained
+
+
+# ---------------------------------------------------------------------------------- no len(): what sizes the run
+
+
+class _Records(torch.utils.data.IterableDataset):
+    """A torch ``IterableDataset`` (no ``len()``): ``passes`` of the same 5 batches of 16, or endless."""
+
+    def __init__(self, batches, endless=False):
+        self.batches, self.endless = batches, endless
+
+    def __iter__(self):
+        while True:
+            yield from self.batches
+            if not self.endless:
+                return
+
+
+def _five_batches():
+    x, y = linear_data(80, 0)
+    return [(x[i:i + 16], y[i:i + 16]) for i in range(0, 80, 16)]
+
+
+def _torch_stream(batches, endless=False):
+    """The usual big-data loader: a torch DataLoader over an IterableDataset, batches as they come."""
+    return torch.utils.data.DataLoader(_Records(batches, endless), batch_size=None, collate_fn=lambda batch: batch)
+
+
+def _trained(tmp_path, name, loader, num_epochs=500, callbacks=(), resume=False, **options):
+    trainer = _regressor(tmp_path, name, callbacks=list(callbacks), **options)
+    trainer.train_model(loader, None, num_epochs=num_epochs, resume=resume)
+    return trainer
+
+
+@pytest.mark.parametrize("optimizer", [{}, {"accumulate_grad_batches": 2, "schedule": "constant"}],
+                         ids=["warmup_cosine", "accumulating"])
+def test_max_steps_sizes_a_torch_iterable_dataset_as_lightning_does(tmp_path, optimizer):
+    """A DataLoader over an IterableDataset with max_steps was refused ("has no len()"), where a
+    generator with max_steps was taken: its epochs end where its passes end (5, 5, then 2 batches),
+    and the run and its schedule (warmup_cosine: sized by the run's length) equal a sized loader's.
+    Accumulating gradients, each pass's end ends an update, as an epoch's end does: no update mixes
+    two epochs."""
+    batches = _five_batches()
+    hparams = {"optimizer": "adam", "lr": 1e-2, **optimizer}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # no "ran out after 5 of the epoch's 12 batches"
+        streamed = _trained(tmp_path, "stream", _torch_stream(batches), max_steps=12, optimizer_hparams=hparams)
+    sized = _trained(tmp_path, "sized", batches, max_steps=12, optimizer_hparams=hparams)
+    assert streamed.global_step == sized.global_step == 12
+    assert [row["epoch"] for row in streamed.history] == [1, 2, 3]
+    jax.tree.map(np.testing.assert_array_equal, streamed.state.params, sized.state.params)
+
+
+def test_an_int_limit_train_batches_is_the_epoch_length_of_a_loader_without_len(tmp_path):
+    """limit_train_batches=N is "batches per epoch" (Lightning takes it for an IterableDataset): an
+    endless torch stream and a generator train N per epoch, as a list of those N batches does."""
+    batches = _five_batches()
+    sized = _trained(tmp_path, "sized", batches[:3], num_epochs=2)
+    endless = _trained(tmp_path, "endless", _torch_stream(batches, endless=True), num_epochs=2, limit_train_batches=3)
+    stream = _trained(tmp_path, "generator", (b for b in batches[:3] * 2), num_epochs=2, limit_train_batches=3)
+    assert endless.global_step == stream.global_step == sized.global_step == 6
+    for trainer in (endless, stream):
+        jax.tree.map(np.testing.assert_array_equal, trainer.state.params, sized.state.params)
+
+
+def test_a_loader_without_len_and_nothing_that_sizes_the_run_names_every_way_out(tmp_path):
+    with pytest.raises(TypeError, match=r"train_loader has no len\(\).*steps_per_epoch=N.*max_steps=N.*"
+                                        r"limit_train_batches=N \(batches per epoch\)"):
+        _trained(tmp_path, "run", _torch_stream(_five_batches()), num_epochs=2)
+    with pytest.raises(TypeError, match=r"limit_train_batches=0.5 is a fraction, but train_loader has no len\(\)"):
+        _trained(tmp_path, "run", _torch_stream(_five_batches()), max_steps=12, limit_train_batches=0.5)
+
+
+@pytest.mark.parametrize("step, optimizer", [(7, {}), (5, {"accumulate_grad_batches": 2, "schedule": "constant"})],
+                         ids=["mid-pass-2", "at-pass-1s-end-accumulating"])
+def test_a_loader_without_len_sized_by_max_steps_resumes_bitwise_equal(tmp_path, step, optimizer):
+    """SIGTERM in the second pass (epoch 2, after its batch 2), or after the first pass's last batch
+    (before its end is known: its partial group of gradients is applied on resume): the resumed run
+    passes over that epoch's trained batches and ends as the uninterrupted one."""
+    batches = _five_batches()
+    options = {"max_steps": 12, "enable_checkpointing": True,
+               "optimizer_hparams": {"optimizer": "adam", "lr": 1e-2, **optimizer}}
+    reference = _trained(tmp_path, "ref", _torch_stream(batches), **options)
+    with pytest.raises(SystemExit):
+        _trained(tmp_path, "run", _torch_stream(batches), callbacks=[SigtermAt(step)], **options)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # a loader without set_epoch: resumed exactly if its order holds
+        resumed = _trained(tmp_path, "run", _torch_stream(batches), resume=True, **options)
+    assert resumed.global_step == reference.global_step == 12
+    jax.tree.map(np.testing.assert_array_equal, resumed.state.params, reference.state.params)
+
+
+def test_a_last_epoch_that_ends_before_max_steps_warns(tmp_path):
+    with pytest.warns(RuntimeWarning, match=r"ran out after 5 batches in the run's last epoch \(num_epochs=1\): the "
+                                            r"run ends at step 5, before max_steps=12"):
+        trainer = _trained(tmp_path, "run", _torch_stream(_five_batches()), num_epochs=1, max_steps=12)
+    assert trainer.global_step == 5
+
+
+def test_an_empty_generator_is_told_apart_from_one_that_ran_dry(tmp_path):
+    """A generator whose filter dropped every example got "it runs dry after one pass: give a re-iterable"."""
+    batches = _five_batches()
+
+    def filtered():
+        yield from (b for b in batches if b[1].min() > 100)  # a filter that drops everything
+
+    with pytest.raises(ValueError, match=r"has yielded none since the trainer got it, not even at its first pass\. "
+                                         r"Its data are empty \(a filter that drops every example\?"):
+        _trained(tmp_path, "empty", filtered(), num_epochs=1, max_steps=5)
+    trainer = _regressor(tmp_path, "dry")
+    with pytest.raises(ValueError, match=r"an iterator \(a generator\?\) that ran dry: it yielded batches at an "
+                                         r"earlier pass.*a list, an ArrayLoader"):
+        trainer.train_model(iter(batches), None, num_epochs=2, steps_per_epoch=5)  # iter(list): no weak reference
+    assert trainer.global_step == 5

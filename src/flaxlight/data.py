@@ -532,12 +532,15 @@ _PASS_ENDED = object()
 
 def no_batches_error(name: str, loader: Any, served_before: bool = False) -> ValueError:
     """The error for a loader that yielded no batch: an iterator (a generator) that ran dry after
-    its one pass, a loader that yielded batches at an earlier pass (``served_before``) but whose
-    ``iter()`` hands out one shared iterator, or an empty dataset.
+    its one pass (``served_before``: it yielded batches at an earlier pass) or never yielded any
+    (empty data, or used up before the trainer got it), a loader that yielded batches at an earlier
+    pass but whose ``iter()`` hands out one shared iterator, or an empty dataset.
 
     Examples:
-        >>> str(no_batches_error("train_loader", iter([])))[:60]
-        'train_loader yielded no batches: it is an iterator (a genera'
+        >>> "that ran dry" in str(no_batches_error("train_loader", iter([]), served_before=True))
+        True
+        >>> "not even at its first pass" in str(no_batches_error("train_loader", iter([])))
+        True
     """
     if served_before and not is_iterator(loader):
         return ValueError(f"{name} yielded no batches this time, though it yielded some at an earlier pass: its "
@@ -545,11 +548,18 @@ def no_batches_error(name: str, loader: Any, served_before: bool = False) -> Val
                           f"runs dry after one pass. Make __iter__ start a new pass at each call: write it with "
                           f"`yield`, or return a new generator each time (`return make_batches()`); or give a list "
                           f"of batches or an ArrayLoader.")
+    if is_iterator(loader) and served_before:
+        return ValueError(f"{name} yielded no batches: it is an iterator (a generator?) that ran dry: it yielded "
+                          f"batches at an earlier pass, and an iterator makes one pass only. Give something that "
+                          f"starts a new pass at each iter(): a list, an ArrayLoader, or a class whose __iter__ makes "
+                          f"the generator (for a stream that never ends, steps_per_epoch=N takes N batches per "
+                          f"epoch).")
     if is_iterator(loader):
-        return ValueError(f"{name} yielded no batches: it is an iterator (a generator?), which runs dry after one "
-                          f"pass. Give something that starts a new pass at each iter(): a list, an ArrayLoader, "
-                          f"or a class whose __iter__ makes the generator (for a stream that never ends, "
-                          f"steps_per_epoch=N takes N batches per epoch).")
+        return ValueError(f"{name} yielded no batches: it is an iterator (a generator?) that has yielded none since "
+                          f"the trainer got it, not even at its first pass. Its data are empty (a filter that drops "
+                          f"every example? check the dataset size, batch_size and drop_last), or it was used up before "
+                          f"(an iterator makes one pass only: a next(...) or list(...) over it beforehand takes its "
+                          f"batches).")
     return ValueError(f"{name} yielded no batches: check the dataset size, batch_size and drop_last.")
 
 
@@ -578,8 +588,41 @@ def check_batch(batch, where: str = "batch") -> None:
                              f"e.g. shape (batch_size, ...). Yield whole batches, not single values.")
         sizes[location] = int(np.shape(leaf)[0])
     if len(set(sizes.values())) > 1:
-        raise ValueError(f"The arrays of the {where} have different leading (batch) dimensions: "
-                         f"{', '.join(f'{k} {v}' for k, v in sizes.items())}; every array needs one row per example.")
+        raise ValueError(_uneven_rows_message(batch, sizes, where))
+
+
+def _per_example_list(batch) -> tuple[str, list | tuple] | None:
+    """The path and items of a list (or tuple) in ``batch`` that holds per-example arrays, as a
+    collate that did not stack or pad them makes: arrays, 8 or more of them, or as many as another
+    leaf has rows (the batch size)."""
+    def arrays(node) -> bool:
+        return isinstance(node, (list, tuple)) and len(node) > 1 and all(_is_array(v) and np.ndim(v) for v in node)
+
+    parts = jax.tree_util.tree_leaves_with_path(batch, is_leaf=arrays)
+    rows = {np.shape(node)[0] for _, node in parts if not arrays(node) and np.ndim(node)}
+    for path, node in parts:
+        if arrays(node) and (len(node) >= 8 or len(node) in rows):
+            return jax.tree_util.keystr(path), node
+    return None
+
+
+def _uneven_rows_message(batch, sizes: dict[str, int], where: str, shown: int = 6) -> str:
+    """Why the arrays of ``batch`` (``sizes``: leaf path -> leading dimension) are no batch: the
+    first ``shown`` sizes and their count, and for a list of per-example arrays, what to do."""
+    listed = ", ".join(f"{k} {v}" for k, v in list(sizes.items())[:shown])
+    if len(sizes) > shown:
+        listed += f", ... ({len(sizes)} arrays in all)"
+    text = f"The arrays of the {where} have different leading (batch) dimensions: {listed}"
+    ragged = _per_example_list(batch)
+    if ragged is None:
+        return text + "; every array needs one row per example."
+    location, items = ragged
+    lengths = sorted({int(np.shape(v)[0]) for v in items})
+    length = f"length {lengths[0]}" if len(lengths) == 1 else f"lengths {lengths[0]} to {lengths[-1]}"
+    return (f"{text}. batch{location} is a {type(items).__name__} of {len(items)} arrays of {length}: one "
+            f"array per example, not one array for the batch. Stack them into one array of one row per example "
+            f"(np.stack) when they have one shape, else pad them to one length first, e.g. in the loader's collate "
+            f"function (pad to a few fixed lengths: each new shape compiles the step again).")
 
 
 def check_input_shapes(batch, exmp_input: Sequence[Any], where: str = "batch", *, one_input: bool = False) -> None:
@@ -651,6 +694,54 @@ def check_first_batch(batch, exmp_input: Any, loader_name: str) -> None:
                          f"(later ones are passed over with a warning).")
     several = isinstance(exmp_input, (list, tuple)) and len(exmp_input) > 0  # as as_input_list reads it
     check_input_shapes(batch, as_input_list(exmp_input), where=f"first batch of {loader_name}", one_input=not several)
+
+
+def _ordinal(n: int) -> str:
+    """``1st``, ``2nd``, ``3rd``, ``4th``, ... ``11th``, ``21st``."""
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
+
+
+def later_batch_note(batch, first, index: int, source: str, count: int = 1) -> str | None:
+    """For an error raised by the step on a batch after the first (``index``: its place in
+    ``source``, e.g. ``"this epoch of train_loader"``, from 0; ``count`` > 1: the first of a block
+    of that many, run together): what is wrong with ``batch``, as :func:`check_batch` says it, or
+    how its structure, shapes (but for the batch dimension) or dtypes differ from ``first``'s;
+    None when they do not. Only first batches are checked before their step runs, so this runs
+    once a step has failed.
+
+    Examples:
+        >>> first = (np.zeros((4, 3)), np.zeros(4))
+        >>> later_batch_note((np.zeros((4, 3)), np.zeros(3)), first, 2, "train_loader")[:80]
+        'flaxlight: The arrays of the 3rd batch of train_loader have different leading (b'
+        >>> later_batch_note((np.zeros((2, 3)), np.zeros(2)), first, 2, "train_loader") is None
+        True
+    """
+    span = _ordinal(index + 1) if count == 1 else f"{_ordinal(index + 1)} to {_ordinal(index + count)}"
+    where = f"{span} batch{'es' if count > 1 else ''} of {source}"
+    checked = "only the first batch, in training each epoch's, is checked before its step runs"
+    try:
+        check_batch(batch, where=where)
+    except (TypeError, ValueError) as problem:
+        return f"flaxlight: {problem} ({checked[0].upper()}{checked[1:]}.)"
+    if jax.tree.structure(batch) != jax.tree.structure(first):
+        return (f"flaxlight: the step failed on the {where}, a {jax.tree.structure(batch)}, where the first batch "
+                f"was a {jax.tree.structure(first)}: give every batch one structure ({checked}).")
+
+    def spec(leaf) -> tuple:
+        return tuple(np.shape(leaf))[1:], np.dtype(leaf.dtype)
+
+    changed = [f"{jax.tree_util.keystr(path) or '(the whole batch)'} {np.shape(leaf)} {np.dtype(leaf.dtype)} "
+               f"(first batch: {np.shape(old)} {np.dtype(old.dtype)})"
+               for (path, leaf), old in zip(jax.tree_util.tree_leaves_with_path(batch), jax.tree.leaves(first))
+               if spec(leaf) != spec(old)]
+    if not changed:
+        return None
+    shown = ", ".join(changed[:4]) + (f", ... ({len(changed)} arrays in all)" if len(changed) > 4 else "")
+    return (f"flaxlight: the step failed on the {where}, whose arrays differ from the first batch's beyond the "
+            f"batch dimension: {shown}. The step is traced anew for such a batch, and {checked}: if batches of "
+            f"these shapes are a mistake, give every batch the first one's shapes (all but the batch dimension) "
+            f"and dtypes.")
 
 
 def same_shapes(a, b) -> bool:

@@ -48,8 +48,8 @@ import numpy as np
 from flaxlight import distributed as dist
 from flaxlight.messages import logger as messages
 from flaxlight.data import (ArrayLoader, DeviceEpoch, FirstBatches, Prefetcher, ending_the_pass, ends_its_pass,
-                            group_batches, is_iterator, is_stream, no_batches_error, positioned_iterator, same_shapes,
-                            take_batches)
+                            group_batches, is_iterator, is_stream, later_batch_note, no_batches_error,
+                            positioned_iterator, same_shapes, take_batches)
 from flaxlight.lean import LeanLoop, strip_idle_fields
 from flaxlight.metrics import (accumulate, batch_size, deliberate_reads, fresh_zeros, init_accumulator, result_shapes,
                                step_finite, tree_finite, with_saved_objects, device_copy as device_copy_of)
@@ -227,6 +227,7 @@ class Engine:
         self._position: Callable[[], Any] | None = None
         self._updated_at: int | None = None  # the step of the last epoch-end update (see end_accumulation)
         self._served: weakref.WeakSet = weakref.WeakSet()  # loaders that yielded batches (see served_before)
+        self._served_iterators: collections.deque = collections.deque(maxlen=4)  # such, without weak references
         self._held: tuple[Any, Any] | None = None  # (a stream's iterator, its batch drawn at a pass's end)
         self._beyond_said = False  # a batch beyond a loader's len() was warned of (once)
         self.train_step = self._jit(train_step, donate_argnums=0)
@@ -391,15 +392,16 @@ class Engine:
         loader = loader.loader if isinstance(loader, FirstBatches) else loader
         try:
             self._served.add(loader)
-        except TypeError:  # a list or a tuple: it cannot run dry (no weak reference to keep)
-            pass
+        except TypeError:  # no weak reference: a list cannot run dry; an iterator (iter(list), zip) is kept
+            if is_iterator(loader) and not any(loader is kept for kept in self._served_iterators):
+                self._served_iterators.append(loader)
 
     def served_before(self, loader: Any) -> bool:
         """Whether ``loader`` yielded batches at an earlier pass (a loader that now yields none
         hands out one shared iterator: see :func:`flaxlight.data.no_batches_error`)."""
         loader = loader.loader if isinstance(loader, FirstBatches) else loader
-        try:
-            return loader in self._served
+        try:  # a WeakSet answers False for what takes no weak reference
+            return loader in self._served or any(loader is kept for kept in self._served_iterators)
         except TypeError:
             return False
 
@@ -416,7 +418,8 @@ class Engine:
         ``start_sums(first batch)`` gives the epoch's zeroed sums when ``span.acc`` is None (a
         fresh epoch); when ``more_epochs()`` after the span, the next epoch's device data are
         gathered before this epoch's end waits for its last steps. A span that reaches the epoch's
-        end (``epoch_length`` batches, or the end of a stream) ends the epoch's training: an
+        end (``epoch_length`` batches, or the end of the loader's pass before ``stop``: a loader
+        without ``len()`` sized by ``max_steps`` ends its epochs there) ends the epoch's training: an
         optimizer accumulating gradients makes its epoch-end update then (:meth:`end_accumulation`;
         at an event on the last batch, before it). A span cut short (``max_steps``, a stop, an
         interrupt) leaves the gradients of its partial group in the optimizer state, where a resumed
@@ -426,8 +429,8 @@ class Engine:
         self._updated_at = None
         feed = self.feed(loader, span.batches, stop, span.step, position, skip)
         try:
-            if feed.empty:
-                if epoch_length is not None and span.batches >= epoch_length:  # e.g. resumed at the epoch's end
+            if feed.empty:  # e.g. resumed at the epoch's end, or where the loader's pass ended
+                if stop is None or span.batches < stop or (epoch_length is not None and span.batches >= epoch_length):
                     self.end_accumulation(span)
                 return
             self.note_served(loader)
@@ -443,8 +446,8 @@ class Engine:
             ended_by_event = self.run(feed, span, schedule, self._updating_at_end(epoch_length, span.state, on_event))
             if ended_by_event and stop is not None and span.batches >= stop:  # an event at the pass's last batch
                 feed.end_pass()
-            if span.batches >= epoch_length if epoch_length is not None else \
-                    not ended_by_event and (stop is None or span.batches < stop):  # the epoch's end, not a cut
+            ran_out = not ended_by_event and (stop is None or span.batches < stop)  # the pass ended first
+            if ran_out or (epoch_length is not None and span.batches >= epoch_length):  # the epoch's end, not a cut
                 self.end_accumulation(span)
             if self.choosing_block_length and span.batches >= 2 * BLOCK_LENGTHS[-1]:
                 self.choose_block_length(span.state, feed.first_batch)
@@ -609,6 +612,10 @@ class Engine:
                     state, kept = lean.split(span.state)
                     if end:
                         return True
+        except Exception as exc:  # the failure path only: nothing is added to a step
+            if feed.path == "batches" and _raised_in(exc, self._functions.train):  # by a step, on `item`
+                _note_later_batch(exc, feed, steps, item, batches, "this epoch of train_loader")
+            raise
         finally:
             if state is not None:
                 span.state = lean.join(state, kept)
@@ -642,14 +649,20 @@ class Engine:
         if self._eval_compiler is not None:  # compiling ahead: wait for it rather than compile twice
             self._eval_compiler.join()
             self._eval_compiler = None
-        acc = None
-        for batch in batches:
+        acc = first = None
+        for index, batch in enumerate(batches):
             if acc is None:
                 on_first_batch(batch)
-                acc = self.zero_sums("eval", state, batch)
+                acc, first = self.zero_sums("eval", state, batch), batch
             if self.mesh is not None:
                 batch = dist.to_global_batch(batch, self.mesh)
-            acc = self._evaluate(state, acc, batch)
+            try:
+                acc = self._evaluate(state, acc, batch)
+            except Exception as exc:  # a later batch unlike the first: said how
+                note = later_batch_note(batch, first, index, "the evaluation loader") if index else None
+                if note is not None and _raised_in(exc, self._functions.evaluate):
+                    exc.add_note(note)
+                raise
             after_batch()
         if acc is not None:
             self.note_served(batches)
@@ -829,11 +842,35 @@ def _no_rows(batch) -> bool:
 
 
 def _say_empty_batch(where: str, batch) -> None:
-    """Warn (when a step is traced for it) that a batch of 0 rows is passed over."""
+    """Warn (when a step is traced for it) that a batch of 0 rows is passed over (``where``:
+    ``"training"`` or ``"evaluation"``)."""
     shapes = [np.shape(leaf) for leaf in jax.tree.leaves(batch)]
-    warnings.warn(f"A {where} batch has 0 rows (shapes {shapes}): it is passed over (a training batch still counts as "
-                  f"a step, which changes nothing; it weighs nothing in the metrics). Drop empty batches in your loader "
-                  f"to silence this.", RuntimeWarning, stacklevel=2)
+    what = "it still counts as a step, which changes nothing, and" if where == "training" else "it"
+    warnings.warn(f"A{'n' if where[0] in 'aeiou' else ''} {where} batch has 0 rows (shapes {shapes}): it is passed "
+                  f"over ({what} weighs nothing in the metrics). Drop empty batches in your loader to silence this.",
+                  RuntimeWarning, stacklevel=2)
+
+
+def _raised_in(exc: BaseException, function: Callable) -> bool:
+    """Whether ``exc`` came out of a call of ``function`` (its frame is in the traceback): raised
+    by a step while tracing it, not by the loader or an event."""
+    code, tb = function.__code__, exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code is code:
+            return True
+        tb = tb.tb_next
+    return False
+
+
+def _note_later_batch(exc: BaseException, feed: Feed, steps: int, item: Any, index: int, source: str) -> None:
+    """Add a note to ``exc``, raised by the step on ``item`` (``steps`` batches from the epoch's
+    ``index``-th, counted from 0), that says how the batch differs from the epoch's first (see
+    :func:`~flaxlight.data.later_batch_note`); nothing for the first item, or one like the first."""
+    if feed.head is None or item is feed.head[1]:
+        return
+    note = later_batch_note(_first_of((steps, item)), feed.first_batch, index, source, count=steps)
+    if note is not None:
+        exc.add_note(note)
 
 
 def _first_of(head: tuple[int, Any]):

@@ -26,7 +26,7 @@ from flaxlight.data import is_iterator
 from flaxlight.metrics import HostSnapshot, finite_now, to_host
 
 __all__ = ["LoopState", "RunningLog", "EventSchedule", "SignalGuard", "Interrupted", "BatchLimits", "RunPlan",
-           "RunSoFar", "NonfiniteTally", "limit_batches", "loader_length", "warn_if_loader_ran_short"]
+           "RunSoFar", "NonfiniteTally", "limit_batches", "epoch_length", "loader_length", "warn_if_loader_ran_short"]
 
 
 class RunningLog:
@@ -430,9 +430,8 @@ class RunPlan:
                              "or a class whose __iter__ makes the generator.")
         if val_loader is not None and isinstance(limits.val, float):  # checked now, not after an epoch
             limits.val_batches(safe_len(val_loader))
-        if steps_per_epoch is None:  # a stream without len() and max_steps: one epoch of max_steps batches
-            endless = max_steps is not None and is_iterator(train_loader) and safe_len(train_loader) is None
-            steps_per_epoch = max_steps if endless else loader_length(train_loader)
+        if steps_per_epoch is None:
+            steps_per_epoch = epoch_length(train_loader, limits, max_steps)
         if isinstance(steps_per_epoch, bool) or not isinstance(steps_per_epoch, int):
             raise TypeError(f"steps_per_epoch must be an int (batches per epoch), got {steps_per_epoch!r}.")
         if steps_per_epoch < 1:
@@ -475,13 +474,38 @@ def epoch_validation_due(epoch: int, every: int | None, limits: "BatchLimits") -
     return (every is not None and epoch % every == 0) or limits.validate_every_epoch
 
 
+def epoch_length(train_loader, limits: BatchLimits, max_steps: int | None) -> int:
+    """The batches per epoch when ``steps_per_epoch`` is not given: ``len(train_loader)``; for a
+    loader without ``len()`` (a torch ``IterableDataset``'s, a generator) an int
+    ``limit_train_batches`` (batches per epoch), else ``max_steps`` (the steps the run has left:
+    one epoch of them, which a re-iterable loader ends early where its pass ends, the next epoch
+    starting a new pass), else an error naming all four.
+
+    Examples:
+        >>> epoch_length(iter([]), BatchLimits(train=10), max_steps=None), epoch_length(iter([]), BatchLimits(), 30)
+        (10, 30)
+    """
+    length = safe_len(train_loader)
+    if length is not None:
+        return length
+    if isinstance(limits.train, float):  # a fraction of no len(): the error says so
+        limits.train_batches(None)
+    if limits.train is not None:
+        return limits.train
+    if max_steps is not None:
+        return max_steps
+    return loader_length(train_loader)
+
+
 def loader_length(loader, name: str = "train_loader") -> int:
     """``len(loader)``, or an error saying why it is needed and what to do."""
     try:
         return len(loader)
     except TypeError:
-        raise TypeError(f"{name} has no len(), which the learning-rate schedule needs to know the run's length. "
-                        f"Give it a __len__, or pass steps_per_epoch=N to train_model.") from None
+        raise TypeError(f"{name} has no len(), so the run's length, which sizes the learning-rate schedule, is "
+                        f"unknown. Give it a __len__, or pass steps_per_epoch=N to train_model, or give the trainer "
+                        f"max_steps=N (the run's length; an epoch then ends where a pass of the loader ends) or "
+                        f"limit_train_batches=N (batches per epoch).") from None
 
 
 def safe_len(loader) -> int | None:
@@ -492,9 +516,23 @@ def safe_len(loader) -> int | None:
         return None
 
 
-def warn_if_loader_ran_short(batches: int, stop: int | None) -> None:
-    """Warn when an epoch got fewer batches than the schedule was sized for."""
-    if stop is not None and batches < stop:
-        warnings.warn(f"train_loader ran out after {batches} of the epoch's {stop} batches (steps_per_epoch or "
-                      f"len()): the learning-rate schedule was sized for {stop} per epoch. Pass the loader's "
-                      f"real number of batches as steps_per_epoch.", RuntimeWarning, stacklevel=4)
+def warn_if_loader_ran_short(loop: LoopState, stop: int | None, step: int = 0, max_steps: int | None = None,
+                             num_epochs: int | None = None) -> None:
+    """Warn when the epoch ``loop`` has trained (``loop.batch_index`` batches, up to global
+    ``step``) got fewer batches than the schedule was sized for (``stop``). An epoch that was to
+    end the run at ``max_steps`` (the schedule spans the run to there) may end early, where the
+    loader's pass ends, when more epochs follow: a warning only when it is the run's last
+    (``num_epochs``), which then ends before ``max_steps``."""
+    batches = loop.batch_index
+    if stop is None or batches >= stop:
+        return
+    if max_steps is not None and step + stop - batches >= max_steps:
+        if num_epochs is None or loop.epoch >= num_epochs:
+            warnings.warn(f"train_loader ran out after {batches} batches in the run's last epoch (num_epochs="
+                          f"{num_epochs}): the run ends at step {step}, before max_steps={max_steps}, for which the "
+                          f"learning-rate schedule was sized. Raise num_epochs (an epoch ends where a pass of the "
+                          f"loader ends), or lower max_steps.", RuntimeWarning, stacklevel=4)
+        return
+    warnings.warn(f"train_loader ran out after {batches} of the epoch's {stop} batches (steps_per_epoch, "
+                  f"limit_train_batches or len()): the learning-rate schedule was sized for {stop} per epoch. Pass the "
+                  f"loader's real number of batches as steps_per_epoch.", RuntimeWarning, stacklevel=4)

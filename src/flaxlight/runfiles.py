@@ -279,6 +279,11 @@ def claim_run(log_dir: str, checkpointer: Checkpointer, *, continuing: bool, ove
     ``replaced`` says whether the folder's earlier files went (deleted or set aside, its
     ``hparams.yaml`` with them): the new run then writes its own.
     """
+    if not os.path.isdir(log_dir):  # removed since the trainer made it (`rm -rf runs/` in a notebook): made again
+        messages.info(f"log_dir {log_dir} is gone (removed after the trainer was built): it is made again for "
+                      f"this run.")
+        check_folders(log_dir)
+        os.makedirs(os.path.join(log_dir, METRICS_DIR), exist_ok=True)
     lock = RunLock(log_dir)
     lock.acquire()
     try:
