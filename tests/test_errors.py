@@ -257,3 +257,12 @@ def test_a_log_dir_removed_after_the_trainer_was_built_is_made_again(tmp_path, c
     assert "is gone (removed after the trainer was built): it is made again for this run" in caplog.text
     assert (tmp_path / "run" / "metrics.csv").is_file() and (tmp_path / "run" / "hparams.yaml").is_file()
     assert trainer.global_step == 2 and os.listdir(tmp_path / "run" / "checkpoints")  # its checkpoint too
+
+
+def test_a_resume_into_a_log_dir_removed_since_is_refused(tmp_path):
+    """Made again, it started the run over from step 0 under resume=True (review)."""
+    trainer = _trainer(tmp_path)
+    shutil.rmtree(tmp_path / "run")
+    with pytest.raises(FileNotFoundError, match=r"resume: the run's folder .* is gone .* nothing to continue"):
+        trainer.train_model(_loader(), None, num_epochs=1, resume=True)
+    assert not os.path.exists(tmp_path / "run")

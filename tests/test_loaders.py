@@ -842,3 +842,16 @@ def test_an_empty_generator_is_told_apart_from_one_that_ran_dry(tmp_path):
                                          r"earlier pass.*a list, an ArrayLoader"):
         trainer.train_model(iter(batches), None, num_epochs=2, steps_per_epoch=5)  # iter(list): no weak reference
     assert trainer.global_step == 5
+
+
+def test_a_stream_with_max_steps_takes_limit_train_batches_1_0_as_no_limit(tmp_path):
+    """1.0 (Lightning's "all") was refused as a fraction of a loader without len() (review)."""
+    trainer = _trained(tmp_path, "run", _torch_stream(_five_batches()), num_epochs=3, max_steps=6,
+                       limit_train_batches=1.0)
+    assert trainer.global_step == 6
+
+
+def test_a_sized_loader_shorter_than_steps_per_epoch_is_warned_of_also_when_max_steps_ends_the_epoch(tmp_path):
+    """The 'ran out' warning was skipped for a sized loader when max_steps fell inside the epoch (review)."""
+    with pytest.warns(RuntimeWarning, match=r"ran out after 5 of the epoch's 10 batches"):
+        _regressor(tmp_path, max_steps=10).train_model(_five_batches(), None, num_epochs=3, steps_per_epoch=10)

@@ -227,7 +227,9 @@ class Engine:
         self._position: Callable[[], Any] | None = None
         self._updated_at: int | None = None  # the step of the last epoch-end update (see end_accumulation)
         self._served: weakref.WeakSet = weakref.WeakSet()  # loaders that yielded batches (see served_before)
-        self._served_iterators: collections.deque = collections.deque(maxlen=4)  # such, without weak references
+        self._served_iterators: collections.deque = collections.deque(maxlen=4)  # ids of such, without weak
+        # references (ids, not the iterators: a spent shard's data are not kept alive; an id reused by a new
+        # iterator at most words its error as "ran dry")
         self._held: tuple[Any, Any] | None = None  # (a stream's iterator, its batch drawn at a pass's end)
         self._beyond_said = False  # a batch beyond a loader's len() was warned of (once)
         self.train_step = self._jit(train_step, donate_argnums=0)
@@ -392,16 +394,16 @@ class Engine:
         loader = loader.loader if isinstance(loader, FirstBatches) else loader
         try:
             self._served.add(loader)
-        except TypeError:  # no weak reference: a list cannot run dry; an iterator (iter(list), zip) is kept
-            if is_iterator(loader) and not any(loader is kept for kept in self._served_iterators):
-                self._served_iterators.append(loader)
+        except TypeError:  # no weak reference: a list cannot run dry; an iterator (iter(list), zip): its id
+            if is_iterator(loader) and id(loader) not in self._served_iterators:
+                self._served_iterators.append(id(loader))
 
     def served_before(self, loader: Any) -> bool:
         """Whether ``loader`` yielded batches at an earlier pass (a loader that now yields none
         hands out one shared iterator: see :func:`flaxlight.data.no_batches_error`)."""
         loader = loader.loader if isinstance(loader, FirstBatches) else loader
         try:  # a WeakSet answers False for what takes no weak reference
-            return loader in self._served or any(loader is kept for kept in self._served_iterators)
+            return loader in self._served or (is_iterator(loader) and id(loader) in self._served_iterators)
         except TypeError:
             return False
 

@@ -316,6 +316,8 @@ def limit_batches(available: int | None, limit: int | float | None, name: str,
     if limit is None:
         return available
     if isinstance(limit, float):
+        if available is None and limit == 1.0:  # all of them, as without a limit (Lightning's meaning)
+            return None
         if available is None:
             raise TypeError(f"{name}={limit} is a fraction, but {loader_name} has no len(); give a number of "
                             f"batches ({name}=N), or a loader with a __len__.")
@@ -488,9 +490,10 @@ def epoch_length(train_loader, limits: BatchLimits, max_steps: int | None) -> in
     length = safe_len(train_loader)
     if length is not None:
         return length
-    if isinstance(limits.train, float):  # a fraction of no len(): the error says so
-        limits.train_batches(None)
-    if limits.train is not None:
+    if isinstance(limits.train, float):  # 1.0: no limit (Lightning takes it for a stream); another fraction of
+        if limits.train != 1.0:          # no len(): the error says so
+            limits.train_batches(None)
+    elif limits.train is not None:
         return limits.train
     if max_steps is not None:
         return max_steps
@@ -517,16 +520,16 @@ def safe_len(loader) -> int | None:
 
 
 def warn_if_loader_ran_short(loop: LoopState, stop: int | None, step: int = 0, max_steps: int | None = None,
-                             num_epochs: int | None = None) -> None:
+                             num_epochs: int | None = None, loader: Any = None) -> None:
     """Warn when the epoch ``loop`` has trained (``loop.batch_index`` batches, up to global
-    ``step``) got fewer batches than the schedule was sized for (``stop``). An epoch that was to
-    end the run at ``max_steps`` (the schedule spans the run to there) may end early, where the
-    loader's pass ends, when more epochs follow: a warning only when it is the run's last
-    (``num_epochs``), which then ends before ``max_steps``."""
+    ``step``) got fewer batches than the schedule was sized for (``stop``). An epoch of a
+    ``loader`` without ``len()`` that was to end the run at ``max_steps`` (the schedule spans the
+    run to there) may end early, where the loader's pass ends, when more epochs follow: a warning
+    only when it is the run's last (``num_epochs``), which then ends before ``max_steps``."""
     batches = loop.batch_index
     if stop is None or batches >= stop:
         return
-    if max_steps is not None and step + stop - batches >= max_steps:
+    if max_steps is not None and safe_len(loader) is None and step + stop - batches >= max_steps:
         if num_epochs is None or loop.epoch >= num_epochs:
             warnings.warn(f"train_loader ran out after {batches} batches in the run's last epoch (num_epochs="
                           f"{num_epochs}): the run ends at step {step}, before max_steps={max_steps}, for which the "

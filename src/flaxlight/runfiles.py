@@ -279,6 +279,10 @@ def claim_run(log_dir: str, checkpointer: Checkpointer, *, continuing: bool, ove
     ``replaced`` says whether the folder's earlier files went (deleted or set aside, its
     ``hparams.yaml`` with them): the new run then writes its own.
     """
+    if not os.path.isdir(log_dir) and continuing:  # a resume of nothing: a mistake, or a mount that went away
+        raise FileNotFoundError(f"resume: the run's folder {log_dir} is gone (removed after the trainer was built, or "
+                                f"on a disk no longer mounted): there is nothing to continue. Bring it back, or train "
+                                f"without resume to start a new run there.")
     if not os.path.isdir(log_dir):  # removed since the trainer made it (`rm -rf runs/` in a notebook): made again
         messages.info(f"log_dir {log_dir} is gone (removed after the trainer was built): it is made again for "
                       f"this run.")
