@@ -569,25 +569,25 @@ def _array_values(array: np.ndarray) -> Any:
     return np.array([float(str(v)) for v in array.ravel()], dtype=object).reshape(array.shape).tolist()
 
 
-def _arrays_in(value: Any, path: tuple = ()) -> list[tuple[tuple, np.ndarray]]:
-    """``(path, array)`` of every array :func:`to_yaml_safe` writes as lists; a path holds the
+def _with_paths(value: Any, path: tuple = ()) -> list[tuple[tuple, Any]]:
+    """``(path, leaf)`` of every value in nested mappings, lists and tuples; a path holds the
     mapping keys (as strings) and list positions leading to it."""
     if isinstance(value, Mapping):
-        return [found for k, v in value.items() for found in _arrays_in(v, (*path, str(k)))]
+        return [found for k, v in value.items() for found in _with_paths(v, (*path, str(k)))]
     if isinstance(value, (list, tuple)):
-        return [found for i, v in enumerate(value) for found in _arrays_in(v, (*path, i))]
-    array = _plain_array(value)
-    return [] if array is None else [(path, array)]
+        return [found for i, v in enumerate(value) for found in _with_paths(v, (*path, i))]
+    return [(path, value)]
 
 
-def _large_arrays(value: Any, path: tuple = ()) -> list[tuple[tuple, int, Any]]:
+def _arrays_in(value: Any) -> list[tuple[tuple, np.ndarray]]:
+    """``(path, array)`` of every array :func:`to_yaml_safe` writes as lists (see :func:`_with_paths`)."""
+    return [(path, array) for path, leaf in _with_paths(value) if (array := _plain_array(leaf)) is not None]
+
+
+def _large_arrays(value: Any) -> list[tuple[tuple, int, Any]]:
     """``(path, size, array)`` of the arrays over :data:`ARRAY_SIZE_LIMIT` elements in ``value``."""
-    if isinstance(value, Mapping):
-        return [found for k, v in value.items() for found in _large_arrays(v, (*path, str(k)))]
-    if isinstance(value, (list, tuple)):
-        return [found for i, v in enumerate(value) for found in _large_arrays(v, (*path, i))]
-    large = isinstance(value, (np.ndarray, jax.Array)) and value.size > ARRAY_SIZE_LIMIT
-    return [(path, int(value.size), value)] if large else []
+    return [(path, int(leaf.size), leaf) for path, leaf in _with_paths(value)
+            if isinstance(leaf, (np.ndarray, jax.Array)) and leaf.size > ARRAY_SIZE_LIMIT]
 
 
 class _FlowList(list):
