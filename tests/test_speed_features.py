@@ -336,6 +336,18 @@ def test_block_length_for_splits_the_dispatch_cost_until_it_is_small(single, fus
     assert block_length_for(single, fused, fused_length=16) == expected
 
 
+@pytest.mark.parametrize("longer, accelerator, expected", [
+    (48e-6, False, True),    # 4% faster: taken on the CPU
+    (49.5e-6, False, False),  # 1% faster: noise on the CPU, blocks of 16 kept
+    (50.5e-6, True, True),   # 1% slower on an accelerator: a tie, taken (it hides the loop's host work)
+    (52e-6, True, False),    # 4% slower: blocks of 16 kept everywhere
+])
+def test_a_block_of_32_is_taken_when_it_pays_on_this_backend(longer, accelerator, expected):
+    from flaxlight.engine import longer_block_pays
+
+    assert longer_block_pays(fused=50e-6, longer=longer, accelerator=accelerator) is expected
+
+
 class _CrashAt(flaxlight.Callback):
     every_n_steps = 1
 
