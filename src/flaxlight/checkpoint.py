@@ -61,7 +61,7 @@ def _contain_failed_reads() -> None:
     closed loop from a tensorstore thread; the ``RuntimeError('Event loop is closed')`` goes to
     ``sys.unraisablehook``: dozens of tracebacks after one damaged checkpoint, already reported.
     Only those are dropped (a closed-loop error raised in ``call_soon_threadsafe`` from native
-    code), and asyncio's "Task exception was never retrieved" for reads of a checkpoint whose
+    code), and asyncio's "Task / Future exception was never retrieved" for reads of a checkpoint whose
     restore failed; anything else reaches the previous hook and the ``asyncio`` logger as before.
     """
     if getattr(sys.unraisablehook, "_flaxlight_reads", False):
@@ -102,12 +102,15 @@ def _orphaned_read_callback(unraisable: Any) -> bool:
     return bool(frames) and frames[0] == "call_soon_threadsafe"
 
 
+_NEVER_RETRIEVED = ("Task exception was never retrieved", "Future exception was never retrieved")  # asyncio's
+
+
 class _SaidReadErrors(logging.Filter):
-    """Drops asyncio's "Task exception was never retrieved" about a checkpoint whose restore failed
+    """Drops asyncio's "Task (or Future) exception was never retrieved" about a checkpoint whose restore failed
     (or is failing: the message may come before the restore raises)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if not str(record.msg).startswith("Task exception was never retrieved") or not (_FAILED_READS or _READING):
+        if not str(record.msg).startswith(_NEVER_RETRIEVED) or not (_FAILED_READS or _READING):
             return True
         text = f"{record.getMessage()} {record.exc_info[1] if record.exc_info else ''}"
         return not any(folder in text for folder in _FAILED_READS | _READING)
