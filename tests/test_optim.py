@@ -447,13 +447,17 @@ def test_train_state_apply_gradients_drives_lbfgs_in_a_hand_loop():
         value, grads = jax.value_and_grad(loss)(state.params)
         return state.apply_gradients(grads=grads, value=value, value_fn=loss)
 
+    @jax.jit
+    def optax_step(params, opt_state):  # optax's own loop (jitted: its line search runs op by op otherwise)
+        value, grads = jax.value_and_grad(loss)(params)
+        updates, opt_state = tx.update(grads, opt_state, params, value=value, grad=grads, value_fn=loss)
+        return optax.apply_updates(params, updates), opt_state
+
     state = _linear_state(tx)
     params, opt_state = state.params, tx.init(state.params)
     for _ in range(5):
         state = step(state)
-        value, grads = jax.value_and_grad(loss)(params)
-        updates, opt_state = tx.update(grads, opt_state, params, value=value, grad=grads, value_fn=loss)
-        params = optax.apply_updates(params, updates)
+        params, opt_state = optax_step(params, opt_state)
     _assert_trees_close(state.params, params, rtol=1e-6)
     assert float(loss(state.params)) < 1e-3 * float(loss(_linear_state(tx).params))
 
