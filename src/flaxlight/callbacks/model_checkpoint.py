@@ -77,9 +77,11 @@ class ModelCheckpoint(Callback):
             ``which="best"`` find it), and for good once another checkpoint is written while it
             is the best (that one's saved ranking names it: a resume from there finds it). With a
             ``monitor``, any k; without one, 0, 1 or -1.
-        save_last: keep the most recent checkpoint, so a run can resume from it; the state at the
-            end of training is always saved. ``False``: only the checkpoints ``save_top_k``
-            keeps; periodic saves (``every_n_*``) then need ``save_top_k=-1`` (they are written
+        save_last: keep the most recent checkpoint, so a run can resume from where it ended; the
+            state at the end of training is then always saved. ``False`` (Keras'
+            ``save_best_only=True``): only the checkpoints ``save_top_k`` keeps, so ``resume=True``
+            goes on from the newest of them (the best, with ``save_top_k=1``), which it says;
+            periodic saves (``every_n_*``) then need ``save_top_k=-1`` (they are written
             and all kept; Lightning's ``ModelCheckpoint(every_n_train_steps=N, save_top_k=-1)``),
             else they would be deleted at the next save, so asking for them is an error.
         every_n_epochs: write a checkpoint every N epochs (after validation when it runs).
@@ -458,7 +460,7 @@ class ModelCheckpoint(Callback):
 
     def state_dict(self) -> dict[str, Any]:
         return {"best": [[score, step] for score, step in self.best], "best_metrics": self.best_metrics,
-                "last_step": self.last_step, "monitor": self.monitor, "mode": self.mode,
+                "last_step": self.last_step, "save_last": self.save_last, "monitor": self.monitor, "mode": self.mode,
                 "earlier_runs": sorted(self._earlier_runs), "interim": sorted(self._interim)}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
