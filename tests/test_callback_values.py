@@ -255,7 +255,8 @@ def test_rates_stay_true_when_the_device_runs_behind_and_catches_up(tmp_path):
     bar = flaxlight.callbacks.ProgressBar(refresh_every_n_steps=4, style="bars")
     seen = RatesSeen(bar)
     trainer = _trainer(tmp_path, BusyDevice, log_every_n_steps=4, enable_checkpointing=False,
-                       callbacks=[HostPause(at=12, steps_per_epoch=32), flaxlight.callbacks.ThroughputMonitor(), bar, seen])
+                       callbacks=[HostPause(at=12, steps_per_epoch=32), flaxlight.callbacks.ThroughputMonitor(), bar,
+                                  seen])
     trainer.train_model(train, None, num_epochs=4)
     wall_rate = 3 * 256 / sum(row["epoch_time"] for row in trainer.history[1:])  # epochs 2-4 (no compile)
     rates = {step: rate for step, _, rate in seen.step_ms if step > 32}
