@@ -225,7 +225,41 @@ def test_resuming_a_killed_run_sets_its_records_after_the_checkpoint_aside(kille
     aside = killed / "abandoned" / f"after_step_{step}"
     assert {name: (aside / "metrics" / name).read_bytes() for name in os.listdir(aside / "metrics")} == dead_branch
     assert "set aside in" in caplog.text and str(aside) in caplog.text
+    assert f"went on after checkpoint {step} and ended (killed, or failed) before saving again" in caplog.text
+    assert "save_last" not in caplog.text  # it kept its last checkpoints: this one was killed
     assert not (aside / "checkpoints").exists()  # no checkpoint came after the step
+
+
+class Errors(flaxlight.Callback):
+    """Logs ``val/error`` at each validation: the given value of each epoch (before ModelCheckpoint)."""
+
+    def __init__(self, by_epoch):
+        self.by_epoch = by_epoch
+
+    def on_validation_end(self, trainer, epoch, metrics):
+        trainer.log_metrics({"val/error": self.by_epoch[epoch]})
+
+
+def test_resuming_a_run_that_kept_only_its_best_says_so_not_that_it_was_killed(tmp_path, caplog):
+    """Keras' ModelCheckpoint(save_best_only=True), ported as save_last=False: a finished run keeps
+    its best checkpoint only, so resume=True goes on from the best epoch. The message said the run
+    "ended (killed, or failed) before saving again" (Keras user's report)."""
+    run = tmp_path / "run"
+    errors = Errors({1: 3.0, 2: 1.0, 3: 2.0, 4: 5.0, 5: 4.0})  # the best: epoch 2 (step 16)
+    keep_best = lambda: [errors, ModelCheckpoint(monitor="val/error", mode="min", save_last=False)]  # noqa: E731
+    _trainer(run, callbacks=keep_best()).train_model(*_loaders(), num_epochs=4)
+    assert _on_disk(run) == [16]
+    trainer = _trainer(run, callbacks=keep_best())
+    with caplog.at_level(logging.INFO, logger="flaxlight"):
+        trainer.train_model(*_loaders(), num_epochs=5, resume=True)
+    said = " ".join(caplog.text.split())
+    assert (f"The run in {run} kept no last checkpoint (ModelCheckpoint(save_last=False): only the ones save_top_k "
+            f"keeps), so it goes on from checkpoint 16, its best (the end of epoch 2), not from where it ended") in said
+    assert "killed" not in said
+    assert "keep ModelCheckpoint's save_last=True (the default: the best and the last checkpoint are kept)" in said
+    assert trainer.global_step == 40 and [row["epoch"] for row in trainer.history] == [1, 2, 3, 4, 5]
+    assert sorted(os.listdir(run / "abandoned" / "after_step_16" / "metrics")) == \
+        ["best_eval.json"] + [f"eval_epoch_{epoch:03d}.json" for epoch in range(1, 5)]
 
 
 @pytest.mark.parametrize("cut", [{"callbacks": [StopAt(24)]}, {"callbacks": [StopAt(20)]}, {"max_steps": 20}],

@@ -12,7 +12,7 @@ import pytest
 from conftest import RegressTrainer, TinyMLP, quiet
 
 import flaxlight
-from flaxlight.callbacks import early_stopping
+from flaxlight.callbacks import ModelCheckpoint, early_stopping, model_checkpoint
 from flaxlight.data import KERAS_KEYWORDS
 from flaxlight.zoo import ClassificationTrainer
 
@@ -27,7 +27,8 @@ def _row(keras: str) -> str:
     return rows[0]
 
 
-@pytest.mark.parametrize("keyword", [*KERAS_KEYWORDS, *early_stopping.KERAS_KEYWORDS])
+@pytest.mark.parametrize("keyword", [*KERAS_KEYWORDS, *early_stopping.KERAS_KEYWORDS,
+                                     *model_checkpoint.KERAS_ARGUMENTS])
 def test_every_keras_keyword_refused_with_a_hint_has_a_row(keyword):
     assert re.search(rf"`[^`|]*\b{keyword}\b[^`|]*`", FROM_KERAS), keyword
 
@@ -42,6 +43,64 @@ def test_the_keras_rows_say_what_to_write():
     assert "**training** loss of each step" in plateau and '"accumulation_size": steps_per_epoch' in plateau
     assert "so that `patience` counts epochs" in plateau
     assert "No built-in option lowers the rate from a validation metric" in plateau
+
+
+WHERE = (r"checkpoints are written to <log_dir>/checkpoints/<step>/, with no file name: choose the run's folder with "
+         r"the trainer's logger_params=\{'log_dir': \.\.\.\}\. Keras' ModelCheckpoint\(filepath, monitor='val_loss', "
+         r"save_best_only=True\) is ModelCheckpoint\(monitor='val/loss', mode='min'\), or no callback at all: the "
+         r"default one keeps the best by the trainer's monitor .* and the last, which resume=True goes on from\. Load "
+         r"the best with MyTrainer\.load_from_checkpoint\(log_dir, exmp_input=x\[:1\], which='best'\)\.$")
+
+
+@pytest.mark.parametrize("args, kwargs, error, message", [
+    (("best.keras",), dict(monitor="val/loss", save_best_only=True), TypeError,
+     r"^ModelCheckpoint\(\) got 'best.keras' as its first argument, which is monitor \(the metric that ranks "
+     r"checkpoints, e\.g\. 'val/loss'\), not Keras' filepath: " + WHERE),
+    (("best.keras",), {}, TypeError, r"got 'best.keras' as its first argument, which is monitor .*" + WHERE),
+    (("ckpts",), dict(monitor="val/loss"), TypeError, r"got 'ckpts' as its first argument, which is monitor"),
+    ((), dict(monitor="runs/best.weights.h5"), TypeError,
+     r"^ModelCheckpoint\(\) got monitor='runs/best.weights.h5', a file path \(Keras' filepath\?\), not a metric "
+     r"such as 'val/loss': " + WHERE),
+    ((), dict(monitor="/tmp/ckpt/"), TypeError, r"got monitor='/tmp/ckpt/', a file path"),
+    ((), dict(monitor="weights.{epoch:02d}-{val_loss:.2f}"), TypeError, r"a file path \(Keras' filepath\?\)"),
+    ((), dict(filepath="best.keras", monitor="val/loss"), TypeError,
+     r"^ModelCheckpoint\(\) got an unexpected keyword argument 'filepath' \(a Keras one\): " + WHERE),
+    ((), dict(monitor="val/loss", save_best_only=True), TypeError,
+     r"^ModelCheckpoint\(\) got an unexpected keyword argument 'save_best_only' \(a Keras one\): the default "
+     r"save_top_k=1 keeps the best checkpoint \(by monitor\) and save_last=True the last, which resume=True goes on "
+     r"from: leave both as they are\. save_last=False would keep only the best, and a resume would then go on from "
+     r"the best epoch, not from where the run ended\. Load the best with which='best'"),
+    ((), dict(monitor="val/loss", save_freq="epoch"), TypeError,
+     r"'save_freq' \(a Keras one\): checkpoints are written after validations \(the best\) and at epoch ends \(the "
+     r"last\), as with Keras' save_freq='epoch' \(drop it\); for one every N batches, every_n_steps=N"),
+    ((), dict(monitor="val/loss", initial_value_threshold=0.5), TypeError,
+     r"'initial_value_threshold' \(a Keras one\)"),
+    ((), dict(monitor="val/acc", mode="auto"), ValueError,
+     r"^ModelCheckpoint mode must be 'min' or 'max', got 'auto' \(Keras' 'auto' is not taken: 'max' for a score such "
+     r"as 'val/acc', 'min' for a loss\)\.$"),
+], ids=["path-first-save_best_only", "path-first", "first-and-monitor", "monitor-path", "monitor-folder",
+        "monitor-template", "filepath", "save_best_only", "save_freq", "initial_value_threshold", "mode-auto"])
+def test_keras_model_checkpoint_spellings_say_what_to_write(args, kwargs, error, message):
+    """Keras' ModelCheckpoint("best.keras", monitor=...) was "got multiple values for argument 'monitor'",
+    ModelCheckpoint("best.keras") took the path as its monitor, save_best_only was "Did you mean
+    'save_last'?" and filepath / save_freq / mode="auto" got no advice (Keras user's report)."""
+    with pytest.raises(error, match=message):
+        ModelCheckpoint(*args, **kwargs)
+
+
+def test_a_metric_named_with_slashes_is_still_a_monitor_first_or_by_keyword():
+    assert ModelCheckpoint("val/loss").monitor == "val/loss"
+    assert ModelCheckpoint(monitor="val/head_1/acc", mode="max").monitor == "val/head_1/acc"
+    from flaxlight.config import ConfigError, _check_kwargs  # configs still check keys against its own arguments
+    with pytest.raises(ConfigError, match="Did you mean 'callbacks\\[0\\].save_top_k'"):
+        _check_kwargs(ModelCheckpoint, {"save_topk": 3}, "callbacks[0]", "ModelCheckpoint")
+
+
+def test_the_keras_checkpoint_row_says_how_to_port_save_best_only():
+    row = _row("save_best_only")
+    assert "the default `ModelCheckpoint` keeps the best (`save_top_k=1`) and the last" in row
+    assert "`save_last=False` keeps only the best" in row and "a resume then goes on from the best" in row
+    assert "goes on from the best one" in _row("initial_epoch")
 
 
 def test_reduce_on_plateau_with_accumulation_size_counts_patience_in_epochs(tmp_path):

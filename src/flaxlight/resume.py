@@ -352,14 +352,20 @@ def restore_run(own: Checkpointer, resume_from: str | os.PathLike | None, state:
                       "Resuming with a train_loader that has no set_epoch(epoch) method: the run continues exactly "
                       "only if the loader's order does not depend on how often it was iterated before.",
                       RuntimeWarning, stacklevel=4)
-    ended = meta.phase == "epoch_end" or bool(meta.steps_per_epoch) and meta.batch_index >= meta.steps_per_epoch
-    where = f"the end of epoch {meta.epochs_before + meta.epoch}" if ended \
-        else f"epoch {meta.epochs_before + position.epoch}, after batch {position.batch_index}"  # the run's count
-    messages.info("Resumed from checkpoint %d in %s (%s).", step, checkpointer.directory, where)
+    messages.info("Resumed from checkpoint %d in %s (%s).", step, checkpointer.directory, _place(meta))
     if schedule_steps and meta.schedule_steps and schedule_steps != meta.schedule_steps:
         messages.info("The run's learning-rate schedule spanned %d steps and this run's spans %d: from step %d on, "
                       "the rates follow the new length.", meta.schedule_steps, schedule_steps, step)
     return state, meta, step
+
+
+def _place(meta: CheckpointMeta) -> str:
+    """Where in the run checkpoint ``meta`` was taken, in the run's epoch count: ``"the end of
+    epoch 4"``, ``"epoch 3, after batch 7"``."""
+    position = meta.loop_state()
+    ended = meta.phase == "epoch_end" or bool(meta.steps_per_epoch) and meta.batch_index >= meta.steps_per_epoch
+    return f"the end of epoch {meta.epochs_before + meta.epoch}" if ended \
+        else f"epoch {meta.epochs_before + position.epoch}, after batch {position.batch_index}"
 
 
 def _stream_resume_message(step: int, position: LoopState, steps_per_epoch: int | None) -> str:
@@ -559,12 +565,12 @@ def set_aside_branch(own: Checkpointer, log_dir: str, meta: CheckpointMeta, star
     own.reload()
     _drop_later_metrics(log_dir, meta)
     if not later:
-        messages.warning(f"The run in {log_dir} went on {start or f'after checkpoint {meta.step}'} and ended "
-                         f"(killed, or failed) before saving {'again' if start is None else 'a checkpoint'}, so its "
-                         f"records of that training ({'; '.join(records)}) describe "
-                         f"models no checkpoint holds. They are set aside in {aside} (with the run's hparams.yaml, "
-                         f"metrics.csv and metrics/ as they were); this run's metrics.csv and metrics/ go on from "
-                         f"step {meta.step}.")
+        messages.warning(f"{_why_no_later_checkpoint(log_dir, meta, start)} ({'; '.join(records)}) describe "
+                         f"models no checkpoint holds. They are set aside in {aside} "
+                         f"(with the run's hparams.yaml, metrics.csv and metrics/ as they were); this run's "
+                         f"metrics.csv and metrics/ go on from step {meta.step}."
+                         + (" To resume where a run ended, keep ModelCheckpoint's save_last=True (the default: the "
+                            "best and the last checkpoint are kept)." if _kept_no_last(meta) else ""))
         return aside
     messages.warning(f"Rewinding the run in {log_dir} to checkpoint {meta.step}: checkpoints "
                      f"{', '.join(map(str, sorted(later)))} came after it, on a branch this run leaves. They are moved "
@@ -572,6 +578,32 @@ def set_aside_branch(own: Checkpointer, log_dir: str, meta: CheckpointMeta, star
                      f"load_from_checkpoint({aside!r}) loads that branch). This run's best and last checkpoints, "
                      f"metrics.csv and metrics/ go on from step {meta.step}.")
     return aside
+
+
+def _kept_no_last(meta: CheckpointMeta) -> bool | None:
+    """Whether the run's ``ModelCheckpoint`` kept only its best checkpoints (``save_last=False``),
+    as its state in checkpoint ``meta`` says (None: not said, a checkpoint of an older flaxlight)."""
+    said = [state["save_last"] for state in meta.callbacks.values()
+            if isinstance(state, Mapping) and {"save_last", "last_step", "best"} <= set(state)]
+    return None if not said else not all(said)
+
+
+def _why_no_later_checkpoint(log_dir: str, meta: CheckpointMeta, start: str | None) -> str:
+    """The first words of :func:`set_aside_branch`'s message about a run that saved no checkpoint
+    after ``meta.step``: it kept none (``save_last=False``), or it ended before saving again."""
+    if start is not None:
+        return (f"The run in {log_dir} went on {start} and ended (killed, or failed) before saving a checkpoint, so "
+                f"its records of that training")
+    kept_no_last = _kept_no_last(meta)
+    if kept_no_last:
+        kept = "its best" if meta.best_step == meta.step else "the newest it kept"
+        return (f"The run in {log_dir} kept no last checkpoint (ModelCheckpoint(save_last=False): only the ones "
+                f"save_top_k keeps), so it goes on from checkpoint {meta.step}, {kept} ({_place(meta)}), not from "
+                f"where it ended: its records of the training after that checkpoint")
+    how = "killed, or failed" if kept_no_last is False else \
+        "killed, or failed; or it kept only its best checkpoints: ModelCheckpoint(save_last=False)"
+    return (f"The run in {log_dir} went on after checkpoint {meta.step} and ended ({how}) before saving again, so its "
+            f"records of that training")
 
 
 def _later_records(log_dir: str, meta: CheckpointMeta) -> list[str]:

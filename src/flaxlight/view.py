@@ -161,8 +161,8 @@ class TrainerViewMixin:
         """``time.perf_counter()`` when the train log point at ``step`` was done, for the point
         being delivered to ``on_log`` now (its metrics arrive one log point late); None for any
         other step or record. Host time, no added device wait: when the loop reached the point,
-        or, if the step was still running on the device then, when its values were read
-        (:class:`~flaxlight.loop.RunningLog`)."""
+        or, where the device ran behind, when its values were read or at the pace of the interval
+        before (:class:`~flaxlight.loop.RunningLog`)."""
         return self._loop.running_log.finished_at(step)
 
     @property

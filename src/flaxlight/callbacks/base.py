@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import difflib
+import functools
 import inspect
-from typing import Any, Mapping, Protocol
+from typing import Any, Callable, Mapping, Protocol
 
 from flaxlight.messages import warn_at_user
 
-__all__ = ["Callback", "TrainerView", "LIGHTNING_HOOKS", "check_callback_hooks"]
+__all__ = ["Callback", "TrainerView", "LIGHTNING_HOOKS", "check_callback_hooks", "refuse_keras_arguments", "check_mode"]
 
 _BEFORE_NONE = "no hook runs before {what}; "
 _IN_THE_STEP = ("gradients exist only inside the jitted train step: log_grad_norm=True logs their norm, "
@@ -297,3 +298,52 @@ def _never_called_message(owner: str, name: str, hooks: list[str]) -> str | None
         return (f"{said}. Did you mean {close[0]!r}? (A method of yours that your hooks call, not meant as "
                 f"{close[0]!r}: name it less like it.)")
     return None
+
+
+def refuse_keras_arguments(keywords: Mapping[str, str],
+                           positional: Callable[[tuple, Mapping[str, Any]], str | None] | None = None
+                           ) -> Callable[[Callable], Callable]:
+    """A decorator for a callback's ``__init__`` that refuses Keras' arguments with what to write
+    instead, before Python binds them (its signature, read by configs, stays ``__init__``'s):
+    what ``positional`` finds Keras-like in the arguments given (``(args, kwargs)`` -> what was
+    given and flaxlight's way, or None), then the keywords of ``keywords`` (Keras' name ->
+    flaxlight's way).
+
+    Examples:
+        >>> class Saver(Callback):
+        ...     @refuse_keras_arguments({"verbose": "nothing is printed"})
+        ...     def __init__(self, every: int = 1):
+        ...         self.every = every
+        >>> Saver(verbose=1)
+        Traceback (most recent call last):
+        TypeError: Saver() got an unexpected keyword argument 'verbose' (a Keras one): nothing is printed.
+    """
+    def decorate(init: Callable) -> Callable:
+        @functools.wraps(init)
+        def checked(self: Any, *args: Any, **kwargs: Any) -> None:
+            said = positional(args, kwargs) if positional is not None else None
+            if said is not None:  # first: Keras' positional arguments name the call (its keywords' advice included)
+                raise TypeError(f"{type(self).__name__}() got {said}.")
+            keras = next((name for name in kwargs if name in keywords), None)
+            if keras is not None:
+                raise TypeError(f"{type(self).__name__}() got an unexpected keyword argument {keras!r} (a Keras one): "
+                                f"{keywords[keras]}.")
+            init(self, *args, **kwargs)
+
+        return checked
+
+    return decorate
+
+
+def check_mode(owner: str, mode: Any) -> None:
+    """A ``ValueError`` unless ``mode`` is ``"min"`` or ``"max"`` (Keras' ``"auto"`` is told which).
+
+    Examples:
+        >>> check_mode("EarlyStopping", "auto")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ValueError: EarlyStopping mode must be 'min' or 'max', got 'auto' (Keras' 'auto' is not taken: 'max' for a ...).
+    """
+    if mode not in ("min", "max"):
+        keras = " (Keras' 'auto' is not taken: 'max' for a score such as 'val/acc', 'min' for a loss)" \
+            if mode == "auto" else ""
+        raise ValueError(f"{owner} mode must be 'min' or 'max', got {mode!r}{keras}.")

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import functools
 import math
 import warnings
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
-from flaxlight.callbacks.base import Callback
+from flaxlight.callbacks.base import Callback, check_mode, refuse_keras_arguments
 from flaxlight.options import warn_if_mode_contradicts_name
 
 __all__ = ["EarlyStopping"]
@@ -25,20 +24,6 @@ KERAS_KEYWORDS = {
                         "from the first one on, so give a patience that covers the epochs to wait",
     "verbose": "EarlyStopping always says why it stopped: the reason is printed and kept in trainer.stop_reason",
 }
-
-
-def _refuse_keras_keywords(init: Callable) -> Callable:
-    """``init`` that refuses Keras' keywords (:data:`KERAS_KEYWORDS`) with what to write instead;
-    its signature (read by configs) stays ``init``'s."""
-    @functools.wraps(init)
-    def checked(self, *args: Any, **kwargs: Any) -> None:
-        keras = next((name for name in kwargs if name in KERAS_KEYWORDS), None)
-        if keras is not None:
-            raise TypeError(f"{type(self).__name__}() got an unexpected keyword argument {keras!r} (a Keras one): "
-                            f"{KERAS_KEYWORDS[keras]}.")
-        init(self, *args, **kwargs)
-
-    return checked
 
 
 class EarlyStopping(Callback):
@@ -68,14 +53,11 @@ class EarlyStopping(Callback):
         >>> stopper = EarlyStopping(monitor="val/loss", mode="min", patience=3, min_delta=1e-4)
     """
 
-    @_refuse_keras_keywords
+    @refuse_keras_arguments(KERAS_KEYWORDS)
     def __init__(self, monitor: str = "val/loss", mode: str = "min", patience: int = 3, min_delta: float = 0.0,
                  check_finite: bool = True, stopping_threshold: float | None = None,
                  divergence_threshold: float | None = None):
-        if mode not in ("min", "max"):
-            keras = " (Keras' 'auto' is not taken: 'max' for a score such as 'val/acc', 'min' for a loss)" \
-                if mode == "auto" else ""
-            raise ValueError(f"EarlyStopping mode must be 'min' or 'max', got {mode!r}{keras}.")
+        check_mode("EarlyStopping", mode)
         if not isinstance(patience, int) or isinstance(patience, bool) or patience < 0:
             raise ValueError(f"EarlyStopping patience must be an int >= 0, got {patience!r}.")
         if not isinstance(min_delta, (int, float)) or min_delta < 0:

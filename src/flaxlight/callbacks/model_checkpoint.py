@@ -10,7 +10,7 @@ import time
 import warnings
 from typing import Any, Mapping
 
-from flaxlight.callbacks.base import Callback
+from flaxlight.callbacks.base import Callback, check_mode, refuse_keras_arguments
 from flaxlight.options import MetricNotLoggedError, warn_if_mode_contradicts_name
 
 __all__ = ["ModelCheckpoint"]
@@ -35,6 +35,29 @@ _LIGHTNING_ARGUMENTS = {
     "verbose": "ModelCheckpoint says nothing per save (its checkpoints are the folders of <log_dir>/checkpoints); "
                "flaxlight's messages go to the logging logger 'flaxlight'",
 }
+_WHERE_CHECKPOINTS_GO = (
+    "checkpoints are written to <log_dir>/checkpoints/<step>/, with no file name: choose the run's folder with the "
+    "trainer's logger_params={'log_dir': ...}. Keras' ModelCheckpoint(filepath, monitor='val_loss', "
+    "save_best_only=True) is ModelCheckpoint(monitor='val/loss', mode='min'), or no callback at all: the default one "
+    "keeps the best by the trainer's monitor (MyTrainer(..., monitor='val/loss', mode='min')) and the last, which "
+    "resume=True goes on from. Load the best with MyTrainer.load_from_checkpoint(log_dir, exmp_input=x[:1], "
+    "which='best')")
+# Keras' ModelCheckpoint arguments, and what to write in flaxlight (verbose and save_weights_only: Lightning's too).
+KERAS_ARGUMENTS = {
+    "filepath": _WHERE_CHECKPOINTS_GO,
+    "save_best_only": "the default save_top_k=1 keeps the best checkpoint (by monitor) and save_last=True the last, "
+                      "which resume=True goes on from: leave both as they are. save_last=False would keep only the "
+                      "best, and a resume would then go on from the best epoch, not from where the run ended. Load the "
+                      "best with which='best' (predict, export) or MyTrainer.load_from_checkpoint(log_dir, "
+                      "exmp_input=x[:1], which='best')",
+    "save_freq": "checkpoints are written after validations (the best) and at epoch ends (the last), as with Keras' "
+                 "save_freq='epoch' (drop it); for one every N batches, every_n_steps=N (with save_top_k=-1 to keep "
+                 "each)",
+    "initial_value_threshold": "flaxlight has none: the first validation's checkpoint is the best until a better "
+                               "one comes (checkpoint.best_model_score is the best's value after training)",
+}
+# What a monitor that is a model file's path ends with (Keras' filepath given first).
+_FILE_SUFFIXES = (".keras", ".h5", ".hdf5", ".ckpt", ".pt", ".pth", ".msgpack")
 _LIGHTNING_ATTRIBUTES = {
     "best_k_models": "best_step and best_model_path name the best; the checkpoints kept are the steps in "
                      "trainer.checkpointer.all_steps(), folders <log_dir>/checkpoints/<step>",
@@ -44,6 +67,32 @@ _LIGHTNING_ATTRIBUTES = {
     "dirpath": "checkpoints are in <log_dir>/checkpoints (trainer.checkpointer.directory)",
     "filename": "checkpoints are named by their step: <log_dir>/checkpoints/<step>",
 }
+
+
+def _looks_like_path(name: Any) -> bool:
+    """Whether a monitor ``name`` reads as a file path (Keras' first argument) rather than a metric:
+    a model file's suffix, Keras' ``{epoch}`` template, a path's start (``/``, ``./``, ``~``) or
+    end (``/``), or a separator other than ``/`` (which metric names hold: ``val/loss``).
+
+    Examples:
+        >>> [_looks_like_path(name) for name in ("best.keras", "ckpt/{epoch:02d}", "./best", "ckpts/", "val/loss")]
+        [True, True, True, True, False]
+    """
+    return isinstance(name, str) and (
+        name.lower().endswith((*_FILE_SUFFIXES, "/")) or "{" in name or name.startswith(("/", "./", "../", "~"))
+        or "\\" in name or (os.sep != "/" and os.sep in name))
+
+
+def _keras_filepath(args: tuple, kwargs: Mapping[str, Any]) -> str | None:
+    """What the arguments given to ``ModelCheckpoint`` hold of Keras' ``filepath`` (its first
+    argument): a file path, first or as ``monitor=``, or a first argument besides ``monitor=``."""
+    if args and (_looks_like_path(args[0]) or "monitor" in kwargs):
+        return (f"{args[0]!r} as its first argument, which is monitor (the metric that ranks checkpoints, e.g. "
+                f"'val/loss'), not Keras' filepath: {_WHERE_CHECKPOINTS_GO}")
+    if not args and _looks_like_path(kwargs.get("monitor")):
+        return (f"monitor={kwargs['monitor']!r}, a file path (Keras' filepath?), not a metric such as 'val/loss': "
+                f"{_WHERE_CHECKPOINTS_GO}")
+    return None
 
 
 class _DeclaredSignature:
@@ -77,9 +126,11 @@ class ModelCheckpoint(Callback):
             ``which="best"`` find it), and for good once another checkpoint is written while it
             is the best (that one's saved ranking names it: a resume from there finds it). With a
             ``monitor``, any k; without one, 0, 1 or -1.
-        save_last: keep the most recent checkpoint, so a run can resume from it; the state at the
-            end of training is always saved. ``False``: only the checkpoints ``save_top_k``
-            keeps; periodic saves (``every_n_*``) then need ``save_top_k=-1`` (they are written
+        save_last: keep the most recent checkpoint, so a run can resume from where it ended; the
+            state at the end of training is then always saved. ``False`` (Keras'
+            ``save_best_only=True``): only the checkpoints ``save_top_k`` keeps, so ``resume=True``
+            goes on from the newest of them (the best, with ``save_top_k=1``), which it says;
+            periodic saves (``every_n_*``) then need ``save_top_k=-1`` (they are written
             and all kept; Lightning's ``ModelCheckpoint(every_n_train_steps=N, save_top_k=-1)``),
             else they would be deleted at the next save, so asking for them is an error.
         every_n_epochs: write a checkpoint every N epochs (after validation when it runs).
@@ -95,9 +146,12 @@ class ModelCheckpoint(Callback):
             the first save waits as long (the pause of a typical write), so a run of a few
             seconds writes only its final checkpoint.
 
-    Lightning's other arguments (``every_n_train_steps``, ``dirpath``, ``filename``, ...) are
-    refused with flaxlight's way (checkpoints are ``<log_dir>/checkpoints/<step>``). After
-    training, :attr:`best_model_path` and :attr:`best_model_score` name the best, as in Lightning.
+    Lightning's other arguments (``every_n_train_steps``, ``dirpath``, ``filename``, ...) and
+    Keras' (a file path first, ``filepath``, ``save_best_only``, ``save_freq``, ``mode="auto"``;
+    :data:`KERAS_ARGUMENTS`) are refused with flaxlight's way (checkpoints are
+    ``<log_dir>/checkpoints/<step>``; the default keeps the best and the last, which a resume
+    goes on from). After training, :attr:`best_model_path` and :attr:`best_model_score` name the
+    best, as in Lightning.
 
     What is never skipped: the best model (a new best is queued behind the pause and written at
     its end; one not yet written when a better one arrives is replaced unwritten), the state at
@@ -127,13 +181,13 @@ class ModelCheckpoint(Callback):
 
     __signature__ = _DeclaredSignature()
 
+    @refuse_keras_arguments(KERAS_ARGUMENTS, positional=_keras_filepath)
     def __init__(self, monitor: str | None = None, mode: str = "min", save_top_k: int = 1, save_last: bool = True,
                  every_n_epochs: int | None = None, every_n_steps: int | None = None,
                  every_n_seconds: float | None = None, max_overhead: float | None = None, **unknown: Any):
         if unknown:  # Lightning's every_n_train_steps, dirpath, filename, ...: what flaxlight writes
             raise TypeError(_unknown_argument_message(unknown))
-        if mode not in ("min", "max"):
-            raise ValueError(f"ModelCheckpoint mode must be 'min' or 'max', got {mode!r}.")
+        check_mode("ModelCheckpoint", mode)
         if monitor is not None:
             warn_if_mode_contradicts_name("ModelCheckpoint", monitor, mode)
         if not isinstance(save_top_k, int) or save_top_k < -1:
@@ -458,7 +512,7 @@ class ModelCheckpoint(Callback):
 
     def state_dict(self) -> dict[str, Any]:
         return {"best": [[score, step] for score, step in self.best], "best_metrics": self.best_metrics,
-                "last_step": self.last_step, "monitor": self.monitor, "mode": self.mode,
+                "last_step": self.last_step, "save_last": self.save_last, "monitor": self.monitor, "mode": self.mode,
                 "earlier_runs": sorted(self._earlier_runs), "interim": sorted(self._interim)}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
