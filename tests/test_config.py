@@ -284,6 +284,28 @@ def test_import_paths_and_seed_pattern_trainer():
     assert "picks its model itself" in error_of(minimal(trainer={"name": path}), **TRUST)
 
 
+class DefaultsSeedTrainer(zoo.RegressionTrainer):
+    """The seed's pattern with defaults only: from its signature alone it may as well pass model_class on."""
+
+    def __init__(self, hidden: int = 8, **kwargs):
+        super().__init__(model_class=zoo.MLPRegressor, model_hparams={"hidden_dims": [hidden], "output_dim": 1},
+                         **kwargs)
+
+
+def test_a_trainer_that_picks_its_model_takes_its_arguments_in_either_section(tmp_path):
+    from flaxlight.config import build_run
+
+    path = f"{__name__}.DefaultsSeedTrainer"
+    seed = {"name": None, "hparams": {}}
+    assert load_config(minimal(trainer={"name": path, "hidden": 4}, model=seed), **TRUST).trainer.own_args == \
+        {"hidden": 4}
+    assert "'trainer.hidden' and 'model.hparams.hidden' both set" in error_of(
+        minimal(trainer={"name": path, "hidden": 4}, model={"name": None, "hparams": {"hidden": 4}}), **TRUST)
+    with pytest.raises(ConfigError, match=r"^model.name: trainer .*DefaultsSeedTrainer picks its model itself .*"
+                                          r"set model.name: null"):  # given a model, it would get model_class twice
+        build_run(minimal(trainer={"name": path}), log_dir=tmp_path / "run", trust_config=True)
+
+
 def test_registry_register_resolve_and_collisions():
     reg = Registry("widget")
 

@@ -65,6 +65,24 @@ def test_extra_keywords_are_kept_and_listed_but_a_near_miss_is_an_error(tmp_path
             _trainer(tmp_path / typo, **{typo: 3})
 
 
+class WeightedRegressTrainer(RegressTrainer):
+    """docs/models.md's pattern: a loss weight of the trainer's own, passed up to be recorded."""
+
+    def __init__(self, *args, w_aux: float = 1.0, **kwargs):
+        super().__init__(*args, w_aux=w_aux, **kwargs)
+
+
+def test_the_trainers_own_declared_keywords_are_not_listed_as_extra_hparams(tmp_path, capsys):
+    """They were listed as "kept ... (no trainer option reads them)", as if the loss ignored them."""
+    trainer = WeightedRegressTrainer(model_class=TinyMLP, model_hparams={"hidden_dims": [8]},
+                                     optimizer_hparams={"optimizer": "adam", "lr": 1e-2},
+                                     exmp_input=linear_data(1)[0], **quiet(tmp_path, w_aux=0.5, note="x"))
+    assert trainer.config["w_aux"] == 0.5 and trainer.config["note"] == "x"  # both recorded, as before
+    err = capsys.readouterr().err
+    assert "WeightedRegressTrainer: extra hparams kept in the run's config (no trainer option reads them): note.\n" \
+        in err and "w_aux" not in err
+
+
 def test_learning_rate_monitor_reads_an_inject_hyperparams_rate(tmp_path, regression_loaders):
     train, val, _ = regression_loaders
     tx = optax.inject_hyperparams(optax.sgd)(learning_rate=0.05)

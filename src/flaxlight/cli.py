@@ -194,6 +194,17 @@ def _add_export_arguments(export: argparse.ArgumentParser) -> None:
                         help="the forward pass's precision (default: the run's, as its validation computed)")
 
 
+def _add_predict_arguments(predict: argparse.ArgumentParser) -> None:
+    _add_config_arguments(predict, config_required=False, evaluates="predict")
+    _add_checkpoint_arguments(predict)
+    predict.add_argument("--split", choices=("test", "val", "train"), default="test",
+                         help="which split to predict (default: %(default)s)")
+    predict.add_argument("-o", "--output", metavar="PATH",
+                         help="the .npy file (default: RUN_DIR/predictions[_<split>][_last].npy: the split unless "
+                              "test, _last for --which last; .npz for a model of several outputs); the rows follow "
+                              "the split's order")
+
+
 def _platforms(text: str) -> tuple[str, ...]:
     from flaxlight.export import PLATFORMS
 
@@ -250,16 +261,11 @@ def _build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argumen
         _add_config_arguments(parser, config_required=False, evaluates=name)
         _add_checkpoint_arguments(parser)
 
-    predict = add("predict", "write a trained run's predictions to an .npy file",
+    predict = add("predict", "write a trained run's predictions to an .npy file (.npz for several outputs)",
                   "Load a run's checkpoint and write the model's outputs (eval mode) on a split of the config's data, "
-                  "in the split's order (unshuffled), to an .npy file.")
-    _add_config_arguments(predict, config_required=False, evaluates="predict")
-    _add_checkpoint_arguments(predict)
-    predict.add_argument("--split", choices=("test", "val", "train"), default="test",
-                         help="which split to predict (default: %(default)s)")
-    predict.add_argument("-o", "--output", metavar="PATH",
-                         help="the .npy file (default: RUN_DIR/predictions[_<split>][_last].npy: the split unless "
-                              "test, _last for --which last); the rows follow the split's order")
+                  "in the split's order (unshuffled), to an .npy file; a model that returns several outputs (a dict "
+                  "or a tuple) to one .npz, one entry per output (np.load(path)['digit']).")
+    _add_predict_arguments(predict)
 
     _add_export_arguments(add("export", "write a trained run's model as a jax.export artifact", _EXPORT_TEXT))
     tune = add("tune", "search hyperparameters with Optuna (the config's tune: section)",
@@ -542,6 +548,8 @@ def _in_order(loader):
 
 
 def _write_predictions(trainer, loader, args: argparse.Namespace, split: str) -> int:
+    """Predict the split and write it: one array as ``.npy``; several outputs (a dict, tuple or other
+    pytree of arrays) as one ``.npz`` beside it, one entry per output (:func:`_output_arrays`)."""
     import numpy as np
 
     from flaxlight.config import ConfigError
@@ -553,18 +561,70 @@ def _write_predictions(trainer, loader, args: argparse.Namespace, split: str) ->
             raise
         raise ConfigError(f"The {split} split yielded no batches: nothing to predict (check the data's settings).") \
             from None
-    if not isinstance(predictions, np.ndarray):
-        raise TypeError(f"predict writes one array per example, but the model returns "
-                        f"{type(predictions).__name__}; use the Python API (trainer.predict) for other outputs.")
-    default_name = "predictions" + ("" if split == "test" else f"_{split}") + ("" if args.which == "best" else
-                                                                              f"_{args.which}") + ".npy"
-    path = args.output or os.path.join(args.ckpt, default_name)
-    path = path if path.endswith(".npy") else path + ".npy"  # what np.save writes
+    several = not isinstance(predictions, np.ndarray)
+    arrays = _output_arrays(predictions) if several else None
+    stem = "predictions" + ("" if split == "test" else f"_{split}") + ("" if args.which == "best" else f"_{args.which}")
+    suffix = ".npz" if several else ".npy"  # what np.save / np.savez write
+    path = args.output or os.path.join(args.ckpt, stem + suffix)
+    if several and path.endswith(".npy"):
+        path = path[:-len(".npy")]
+    path = path if path.endswith(suffix) else path + suffix
     if os.path.dirname(path):
         os.makedirs(os.path.dirname(path), exist_ok=True)
-    np.save(path, predictions)
-    print(f"predictions ({split} split, shape {predictions.shape}, {predictions.dtype}): {path}")
+    if not several:
+        np.save(path, predictions)
+        print(f"predictions ({split} split, shape {predictions.shape}, {predictions.dtype}): {path}")
+        return 0
+    _savez(path, arrays)
+    listing = ", ".join(f"{key} {value.shape} {value.dtype}" for key, value in arrays.items())
+    print(f"predictions ({split} split; the model returns a {type(predictions).__name__} of {len(arrays)} outputs, "
+          f"saved as one .npz, an array per key: {listing}): {path}")
     return 0
+
+
+def _output_arrays(predictions: Any) -> dict[str, Any]:
+    """The model's outputs by key, as the ``.npz`` holds them: a dict's keys (nested ones joined by
+    ``/``: ``heads/digit``), a tuple's or list's positions (``0``, ``1``, ...), a dataclass's or
+    named tuple's field names. Outputs that are not arrays, none at all, or two with one key are
+    refused in one line."""
+    import jax
+    import numpy as np
+
+    from flaxlight.config import ConfigError
+
+    def part(entry: Any) -> str:
+        for attribute in ("key", "idx", "name"):  # DictKey, SequenceKey, GetAttrKey
+            if hasattr(entry, attribute):
+                return str(getattr(entry, attribute))
+        return str(entry)
+
+    arrays: dict[str, Any] = {}
+    for path, leaf in jax.tree_util.tree_flatten_with_path(predictions)[0]:
+        key = "/".join(part(entry) for entry in path)
+        if not isinstance(leaf, np.ndarray) or leaf.dtype == object:
+            raise ConfigError(f"predict writes arrays, but the model's output {key or '(the whole output)'} is "
+                              f"{type(leaf).__name__}; nothing was written. Return arrays (a dict or tuple of them), "
+                              f"or use the Python API (trainer.predict) for other outputs.")
+        if key in arrays:
+            raise ConfigError(f"predict: two of the model's outputs would be saved under one key, {key!r} (a dict "
+                              f"key holding '/' beside a nested dict?); nothing was written. Rename one.")
+        arrays[key] = leaf
+    if not arrays:
+        raise ConfigError(f"predict: the model returns no arrays ({type(predictions).__name__} "
+                          f"{str(predictions)[:60]}); nothing was written.")
+    return arrays
+
+
+def _savez(path: str, arrays: dict[str, Any]) -> None:
+    """``np.savez(path, **arrays)`` for any keys (np.savez's own keyword names, ``file``, included)."""
+    import zipfile
+
+    import numpy as np
+
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as archive:
+        for key, value in arrays.items():
+            with archive.open(key + ".npy", "w", force_zip64=True) as f:
+                np.lib.format.write_array(f, np.asanyarray(value), allow_pickle=False)
 
 
 def _tune(args: argparse.Namespace) -> int:

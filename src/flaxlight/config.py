@@ -224,9 +224,14 @@ class TrainerConfig(TrainerOptions):
         enable_progress_bar, debug, check_val_every_n_epoch: as the constructor's arguments.
         mesh: the device mesh's shape, e.g. ``{data: 2, model: 2}`` (the constructor's ``mesh=``).
         logger_params: see :class:`LoggerParams`.
+        own_args: the trainer class's own arguments, the keywords its ``__init__`` (or a base's)
+            declares beyond TrainerModule's (``def __init__(self, w_target=1.0, **kwargs)``). In the
+            YAML they stand in the section itself (``trainer: {name: multitask, w_target: 3.0}``,
+            ``trainer.w_target=3.0``); they are checked against the class when it is resolved.
     """
 
     name: str
+    own_args: dict[str, Any] = dataclasses.field(default_factory=dict, init=False, metadata={"inline": True})
     seed: int = 42
     max_epochs: int = 500
     enable_progress_bar: bool = True
@@ -589,10 +594,13 @@ def _build(cls: type, data: Any, path: str) -> Any:
     if cls is OptimizerConfig:
         return _build_optimizer(data, path)
     fields = {name: f for name, f in _ordered_fields(cls).items() if f.init}
+    inline = _inline_field(cls)
     data = _renamed(data, _ALIASES.get(cls, {}), path, _LIFTED_INIT_ARGS.get(cls, ()))
     for key in data:
-        if key not in fields:
+        if key not in fields and inline is None:
             raise _unknown_key(key, list(fields), path, what)
+    rest = {key: data[key] for key in data if key not in fields}  # checked when the class is resolved
+    data = {key: value for key, value in data.items() if key in fields}
     missing = [name for name, f in fields.items() if _required(f) and name not in data]
     if missing:
         raise ConfigError(
@@ -604,9 +612,17 @@ def _build(cls: type, data: Any, path: str) -> Any:
     kwargs = {name: _convert(value, hints.get(name, Any), _join(path, name), schema=True)
               for name, value in data.items()}
     try:
-        return cls(**kwargs)
+        built = cls(**kwargs)
     except (ValueError, TypeError) as exc:
         raise ConfigError(f"{what}: {exc}", key=_checked_key(path, exc, fields)) from None
+    if inline is not None:
+        setattr(built, inline, rest)
+    return built
+
+
+def _inline_field(cls: type) -> str | None:
+    """The field of ``cls`` whose keys stand in the section itself (``TrainerConfig.own_args``), or None."""
+    return next((f.name for f in dataclasses.fields(cls) if f.metadata.get("inline")), None)
 
 
 def _checked_key(path: str, exc: Exception, fields: Iterable[str]) -> str:
@@ -819,8 +835,9 @@ def load_config(source: str | os.PathLike | Sequence[str | os.PathLike] | Mappin
     keys replace the earlier's, sections (mappings) merge key by key, lists are replaced whole.
 
     ``check=True`` also resolves every name and checks the free-form dicts against their targets'
-    signatures (see :func:`resolve_config`); ``check=False`` only checks the schema, and imports
-    nothing whatever the opt-in. Import paths and ``imports:`` are refused unless
+    signatures (see :func:`resolve_config`); ``check=False`` only checks the schema (the trainer's
+    own arguments against its class only when that is registered and at hand), and imports nothing
+    whatever the opt-in. Import paths and ``imports:`` are refused unless
     ``allow_imports=["mypkg", ...]`` (module prefixes) or ``trust_config=True`` allows them.
     """
     policy = _ImportPolicy.of(trust_config, allow_imports)
@@ -844,6 +861,10 @@ def load_config(source: str | os.PathLike | Sequence[str | os.PathLike] | Mappin
         cfg = _build(Config, data, "")
         if check:
             _resolve_config(cfg, policy)
+        else:  # the trainer's own keys, where its class is at hand with no import (a registered one)
+            trainer_class = registry.TRAINERS.loaded(cfg.trainer.name)
+            if isinstance(trainer_class, type) and issubclass(trainer_class, TrainerModule):
+                _check_own_keys(trainer_class, cfg.trainer.own_args)
     except ConfigError as exc:
         note = sources.note(exc.key)
         if where != "the config" or note:
@@ -899,6 +920,8 @@ def config_fields(cls: type = Config, prefix: str = "") -> list[tuple[str, str, 
     rows = []
     hints = typing.get_type_hints(cls)
     for field in dataclasses.fields(cls):
+        if not field.init:  # the trainer's own arguments: its class's, not the schema's
+            continue
         key, hint = prefix + field.name, hints[field.name]
         if dataclasses.is_dataclass(hint):
             rows += config_fields(hint, key + ".")
@@ -918,7 +941,11 @@ def _plain(value: Any) -> Any:
     if isinstance(value, OptimizerConfig):
         return _plain(value.to_dict())
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {name: _plain(getattr(value, name)) for name in _ordered_fields(type(value))}
+        out = {}
+        for name, field in _ordered_fields(type(value)).items():
+            plain = _plain(getattr(value, name))
+            out.update(plain if field.metadata.get("inline") else {name: plain})  # inline: its keys in the section
+        return out
     if isinstance(value, Mapping):
         return {str(k) if not isinstance(k, (int, float, bool)) else k: _plain(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
@@ -1034,8 +1061,75 @@ _TRAINER_OWN = {"model_class", "model_hparams", "optimizer_hparams", "exmp_input
                 "enable_progress_bar", "debug", "check_val_every_n_epoch"}
 
 
-def _takes_model_class(trainer_class: type) -> bool:
-    return "model_class" in registry.explicit_parameters(trainer_class.__init__)
+def _takes_model_class(trainer_class: type, cfg: Config) -> bool:
+    """Whether the config gives the trainer ``model_class`` and ``model_hparams``: its ``__init__``
+    declares ``model_class``, or takes ``**kwargs`` (passed on to its base, as docs/models.md's
+    ``def __init__(self, smoothing=0.0, **kwargs)``) and the config names a model. Else the trainer
+    picks its model itself (the seed's ``MyTrainer(hidden_dims, **kwargs)``: ``model.name: null``)."""
+    init = trainer_class.__init__
+    return "model_class" in registry.explicit_parameters(init) or (
+        registry.takes_var_keyword(init) and cfg.model.name is not None)
+
+
+def _own_arguments(trainer_class: type) -> dict[str, Any]:
+    """The trainer section's keys that are ``trainer_class``'s own arguments: the keywords its
+    ``__init__`` or a base's declares (as ``TrainerOptions.split_kwargs`` takes them), less
+    TrainerModule's and the section's settings; each with the type its value is checked against
+    (its annotation, else its default's type; ``Any``)."""
+    settings = {f.name for f in dataclasses.fields(TrainerConfig)} | _TRAINER_OWN | {"callbacks", "loggers"}
+    own: dict[str, Any] = {}
+    for klass in trainer_class.__mro__:  # the subclass's declaration first
+        init = vars(klass).get("__init__")
+        if init is None:
+            continue
+        hints = _hints(init)
+        for name, parameter in registry.explicit_parameters(init).items():
+            if name not in settings and name not in own:
+                default = type(parameter.default)
+                own[name] = hints.get(name, default if default in (bool, int, float, str) else Any)
+    return own
+
+
+def _picks_its_model(trainer_class: type) -> str:
+    return (f"trainer {_display(trainer_class)} picks its model itself (it passes model_class to TrainerModule itself "
+            f"and takes the model's hyperparameters by name): set model.name: null and give its arguments in "
+            f"model.hparams")
+
+
+def _check_own_keys(trainer_class: type, given: Mapping[str, Any]) -> None:
+    """Each of the trainer section's own arguments ``given`` is one ``trainer_class`` declares, of its type."""
+    own = _own_arguments(trainer_class)
+    for key, value in given.items():
+        if key not in own:
+            settings = [name for name, f in _ordered_fields(TrainerConfig).items() if f.init]
+            hint = _lightning_hint(key, "trainer") or _suggest(str(key), [*settings, *own], "trainer")
+            mine = f"; and {_display(trainer_class)}'s own arguments (its __init__ declares them): {', '.join(own)}" \
+                if own else ""
+            raise ConfigError(f"Unknown key {_join('trainer', key)!r}.{hint} Valid keys of trainer: "
+                              f"{', '.join(settings)}{mine}.", key=_join("trainer", key))
+        if _is_checkable(own[key]):
+            _convert(value, own[key], _join("trainer", key))
+
+
+def _check_own_arguments(trainer_class: type, cfg: Config, takes_model_class: bool) -> None:
+    """The trainer section's own arguments (``cfg.trainer.own_args``) against ``trainer_class``:
+    each one it declares, of its type, and (with a model_class) every one it requires."""
+    given = cfg.trainer.own_args
+    _check_own_keys(trainer_class, given)
+    if not takes_model_class:
+        both = sorted(set(given) & set(cfg.model.hparams))
+        if both:
+            raise ConfigError(f"{_join('trainer', both[0])!r} and {_join('model.hparams', both[0])!r} both set "
+                              f"{_display(trainer_class)}'s argument {both[0]!r}; keep one.",
+                              key=_join("trainer", both[0]))
+        return
+    required = [n for n, p in registry.explicit_parameters(trainer_class.__init__).items()
+                if p.default is p.empty and n not in _TRAINER_OWN and n not in given]
+    if required:
+        raise ConfigError(f"Missing required key {_join('trainer', required[0])!r}: trainer {_display(trainer_class)} "
+                          f"needs {', '.join(map(repr, required))}; set {'them' if required[1:] else 'it'} in the "
+                          f"trainer section. If instead {_picks_its_model(trainer_class)}.",
+                          key=_join("trainer", required[0]))
 
 
 def _is_checkable(tp: Any) -> bool:
@@ -1170,32 +1264,7 @@ def _resolve_config(cfg: Config, policy: _ImportPolicy) -> Resolved:
         except Exception as exc:  # noqa: BLE001
             raise _import_failed(f"imports[{i}]", module, exc) from None
 
-    trainer_class = _resolve("trainer", cfg.trainer.name, "trainer.name", policy)
-    if not (isinstance(trainer_class, type) and issubclass(trainer_class, TrainerModule)):
-        raise ConfigError(f"trainer.name: {cfg.trainer.name!r} is {_display(trainer_class)}, not a subclass of "
-                          f"flaxlight.TrainerModule.", key="trainer.name")
-    if _takes_model_class(trainer_class):
-        if cfg.model.name is None:
-            raise ConfigError(f"Missing required key 'model.name': {_REQUIRED_HELP['model.name']}.")
-        model_class = _resolve("model", cfg.model.name, "model.name", policy)
-        if not _is_flax_module_class(model_class):
-            raise ConfigError(f"model.name: {cfg.model.name!r} is {_display(model_class)}, not a model class (a "
-                              f"subclass of flax.linen.Module or flax.nnx.Module).", key="model.name")
-        _check_kwargs(model_class, cfg.model.hparams, "model.hparams", f"model {_display(model_class)}",
-                      ignore=_model_ignored_parameters(model_class), supplied={"rngs"})
-    else:  # the seed's pattern: MyTrainer(hidden_dims, output_dim, **kwargs) picks its model
-        if cfg.model.name is not None:
-            raise ConfigError(f"model.name: trainer {_display(trainer_class)} picks its model itself (its constructor "
-                              f"takes the model's hyperparameters by name, not model_class); set model.name: null "
-                              f"and give its arguments in model.hparams.")
-        model_class = None
-        params = {n for n in registry.explicit_parameters(trainer_class.__init__) if n not in _TRAINER_OWN}
-        for key in cfg.model.hparams:
-            if key not in params:
-                raise ConfigError(f"Unknown key {_join('model.hparams', key)!r}: trainer {_display(trainer_class)} "
-                                  f"does not take {key!r}.{_suggest(key, sorted(params), 'model.hparams')} "
-                                  f"It takes: {', '.join(sorted(params))}.", key=_join("model.hparams", key))
-
+    trainer_class, model_class = _resolve_trainer(cfg, policy)
     dataset = _resolve("dataset", cfg.data.name, "data.name", policy)
     _check_dataset_kind(dataset, cfg.data.name, policy)
     _check_dataset(dataset, cfg.data)
@@ -1207,6 +1276,49 @@ def _resolve_config(cfg: Config, policy: _ImportPolicy) -> Resolved:
     logger_classes = _resolve_classes(cfg.loggers, "loggers", "logger", Logger, "flaxlight.loggers.Logger", policy,
                                       supplied=_LOGGER_SUPPLIED)
     return Resolved(trainer_class, model_class, dataset, callback_classes, logger_classes)
+
+
+def _resolve_trainer(cfg: Config, policy: _ImportPolicy) -> tuple[type, type | None]:
+    """The trainer class and the model class (None: the trainer picks its model) of ``cfg``, with
+    ``model.hparams`` and the trainer's own arguments checked against them."""
+    trainer_class = _resolve("trainer", cfg.trainer.name, "trainer.name", policy)
+    if not (isinstance(trainer_class, type) and issubclass(trainer_class, TrainerModule)):
+        raise ConfigError(f"trainer.name: {cfg.trainer.name!r} is {_display(trainer_class)}, not a subclass of "
+                          f"flaxlight.TrainerModule.", key="trainer.name")
+    takes_model_class = _takes_model_class(trainer_class, cfg)
+    _check_own_arguments(trainer_class, cfg, takes_model_class)
+    if takes_model_class:
+        if cfg.model.name is None:
+            raise ConfigError(f"Missing required key 'model.name': {_REQUIRED_HELP['model.name']}.")
+        model_class = _resolve("model", cfg.model.name, "model.name", policy)
+        if not _is_flax_module_class(model_class):
+            raise ConfigError(f"model.name: {cfg.model.name!r} is {_display(model_class)}, not a model class (a "
+                              f"subclass of flax.linen.Module or flax.nnx.Module).", key="model.name")
+        try:
+            _check_kwargs(model_class, cfg.model.hparams, "model.hparams", f"model {_display(model_class)}",
+                          ignore=_model_ignored_parameters(model_class), supplied={"rngs"})
+        except ConfigError as exc:  # a hparam of the trainer's in model.hparams: written for the seed's pattern?
+            key = (exc.key or "").rpartition(".")[2]
+            if not str(exc).startswith("Unknown key") or key not in _own_arguments(trainer_class):
+                raise
+            raise ConfigError(f"{exc} {key!r} is an argument of trainer {_display(trainer_class)}: set it as "
+                              f"{_join('trainer', key)}; or, if {_picks_its_model(trainer_class)}.",
+                              key=exc.key) from None
+        return trainer_class, model_class
+    # the seed's pattern: MyTrainer(hidden_dims, output_dim, **kwargs) picks its model
+    if cfg.model.name is not None:  # and takes no **kwargs to pass model_class on
+        raise ConfigError(f"model.name: {_picks_its_model(trainer_class)}.", key="model.name")
+    params = {n for n in registry.explicit_parameters(trainer_class.__init__) if n not in _TRAINER_OWN}
+    forwards = (" If it passes model_class on to its base through **kwargs, name the model instead (model.name: "
+                "...) and give the model's arguments in model.hparams."
+                if registry.takes_var_keyword(trainer_class.__init__) else "")
+    for key in cfg.model.hparams:
+        if key not in params:
+            raise ConfigError(f"Unknown key {_join('model.hparams', key)!r}: trainer {_display(trainer_class)} "
+                              f"does not take {key!r}.{_suggest(key, sorted(params), 'model.hparams')} "
+                              f"It takes: {', '.join(sorted(params)) or '(no arguments)'}.{forwards}",
+                              key=_join("model.hparams", key))
+    return trainer_class, None
 
 
 def _resolve_classes(items, section: str, kind: str, base: type, base_name: str, policy: _ImportPolicy,
@@ -1424,6 +1536,7 @@ def build_trainer(cfg: Config, exmp_input: Any, *, resolved: Resolved | None = N
     all_loggers = (build_loggers(cfg, logger_params["log_dir"], resolved) if cfg.loggers else []) + list(loggers)
     if all_loggers:
         kwargs["loggers"] = all_loggers
+    kwargs.update(trainer_cfg.own_args)  # the trainer class's own arguments (w_target=3.0)
     if resolved.model_class is not None:
         kwargs.update(model_class=resolved.model_class, model_hparams=dict(cfg.model.hparams))
     else:
@@ -1431,6 +1544,10 @@ def build_trainer(cfg: Config, exmp_input: Any, *, resolved: Resolved | None = N
     kwargs.update(overrides)
     try:
         return resolved.trainer_class(**kwargs)
+    except TypeError as exc:  # a **kwargs trainer that sets model_class itself, given the config's model
+        if resolved.model_class is None or "multiple values for keyword argument 'model_" not in str(exc):
+            raise
+        raise ConfigError(f"model.name: {_picks_its_model(resolved.trainer_class)}.", key="model.name") from exc
     except (ValueError, ModelHparamsError) as exc:  # flaxlight's checks of the settings: a config error
         if isinstance(exc, ConfigError) or not raised_by_flaxlight(exc):
             raise  # an error in the user's own code keeps its traceback

@@ -205,7 +205,8 @@ class TrainerOptions:
     def split_kwargs(cls, kwargs: Mapping[str, Any], owner: str | None = None, keep_extras: bool = True,
                      trainer_class: type | None = None) -> tuple["TrainerOptions", dict[str, Any]]:
         """``(options, extras)`` from a trainer's extra keyword arguments. As in the seed, keywords
-        that are no option are kept (in the run's config: ``extra_args=...``) and listed once; one
+        that are no option are kept (in the run's config: ``extra_args=...``) and listed once (not
+        those ``trainer_class``'s ``__init__`` declares: its own, which its code reads); one
         close to an option's name (``max_step``, ``check_val_every_n_nepoch``) is an error naming it,
         and so is an argument of Lightning's ``Trainer`` (``max_epochs``, ``gradient_clip_val``, ...:
         :data:`LIGHTNING_TRAINER_ARGUMENTS`) or of ``train_model`` (``resume``, ``overwrite``, ...:
@@ -240,9 +241,10 @@ class TrainerOptions:
                 raise TypeError(f"{owner} got an unknown keyword argument {key!r}.{hint} It takes the seed's arguments "
                                 f"({', '.join(TRAINER_ARGUMENTS)}), callbacks, loggers, mesh, and the TrainerOptions "
                                 f"fields: {', '.join(names)}.")
-        if extras:
+        undeclared = sorted(key for key in extras if key not in declared)  # a declared one is the class's own
+        if undeclared:
             messages.info(f"{owner}: extra hparams kept in the run's config (no trainer option reads them): "
-                          f"{', '.join(sorted(extras))}.")
+                          f"{', '.join(undeclared)}.")
         return cls(**{key: value for key, value in kwargs.items() if key in names}), extras
 
     def reached_max_steps(self, step: int) -> bool:

@@ -214,6 +214,20 @@ class Registry:
             self._entries[key] = (registered_name, obj)
         return obj
 
+    def loaded(self, name: str) -> Any:
+        """The object registered as ``name`` when it is at hand, else None: nothing is imported for
+        it (a lazy ``"module:attr"`` entry not used yet is None), beyond the built-in registrations.
+
+        Examples:
+            >>> TRAINERS.loaded("classification").__name__, TRAINERS.loaded("mypkg.Trainer")
+            ('ClassificationTrainer', None)
+        """
+        if not isinstance(name, str) or not name or is_import_path(name):
+            return None
+        self._load_builtins()
+        obj = self._entries.get(_key(name), (None, None))[1]
+        return None if isinstance(obj, str) else obj
+
     def name_of(self, path: str) -> str | None:
         """The name registered for the object at the import path ``path`` (``pkg.mod.Name`` or
         ``pkg.mod:Name``), or None; nothing is imported for it beyond the built-in registrations
