@@ -137,6 +137,15 @@ def test_keys_that_cannot_reach_the_trainer_fail_before_any_trial(tmp_path, load
     assert not (tmp_path / "study").exists()  # nothing was created
 
 
+def test_a_per_task_metrics_direction_is_inferred_from_its_words_and_a_name_that_tells_nothing_is_refused():
+    """tune refused val/acc_digit, val/loss_digit, val/digit/f1_macro ("Cannot tell whether ...")."""
+    assert infer_direction("val/acc_digit") == "maximize" and infer_direction("val/digit/f1_macro") == "maximize"
+    assert infer_direction("val/loss_digit") == "minimize" and infer_direction("val/mse_target") == "minimize"
+    for name in ("val/loss_scale", "val/brier_score", "val/neg_log_loss"):
+        with pytest.raises(ValueError, match=f"Cannot tell whether to maximize or minimize '{name}'"):
+            infer_direction(name)
+
+
 def test_direction_sampler_pruner_and_storage_specs(tmp_path):
     assert infer_direction("val/acc") == "maximize" and infer_direction("val/loss") == "minimize"
     assert isinstance(make_sampler(None, seed=1), optuna.samplers.TPESampler)
