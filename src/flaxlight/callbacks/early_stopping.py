@@ -115,7 +115,7 @@ class EarlyStopping(Callback):
         name = f"EarlyStopping: {self.monitor} = {value:.6g}"
         if self.check_finite and (math.isinf(value) or (math.isnan(value) and diverged)):
             return f"{name} is not finite (best {self._best_so_far()})."
-        if math.isnan(value) and not self._said_nan:
+        if math.isnan(value) and not diverged and not self._said_nan:
             self._said_nan = True
             messages.warning(f"{name} at epoch {epoch}, while the training's loss is finite: a 0/0 (the validation "
                              f"counted nothing for it, e.g. a masked Mean of a task with no labelled example in it), "
