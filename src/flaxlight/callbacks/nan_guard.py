@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from flaxlight.callbacks.base import Callback
+from flaxlight.callbacks.base import Callback, TrainerView
 
 __all__ = ["NaNGuard", "weights_damaged"]
 
@@ -52,7 +52,7 @@ class NaNGuard(Callback):
             )
 
 
-def weights_damaged(trainer) -> bool:
+def weights_damaged(trainer: TrainerView) -> bool:
     """Whether the trainer's loss was NaN/Inf (or an update made the params NaN/Inf) in a step that
     a ``NaNGuard("skip")`` did not skip: its weights are damaged, whatever its metrics say. A NaN
     metric of an undamaged model is a 0/0 instead (a masked ``Mean`` with nothing counted, the
