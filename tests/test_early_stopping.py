@@ -14,8 +14,9 @@ NAN, INF = math.nan, math.inf
 class Scripted:
     """The part of the trainer EarlyStopping uses, replaying one score per validation."""
 
-    def __init__(self):
+    def __init__(self, nonfinite_steps=0):
         self.value, self.stop_reason = None, None
+        self.nonfinite_steps, self.callbacks = nonfinite_steps, []  # steps whose loss was NaN/Inf
 
     def monitored_value(self, name, owner):
         return self.value
@@ -24,9 +25,9 @@ class Scripted:
         self.stop_reason = reason
 
 
-def stopped_at(stopper, scores):
+def stopped_at(stopper, scores, nonfinite_steps=0):
     """The 1-based validation after which ``stopper`` stops (None: never), and the reason."""
-    trainer = Scripted()
+    trainer = Scripted(nonfinite_steps)
     for epoch, score in enumerate(scores, start=1):
         trainer.value = score
         stopper.on_validation_end(trainer, epoch, {stopper.monitor: score})
@@ -43,8 +44,7 @@ def stopped_at(stopper, scores):
     (dict(patience=0), [1.0, 0.5, 0.4], None),  # patience 0 stops only at a validation without improvement
     (dict(patience=2, min_delta=0.1), [1.0, 0.95, 0.92, 0.85], 3),  # 0.95, 0.92: not better by > 0.1
     (dict(patience=2, mode="max"), [0.5, 0.6, 0.6, 0.59], 4),
-    (dict(patience=5), [1.0, NAN], 2),  # check_finite (default): NaN stops at once
-    (dict(patience=5), [1.0, INF], 2),
+    (dict(patience=5), [1.0, INF], 2),  # check_finite (default): Inf stops at once
     (dict(patience=2, check_finite=False), [1.0, NAN, NAN], 3),  # NaN is then just no improvement
     (dict(patience=9, stopping_threshold=0.5), [1.0, 0.7, 0.5, 0.49], 4),  # better than 0.5 (strictly)
     (dict(patience=9, mode="max", stopping_threshold=0.9), [0.5, 0.95], 2),
@@ -57,12 +57,33 @@ def test_stopping_matches_the_hand_computed_validation(kwargs, scores, expected)
 
 @pytest.mark.parametrize("kwargs, scores, message", [
     (dict(patience=2), [1.0, 1.1, 1.2], "did not improve by more than 0 for 2 validations in a row (best 1 at epoch 1)"),
-    (dict(), [1.0, NAN], "val/loss = nan is not finite (best 1 at epoch 1)"),
     (dict(stopping_threshold=0.5), [0.4], "reached the stopping threshold 0.5"),
     (dict(divergence_threshold=3.0), [4.0], "passed the divergence threshold 3"),
 ])
 def test_the_reason_says_what_happened(kwargs, scores, message):
     assert message in stopped_at(EarlyStopping(**kwargs), scores)[1]
+
+
+@pytest.mark.parametrize("kwargs, scores, nonfinite_steps, expected", [
+    (dict(patience=5), [1.0, NAN], 3, 2),  # the loss was NaN/Inf: a NaN is the model's, and stops at once
+    (dict(patience=5, check_finite=False), [1.0, NAN], 3, None),
+    (dict(patience=5), [1.0, NAN, 0.5, NAN], 0, None),  # a finite training's NaN: a 0/0, the run goes on
+    (dict(patience=2), [1.0, NAN, NAN], 0, 3),  # ... counted as a validation without an improvement
+    (dict(patience=2), [1.0, NAN, 0.9, NAN], 0, None),
+])
+def test_a_nan_stops_at_once_only_when_the_training_diverged(kwargs, scores, nonfinite_steps, expected):
+    """Every NaN stopped the run at once: one validation that counted nothing for a masked metric
+    (a task without labelled examples in it, a 0/0) ended the run."""
+    assert stopped_at(EarlyStopping(**kwargs), scores, nonfinite_steps)[0] == expected
+
+
+def test_a_nan_of_a_diverged_training_says_it_is_not_finite_and_a_finite_trainings_nan_is_said_once(caplog):
+    assert "val/loss = nan is not finite (best 1 at epoch 1)" in stopped_at(EarlyStopping(), [1.0, NAN], 1)[1]
+    with caplog.at_level("WARNING", logger="flaxlight"):
+        stopped_at(EarlyStopping(patience=9), [1.0, NAN, 0.5, NAN])
+    said = [record.getMessage() for record in caplog.records if "0/0" in record.getMessage()]
+    assert len(said) == 1 and said[0].startswith("EarlyStopping: val/loss = nan at epoch 2, while the training's loss "
+                                                 "is finite: a 0/0 (the validation counted nothing for it")
 
 
 def test_patience_zero_stops_at_the_first_validation_without_improvement():

@@ -187,7 +187,7 @@ def test_a_masked_per_token_mean_over_padded_sequences_equals_the_hand_per_token
     metrics = trainer.eval_model(flaxlight.ArrayLoader(x, y, mask, batch_size=16), log_prefix="val/")
     assert metrics["val/token_error"] == pytest.approx(errors[mask > 0].mean(), rel=1e-5)
     assert metrics["val/token_error"] != pytest.approx((errors * mask).sum(1).__truediv__(mask.sum(1)).mean(), rel=1e-3)
-    assert metrics["val/ignored"] == 0.0  # nothing counted: 0, not NaN
+    assert np.isnan(metrics["val/ignored"]) and np.isnan(trainer.history[-1]["train/ignored"])  # nothing counted
 
 
 # ---------------------------------------------------------------- a binary model's scores, ignore labels
@@ -338,3 +338,53 @@ def test_a_monitor_on_an_array_result_is_refused_before_training_naming_it(tmp_p
                                          rf"\(10, 10\): a monitor must be one number .* e\.g\. an F1 object's 'val/f1'"):
         trainer.train_model((x[:256], y[:256]), (x[256:320], y[256:320]), num_epochs=1, batch_size=64)
     assert trainer.global_step == 0
+
+
+# ---------------------------------------------------------------- nothing counted
+def test_a_mean_or_std_of_nothing_counted_is_nan_as_np_average_has_none_and_f1_stays_0():
+    """A masked Mean (and Std) with every weight 0 read 0.0: a task with no labelled example in an
+    evaluation read a perfect loss."""
+    from flaxlight.metric_objects import Mean
+
+    nothing = jnp.zeros(3, bool)
+    assert np.isnan(float(Mean.of(jnp.array([2.3, 1.7, 0.4]), mask=nothing).compute()))
+    assert np.isnan(float(Std.of(jnp.array([2.3, 1.7, 0.4]), mask=nothing).compute()))
+    empty = Mean.of(jnp.ones(2), mask=jnp.zeros(2))
+    assert np.isnan(float(empty.merge(empty).compute()))
+    assert float(empty.merge(Mean.of(jnp.array([4.0]))).compute()) == 4.0  # an empty batch changes nothing
+    assert float(F1.of(jnp.array([-1, -1]), jnp.array([1, 2]), num_classes=3).compute()) == 0.0  # as documented
+
+
+class TaskTrainer(flaxlight.TrainerModule):
+    """A second task whose labels are missing at the validation of epoch 2 (and in epoch 3's training)."""
+
+    def loss_fn(self, params, batch, *, train, rng, state):
+        from flaxlight.metric_objects import Mean
+
+        x, y = batch
+        pred, _ = state.apply_model(params, x, train=train, rng=rng)
+        errors = ((pred - y) ** 2)[:, 0]
+        labelled = jnp.broadcast_to(state.epoch != 2, errors.shape)  # state.epoch: 2 there
+        return errors.mean(), {"task": Mean.of(errors, mask=labelled)}
+
+
+def test_an_evaluation_with_nothing_counted_reads_nan_ranks_last_and_stops_nothing(tmp_path, caplog):
+    """The empty validation's masked mean read 0.0, a perfect loss: the epoch-2 model was kept as the
+    best. NaN ranks below every number; EarlyStopping (check_finite) goes on, the model being finite;
+    the progress bar, metrics.csv and the files show it."""
+    x, y = linear_data(128, 0)
+    stopper = EarlyStopping("val/task", patience=2)
+    trainer = TaskTrainer(model_class=TinyMLP, model_hparams={"hidden_dims": [8]},
+                          optimizer_hparams={"optimizer": "sgd", "lr": 1e-3}, exmp_input=x[:1],
+                          callbacks=[stopper], **quiet(tmp_path, monitor="val/task", enable_progress_bar=True))
+    with caplog.at_level("WARNING", logger="flaxlight"):
+        best = trainer.train_model((x, y), linear_data(64, 1), num_epochs=4, batch_size=32)
+    assert trainer.current_epoch == 4 and trainer.stop_reason is None
+    curve = [row["val/task"] for row in trainer.history if "val/task" in row]
+    assert np.isnan(curve[1]) and not np.isnan([curve[0], *curve[2:]]).any()
+    assert np.isnan(trainer.history[2]["train/task"])  # epoch 3's training counted nothing either
+    assert best["val/task"] == min(curve[0], *curve[2:]) and stopper.best == best["val/task"]
+    with open(tmp_path / "run" / "metrics.csv", newline="") as f:
+        logged = [row["val/task"] for row in csv.DictReader(f) if row.get("val/task")]
+    assert logged[1] == "nan" and len(logged) == 4
+    assert "EarlyStopping: val/task = nan at epoch 2, while the training's loss is finite: a 0/0" in caplog.text

@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import warnings
 
 import pytest
 from conftest import RegressTrainer, TinyMLP, linear_data, quiet
@@ -183,3 +184,69 @@ def test_an_early_stopping_on_val_loss_is_refused_before_training_with_the_right
     assert trainer.global_step == 0 and not os.path.exists(tmp_path / "run" / "metrics.csv")
     _trainer(tmp_path / "b", [flaxlight.callbacks.EarlyStopping(monitor="train/loss")]).train_model(
         train, val, num_epochs=1)  # any other logged name is looked for as before
+
+
+R2 = [0.1, 0.2, 0.3, 0.4, 0.5]  # another validation metric of the user's, by epoch
+
+
+class LogsR2(flaxlight.Callback):
+    def on_validation_end(self, trainer, epoch, metrics):
+        trainer.log_metrics({"val/r2": R2[epoch - 1], "val_examples": 64})  # any name logged then
+
+
+class LogsFromTheHook(RegressTrainer):  # the seed's hook, e.g. an sklearn score over the validation set
+    def on_validation_epoch_end(self, epoch_idx, eval_metrics, val_loader):
+        self.log_metrics({"val/hook_r2": -R2[epoch_idx - 1]})
+
+
+class KeepsBest(flaxlight.loggers.Logger):
+    """What the loggers' ``log_best_metrics`` (TensorBoard's ``best/*``) is given."""
+
+    best = None
+
+    def log_best_metrics(self, metrics, step):
+        self.best = dict(metrics)
+
+
+def _validation_files(run):
+    return {int(path.stem.rsplit("_", 1)[1]): json.loads(path.read_text())
+            for path in (run / "metrics").glob("eval_epoch_*.json")}
+
+
+@pytest.mark.parametrize("monitor, mode", [("val/loss", "min"), ("val/f1", "max")])
+def test_the_best_validations_record_holds_everything_logged_during_it(tmp_path, regression_loaders, monitor, mode):
+    """best_eval.json, train_model's result and the loggers' best metrics held the eval step's
+    metrics and the monitor only: what a callback's on_validation_end or the trainer's
+    on_validation_epoch_end logged (per-task sklearn scores) was missing, though the validation's
+    eval_epoch_N.json holds it; for an eval-step monitor, the best was kept before the callbacks ran."""
+    train, val, _ = regression_loaders
+    logger = KeepsBest()
+    trainer = _trainer(tmp_path, [LogsR2(), LogsF1()], trainer_class=LogsFromTheHook, monitor=monitor, mode=mode,
+                       loggers=[logger])
+    result = trainer.train_model(train, val, num_epochs=5)
+    files = _validation_files(tmp_path / "run")
+    pick = max if mode == "max" else min
+    epoch = pick(files, key=lambda number: files[number][monitor])
+    if monitor == "val/f1":
+        assert epoch == 4  # the best model's choice is the one made before: after the callbacks logged it
+    best_eval = json.loads((tmp_path / "run" / "metrics" / "best_eval.json").read_text())
+    assert best_eval == files[epoch] and {"val/r2", "val/hook_r2", "val_examples"} <= set(best_eval)
+    assert best_eval["val/r2"] == R2[epoch - 1] and best_eval["val/hook_r2"] == -R2[epoch - 1]
+    assert {key: result[key] for key in best_eval} == best_eval and "train/loss" in result
+    assert logger.best == {key: float(value) for key, value in result.items()}
+
+
+def test_a_resumed_runs_best_record_still_holds_what_callbacks_logged(tmp_path, regression_loaders):
+    """The checkpoint's meta keeps the best record as kept: a resumed run whose best validation came
+    before the resume returns (and its records name) what was logged during it."""
+    train, val, _ = regression_loaders
+    _trainer(tmp_path, [LogsR2(), LogsF1()], monitor="val/f1", mode="max").train_model(train, val, num_epochs=4)
+    resumed = _trainer(tmp_path, [LogsR2(), LogsF1()], monitor="val/f1", mode="max")
+    result = resumed.train_model(train, val, num_epochs=5, resume=True)
+    assert result["val/f1"] == 0.9 and result["val/r2"] == R2[3] and result["val_examples"] == 64
+    best_eval = json.loads((tmp_path / "run" / "metrics" / "best_eval.json").read_text())
+    assert best_eval == _validation_files(tmp_path / "run")[4]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the records and the checkpoints name the same best validation
+        loaded = RegressTrainer.load_from_checkpoint(str(tmp_path / "run"), exmp_input=linear_data(8)[0][:1])
+    assert loaded.global_step == 32

@@ -330,6 +330,44 @@ def test_a_monitor_whose_name_reads_as_a_score_with_the_default_min_mode_is_warn
         _trainer(tmp_path / "b", monitor="val/loss")
 
 
+# What a monitor's name reads as (None: it does not tell), by the words of its last path component.
+NAME_DIRECTIONS = [
+    ("val/acc", "max"), ("val/digit_acc", "max"), ("val/acc_digit", "max"), ("val/digit/f1_macro", "max"),
+    ("f1_macro", "max"), ("auc_parity", "max"), ("val/acc-digit", "max"), ("acc@1", "max"), ("mean_iou", "max"),
+    ("top1_acc", "max"), ("r2_score", "max"), ("train_acc_epoch", "max"), ("score", "max"), ("map", "max"),
+    ("val/loss", "min"), ("val/loss_digit", "min"), ("mse_target", "min"), ("val_loss", "min"), ("valloss", "min"),
+    ("error_rate", "min"), ("top5_error", "min"), ("f1_loss", "min"), ("weight_loss", "min"),
+    ("train/loss_step", "min"), ("val/val_metric", "min"),
+    ("loss_scale", None), ("lr", None), ("acc_steps", None), ("grad_acc_steps", None), ("num_correct", None),
+    ("num_loss_spikes", None), ("error_count", None), ("acc_drop", None), ("neg_mean_squared_error", None),
+    ("neg_log_loss", None), ("brier_score", None), ("heat_map", None), ("val/logits_norm", None),
+    ("epoch_time", None),
+]
+
+
+@pytest.mark.parametrize("name, reads_as", NAME_DIRECTIONS)
+def test_a_monitor_whose_names_words_read_as_the_other_mode_is_warned_about_and_no_other(name, reads_as):
+    """Only the whole name or its ending was read: per-task names (val/acc_digit, val/loss_digit,
+    f1_macro) were never warned about, so the worst model was kept silently; neg_log_loss (sklearn's,
+    maximized) was warned about with mode='max'."""
+    for mode in ("min", "max"):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            flaxlight.callbacks.EarlyStopping(monitor=name, mode=mode)
+        said = [str(w.message) for w in caught if "its name reads as a metric to" in str(w.message)]
+        assert len(said) == (reads_as is not None and reads_as != mode), (mode, said)
+
+
+def test_a_per_task_accuracy_monitor_with_the_default_mode_is_warned_about_for_the_trainer_and_callbacks(tmp_path):
+    with pytest.warns(UserWarning) as caught:
+        _trainer(tmp_path, monitor="val/acc_digit",
+                 callbacks=[flaxlight.callbacks.EarlyStopping("val/acc_digit"),
+                            flaxlight.callbacks.ModelCheckpoint(monitor="val/acc_digit")])
+    said = sorted(str(w.message).split(":")[0] for w in caught if "reads as a metric to maximize: pass mode='max'"
+                  in str(w.message))
+    assert said == ["EarlyStopping", "ModelCheckpoint", "the trainer"]
+
+
 def test_editing_the_optimizer_dict_after_building_a_trainer_changes_nothing_of_it(tmp_path):
     """A notebook's next cell set opt["lr"] = 0.5 for another trainer: the first trainer's next
     train_model trained at 0.5 while its hparams.yaml, summary and checkpoints said 0.002."""

@@ -137,6 +137,15 @@ def test_keys_that_cannot_reach_the_trainer_fail_before_any_trial(tmp_path, load
     assert not (tmp_path / "study").exists()  # nothing was created
 
 
+def test_a_per_task_metrics_direction_is_inferred_from_its_words_and_a_name_that_tells_nothing_is_refused():
+    """tune refused val/acc_digit, val/loss_digit, val/digit/f1_macro ("Cannot tell whether ...")."""
+    assert infer_direction("val/acc_digit") == "maximize" and infer_direction("val/digit/f1_macro") == "maximize"
+    assert infer_direction("val/loss_digit") == "minimize" and infer_direction("val/mse_target") == "minimize"
+    for name in ("val/loss_scale", "val/brier_score", "val/neg_log_loss"):
+        with pytest.raises(ValueError, match=f"Cannot tell whether to maximize or minimize '{name}'"):
+            infer_direction(name)
+
+
 def test_direction_sampler_pruner_and_storage_specs(tmp_path):
     assert infer_direction("val/acc") == "maximize" and infer_direction("val/loss") == "minimize"
     assert isinstance(make_sampler(None, seed=1), optuna.samplers.TPESampler)
@@ -310,17 +319,30 @@ def stand_in_tune(tmp_path, plan, **kwargs):
 def test_failed_trials_are_recorded_and_the_study_goes_on(tmp_path):
     study = stand_in_tune(tmp_path, [
         (None, RuntimeError("boom in the factory")),
-        ([0.5, float("nan"), 0.1], None),  # NaN at epoch 2: stopped, failed
+        ([0.5, float("inf"), 0.1], None),  # Inf at epoch 2: stopped, failed
         (None, ValueError("bad batch")),
         ([0.5, 0.4, 0.3], None),
     ])
     trials = study.trials
     assert [t.state for t in trials] == [State.FAIL, State.FAIL, State.FAIL, State.COMPLETE]
     assert trials[0].user_attrs["error"] == "RuntimeError: boom in the factory"
-    assert "val/loss is nan at epoch 2" in trials[1].user_attrs["error"]
+    assert "val/loss is inf at epoch 2" in trials[1].user_attrs["error"]
     assert trials[1].user_attrs["epochs"] == 2 and trials[1].intermediate_values == {1: 0.5}
     assert trials[2].user_attrs["error"] == "ValueError: bad batch"
     assert study.best_value == 0.3 and study.best_trial.number == 3
+
+
+def test_a_nan_validation_of_a_finite_training_is_not_reported_and_the_trial_goes_on(tmp_path):
+    """A NaN (a 0/0: a validation that counted nothing for a masked metric) stopped the trial and
+    failed it; a NaN of a training whose loss went NaN/Inf still does."""
+    study = stand_in_tune(tmp_path, [([0.5, float("nan"), 0.3], None)])
+    trial = study.trials[0]
+    assert trial.state == State.COMPLETE and trial.value == 0.3 and trial.intermediate_values == {1: 0.5, 3: 0.3}
+    diverged = PruningCallback(study.ask(), monitor="val/loss")
+    trainer = StandInTrainer({"callbacks": [diverged], "logger_params": {"log_dir": str(tmp_path)}}, [float("nan")])
+    trainer.nonfinite_steps = 2
+    trainer.train_model(None, None, num_epochs=1)
+    assert diverged.nonfinite and trainer.should_stop and "val/loss is nan at epoch 1" in trainer.stop_reason
 
 
 def test_sigterm_while_a_trial_is_built_marks_it_failed_and_saves_the_study(tmp_path, caplog):

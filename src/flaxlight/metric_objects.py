@@ -57,7 +57,9 @@ class Mean:
     """The mean of all the epoch's values, each value counted once, or ``mask`` times (weights, as
     ``np.average(values, weights=mask)``; 0 or False leaves a value out): a per-token loss over
     padded sequences of different lengths, where the plain metrics' per-example means would weight
-    each sequence alike whatever its length.
+    each sequence alike whatever its length. With nothing counted (every weight 0: a task with no
+    labelled example in an evaluation) it is NaN, as torchmetrics' ``MeanMetric``, not a perfect 0:
+    a NaN ranks below every number, and a 0/0 does not stop ``EarlyStopping``.
 
     Examples:
         >>> tokens = Mean.of(jnp.array([[1.0, 2.0], [3.0, 0.0]]), mask=jnp.array([[1, 1], [1, 0]]))
@@ -81,7 +83,7 @@ class Mean:
         return Mean(self.total + other.total, self.count + other.count)
 
     def compute(self) -> jax.Array:
-        return _ratio(self.total, self.count)  # 0 for an epoch with nothing counted
+        return _ratio(self.total, self.count, empty=jnp.nan)  # NaN for an epoch with nothing counted
 
 
 @struct.dataclass
@@ -166,7 +168,8 @@ class Std:
     It keeps the count, the mean and the sum of squared deviations from the mean, and merges
     batches with Chan's parallel formula, so a large mean does not swamp a small spread (values
     around 10000 with a spread of 1 give 1, where the sums of values and of squares in float32
-    would give 4). ``mask`` (when given) weights the values: 0 leaves a value out.
+    would give 4). ``mask`` (when given) weights the values: 0 leaves a value out; with nothing
+    counted it is NaN (as ``np.std`` of no values).
 
     Examples:
         >>> round(float(Std.of(jnp.array([1.0, 3.0])).merge(Std.of(jnp.array([5.0, 7.0]))).compute()), 4)
@@ -195,12 +198,13 @@ class Std:
                    self.sum_of_squared_deviations + other.sum_of_squared_deviations + delta ** 2 * self.count * share)
 
     def compute(self) -> jax.Array:
-        return jnp.sqrt(jnp.maximum(_ratio(self.sum_of_squared_deviations, self.count), 0.0))
+        return jnp.sqrt(jnp.maximum(_ratio(self.sum_of_squared_deviations, self.count, empty=jnp.nan), 0.0))
 
 
-def _ratio(numerator: jax.Array, denominator: jax.Array) -> jax.Array:
-    """``numerator / denominator``, 0 where the denominator (a total weight, possibly below 1) is 0."""
-    return jnp.where(denominator > 0, numerator / jnp.where(denominator > 0, denominator, 1.0), 0.0)
+def _ratio(numerator: jax.Array, denominator: jax.Array, empty: float = 0.0) -> jax.Array:
+    """``numerator / denominator``, ``empty`` where the denominator (a total weight, possibly below 1)
+    is 0: 0 inside the sums, NaN for a result of nothing counted (as ``np.average`` has none)."""
+    return jnp.where(denominator > 0, numerator / jnp.where(denominator > 0, denominator, 1.0), empty)
 
 
 def _class_ids(metric: str, predictions: jax.Array, labels: jax.Array, num_classes: int) -> jax.Array:

@@ -25,6 +25,7 @@ import collections
 import contextlib
 import dataclasses
 import functools
+import re
 from typing import Any, Mapping
 
 import jax
@@ -406,24 +407,52 @@ def majority_leading_dims(batch: Any, block: bool = False) -> tuple[list[int], l
     return [rows for rows, count in counts.items() if count == top], leaves
 
 
-_MAXIMIZED_NAMES = ("acc", "accuracy", "f1", "auc", "auroc", "precision", "recall", "r2", "iou", "dice",
-                    "map", "bleu", "score", "top1", "top5")
-_MINIMIZED_NAMES = ("loss", "error", "err", "mse", "mae", "rmse", "nll", "perplexity", "ppl", "bpc", "val_metric")
+_MAXIMIZED_WORDS = frozenset(("acc", "accuracy", "f1", "auc", "auroc", "precision", "recall", "r2", "iou", "dice",
+                              "bleu", "top1", "top5"))
+_MINIMIZED_WORDS = frozenset(("loss", "error", "err", "mse", "mae", "rmse", "nll", "perplexity", "ppl", "bpc"))
+#: Names that tell only as a whole: a word too common to tell inside one (heat_map, brier_score, anomaly_score).
+_WHOLE_NAMES = {"map": "max", "score": "max", "val_metric": "min"}
+#: Words that, after its loss or score word, make a name another quantity (loss_scale, acc_steps,
+#: error_count, acc_drop): such a name tells nothing (a word before it qualifies it: weight_loss is a loss).
+_NOT_THE_METRIC = frozenset(("scale", "scaler", "weight", "weights", "factor", "coef", "coeff", "steps", "count",
+                             "threshold", "thresh", "std", "var", "gap", "diff", "delta", "drop", "gain", "change",
+                             "improvement", "reduction", "norm", "grad", "grads", "lr"))
+#: First words that make a name another quantity: sklearn's neg_mean_squared_error (maximized), num_*.
+_OTHER_FIRST = frozenset(("neg", "negative", "minus", "num"))
 
 
 def name_direction(metric: str) -> str | None:
     """``"max"`` when ``metric``'s name reads as a score to maximize (accuracy, F1, AUC, ...),
     ``"min"`` when it reads as a loss or an error, None when the name does not tell.
 
+    Read from its last path component's words (split at ``_ - . @``): the last word that is a
+    known score or loss (or ends in ``loss``, ``acc``, ``accuracy``) tells, wherever it stands
+    (``acc_digit``, ``digit_acc``, ``f1_macro``, ``top5_error``, ``f1_loss``); a trailing ``step``
+    or ``epoch`` (Lightning's ``loss_epoch``) is not a word of it. A word after it that makes the
+    name another quantity (``loss_scale``, ``acc_steps``, ``error_count``, ``acc_drop``, ...), or a
+    first word ``neg`` or ``num``, and the name tells nothing; ``map`` and ``score`` tell only as
+    the whole name (not ``heat_map``, ``brier_score``).
+
     Examples:
-        >>> name_direction("val/acc"), name_direction("val/loss"), name_direction("val/logits_norm")
+        >>> name_direction("val/acc"), name_direction("val/loss_digit"), name_direction("val/logits_norm")
+        ('max', 'min', None)
+        >>> name_direction("val/digit/f1_macro"), name_direction("top5_error"), name_direction("loss_scale")
         ('max', 'min', None)
     """
     name = str(metric).rsplit("/", 1)[-1].lower()
-    if name in _MINIMIZED_NAMES or name.endswith(("loss", "_error", "_mse", "_mae")):
-        return "min"
-    if name in _MAXIMIZED_NAMES or name.endswith(("acc", "accuracy", "_f1", "_auc")):
-        return "max"
+    if name in _WHOLE_NAMES:
+        return _WHOLE_NAMES[name]
+    words = [word for word in re.split(r"[_\-.@]+", name) if word]
+    if len(words) > 1 and words[-1] in ("step", "epoch"):
+        words = words[:-1]
+    if not words or words[0] in _OTHER_FIRST:
+        return None
+    for index in reversed(range(len(words))):
+        word, after = words[index], words[index + 1:]
+        if word in _MINIMIZED_WORDS or word.endswith("loss"):
+            return "min" if _NOT_THE_METRIC.isdisjoint(after) else None
+        if word in _MAXIMIZED_WORDS or word.endswith(("acc", "accuracy")):
+            return "max" if _NOT_THE_METRIC.isdisjoint(after) else None
     return None
 
 

@@ -471,9 +471,9 @@ class TrainerViewMixin:
             self._settle_best()
 
     def _settle_best(self) -> None:
-        """The pending best-model question asked (nothing when none waits): the monitor's value
-        logged during the validation joins its metrics (the best ones, ``best_eval.json``), or an
-        error says why it is missing."""
+        """The pending best-model question asked (nothing when none waits) of the eval step's
+        metrics and the monitor's value logged during the validation, or an error says why it is
+        missing. A best validation is kept (:meth:`_keep_best`) with what was logged so far."""
         if self._best_pending is None:
             return
         metrics, self._best_pending = self._best_pending, None
@@ -485,7 +485,16 @@ class TrainerViewMixin:
             metrics[monitor] = logged[monitor]
         self._is_best = bool(self.is_new_model_better(metrics, self._best_eval_metrics))
         if self._is_best:
-            self._best_eval_metrics = {**metrics, **self._loop.train_metrics}
+            self._keep_best(write=False)  # written once the callbacks (before ModelCheckpoint) logged theirs
+
+    def _keep_best(self, write: bool = True) -> None:
+        """The latest validation, the best so far, as the run's best (``train_model``'s returned
+        metrics, TensorBoard's ``best/*``, the checkpoints' meta, and ``best_eval.json`` when
+        ``write``): everything logged during it, as its ``metrics/eval_*.json`` holds
+        (:attr:`validation_metrics`), with the epoch's train means."""
+        metrics = self.validation_metrics
+        self._best_eval_metrics = {**metrics, **self._loop.train_metrics}
+        if write:
             self.save_metrics("best_eval", metrics)
 
     def _end_validation(self, epoch: int, eval_metrics: Mapping[str, float], file: str) -> None:
@@ -501,6 +510,8 @@ class TrainerViewMixin:
             self._settle_best()
             if not recorded:
                 recorded = True
+                if self._is_best:  # with what the callbacks logged (chosen before them when it could)
+                    self._keep_best()
                 self._add_to_history(epoch, self.validation_metrics)
                 self.save_metrics(file, self.validation_metrics)
 
@@ -508,9 +519,11 @@ class TrainerViewMixin:
             self._call_callbacks("on_validation_end", epoch, eval_metrics, before_checkpoint=record)
             record()
         except BaseException:
-            if not recorded:  # a callback failed: the validation's file is still written (its row: not in a history)
+            if not recorded:  # a callback failed: the validation's files are still written (its row: not in a history)
                 with contextlib.suppress(Exception):
                     self.save_metrics(file, self.validation_metrics)
+                    if self._is_best:
+                        self._keep_best()
             raise
         finally:
             self._validation_open, self._best_pending = False, None

@@ -7,6 +7,8 @@ import warnings
 from typing import Any, Mapping
 
 from flaxlight.callbacks.base import Callback, check_mode, refuse_keras_arguments
+from flaxlight.callbacks.nan_guard import weights_damaged
+from flaxlight.messages import logger as messages
 from flaxlight.options import warn_if_mode_contradicts_name
 
 __all__ = ["EarlyStopping"]
@@ -35,7 +37,11 @@ class EarlyStopping(Callback):
         patience: validations in a row without an improvement of more than ``min_delta`` after
             which training stops (``patience=3``: the third one stops it).
         min_delta: the smallest change that counts as an improvement.
-        check_finite: stop at once when the metric is NaN or infinite.
+        check_finite: stop at once when the metric is infinite, or NaN while the training's loss
+            was NaN/Inf (the model diverged: :func:`~flaxlight.callbacks.nan_guard.weights_damaged`).
+            A NaN of a model whose training is finite is a 0/0 (the validation counted nothing for
+            the metric, e.g. a masked ``Mean`` with no labelled example): a validation without an
+            improvement, said once; so is every NaN with ``check_finite=False``.
         stopping_threshold: stop at once when the metric is better than this (the goal is met).
         divergence_threshold: stop at once when the metric is worse than this (it diverged).
 
@@ -70,6 +76,7 @@ class EarlyStopping(Callback):
         self.best_epoch: int | None = None
         self.wait = 0
         self._after_training = False  # no validation data: checked after each epoch's training
+        self._said_nan = False  # a NaN of a finite training (a 0/0) is said once
 
     def _better(self, value: float, than: float) -> bool:
         return value < than if self.mode == "min" else value > than
@@ -84,11 +91,17 @@ class EarlyStopping(Callback):
     def _best_so_far(self) -> str:
         return "none yet" if self.best is None else f"{self.best:.6g} at epoch {self.best_epoch}"
 
-    def _reason(self, value: float, epoch: int) -> str | None:
-        """Record this validation's ``value``; why training must stop now (None: go on)."""
+    def _reason(self, value: float, epoch: int, diverged: bool = False) -> str | None:
+        """Record this validation's ``value``; why training must stop now (None: go on).
+        ``diverged``: the training's loss was NaN/Inf, so a NaN value is the model's."""
         name = f"EarlyStopping: {self.monitor} = {value:.6g}"
-        if self.check_finite and not math.isfinite(value):
+        if self.check_finite and (math.isinf(value) or (math.isnan(value) and diverged)):
             return f"{name} is not finite (best {self._best_so_far()})."
+        if math.isnan(value) and not diverged and not self._said_nan:
+            self._said_nan = True
+            messages.warning(f"{name} at epoch {epoch}, while the training's loss is finite: a 0/0 (the validation "
+                             f"counted nothing for it, e.g. a masked Mean of a task with no labelled example in it), "
+                             f"counted as a validation without an improvement. (Said once.)")
         improved = self._improved(value)
         if improved:
             self.best, self.best_epoch, self.wait = value, epoch, 0
@@ -125,7 +138,8 @@ class EarlyStopping(Callback):
         self._check(trainer, epoch)
 
     def _check(self, trainer, epoch: int) -> None:
-        reason = self._reason(float(trainer.monitored_value(self.monitor, owner="EarlyStopping")), epoch)
+        reason = self._reason(float(trainer.monitored_value(self.monitor, owner="EarlyStopping")), epoch,
+                              diverged=weights_damaged(trainer))
         if reason is not None:
             trainer.stop(reason)
 

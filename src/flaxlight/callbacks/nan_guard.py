@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from flaxlight.callbacks.base import Callback
+from flaxlight.callbacks.base import Callback, TrainerView
 
-__all__ = ["NaNGuard"]
+__all__ = ["NaNGuard", "weights_damaged"]
 
 
 class NaNGuard(Callback):
@@ -50,3 +50,17 @@ class NaNGuard(Callback):
                 f"{trainer.nonfinite_checked_step}; no checkpoint was written from those steps. Lower the "
                 f"learning rate, clip gradients, or use NaNGuard(action='skip')."
             )
+
+
+def weights_damaged(trainer: TrainerView) -> bool:
+    """Whether the trainer's loss was NaN/Inf (or an update made the params NaN/Inf) in a step that
+    a ``NaNGuard("skip")`` did not skip: its weights are damaged, whatever its metrics say. A NaN
+    metric of an undamaged model is a 0/0 instead (a masked ``Mean`` with nothing counted, the
+    precision of a class never predicted): the validation did not measure it.
+
+    Examples:
+        >>> weights_damaged(trainer)   # doctest: +SKIP
+        False
+    """
+    return bool(getattr(trainer, "nonfinite_steps", 0)) and not any(
+        isinstance(cb, NaNGuard) and cb.action == "skip" for cb in getattr(trainer, "callbacks", ()))

@@ -10,7 +10,7 @@ import math
 from typing import Any, Mapping
 
 from flaxlight.callbacks.base import Callback
-from flaxlight.callbacks.nan_guard import NaNGuard
+from flaxlight.callbacks.nan_guard import weights_damaged
 from flaxlight.options import MetricNotLoggedError
 
 __all__ = ["MetricNotLoggedError", "PruningCallback"]
@@ -27,7 +27,9 @@ class PruningCallback(Callback):
     ``train_model`` returns to mark the trial pruned. A NaN/Inf value is not reported: the run is
     stopped and :attr:`nonfinite` says so (``flaxlight.tune`` records such a trial as failed); so
     is a run whose loss was NaN/Inf in a step (its weights are damaged, whatever the metric says),
-    unless a ``NaNGuard("skip")`` skipped those steps.
+    unless a ``NaNGuard("skip")`` skipped those steps. A NaN of a model whose training was finite
+    is a 0/0 (a validation that counted nothing for the metric, e.g. a masked ``Mean`` of a task
+    with no labelled example in it): that validation is not reported, and the run goes on.
 
     A metric the trainer never logs raises :class:`MetricNotLoggedError` at the first validation,
     listing the metrics that are logged.
@@ -66,6 +68,8 @@ class PruningCallback(Callback):
         number = getattr(self.trial, "number", "?")
         self.last_value = value
         damaged = self.damaged(trainer)
+        if math.isnan(value) and not damaged:  # a 0/0 (nothing counted in this validation): no value to report
+            return
         if not math.isfinite(value) or damaged:  # NaN weights give a finite, chance-level accuracy: not a result
             self.nonfinite = True
             self.reason = (f"PruningCallback: {self.monitor} is {value} at epoch {epoch}; trial {number} stopped."
@@ -83,9 +87,8 @@ class PruningCallback(Callback):
     @staticmethod
     def damaged(trainer) -> bool:
         """Whether the trainer's loss was NaN/Inf in a step that a ``NaNGuard("skip")`` did not
-        skip: its weights are damaged, whatever its metrics say."""
-        return bool(getattr(trainer, "nonfinite_steps", 0)) and not any(
-            isinstance(cb, NaNGuard) and cb.action == "skip" for cb in getattr(trainer, "callbacks", ()))
+        skip: its weights are damaged, whatever its metrics say (:func:`weights_damaged`)."""
+        return weights_damaged(trainer)
 
     def raise_if_pruned(self) -> None:
         """Raise :class:`optuna.TrialPruned` when the pruner stopped this run (call after training)."""
