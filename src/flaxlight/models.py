@@ -33,7 +33,7 @@ from flax import nnx
 
 from flaxlight.messages import warn_at_user
 
-__all__ = ["LinenAdapter", "NNXAdapter", "make_adapter", "is_nnx_model", "ModelHparamsError"]
+__all__ = ["LinenAdapter", "NNXAdapter", "make_adapter", "is_nnx_model", "ModelHparamsError", "rngs_given_message"]
 
 
 def is_nnx_model(model_class) -> bool:
@@ -113,6 +113,22 @@ class ModelHparamsError(TypeError):
     """``model_hparams`` that the model class does not take (a setting, not a bug in the model)."""
 
 
+def rngs_given_message(given: str, value: Any, model: str = "Model") -> str:
+    """Why ``rngs`` handed to the trainer is refused (``given``: where, ``"MyTrainer got"``): the
+    trainer builds the model with keys from its ``seed``, and would otherwise ignore it or fail.
+
+    Examples:
+        >>> text = rngs_given_message("MyTrainer got", nnx.Rngs(7))
+        >>> text.startswith("MyTrainer got rngs=<an nnx.Rngs>, which flaxlight does not take"), "seed=7" in text
+        (True, True)
+    """
+    what = "an nnx.Rngs" if isinstance(value, nnx.Rngs) else f"a {type(value).__name__}"
+    return (f"{given} rngs=<{what}>, which flaxlight does not take: it makes the model's random keys from the "
+            f"trainer's seed, building an NNX model as {model}(**model_hparams, rngs=nnx.Rngs(seed)) (a Linen model "
+            f"is initialised from jax.random.PRNGKey(seed)), and draws the dropout keys from it at every step. Pass "
+            f"the int as the trainer's seed= instead (for nnx.Rngs(7): seed=7, an int), and leave rngs out.")
+
+
 def _check_hparams(model_class, model_hparams: Mapping[str, Any], accepted: Sequence[str], extra_ok: bool) -> None:
     if not isinstance(model_hparams, Mapping):
         raise ModelHparamsError(f"model_hparams must be a dict of {model_class.__name__}'s arguments, e.g. "
@@ -187,6 +203,9 @@ def make_adapter(model_class, model_hparams: Mapping[str, Any], seed: int = 0):
     if is_nnx_model(model_class):
         params = inspect.signature(model_class.__init__).parameters
         extra_ok = any(p.kind is p.VAR_KEYWORD for p in params.values())
+        if isinstance(model_hparams, Mapping) and "rngs" in model_hparams:
+            raise ModelHparamsError(rngs_given_message("model_hparams hold", model_hparams["rngs"],
+                                                       model_class.__name__))
         _check_hparams(model_class, model_hparams, [n for n in params if n not in ("self", "rngs")], extra_ok)
         if "rngs" not in params and not extra_ok:
             raise ModelHparamsError(
@@ -381,6 +400,54 @@ def _traced_on(fn, inputs: Sequence[Any]) -> Any:
                                  for i in arrays])
 
 
+def _plain_attributes(model) -> dict[str, tuple[Any, str | None]]:
+    """``{"blocks/0/calls": (value, text)}``: the attributes of the module and its submodules that are
+    no ``nnx.Variable`` and no graph node (a Python number, a bare jax array, a list), which flaxlight's
+    steps do not carry from one call to the next. ``text``: a builtin container's ``repr``, to see it
+    changed in place (an append); None for other values, compared by identity or equality."""
+    found = {}
+    for path, node in nnx.iter_graph(model):
+        if not isinstance(node, nnx.Module):
+            continue
+        for name, value in vars(node).items():
+            if name.startswith(("_pytree__", "_object__", "_graph_node__")) or nnx.graph.is_graph_node(value):
+                continue
+            found["/".join(map(str, (*path, name)))] = (value, _container_text(value))
+    return found
+
+
+def _container_text(value: Any) -> str | None:
+    """A list's, dict's or set's ``repr`` (what an append changes in place); None for anything else."""
+    if not isinstance(value, (list, dict, set)):
+        return None
+    try:
+        return repr(value)
+    except Exception:  # noqa: BLE001 - a container of objects without a repr: by identity then
+        return None
+
+
+def _changed_attributes(before: Mapping[str, tuple[Any, str | None]], model) -> list[str]:
+    """The plain attributes (:func:`_plain_attributes`) that ``model``'s call set or changed."""
+    changed = []
+    for key, (value, text) in _plain_attributes(model).items():
+        if key not in before:
+            changed.append(key)
+            continue
+        old, old_text = before[key]
+        if text is not None or old_text is not None:
+            same = text == old_text
+        elif value is old or isinstance(value, (jax.Array, np.ndarray)):
+            same = value is old
+        else:
+            try:
+                same = type(value) is type(old) and bool(value == old)
+            except Exception:  # noqa: BLE001 - an object without a plain equality: by identity (not the same)
+                same = False
+        if not same:
+            changed.append(key)
+    return changed
+
+
 # An NNX module's state that training updates besides its params: BatchNorm's statistics and any
 # variable type of the user's (``class Count(nnx.Variable)``); not RNG state or sown intermediates.
 MODEL_STATE = nnx.All(nnx.Variable, nnx.Not(nnx.Any(nnx.Param, nnx.RngState, nnx.Intermediate)))
@@ -402,6 +469,9 @@ class NNXAdapter:
     whose ``__call__`` takes ``rngs`` (the NNX tutorial's ``nnx.Dropout(rate)`` given its keys
     at call time) gets ``nnx.Rngs(dropout=<the step's key>)`` in training and ``None`` in
     evaluation, unless the loss passes its own (``state.apply_model(..., rngs=nnx.Rngs(...))``).
+    An attribute that is no ``nnx.Variable`` (a Python counter, a bare jax array, a list) is not
+    state: each call rebuilds the module from the split state, so a change ``__call__`` makes to it
+    is lost (warned of once: the calls up to the first in training mode are watched).
     """
 
     kind = "nnx"
@@ -420,6 +490,7 @@ class NNXAdapter:
         self.mode_argument = mode_argument(call)
         _check_unset_mode(model_class.__name__, call, self.mode_argument, nnx_mode=True)
         self.takes_rngs = "rngs" in call
+        self.watch_attributes = True  # until a call in training mode was watched (each call is traced once)
         self.keyless_dropouts = [] if self.takes_rngs else _keyless_dropouts(self.module)
         if self.keyless_dropouts and not self.rng_streams:  # no key anywhere: the first train step would fail
             raise TypeError(self._keyless_dropout_text())
@@ -488,12 +559,34 @@ class NNXAdapter:
 
     def _call(self, model, inputs, train: bool, kwargs):
         model.train() if train else model.eval()  # layers not handed the argument below follow the mode
+        before = _plain_attributes(model) if self.watch_attributes else None
         try:
-            return model(*inputs, **mode_kwargs(self.mode_argument, train), **kwargs)
+            outputs = model(*inputs, **mode_kwargs(self.mode_argument, train), **kwargs)
         except ValueError as exc:  # raised while tracing: costs the step nothing
             if self.keyless_dropouts and "no `rngs` argument was provided to Dropout" in str(exc):
                 raise ValueError(self._keyless_dropout_text()) from exc
             raise
+        if before is not None:
+            self._warn_changed_attributes(_changed_attributes(before, model), train)
+        return outputs
+
+    def _warn_changed_attributes(self, changed: list[str], train: bool) -> None:
+        """Warn (once) of plain attributes a call changed: the trainer's steps rebuild the module from
+        its split state at every call (``merge``), so the change is lost, unlike under ``nnx.jit``. Watched
+        until the first call in training mode (the trace of the train step, or its first un-jitted
+        call with ``debug=True``): no cost per step."""
+        self.watch_attributes = not (train or changed)
+        if not changed:
+            return
+        name, shown = self.model_class.__name__, ", ".join(changed[:6]) + (", ..." if len(changed) > 6 else "")
+        warn_at_user(
+            f"{name}.__call__ changes {shown}: plain attribute(s), not nnx.Variable. flaxlight's steps are pure "
+            f"functions that rebuild the model from its split state at every call, so such an attribute stays at its "
+            f"construction value in training, evaluation, checkpoints and the loaded model (a list appended to "
+            f"collects values of each trace instead), unlike under nnx.jit. Keep state that changes in an "
+            f"nnx.Variable subclass, e.g. class Count(nnx.Variable): pass; self.calls = Count(jnp.zeros((), "
+            f"jnp.int32)) in __init__, self.calls.value += 1 in __call__: flaxlight updates it in training, "
+            f"checkpoints it and restores it (docs/models.md, \"BatchNorm\").")
 
     def apply(self, variables, *inputs, train: bool = False, rngs=None, mutable=False, model_rngs=None, **kwargs):
         """Linen-style apply: returns outputs, or ``(outputs, {"batch_stats": ...})`` if mutable

@@ -764,13 +764,20 @@ def make_schedule(lr: float, warmup: int, total_steps: int, schedule: str = "war
 
 
 # --- masks and the L2 term ----------------------------------------------------------------------
+def _is_wrapper(entry) -> bool:
+    """Whether a path entry is the attribute holding a box's array (an ``nnx.Variable``'s ``value``
+    in an ``nnx.State``, a Linen ``Partitioned``'s): a ``GetAttrKey``, never a dict key, so a layer
+    named ``value`` (attention's value projection, an actor-critic's value head) keeps its name."""
+    return isinstance(entry, jax.tree_util.GetAttrKey) and entry.name in ("value", "raw_value")
+
+
+def _entry_name(entry) -> str:
+    return str(getattr(entry, "key", getattr(entry, "name", getattr(entry, "idx", None))))
+
+
 def _leaf_name(path) -> str:
-    """The parameter's own name: the last path entry that is not a Variable's ``value`` wrapper."""
-    for entry in reversed(path):
-        name = getattr(entry, "key", getattr(entry, "name", getattr(entry, "idx", None)))
-        if name not in ("value", "raw_value"):
-            return str(name)
-    return ""
+    """The parameter's own name: the last path entry that is not a box's ``value`` (:func:`_is_wrapper`)."""
+    return next((_entry_name(entry) for entry in reversed(path) if not _is_wrapper(entry)), "")
 
 
 def make_weight_decay_mask(exclude=DEFAULT_WEIGHT_DECAY_EXCLUDE) -> Callable[[Any], Any]:
@@ -838,9 +845,9 @@ def _name_parts(name: str) -> list[str]:
 
 
 def _path_parts(path) -> list[str]:
-    """A parameter's path as names, ``["encoder", "layers_0", "kernel"]`` (Variable ``value`` wrappers left out)."""
-    names = (getattr(entry, "key", getattr(entry, "name", getattr(entry, "idx", None))) for entry in path)
-    return [str(name) for name in names if name not in ("value", "raw_value")]
+    """A parameter's path as names, ``["encoder", "layers_0", "kernel"]`` (a box's ``value`` left out:
+    :func:`_is_wrapper`; a dict key ``value`` is a layer's name and kept)."""
+    return [_entry_name(entry) for entry in path if not _is_wrapper(entry)]
 
 
 def _path_matches(parts: list[str], pattern: list[str]) -> bool:

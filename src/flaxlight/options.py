@@ -18,6 +18,7 @@ import numpy as np
 from flaxlight import distributed as dist
 from flaxlight.messages import logger as messages, warn_at_user
 from flaxlight.metrics import name_direction
+from flaxlight.models import rngs_given_message
 from flaxlight.optim import accumulated_updates
 from flaxlight.registry import explicit_parameters
 
@@ -231,6 +232,8 @@ class TrainerOptions:
                 raise TypeError(lightning_argument_message(owner, key, value))
             if key in TRAIN_MODEL_ARGUMENTS:
                 raise TypeError(train_model_argument_message(owner, key, value))
+            if key == "rngs":  # NNX's habit: it would be kept as an extra hparam and do nothing
+                raise TypeError(rngs_given_message(f"{owner} got", value))
             if key in RECORDED_TRAIN_MODEL_ARGUMENTS:
                 warn_at_user(f"{owner} got {key}={value!r}: it is recorded in the run's config, but only "
                              f"train_model's {key} is used (trainer.train_model(..., {key}={value!r})). Declare "

@@ -1,7 +1,8 @@
 """The run directory: its versioned folder, its loggers, its hparams and metrics files.
 
 A run's folder (``log_dir``) holds ``hparams.yaml`` (how the trainer was built: plain YAML,
-never pickled; arrays as lists, listed with their dtype and shape under ``array_hparams``),
+never pickled; arrays as lists, listed with their dtype and shape under ``array_hparams``; dtypes by
+name, listed under ``dtype_hparams``; model hparams written by name only, under ``by_name_hparams``),
 ``metrics.csv`` and the other loggers' files, ``metrics/<name>.json`` and ``checkpoints/``.
 
 Examples:
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import itertools
 import json
 import os
@@ -26,9 +28,12 @@ import warnings
 import weakref
 from typing import Any, Callable, Mapping
 
+import flax.linen as nn
 import jax
+import jax.numpy as jnp
 import numpy as np
 import yaml
+from flax import nnx
 
 from flaxlight.checkpoint import Checkpointer
 from flaxlight.distributed import fit_mesh
@@ -43,12 +48,20 @@ from flaxlight.registry import RegistryError, explicit_parameters, import_object
 __all__ = ["RunInUseError", "LoggerParams", "HPARAMS_FILE", "CHECKPOINT_DIR", "METRICS_DIR", "LOGGER_TYPES", "next_version_dir",
            "open_run", "no_run_files", "finish_run", "claim_run", "RunLock", "run_files_present", "failed_start",
            "set_aside_failed_start", "FAILED_START_DIR", "make_loggers",
-           "write_hparams", "read_hparams", "hparams_record", "with_arrays", "ARRAYS_KEY", "ARRAY_SIZE_LIMIT",
+           "write_hparams", "read_hparams", "hparams_record", "with_arrays", "ARRAYS_KEY", "DTYPES_KEY", "BY_NAME_KEY",
+           "RECORD_KEYS", "ARRAY_SIZE_LIMIT",
            "trainer_kwargs", "load_overrides", "write_metrics", "to_yaml_safe", "class_path", "enable_compilation_cache"]
 
 HPARAMS_FILE = "hparams.yaml"
 #: The key of ``hparams.yaml`` that lists which values were arrays (path, dtype, shape): they load back as arrays.
 ARRAYS_KEY = "array_hparams"
+#: The key of ``hparams.yaml`` that lists which values were dtypes (path, name): they load back as ``np.dtype``.
+DTYPES_KEY = "dtype_hparams"
+#: The key of ``hparams.yaml`` that lists the model hparams written by name only (path, kind: a function, a class,
+#: a module, another object): nothing is imported or called from a run's files, so they are passed again at load.
+BY_NAME_KEY = "by_name_hparams"
+#: The keys of ``hparams.yaml`` that describe the settings rather than being settings.
+RECORD_KEYS = (ARRAYS_KEY, DTYPES_KEY, BY_NAME_KEY)
 #: Elements of an array in the hparams above which its values are not written (its summary is, with a warning).
 ARRAY_SIZE_LIMIT = 10_000
 CHECKPOINT_DIR = "checkpoints"
@@ -526,11 +539,12 @@ def class_path(cls: type) -> str:
 
 def to_yaml_safe(value: Any) -> Any:
     """Plain YAML data: tuples become lists, numpy scalars floats/ints, numpy and JAX arrays (of
-    numbers, booleans or strings) nested lists of their values, classes their path.
+    numbers, booleans or strings) nested lists of their values, dtypes their name (``bfloat16``),
+    classes and functions their path, anything else its ``repr``.
 
     Examples:
-        >>> to_yaml_safe({"mean": np.array([37.52751, 49.972755], np.float32), "dims": (8, 8)})
-        {'mean': [37.52751, 49.972755], 'dims': [8, 8]}
+        >>> to_yaml_safe({"mean": np.array([37.52751, 49.972755], np.float32), "dims": (8, 8), "dtype": jnp.bfloat16})
+        {'mean': [37.52751, 49.972755], 'dims': [8, 8], 'dtype': 'bfloat16'}
     """
     if isinstance(value, Mapping):
         return {str(k): to_yaml_safe(v) for k, v in value.items()}
@@ -542,11 +556,48 @@ def to_yaml_safe(value: Any) -> Any:
         return value.item()
     if isinstance(value, (str, int, float, bool)) or value is None:
         return value
+    if (name := _dtype_name(value)) is not None:
+        return name
     if isinstance(value, type):
         return class_path(value)
     if callable(value) and isinstance(getattr(value, "__qualname__", None), str) and getattr(value, "__module__", None):
         return f"{value.__module__}.{value.__qualname__}"  # a function (an activation): its path, as a class's
     return re.sub(r" at 0x[0-9a-fA-F]+", "", repr(value))  # the same for the same object in the next process
+
+
+_JAX_SCALAR_TYPE = type(jnp.float32)  # jnp.float32, jnp.bfloat16, ...: JAX's scalar types, which name dtypes
+
+
+def _dtype_name(value: Any) -> str | None:
+    """The name of a dtype of numbers or booleans given as one (``jnp.bfloat16``, ``np.float32``,
+    ``np.dtype("int8")``), which :func:`with_arrays` makes a ``np.dtype`` again; None for anything else.
+
+    Examples:
+        >>> _dtype_name(jnp.bfloat16), _dtype_name(np.dtype("int8")), _dtype_name(float), _dtype_name("float32")
+        ('bfloat16', 'int8', None, None)
+    """
+    scalar_type = isinstance(value, type) and issubclass(value, np.generic)
+    if not (scalar_type or isinstance(value, (np.dtype, _JAX_SCALAR_TYPE))):
+        return None
+    try:
+        dtype = np.dtype(value)
+    except TypeError:  # an abstract type, np.floating
+        return None
+    return dtype.name if dtype.kind in "biufc" or jax.dtypes.issubdtype(dtype, np.floating) else None
+
+
+def _by_name_kind(value: Any) -> str | None:
+    """What a value :func:`to_yaml_safe` writes by its name or ``repr`` is (``"function"``, ``"class"``,
+    ``"module"``, ``"object"``): it cannot come back from the file; None for data (and arrays: the large
+    ones are warned of as such)."""
+    if value is None or isinstance(value, (str, int, float, bool, np.generic, np.ndarray, jax.Array)) \
+            or _dtype_name(value) is not None:
+        return None
+    if isinstance(value, type):
+        return "class"
+    if isinstance(value, (nn.Module, nnx.Module)):
+        return "module"
+    return "function" if callable(value) and hasattr(value, "__qualname__") else "object"
 
 
 def _plain_array(value: Any) -> np.ndarray | None:
@@ -579,14 +630,22 @@ def _with_paths(value: Any, path: tuple = ()) -> list[tuple[tuple, Any]]:
     return [(path, value)]
 
 
-def _arrays_in(value: Any) -> list[tuple[tuple, np.ndarray]]:
-    """``(path, array)`` of every array :func:`to_yaml_safe` writes as lists (see :func:`_with_paths`)."""
-    return [(path, array) for path, leaf in _with_paths(value) if (array := _plain_array(leaf)) is not None]
+def _records(leaves: list[tuple[tuple, Any]]) -> dict[str, list[dict]]:
+    """The records :func:`hparams_record` adds for ``leaves`` (:func:`_with_paths` of the settings):
+    each array written as lists (path, dtype, shape), each dtype (path, name), and each model hparam
+    written by name only (path, kind)."""
+    arrays = [(path, array) for path, leaf in leaves if (array := _plain_array(leaf)) is not None]
+    return {ARRAYS_KEY: [{"path": list(path), "dtype": "str" if array.dtype.kind == "U" else array.dtype.name,
+                          "shape": list(array.shape)} for path, array in arrays],  # "str", not "str96"
+            DTYPES_KEY: [{"path": list(path), "dtype": name} for path, leaf in leaves
+                         if (name := _dtype_name(leaf)) is not None],
+            BY_NAME_KEY: [{"path": list(path), "kind": kind} for path, leaf in leaves
+                          if path[:1] == ("model_hparams",) and len(path) > 1 and (kind := _by_name_kind(leaf))]}
 
 
-def _large_arrays(value: Any) -> list[tuple[tuple, int, Any]]:
-    """``(path, size, array)`` of the arrays over :data:`ARRAY_SIZE_LIMIT` elements in ``value``."""
-    return [(path, int(leaf.size), leaf) for path, leaf in _with_paths(value)
+def _large_arrays(leaves: list[tuple[tuple, Any]]) -> list[tuple[tuple, int, Any]]:
+    """``(path, size, array)`` of the arrays over :data:`ARRAY_SIZE_LIMIT` elements among ``leaves``."""
+    return [(path, int(leaf.size), leaf) for path, leaf in leaves
             if isinstance(leaf, (np.ndarray, jax.Array)) and leaf.size > ARRAY_SIZE_LIMIT]
 
 
@@ -605,7 +664,9 @@ _HparamsDumper.add_representer(_FlowList, lambda dumper, data: dumper.represent_
 def hparams_record(config: Mapping[str, Any]) -> dict:
     """``config`` as ``hparams.yaml`` holds it: :func:`to_yaml_safe`, plus, when it holds arrays,
     :data:`ARRAYS_KEY` listing each one's path, dtype and shape, from which :func:`with_arrays`
-    makes them arrays again. An array of more than :data:`ARRAY_SIZE_LIMIT` elements is written as
+    makes them arrays again; likewise :data:`DTYPES_KEY` for dtypes, and :data:`BY_NAME_KEY` listing
+    the ``model_hparams`` written by name only (a function, a class, a module), which
+    ``load_from_checkpoint`` needs passed again. An array of more than :data:`ARRAY_SIZE_LIMIT` elements is written as
     its summary only (numpy's shortened repr), with a warning: such data belongs in the state or a
     file, not in the settings (writing it whole took seconds per million values, at every save).
 
@@ -613,32 +674,28 @@ def hparams_record(config: Mapping[str, Any]) -> dict:
         >>> hparams_record({"seed": 1, "mean": np.zeros(2, np.float32)})["array_hparams"]
         [{'path': ['mean'], 'dtype': 'float32', 'shape': [2]}]
     """
-    hparams, arrays = to_yaml_safe(config), _arrays_in(config)
-    for path, size, array in _large_arrays(config):
+    hparams, leaves = to_yaml_safe(config), _with_paths(config)
+    for path, size, array in _large_arrays(leaves):
         warn_at_user(f"{HPARAMS_FILE}: {'.'.join(map(str, path))} is an array of {size:,} elements "
                      f"{array.dtype}{list(array.shape)}, more than {ARRAY_SIZE_LIMIT:,}: its values are not written "
                      f"(only its summary) and do not come back with load_from_checkpoint. Keep large arrays out of the "
                      f"hyperparameters: in a field of a flaxlight.TrainState subclass (saved in each checkpoint) or in "
                      f"a file of your own whose path is the hyperparameter (docs/models.md, \"State that travels with "
                      f"the run\").")
-    if not arrays:
-        return hparams
-    if ARRAYS_KEY in hparams:
-        raise ValueError(f"{ARRAYS_KEY!r} is the key under which {HPARAMS_FILE} lists which hyperparameters are "
-                         f"arrays; a hyperparameter of yours has that name: rename it.")
-    records = [{"path": list(path), "dtype": "str" if array.dtype.kind == "U" else array.dtype.name,  # not "str96"
-                "shape": list(array.shape)} for path, array in arrays]
-    return {**hparams, ARRAYS_KEY: records}
+    records = {key: listed for key, listed in _records(leaves).items() if listed}
+    taken = next((key for key in records if key in hparams), None)
+    if taken is not None:
+        raise ValueError(f"{taken!r} is a key under which {HPARAMS_FILE} describes hyperparameters (which are arrays, "
+                         f"dtypes, written by name); a hyperparameter of yours has that name: rename it.")
+    return {**hparams, **records}
 
 
 def _for_file(hparams: dict) -> dict:
-    """``hparams`` with its arrays' lists, and their records' paths and shapes, as :class:`_FlowList`."""
-    records = hparams.get(ARRAYS_KEY)
-    if not records:
-        return hparams
-    for record in records:
+    """``hparams`` with its arrays' lists, and its records' paths (and shapes), as :class:`_FlowList`."""
+    for record in hparams.get(ARRAYS_KEY) or ():
         hparams = _at_path(hparams, record["path"], _flowing)
-    return {**hparams, ARRAYS_KEY: [{key: _flowing(value) for key, value in record.items()} for record in records]}
+    return {**hparams, **{key: [{name: _flowing(value) for name, value in record.items()} for record in hparams[key]]
+                          for key in RECORD_KEYS if hparams.get(key)}}
 
 
 def _flowing(value: Any) -> Any:
@@ -658,22 +715,33 @@ def _at_path(tree: Any, path: list, change: Callable[[Any], Any]) -> Any:
     return tree
 
 
+def _value_at(tree: Any, path: list, default: Any = None) -> Any:
+    """The value at ``path`` in ``tree`` (see :func:`_at_path`), or ``default`` where it leads nowhere."""
+    found = []
+    _at_path(tree, path, lambda value: found.append(value) or value)
+    return found[0] if found else default
+
+
 def with_arrays(hparams: dict) -> dict:
     """``hparams`` read from ``hparams.yaml`` with the values its :data:`ARRAYS_KEY` record names made
-    numpy arrays of their dtype and shape again, and the record left out (what a trainer is rebuilt
-    from). A record that is not flaxlight's shape is left as it is.
+    numpy arrays of their dtype and shape again, those its :data:`DTYPES_KEY` record names ``np.dtype``
+    again (``bfloat16`` too), and the records left out (what a trainer is rebuilt from). A record
+    that is not flaxlight's shape is left as it is (and out).
 
     Examples:
         >>> with_arrays({"m": [1.5, 2.0], "array_hparams": [{"path": ["m"], "dtype": "float32", "shape": [2]}]})
         {'m': array([1.5, 2. ], dtype=float32)}
+        >>> with_arrays({"dt": "bfloat16", "dtype_hparams": [{"path": ["dt"], "dtype": "bfloat16"}]})
+        {'dt': dtype(bfloat16)}
     """
-    records = hparams.get(ARRAYS_KEY)
-    if not isinstance(records, list) or not all(isinstance(record, dict) and {"path", "dtype", "shape"} <= set(record)
-                                                and isinstance(record["path"], list) for record in records):
-        return hparams
-    rest = {key: value for key, value in hparams.items() if key != ARRAYS_KEY}
-    for record in records:
-        rest = _at_path(rest, record["path"], lambda value, record=record: _as_array(value, record))
+    rest = _without_records(hparams)
+    for key, fields, restore in ((ARRAYS_KEY, {"path", "dtype", "shape"}, _as_array),
+                                 (DTYPES_KEY, {"path", "dtype"}, _as_dtype)):
+        records = hparams.get(key)
+        if isinstance(records, list) and all(isinstance(record, dict) and fields <= set(record)
+                                             and isinstance(record["path"], list) for record in records):
+            for record in records:
+                rest = _at_path(rest, record["path"], functools.partial(restore, record=record))
     return rest
 
 
@@ -685,6 +753,14 @@ def _as_array(value: Any, record: Mapping[str, Any]) -> Any:
         return value
     shape = tuple(record["shape"]) if isinstance(record["shape"], list) else array.shape
     return array.reshape(shape) if array.shape != shape and array.size == int(np.prod(shape)) else array
+
+
+def _as_dtype(value: Any, record: Mapping[str, Any]) -> Any:
+    """The dtype ``record`` names, where the file still holds its name (one edited by hand: as it is)."""
+    try:
+        return np.dtype(record["dtype"]) if value == record["dtype"] else value
+    except TypeError:  # a dtype this numpy does not know
+        return value
 
 
 def check_shared_log_dir(logger_params: Mapping[str, Any] | None, fast_dev_run: bool) -> None:
@@ -704,10 +780,11 @@ def write_hparams(log_dir: str, config: Mapping[str, Any]) -> dict:
     ``hparams.1.yaml`` (``.2``, ...), and the changes are said; an equal one is left as it is.
     Where the run is (``logger_params``' ``log_dir``, ``base_log_dir``, ``logger_name``: a
     ``version_N`` run resumed by its folder, a moved run) is no setting: it alone changes nothing."""
-    hparams, path = hparams_record(config), os.path.join(log_dir, HPARAMS_FILE)
+    hparams, path, earlier = hparams_record(config), os.path.join(log_dir, HPARAMS_FILE), {}
     if os.path.isfile(path):
         with open(path) as f:
-            changes = _changes(_without_location(yaml.safe_load(f) or {}), _without_location(hparams))
+            earlier = yaml.safe_load(f) or {}
+        changes = _changes(_without_location(earlier), _without_location(hparams))
         if not changes:
             return _without_records(hparams)
         kept = next(name for name in (f"hparams.{n}.yaml" for n in itertools.count(1))
@@ -716,14 +793,63 @@ def write_hparams(log_dir: str, config: Mapping[str, Any]) -> dict:
         messages.warning(f"This run's settings differ from the ones {HPARAMS_FILE} recorded ({'; '.join(changes[:5])}"
                          f"{'; ...' if len(changes) > 5 else ''}): they apply from now on; the earlier file is kept as "
                          f"{kept}.")
+    said = (earlier.get(BY_NAME_KEY) if isinstance(earlier, dict) else None) or ()
+    new = [record for record in hparams.get(BY_NAME_KEY) or () if record not in said]
+    if new:  # said at the run's first write (and when a resume adds one)
+        described, passed, them = _by_name_text(new, hparams)
+        warn_at_user(f"{HPARAMS_FILE}: model_hparams {described} kept there as text only: a run's files are data, "
+                     f"and loading a run imports and calls nothing they name. Pass {them} again when loading the run: "
+                     f"load_from_checkpoint(run, exmp_input=..., {passed}).")
     with open(path, "w") as f:
         yaml.dump(_for_file(hparams), f, Dumper=_HparamsDumper, sort_keys=False)
     return _without_records(hparams)
 
 
+_KINDS = {"function": "a function", "class": "a class", "module": "a module", "object": "an object"}
+
+
+def _by_name_text(records: list[dict], hparams: Mapping[str, Any]) -> tuple[str, str, str]:
+    """What to say of the model hparams ``records`` (:data:`BY_NAME_KEY`) lists, ``hparams`` (as the
+    file holds them) written as text: ``("act (a function: 'jax.nn.gelu') is", "act=gelu", "it")``.
+    The keyword is the model hparam's name (a list of functions: the list's)."""
+    described, keywords = [], {}
+    for record in records:
+        path = record["path"]
+        written = str(_value_at(hparams, path, "?")).splitlines()[0]
+        written = written if len(written) <= 60 else written[:40] + "..."
+        described.append(f"{'.'.join(map(str, path[1:]))} ({_KINDS.get(record.get('kind'), 'an object')}: {written!r})")
+        short = written.rsplit(".", 1)[-1] if record.get("kind") in ("function", "class") and len(path) == 2 else "..."
+        keywords.setdefault(path[1], short)
+    many = len(records) > 1
+    return (f"{', '.join(described)} {'are' if many else 'is'}", ", ".join(f"{k}={v}" for k, v in keywords.items()),
+            "them" if many else "it")
+
+
+def _refuse_by_name(owner: str, run: str, records: Any, kwargs: Mapping[str, Any], hparams: Mapping[str, Any],
+                    nested: bool) -> None:
+    """A ``TypeError`` before the model is built when a model hparam the run wrote by name only
+    (``records``, :data:`BY_NAME_KEY`) is not given again: ``kwargs`` (the trainer's, ``nested``: with
+    ``model_hparams``, else the seed's pattern, each by name) would hand the model its name (a string)."""
+    if not isinstance(records, list):
+        return
+    missing = []
+    for record in records:
+        if not (isinstance(record, dict) and isinstance(record.get("path"), list) and len(record["path"]) > 1):
+            continue
+        if isinstance(_value_at(kwargs, record["path"] if nested else record["path"][1:]), str):
+            missing.append(record)  # not given again: the name the file holds would reach the model
+    if missing:
+        described, passed, them = _by_name_text(missing, hparams)
+        raise TypeError(f"{owner}.load_from_checkpoint: the run's model_hparams {described} kept in {HPARAMS_FILE} as "
+                        f"text only, and a run's files are data: loading imports and calls nothing they name, so the "
+                        f"model cannot be built from {them}. Pass {them} again: {owner}.load_from_checkpoint({run!r}, "
+                        f"exmp_input=..., {passed}).")
+
+
 def _without_records(hparams: dict) -> dict:
-    """The settings without the file's record of which are arrays (what the loggers are given)."""
-    return {key: value for key, value in hparams.items() if key != ARRAYS_KEY}
+    """The settings without the file's records of which are arrays, dtypes, by name (:data:`RECORD_KEYS`;
+    what the loggers are given)."""
+    return {key: value for key, value in hparams.items() if key not in RECORD_KEYS}
 
 
 def _without_location(hparams: Any) -> Any:
@@ -771,7 +897,8 @@ def trainer_kwargs(trainer_class: type, run: str | os.PathLike, which: str,
     if which not in ("best", "last"):
         raise ValueError(f"which must be 'best' or 'last', got {which!r}.")
     log_dir = os.path.abspath(os.fspath(run))
-    hparams, ckpt_dir = with_arrays(read_hparams(log_dir)), os.path.join(log_dir, CHECKPOINT_DIR)
+    saved = read_hparams(log_dir)
+    hparams, ckpt_dir = with_arrays(saved), os.path.join(log_dir, CHECKPOINT_DIR)
     check_folders(log_dir)
     if need_checkpoint and (not os.path.isdir(ckpt_dir) or not Checkpointer(ckpt_dir, read_only=True).all_steps()):
         if hparams.get("enable_checkpointing") is False:  # not "yet": it never will
@@ -792,24 +919,32 @@ def trainer_kwargs(trainer_class: type, run: str | os.PathLike, which: str,
             hparams["distributed"] = None
             messages.info(f"The run's mesh does not fit the {jax.device_count()} device(s) here: the model loads on "
                           f"one device (pass mesh=... to load_from_checkpoint to place it).")
-    declared = declared_keywords(trainer_class)  # the class's own, as TrainerOptions.split_kwargs takes them
-    ignored = sorted(key for key in hparams if key in LIGHTNING_TRAINER_ARGUMENTS and key not in declared)
-    if ignored:  # a run from before they were refused: they were kept as extra hparams and did nothing
-        messages.info(f"{HPARAMS_FILE} holds {', '.join(ignored)}, Lightning's Trainer argument(s) that this run was "
-                      f"given and that flaxlight never read: left out (flaxlight now refuses them).")
-        hparams = {key: value for key, value in hparams.items() if key not in ignored}
-    ignored = sorted(key for key in hparams if key in TRAIN_MODEL_ARGUMENTS and key not in declared)
-    if ignored:  # likewise train_model's keywords given to the constructor (num_epochs, batch_size: kept, recorded)
-        messages.info(f"{HPARAMS_FILE} holds {', '.join(ignored)}, train_model keyword(s) that this run's trainer "
-                      f"was given and that flaxlight never read there: left out (flaxlight now refuses them).")
-        hparams = {key: value for key, value in hparams.items() if key not in ignored}
-    if _takes_model_hparams(trainer_class, model_hparams):
+    hparams = _without_unread(hparams, declared_keywords(trainer_class))
+    nested = _takes_model_hparams(trainer_class, model_hparams)
+    if nested:
         hparams["model_hparams"] = model_hparams
         if "model_class" not in overrides:
             hparams["model_class"] = _import_model_class(model_class_path)
     else:  # the seed's pattern: MyTrainer(hidden_dims, output_dim, **kwargs)
         hparams.update(model_hparams)
-    return {**hparams, **{key: value for key, value in overrides.items() if key != "logger_params"}}
+    kwargs = {**hparams, **{key: value for key, value in overrides.items() if key != "logger_params"}}
+    _refuse_by_name(trainer_class.__name__, os.fspath(run), saved.get(BY_NAME_KEY), kwargs, saved, nested)
+    return kwargs
+
+
+def _without_unread(hparams: dict, declared: set[str]) -> dict:
+    """``hparams`` less the keywords a run from before they were refused was given and kept as extra
+    hparams, doing nothing (said): Lightning's Trainer arguments, ``train_model``'s, an ``rngs``;
+    not the trainer class's own (``declared``, as ``TrainerOptions.split_kwargs`` takes them)."""
+    for kinds, unread in (("Lightning's Trainer argument(s)", LIGHTNING_TRAINER_ARGUMENTS),
+                          ("train_model keyword(s)", TRAIN_MODEL_ARGUMENTS),  # num_epochs, batch_size: kept, recorded
+                          ("an nnx.Rngs (the model's keys came from seed)", ("rngs",))):
+        ignored = sorted(key for key in hparams if key in unread and key not in declared)
+        if ignored:
+            messages.info(f"{HPARAMS_FILE} holds {', '.join(ignored)}, {kinds} that this run's trainer was given and "
+                          f"that flaxlight never read: left out (flaxlight now refuses them).")
+            hparams = {key: value for key, value in hparams.items() if key not in ignored}
+    return hparams
 
 
 def _takes_model_hparams(trainer_class: type, model_hparams: Mapping[str, Any]) -> bool:
@@ -845,7 +980,8 @@ def load_overrides(trainer_class: type, run: str | os.PathLike, overrides: Mappi
             raise TypeError(_partial_load_message(name, key, overrides[key], whose))
     taken = declared | set(TRAINER_ARGUMENTS) | {field.name for field in dataclasses.fields(TrainerOptions)}
     unknown = [key for key in overrides if key not in taken | {"callbacks", "loggers", "mesh"}]
-    hparams = with_arrays(read_hparams(os.path.abspath(os.fspath(run)))) if unknown else {}
+    raw = read_hparams(os.path.abspath(os.fspath(run))) if unknown else {}
+    hparams = with_arrays(raw)
     saved = hparams.get("model_hparams") or {}
     if not unknown or not _takes_model_hparams(trainer_class, saved):
         return dict(overrides)
@@ -864,9 +1000,12 @@ def load_overrides(trainer_class: type, run: str | os.PathLike, overrides: Mappi
             f"{overrides['model_hparams']!r}, which replaces the run's model hyperparameters whole: give them in one "
             f"place, model_hparams={ {**overrides['model_hparams'], **moved}!r}.")
     merged = {**saved, **moved}
-    messages.info(f"{name}.load_from_checkpoint: {given}, {argument} of the model {model}, replaces the run's "
-                  f"(model_hparams {saved!r} -> {merged!r}): the model is built with it, and the checkpoint's "
-                  f"parameters must fit it (a partial load, for a new head: docs/models.md, \"Fine-tuning\").")
+    by_name = {record["path"][1] for record in raw.get(BY_NAME_KEY) or () if isinstance(record, dict)
+               and isinstance(record.get("path"), list) and len(record["path"]) > 1}
+    if set(moved) - by_name:  # not when it gives back what the run wrote by name only (a function: act=nnx.gelu)
+        messages.info(f"{name}.load_from_checkpoint: {given}, {argument} of the model {model}, replaces the run's "
+                      f"(model_hparams {saved!r} -> {merged!r}): the model is built with it, and the checkpoint's "
+                      f"parameters must fit it (a partial load, for a new head: docs/models.md, \"Fine-tuning\").")
     return {**{key: value for key, value in overrides.items() if key not in moved}, "model_hparams": merged}
 
 

@@ -9,9 +9,10 @@ from typing import Any, Mapping
 import jax
 import jax.numpy as jnp
 import optax
+from flax import nnx
 from flax.training import train_state
 
-__all__ = ["TrainState"]
+__all__ = ["TrainState", "pure_params"]
 
 
 class TrainState(train_state.TrainState):
@@ -25,7 +26,9 @@ class TrainState(train_state.TrainState):
     - ``metrics``: free for on-device values that should flow through the step, or None.
 
     ``step`` and ``epoch`` are int32 arrays from the start, so the first jitted update does not
-    recompile when a Python ``0`` turns into an array.
+    recompile when a Python ``0`` turns into an array. An NNX model's params and batch stats are
+    pure dicts (``nnx.to_pure_dict``): ones given as an ``nnx.State`` (``nnx.state(module, nnx.Param)``)
+    are taken as that dict by :meth:`create` and :meth:`with_optimizer` (see :func:`pure_params`).
 
     Examples:
         >>> import jax, jax.numpy as jnp, optax
@@ -45,6 +48,7 @@ class TrainState(train_state.TrainState):
     @classmethod
     def create(cls, *, apply_fn, params, tx, **kwargs) -> "TrainState":
         """Build a state; ``tx`` may be None for inference-only states (no optimizer state)."""
+        params, kwargs["batch_stats"] = pure_params(params), pure_params(kwargs.get("batch_stats"))
         opt_state = _own_buffers(tx.init(params), params) if tx is not None else None
         kwargs.setdefault("epoch", jnp.zeros((), jnp.int32))
         step = kwargs.pop("step", 0)
@@ -68,8 +72,10 @@ class TrainState(train_state.TrainState):
         """
         fields = {field.name: getattr(self, field.name) for field in dataclasses.fields(self)
                   if field.metadata.get("pytree_node", True) and field.name not in ("params", "opt_state")}
-        fields["opt_state"] = tx.init(self.params) if tx is not None else None
-        return self.replace(tx=tx, **_own_buffers(fields, self.params))
+        params = pure_params(self.params)  # an nnx.State put in (state.replace(params=nnx.state(...))): its dict
+        fields["batch_stats"] = pure_params(fields["batch_stats"])
+        fields["opt_state"] = tx.init(params) if tx is not None else None
+        return self.replace(tx=tx, params=params, **_own_buffers(fields, params))
 
     def apply_gradients(self, *, grads, value=None, value_fn=None, **replace) -> "TrainState":
         """One optimizer update; ``value`` (the loss) reaches optimizers that take extra args.
@@ -238,6 +244,30 @@ def _wants_intermediates(mutable) -> bool:
                          f"apply_model returns 'intermediates' (what the model sows) on request, and 'batch_stats' "
                          f"in training without asking. To read sown values: {_MUTABLE_EXAMPLE}.")
     return "intermediates" in names
+
+
+def pure_params(params: Any) -> Any:
+    """``params`` with each ``nnx.State`` in it (``nnx.state(module, nnx.Param)``, also as one layer
+    of a dict) as the pure dict :func:`flax.nnx.to_pure_dict` makes, the same arrays: the form an NNX
+    model's params have in the train state, its checkpoints and the model's own ``init``. Kept as a
+    ``State``, each array would be saved under an extra ``value`` level that no model built from the
+    run's hparams loads. Anything else is returned as it is.
+
+    Examples:
+        >>> pure_params(nnx.state(nnx.Linear(2, 1, rngs=nnx.Rngs(0)), nnx.Param))["kernel"].shape
+        (2, 1)
+    """
+    if not any(isinstance(leaf, nnx.Variable) for leaf in jax.tree.leaves(params, is_leaf=_is_variable)):
+        return params
+    if isinstance(params, nnx.State):
+        return nnx.to_pure_dict(params)
+    if isinstance(params, nnx.Variable):
+        return params.value
+    return {key: pure_params(value) for key, value in params.items()} if isinstance(params, Mapping) else params
+
+
+def _is_variable(value: Any) -> bool:
+    return isinstance(value, nnx.Variable)
 
 
 def step_key(state: TrainState):
