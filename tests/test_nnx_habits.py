@@ -187,6 +187,32 @@ def test_plain_attributes_changed_in_call_are_warned_of_once_at_the_first_train_
     assert (model.calls, float(model.total), int(model.steps.value)) == (0, 0.0, 4)   # as docs/models.md says
 
 
+class ShapeCache(nnx.Module):
+    """A size read from the input while tracing (harmless: every call sets it alike) and a counter (lost)."""
+
+    def __init__(self, din: int = 4, count: bool = False, *, rngs: nnx.Rngs):
+        self.dense = nnx.Linear(din, 1, rngs=rngs)
+        self.features, self.count, self.calls = None, count, 0
+
+    def __call__(self, x, train: bool = False):
+        self.features = x.shape[-1]
+        self.batch_shape = tuple(x.shape[:-1])   # set in __call__ only, the same way
+        if self.count:
+            self.calls += 1
+        return self.dense(x)
+
+
+def test_a_value_every_call_sets_alike_is_not_warned_of(tmp_path, recwarn):
+    """`self.features = x.shape[-1]` was warned of, with advice (an nnx.Variable) that fits no Python int
+    read at trace time; a counter next to it still is, alone."""
+    for count in (False, True):
+        trainer = RegressTrainer(model_class=ShapeCache, model_hparams={"count": count}, exmp_input=X0,
+                                 optimizer_hparams=ADAM, **quiet(tmp_path / str(count)))
+        _fit(trainer)
+    said = [str(w.message) for w in recwarn if "__call__ changes" in str(w.message)]
+    assert len(said) == 1 and said[0].startswith("ShapeCache.__call__ changes calls: plain attribute(s)")
+
+
 # --------------------------------------------------------------------------- an nnx.Rngs handed to the trainer
 def test_an_nnx_rngs_in_model_hparams_or_as_a_trainer_keyword_names_seed(tmp_path):
     fix = r"Pass the int as the trainer's seed= instead \(for nnx\.Rngs\(7\): seed=7, an int\), and leave rngs out\."

@@ -448,6 +448,28 @@ def _changed_attributes(before: Mapping[str, tuple[Any, str | None]], model) -> 
     return changed
 
 
+def _changed_again(model, inputs: Sequence[Any], kwargs: Mapping[str, Any], changed: list[str]) -> list[str]:
+    """Those of the plain attributes ``changed`` by a call of ``model`` that a second call, from the
+    values the first left, changes again: state that is lost (a counter, an appended list, an
+    array). One that comes back the same (``self.features = x.shape[-1]``) is set alike by every
+    call, so it loses nothing. The second call runs on a copy, traced for shapes only (nothing is
+    computed, the model and ``kwargs``' graph nodes are not touched); if it fails, all are kept."""
+    again: list[str] = []
+
+    def call(*xs):
+        copy = nnx.clone(model)
+        copied = {key: nnx.clone(value) if nnx.graph.is_graph_node(value) else value for key, value in kwargs.items()}
+        before = _plain_attributes(copy)
+        copy(*xs, **copied)
+        again.extend(_changed_attributes(before, copy))
+
+    try:
+        _traced_on(call, inputs)
+    except Exception:  # noqa: BLE001 - a call that cannot run twice (or copied): warn of every change
+        return changed
+    return [key for key in changed if key in again]
+
+
 # An NNX module's state that training updates besides its params: BatchNorm's statistics and any
 # variable type of the user's (``class Count(nnx.Variable)``); not RNG state or sown intermediates.
 MODEL_STATE = nnx.All(nnx.Variable, nnx.Not(nnx.Any(nnx.Param, nnx.RngState, nnx.Intermediate)))
@@ -471,7 +493,8 @@ class NNXAdapter:
     evaluation, unless the loss passes its own (``state.apply_model(..., rngs=nnx.Rngs(...))``).
     An attribute that is no ``nnx.Variable`` (a Python counter, a bare jax array, a list) is not
     state: each call rebuilds the module from the split state, so a change ``__call__`` makes to it
-    is lost (warned of once: the calls up to the first in training mode are watched).
+    is lost (warned of once: the calls up to the first in training mode are watched; not a value
+    every call sets alike, such as ``self.features = x.shape[-1]``).
     """
 
     kind = "nnx"
@@ -567,7 +590,10 @@ class NNXAdapter:
                 raise ValueError(self._keyless_dropout_text()) from exc
             raise
         if before is not None:
-            self._warn_changed_attributes(_changed_attributes(before, model), train)
+            changed = _changed_attributes(before, model)
+            if changed:  # a value each call sets the same (a shape read at trace time) is no state that is lost
+                changed = _changed_again(model, inputs, {**mode_kwargs(self.mode_argument, train), **kwargs}, changed)
+            self._warn_changed_attributes(changed, train)
         return outputs
 
     def _warn_changed_attributes(self, changed: list[str], train: bool) -> None:
