@@ -13,7 +13,7 @@ import yaml
 
 import flaxlight
 from flaxlight import cli, registry
-from flaxlight.config import build_data, example_input, load_config, load_trainer
+from flaxlight.config import ConfigError, build_data, build_trainer, example_input, load_config, load_trainer
 
 
 class TwoHeads(nn.Module):
@@ -147,3 +147,107 @@ def test_predict_writes_a_tuple_of_outputs_by_position_and_refuses_what_is_no_ar
     assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err
     assert "the model's output label/0 is str; nothing was written" in err
     assert not list(tmp_path.glob("labels*"))
+
+
+# --------------------------------------------------------------------------- own arguments kept as attributes only
+class KeptWeight(flaxlight.TrainerModule):
+    """A loss weight kept as an attribute, not passed up: hparams.yaml does not hold it."""
+
+    def __init__(self, w: float = 1.0, **kwargs):
+        super().__init__(**kwargs)
+        self.w = w
+
+    def loss_fn(self, params, batch, *, train, rng, state):
+        x, y = batch
+        out, updates = state.apply_model(params, x, train=train, rng=rng)
+        return self.w * jnp.mean((out["y"] - y) ** 2), ({}, updates)
+
+
+registry.register_trainer("kept_weight_for_cli_tests", KeptWeight)
+PLAIN = {key: value for key, value in CONFIG["trainer"].items() if key not in ("name", "w_aux", "max_epochs")}
+X_EXAMPLE = np.zeros((1, 1), np.float32)
+
+
+def test_test_uses_the_runs_own_argument_that_the_class_does_not_pass_up(tmp_path, capsys):
+    """`flaxlight test` rebuilt the trainer with w's default: a metric 100 times smaller than fit's, silently."""
+    config = tmp_path / "kept.yaml"
+    config.write_text(yaml.safe_dump({**CONFIG, "trainer": {**PLAIN, "name": "kept_weight_for_cli_tests", "w": 100.0,
+                                                         "max_epochs": 1}}))
+    code, fitted, err = run(capsys, "fit", "-c", config, "--log-dir", tmp_path / "kept")
+    assert code == 0, err
+    code, tested, err = run(capsys, "test", "--ckpt", tmp_path / "kept")
+    assert code == 0, err
+    loss = [line for line in fitted.splitlines() if "test/loss" in line]
+    assert loss and loss[0] in tested.splitlines()  # the same metric as fit's own test
+    cfg = load_config(config)
+    assert load_trainer(cfg, tmp_path / "kept", X_EXAMPLE).w == 100.0
+    other = tmp_path / "other.yaml"  # a --config that says otherwise: the run's value, said
+    other.write_text(config.read_text().replace("w: 100.0", "w: 5.0"))
+    code, out, err = run(capsys, "test", "--ckpt", tmp_path / "kept", "--config", other)
+    assert code == 0 and loss[0] in out.splitlines()
+    assert "The config's trainer arguments differ from the run's (trainer.w: 5.0 here, 100.0 in the run): the " \
+           "trainer is built with the run's" in err
+
+
+# --------------------------------------------------------------------------- types taken from a default
+class Untyped(flaxlight.TrainerModule):
+    def __init__(self, w_aux=1, scale=1.0, flag=False, n: int = 1, **kwargs):
+        super().__init__(w_aux=w_aux, scale=scale, flag=flag, n=n, **kwargs)
+
+
+registry.register_trainer("untyped_for_cli_tests", Untyped)
+
+
+def _untyped(**trainer):
+    return load_config({**CONFIG, "trainer": {"name": "untyped_for_cli_tests", **trainer}})
+
+
+def test_a_number_default_takes_any_number_an_annotation_stays_strict():
+    """`w_aux=1` refused 0.5 (`expected int, got float 0.5`), from a config and from a tune float space alike."""
+    assert _untyped(w_aux=0.5, scale=2).trainer.own_args == {"w_aux": 0.5, "scale": 2}
+    with pytest.raises(ConfigError, match=r"^trainer\.w_aux: expected int or float, got str 'heavy'\.$"):
+        _untyped(w_aux="heavy")
+    with pytest.raises(ConfigError, match=r"^trainer\.flag: expected bool, got str 'yes'\."):
+        _untyped(flag="yes")
+    with pytest.raises(ConfigError, match=r"^trainer\.n: expected int, got float 0\.5\.$"):
+        _untyped(n=0.5)
+
+
+# --------------------------------------------------------------------------- named like the section's settings
+class Scheduled(KeptWeight):
+    """Its LR schedule's length: max_epochs, a setting of the section that TrainerModule does not take."""
+
+    def __init__(self, max_epochs: int = 100, **kwargs):
+        super().__init__(max_epochs=max_epochs, **kwargs)
+        self.schedule_epochs = max_epochs
+
+
+class NeedsEpochs(KeptWeight):
+    """The seed's spelling, required."""
+
+    def __init__(self, num_epochs: int, **kwargs):
+        super().__init__(num_epochs=num_epochs, **kwargs)
+        self.schedule_epochs = num_epochs
+
+
+class Named(flaxlight.TrainerModule):
+    def __init__(self, name: str = "baseline", **kwargs):
+        super().__init__(**kwargs)
+
+
+registry.register_trainer("scheduled_for_cli_tests", Scheduled)
+registry.register_trainer("needs_epochs_for_cli_tests", NeedsEpochs)
+registry.register_trainer("named_for_cli_tests", Named)
+
+
+def test_an_argument_named_like_a_section_setting_gets_its_value_or_is_refused(tmp_path):
+    """max_epochs never reached the class's argument (it got its default, silently); `name` neither."""
+    for name, key in (("scheduled", "max_epochs"), ("scheduled", "num_epochs"), ("needs_epochs", "max_epochs")):
+        section = {"name": f"{name}_for_cli_tests", key: 3, "logger_params": {"log_dir": str(tmp_path / name / key)}}
+        cfg = load_config({**CONFIG, "trainer": {**PLAIN, **section}})
+        trainer = build_trainer(cfg, X_EXAMPLE)
+        assert (cfg.trainer.max_epochs, trainer.schedule_epochs) == (3, 3)
+    refused = (rf"^trainer {__name__}\.Named declares an argument 'name', but trainer\.name is the trainer class "
+               r"itself \('named_for_cli_tests'\), so the config cannot set that argument\. Rename it in Named\.__init__")
+    with pytest.raises(ConfigError, match=refused):
+        load_config({**CONFIG, "trainer": {"name": "named_for_cli_tests"}})

@@ -49,7 +49,7 @@ from flaxlight.checkpoint import ModelMismatchError
 from flaxlight.messages import logger as messages
 from flaxlight.models import ModelHparamsError
 from flaxlight.optim import OptimizerConfig, suggest_key
-from flaxlight.options import MetricNotLoggedError, TrainerOptions
+from flaxlight.options import MetricNotLoggedError, TrainerOptions, declared_keywords
 from flaxlight.runfiles import HPARAMS_FILE, LoggerParams, class_path, read_hparams, run_dir, to_yaml_safe
 from flaxlight.trainer import TrainerModule
 
@@ -1071,11 +1071,17 @@ def _takes_model_class(trainer_class: type, cfg: Config) -> bool:
         registry.takes_var_keyword(init) and cfg.model.name is not None)
 
 
+# The trainer section's settings that are no TrainerModule argument (train_model's epochs; the alias
+# num_epochs is the same setting): a trainer class that declares one (an LR schedule's length) is
+# passed the section's value too, as LightningCLI would pass a model's own init argument.
+_SECTION_VALUES = {"max_epochs": "max_epochs", "num_epochs": "max_epochs"}
+
+
 def _own_arguments(trainer_class: type) -> dict[str, Any]:
     """The trainer section's keys that are ``trainer_class``'s own arguments: the keywords its
     ``__init__`` or a base's declares (as ``TrainerOptions.split_kwargs`` takes them), less
     TrainerModule's and the section's settings; each with the type its value is checked against
-    (its annotation, else its default's type; ``Any``)."""
+    (its annotation, else its default's type, a number for a number: ``w=1`` takes 0.5; ``Any``)."""
     settings = {f.name for f in dataclasses.fields(TrainerConfig)} | _TRAINER_OWN | {"callbacks", "loggers"}
     own: dict[str, Any] = {}
     for klass in trainer_class.__mro__:  # the subclass's declaration first
@@ -1084,10 +1090,18 @@ def _own_arguments(trainer_class: type) -> dict[str, Any]:
             continue
         hints = _hints(init)
         for name, parameter in registry.explicit_parameters(init).items():
-            if name not in settings and name not in own:
+            if name not in settings and name not in _SECTION_VALUES and name not in own:
                 default = type(parameter.default)
-                own[name] = hints.get(name, default if default in (bool, int, float, str) else Any)
+                inferred = int | float if default is int else default if default in (bool, float, str) else Any
+                own[name] = hints.get(name, inferred)
     return own
+
+
+def _section_values(trainer_class: type, trainer_cfg: TrainerConfig) -> dict[str, Any]:
+    """The section's settings ``trainer_class``'s ``__init__`` (or a base's) declares as well
+    (:data:`_SECTION_VALUES`: ``max_epochs``), to pass to it besides their use in the section."""
+    declared = declared_keywords(trainer_class)
+    return {name: getattr(trainer_cfg, field) for name, field in _SECTION_VALUES.items() if name in declared}
 
 
 def _picks_its_model(trainer_class: type) -> str:
@@ -1115,6 +1129,11 @@ def _check_own_arguments(trainer_class: type, cfg: Config, takes_model_class: bo
     """The trainer section's own arguments (``cfg.trainer.own_args``) against ``trainer_class``:
     each one it declares, of its type, and (with a model_class) every one it requires."""
     given = cfg.trainer.own_args
+    if "name" in declared_keywords(trainer_class):  # trainer.name is the class: nothing could set the argument
+        raise ConfigError(f"trainer {_display(trainer_class)} declares an argument 'name', but trainer.name is the "
+                          f"trainer class itself ({cfg.trainer.name!r}), so the config cannot set that argument. "
+                          f"Rename it in {trainer_class.__name__}.__init__ (e.g. run_label), and set it as "
+                          f"trainer.run_label.", key="trainer.name")
     _check_own_keys(trainer_class, given)
     if not takes_model_class:
         both = sorted(set(given) & set(cfg.model.hparams))
@@ -1124,7 +1143,7 @@ def _check_own_arguments(trainer_class: type, cfg: Config, takes_model_class: bo
                               key=_join("trainer", both[0]))
         return
     required = [n for n, p in registry.explicit_parameters(trainer_class.__init__).items()
-                if p.default is p.empty and n not in _TRAINER_OWN and n not in given]
+                if p.default is p.empty and n not in _TRAINER_OWN and n not in _SECTION_VALUES and n not in given]
     if required:
         raise ConfigError(f"Missing required key {_join('trainer', required[0])!r}: trainer {_display(trainer_class)} "
                           f"needs {', '.join(map(repr, required))}; set {'them' if required[1:] else 'it'} in the "
@@ -1537,6 +1556,7 @@ def build_trainer(cfg: Config, exmp_input: Any, *, resolved: Resolved | None = N
     if all_loggers:
         kwargs["loggers"] = all_loggers
     kwargs.update(trainer_cfg.own_args)  # the trainer class's own arguments (w_target=3.0)
+    kwargs.update(_section_values(resolved.trainer_class, trainer_cfg))  # max_epochs, when the class declares it
     if resolved.model_class is not None:
         kwargs.update(model_class=resolved.model_class, model_hparams=dict(cfg.model.hparams))
     else:
@@ -1577,7 +1597,9 @@ def load_trainer(cfg: Config, run_dir: str | os.PathLike, exmp_input: Any, *, wh
     loads with the run's saved hyperparameters (a ``model.hparams`` value that differs from them is
     a :class:`ConfigError`); another class (a module renamed, a model of your own that should take
     the run's weights) is built from the config's ``model.hparams``, said in a log line, and a
-    checkpoint whose parameters do not fit it is a :class:`ConfigError` naming both classes.
+    checkpoint whose parameters do not fit it is a :class:`ConfigError` naming both classes. The
+    trainer's own arguments are the run's ``config.yaml``'s (``hparams.yaml`` lacks those a class
+    keeps without passing them up), said in a log line where ``cfg`` sets one otherwise.
 
     Examples:
         >>> cfg = load_config("runs/base/config.yaml")                              # doctest: +SKIP
@@ -1594,6 +1616,8 @@ def load_trainer(cfg: Config, run_dir: str | os.PathLike, exmp_input: Any, *, wh
             overrides.setdefault("model_hparams", dict(cfg.model.hparams))
     else:
         _check_saved_model_class(resolved.trainer_class, run_dir, policy)
+    for key, value in _run_own_arguments(cfg, resolved.trainer_class, run_dir).items():
+        overrides.setdefault(key, value)  # hparams.yaml lacks those the class keeps without passing them up
     overrides.setdefault("enable_progress_bar", False)
     try:
         return resolved.trainer_class.load_from_checkpoint(run_dir, exmp_input=exmp_input, which=which, **overrides)
@@ -1603,6 +1627,26 @@ def load_trainer(cfg: Config, run_dir: str | os.PathLike, exmp_input: Any, *, wh
             " (a config for another model?)" if isinstance(exc, ModelHparamsError) else ""
         raise ConfigError(f"the run in {os.fspath(run_dir)} does not fit this config's model{model}{theirs}: "
                           f"{' '.join(str(exc).split())}") from exc
+
+
+def _run_own_arguments(cfg: Config, trainer_class: type, run_dir: str | os.PathLike) -> dict[str, Any]:
+    """The trainer's own arguments as the run had them: its ``config.yaml``'s (the record; else, a run
+    without one or of another trainer class, ``cfg``'s), with ``max_epochs`` where the class declares
+    it. Where ``cfg`` (``--config``) sets one otherwise, the run's is used, said in a log line."""
+    where = os.path.join(os.fspath(run_dir), CONFIG_FILE)
+    try:
+        record = load_config(where, check=False).trainer if os.path.isfile(where) else None
+    except ConfigError:  # a config.yaml this flaxlight cannot read: the one given stands in
+        record = None
+    if record is None or record.name != cfg.trainer.name:
+        return {**cfg.trainer.own_args, **_section_values(trainer_class, cfg.trainer)}
+    saved = to_yaml_safe(dict(record.own_args))
+    differ = [f"trainer.{key}: {value!r} here, {repr(saved[key]) if key in saved else 'not set'} in the run"
+              for key, value in to_yaml_safe(dict(cfg.trainer.own_args)).items() if saved.get(key, ...) != value]
+    if differ:
+        messages.info(f"The config's trainer arguments differ from the run's ({'; '.join(differ)}): the trainer is "
+                      f"built with the run's ({where}), as it was trained.")
+    return {**record.own_args, **_section_values(trainer_class, record)}
 
 
 def _check_same_model_hparams(cfg: Config, model_class: type, run_dir: str | os.PathLike) -> str | None:
