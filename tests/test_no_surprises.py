@@ -342,6 +342,20 @@ NAME_DIRECTIONS = [
     ("num_loss_spikes", None), ("error_count", None), ("acc_drop", None), ("neg_mean_squared_error", None),
     ("neg_log_loss", None), ("brier_score", None), ("heat_map", None), ("val/logits_norm", None),
     ("epoch_time", None),
+    # Qualifiers (top-k, numbers, what follows at / @) do not decide: an error spelled error-first is an error.
+    ("val/err_top5", "min"), ("val/error_top1", "min"), ("top5_err", "min"), ("top1_error", "min"),
+    ("val/error_top_1", "min"), ("val/error_rate_top5", "min"), ("val/calibration_error_top1", "min"),
+    ("val/fpr_at_recall_95", "min"), ("recall_at_fpr_1", "max"), ("val/loss_at_best_acc", "min"),
+    ("accuracy_top5", "max"), ("top5_accuracy", "max"), ("val/top_5_accuracy", "max"), ("acc5", "max"),
+    ("top1", "max"), ("recall@10", "max"), ("precision_at_thresh", "max"), ("map_50", "max"), ("ndcg@10", None),
+    # A word after the score or loss that makes it another quantity: lm-eval-harness's acc_stderr.
+    ("acc_stderr", None), ("acc_time", None), ("acc_n", None), ("f1_support", None), ("acc_ci95", None),
+    ("loss_runtime", None), ("std_of_acc", None), ("val/drop_in_acc", None),
+    # A score and a loss or an error whose positions leave it open: told nothing (a loss of a score is a loss).
+    ("loss_acc", None), ("acc_err", None), ("val/ece_acc", None), ("nll_f1", None), ("dice_loss", "min"),
+    ("1-acc", None), ("inaccuracy", "min"),
+    ("acc_digit", "max"), ("loss_digit", "min"), ("f1_macro", "max"), ("loss_total", "min"), ("total_loss", "min"),
+    ("mean_iou", "max"), ("psnr", None), ("bleu", "max"), ("wer", "min"), ("perplexity", "min"),
 ]
 
 
@@ -349,7 +363,9 @@ NAME_DIRECTIONS = [
 def test_a_monitor_whose_names_words_read_as_the_other_mode_is_warned_about_and_no_other(name, reads_as):
     """Only the whole name or its ending was read: per-task names (val/acc_digit, val/loss_digit,
     f1_macro) were never warned about, so the worst model was kept silently; neg_log_loss (sklearn's,
-    maximized) was warned about with mode='max'."""
+    maximized) was warned about with mode='max'. Then the last known word decided: val/err_top5 and
+    val/fpr_at_recall_95 read as scores (the right mode='min' warned about, tune maximized the error),
+    acc_stderr, acc_time and f1_support as accuracies (review)."""
     for mode in ("min", "max"):
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")

@@ -141,7 +141,9 @@ def test_a_per_task_metrics_direction_is_inferred_from_its_words_and_a_name_that
     """tune refused val/acc_digit, val/loss_digit, val/digit/f1_macro ("Cannot tell whether ...")."""
     assert infer_direction("val/acc_digit") == "maximize" and infer_direction("val/digit/f1_macro") == "maximize"
     assert infer_direction("val/loss_digit") == "minimize" and infer_direction("val/mse_target") == "minimize"
-    for name in ("val/loss_scale", "val/brier_score", "val/neg_log_loss"):
+    assert infer_direction("val/err_top5") == "minimize" and infer_direction("val/error_rate_top5") == "minimize"
+    assert infer_direction("val/accuracy_top5") == "maximize" and infer_direction("val/recall@10") == "maximize"
+    for name in ("val/loss_scale", "val/brier_score", "val/neg_log_loss", "val/acc_stderr", "val/loss_acc"):
         with pytest.raises(ValueError, match=f"Cannot tell whether to maximize or minimize '{name}'"):
             infer_direction(name)
 

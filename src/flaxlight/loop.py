@@ -20,7 +20,7 @@ import signal
 import threading
 import time
 import warnings
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from flaxlight.data import is_iterator
 from flaxlight.metrics import HostSnapshot, finite_now, to_host
@@ -37,16 +37,22 @@ class RunningLog:
     had a whole log interval to arrive: the training thread rarely waits, and callbacks hear of
     each log point at the same moment in every run. :meth:`flush` returns the pending point now.
 
-    Each point's wall time (``time.perf_counter()`` on the host, no added device wait) is when
-    its step was done, as far as the host can tell. A point still running when the next point
-    flushes it (asynchronous dispatch: the device ran behind) is timed when reading its values
-    returns. One found done then is timed at its mark (the host ran behind the device), unless
-    the point before it was done after its own mark: the device was still on earlier steps when
-    this point was marked, so it is timed at the pace of the interval before (or when it was
-    found done, in an epoch's second interval), never before its mark nor after it was found
-    done. :meth:`finished_at` answers it while the point is delivered: rates computed from it
-    cover the steps they are labelled with, not the time the values took to arrive (timing such
-    a point at its mark made its interval a few microseconds long, its rate 100-1000x too high).
+    Each point's wall time (``time.perf_counter()`` on the host, or ``clock``; no added device wait)
+    is when its step was done, as far as the host can tell. A point still running when the next
+    point flushes it (asynchronous dispatch: the device ran behind) is timed when reading its values
+    returns. One found done then is timed at its mark (the host ran behind the device), unless the
+    device may still have been on earlier steps at its mark: after a point whose read waited, it is
+    timed at the device's pace after the point before (then the next one, until a point's time falls
+    on its mark: the device has caught up), never before its mark nor after it was found done. The
+    device's pace (seconds per step) is measured between two points whose reads both waited (the
+    device worked through that interval); an estimate never changes it. Reads that do not wait show
+    a device faster than the host, so the pace used is at most half the host's time per step, from
+    the point before to when this one was found done (with no pace measured yet, that half: the
+    point is timed halfway), and the times come back to the marks. :meth:`finished_at` answers it
+    while the point is delivered: rates computed from it cover the steps they are labelled with, not
+    the time the values took to arrive (timing such a point at its mark made its interval a few
+    microseconds long, its rate 100-1000x too high; timing each one when found done made an epoch's
+    last interval a step long).
 
     Examples:
         >>> import jax.numpy as jnp
@@ -59,8 +65,9 @@ class RunningLog:
         ([(1, {'train/loss_step': 2.0})], True)
     """
 
-    def __init__(self, prefix: str = "train/", suffix: str = "_step"):
+    def __init__(self, prefix: str = "train/", suffix: str = "_step", *, clock: Callable[[], float] | None = None):
         self.prefix, self.suffix = prefix, suffix
+        self._clock = time.perf_counter if clock is None else clock  # seconds, the host's
         self.reset()
 
     def reset(self) -> None:
@@ -69,13 +76,17 @@ class RunningLog:
         self.last_sums: dict[str, float] = {}
         self.last_count = 0.0
         self._delivered: dict[int, float] = {}  # step -> wall time it was done, of the points last returned
-        self._timed: tuple = ()  # (step, done) of the epoch's last two points timed, the newest last
-        self._behind = False  # the newest was done after its mark: the device ran behind the host
+        self._clear_timing()
+
+    def _clear_timing(self) -> None:
+        self._last: tuple[int, float, bool] | None = None  # (step, done, its read waited) of the newest point timed
+        self._pace: float | None = None  # the device's seconds per step, between two points whose reads waited
+        self._catch_up: float | None = None  # the pace the device is taken to catch up at (None: it is not behind)
 
     def mark(self, step: int, acc: dict) -> list[tuple[int, dict[str, float], int]]:
         """Start copying ``acc``; return the previous log point's values."""
         arrived = self.flush()
-        self.pending.append((step, HostSnapshot(acc), time.perf_counter()))
+        self.pending.append((step, HostSnapshot(acc), self._clock()))
         return arrived
 
     def would_wait(self) -> bool:
@@ -87,25 +98,39 @@ class RunningLog:
         arrived, finished = [], {}
         for step, snapshot, marked in self.pending:
             if snapshot.ready():  # done by now: at its mark, unless the device ran behind (see the class)
-                done = self._caught_up(step, marked, time.perf_counter()) if self._behind else marked
+                done = self._caught_up(step, marked, self._clock())
                 arrived.append(self._read(step, snapshot))
             else:  # it finishes as the read returns
                 arrived.append(self._read(step, snapshot))
-                done = time.perf_counter()
-            finished[step], self._behind, self._timed = done, done > marked, (*self._timed[-1:], (step, done))
+                done = self._waited(step, self._clock())
+            finished[step] = done
         if finished:
             self._delivered = finished
         self.pending.clear()
         return arrived
 
+    def _waited(self, step: int, done: float) -> float:
+        """Note the point of ``step`` whose read waited until ``done``; return ``done``."""
+        if self._last is not None and self._last[2] and step > self._last[0]:  # the device worked throughout
+            self._pace = (done - self._last[1]) / (step - self._last[0])
+        self._last, self._catch_up = (step, done, True), None
+        return done
+
     def _caught_up(self, step: int, marked: float, seen: float) -> float:
-        """When the point of ``step`` marked at ``marked`` and found done at ``seen`` was done, the
-        device having run behind at the point before it: at the pace of the interval before."""
-        if len(self._timed) < 2:  # no pace known yet
-            return seen
-        (before, before_done), (last, last_done) = self._timed
-        pace = (last_done - before_done) / (last - before) if last > before else 0.0
-        return min(seen, max(marked, last_done + pace * (step - last)))
+        """When the point of ``step``, marked at ``marked`` and found done at ``seen``, was done:
+        at its mark, or, while the device is behind, at its pace after the point before."""
+        last = self._last
+        if last is None or not (last[2] or self._catch_up is not None) or step <= last[0]:
+            done = marked
+        else:
+            if self._catch_up is None:  # the first point found done after one whose read waited
+                half = (seen - last[1]) / (2 * (step - last[0]))
+                self._catch_up = half if self._pace is None else min(self._pace, half)
+            done = min(seen, max(marked, last[1] + self._catch_up * (step - last[0])))
+        if done <= marked:  # the device had caught up
+            self._catch_up = None
+        self._last = (step, done, False)
+        return done
 
     def finished_at(self, step: int) -> float | None:
         """``time.perf_counter()`` when the log point at ``step`` was done (see the class), for
@@ -117,7 +142,7 @@ class RunningLog:
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.pending.clear()
-        self._timed, self._behind = (), False
+        self._clear_timing()
         self.last_sums = dict(state.get("last_sums", {}))
         self.last_count = float(state.get("last_count", 0.0))
 

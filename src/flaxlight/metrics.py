@@ -408,52 +408,91 @@ def majority_leading_dims(batch: Any, block: bool = False) -> tuple[list[int], l
 
 
 _MAXIMIZED_WORDS = frozenset(("acc", "accuracy", "f1", "auc", "auroc", "precision", "recall", "r2", "iou", "dice",
-                              "bleu", "top1", "top5"))
-_MINIMIZED_WORDS = frozenset(("loss", "error", "err", "mse", "mae", "rmse", "nll", "perplexity", "ppl", "bpc"))
-#: Names that tell only as a whole: a word too common to tell inside one (heat_map, brier_score, anomaly_score).
-_WHOLE_NAMES = {"map": "max", "score": "max", "val_metric": "min"}
+                              "bleu"))
+_MINIMIZED_WORDS = frozenset(("loss", "error", "err", "mse", "mae", "rmse", "nll", "perplexity", "ppl", "bpc",
+                              "inaccuracy", "wer", "cer", "fpr", "fnr", "eer", "ece"))
+#: Names that tell only as a whole: a word too common to tell inside one (heat_map, brier_score, anomaly_score);
+#: timm's top1 / top5 are accuracies (inside a name, top-k qualifies its word: err_top5 is an error).
+_WHOLE_NAMES = {"map": "max", "score": "max", "val_metric": "min", "top1": "max", "top5": "max"}
 #: Words that, after its loss or score word, make a name another quantity (loss_scale, acc_steps,
-#: error_count, acc_drop): such a name tells nothing (a word before it qualifies it: weight_loss is a loss).
+#: error_count, acc_drop, acc_stderr, acc_time, f1_support, acc_ci95): such a name tells nothing (a word
+#: before it qualifies it: weight_loss is a loss).
 _NOT_THE_METRIC = frozenset(("scale", "scaler", "weight", "weights", "factor", "coef", "coeff", "steps", "count",
                              "threshold", "thresh", "std", "var", "gap", "diff", "delta", "drop", "gain", "change",
-                             "improvement", "reduction", "norm", "grad", "grads", "lr"))
-#: First words that make a name another quantity: sklearn's neg_mean_squared_error (maximized), num_*.
-_OTHER_FIRST = frozenset(("neg", "negative", "minus", "num"))
+                             "improvement", "reduction", "norm", "grad", "grads", "lr", "stderr", "sem", "stddev",
+                             "stdev", "ci", "n", "support", "samples", "examples", "batches", "time", "seconds",
+                             "sec", "secs", "ms", "latency", "runtime", "rank", "percentile"))
+#: First words that make a name another quantity: sklearn's neg_mean_squared_error (maximized), num_*, 1-acc.
+_OTHER_FIRST = frozenset(("neg", "negative", "minus", "num", "1"))
+#: Words after which the rest qualifies the words before: recall_at_fpr_1, acc@5, std_of_acc, loss_per_token.
+_QUALIFIED_BY = ("at", "of", "in", "per")
+
+
+def _word_direction(word: str) -> str | None:
+    if word in _MINIMIZED_WORDS or word.endswith("loss"):
+        return "min"
+    if word in _MAXIMIZED_WORDS or word.endswith(("acc", "accuracy")):
+        return "max"
+    return None
+
+
+def _metric_words(name: str) -> list[str]:
+    """The words of a name that say what it measures: without a trailing ``step`` / ``epoch``,
+    what follows ``at`` / ``@`` (the point it is read at: recall_at_fpr_1) or ``of``, ``in``,
+    ``per``, top-k (``top5``, ``top_k``) and numbers (``acc5`` is ``acc``)."""
+    words = [word for word in re.split(r"[_\-.]+", name.replace("@", "_at_")) if word]
+    if len(words) > 1 and words[-1] in ("step", "epoch"):
+        words = words[:-1]
+    cut = [index for index, word in enumerate(words) if word in _QUALIFIED_BY]
+    kept = []
+    for word in words[:cut[0] if cut else None]:
+        stem = word.rstrip("0123456789")
+        if stem in ("", "top", "topk", "k"):
+            continue
+        known = _word_direction(stem) or stem in _WHOLE_NAMES or stem in _NOT_THE_METRIC
+        kept.append(stem if stem != word and known else word)
+    return kept
 
 
 def name_direction(metric: str) -> str | None:
     """``"max"`` when ``metric``'s name reads as a score to maximize (accuracy, F1, AUC, ...),
     ``"min"`` when it reads as a loss or an error, None when the name does not tell.
 
-    Read from its last path component's words (split at ``_ - . @``): the last word that is a
-    known score or loss (or ends in ``loss``, ``acc``, ``accuracy``) tells, wherever it stands
-    (``acc_digit``, ``digit_acc``, ``f1_macro``, ``top5_error``, ``f1_loss``); a trailing ``step``
-    or ``epoch`` (Lightning's ``loss_epoch``) is not a word of it. A word after it that makes the
-    name another quantity (``loss_scale``, ``acc_steps``, ``error_count``, ``acc_drop``, ...), or a
-    first word ``neg`` or ``num``, and the name tells nothing; ``map`` and ``score`` tell only as
-    the whole name (not ``heat_map``, ``brier_score``).
+    Read from its last path component's words (split at ``_ - .``): the last word that is a known
+    score or loss (or ends in ``loss``, ``acc``, ``accuracy``) tells, wherever it stands
+    (``acc_digit``, ``digit_acc``, ``f1_macro``, ``top5_error``, ``err_top5``). Qualifiers do not:
+    top-k (``top5``, ``top_k``), numbers, a trailing ``step`` or ``epoch`` (Lightning's
+    ``loss_epoch``) and whatever follows ``at`` or ``@`` (``recall@10``, ``fpr_at_recall_95``). A
+    word after it that makes the name another quantity (``loss_scale``, ``acc_steps``,
+    ``error_count``, ``acc_stderr``, ``acc_time``, ``f1_support``, ...), a first word ``neg`` or
+    ``num``, or a score word and a loss word together (``loss_acc``, ``acc_err``; but a loss of a
+    score, ``f1_loss``, is a loss), and the name tells nothing: a warning missed is better than a
+    wrong one. ``map``, ``score`` (and timm's ``top1``, ``top5``) tell only as the whole name (not
+    ``heat_map``, ``brier_score``).
 
     Examples:
         >>> name_direction("val/acc"), name_direction("val/loss_digit"), name_direction("val/logits_norm")
         ('max', 'min', None)
-        >>> name_direction("val/digit/f1_macro"), name_direction("top5_error"), name_direction("loss_scale")
+        >>> name_direction("val/digit/f1_macro"), name_direction("val/err_top5"), name_direction("acc_stderr")
         ('max', 'min', None)
     """
     name = str(metric).rsplit("/", 1)[-1].lower()
     if name in _WHOLE_NAMES:
         return _WHOLE_NAMES[name]
-    words = [word for word in re.split(r"[_\-.@]+", name) if word]
-    if len(words) > 1 and words[-1] in ("step", "epoch"):
-        words = words[:-1]
-    if not words or words[0] in _OTHER_FIRST:
+    words = _metric_words(name)
+    if not words or re.split(r"[_\-.@]+", name, maxsplit=1)[0] in _OTHER_FIRST:
         return None
-    for index in reversed(range(len(words))):
-        word, after = words[index], words[index + 1:]
-        if word in _MINIMIZED_WORDS or word.endswith("loss"):
-            return "min" if _NOT_THE_METRIC.isdisjoint(after) else None
-        if word in _MAXIMIZED_WORDS or word.endswith(("acc", "accuracy")):
-            return "max" if _NOT_THE_METRIC.isdisjoint(after) else None
-    return None
+    if "_".join(words) in _WHOLE_NAMES:  # map@50, map_50
+        return _WHOLE_NAMES["_".join(words)]
+    told = [(index, _word_direction(word)) for index, word in enumerate(words) if _word_direction(word)]
+    if not told:
+        return None
+    index, direction = told[-1]
+    if not _NOT_THE_METRIC.isdisjoint(words[index + 1:]):
+        return None
+    if any(other != direction for _, other in told) and not words[index].endswith("loss"):
+        return None  # a score and a loss or an error: which one the name measures does not show
+    return direction
 
 
 @functools.cache
