@@ -434,3 +434,28 @@ def test_the_advice_for_a_checkpoint_ranking_unlike_the_trainer_works_when_follo
     with pytest.raises(ValueError, match=r"or drop the callback's monitor \(it then follows the trainer's\)"):
         one_best(options, [ModelCheckpoint(monitor="val/loss")])  # save_top_k=1: dropping it works
     assert one_best(options, [ModelCheckpoint()])[0] == options
+
+
+def test_nan_guard_stops_at_a_validation_within_the_epoch_naming_the_steps_counted_by_then(tmp_path):
+    """A validation within an epoch counts the non-finite steps up to its step (they were counted only
+    at delivered log points: NaNGuard stopped at step 15, "5 step(s) up to step 10"); a log point
+    of before, delivered after it, does not take the step they are counted to back to its own."""
+
+    class Counts(Callback):
+        def __init__(self):
+            self.seen = []
+
+        def on_log(self, trainer, step, metrics):
+            self.seen.append((step, trainer.nonfinite_steps, trainer.nonfinite_checked_step))
+
+    x, y = linear_data(16 * 32, 0)
+    x[5 * 32 + 3] = np.nan  # steps 6, 7, 8 are NaN before the validation at step 8
+    trainer = RegressTrainer(model_class=TinyMLP, model_hparams={"hidden_dims": [8]}, exmp_input=x[:1],
+                             optimizer_hparams={"optimizer": "adam", "lr": 1e-2},
+                             **quiet(tmp_path, callbacks=[NaNGuard(), counts := Counts()], val_check_interval=8,
+                                     log_every_n_steps=5, enable_checkpointing=False))
+    trainer.train_model(ArrayLoader(x, y, batch_size=32), ArrayLoader(*linear_data(64, 1), batch_size=32), num_epochs=1)
+    assert trainer.global_step == 8  # at the validation's record
+    assert trainer.stop_reason.startswith("NaNGuard: the loss was NaN/Inf (or the update made the params NaN/Inf) "
+                                          "in 3 step(s) up to step 8;")
+    assert counts.seen[:2] == [(8, 3, 8), (5, 3, 8)]  # then the point of step 5, delivered late

@@ -179,3 +179,31 @@ def test_a_stopper_listed_before_the_callback_that_logs_its_metric_reads_this_va
     trainer.train_model(train, val, num_epochs=8)
     assert (stopper.best, stopper.best_epoch) == (3.0, 3)
     assert trainer.current_epoch == 5 and "for 2 validations in a row (best 3 at epoch 3)" in trainer.stop_reason
+
+
+def _diverging_at_step_6(tmp_path, callback, log_every_n_steps):
+    """A trainer validating every 8 steps (16 per epoch) whose step 6 gets a NaN input (loss and
+    params NaN from there on), and its train and validation loaders."""
+    import numpy as np
+
+    import flaxlight
+
+    x, y = linear_data(16 * 32, 0)
+    x[5 * 32 + 3] = np.nan  # in the 6th batch
+    trainer = RegressTrainer(model_class=TinyMLP, model_hparams={"hidden_dims": [8]}, exmp_input=x[:1],
+                             optimizer_hparams={"optimizer": "adam", "lr": 1e-2},
+                             **quiet(tmp_path, callbacks=[callback], val_check_interval=8,
+                                     log_every_n_steps=log_every_n_steps))
+    return trainer, flaxlight.ArrayLoader(x, y, batch_size=32), flaxlight.ArrayLoader(*linear_data(64, 1), batch_size=32)
+
+
+@pytest.mark.parametrize("log_every_n_steps", [50, 4])
+def test_a_training_diverged_just_before_a_validation_within_the_epoch_stops_there(tmp_path, log_every_n_steps):
+    """The non-finite steps were counted only at delivered log points and epoch ends: a NaN in the
+    last log intervals before a val_check_interval validation was taken for a 0/0 of a finite
+    training, and the diverged run went on to the epoch's end (step 16, or 32)."""
+    trainer, train, val = _diverging_at_step_6(tmp_path, EarlyStopping(monitor="val/loss", patience=100),
+                                               log_every_n_steps)
+    trainer.train_model(train, val, num_epochs=2)
+    assert trainer.global_step == 8 and trainer.nonfinite_steps == 3
+    assert trainer.stop_reason == "EarlyStopping: val/loss = nan is not finite (best none yet)."

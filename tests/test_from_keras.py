@@ -96,6 +96,24 @@ def test_a_metric_named_with_slashes_is_still_a_monitor_first_or_by_keyword():
         _check_kwargs(ModelCheckpoint, {"save_topk": 3}, "callbacks[0]", "ModelCheckpoint")
 
 
+@pytest.mark.parametrize("name", ["val/f1_{macro}", "val/nll.pt", "val/acc.h5", "val/bleu.ckpt", "val/x/", "val/a\\b",
+                                  "~val/x", "test/map@[.5:.95]", "f1_{macro}", "loss.total"])
+def test_a_metric_name_with_a_brace_suffix_or_tilde_is_a_monitor(name):
+    """Any name with "{", starting with "~" or ending in "/", ".pt", ".h5" or ".ckpt" was refused as a
+    file path, with no way around it: only a name that cannot be a logged metric is one now."""
+    assert ModelCheckpoint(monitor=name).monitor == name
+    assert ModelCheckpoint(name).monitor == name
+
+
+@pytest.mark.parametrize("path", ["ckpt/{epoch:02d}.h5", "model-{val_acc:.3f}", "~/models/best", "../runs/best",
+                                  "C:\\runs\\best", "best.hdf5"])
+def test_a_keras_file_path_is_still_refused_with_the_port_advice(path):
+    with pytest.raises(TypeError, match=r"^ModelCheckpoint\(\) got .*, which is monitor .*" + WHERE):
+        ModelCheckpoint(path)
+    with pytest.raises(TypeError, match=r"a file path \(Keras' filepath\?\), not a metric such as 'val/loss': "):
+        ModelCheckpoint(monitor=path)
+
+
 def test_the_keras_checkpoint_row_says_how_to_port_save_best_only():
     row = _row("save_best_only")
     assert "the default `ModelCheckpoint` keeps the best (`save_top_k=1`) and the last" in row

@@ -250,3 +250,32 @@ def test_a_resumed_runs_best_record_still_holds_what_callbacks_logged(tmp_path, 
         warnings.simplefilter("error")  # the records and the checkpoints name the same best validation
         loaded = RegressTrainer.load_from_checkpoint(str(tmp_path / "run"), exmp_input=linear_data(8)[0][:1])
     assert loaded.global_step == 32
+
+
+class ScoresByStep(RegressTrainer):
+    """Adds ``score`` = -(step - 16)**2: at the validations of epochs 1-3 (8 steps each), -64, 0, -64."""
+
+    def loss_fn(self, params, batch, *, train, rng, state):
+        import jax.numpy as jnp
+
+        loss, (metrics, updates) = super().loss_fn(params, batch, train=train, rng=rng, state=state)
+        return loss, ({**metrics, "score": -(state.step.astype(jnp.float32) - 16) ** 2}, updates)
+
+
+class RelogsScore(flaxlight.Callback):
+    def on_validation_end(self, trainer, epoch, metrics):
+        trainer.log_metrics({"val/score": metrics["val/score"] - 1000})  # the monitor's name, another scale
+
+
+def test_a_callback_relogging_the_monitors_name_leaves_the_choice_of_the_best_as_it_was(tmp_path, regression_loaders):
+    """The best is chosen on the eval step's val/score, but the best record kept the callback's value
+    (-1000 at epoch 2): epoch 3's -64 then beat it, and the last validation always won."""
+    train, val, _ = regression_loaders
+    trainer = _trainer(tmp_path, [RelogsScore()], trainer_class=ScoresByStep, monitor="val/score", mode="max")
+    result = trainer.train_model(train, val, num_epochs=3)
+    assert [row["val/score"] for row in trainer.history] == [-1064.0, -1000.0, -1064.0]  # what the callback logged
+    assert trainer.checkpoint_callback.best_model_path == str(tmp_path / "run" / "checkpoints" / "16")
+    loaded = ScoresByStep.load_from_checkpoint(str(tmp_path / "run"), exmp_input=linear_data(8)[0][:1], which="best")
+    assert loaded.global_step == 16
+    best_eval = json.loads((tmp_path / "run" / "metrics" / "best_eval.json").read_text())
+    assert best_eval["val/score"] == result["val/score"] == 0.0  # the value the choice was made on

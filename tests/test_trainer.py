@@ -217,6 +217,31 @@ def test_a_monitored_value_nan_at_every_validation_makes_the_newest_the_best(tmp
     assert capsys.readouterr().err.count("The monitored metric val/score is NaN") == 1  # said once, not 3 times
 
 
+@pytest.mark.parametrize("save_last", [False, True])
+def test_a_checkpoint_monitor_nan_at_every_validation_keeps_the_newest_as_the_best(tmp_path, regression_loaders,
+                                                                                    save_last):
+    """ModelCheckpoint(monitor=...) never ranked a NaN: with save_last=False no checkpoint was written at
+    all (which='best' failed with "saved no model yet"), while the trainer's records named the newest
+    validation the best. One rule now ranks both: the newest of the NaN validations is the best."""
+    train, val, test = regression_loaders
+
+    class AlwaysNaN(_ScoreTrainer):
+        ALWAYS_NAN = True
+
+    checkpoint = flaxlight.callbacks.ModelCheckpoint(monitor="val/score", mode="max", save_last=save_last)
+    trainer = AlwaysNaN(model_class=TinyMLP, exmp_input=np.zeros((1, 4), np.float32), model_hparams={},
+                        optimizer_hparams={"optimizer": "adam", "lr": 3e-2}, **quiet(tmp_path, callbacks=[checkpoint]))
+    metrics = trainer.train_model(train, val, num_epochs=3)
+    assert os.listdir(tmp_path / "run" / "checkpoints") == ["24"]
+    assert checkpoint.best_model_path == str(tmp_path / "run" / "checkpoints" / "24")
+    assert np.isnan(checkpoint.best_model_score)
+    loaded = AlwaysNaN.load_from_checkpoint(str(tmp_path / "run"), exmp_input=np.zeros((1, 4), np.float32),
+                                            which="best")
+    assert int(loaded.state.step) == 24
+    assert loaded.test(test)["test/loss"] == pytest.approx(trainer.test(test)["test/loss"])
+    assert metrics["val/loss"] == pytest.approx(trainer.history[-1]["val/loss"])  # the records name the same one
+
+
 def test_seed_methods_work_on_their_own(tmp_path, regression_loaders):
     train, val, _ = regression_loaders
     trainer = _regressor(tmp_path)

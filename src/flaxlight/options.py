@@ -24,7 +24,7 @@ from flaxlight.registry import explicit_parameters
 
 __all__ = ["TrainerOptions", "DEFAULT_MONITORS", "LIGHTNING_TRAINER_ARGUMENTS", "FOREIGN_TRAINER_METHODS",
            "check_monitors_are_numbers", "check_trainer_arguments", "declared_keywords", "foreign_method_message", "lightning_argument_message",
-           "written_otherwise"]
+           "rank_key", "written_otherwise"]
 
 # The constructor arguments of TrainerModule itself (for messages).
 TRAINER_ARGUMENTS = ("model_class", "model_hparams", "optimizer_hparams", "exmp_input", "seed", "logger_params",
@@ -345,9 +345,7 @@ class TrainerOptions:
         key, larger_is_better = self.monitored(new)
         if old is None:
             return True
-        if _is_nan(new[key]) or _is_nan(old[key]):
-            return _is_nan(old[key])  # a number beats NaN; a newer NaN replaces an older one
-        return new[key] > old[key] if larger_is_better else new[key] < old[key]
+        return rank_key(new[key], 1, larger_is_better) < rank_key(old[key], 0, larger_is_better)  # new is the newer
 
     def nan_monitor_message(self, metrics: Mapping[str, float], epoch: int, step: int) -> str | None:
         """The warning for a validation whose monitored value is NaN (None when it is not)."""
@@ -524,6 +522,26 @@ def written_otherwise(name: str, names: Sequence[str]) -> str | None:
 
     found = [other for other in names if other != name and plain(other) == plain(name)]
     return found[0] if len(found) == 1 else None
+
+
+def rank_key(value: Any, order: int, larger_is_better: bool = False) -> tuple:
+    """The one rule that ranks validations by a monitored ``value`` (the trainer's best model,
+    :meth:`TrainerOptions.is_better`, and ``ModelCheckpoint``'s ranking): a smaller key ranks
+    higher. Numbers rank by value (equal ones tie); a NaN ranks below every number, and of two
+    NaNs, which cannot be compared, the newer (larger ``order``, e.g. the step) ranks higher, so
+    while every validation is NaN the newest is the best.
+
+    Examples:
+        >>> rank_key(0.5, order=8) < rank_key(float("nan"), order=16)
+        True
+        >>> rank_key(float("nan"), order=16) < rank_key(float("nan"), order=8)
+        True
+        >>> rank_key(0.9, order=8, larger_is_better=True) < rank_key(0.5, order=16, larger_is_better=True)
+        True
+    """
+    if _is_nan(value):
+        return (1, -order)
+    return (0, -float(value) if larger_is_better else float(value))
 
 
 def _is_nan(value: Any) -> bool:

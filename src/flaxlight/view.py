@@ -56,6 +56,7 @@ class TrainerViewMixin:
     _row_logged: dict | None = None  # what was logged since the epoch's end records began (its history row's)
     _validation_open = False  # from its evaluation's end until its callbacks' on_validation_end ended
     _best_pending: dict | None = None  # a validation's metrics whose best-model question waits for its monitor
+    _chosen_on: dict | None = None  # the metrics the latest best validation was chosen on (is_new_model_better's)
     _earlier_epochs: tuple = ()  # a resumed run's batches in epochs of other lengths (RunPlan.earlier)
     _step_count: tuple = (0, 0)  # (global_step, state.step) when last known together (_settle_global_step)
     _step_updates: float | None = None  # state.step increments per batch, counted at an epoch's end
@@ -149,7 +150,7 @@ class TrainerViewMixin:
 
     @property
     def nonfinite_steps(self) -> int:
-        """Steps whose loss was NaN/Inf, as read at the last log point or epoch end."""
+        """Steps whose loss was NaN/Inf, as read at the last log point, validation or epoch end."""
         return self._nonfinite.steps
 
     @property
@@ -457,8 +458,13 @@ class TrainerViewMixin:
 
     def _begin_validation_records(self) -> None:
         """From now until :meth:`_end_validation`, what is logged is the validation's
-        (:attr:`validation_metrics`): its eval record, and what hooks and callbacks log then."""
+        (:attr:`validation_metrics`): its eval record, and what hooks and callbacks log then.
+        Within an epoch, :attr:`nonfinite_steps` is brought up to this step first (one read of the
+        epoch's device count; a validation waits for the device anyway), so a NaN the hooks and
+        callbacks see is known to come from a diverged training or not (``weights_damaged``)."""
         self._validation_logged, self._validation_open = {}, True
+        if self._loop.phase == "train":  # at an epoch's end the epoch's one read has counted them
+            self._nonfinite.note(self.global_step, self._nonfinite.now(self._loop) - self._nonfinite.before_epoch)
 
     def _choose_best(self, eval_metrics: Mapping[str, float]) -> None:
         """Ask ``is_new_model_better`` once for this validation (:meth:`_settle_best`): now when the
@@ -485,14 +491,17 @@ class TrainerViewMixin:
             metrics[monitor] = logged[monitor]
         self._is_best = bool(self.is_new_model_better(metrics, self._best_eval_metrics))
         if self._is_best:
+            self._chosen_on = metrics
             self._keep_best(write=False)  # written once the callbacks (before ModelCheckpoint) logged theirs
 
     def _keep_best(self, write: bool = True) -> None:
         """The latest validation, the best so far, as the run's best (``train_model``'s returned
         metrics, TensorBoard's ``best/*``, the checkpoints' meta, and ``best_eval.json`` when
         ``write``): everything logged during it, as its ``metrics/eval_*.json`` holds
-        (:attr:`validation_metrics`), with the epoch's train means."""
-        metrics = self.validation_metrics
+        (:attr:`validation_metrics`), with the epoch's train means; but the values it was chosen on
+        (the eval step's, where a callback logs one of their names again) stay, so the next
+        validation is compared with values of the same kind."""
+        metrics = {**self.validation_metrics, **(self._chosen_on or {})}
         self._best_eval_metrics = {**metrics, **self._loop.train_metrics}
         if write:
             self.save_metrics("best_eval", metrics)
@@ -604,8 +613,11 @@ class TrainerViewMixin:
 
     def _log_running(self, points: list[tuple[int, dict, int]]) -> None:
         """Log log points' interval means (:class:`~flaxlight.loop.RunningLog`), oldest first."""
+        tally = self._nonfinite
         for step, means, nonfinite in points:
-            self._nonfinite.note(step, nonfinite)
+            # A point older than a validation's read of the count knows no more: it leaves the count's step as is.
+            if step > tally.checked_step or nonfinite > tally.steps - tally.before_epoch:
+                tally.note(step, nonfinite)
             if means:
                 self._log(means, step=step)
 

@@ -38,7 +38,8 @@ class EarlyStopping(Callback):
             which training stops (``patience=3``: the third one stops it).
         min_delta: the smallest change that counts as an improvement.
         check_finite: stop at once when the metric is infinite, or NaN while the training's loss
-            was NaN/Inf (the model diverged: :func:`~flaxlight.callbacks.nan_guard.weights_damaged`).
+            was NaN/Inf in a step up to this validation's, one within an epoch too (the model
+            diverged: :func:`~flaxlight.callbacks.nan_guard.weights_damaged`).
             A NaN of a model whose training is finite is a 0/0 (the validation counted nothing for
             the metric, e.g. a masked ``Mean`` with no labelled example): a validation without an
             improvement, said once; so is every NaN with ``check_finite=False``.

@@ -6,12 +6,13 @@ import difflib
 import inspect
 import math
 import os
+import re
 import time
 import warnings
 from typing import Any, Mapping
 
 from flaxlight.callbacks.base import Callback, check_mode, refuse_keras_arguments
-from flaxlight.options import MetricNotLoggedError, warn_if_mode_contradicts_name
+from flaxlight.options import MetricNotLoggedError, rank_key, warn_if_mode_contradicts_name
 
 __all__ = ["ModelCheckpoint"]
 
@@ -56,8 +57,14 @@ KERAS_ARGUMENTS = {
     "initial_value_threshold": "flaxlight has none: the first validation's checkpoint is the best until a better "
                                "one comes (checkpoint.best_model_score is the best's value after training)",
 }
-# What a monitor that is a model file's path ends with (Keras' filepath given first).
-_FILE_SUFFIXES = (".keras", ".h5", ".hdf5", ".ckpt", ".pt", ".pth", ".msgpack")
+# What a monitor that is Keras' filepath (given first) ends with: a Keras model or weights file.
+_KERAS_SUFFIXES = (".keras", ".h5", ".hdf5")
+# Where the trainer's metric names start (a name logged by hooks may start otherwise).
+_METRIC_PREFIXES = ("val/", "test/", "train/")
+# Keras' filepath template fields: {epoch}, {batch}, or any with a format spec ({val_loss:.2f}).
+_TEMPLATE_FIELD = re.compile(r"\{(?:epoch|batch)(?::[^{}]*)?\}|\{[A-Za-z_]\w*:[^{}]*\}")
+# The start of a relative or absolute path: ./ ../ ~/ (or with a backslash), /, a Windows drive or share.
+_PATH_START = re.compile(r"^(?:\.{1,2}[/\\]|~[/\\]|/|[A-Za-z]:[/\\]|\\\\)")
 _LIGHTNING_ATTRIBUTES = {
     "best_k_models": "best_step and best_model_path name the best; the checkpoints kept are the steps in "
                      "trainer.checkpointer.all_steps(), folders <log_dir>/checkpoints/<step>",
@@ -70,17 +77,20 @@ _LIGHTNING_ATTRIBUTES = {
 
 
 def _looks_like_path(name: Any) -> bool:
-    """Whether a monitor ``name`` reads as a file path (Keras' first argument) rather than a metric:
-    a model file's suffix, Keras' ``{epoch}`` template, a path's start (``/``, ``./``, ``~``) or
-    end (``/``), or a separator other than ``/`` (which metric names hold: ``val/loss``).
+    """Whether a monitor ``name`` is a file path (Keras' ``filepath`` given first), never a metric
+    name the trainer logs: it does not start as one (``val/``, ``test/``, ``train/``) and has a
+    Keras file's suffix (``.keras``, ``.h5``, ``.hdf5``), a field of Keras' name template
+    (``{epoch:02d}``, ``{val_loss:.2f}``) or a path's start (``./``, ``../``, ``~/``, ``/``, ``C:\\``).
 
     Examples:
-        >>> [_looks_like_path(name) for name in ("best.keras", "ckpt/{epoch:02d}", "./best", "ckpts/", "val/loss")]
-        [True, True, True, True, False]
+        >>> [_looks_like_path(name) for name in ("best.keras", "ckpt/{epoch:02d}", "./best", "/tmp/ckpt/")]
+        [True, True, True, True]
+        >>> [_looks_like_path(name) for name in ("val/loss", "val/f1_{macro}", "val/nll.h5", "ckpts/", "f1.pt")]
+        [False, False, False, False, False]
     """
-    return isinstance(name, str) and (
-        name.lower().endswith((*_FILE_SUFFIXES, "/")) or "{" in name or name.startswith(("/", "./", "../", "~"))
-        or "\\" in name or (os.sep != "/" and os.sep in name))
+    return (isinstance(name, str) and not name.startswith(_METRIC_PREFIXES)
+            and (name.lower().endswith(_KERAS_SUFFIXES) or bool(_TEMPLATE_FIELD.search(name))
+                 or bool(_PATH_START.match(name))))
 
 
 def _keras_filepath(args: tuple, kwargs: Mapping[str, Any]) -> str | None:
@@ -116,6 +126,8 @@ class ModelCheckpoint(Callback):
             ``on_validation_end`` (``trainer.log_metrics({"val/f1": f1})``, as Lightning ranks by
             anything logged by then); None follows the trainer's ``is_new_model_better`` (the
             seed's rule, asked once per validation by the trainer) and keeps only the single best.
+            Ranked by the trainer's rule (:func:`~flaxlight.options.rank_key`): a NaN below every
+            number, and of NaNs the newest first (while every validation is NaN, the newest is the best).
         mode: ``"min"`` or ``"max"`` for ``monitor``.
         save_top_k: how many best checkpoints to keep (0: none kept for being best). -1 keeps
             every checkpoint written, as in Lightning: each validation's (ranked by ``monitor``,
@@ -322,10 +334,13 @@ class ModelCheckpoint(Callback):
             return False
         if self.monitor is None:
             return trainer.is_best_validation
-        score = self._score(metrics)
-        if math.isnan(score):
-            return False
-        return self.save_top_k == -1 or len(self.best) < self.save_top_k or score < self.best[-1][0]
+        return (self.save_top_k == -1 or len(self.best) < self.save_top_k
+                or self._ranks_above(trainer, metrics, self.best[-1]))
+
+    def _ranks_above(self, trainer, metrics: Mapping[str, float], kept: tuple[float, int]) -> bool:
+        """Whether this validation ranks above the ``kept`` (score, step), by the trainer's rule
+        (``options.rank_key``: a NaN below every number, the newer of two NaNs above)."""
+        return rank_key(self._score(metrics), trainer.global_step) < rank_key(*kept)
 
     def score_of(self, step: int) -> dict[str, float] | None:
         """``{metric: value}`` that ranks checkpoint ``step`` when it is saved for its validation
@@ -342,11 +357,10 @@ class ModelCheckpoint(Callback):
         return {key: float(metrics[key])}
 
     def _is_new_best(self, trainer, metrics: Mapping[str, float]) -> bool:
-        """Whether this validation beats every checkpoint ranked so far (a NaN never does)."""
+        """Whether this validation beats every checkpoint ranked so far (a NaN only other NaNs)."""
         if self.monitor is None:
             return trainer.is_best_validation
-        score = self._score(metrics)
-        return not math.isnan(score) and (not self.best or score < self.best[0][0])
+        return not self.best or self._ranks_above(trainer, metrics, self.best[0])
 
     def _validation_due(self, trainer, epoch: int) -> bool:
         """Whether a validation falls on a periodic point (``every_n_epochs``: any validation of
@@ -447,7 +461,7 @@ class ModelCheckpoint(Callback):
                 self.best = [(0.0, step)]
             else:
                 entry = (self._score(best_metrics), step)
-                ranked = sorted([b for b in self.best if b[1] != step] + [entry])
+                ranked = sorted([b for b in self.best if b[1] != step] + [entry], key=lambda b: (rank_key(*b), b[1]))
                 self.best = ranked if self.save_top_k == -1 else ranked[: self.save_top_k]
         if own and self.best_step != step:  # among the top k, not the best: it would replace the best
             return
