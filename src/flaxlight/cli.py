@@ -804,7 +804,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from flaxlight.config import ConfigError
     from flaxlight.messages import logger
     from flaxlight.registry import RegistryError
-    from flaxlight.runfiles import RunInUseError
+    from flaxlight.runfiles import ByNameHparamError, RunInUseError
 
     added = _cli_log_lines not in logger.filters  # not by a main() called inside another (which removes it)
     if added:
@@ -814,6 +814,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ConfigError, RegistryError, _UsageError, RunInUseError,  # and paths: --ckpt at no run, -o at a
             FileNotFoundError, FileExistsError, NotADirectoryError) as exc:  # file, a file where a folder goes
         print(f"flaxlight {args.command}: error: {_for_cli(str(exc))}", file=sys.stderr)
+        return 2
+    except ByNameHparamError as exc:  # a function of the run's model_hparams: loadable in Python only
+        print(f"flaxlight {args.command}: error: {exc.command_line}", file=sys.stderr)
         return 2
     except (_CommandFailed, DamagedCheckpointError) as exc:
         print(f"flaxlight {args.command}: error: {_for_cli(str(exc))}", file=sys.stderr)

@@ -49,7 +49,7 @@ __all__ = ["RunInUseError", "LoggerParams", "HPARAMS_FILE", "CHECKPOINT_DIR", "M
            "open_run", "no_run_files", "finish_run", "claim_run", "RunLock", "run_files_present", "failed_start",
            "set_aside_failed_start", "FAILED_START_DIR", "make_loggers",
            "write_hparams", "read_hparams", "hparams_record", "with_arrays", "ARRAYS_KEY", "DTYPES_KEY", "BY_NAME_KEY",
-           "RECORD_KEYS", "ARRAY_SIZE_LIMIT",
+           "RECORD_KEYS", "ARRAY_SIZE_LIMIT", "ByNameHparamError",
            "trainer_kwargs", "load_overrides", "write_metrics", "to_yaml_safe", "class_path", "enable_compilation_cache"]
 
 HPARAMS_FILE = "hparams.yaml"
@@ -554,6 +554,8 @@ def to_yaml_safe(value: Any) -> Any:
         return _array_values(array)
     if isinstance(value, np.generic):
         return value.item()
+    if isinstance(value, _TextOnly):  # a model hparam a loaded run holds as text only: that text
+        return str(value)
     if isinstance(value, (str, int, float, bool)) or value is None:
         return value
     if (name := _dtype_name(value)) is not None:
@@ -590,6 +592,8 @@ def _by_name_kind(value: Any) -> str | None:
     """What a value :func:`to_yaml_safe` writes by its name or ``repr`` is (``"function"``, ``"class"``,
     ``"module"``, ``"object"``): it cannot come back from the file; None for data (and arrays: the large
     ones are warned of as such)."""
+    if isinstance(value, _TextOnly):  # a loaded run's, still text: what it was
+        return value.kind
     if value is None or isinstance(value, (str, int, float, bool, np.generic, np.ndarray, jax.Array)) \
             or _dtype_name(value) is not None:
         return None
@@ -737,12 +741,17 @@ def with_arrays(hparams: dict) -> dict:
     rest = _without_records(hparams)
     for key, fields, restore in ((ARRAYS_KEY, {"path", "dtype", "shape"}, _as_array),
                                  (DTYPES_KEY, {"path", "dtype"}, _as_dtype)):
-        records = hparams.get(key)
-        if isinstance(records, list) and all(isinstance(record, dict) and fields <= set(record)
-                                             and isinstance(record["path"], list) for record in records):
-            for record in records:
-                rest = _at_path(rest, record["path"], functools.partial(restore, record=record))
+        for record in _valid_records(hparams.get(key), fields):
+            rest = _at_path(rest, record["path"], functools.partial(restore, record=record))
     return rest
+
+
+def _valid_records(records: Any, fields: set[str]) -> list[dict]:
+    """``records`` (one of :data:`RECORD_KEYS` as a file holds it) when each is flaxlight's shape, with
+    ``fields`` and a path; else none (a file edited by hand: its values are left as they are)."""
+    valid = isinstance(records, list) and all(isinstance(record, dict) and fields <= set(record)
+                                              and isinstance(record["path"], list) for record in records)
+    return records if valid else []
 
 
 def _as_array(value: Any, record: Mapping[str, Any]) -> Any:
@@ -775,34 +784,75 @@ _LOCATION_KEYS = ("log_dir", "base_log_dir", "logger_name")  # logger_params tha
 
 def write_hparams(log_dir: str, config: Mapping[str, Any]) -> dict:
     """Write ``config`` as ``<log_dir>/hparams.yaml`` (plain YAML) and return what was written (less
-    its :data:`ARRAYS_KEY` record: the loggers get the settings). An
+    its records, :data:`RECORD_KEYS`: the loggers get the settings). An
     earlier file that says otherwise (a resume with changed settings) is kept as
     ``hparams.1.yaml`` (``.2``, ...), and the changes are said; an equal one is left as it is.
     Where the run is (``logger_params``' ``log_dir``, ``base_log_dir``, ``logger_name``: a
-    ``version_N`` run resumed by its folder, a moved run) is no setting: it alone changes nothing."""
+    ``version_N`` run resumed by its folder, a moved run) is no setting: it alone changes nothing;
+    nor are the records, which describe the settings, nor a dtype's spelling (``jax.numpy.float32``,
+    as the code before ``dtype_hparams`` wrote it, is ``float32``): such a file, of a run written
+    before, is brought up to date in place."""
     hparams, path, earlier = hparams_record(config), os.path.join(log_dir, HPARAMS_FILE), {}
     if os.path.isfile(path):
         with open(path) as f:
             earlier = yaml.safe_load(f) or {}
-        changes = _changes(_without_location(earlier), _without_location(hparams))
-        if not changes:
+        changes = _changes(_without_location(_as_settings(earlier, hparams)), _without_location(_as_settings(hparams)))
+        if not changes and _without_location(earlier) == _without_location(hparams):  # else: only spelled otherwise
             return _without_records(hparams)
-        kept = next(name for name in (f"hparams.{n}.yaml" for n in itertools.count(1))
-                    if not os.path.exists(os.path.join(log_dir, name)))
-        os.replace(path, os.path.join(log_dir, kept))
-        messages.warning(f"This run's settings differ from the ones {HPARAMS_FILE} recorded ({'; '.join(changes[:5])}"
-                         f"{'; ...' if len(changes) > 5 else ''}): they apply from now on; the earlier file is kept as "
-                         f"{kept}.")
+        if changes:
+            kept = next(name for name in (f"hparams.{n}.yaml" for n in itertools.count(1))
+                        if not os.path.exists(os.path.join(log_dir, name)))
+            os.replace(path, os.path.join(log_dir, kept))
+            messages.warning(f"This run's settings differ from the ones {HPARAMS_FILE} recorded "
+                             f"({'; '.join(changes[:5])}{'; ...' if len(changes) > 5 else ''}): they apply from now "
+                             f"on; the earlier file is kept as {kept}.")
     said = (earlier.get(BY_NAME_KEY) if isinstance(earlier, dict) else None) or ()
     new = [record for record in hparams.get(BY_NAME_KEY) or () if record not in said]
-    if new:  # said at the run's first write (and when a resume adds one)
+    if new:  # said when the file first lists it: the run's first write (a run from before the record: its first here)
         described, passed, them = _by_name_text(new, hparams)
         warn_at_user(f"{HPARAMS_FILE}: model_hparams {described} kept there as text only: a run's files are data, "
                      f"and loading a run imports and calls nothing they name. Pass {them} again when loading the run: "
-                     f"load_from_checkpoint(run, exmp_input=..., {passed}).")
+                     f"load_from_checkpoint(run, exmp_input=..., {passed}) (not needed where your trainer's __init__ "
+                     f"sets {them} itself).")
     with open(path, "w") as f:
         yaml.dump(_for_file(hparams), f, Dumper=_HparamsDumper, sort_keys=False)
     return _without_records(hparams)
+
+
+def _as_settings(hparams: Any, current: Mapping[str, Any] | None = None) -> Any:
+    """``hparams`` (as a file holds them) as a resume compares them: less their records
+    (:data:`RECORD_KEYS`), which describe the settings, but with an array's dtype and shape (its
+    record's, :data:`ARRAYS_KEY`) beside its values. Given the ``current`` ones, a dtype they list
+    (:data:`DTYPES_KEY`) that ``hparams`` spell as the code before that record did
+    (``jax.numpy.float32``, ``numpy.int8``, ``dtype('int8')``) is spelled by its name, as now: the same setting.
+
+    Examples:
+        >>> _as_settings({"dtype": "jax.numpy.float32"}, {"dtype": "float32",
+        ...                                              "dtype_hparams": [{"path": ["dtype"], "dtype": "float32"}]})
+        {'dtype': 'float32'}
+        >>> _as_settings({"m": [1.5], "array_hparams": [{"path": ["m"], "dtype": "float32", "shape": [1]}]})
+        {'m': {'array': 'float32[1]', 'values': [1.5]}}
+    """
+    if not isinstance(hparams, dict):
+        return hparams
+    for record in _valid_records(hparams.get(ARRAYS_KEY), {"path", "dtype", "shape"}):
+        hparams = _at_path(hparams, record["path"], lambda values, record=record: {
+            "array": f"{record['dtype']}{record['shape']}", "values": values})
+    for record in _valid_records((current or {}).get(DTYPES_KEY), {"path", "dtype"}):
+        hparams = _at_path(hparams, record["path"], functools.partial(_respelled_dtype, name=record["dtype"]))
+    return _without_records(hparams)
+
+
+_OLD_DTYPE_SPELLING = re.compile(r"(?:jax\.numpy|numpy|ml_dtypes)\.(\w+)|dtype\('?(\w+)'?\)")
+
+
+def _respelled_dtype(value: Any, name: str) -> Any:
+    """``name`` where ``value`` is an older spelling of that dtype (see :func:`_as_settings`), else ``value``."""
+    match = _OLD_DTYPE_SPELLING.fullmatch(value) if isinstance(value, str) else None
+    try:
+        return name if match and np.dtype(jnp.dtype(match.group(1) or match.group(2))).name == name else value
+    except (TypeError, ValueError, AttributeError):  # no dtype numpy knows (a class of that module)
+        return value
 
 
 _KINDS = {"function": "a function", "class": "a class", "module": "a module", "object": "an object"}
@@ -825,25 +875,91 @@ def _by_name_text(records: list[dict], hparams: Mapping[str, Any]) -> tuple[str,
             "them" if many else "it")
 
 
-def _refuse_by_name(owner: str, run: str, records: Any, kwargs: Mapping[str, Any], hparams: Mapping[str, Any],
-                    nested: bool) -> None:
-    """A ``TypeError`` before the model is built when a model hparam the run wrote by name only
-    (``records``, :data:`BY_NAME_KEY`) is not given again: ``kwargs`` (the trainer's, ``nested``: with
-    ``model_hparams``, else the seed's pattern, each by name) would hand the model its name (a string)."""
-    if not isinstance(records, list):
-        return
-    missing = []
+class ByNameHparamError(TypeError):
+    """A run's model hparam that ``hparams.yaml`` holds as text only (a function, a class, a module:
+    :data:`BY_NAME_KEY`) would reach its model when it is loaded: it must be passed again.
+    ``command_line`` says it for the command line, which cannot pass one (``flaxlight test`` prints it).
+
+    Examples:
+        >>> str(ByNameHparamError("Pass it again: act=gelu.", command_line="Not from the command line."))
+        'Pass it again: act=gelu.'
+    """
+
+    def __init__(self, message: str, command_line: str | None = None):
+        super().__init__(message)
+        self.command_line = command_line or message
+
+    def add_note(self, note: str) -> None:
+        if not note.startswith("flaxlight: "):  # not the note about exmp_input's shapes, which does not apply
+            super().add_note(note)
+
+
+class _TextOnly:
+    """A model hparam a run wrote by name only (:data:`BY_NAME_KEY`), in place of the text its file
+    holds (``str()`` gives it back), handed to a trainer whose ``__init__`` may set the value itself:
+    the model calling it (the function it was) raises ``message`` as a :class:`ByNameHparamError`
+    (the text itself was called, or looked up as a name: "'str' object is not callable")."""
+
+    def __init__(self, text: str, kind: str, message: str = "", command_line: str = ""):
+        self.text, self.kind, self.message, self.command_line = text, kind, message, command_line
+
+    def __str__(self) -> str:
+        return self.text
+
+    def __repr__(self) -> str:
+        return repr(self.text)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raise ByNameHparamError(self.message or f"{self.text!r} is a model hparam kept in {HPARAMS_FILE} as text "
+                                                f"only: pass it again when loading the run.", self.command_line)
+
+
+def _by_name_records(saved: Mapping[str, Any]) -> list[dict]:
+    """The records of :data:`BY_NAME_KEY` in ``saved`` (``hparams.yaml``) that name a model hparam."""
+    records = saved.get(BY_NAME_KEY) if isinstance(saved, dict) else None
+    return [record for record in records if isinstance(record, dict) and isinstance(record.get("path"), list)
+            and len(record["path"]) > 1 and record["path"][0] == "model_hparams"] if isinstance(records, list) else []
+
+
+def _marked(model_hparams: Any, records: list[dict]) -> Any:
+    """``model_hparams`` (as read from the file) with each value ``records`` name, still the text, a
+    :class:`_TextOnly`: whatever the caller passes instead is not one, and so is told from it
+    (``act='gelu'`` too)."""
     for record in records:
-        if not (isinstance(record, dict) and isinstance(record.get("path"), list) and len(record["path"]) > 1):
-            continue
-        if isinstance(_value_at(kwargs, record["path"] if nested else record["path"][1:]), str):
-            missing.append(record)  # not given again: the name the file holds would reach the model
-    if missing:
-        described, passed, them = _by_name_text(missing, hparams)
-        raise TypeError(f"{owner}.load_from_checkpoint: the run's model_hparams {described} kept in {HPARAMS_FILE} as "
-                        f"text only, and a run's files are data: loading imports and calls nothing they name, so the "
-                        f"model cannot be built from {them}. Pass {them} again: {owner}.load_from_checkpoint({run!r}, "
-                        f"exmp_input=..., {passed}).")
+        model_hparams = _at_path(model_hparams, record["path"][1:], lambda value, kind=record.get("kind", "object"):
+                                 _TextOnly(value, kind) if isinstance(value, str) else value)
+    return model_hparams
+
+
+def _check_by_name(trainer_class: type, run: str, saved: Mapping[str, Any], kwargs: dict, nested: bool) -> dict:
+    """``kwargs`` (rebuilding ``trainer_class``: ``nested``, with ``model_hparams``, else the seed's
+    pattern, each by name) where no model hparam the run wrote by name only is left as its text
+    (:func:`_marked`; one given again, in any spelling, is not). Else a :class:`ByNameHparamError`
+    before anything is built where the text reaches the model for certain: a trainer whose
+    ``__init__`` is flaxlight's (``model_hparams`` handed on as they are), or one that declares the
+    hparam as its own keyword (the text is that argument). A trainer of the user's taking
+    ``model_hparams`` decides: it may set the value itself (the seed's pattern, a model it picks); the
+    text, handed on, raises the same error when the model calls it."""
+    where = (lambda path: path) if nested else (lambda path: path[1:])
+    missing = [record for record in _by_name_records(saved)
+               if isinstance(_value_at(kwargs, where(record["path"])), _TextOnly)]
+    if not missing:
+        return kwargs
+    owner, (described, passed, them) = trainer_class.__name__, _by_name_text(missing, saved)
+    said = (f"the run's model_hparams {described} kept in {HPARAMS_FILE} as text only, and a run's files are data: "
+            f"loading imports and calls nothing they name, so the model cannot be built from {them}")
+    again = f"{owner}.load_from_checkpoint({run!r}, exmp_input=..., {passed})"
+    message = f"{owner}.load_from_checkpoint: {said}. Pass {them} again: {again}."
+    command_line = (f"{said}; the command line passes data only, so it cannot load this run. In Python, pass {them} "
+                    f"again: {again}; then trainer.eval_model(loader), trainer.predict(x) or trainer.export(path).")
+    init = trainer_class.__init__
+    if not nested or (getattr(init, "__module__", "").split(".")[0] == "flaxlight"
+                      and "model_hparams" in explicit_parameters(init)):
+        raise ByNameHparamError(message, command_line)
+    for record in missing:
+        kwargs = _at_path(kwargs, where(record["path"]),
+                          lambda marked: _TextOnly(marked.text, marked.kind, message, command_line))
+    return kwargs
 
 
 def _without_records(hparams: dict) -> dict:
@@ -908,7 +1024,7 @@ def trainer_kwargs(trainer_class: type, run: str | os.PathLike, which: str,
                 f"callbacks=[ModelCheckpoint(...)]), or use the trainer that trained it (predict, export).")
         raise FileNotFoundError(f"No checkpoint in {ckpt_dir}: this run saved no model yet.")
     model_class_path = hparams.pop("model_class")
-    model_hparams = hparams.pop("model_hparams", {}) or {}
+    model_hparams = _marked(hparams.pop("model_hparams", {}) or {}, _by_name_records(saved))
     # logger_params given are merged over the saved ones; a log_dir given logs there (the checkpoint is still this run's)
     hparams["logger_params"] = {**(hparams.get("logger_params") or {}), "log_dir": log_dir,
                                 **(overrides.get("logger_params") or {})}
@@ -928,8 +1044,7 @@ def trainer_kwargs(trainer_class: type, run: str | os.PathLike, which: str,
     else:  # the seed's pattern: MyTrainer(hidden_dims, output_dim, **kwargs)
         hparams.update(model_hparams)
     kwargs = {**hparams, **{key: value for key, value in overrides.items() if key != "logger_params"}}
-    _refuse_by_name(trainer_class.__name__, os.fspath(run), saved.get(BY_NAME_KEY), kwargs, saved, nested)
-    return kwargs
+    return _check_by_name(trainer_class, os.fspath(run), saved, kwargs, nested)
 
 
 def _without_unread(hparams: dict, declared: set[str]) -> dict:
@@ -982,7 +1097,7 @@ def load_overrides(trainer_class: type, run: str | os.PathLike, overrides: Mappi
     unknown = [key for key in overrides if key not in taken | {"callbacks", "loggers", "mesh"}]
     raw = read_hparams(os.path.abspath(os.fspath(run))) if unknown else {}
     hparams = with_arrays(raw)
-    saved = hparams.get("model_hparams") or {}
+    saved = _marked(hparams.get("model_hparams") or {}, _by_name_records(raw))  # those not given again: told apart
     if not unknown or not _takes_model_hparams(trainer_class, saved):
         return dict(overrides)
     model_class = overrides.get("model_class") or _model_class_or_none(hparams.get("model_class"))
@@ -1000,9 +1115,8 @@ def load_overrides(trainer_class: type, run: str | os.PathLike, overrides: Mappi
             f"{overrides['model_hparams']!r}, which replaces the run's model hyperparameters whole: give them in one "
             f"place, model_hparams={ {**overrides['model_hparams'], **moved}!r}.")
     merged = {**saved, **moved}
-    by_name = {record["path"][1] for record in raw.get(BY_NAME_KEY) or () if isinstance(record, dict)
-               and isinstance(record.get("path"), list) and len(record["path"]) > 1}
-    if set(moved) - by_name:  # not when it gives back what the run wrote by name only (a function: act=nnx.gelu)
+    # not said when it gives back what the run wrote by name only (a function: act=nnx.gelu)
+    if set(moved) - {record["path"][1] for record in _by_name_records(raw)}:
         messages.info(f"{name}.load_from_checkpoint: {given}, {argument} of the model {model}, replaces the run's "
                       f"(model_hparams {saved!r} -> {merged!r}): the model is built with it, and the checkpoint's "
                       f"parameters must fit it (a partial load, for a new head: docs/models.md, \"Fine-tuning\").")
