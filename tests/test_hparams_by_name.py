@@ -111,6 +111,15 @@ def test_a_trainer_that_puts_a_function_in_its_model_hparams_itself_loads_its_ru
     assert code == 0 and "test/loss:" in out, err
     loaded = PicksGelu.load_from_checkpoint(tmp_path / "seed", exmp_input=np.zeros((1, 1), np.float32))
     assert loaded.model_hparams["act"] is nn.gelu
+    # given again anyway, as the docs say of a function among model_hparams, in either spelling: the
+    # same value is taken ("multiple values for keyword argument 'model_hparams'" before); another is refused
+    for given in ({"act": nn.gelu}, {"model_hparams": {"hidden": 8, "act": nn.gelu}}):
+        again = PicksGelu.load_from_checkpoint(tmp_path / "seed", exmp_input=np.zeros((1, 1), np.float32), **given)
+        assert again.model_hparams["act"] is nn.gelu
+    with pytest.raises(TypeError, match=r"^PicksGelu\.load_from_checkpoint: act='jax\..*relu' \(it sets act='jax\..*gelu'\): "
+                                        r"PicksGelu\.__init__ picks its model itself .* Pass an argument of "
+                                        r"PicksGelu\.__init__ instead \(hidden\)"):
+        PicksGelu.load_from_checkpoint(tmp_path / "seed", exmp_input=np.zeros((1, 1), np.float32), act=nn.relu)
     # the fit's word on it says as much
     assert any("text only" in str(w.message) and "not needed where your trainer's __init__ sets it itself"
                in str(w.message) for w in said)

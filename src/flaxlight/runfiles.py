@@ -914,6 +914,12 @@ class _TextOnly:
                                                 f"only: pass it again when loading the run.", self.command_line)
 
 
+def kept_as_text(value: Any) -> bool:
+    """Whether ``value`` is a model hparam a loaded run holds as text only (a function it wrote by
+    name), not given again."""
+    return isinstance(value, _TextOnly)
+
+
 def _by_name_records(saved: Mapping[str, Any]) -> list[dict]:
     """The records of :data:`BY_NAME_KEY` in ``saved`` (``hparams.yaml``) that name a model hparam."""
     records = saved.get(BY_NAME_KEY) if isinstance(saved, dict) else None

@@ -33,7 +33,8 @@ from flaxlight.data import ArrayLoader, as_input_list, as_loader
 from flaxlight.messages import logger as messages, warn_at_user
 from flaxlight.metrics import batch_size as examples_in, deliberate_reads
 from flaxlight.optim import PRECISIONS, as_optimizer_config, ema_params
-from flaxlight.options import foreign_method_message
+from flaxlight.options import TRAINER_ARGUMENTS, foreign_method_message
+from flaxlight.registry import explicit_parameters
 from flaxlight.step import computing_state, step_owner
 from flaxlight.view import _is_flaxlights, refuse_deleted_arrays, writes_own_checkpoints
 
@@ -104,16 +105,55 @@ def _exmp_input_note(exmp_input: Any) -> str:
 def _construct(cls: type, exmp_input: Any, kwargs: dict, overrides: Mapping[str, Any]):
     """``cls(exmp_input=..., **kwargs)``; a constructor that names its model itself (the seed's
     pattern, no model hyperparameters saved to tell) is called again without ``model_class`` /
-    ``model_hparams``, unless the caller passed them."""
+    ``model_hparams``. Where the caller gave them (``act=nn.gelu``: a model hparam), the trainer
+    so built must hold the same values (:func:`_check_given_model`): its ``__init__`` sets them."""
     with warnings.catch_warnings():  # num_epochs / batch_size in the run's hparams: said when it was trained
         warnings.filterwarnings("ignore", message=r".* it is recorded in the run's config, but only train_model's")
         try:
             return cls(exmp_input=exmp_input, **kwargs)
         except TypeError as exc:
-            added = [key for key in ("model_class", "model_hparams") if key in kwargs and key not in overrides]
-            if not added or not any(f"argument '{key}'" in str(exc) for key in added):
+            model_keys = [key for key in ("model_class", "model_hparams") if key in kwargs]
+            if not any(f"argument '{key}'" in str(exc) for key in model_keys):
                 raise
-            return cls(exmp_input=exmp_input, **{key: value for key, value in kwargs.items() if key not in added})
+            trainer = cls(exmp_input=exmp_input, **{key: value for key, value in kwargs.items()
+                                                    if key not in model_keys})
+    return _check_given_model(trainer, {key: overrides[key] for key in model_keys if key in overrides})
+
+
+def _same_value(given: Any, held: Any) -> bool:
+    if given is held:
+        return True
+    try:
+        return bool(np.all(given == held)) and np.shape(given) == np.shape(held)
+    except Exception:  # values that do not compare (arrays of other shapes, objects refusing ==)
+        return False
+
+
+def _check_given_model(trainer: Any, given: Mapping[str, Any]) -> Any:
+    """``trainer``, built by a constructor that sets ``model_class`` / ``model_hparams`` itself,
+    when the ones ``load_from_checkpoint`` was given (``given``; by name: ``act=nn.gelu`` joins
+    ``model_hparams``) are what it holds; else a TypeError naming those that could not reach the
+    model, and what to pass instead. A value the run kept as text only stands for what the trainer sets."""
+    name, differ = type(trainer).__name__, []
+    if "model_class" in given and given["model_class"] is not trainer.model_class:
+        differ.append(f"model_class={getattr(given['model_class'], '__name__', given['model_class'])} (it builds "
+                      f"{getattr(trainer.model_class, '__name__', trainer.model_class)})")
+    held = trainer.model_hparams if isinstance(trainer.model_hparams, Mapping) else {}
+    for key, value in (given.get("model_hparams") or {}).items():
+        if not runfiles.kept_as_text(value) and not _same_value(value, held.get(key, _MISSING)):
+            shown = runfiles.to_yaml_safe  # a function by its path, not "<function gelu at 0x7f...>"
+            differ.append(f"{key}={shown(value)!r} (it sets " + (f"{key}={shown(held[key])!r})" if key in held else "none)"))
+    if differ:
+        own = [arg for arg in explicit_parameters(type(trainer).__init__) if arg not in TRAINER_ARGUMENTS]
+        raise TypeError(
+            f"{name}.load_from_checkpoint: {', '.join(differ)}: {name}.__init__ picks its model itself (it passes "
+            f"model_class and model_hparams to TrainerModule.__init__), so a model setting given to "
+            f"load_from_checkpoint cannot reach the model. Pass an argument of {name}.__init__ instead"
+            + (f" ({', '.join(own)})" if own else "") + ", or let __init__ take the setting and hand it to the model.")
+    return trainer
+
+
+_MISSING = object()
 
 
 _LOSS_FN = ("loss_fn(self, params, batch, *, train, rng, state) returning (loss, metrics), from which the trainer "
