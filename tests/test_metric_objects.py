@@ -353,19 +353,26 @@ def test_a_mean_or_std_of_nothing_counted_is_nan_as_np_average_has_none_and_f1_s
     assert np.isnan(float(empty.merge(empty).compute()))
     assert float(empty.merge(Mean.of(jnp.array([4.0]))).compute()) == 4.0  # an empty batch changes nothing
     assert float(F1.of(jnp.array([-1, -1]), jnp.array([1, 2]), num_classes=3).compute()) == 0.0  # as documented
+    from flaxlight.metric_objects import Max, Min  # read -inf / +inf, which EarlyStopping(check_finite) stops on
+
+    for metric in (Max, Min):
+        empty = metric.of(jnp.array([2.3, 1.7]), mask=jnp.zeros(2, bool))
+        assert np.isnan(float(empty.merge(empty).compute())) and np.isnan(float(metric.of(jnp.zeros(0)).compute()))
+        assert float(empty.merge(metric.of(jnp.array([-4.0]))).compute()) == -4.0
+        assert float(metric.of(jnp.array([-jnp.inf])).compute()) == -np.inf  # a value counted stays what it is
 
 
 class TaskTrainer(flaxlight.TrainerModule):
     """A second task whose labels are missing at the validation of epoch 2 (and in epoch 3's training)."""
 
     def loss_fn(self, params, batch, *, train, rng, state):
-        from flaxlight.metric_objects import Mean
+        from flaxlight.metric_objects import Max, Mean
 
         x, y = batch
         pred, _ = state.apply_model(params, x, train=train, rng=rng)
         errors = ((pred - y) ** 2)[:, 0]
         labelled = jnp.broadcast_to(state.epoch != 2, errors.shape)  # state.epoch: 2 there
-        return errors.mean(), {"task": Mean.of(errors, mask=labelled)}
+        return errors.mean(), {"task": Mean.of(errors, mask=labelled), "worst": Max.of(errors, mask=labelled)}
 
 
 def test_an_evaluation_with_nothing_counted_reads_nan_ranks_last_and_stops_nothing(tmp_path, caplog):
@@ -383,6 +390,7 @@ def test_an_evaluation_with_nothing_counted_reads_nan_ranks_last_and_stops_nothi
     curve = [row["val/task"] for row in trainer.history if "val/task" in row]
     assert np.isnan(curve[1]) and not np.isnan([curve[0], *curve[2:]]).any()
     assert np.isnan(trainer.history[2]["train/task"])  # epoch 3's training counted nothing either
+    assert np.isnan(trainer.history[1]["val/worst"]) and trainer.history[2]["val/worst"] > 0  # not -inf
     assert best["val/task"] == min(curve[0], *curve[2:]) and stopper.best == best["val/task"]
     with open(tmp_path / "run" / "metrics.csv", newline="") as f:
         logged = [row["val/task"] for row in csv.DictReader(f) if row.get("val/task")]

@@ -119,6 +119,8 @@ class Sum:
 @struct.dataclass
 class Max:
     """The largest value over the epoch (among those whose ``mask`` weight is not 0, when given).
+    With nothing counted (every weight 0: a task with no labelled example in an evaluation) it is
+    NaN, as :class:`Mean`'s, not -inf, which ``EarlyStopping(check_finite=True)`` would stop on.
 
     Examples:
         >>> float(Max.of(jnp.array([1.0, 5.0])).merge(Max.of(jnp.array([3.0]))).compute())
@@ -126,21 +128,26 @@ class Max:
     """
 
     value: jax.Array
+    count: jax.Array  # the values counted: none, and the result is NaN
 
     @classmethod
     def of(cls, values: Any, mask: Any = None) -> "Max":
-        return cls(jnp.max(_masked(values, mask, -jnp.inf, "Max")))
+        values = jnp.asarray(values, jnp.float32)
+        counted = values.size if mask is None else jnp.sum(_weights(mask, values.shape, "Max") != 0)
+        return cls(jnp.max(_masked(values, mask, -jnp.inf, "Max"), initial=-jnp.inf), jnp.asarray(counted, jnp.float32))
 
     def merge(self, other: "Max") -> "Max":
-        return Max(jnp.maximum(self.value, other.value))
+        return Max(jnp.maximum(self.value, other.value), self.count + other.count)
 
     def compute(self) -> jax.Array:
-        return self.value
+        return jnp.where(self.count > 0, self.value, jnp.nan)
 
 
 @struct.dataclass
 class Min:
     """The smallest value over the epoch (among those whose ``mask`` weight is not 0, when given).
+    With nothing counted (every weight 0: a task with no labelled example in an evaluation) it is
+    NaN, as :class:`Mean`'s, not +inf, which ``EarlyStopping(check_finite=True)`` would stop on.
 
     Examples:
         >>> float(Min.of(jnp.array([1.0, 5.0])).merge(Min.of(jnp.array([3.0]))).compute())
@@ -148,16 +155,19 @@ class Min:
     """
 
     value: jax.Array
+    count: jax.Array  # the values counted: none, and the result is NaN
 
     @classmethod
     def of(cls, values: Any, mask: Any = None) -> "Min":
-        return cls(jnp.min(_masked(values, mask, jnp.inf, "Min")))
+        values = jnp.asarray(values, jnp.float32)
+        counted = values.size if mask is None else jnp.sum(_weights(mask, values.shape, "Min") != 0)
+        return cls(jnp.min(_masked(values, mask, jnp.inf, "Min"), initial=jnp.inf), jnp.asarray(counted, jnp.float32))
 
     def merge(self, other: "Min") -> "Min":
-        return Min(jnp.minimum(self.value, other.value))
+        return Min(jnp.minimum(self.value, other.value), self.count + other.count)
 
     def compute(self) -> jax.Array:
-        return self.value
+        return jnp.where(self.count > 0, self.value, jnp.nan)
 
 
 @struct.dataclass
