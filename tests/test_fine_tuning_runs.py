@@ -12,6 +12,7 @@ import hashlib
 import logging
 from pathlib import Path
 
+import jax
 import pytest
 import yaml
 from conftest import FailAt, RegressTrainer, TinyMLP, TinyNNX, linear_data
@@ -182,6 +183,23 @@ def test_partial_load_keywords_are_refused_naming_the_recipe(tmp_path, keyword):
     assert f"{next(iter(keyword))}={next(iter(keyword.values()))!r}" in message
     assert 'docs/models.md, section "Fine-tuning"' in message and "restores every parameter" in message
     assert _digests(run) == before
+
+
+def test_lightnings_other_load_keywords_are_refused_naming_what_to_do_instead(tmp_path):
+    """map_location='cpu', hparams_file=..., weights_only=True were kept as extra hparams and did nothing."""
+    run = tmp_path / "run"
+    _base(run, num_epochs=1)
+    before = _digests(run)
+    for keyword, instead in (("map_location", "with jax.default_device(jax.devices('cpu')[0]): trainer = "),
+                             ("hparams_file", "give the settings that should differ as keywords instead"),
+                             ("weights_only", "never pickles")):
+        with pytest.raises(TypeError, match=rf"load_from_checkpoint got {keyword}=.*Lightning's load_from_checkpoint") \
+                as refused:
+            _load(run, **{keyword: "cpu"})
+        assert instead in str(refused.value) and _digests(run) == before
+    with jax.default_device(jax.devices("cpu")[0]):  # the recipe map_location='cpu' is told
+        loaded = _load(run)
+    assert {device.platform for leaf in jax.tree.leaves(loaded.state.params) for device in leaf.devices()} == {"cpu"}
 
 
 # ----------------------------------------------------------------- 5. a fine-tune resumed before its first checkpoint

@@ -1077,6 +1077,19 @@ def _takes_model_hparams(trainer_class: type, model_hparams: Mapping[str, Any]) 
 
 #: ``load_from_checkpoint`` keywords of other libraries that load part of a checkpoint, by whose they are.
 PARTIAL_LOAD_ARGUMENTS = {"strict": "PyTorch Lightning's load_from_checkpoint", "skip_mismatch": "Keras' load_weights"}
+_LIGHTNING_LOAD = "PyTorch Lightning's load_from_checkpoint"
+# Other keywords of Lightning's load_from_checkpoint (and torch.load's): what flaxlight does instead
+LIGHTNING_LOAD_ARGUMENTS = {
+    "map_location": "flaxlight restores the arrays onto JAX's default device. To load onto the CPU (a model trained "
+                    "on a GPU, on a machine without one or to keep the GPU's memory free): "
+                    "with jax.default_device(jax.devices('cpu')[0]): trainer = {owner}.load_from_checkpoint(run, "
+                    "exmp_input=...); onto several devices: mesh=...",
+    "hparams_file": "flaxlight rebuilds the trainer from the run's own hparams.yaml; give the settings that should "
+                    "differ as keywords instead, e.g. {owner}.load_from_checkpoint(run, exmp_input=..., "
+                    "optimizer_hparams={{...}}) or a model hparam by its name (num_classes=5)",
+    "weights_only": "flaxlight's checkpoints are orbax arrays and JSON, never pickles, so loading runs no code "
+                    "whatever it is: drop it",
+}
 
 
 def load_overrides(trainer_class: type, run: str | os.PathLike, overrides: Mapping[str, Any]) -> dict[str, Any]:
@@ -1089,7 +1102,9 @@ def load_overrides(trainer_class: type, run: str | os.PathLike, overrides: Mappi
     and the new run records it (a checkpoint the new model does not fit is then a
     :class:`~flaxlight.checkpoint.ModelMismatchError` naming the parameters that differ). Given
     beside ``model_hparams=``, which replaces the saved dict whole, it is refused. Lightning's
-    ``strict`` and Keras' ``skip_mismatch`` are refused, naming the partial load's recipe.
+    ``strict`` and Keras' ``skip_mismatch`` are refused, naming the partial load's recipe, and its
+    ``map_location``, ``hparams_file`` and ``weights_only`` naming what to do instead
+    (:data:`LIGHTNING_LOAD_ARGUMENTS`), unless the trainer's ``__init__`` declares one as its own.
 
     Examples:
         >>> load_overrides(Classifier, "runs/base", {"num_classes": 5})   # doctest: +SKIP
@@ -1099,6 +1114,11 @@ def load_overrides(trainer_class: type, run: str | os.PathLike, overrides: Mappi
     for key, whose in PARTIAL_LOAD_ARGUMENTS.items():
         if key in overrides and key not in declared:
             raise TypeError(_partial_load_message(name, key, overrides[key], whose))
+    for key, instead in LIGHTNING_LOAD_ARGUMENTS.items():
+        if key in overrides and key not in declared:
+            raise TypeError(f"{name}.load_from_checkpoint got {key}={overrides[key]!r} (a keyword of {_LIGHTNING_LOAD}"
+                            f"): {instead.format(owner=name)}. (Kept as an extra hparam, as other unknown keywords "
+                            f"are, {key} would do nothing; so it is refused.)")
     taken = declared | set(TRAINER_ARGUMENTS) | {field.name for field in dataclasses.fields(TrainerOptions)}
     unknown = [key for key in overrides if key not in taken | {"callbacks", "loggers", "mesh"}]
     raw = read_hparams(os.path.abspath(os.fspath(run))) if unknown else {}
