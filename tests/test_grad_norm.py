@@ -35,6 +35,23 @@ def test_grad_norm_is_the_norm_of_the_gradients_before_clipping(tmp_path):
     assert float(next(r for r in rows if r.get("train/grad_norm"))["train/grad_norm"]) == pytest.approx(expected, rel=1e-5)
 
 
+def test_grad_norm_leaves_frozen_parameters_out_as_gradient_clip_does(tmp_path):
+    """It counted the frozen layers' gradients, which the optimizer (and gradient_clip's norm) leave out."""
+    x, y = linear_data(32, 0)
+    hparams = {"optimizer": "sgd", "lr": 0.1, "gradient_clip": 0.01, "freeze": ["Dense_0"]}
+    trainer = _trainer(tmp_path, log_grad_norm=True, log_every_n_steps=1, optimizer_hparams=hparams)
+    params = jax.tree.map(np.array, trainer.state.params)
+
+    def loss(p):
+        return trainer.loss_fn(p, (x, y), train=True, rng=jax.random.PRNGKey(0), state=trainer.state)[0]
+
+    grads = jax.grad(loss)(params)
+    trained = [g for name, layer in grads.items() if name != "Dense_0" for g in jax.tree.leaves(layer)]
+    assert len(trained) == 2 and len(jax.tree.leaves(grads)) == 4
+    metrics = trainer.train_model((x, y), None, num_epochs=1, batch_size=32)
+    assert metrics["train/grad_norm"] == pytest.approx(float(np.sqrt(sum(np.sum(g ** 2) for g in trained))), rel=1e-5)
+
+
 def test_grad_norm_is_absent_unless_asked_for_and_refused_with_a_step_of_your_own(tmp_path):
     x, y = linear_data(32, 0)
     metrics = _trainer(tmp_path / "off").train_model((x, y), None, num_epochs=1, batch_size=32)

@@ -856,6 +856,21 @@ def _path_matches(parts: list[str], pattern: list[str]) -> bool:
                for start in range(len(parts) - len(pattern) + 1))
 
 
+def step_options(config: "OptimizerConfig | None") -> dict[str, Any]:
+    """What a :class:`~flaxlight.step.TrainStep` takes from the optimizer's settings: the ``"l2"``
+    penalty, the precision, and the frozen parameters (left out of ``grad_norm``, as out of
+    ``gradient_clip``'s norm); nothing for a ready transformation (``config`` None).
+
+    Examples:
+        >>> step_options(as_optimizer_config({"optimizer": "adam", "freeze": ["body"]}))["precision"]
+        'fp32'
+    """
+    if config is None:
+        return {}
+    return {"regularizer": config.l2_regularizer(), "precision": config.precision,
+            "frozen": make_freeze_mask(config.freeze) if config.freeze else None}
+
+
 def make_freeze_mask(freeze) -> Callable[[Any], Any]:
     """``params -> pytree of bools``: True for the parameters that ``freeze`` names (the
     ``freeze`` setting of :class:`OptimizerConfig`). A name is a layer or parameter path, its parts

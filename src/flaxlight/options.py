@@ -148,7 +148,7 @@ class TrainerOptions:
             ``[("embed", None), ("mlp", "model")]``, as flax defines them.
         log_grad_norm: add ``train/grad_norm``, the global L2 norm of each step's gradients
             before clipping (of each batch's gradient, before ``accumulate_grad_batches`` adds
-            them up), computed in the step and averaged like the loss. It needs flaxlight's own
+            them up; the frozen parameters' left out), computed in the step and averaged like the loss. It needs flaxlight's own
             train step (a ``loss_fn``); a ``create_functions`` of your own is an error with it.
     """
 

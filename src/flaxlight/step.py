@@ -315,7 +315,9 @@ class TrainStep:
     ``eval_with_ema`` (evaluate with the
     parameters' moving average when the optimizer keeps one, ``ema_decay``), ``log_grad_norm``
     (add the metric ``"grad_norm"``: the global L2 norm of the step's gradients, before any
-    clipping in the optimizer).
+    clipping in the optimizer), ``frozen`` (``params -> pytree of bools``, True for parameters the
+    optimizer keeps fixed, :func:`flaxlight.optim.make_freeze_mask`: their gradients are left out
+    of ``"grad_norm"``, as Lightning's norms leave out parameters without gradients).
 
     Examples:
         >>> def loss_fn(params, batch, *, train, rng, state):
@@ -327,7 +329,8 @@ class TrainStep:
 
     def __init__(self, loss_fn: LossFn | None = None, state: TrainState | None = None, *, jit: bool = True,
                  regularizer: Callable[[Any], Any] | None = None, precision: str = "fp32",
-                 eval_with_ema: bool = True, log_grad_norm: bool = False):
+                 eval_with_ema: bool = True, log_grad_norm: bool = False,
+                 frozen: Callable[[Any], Any] | None = None):
         if precision not in PRECISIONS:
             raise ValueError(f"TrainStep precision must be one of {PRECISIONS}, got {precision!r}.")
         if regularizer is not None and not callable(regularizer):
@@ -335,7 +338,7 @@ class TrainStep:
         self.regularizer = regularizer
         self.precision = precision
         self.eval_with_ema = eval_with_ema
-        self.log_grad_norm = log_grad_norm
+        self.log_grad_norm, self.frozen = log_grad_norm, frozen
         if loss_fn is not None:
             self.loss_fn = loss_fn  # type: ignore[method-assign]
         elif type(self).loss_fn is TrainStep.loss_fn:
@@ -410,7 +413,9 @@ class TrainStep:
         if penalty is not None:
             metrics.setdefault("penalty", penalty)
         if self.log_grad_norm:
-            metrics.setdefault("grad_norm", _global_norm(grads))
+            trained = grads if self.frozen is None else jax.tree.map(  # a frozen parameter's gradient: left out
+                lambda grad, is_frozen: None if is_frozen else grad, grads, self.frozen(state.params))
+            metrics.setdefault("grad_norm", _global_norm(trained))
         return state, metrics
 
     __call__ = step

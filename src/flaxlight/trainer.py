@@ -155,10 +155,8 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
         ``(state, batch) -> metrics``. The default builds both from :meth:`loss_fn`."""
         if type(self).loss_fn is TrainerModule.loss_fn:
             self.loss_fn(None, None, train=True, rng=None, state=None)  # raises the explanation
-        config = optim.as_optimizer_config(self.optimizer_hparams)  # the step's part: L2 term, precision
-        regularizer = config.l2_regularizer() if config is not None else None
-        step = TrainStep(self.loss_fn, regularizer=regularizer, precision=config.precision if config else "fp32",
-                         log_grad_norm=self.options.log_grad_norm)
+        config = optim.as_optimizer_config(self.optimizer_hparams)  # the step's part: L2 term, precision, frozen
+        step = TrainStep(self.loss_fn, log_grad_norm=self.options.log_grad_norm, **optim.step_options(config))
         return step.step, step.eval_step
 
     def create_jitted_functions(self) -> None:
