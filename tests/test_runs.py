@@ -53,7 +53,7 @@ def test_resume_after_a_validation_time_save_neither_repeats_nor_skips_the_valid
     assert len([r for r in _rows(tmp_path / "cut") if "val/loss" in r]) == 4
 
 
-def test_training_into_a_folder_with_a_run_needs_resume_or_overwrite(tmp_path, regression_loaders):
+def test_training_into_a_folder_with_a_run_needs_resume_or_overwrite(tmp_path, regression_loaders, capsys):
     train, val, _ = regression_loaders
     run = tmp_path / "run"
     _trainer(run).train_model(train, val, num_epochs=2)
@@ -65,7 +65,11 @@ def test_training_into_a_folder_with_a_run_needs_resume_or_overwrite(tmp_path, r
     assert {name: (run / name).read_bytes() for name in before} == before  # nothing touched
     assert sorted(os.listdir(run / "checkpoints")) == checkpoints
 
+    capsys.readouterr()
     _trainer(run).train_model(train, val, num_epochs=1, overwrite=True)  # replaced: a fresh run of 1 epoch
+    said = capsys.readouterr().err
+    assert f"overwrite=True: deleting the run in {run}: checkpoint {', '.join(checkpoints)}, metrics.csv (" in said
+    assert "hparams.yaml" in said.split("overwrite=True")[1].splitlines()[0]  # one line names what goes
     assert sorted(os.listdir(run / "checkpoints")) == ["8"]
     assert [int(r["step"]) for r in _rows(run) if "train/loss" in r] == [8]
 
@@ -116,6 +120,34 @@ def test_runs_started_together_get_distinct_versions(tmp_path):
     claimed = sorted(queue.get(timeout=5) for _ in processes)
     assert len(set(claimed)) == 6
     assert sorted(os.listdir(tmp_path)) == [f"version_{i}" for i in range(6)]
+
+
+def test_a_version_folder_of_a_trainer_refused_before_training_is_given_back_at_exit(tmp_path, regression_loaders):
+    """Its folder holds only the empty metrics/; at interpreter exit the trainer's finalizer runs while
+    the trainer still lives, and took its own folder for one in use: version_N folders piled up."""
+    import weakref
+
+    from flaxlight.options import MetricNotLoggedError
+
+    train, val, _ = regression_loaders
+    params = quiet(tmp_path, monitor="val/accuracy", mode="max", logger_params={"base_log_dir": str(tmp_path)},
+                   optimizer_hparams={"optimizer": "adam", "lr": 1e-2})
+    trainer = RegressTrainer(model_class=TinyMLP, model_hparams={"hidden_dims": [8]}, exmp_input=X0, **params)
+    with pytest.raises(MetricNotLoggedError):
+        trainer.train_model(train, val, num_epochs=1)
+    folder = Path(trainer.log_dir)
+    assert sorted(p.name for p in folder.iterdir()) == ["metrics"]
+    (finalizer,) = [f for f in list(weakref.finalize._registry) if (f.peek() or [None])[0] is trainer.checkpointer]
+    finalizer()  # as at exit: the trainer still alive
+    assert not folder.exists()
+
+    kept = RegressTrainer(model_class=TinyMLP, model_hparams={"hidden_dims": [8]}, exmp_input=X0,
+                          **quiet(tmp_path, logger_params={"base_log_dir": str(tmp_path)},
+                                  optimizer_hparams={"optimizer": "adam", "lr": 1e-2}))
+    (Path(kept.log_dir) / "notes.txt").write_text("mine")  # anything else in it: never removed
+    (finalizer,) = [f for f in list(weakref.finalize._registry) if (f.peek() or [None])[0] is kept.checkpointer]
+    finalizer()
+    assert (Path(kept.log_dir) / "notes.txt").exists()
 
 
 def test_a_misspelt_keyword_fails_and_names_the_right_one(tmp_path):
@@ -300,6 +332,32 @@ def test_a_baseline_test_before_training_stays_in_the_run_it_starts(tmp_path, re
         stranger.test(test)
     assert (tmp_path / "other" / "metrics.csv").read_bytes() == before
     jax.tree.map(np.testing.assert_array_equal, jax.device_get(stranger.state.params), start)  # not the run's
+
+
+def test_a_trainer_whose_run_another_trainer_continued_is_refused_and_sees_the_folder_as_it_is(
+        tmp_path, regression_loaders):
+    """Trainer A trained, trainer B (built again on the same log_dir) continued the run and pruned A's
+    checkpoint: A's train_model went on from its stale model (duplicate metrics.csv steps, its own best
+    over B's), its test() called the pruned checkpoint damaged, its resume found no readable checkpoint."""
+    train, val, test = regression_loaders
+    run = tmp_path / "run"
+    first = _trainer(run, callbacks=[ModelCheckpoint(monitor="val/loss", save_last=False)])
+    first.train_model(train, val, num_epochs=1)
+    second = _trainer(run, callbacks=[ModelCheckpoint(monitor="val/loss", save_last=False)])
+    second.train_model(train, val, num_epochs=3, resume=True)
+    newest = max(map(int, os.listdir(run / "checkpoints")))
+    assert "8" not in os.listdir(run / "checkpoints") and newest > 8  # first's only checkpoint pruned
+    records = {name: (run / name).read_bytes() for name in ("metrics.csv", "metrics/best_eval.json")}
+
+    with pytest.raises(FileExistsError, match=rf"Another trainer continued the run in .* after this trainer's last "
+                                              rf"write at step 8 .*newest checkpoint is {newest}.*resume=True"):
+        first.train_model(train, val, num_epochs=1)
+    assert {name: (run / name).read_bytes() for name in records} == records  # nothing written
+    assert first.test(test)["test/loss"] == pytest.approx(second.test(test, which="best")["test/loss"])
+    first.train_model(train, val, num_epochs=4, resume=True)  # from the newest, the other trainer's
+    assert first.global_step == 32 and not (run / "abandoned").exists()
+    steps = [int(r["step"]) for r in _rows(run) if "val/loss" in r]
+    assert steps == [8, 16, 24, 32]
 
 
 def test_a_second_trainer_in_the_process_of_a_live_run_is_refused_and_the_runs_lock_stays(tmp_path, regression_loaders):

@@ -644,6 +644,21 @@ class Checkpointer:
             self._manager_instance.close()
             self._manager_instance = None
 
+    def refresh(self) -> list[int]:
+        """List the folder's checkpoints anew, as they are on disk now: another trainer object or
+        process may have written or pruned some since this object last looked (orbax's manager keeps
+        the list it read). This object's own queued writes finish first. Returns the steps on disk
+        now that this object did not know of (another writer's); empty when it had listed nothing yet.
+
+        Examples:
+            >>> new = Checkpointer("runs/a/checkpoints").refresh()   # doctest: +SKIP
+        """
+        if self._steps is None and self._manager_instance is None:  # nothing listed yet (and no folder made)
+            return []
+        knew = set(self.all_steps())
+        self.reload()
+        return sorted(set(self.all_steps()) - knew)
+
     def close(self) -> None:
         self.wait()
         if self._manager_instance is not None:

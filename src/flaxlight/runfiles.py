@@ -202,7 +202,7 @@ def open_run(logger_params: Mapping[str, Any] | None, owner_name: str,
     checkpointer = Checkpointer(os.path.join(log_dir, CHECKPOINT_DIR), max_to_keep=None)
     _FOLDERS_IN_USE[checkpointer] = log_dir
     if made:  # given back when its trainer is gone without writing into it
-        weakref.finalize(checkpointer, _remove_if_unused, log_dir)
+        weakref.finalize(checkpointer, _remove_if_unused, log_dir, id(checkpointer))
     return log_dir, loggers, checkpointer
 
 
@@ -210,12 +210,13 @@ def open_run(logger_params: Mapping[str, Any] | None, owner_name: str,
 _FOLDERS_IN_USE: "weakref.WeakKeyDictionary[Checkpointer, str]" = weakref.WeakKeyDictionary()
 
 
-def _remove_if_unused(log_dir: str) -> bool:
+def _remove_if_unused(log_dir: str, owner: int | None = None) -> bool:
     """Remove ``log_dir`` when it holds nothing but the empty ``metrics/`` folder a trainer makes
-    at construction (a trainer built and dropped, never trained: a notebook cell run again), so
-    that empty ``version_N`` folders do not pile up; not while another trainer of this process
-    was given the folder; ``os.rmdir`` never removes a file."""
-    if log_dir in list(_FOLDERS_IN_USE.values()):
+    at construction (a trainer built and dropped, never trained, or refused before training: a
+    notebook cell run again), so that empty ``version_N`` folders do not pile up; not while another
+    trainer of this process was given the folder; ``os.rmdir`` never removes a file. ``owner``: the
+    id of the checkpointer going away, still listed when this runs at interpreter exit (its finalizer)."""
+    if any(folder == log_dir and id(user) != owner for user, folder in list(_FOLDERS_IN_USE.items())):
         return False
     try:
         if os.listdir(log_dir) != [METRICS_DIR] or os.listdir(os.path.join(log_dir, METRICS_DIR)):
@@ -320,6 +321,7 @@ def claim_run(log_dir: str, checkpointer: Checkpointer, *, continuing: bool, ove
                     f"overwrite=True) to replace it, or choose another log_dir (without log_dir, each run gets a new "
                     f"version_N folder).")
             checkpointer.wait()
+            messages.info(f"overwrite=True: deleting the run in {log_dir}: {_replaced_run_contents(log_dir)}.")
             _delete_replaced_run(log_dir)
             os.makedirs(os.path.join(log_dir, METRICS_DIR), exist_ok=True)
             checkpointer.reload()
@@ -328,6 +330,24 @@ def claim_run(log_dir: str, checkpointer: Checkpointer, *, continuing: bool, ove
         lock.release()
         raise
     return lock
+
+
+def _replaced_run_contents(log_dir: str) -> str:
+    """What ``overwrite=True`` deletes of the run in ``log_dir``, for its message: ``"checkpoints
+    19, 38, 57, metrics.csv (9 rows), hparams.yaml, metrics/ (2 files), 1 TensorBoard event file"``."""
+    def inside(name: str) -> list[str]:
+        return sorted(os.listdir(os.path.join(log_dir, name))) if os.path.isdir(os.path.join(log_dir, name)) else []
+    steps = sorted(int(name) for name in inside(CHECKPOINT_DIR) if name.isdigit())
+    parts = [f"checkpoint{'s' if len(steps) > 1 else ''} {', '.join(map(str, steps))}"] if steps else []
+    if os.path.isfile(csv := os.path.join(log_dir, "metrics.csv")):
+        with open(csv, encoding="utf-8", errors="replace") as f:
+            parts.append(f"metrics.csv ({max(sum(1 for line in f if line.strip()) - 1, 0)} rows)")
+    names = os.listdir(log_dir)
+    parts += sorted(name for name in names if name.startswith("hparams") and name.endswith(".yaml"))
+    parts += [f"{name}/ ({len(inside(name))} entries)" for name in (METRICS_DIR, ABANDONED_DIR) if inside(name)]
+    events = sum(name.startswith("events.out.tfevents.") for name in names)
+    parts += [f"{events} TensorBoard event file{'s' if events > 1 else ''}"] if events else []
+    return ", ".join(parts) or "no files of a run"
 
 
 def _delete_replaced_run(log_dir: str) -> None:

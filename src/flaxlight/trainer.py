@@ -210,7 +210,7 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
         refuse_unknown_keywords(self, "train_model", unknown)  # Keras' epochs=, validation_split=: what to write
         train_loader, val_loader, test_loader = fit_loaders(train_loader, val_loader, test_loader, batch_size,
                                                             seed=self.seed)
-        target = ResumeTarget.make(resume, resume_from, own=self.checkpointer, log_dir=self.log_dir, overwrite=overwrite)
+        target = self._resume_target(resume, resume_from, overwrite)  # the run folder's checkpoints as they are now
         num_epochs = self._prepare_run(train_loader, val_loader, num_epochs, steps_per_epoch, target)
         if (done := self._nothing_to_train(target, num_epochs, test_loader)) is not None:  # as the CLI: nothing written
             return done

@@ -455,6 +455,8 @@ class TrainerVerbsMixin:
 
     def _restore_for_test(self, which: str) -> None:
         """``self.state`` := the ``which`` checkpoint (none saved, or ``"current"``: left as it is)."""
+        if which != "current":  # another trainer may have continued the run since: its checkpoints as they are now
+            self._checkpoints_now("The test")
         source = self._checkpoint_source()
         if which != "current" and self._saves_no_checkpoints():
             if not getattr(self, "_said_tests_current", False) and self._trained_here:

@@ -660,6 +660,45 @@ class TrainerViewMixin:
                              f"something else than the batch's first element, a generator fed latent z, is accepted "
                              f"when it traces on the batch; check_batches=False skips this check.)") from exc
 
+    def _resume_target(self, resuming: bool, resume_from: Any, overwrite: bool) -> resume.ResumeTarget:
+        """``train_model``'s ``resume`` / ``resume_from`` (:meth:`~flaxlight.resume.ResumeTarget.make`),
+        read against the run folder's checkpoints as they are now (:meth:`_refuse_a_stale_trainer`)."""
+        self._refuse_a_stale_trainer(continuing=resuming or resume_from is not None, overwrite=overwrite)
+        return resume.ResumeTarget.make(resuming, resume_from, own=self.checkpointer, log_dir=self.log_dir,
+                                        overwrite=overwrite)
+
+    def _checkpoints_now(self, purpose: str) -> list[int]:
+        """List the run folder's checkpoints as they are on disk now (another trainer object, or process,
+        may have continued the run and pruned some since this one's last write); returns the steps
+        this trainer did not know of, said (info) for ``purpose`` when this trainer wrote into the run."""
+        if self.log_dir is None or self._in_run:
+            return []
+        newer = self.checkpointer.refresh()
+        if newer and (self._trained_here or self._wrote_here) and purpose:
+            messages.info(f"The run in {self.log_dir} went on after this trainer's last write (step {self.global_step}): "
+                          f"another trainer wrote checkpoint{'s' if len(newer) > 1 else ''} {', '.join(map(str, newer))}. "
+                          f"{purpose} uses the run's checkpoints as they are now.")
+        return newer
+
+    def _refuse_a_stale_trainer(self, continuing: bool, overwrite: bool) -> None:
+        """A ``train_model`` that neither resumes nor overwrites, on a trainer whose run folder another
+        trainer (object or process) continued after this one's last write, is refused before anything is
+        written: it would add a second history to the run (duplicate steps in ``metrics.csv``, another
+        best model, checkpoints over that trainer's). A resume continues from the newest checkpoint."""
+        newer = self._checkpoints_now("" if not continuing else "resume=True")
+        if not newer or continuing or overwrite or not (self._trained_here or self._wrote_here):
+            return
+        step, newest = self.global_step, max(newer)
+        raise FileExistsError(
+            f"Another trainer continued the run in {self.log_dir} after this trainer's last write at step {step} (a "
+            f"trainer object built again on the same log_dir, or another process): its newest checkpoint is {newest} "
+            f"(checkpoints {', '.join(map(str, newer))} are not this trainer's). Training this trainer's model (step {step}) "
+            f"on here would write a second history into that run (metrics.csv rows of steps it has, another best "
+            f"model). Pass train_model(..., resume=True) to continue the run from its newest checkpoint ({newest}) "
+            f"with this trainer; or build a new trainer, or give this one's model another log_dir "
+            f"(load_from_checkpoint(..., logger_params={{'log_dir': ...}})); overwrite=True replaces the run (its "
+            f"checkpoints and records are deleted).")
+
     def _claim_run_folder(self, continuing: bool, overwrite: bool, replaces: bool = False) -> None:
         """Refuse to overwrite another run or to share a live one (:func:`flaxlight.runfiles.claim_run`),
         after the last checks that need no folder (a monitor the eval step does not return).
