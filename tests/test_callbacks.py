@@ -348,8 +348,9 @@ def test_bad_callback_settings_are_explained(tmp_path, regression_loaders):
     with pytest.raises(ValueError, match="patience must be an int >= 0"):
         EarlyStopping(patience=-1)
     train, val, _ = regression_loaders
-    with pytest.raises(MetricNotLoggedError, match=r"'val/acc', which was never logged.*Logged metrics: .*'val/loss'") \
-            as info:  # a KeyError too, printed as written (a bare KeyError's message was printed in quotes)
+    with pytest.raises(MetricNotLoggedError, match=r"'val/acc', which no validation of this run logs: it is not "
+                                                   r"among the eval step's metrics \['val/loss'\]") \
+            as info:  # before training now; a KeyError too, printed as written (not in quotes)
         _trainer(tmp_path, callbacks=[EarlyStopping(monitor="val/acc")]).train_model(train, val, num_epochs=2)
     assert isinstance(info.value, KeyError) and str(info.value).startswith("EarlyStopping monitors 'val/acc'")
 

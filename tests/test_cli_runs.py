@@ -104,9 +104,41 @@ def test_resuming_a_run_that_reached_max_epochs_trains_and_writes_nothing(run_co
     assert "trainer.max_epochs=N" in out and f"flaxlight test --ckpt {run_copy}" in out
     assert digests(run_copy) == before
     steps = {int(name) for name in os.listdir(run_copy / "checkpoints")}
-    code, out, err = run(capsys, "fit", "-c", run_copy / "config.yaml", "--resume", run_copy, "trainer.max_epochs=3")
+    code, out, err = run(capsys, "fit", "--resume", run_copy, "trainer.max_epochs=3")  # its config.yaml: the default
     assert code == 0 and "Nothing to train" not in out, err
     assert max(int(name) for name in os.listdir(run_copy / "checkpoints")) > max(steps)  # a third epoch trained
+    # the same test split tested again: no Python advice to name a second test set
+    assert "metrics/test.json holds an earlier test's metrics (of the same test split)" in err, err
+    assert "The earlier file is kept." in err and "name='shifted'" not in err
+    code, _, err = run(capsys, "fit", "trainer.max_epochs=3")
+    assert code == 2 and "pass --config PATH (or --resume RUN_DIR, which continues that run with its config.yaml)" \
+        in err
+
+
+def test_fit_of_a_config_into_a_folder_holding_a_run_advises_fits_own_arguments(run_copy):
+    """Python's fit(cfg) advised train_model(..., resume=True) / train_model(..., overwrite=True)."""
+    from flaxlight.config import fit, load_config
+
+    cfg = load_config(run_copy / "config.yaml")
+    with pytest.raises(FileExistsError) as info:
+        fit(cfg)
+    assert "fit(config, resume=True)" in str(info.value) and "fit(config, overwrite=True)" in str(info.value)
+    assert "train_model" not in str(info.value)
+
+
+def test_a_misspelt_callback_monitor_is_refused_before_the_run_starts(tmp_path, capsys):
+    """EarlyStopping(monitor='val/los') from a config trained an epoch, then ended with a traceback
+    (exit 1), and its folder refused the corrected command until --overwrite."""
+    run_dir = tmp_path / "es"
+    code, _, err = run(capsys, "fit", "-c", SINE, *SHORT, "trainer.max_epochs=1", "--log-dir", run_dir,
+                       "callbacks=[{name: early_stopping, args: {monitor: val/los}}]")
+    assert code == 2 and err.count("\n") == 1, err
+    assert "EarlyStopping monitors 'val/los', which no validation of this run logs" in err
+    assert "Did you mean 'val/loss'?" in err
+    assert not (run_dir / "checkpoints").exists() and not (run_dir / "hparams.yaml").exists()
+    code, _, err = run(capsys, "fit", "-c", SINE, *SHORT, "trainer.max_epochs=1", "--log-dir", run_dir,
+                       "callbacks=[{name: early_stopping, args: {monitor: val/loss}}]")
+    assert code == 0, err
 
 
 def test_resume_and_overwrite_together_are_refused(run_copy, capsys):

@@ -579,3 +579,54 @@ def test_lightning_cli_top_level_keys_point_to_flaxlights_spelling():
            "name" in error_of(minimal(optimizer=lightning))
     assert "Unknown key 'optimizer.init_args'. In flaxlight that is the optimizer section's own keys " \
            "(optimizer.lr," in error_of(minimal(optimizer={"init_args": {"lr": 1e-3}}))
+
+
+# ------------------------------------------------------------------------------------ misplaced keys
+@pytest.mark.parametrize("override, place", [
+    ("lr=1e-3", "'optimizer.lr'"),
+    ("trainer.lr=1e-3", "'optimizer.lr'"),
+    ("trainer.batch_size=32", "'data.batch_size'"),
+    ("trainer.log_dir=runs/x", "'trainer.logger_params.log_dir' (--log-dir on the command line)"),
+    ("model.hidden_dims=[32]", "'model.hparams.hidden_dims'"),
+    ("data.num_val=200", "'data.kwargs.num_val'"),
+    ("callbacks=[{name: early_stopping, patience: 3}]", "'callbacks[0].args.patience'"),
+    ("trainer.model_hparams={hidden_dims: [32]}", "'model.hparams'"),
+    ("optimizer_hparams={lr: 0.1}", "'optimizer'"),
+    ("model.hparams.lr=0.1", "'optimizer.lr'"),
+])
+def test_a_key_valid_elsewhere_is_pointed_to_its_place(override, place):
+    """They got only "Unknown key ... Valid keys of X" (trainer.model_hparams: "Did you mean
+    'trainer.logger_params'?"), though the config knows every valid path."""
+    message = error_of(minimal(), [override])
+    assert f"It belongs at {place}." in message and "Did you mean" not in message, message
+    assert "Did you mean 'trainer.max_epochs'?" in error_of(minimal(), ["trainer.max_epoch=3"])  # a typo: as before
+
+
+# ------------------------------------------------------------------------------------ a Config changed in Python
+def test_a_config_edited_in_python_is_checked_as_a_file_is(tmp_path):
+    """`cfg.trainer.max_epoch = 1` was ignored; `cfg.optimizer.lr = "3e-4"` trained and saved a
+    config.yaml that every verb then refused."""
+    from flaxlight.config import build_run, check_config, fit
+
+    cfg = load_config(minimal())
+    with pytest.raises(AttributeError, match=r"'max_epoch' \(trainer.max_epoch in a config\)\. Did you mean "
+                                             r"'trainer.max_epochs'\?"):
+        cfg.trainer.max_epoch = 1
+    with pytest.raises(AttributeError, match=r"It belongs at 'data.batch_size'"):
+        cfg.trainer.batch_size = 8
+    with pytest.raises(AttributeError, match=r"belongs in hparams: .hparams\['hidden_dims'\]"):
+        cfg.model.hidden_dims = [8]
+    cfg.trainer.max_epochs = 1  # a setting: taken
+    cfg.optimizer.lrr = 0.1  # the optimizer's section is optax's class: caught when the run is built
+    with pytest.raises(ConfigError, match=r"no setting 'lrr' \(optimizer.lrr in a config\)\. Did you mean "):
+        build_run(cfg, log_dir=tmp_path / "run")
+    del cfg.optimizer.lrr
+    cfg.optimizer.lr = "3e-4"
+    for call in (lambda: fit(cfg), lambda: save_config(cfg, tmp_path / "c.yaml"), lambda: check_config(cfg)):
+        with pytest.raises(ConfigError, match=r"^optimizer\.lr: expected float or null, got str '3e-4'\."):
+            call()
+    assert not (tmp_path / "run").exists() and not (tmp_path / "c.yaml").exists()
+    cfg.optimizer.lr = 3e-4
+    cfg.optimizer.schedule = lambda step: 1e-3  # a Python object where the schema takes one: still taken
+    cfg.optimizer.lr = None
+    assert check_config(cfg) is cfg

@@ -120,10 +120,14 @@ def _is_option(text: str) -> bool:
 
 
 def _add_config_arguments(parser: argparse.ArgumentParser, *, config_required: bool,
-                          evaluates: str | None = None) -> None:
+                          evaluates: str | None = None, fits: bool = False) -> None:
     parser.lists_config_fields = True
     more = "; repeatable: later files are merged over earlier ones, section by section"
-    if config_required:
+    if fits:  # required, but for --resume RUN_DIR, which reads RUN_DIR/config.yaml
+        parser.add_argument("-c", "--config", action="append", metavar="PATH",
+                            help="the run's YAML config (required; with --resume RUN_DIR the default is "
+                                 "RUN_DIR/config.yaml, saved by fit)" + more)
+    elif config_required:
         parser.add_argument("-c", "--config", required=True, action="append", metavar="PATH",
                             help="the run's YAML config" + more)
     else:
@@ -150,7 +154,7 @@ def _add_config_arguments(parser: argparse.ArgumentParser, *, config_required: b
 
 
 def _add_fit_arguments(fit: argparse.ArgumentParser) -> None:
-    _add_config_arguments(fit, config_required=True)
+    _add_config_arguments(fit, config_required=True, fits=True)
     fit.add_argument("--log-dir", metavar="DIR", help="the run's log dir (same as trainer.logger_params.log_dir=DIR)")
     fit.add_argument("--resume", metavar="RUN_DIR",
                      help="continue the run in RUN_DIR from its newest checkpoint (its log dir becomes RUN_DIR)")
@@ -314,7 +318,9 @@ def _load(args: argparse.Namespace, default_config: str | None = None):
 
     path = args.config or default_config  # --config given: a list of files, merged in order
     if path is None:
-        raise ConfigError("No config given: pass --config PATH.")
+        resume = " (or --resume RUN_DIR, which continues that run with its config.yaml)" \
+            if args.command == "fit" else ""
+        raise ConfigError(f"No config given: pass --config PATH{resume}.")
     ckpt = getattr(args, "ckpt", None)
     if ckpt and os.path.isfile(ckpt):
         run = os.path.dirname(os.path.normpath(ckpt)) or "."
@@ -328,7 +334,8 @@ def _load(args: argparse.Namespace, default_config: str | None = None):
                           f"--which picks its best or last checkpoint: --ckpt {run} --which best|last.")
     run_dir = os.path.dirname(path) if args.config is None else None  # the default: RUN_DIR/config.yaml
     if run_dir is not None and not os.path.isdir(run_dir):
-        raise ConfigError(f"--ckpt {run_dir}: no such folder; give the folder of a run (`flaxlight fit` prints its "
+        flag = "--resume" if args.command == "fit" else "--ckpt"
+        raise ConfigError(f"{flag} {run_dir}: no such folder; give the folder of a run (`flaxlight fit` prints its "
                           f"log dir; it holds config.yaml, hparams.yaml and checkpoints/).")
     if run_dir is not None and not os.path.isfile(path):
         raise ConfigError(f"No {os.path.basename(path)} in {run_dir} (runs started by "
@@ -347,7 +354,9 @@ def _print_config(cfg) -> int:
 def _fit(args: argparse.Namespace) -> int:
     from flaxlight.config import CONFIG_FILE, ConfigError, fit
 
-    cfg = _load(args)
+    if args.resume and not args.config:  # its own config.yaml, as validate and test read it
+        _check_resumable(args.resume)
+    cfg = _load(args, os.path.join(args.resume, CONFIG_FILE) if args.resume else None)
     if args.resume and args.log_dir and os.path.abspath(args.resume) != os.path.abspath(args.log_dir):
         raise ConfigError("--resume RUN_DIR continues the run in RUN_DIR; do not also give a different --log-dir.")
     if args.resume and args.overwrite:
@@ -738,6 +747,10 @@ _CLI_SPELLINGS = (
      "use the run's model section (its config.yaml, the default without --config)"),
     ("Build the trainer with the model hyperparameters of that run (see its hparams.yaml)",
      "Use the run's model section (its config.yaml, the default without --config)"),
+    # a command tests the config's one test set again (fit --resume, test --ckpt): no second set to name
+    ("holds an earlier test's metrics: this one's", "holds an earlier test's metrics (of the same test split): "
+     "this one's"),
+    (" Name test sets with test(..., name='shifted'): test_shifted/... metrics.", " The earlier file is kept."),
 )
 
 

@@ -27,6 +27,7 @@ Logger subclass, a dataset factory) before anything is called.
 from __future__ import annotations
 
 import collections.abc
+import contextvars
 import dataclasses
 import datetime
 import difflib
@@ -73,6 +74,7 @@ __all__ = [
     "build_loggers",
     "build_run",
     "build_trainer",
+    "check_config",
     "config_to_dict",
     "dump_config",
     "example_input",
@@ -211,8 +213,47 @@ def _yaml_load(text: str, where: str) -> Any:
 
 
 # ---------------------------------------------------------------------------------------- schema
+class _Settings:
+    """A config section whose attributes are its settings only: assigning any other name (a typo,
+    ``cfg.trainer.max_epoch = 1``) fails as an unknown key of a config file does, with the closest
+    valid name or the place where that key belongs, instead of being ignored."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        fields = [name for name, f in _ordered_fields(type(self)).items() if f.init or f.metadata.get("inline")]
+        if name not in fields and not name.startswith("__"):
+            raise AttributeError(_unknown_attribute(self, name, fields))
+        object.__setattr__(self, name, value)
+
+
+def _section_of(obj: Any) -> str:
+    """The section's path in a config, as errors write it (``trainer``, ``callbacks[i]``)."""
+    return {"Config": "", "TrainerConfig": "trainer", "ModelConfig": "model", "DataConfig": "data",
+            "CallbackConfig": "callbacks[i]", "LoggerConfig": "loggers[i]", "OptimizerConfig": "optimizer",
+            "LoggerParams": "trainer.logger_params"}.get(type(obj).__name__, type(obj).__name__)
+
+
+def _unknown_attribute(obj: Any, name: str, fields: Sequence[str]) -> str:
+    """The refusal of a setting ``name`` that ``obj`` (a config section) does not have."""
+    path, fields = _section_of(obj), [f for f in fields if f != "own_args"]
+    free_form, kind, ignore = _FREE_FORM.get(type(obj).__name__, (None, None, ()))
+    hint = _lightning_hint(name, path)
+    if not hint and kind is not None and name in _takes(kind, obj.name, ignore):
+        hint = f" It is an argument of {obj.name!r}: it belongs in {free_form}: .{free_form}[{name!r}] = ..."
+    hint = hint or _elsewhere_hint(name, path) or _suggest(name, fields, path)
+    if not hint and isinstance(obj, TrainerConfig):
+        hint = f" A trainer class's own arguments go in own_args: .own_args[{name!r}] = ..."
+    return (f"{type(obj).__name__} has no setting {name!r} ({_join(path, name)} in a config).{hint} "
+            f"Its settings: {', '.join(fields)}.")
+
+
+# A section's free-form mapping of its target's arguments: (field, registry kind, keys it takes not).
+_FREE_FORM = {"ModelConfig": ("hparams", "model", ("parent", "name", "rngs")),
+              "DataConfig": ("kwargs", "dataset", ("batch_size", "eval_batch_size", "seed")),
+              "CallbackConfig": ("args", "callback", ()), "LoggerConfig": ("args", "logger", ())}
+
+
 @dataclasses.dataclass(kw_only=True)
-class TrainerConfig(TrainerOptions):
+class TrainerConfig(_Settings, TrainerOptions):
     """The trainer class and its settings: the constructor's arguments and every
     :class:`~flaxlight.TrainerOptions` field (``monitor``, ``mode``, ``max_steps``, ...).
 
@@ -250,7 +291,7 @@ class TrainerConfig(TrainerOptions):
 
 
 @dataclasses.dataclass(kw_only=True)
-class ModelConfig:
+class ModelConfig(_Settings):
     """The model: ``name`` is a registered name (``mlp_classifier``) or an import path
     (``mypkg.models.ResNet``); ``hparams`` are its constructor arguments (checked against it).
     ``name: null`` for a trainer that picks its model itself and takes the hparams by name
@@ -261,7 +302,7 @@ class ModelConfig:
 
 
 @dataclasses.dataclass(kw_only=True)
-class DataConfig:
+class DataConfig(_Settings):
     """The data: ``name`` is a dataset factory (registered name or import path) returning
     ``(train_loader, val_loader, test_loader)``; it is called with ``batch_size``,
     ``eval_batch_size`` (None: ``batch_size``), ``seed`` and ``kwargs``."""
@@ -281,7 +322,7 @@ class DataConfig:
 
 
 @dataclasses.dataclass(kw_only=True)
-class CallbackConfig:
+class CallbackConfig(_Settings):
     """One callback: ``name`` (registered, e.g. ``early_stopping``, or an import path) and the
     constructor's keyword ``args``. In YAML a bare name is short for ``{name: ...}``."""
 
@@ -290,7 +331,7 @@ class CallbackConfig:
 
 
 @dataclasses.dataclass(kw_only=True)
-class LoggerConfig:
+class LoggerConfig(_Settings):
     """One extra logger object: ``name`` (``tensorboard``, ``wandb``, ``mlflow``, ``csv`` or an import
     path to a :class:`flaxlight.loggers.Logger`) and constructor ``args``. Its ``log_dir`` /
     ``save_dir`` default to the run's log dir, its project / run name to ``logger_params``'."""
@@ -300,7 +341,7 @@ class LoggerConfig:
 
 
 @dataclasses.dataclass(kw_only=True)
-class Config:
+class Config(_Settings):
     """A whole run. ``imports``: modules imported first (to register your components);
     ``tune``: the search settings of ``flaxlight tune`` (free-form here, read by flaxlight.tune)."""
 
@@ -564,7 +605,7 @@ _LIGHTNING_KEYS = {
 
 
 def _unknown_key(key: Any, valid: Sequence[str], path: str, what: str) -> ConfigError:
-    hint = _lightning_hint(key, path) or _suggest(str(key), valid, path)
+    hint = _lightning_hint(key, path) or _elsewhere_hint(key, path) or _suggest(str(key), valid, path)
     return ConfigError(f"Unknown key {_join(path, key)!r}.{hint} Valid keys of {what}: {', '.join(valid)}.",
                        key=_join(path, key))
 
@@ -572,6 +613,99 @@ def _unknown_key(key: Any, valid: Sequence[str], path: str, what: str) -> Config
 def _lightning_hint(key: Any, path: str) -> str:
     elsewhere = _LIGHTNING_KEYS.get(_join(path, key))
     return f" In flaxlight that is {elsewhere}." if elsewhere else ""
+
+
+# The config being loaded or resolved (its raw data or the Config), for hints that need its names:
+# which model, dataset and callbacks take a misplaced key (``model.hidden_dims``).
+_ROOT: contextvars.ContextVar[Any] = contextvars.ContextVar("flaxlight_config_root", default=None)
+
+# TrainerModule's constructor arguments, which a config gives in other sections.
+_CONSTRUCTOR_KEYS = {"model_hparams": "model.hparams", "model_class": "model.name",
+                     "optimizer_hparams": "optimizer", "exmp_input": "data (the first batch's input)"}
+_SAID_TOO = {"trainer.logger_params.log_dir": " (--log-dir on the command line)"}
+
+
+def _schema_paths(cls: type = Config, prefix: str = "") -> list[str]:
+    """Every dotted key of the config schema (``optimizer.lr``, ``trainer.logger_params.log_dir``,
+    ``callbacks[i].args``), sections and their keys."""
+    paths = []
+    hints = _hints(cls)
+    for field in dataclasses.fields(cls):
+        if not field.init or field.name == "optimizer_kwargs":
+            continue
+        path = _join(prefix, field.name)
+        paths.append(path)
+        tp = hints.get(field.name)
+        arms = [a for a in typing.get_args(tp) if a is not type(None)] if typing.get_origin(tp) in (
+            Union, types.UnionType) else [tp]
+        for arm in arms:
+            if dataclasses.is_dataclass(arm):
+                paths += _schema_paths(arm, path)
+            elif typing.get_origin(arm) is list and dataclasses.is_dataclass(typing.get_args(arm)[0]):
+                paths += _schema_paths(typing.get_args(arm)[0], path + "[i]")
+    return paths
+
+
+def _names_of(root: Any) -> dict[str, Any]:
+    """The names a config (its raw data or a Config) gives: ``{"trainer": ..., "model": ...,
+    "data": ..., "optimizer": ..., "callbacks": [...], "loggers": [...]}`` (None where not given)."""
+    def name(section: Any, key: str = "name") -> Any:
+        if isinstance(section, str):
+            return section if key == "name" else None
+        return section.get(key) if isinstance(section, Mapping) else getattr(section, key, None)
+
+    get = (lambda key: root.get(key)) if isinstance(root, Mapping) else (lambda key: getattr(root, key, None))
+    items = lambda key: get(key) if isinstance(get(key), (list, tuple)) else []  # noqa: E731
+    return {"trainer": name(get("trainer")), "model": name(get("model")), "data": name(get("data")),
+            "optimizer": name(get("optimizer"), "optimizer") or "adam",
+            "callbacks": [name(item) for item in items("callbacks")],
+            "loggers": [name(item) for item in items("loggers")]}
+
+
+def _takes(kind: str, name: Any, ignore: Iterable[str] = ()) -> set[str]:
+    """The keywords the registered ``name`` of ``kind`` declares (nothing is imported for it)."""
+    obj = registry.REGISTRIES[kind].loaded(name) if isinstance(name, str) else None
+    return set(registry.explicit_parameters(obj)) - set(ignore) if callable(obj) else set()
+
+
+def _belongs_at(key: Any, path: str) -> list[str]:
+    """The other places of the config where ``key`` (unknown at ``path``) is a valid key: the
+    schema's (``lr`` -> ``optimizer.lr``), then the arguments of what the config names (the model's
+    ``model.hparams``, the dataset's ``data.kwargs``, a callback's ``callbacks[i].args``, the
+    optimizer's and the trainer class's own)."""
+    key, here = str(key), _join(path, key)
+    if key in ("name", "args"):
+        return []
+    found = [p for p in _schema_paths() if p.rsplit(".", 1)[-1] == key]
+    if key in _CONSTRUCTOR_KEYS:
+        found.append(_CONSTRUCTOR_KEYS[key])
+    root = _ROOT.get()
+    if root is not None:
+        names = _names_of(root)
+        if key in _takes("trainer", names["trainer"]) - set(_TRAINER_OWN):
+            found.append(_join("trainer", key))
+        if key in _takes("model", names["model"], ("parent", "name", "rngs")):
+            found.append(_join("model.hparams", key))
+        if key in _takes("dataset", names["data"], _DATA_FIELDS):
+            found.append(_join("data.kwargs", key))
+        params = _optimizer_parameters(names["optimizer"]) or {}
+        if key in params and key not in ("learning_rate", "weight_decay", "mask"):
+            found.append(_join("optimizer", key))
+        for section, kind in (("callbacks", "callback"), ("loggers", "logger")):
+            found += [f"{section}[{i}].args.{key}" for i, name in enumerate(names[section])
+                      if key in _takes(kind, name)]
+    index = re.match(r"(callbacks|loggers)\[(\d+)\]", here)
+    found = [p.replace("[i]", f"[{index.group(2)}]") if index and p.startswith(index.group(1)) else p for p in found]
+    return list(dict.fromkeys(p for p in found if p != here))
+
+
+def _elsewhere_hint(key: Any, path: str) -> str:
+    """`` It belongs at 'optimizer.lr'.`` for a key that is valid at another place of the config ("" if none)."""
+    places = _belongs_at(key, path)
+    if not places:
+        return ""
+    said = [f"{p!r}{_SAID_TOO.get(p, '')}" for p in places[:3]]
+    return f" It belongs at {' or '.join(said)}."
 
 
 def _required(field: dataclasses.Field) -> bool:
@@ -588,6 +722,12 @@ def _ordered_fields(cls: type) -> dict[str, dataclasses.Field]:
 
 def _build(cls: type, data: Any, path: str) -> Any:
     """An instance of the config dataclass ``cls`` from ``data`` (a mapping), checked strictly."""
+    if cls is Config and _ROOT.get() is None:  # the whole config: its names serve the hints of misplaced keys
+        token = _ROOT.set(data)
+        try:
+            return _build(cls, data, path)
+        finally:
+            _ROOT.reset(token)
     what = path or "the config"
     if not isinstance(data, Mapping):
         raise ConfigError(f"{what}: expected a mapping of keys to values ({cls.__name__}), got {_got(data)}.")
@@ -694,8 +834,8 @@ def _build_optimizer(data: Mapping, path: str) -> OptimizerConfig:
             converted[key] = value if optax_params is None else _optax_value(value, optax_params[key], _join(path, key))
         else:
             theirs = [k for k in optax_params if k not in ("learning_rate", "weight_decay", "mask")]
-            hint = _lightning_hint(key, path) or suggest_key(str(key), own + list(_OPTIMIZER_ALIASES) + theirs, value,
-                                                             path)
+            hint = _lightning_hint(key, path) or _elsewhere_hint(key, path or "optimizer") or suggest_key(
+                str(key), own + list(_OPTIMIZER_ALIASES) + theirs, value, path)
             raise ConfigError(
                 f"Unknown key {_join(path, key)!r}.{hint} "
                 f"Valid keys of {path or 'optimizer'}: {', '.join(own)}; optax.{name.lower()} also takes: "
@@ -864,7 +1004,11 @@ def load_config(source: str | os.PathLike | Sequence[str | os.PathLike] | Mappin
         else:  # the trainer's own keys, where its class is at hand with no import (a registered one)
             trainer_class = registry.TRAINERS.loaded(cfg.trainer.name)
             if isinstance(trainer_class, type) and issubclass(trainer_class, TrainerModule):
-                _check_own_keys(trainer_class, cfg.trainer.own_args)
+                token = _ROOT.set(cfg)
+                try:
+                    _check_own_keys(trainer_class, cfg.trainer.own_args)
+                finally:
+                    _ROOT.reset(token)
     except ConfigError as exc:
         note = sources.note(exc.key)
         if where != "the config" or note:
@@ -936,23 +1080,24 @@ def config_fields(cls: type = Config, prefix: str = "") -> list[tuple[str, str, 
     return rows
 
 
-def _plain(value: Any) -> Any:
-    """Plain YAML data: dataclasses and mappings to dicts, tuples to lists, numpy scalars to numbers."""
+def _plain(value: Any, objects: bool = False) -> Any:
+    """Plain YAML data: dataclasses and mappings to dicts, tuples to lists, numpy scalars to numbers;
+    anything else (a function) as its name, or as it is with ``objects`` (to check a Config's values)."""
     if isinstance(value, OptimizerConfig):
-        return _plain(value.to_dict())
+        return _plain(value.to_dict(), objects)
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         out = {}
         for name, field in _ordered_fields(type(value)).items():
-            plain = _plain(getattr(value, name))
+            plain = _plain(getattr(value, name), objects)
             out.update(plain if field.metadata.get("inline") else {name: plain})  # inline: its keys in the section
         return out
     if isinstance(value, Mapping):
-        return {str(k) if not isinstance(k, (int, float, bool)) else k: _plain(v) for k, v in value.items()}
+        return {str(k) if not isinstance(k, (int, float, bool)) else k: _plain(v, objects) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
+        return [_plain(v, objects) for v in value]
     if isinstance(value, np.generic):
         return value.item()
-    if value is None or isinstance(value, (str, int, float, bool)):
+    if value is None or isinstance(value, (str, int, float, bool)) or objects:
         return value
     if isinstance(value, type) or callable(value):
         return f"{getattr(value, '__module__', '?')}.{getattr(value, '__qualname__', repr(value))}"
@@ -964,20 +1109,60 @@ def config_to_dict(cfg: Config) -> dict[str, Any]:
     return _plain(cfg)
 
 
+def check_config(cfg: Config) -> Config:
+    """``cfg`` checked as :func:`load_config` checks a file (types, ranges, unknown keys): a Config
+    built or changed in Python (``cfg.optimizer.lr = "3e-4"``) is refused with the key's path, so
+    that the ``config.yaml`` a run saves always reads back. Returns ``cfg``. Names are resolved
+    later (:func:`resolve_config`).
+
+    Examples:
+        >>> cfg = load_config({"trainer": {"name": "regression"}, "model": {"name": "mlp_regressor"},
+        ...                    "data": {"name": "sine"}}, check=False)
+        >>> cfg.optimizer.lr = "3e-4"
+        >>> check_config(cfg)  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        flaxlight.config.ConfigError: optimizer.lr: expected float or null, got str '3e-4'. ...
+    """
+    _refuse_stray_attributes(cfg)
+    try:
+        _build(Config, _plain(cfg, objects=True), "")  # objects: a schedule function stays one
+    except ConfigError as exc:
+        raise ConfigError(f"{exc} (A Config changed in Python is checked as a config file is: set each value "
+                          f"with the type its key takes.)", key=exc.key) from None
+    return cfg
+
+
+def _refuse_stray_attributes(value: Any) -> None:
+    """Refuse an attribute set on a config section that is not one of its settings (on the sections
+    that do not refuse it themselves: the optimizer's, ``logger_params``)."""
+    if isinstance(value, (list, tuple)):
+        for item in value:
+            _refuse_stray_attributes(item)
+    if not dataclasses.is_dataclass(value) or isinstance(value, type):
+        return
+    fields = [name for name, f in _ordered_fields(type(value)).items() if f.init or f.metadata.get("inline")]
+    for name in vars(value):
+        if name not in fields:
+            raise ConfigError(_unknown_attribute(value, name, fields), key=_join(_section_of(value), name))
+    for name in fields:
+        _refuse_stray_attributes(getattr(value, name))
+
+
 def save_config(cfg: Config | Mapping[str, Any], path: str | os.PathLike) -> str:
-    """Write the config as YAML (safe dump) to ``path``; returns the path."""
-    path = os.fspath(path)
+    """Write the config as YAML (safe dump) to ``path``; returns the path. A :class:`Config` is
+    checked first (:func:`check_config`), so that the file reads back."""
+    path, text = os.fspath(path), _config_text(cfg)  # a Config checked before anything is written
     if os.path.dirname(path):
         os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w") as f:
-        f.write(_config_text(cfg))
+        f.write(text)
     return path
 
 
 def _config_text(cfg: Config | Mapping[str, Any]) -> str:
-    data = config_to_dict(cfg) if isinstance(cfg, Config) else _plain(cfg)
-    return ("# flaxlight run config, every default filled in. Continue this run: flaxlight fit --config <this file> "
-            "--resume <its folder>;\n# train it again elsewhere: add --log-dir NEW_DIR (or "
+    data = config_to_dict(check_config(cfg)) if isinstance(cfg, Config) else _plain(cfg)
+    return ("# flaxlight run config, every default filled in. Continue this run: flaxlight fit --resume <its folder> "
+            "(reads this file);\n# train it again elsewhere: flaxlight fit --config <this file> --log-dir NEW_DIR (or "
             "trainer.logger_params.log_dir=null for a new version_N folder).\n") + _yaml_dump(data)
 
 
@@ -1116,7 +1301,8 @@ def _check_own_keys(trainer_class: type, given: Mapping[str, Any]) -> None:
     for key, value in given.items():
         if key not in own:
             settings = [name for name, f in _ordered_fields(TrainerConfig).items() if f.init]
-            hint = _lightning_hint(key, "trainer") or _suggest(str(key), [*settings, *own], "trainer")
+            hint = _lightning_hint(key, "trainer") or _elsewhere_hint(key, "trainer") or _suggest(
+                str(key), [*settings, *own], "trainer")
             mine = f"; and {_display(trainer_class)}'s own arguments (its __init__ declares them): {', '.join(own)}" \
                 if own else ""
             raise ConfigError(f"Unknown key {_join('trainer', key)!r}.{hint} Valid keys of trainer: "
@@ -1186,7 +1372,8 @@ def _check_kwargs(target: Callable, kwargs: Mapping[str, Any], path: str, what: 
             accepted = [n for n in named if n not in set(supplied)]
             raise ConfigError(
                 f"Unknown key {_join(path, key)!r}: {what} does not take {key!r}."
-                f"{_suggest(str(key), accepted, path)} It takes: {', '.join(accepted) or '(no arguments)'}.",
+                f"{_elsewhere_hint(key, path) or _suggest(str(key), accepted, path)} It takes: "
+                f"{', '.join(accepted) or '(no arguments)'}.",
                 key=_join(path, key))
     missing = [n for n, p in named.items()
                if p.default is p.empty and n not in kwargs and n not in set(supplied)]
@@ -1273,6 +1460,14 @@ def resolve_config(cfg: Config, *, trust_config: bool = False,
 
 
 def _resolve_config(cfg: Config, policy: _ImportPolicy) -> Resolved:
+    token = _ROOT.set(cfg)  # the hints of misplaced keys read its names
+    try:
+        return _resolve_names(cfg, policy)
+    finally:
+        _ROOT.reset(token)
+
+
+def _resolve_names(cfg: Config, policy: _ImportPolicy) -> Resolved:
     import importlib
 
     if _check_import_policy(cfg, policy):  # something to import, and the caller opted in to all of it
@@ -1702,7 +1897,7 @@ def build_run(config: str | os.PathLike | Mapping[str, Any] | Config, *, log_dir
     import copy
 
     policy = _ImportPolicy.of(trust_config, allow_imports)
-    cfg = copy.deepcopy(config) if isinstance(config, Config) else \
+    cfg = check_config(copy.deepcopy(config)) if isinstance(config, Config) else \
         load_config(config, trust_config=policy.trust, allow_imports=policy.allow)
     if log_dir is not None:
         cfg.trainer.logger_params.log_dir = os.fspath(log_dir)
@@ -1770,6 +1965,8 @@ def fit(config: str | os.PathLike | Mapping[str, Any] | Config, overrides: Itera
     try:
         metrics = trainer.train_model(run["train_loader"], run["val_loader"], test_loader=run["test_loader"],
                                       num_epochs=run["num_epochs"], resume=resume, overwrite=overwrite)
+    except FileExistsError as exc:  # a run in the log_dir: the advice in this function's terms
+        raise FileExistsError(str(exc).replace("train_model(..., ", "fit(config, ")) from None
     except SystemExit:  # SIGTERM / SIGINT: a checkpoint was saved; how to continue from a config
         if trainer.log_dir:
             messages.info(f"With a config: flaxlight fit --config CONFIG --resume {trainer.log_dir} (Python: "

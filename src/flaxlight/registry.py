@@ -216,7 +216,8 @@ class Registry:
 
     def loaded(self, name: str) -> Any:
         """The object registered as ``name`` when it is at hand, else None: nothing is imported for
-        it (a lazy ``"module:attr"`` entry not used yet is None), beyond the built-in registrations.
+        it (a lazy ``"module:attr"`` entry whose module is not imported yet is None), beyond the
+        built-in registrations.
 
         Examples:
             >>> TRAINERS.loaded("classification").__name__, TRAINERS.loaded("mypkg.Trainer")
@@ -226,7 +227,9 @@ class Registry:
             return None
         self._load_builtins()
         obj = self._entries.get(_key(name), (None, None))[1]
-        return None if isinstance(obj, str) else obj
+        if isinstance(obj, str):  # lazy: at hand once its module is imported (flaxlight's own callbacks)
+            return self.get(name) if obj.partition(":")[0] in sys.modules else None
+        return obj
 
     def name_of(self, path: str) -> str | None:
         """The name registered for the object at the import path ``path`` (``pkg.mod.Name`` or

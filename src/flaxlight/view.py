@@ -825,6 +825,9 @@ class TrainerViewMixin:
                     f"EarlyStopping monitors {stopper.monitor!r}, which is not a metric of this run: flaxlight names "
                     f"validation metrics 'val/<name>' (Lightning's 'val_loss' is 'val/loss'). Did you mean {close!r}? "
                     f"Pass EarlyStopping(monitor={close!r}).")
+            watched = getattr(stopper, "monitor", None)  # any callback's: a validation metric only the eval step logs
+            if isinstance(watched, str) and watched.startswith("val/") and watched.split("/")[1] not in names:
+                raise MetricNotLoggedError(_unlogged_monitor(type(stopper).__name__, watched, known))
         if monitor and monitor not in known and not (monitor.startswith("val/") and monitor.split("/")[1] in names):
             raise MetricNotLoggedError(self.options.missing_monitor_message(known, ahead=True))  # not "val/f1/macro"
 
@@ -1256,3 +1259,12 @@ def _is_flaxlights(method: Callable) -> bool:
     """Whether ``method`` is flaxlight's own (inherited, not the user's override)."""
     module = getattr(method, "__module__", "") or ""
     return module == "flaxlight" or module.startswith("flaxlight.")
+
+
+def _unlogged_monitor(owner: str, monitor: str, known: Mapping[str, float]) -> str:
+    """The refusal, before training, of a callback's ``monitor`` that no validation logs."""
+    close = difflib.get_close_matches(monitor, list(known), n=1, cutoff=0.6)
+    fix = f"Did you mean {close[0]!r}? Pass {owner}(monitor={close[0]!r})." if close else \
+        f"Pass {owner}(monitor='val/<name>') with one of them."
+    return (f"{owner} monitors {monitor!r}, which no validation of this run logs: it is not among the eval step's "
+            f"metrics {sorted(known)}, and nothing of yours runs during a validation to log it. {fix}")
