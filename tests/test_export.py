@@ -125,15 +125,49 @@ def test_a_model_of_two_inputs_predicts_and_exports(tmp_path):
                               {"name": "x1", "shape": [None, 3], "dtype": "float32"}]
 
 
-def test_a_model_that_fails_on_its_inputs_gets_its_own_error_from_export(tmp_path):
-    """Any failure was blamed on the symbolic batch size, with advice (batch_size=N) that failed too."""
+def test_an_exmp_input_set_since_the_trainer_was_built_that_does_not_fit_is_named_by_export(tmp_path):
+    """Any failure was blamed on the symbolic batch size, with advice (batch_size=N) that failed too;
+    then it was Flax's bare ScopeParamShapeError, with no word of exmp_input."""
     x, y = _digits_like()
     trainer = ClassifyTrainer(model_class=TinyMLP, model_hparams={"hidden_dims": [4], "output_dim": 2},
                               optimizer_hparams={"optimizer": "adam"}, exmp_input=x[:1], **quiet(tmp_path))
     trainer.exmp_input = x[:1, :5]  # the model's first layer was built for 8 features
-    with pytest.raises(Exception, match="expected to generate shape \\(5, 4\\)") as raised:
+    with pytest.raises(ValueError, match="expected to generate shape \\(5, 4\\)") as raised:
         trainer.export(tmp_path / "export", which="current")
-    assert "batch_size=N" not in str(raised.value)
+    message = str(raised.value)
+    assert "batch_size=N" not in message
+    assert message.startswith("export traces the model on inputs shaped like trainer.exmp_input, now an array of "
+                              "shape (1, 5), but the trainer's model and its parameters were built from an exmp_input "
+                              "that was an array of shape (1, 8), and they do not fit the new one; its parameters "
+                              "would be shaped otherwise:\n  params/Dense_0/kernel: (8, 4) in the trainer, (5, 4) from "
+                              "this exmp_input\nThe model's error: ScopeParamShapeError: ")
+    assert "Set trainer.exmp_input back to one batch of the model's inputs shaped as when the trainer was" in message
+    assert not (tmp_path / "export").exists()
+    trainer.exmp_input = x[:1]  # as the message says: set back, it exports
+    assert flaxlight.load_exported(trainer.export(tmp_path / "export", which="current"))(x).shape == (96, 2)
+    nnx_trainer = ClassifyTrainer(model_class=TinyNNX, model_hparams={"din": 8, "hidden_dims": [4], "output_dim": 2},
+                                  optimizer_hparams={"optimizer": "adam"}, exmp_input=x[:1], **quiet(tmp_path / "nnx"))
+    nnx_trainer.exmp_input = x[:1, :5]  # an NNX model's sizes are its hparams: no parameter is listed
+    with pytest.raises(ValueError, match=r"now an array of shape \(1, 5\), but .* an array of shape \(1, 8\), and "
+                                         r"they do not fit the new one; the model's error: TypeError: dot_general"):
+        nnx_trainer.export(tmp_path / "nnx_export", which="current")
+
+
+class FailsInEvalMode(nn.Module):
+    @nn.compact
+    def __call__(self, x, train: bool = False):
+        if not train:
+            raise ValueError("this model has no eval mode")
+        return nn.Dense(2)(x)
+
+
+def test_a_model_that_fails_on_its_inputs_gets_its_own_error_from_export(tmp_path):
+    x, _ = _digits_like()
+    trainer = ClassifyTrainer(model_class=FailsInEvalMode, model_hparams={}, optimizer_hparams={"optimizer": "adam"},
+                              exmp_input=x[:1], **quiet(tmp_path))
+    with pytest.raises(ValueError) as raised:  # exmp_input is as built: the model's own error, as it is
+        trainer.export(tmp_path / "export", which="current")
+    assert raised.value.args == ("this model has no eval mode",)
 
 
 def test_predict_on_batches_unlike_the_models_input_says_what_to_give(tmp_path):

@@ -4,6 +4,7 @@ shares with Lightning (``every_n_epochs`` with ``save_top_k=-1``, ``best_model_p
 
 import json
 import os
+import re
 import warnings
 
 import jax
@@ -468,9 +469,23 @@ def test_a_run_whose_hparams_hold_train_model_keywords_still_loads(tmp_path):
     ("compile", "optimizer_hparams={'optimizer': 'adam', 'lr': 1e-3}"),
     ("summary", "trainer.print_tabulate(exmp_input)"),
     ("save_checkpoint", "trainer.save_model()"),
+    ("freeze", "optimizer_hparams={..., 'freeze': ['Dense_0']}"),
+    ("freeze", "predict(), test() and export() run the model in eval mode"),
+    ("unfreeze", "optimizer_hparams that hold no 'freeze'"),
+    ("unfreeze", "'Gradual unfreezing'"),
+    ("to_onnx", "is trainer.export(path)"),
+    ("to_torchscript", "trainer.export(path, which='current')"),
+    ("save", "trainer.save_model()"),
+    ("save", "MyTrainer.load_from_checkpoint(log_dir, exmp_input=x[:1])"),
+    ("save_weights", "trainer.save_model()"),
+    ("load_weights", "MyTrainer.load_from_checkpoint(log_dir, exmp_input=x[:1])"),
+    ("load_weights", "trainer.load_model()"),
+    ("eval", "eval mode (train=False)"),
+    ("half", "optimizer_hparams={..., 'precision': 'bf16'}"),
 ])
 def test_lightning_and_keras_method_names_say_what_to_call(tmp_path, name, written):
-    """trainer.fit / validate / evaluate and self.log were a bare AttributeError."""
+    """trainer.fit / validate / evaluate and self.log were a bare AttributeError; so were Lightning's
+    freeze / unfreeze / to_onnx / to_torchscript and Keras' save / save_weights / load_weights."""
     trainer = _trainer(tmp_path)
     with pytest.raises(AttributeError) as info:
         getattr(trainer, name)
@@ -478,6 +493,17 @@ def test_lightning_and_keras_method_names_say_what_to_call(tmp_path, name, writt
     assert message.startswith(f"'RegressTrainer' object has no attribute {name!r}: ") and written in message
     assert "docs/from-lightning.md" in message
     assert getattr(trainer, "no_such_thing", 42) == 42 and not hasattr(trainer, "fit")  # others: as before
+
+
+def test_what_the_method_hints_name_exists():
+    """Each trainer method a hint names (trainer.export(...), MyTrainer.load_from_checkpoint(...))
+    is one the trainer has."""
+    from flaxlight.options import FOREIGN_TRAINER_METHODS
+
+    named = {name for hint in FOREIGN_TRAINER_METHODS.values()  # less the foreign names they quote
+             for name in re.findall(r"\b(?:trainer|MyTrainer)\.(\w+)\(", hint)} - set(FOREIGN_TRAINER_METHODS)
+    assert {"export", "save_model", "load_model", "load_from_checkpoint", "train_model"} <= named
+    assert [name for name in sorted(named) if not hasattr(flaxlight.TrainerModule, name)] == []
 
 
 def test_a_property_of_yours_that_fails_names_what_it_missed(tmp_path):

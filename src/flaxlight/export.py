@@ -4,8 +4,10 @@
 
 - ``model.jax_exported``: the model's eval-mode forward pass, serialized with
   :func:`jax.export.serialize`, its trained variables (params, batch statistics) baked in as
-  constants, the batch dimension symbolic (any batch size), lowered for the platforms asked
-  for (default: the one exporting; an artifact runs only on a platform it was lowered for);
+  constants (behind an optimization barrier, so that XLA computes with them as the jitted
+  ``predict()`` does rather than folding them), the batch dimension symbolic (any batch size),
+  lowered for the platforms asked for (default: the one exporting; an artifact runs only on a
+  platform it was lowered for);
 - ``export.json``: the inputs (``name`` in the call, shape, dtype), the outputs (``path`` in
   the result, shape, dtype), the ``platforms``, which checkpoint, the precision, the
   versions, and the line that loads and calls it (``load``), with the inputs' structure

@@ -438,6 +438,42 @@ FOREIGN_TRAINER_METHODS = {
                "unless enable_model_summary=False)",
     "save_checkpoint": "Lightning's trainer.save_checkpoint(path) is trainer.save_model() (a checkpoint of the "
                        "current step in <log_dir>/checkpoints/<step>; the run's folder is set by logger_params)",
+    "freeze": "Lightning's module.freeze() for inference needs nothing here: predict(), test() and export() run "
+              "the model in eval mode and compute no gradients. Layers kept fixed while training (Lightning's "
+              "BaseFinetuning.freeze(self.backbone), Keras' layer.trainable = False) are an optimizer setting, "
+              "optimizer_hparams={..., 'freeze': ['Dense_0']} (layer or parameter paths), given when the trainer is "
+              "built or loaded: MyTrainer.load_from_checkpoint(run, exmp_input=x[:1], optimizer_hparams={'optimizer': "
+              "'adamw', 'lr': 1e-3, 'freeze': ['Dense_0']}, logger_params={'log_dir': 'runs/frozen'}) (docs/models.md, "
+              "'Freezing layers')",
+    "unfreeze": "Lightning's unfreeze() (BaseFinetuning's unfreeze_and_add_param_group): freezing is a setting of a "
+                "run's optimizer, so unfreezing is a new run from the frozen one's checkpoint with optimizer_hparams "
+                "that hold no 'freeze': MyTrainer.load_from_checkpoint('runs/frozen', exmp_input=x[:1], "
+                "optimizer_hparams={'optimizer': 'adamw', 'lr': 1e-4}, logger_params={'log_dir': 'runs/unfrozen'}); in "
+                "one run, a backbone group whose rate is 0 until an epoch (docs/models.md, 'Gradual unfreezing')",
+    **dict.fromkeys(("to_onnx", "to_torchscript"),
+                    "Lightning's to_onnx(path) / to_torchscript() is trainer.export(path): a jax.export (StableHLO) "
+                    "artifact of the eval-mode forward pass with the trained variables, which plain JAX serves "
+                    "(flaxlight.load_exported(path)(x), or jax.export.deserialize(...).call(x)); there is no ONNX or "
+                    "TorchScript file. After training it exports the best checkpoint; trainer.export(path, "
+                    "which='current') exports the weights as they are now, as Lightning's do (docs/models.md, "
+                    "'Serving without flaxlight')"),
+    "save": "Keras' model.save('m.keras'): checkpoints are written while training (the best and the last, in "
+            "<log_dir>/checkpoints/<step>/), and trainer.save_model() writes one of the trainer's state now; "
+            "keras.models.load_model is MyTrainer.load_from_checkpoint(log_dir, exmp_input=x[:1]); a model to serve "
+            "without flaxlight (Keras' model.export) is trainer.export(path)",
+    "save_weights": "Keras' model.save_weights(path) is trainer.save_model() (a checkpoint of the trainer's state now "
+                    "in <log_dir>/checkpoints/<step>/; the arrays themselves are trainer.state.params and "
+                    "trainer.state.batch_stats), loaded by MyTrainer.load_from_checkpoint(log_dir, exmp_input=x[:1])",
+    "load_weights": "Keras' model.load_weights(path) is MyTrainer.load_from_checkpoint(log_dir, exmp_input=x[:1]) (a "
+                    "new trainer with the run's best checkpoint; which='last' for its newest), or trainer.load_model() "
+                    "into this trainer from its own run (load_model(step) for another step); load_weights(path, "
+                    "skip_mismatch=True) for a new head is a new trainer given the loaded run's matching layers "
+                    "(docs/models.md, 'A new head: restore only the backbone')",
+    "eval": "Lightning's model.eval() needs nothing here: validation, test(), predict() and export() run the model in "
+            "eval mode (train=False), and the train step in training mode",
+    "half": "Lightning's model.half(): fp16 is not offered (bf16 has float32's range and needs no loss scaling); "
+            "bf16 computing is the optimizer setting optimizer_hparams={..., 'precision': 'bf16'}, and "
+            "trainer.export(path, precision='bf16') exports a bf16 forward pass",
     **dict.fromkeys(("optimizers", "manual_backward", "toggle_optimizer"),
                     "Lightning's manual optimization (self.optimizers(), manual_backward, opt.step()) is a train step "
                     "of yours: create_functions returns a pure (state, batch) -> (state, metrics) that updates the "

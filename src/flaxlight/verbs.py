@@ -28,10 +28,11 @@ import numpy as np
 
 from flaxlight import distributed as dist
 from flaxlight import resume, runfiles
-from flaxlight.checkpoint import ModelMismatchError
+from flaxlight.checkpoint import ModelMismatchError, _flat_shapes, _param_differences
 from flaxlight.data import ArrayLoader, as_input_list, as_loader
 from flaxlight.messages import logger as messages, warn_at_user
 from flaxlight.metrics import batch_size as examples_in, deliberate_reads
+from flaxlight.models import _FIT_ERRORS, _shapes_text
 from flaxlight.optim import PRECISIONS, as_optimizer_config, ema_params
 from flaxlight.options import TRAINER_ARGUMENTS, foreign_method_message
 from flaxlight.registry import explicit_parameters
@@ -510,7 +511,19 @@ class TrainerVerbsMixin:
         GPU and served on CPUs is exported with ``platforms=("cpu", "cuda")``.
         ``precision``: ``"bf16"`` or ``"fp32"``; default: the run's, as :meth:`predict` and
         validation compute (``"bf16"``: bfloat16 parameters and inputs, float32 outputs).
-        ``export.json`` records ``which``, the step, ``platforms`` and ``precision``.
+        ``export.json`` records ``which``, the step, ``platforms`` and ``precision``. When the
+        default picks a checkpoint other than the trainer's state now (after training, the best
+        model of an earlier step), an info line says which, and ``which="current"`` exports the
+        model as it is, as :meth:`predict` uses it by default.
+
+        The variables are baked into the artifact, behind an optimization barrier so that XLA
+        computes with them as the jitted :meth:`predict` does instead of folding them as
+        constants: on the same machine its outputs equal ``predict()``'s (bitwise on CPU in the
+        tests, fp32 and bf16); separately compiled programs are not promised to agree beyond
+        float32 rounding (about 1e-6 relative), e.g. on another platform or batch size.
+        An ``exmp_input`` set since the trainer was built, which the model's parameters do not fit,
+        is a ``ValueError`` naming its shape, the shape the trainer was built from and, for a Linen
+        model, the parameters that differ.
 
         Examples:
             >>> trainer.export("export")                                              # doctest: +SKIP
@@ -520,6 +533,7 @@ class TrainerVerbsMixin:
         """
         from flaxlight.export import export_forward
 
+        defaulted = which is None
         if which is None:  # test()'s rule: a loaded trainer serves the checkpoint it loaded
             which = "current" if self._loaded and not self._trained_here else "best"
         precision = getattr(step_owner(self.eval_step), "precision", "fp32") if precision is None else precision
@@ -531,15 +545,63 @@ class TrainerVerbsMixin:
             raise FileNotFoundError(f"{exc} export(which={which!r}) needs a saved checkpoint; pass which='current' "
                                     f"to export the trainer's state now.") from None
         refuse_deleted_arrays(state, f"{type(self).__name__}.export")
+        step = int(np.asarray(state.step))
+        if defaulted:
+            self._say_if_not_current(which, step)
         example = _model_inputs(self.exmp_input, self._input_count)
-        info = {"which": which, "step": int(np.asarray(state.step)), "precision": precision,
+        info = {"which": which, "step": step, "precision": precision,
                 "model": getattr(self.model_class, "__name__", type(self.model_adapter).__name__),
                 "flaxlight": _version()}
-        forward = functools.partial(_forward, state, precision=precision)
+        forward = functools.partial(_exported_forward, state, precision=precision)
         options = {"batch_size": batch_size, "info": info, "platforms": platforms}
-        if len(example) == 1:  # one input: the artifact is called as f(x)
-            return export_forward(lambda x: forward((x,)), example[0], path, **options)
-        return export_forward(forward, example, path, several_inputs=True, **options)
+        try:
+            if len(example) == 1:  # one input: the artifact is called as f(x)
+                return export_forward(lambda x: forward((x,)), example[0], path, **options)
+            return export_forward(forward, example, path, several_inputs=True, **options)
+        except _FIT_ERRORS as exc:
+            message = self._unfit_exmp_input_message(forward, state, example, exc)
+            if message is None:  # exmp_input is as the trainer was built: the model's own error
+                raise
+            raise ValueError(message) from exc
+
+    def _say_if_not_current(self, which: str, step: int) -> None:
+        """An info line when export's default (``which``, after training: ``"best"``) writes a
+        checkpoint of another step than the trainer's state, which ``predict()`` uses by default."""
+        now = int(np.asarray(self.state.step))
+        if which != "current" and step != now:
+            messages.info(f"export: writing the {which} checkpoint (step {step}), export's default after training "
+                          f"(the model test() uses), not the trainer's current state (step {now}), which predict() "
+                          f"uses by default. trainer.export(path, which='current') exports the current state.")
+
+    def _unfit_exmp_input_message(self, forward, state, example: tuple, exc: Exception) -> str | None:
+        """Why export failed when ``trainer.exmp_input`` was set since the trainer was built (its
+        shapes then: :meth:`_init_variables`) and the model (``forward``) cannot take it: its shapes
+        now and then, the parameters that differ (a Linen model's, shaped from its input), the
+        model's error, and the way on. None when ``exmp_input`` is shaped as it was (the model's own
+        error) or the model takes it (the error is another one's: a symbolic batch size)."""
+        built, now = getattr(self, "_built_from", None), _shapes_text(as_input_list(self.exmp_input))
+        if built is None or built == now:
+            return None
+        try:
+            jax.eval_shape(forward, example)  # shapes only
+            return None
+        except Exception:  # noqa: BLE001 - the model cannot be called on exmp_input: said below
+            pass
+        error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        differ = list(_parameter_differences(self.model_adapter, state.params, example).items())
+        shown = "".join(f"\n  params/{where}: {'missing' if got is None else got} in the trainer, "
+                        f"{'missing' if want is None else want} from this exmp_input"
+                        for where, (got, want) in differ[:5])
+        more = f"\n  ... and {len(differ) - 5} more" if len(differ) > 5 else ""
+        why = f"its parameters would be shaped otherwise:{shown}{more}\nThe model's error: {error}" if shown else \
+            f"the model's error: {error}"
+        return (f"export traces the model on inputs shaped like trainer.exmp_input, now {now}, but the trainer's "
+                f"model and its parameters were built from an exmp_input that was {built}, and they do not fit the "
+                f"new one; {why}\nSet trainer.exmp_input back to one batch of the model's inputs shaped as when the "
+                f"trainer was built, batch axis first (e.g. x[:1]): the artifact takes that shape with any batch "
+                f"size. To serve inputs of another shape to a model whose parameters do not depend on it (a "
+                f"sequence's length), load the run with such an exmp_input: "
+                f"{type(self).__name__}.load_from_checkpoint(run, exmp_input=x_new[:1]), and export that trainer.")
 
     @property
     def _input_count(self) -> int:
@@ -552,7 +614,7 @@ class TrainerVerbsMixin:
         ``exmp_input`` of several elements, which of them it gave the model is noted: the UvA guide's
         classifier passes a whole ``(imgs, labels)`` batch and unpacks ``imgs, _ = exmp_input``, so
         ``predict`` and ``export`` feed the model ``imgs`` only (:func:`_inputs_given`)."""
-        self._model_input_count = None
+        self._model_input_count, self._built_from = None, _shapes_text(exmp_inputs)  # export's check
         if _is_flaxlights(type(self).run_model_init) or self.model_adapter.kind != "linen" or len(exmp_inputs) < 2:
             return self.run_model_init(exmp_inputs, init_rng)
         calls = []
@@ -870,6 +932,28 @@ def _check_stackable(first: Any, out: Any, index: int, expected: list) -> None:
     raise ValueError(f"predict: the model's outputs in batch {index} have another structure than in batch 0 "
                      f"({jax.tree.structure(out)} vs {jax.tree.structure(first)}): predict stacks them, so every "
                      f"batch must give the same outputs.")
+
+
+def _exported_forward(state, inputs, *, precision: str = "fp32"):
+    """:func:`_forward` for an artifact, whose variables are closed over (constants of its program):
+    they pass an optimization barrier first, so that XLA computes with them as it does with the
+    arguments of the jitted predict / eval step instead of folding them into the constants of
+    another computation (which differed from ``predict()`` by float32 rounding, 2e-7..5e-7)."""
+    params, batch_stats = jax.lax.optimization_barrier((state.params, state.batch_stats))
+    return _forward(state.replace(params=params, batch_stats=batch_stats), inputs, precision=precision)
+
+
+def _parameter_differences(adapter, params, example: tuple) -> dict[str, tuple]:
+    """``{path: (the trainer's shape, the shape example gives)}`` of a Linen model's parameters
+    that ``example`` (its inputs) would shape otherwise (traced, shapes only); empty for an NNX
+    model (its sizes come from model_hparams) or one whose init fails on ``example``."""
+    if adapter.kind != "linen":
+        return {}
+    try:
+        wanted = jax.eval_shape(lambda: adapter.init(jax.random.key(0), list(example)))["params"]
+    except Exception:  # noqa: BLE001 - the model cannot even be initialised on it: the model's error says why
+        return {}
+    return _param_differences(_flat_shapes(params), _flat_shapes(wanted))
 
 
 def _forward(state, inputs, *, precision: str = "fp32"):
