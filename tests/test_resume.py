@@ -334,3 +334,43 @@ def test_a_kill_after_an_epochs_records_resumes_without_logging_them_twice(strai
     resumed = _run(tmp_path / "run", tmp_path / "final.npz", "--resume")
     assert resumed.returncode == 0, resumed.stderr
     _assert_same_run(straight, tmp_path / "run", tmp_path / "final.npz")
+
+
+@pytest.mark.parametrize("when", ["epoch_end", "fit_end"])
+def test_a_ctrl_c_in_an_interactive_session_saves_and_leaves_a_keyboard_interrupt(tmp_path, monkeypatch, capsys, when):
+    """SystemExit(130) ended a `python -i` / REPL session (every variable lost); in an interactive
+    interpreter Ctrl-C saves as in a script, then raises KeyboardInterrupt, as Keras leaves it, and
+    the same trainer object resumes. SIGTERM, a request to end the process, still exits."""
+    import flaxlight
+    from conftest import RegressTrainer, TinyMLP, linear_data, quiet
+
+    class CtrlC(flaxlight.Callback):
+        signum = signal.SIGINT
+
+        def on_train_epoch_end(self, trainer, epoch, metrics):
+            if when == "epoch_end" and epoch == 1 and trainer.global_step == 4:
+                os.kill(os.getpid(), self.signum)
+
+        def on_fit_end(self, trainer):
+            if self.signum and (when == "fit_end" or self.signum == signal.SIGTERM):
+                os.kill(os.getpid(), self.signum)
+
+    monkeypatch.setattr(sys, "ps1", ">>> ", raising=False)  # as in the REPL
+    x, y = linear_data(64, 0)
+    ctrl_c = CtrlC()
+    trainer = RegressTrainer(model_class=TinyMLP, model_hparams={}, optimizer_hparams={}, exmp_input=x[:1],
+                             callbacks=[ctrl_c], **quiet(tmp_path))
+    with pytest.raises(KeyboardInterrupt):
+        trainer.train_model(flaxlight.ArrayLoader(x, y, batch_size=16), None, num_epochs=2)
+    step = 5 if when == "epoch_end" else 8  # epoch_end: the signal is taken at the next step's end
+    assert trainer.checkpointer.latest_step() == step and trainer.global_step == step
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    if when == "epoch_end":
+        assert "call train_model(..., resume=True) on this trainer" in capsys.readouterr().err
+        ctrl_c.signum = None
+        trainer.train_model(flaxlight.ArrayLoader(x, y, batch_size=16), None, num_epochs=2, resume=True)
+        assert trainer.global_step == 8
+    ctrl_c.signum = signal.SIGTERM
+    with pytest.raises(SystemExit) as stopped:
+        trainer.train_model(flaxlight.ArrayLoader(x, y, batch_size=16), None, num_epochs=1)
+    assert stopped.value.code == 128 + signal.SIGTERM

@@ -207,3 +207,69 @@ def test_on_test_end_sees_the_tested_model_and_the_trainer_is_put_back_after_it(
     np.testing.assert_array_equal(seen, trainer.predict(XV, batch_size=64, which="best"))  # checkpoint 8's
     assert step == 24 and trainer.global_step == int(trainer.state.step) == 24
     assert not np.array_equal(trainer.predict(XV, batch_size=64), seen)  # put back: the last model
+
+
+def test_a_second_call_says_what_it_keeps_and_what_starts_again(tmp_path, capsys):
+    """A notebook cell run again trained on with a new optimizer (its schedule restarted, Adam's
+    moments reset), history and epochs from 1, without a word."""
+    trainer = _trainer(tmp_path, [])
+    trainer.train_model((X, Y), (XV, YV), num_epochs=1, batch_size=32)
+    assert "train_model again" not in capsys.readouterr().err
+    trainer.train_model((X, Y), (XV, YV), num_epochs=1, batch_size=32)
+    said = capsys.readouterr().err
+    assert "train_model again on this trainer: training goes on from its current model (step 8) with a new " \
+           "optimizer" in said and "resume=True instead continues the run" in said
+    trainer.train_model((X, Y), (XV, YV), num_epochs=3, batch_size=32, resume=True)
+    assert "train_model again" not in capsys.readouterr().err
+
+
+def test_an_edited_optimizer_hparams_is_said_and_recorded_at_the_next_call(tmp_path, capsys):
+    """trainer.optimizer_hparams["lr"] = 0.5 between calls changed the rate used, but hparams.yaml,
+    load_from_checkpoint(with_optimizer=True) and a later resume's comparison kept the old one."""
+    import yaml
+
+    trainer = _trainer(tmp_path, [])
+    trainer.train_model((X, Y), (XV, YV), num_epochs=1, batch_size=32)
+    trainer.optimizer_hparams["lr"] = 0.5
+    capsys.readouterr()
+    trainer.train_model((X, Y), (XV, YV), num_epochs=1, batch_size=32)
+    said = capsys.readouterr().err
+    assert "trainer.optimizer_hparams was edited (lr: 0.01 -> 0.5)" in said and "hparams.1.yaml" in said
+    run = tmp_path / "run"
+    assert yaml.safe_load((run / "hparams.yaml").read_text())["optimizer_hparams"]["lr"] == 0.5
+    assert yaml.safe_load((run / "hparams.1.yaml").read_text())["optimizer_hparams"]["lr"] == 0.01
+    loaded = RegressTrainer.load_from_checkpoint(run, exmp_input=X[:1], which="last", with_optimizer=True,
+                                                 logger_params={"log_dir": str(tmp_path / "b")})
+    assert loaded.optimizer_hparams["lr"] == 0.5
+    trainer.train_model((X, Y), (XV, YV), num_epochs=3, batch_size=32, resume=True)  # nothing more to say
+    assert "optimizer_hparams was edited" not in capsys.readouterr().err and not (run / "hparams.2.yaml").exists()
+
+
+def test_an_edited_setting_of_the_train_step_is_refused(tmp_path):
+    """The L2 term is applied by the train step, built once by __init__: an edit would not apply."""
+    trainer = RegressTrainer(model_class=TinyMLP, model_hparams={"hidden_dims": [16]},
+                             optimizer_hparams={"optimizer": "sgd", "lr": 1e-2, "weight_decay": 1e-3,
+                                                "weight_decay_mode": "l2"}, exmp_input=X[:1], **quiet(tmp_path))
+    trainer.optimizer_hparams["weight_decay"] = 0.1
+    with pytest.raises(ValueError, match=r"edited after the trainer was built \(weight_decay: 0.001 -> 0.1\), but the "
+                                         r"train step applies"):
+        trainer.train_model((X, Y), (XV, YV), num_epochs=1, batch_size=32)
+    assert not (tmp_path / "run" / "hparams.yaml").exists()
+
+
+def test_a_keyboard_interrupt_inside_train_model_says_what_is_saved(tmp_path, capsys):
+    """A KeyboardInterrupt from a callback (or a second Ctrl-C) ended the run without a word: the
+    trainer at step 24, the newest checkpoint 16."""
+
+    class Raise(flaxlight.Callback):
+        def on_train_epoch_end(self, trainer, epoch, metrics):
+            if epoch == 3:
+                raise KeyboardInterrupt
+
+    trainer = _trainer(tmp_path, [Raise])
+    with pytest.raises(KeyboardInterrupt):
+        trainer.train_model((X, Y), (XV, YV), num_epochs=5, batch_size=32)
+    said = capsys.readouterr().err
+    assert trainer.global_step == 24 and _steps(tmp_path)[-1] == 16
+    assert "KeyboardInterrupt at step 24 (epoch 3): train_model stopped, and step 24 is not saved" in said
+    assert "The newest checkpoint is step 16: train_model(..., resume=True) continues from there" in said

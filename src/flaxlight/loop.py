@@ -17,6 +17,7 @@ import contextlib
 import contextvars
 import dataclasses
 import signal
+import sys
 import threading
 import time
 import warnings
@@ -263,14 +264,51 @@ class Interrupted(Exception):
         stopped = f"\n{signal.Signals(self.signum).name} received: stopped after step {step} (epoch {epoch})"
         if log_dir is None:
             return f"{stopped}; fast_dev_run saves no checkpoint."
-        advice = RESUME_ADVICE.get() or (f"To resume, build the same trainer with logger_params={{'log_dir': "
-                                         f"{log_dir!r}}} and call train_model(..., resume=True).")
+        advice = RESUME_ADVICE.get() or (
+            f"To resume, call train_model(..., resume=True) on this trainer (or, in a new session, build the same "
+            f"trainer with logger_params={{'log_dir': {log_dir!r}}} and call it)." if self.keeps_session() else
+            f"To resume, build the same trainer with logger_params={{'log_dir': {log_dir!r}}} and call "
+            f"train_model(..., resume=True).")
         saved = None if saved is None else sorted(saved)
         if saved is None or step in saved:
             return f"{stopped} and saved a checkpoint in {checkpoints}.\n{advice}"
         kept = (f"The newest checkpoint in {checkpoints} is step {saved[-1]}: a resume continues from there."
                 if saved else f"No checkpoint is in {checkpoints}: a resume starts from scratch.")
         return f"{stopped}. No checkpoint of step {step} was saved: {unsaved or 'save_model wrote none'}. {kept}\n{advice}"
+
+    def keeps_session(self) -> bool:
+        """Whether the session goes on after this interrupt: a SIGINT (Ctrl-C, Jupyter's stop
+        button) in an interactive interpreter (:func:`interactive_session`). A SIGTERM is a request
+        to end the process, and a script ends with its exit status, as documented."""
+        return self.signum == signal.SIGINT and interactive_session()
+
+    def stop(self) -> None:
+        """End ``train_model`` after the interrupt's checkpoint: ``KeyboardInterrupt`` where the session
+        goes on (:meth:`keeps_session`: the trainer and every variable stay, as Keras leaves them), else
+        ``SystemExit(128 + signal)``: exit status 130 (SIGINT) or 143 (SIGTERM)."""
+        if self.keeps_session():
+            raise KeyboardInterrupt(f"{signal.Signals(self.signum).name}: train_model stopped (see the message "
+                                    f"above); train_model(..., resume=True) on this trainer continues the run")
+        raise SystemExit(128 + self.signum)
+
+
+def interactive_session() -> bool:
+    """Whether Python runs interactively, where an exit would end the user's session and its
+    variables: a REPL (``python``, ``python -i``, :mod:`code`'s console: ``sys.ps1`` or
+    ``sys.flags.interactive``) or an IPython / Jupyter shell (one running, seen in ``sys.modules``:
+    IPython is never imported here).
+
+    Examples:
+        >>> interactive_session() == (hasattr(sys, "ps1") or bool(sys.flags.interactive))  # no IPython shell here
+        True
+    """
+    if hasattr(sys, "ps1") or sys.flags.interactive:
+        return True
+    get_ipython = getattr(sys.modules.get("IPython"), "get_ipython", None)
+    try:
+        return get_ipython is not None and get_ipython() is not None
+    except Exception:  # noqa: BLE001 - a half-imported or replaced module: not a shell
+        return False
 
 
 class EventSchedule:
@@ -336,9 +374,10 @@ class SignalGuard:
 
     def exit_if_received(self) -> None:
         """``SystemExit(128 + signal)`` when a signal came after the loop's last check (during the
-        final test or ``on_fit_end``): the run is complete and saved, and the process stops as asked."""
+        final test or ``on_fit_end``): the run is complete and saved, and the process stops as asked
+        (a SIGINT in an interactive session: ``KeyboardInterrupt``, see :meth:`Interrupted.stop`)."""
         if self.received is not None:
-            raise SystemExit(128 + self.received)
+            Interrupted(self.received).stop()
 
     @staticmethod
     @contextlib.contextmanager

@@ -205,8 +205,8 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
         run dir, its ``checkpoints`` dir or a ``checkpoints/<step>`` dir (another run's: continued as a copy in a new
         ``log_dir``; an older one of this run's: a rewind, :func:`flaxlight.resume.set_aside_branch`). A resumed run
         ends as an uninterrupted one when the data order is a pure function of the epoch (:class:`ArrayLoader`, or
-        ``set_epoch``). SIGTERM/SIGINT finish the step, save and exit. A ``log_dir`` holding a run is an error unless
-        that run is resumed or ``overwrite=True``."""
+        ``set_epoch``). SIGTERM/SIGINT finish the step, save and exit (SIGINT in an interactive session: save and raise
+        ``KeyboardInterrupt``). A ``log_dir`` holding a run is an error unless that run is resumed or ``overwrite=True``."""
         refuse_unknown_keywords(self, "train_model", unknown)  # Keras' epochs=, validation_split=: what to write
         train_loader, val_loader, test_loader = fit_loaders(train_loader, val_loader, test_loader, batch_size,
                                                             seed=self.seed)
@@ -246,7 +246,7 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
     def _prepare_run(self, train_loader, val_loader, num_epochs: int, steps_per_epoch: int | None,
                      target: ResumeTarget) -> int:
         """Check the run's length, build the optimizer for it, start a fresh loop state."""
-        self._start_step = start = target.start_step(self.checkpointer, self.global_step)
+        self._start_step = start = self._run_start(target)  # a call again on a trained trainer: said
         plan = RunPlan.make(train_loader, val_loader, num_epochs=num_epochs, steps_per_epoch=steps_per_epoch,
                             check_val_every_n_epoch=self.check_val_every_n_epoch, limits=self._limits,
                             val_check_interval=self.options.val_check_interval, max_steps=self.options.max_steps,

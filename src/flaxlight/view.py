@@ -575,7 +575,8 @@ class TrainerViewMixin:
             history.record(epoch, self.global_step, metrics)
 
     def _save_on_interrupt(self, interrupt: Interrupted) -> None:
-        """SIGTERM / SIGINT: save the step trained, end the run's files, say how to resume, exit 128 + signal."""
+        """SIGTERM / SIGINT: save the step trained, end the run's files, say how to resume, exit 128 + signal
+        (a SIGINT in an interactive session: ``KeyboardInterrupt``, the session kept, :meth:`Interrupted.stop`)."""
         try:
             if self.own_checkpoints:  # the guide's save_model(step) means "a new best": the state now is not one
                 self._unsaved = (f"{type(self).__name__}.save_model writes checkpoints of its own, which flaxlight "
@@ -588,7 +589,7 @@ class TrainerViewMixin:
             self._end_failed_run(interrupt, "interrupted")
         messages.info(interrupt.explain(self.global_step, self._loop.epoch, self.checkpointer.directory, self.log_dir,
                                         saved=self.checkpointer.all_steps(), unsaved=self._unsaved))
-        raise SystemExit(128 + interrupt.signum)
+        interrupt.stop()
 
     def _end_failed_run(self, exc: BaseException, status: str) -> None:
         """Tell every callback ``on_exception`` (one that raises is warned about, and the others are
@@ -610,6 +611,34 @@ class TrainerViewMixin:
                                   f"(while handling {type(exc).__name__}: {exc}).", RuntimeWarning, stacklevel=2)
         finally:
             self._finish_files(status)
+        if isinstance(exc, KeyboardInterrupt):
+            self._say_what_a_keyboard_interrupt_kept()
+
+    def _say_what_a_keyboard_interrupt_kept(self) -> None:
+        """A ``KeyboardInterrupt`` raised inside ``train_model`` (by a callback, a second Ctrl-C, a
+        library) saves nothing: it may come in the middle of a step's bookkeeping (the state handed to
+        the device, the best model half chosen), where a checkpoint would not resume exactly. Ctrl-C's
+        own handler stops at the end of a step and saves there. Say what is kept and how to go on."""
+        step, epoch = self.global_step, self._loop.epoch
+        said = f"KeyboardInterrupt at step {step} (epoch {epoch}): train_model stopped"
+        if self.log_dir is None:
+            messages.warning(f"{said}; fast_dev_run saves no checkpoint.")
+            return
+        try:
+            saved = sorted(self.checkpointer.all_steps())
+        except Exception as exc:  # noqa: BLE001 - the interrupt is what the user must see
+            saved, said = [], f"{said} (its checkpoints could not be listed: {exc})"
+        folder = self.checkpointer.directory
+        if saved and saved[-1] >= step:
+            kept = f"; checkpoint {saved[-1]} in {folder} holds every step trained."
+        else:
+            newest = (f"The newest checkpoint is step {saved[-1]}: train_model(..., resume=True) continues from there"
+                      f" (on this trainer too; it is at step {step} in memory until then)" if saved else
+                      f"No checkpoint is in {folder}: resume=True would start from scratch")
+            kept = (f", and step {step} is not saved (a KeyboardInterrupt can come in the middle of a step's "
+                    f"bookkeeping, so flaxlight saves only where Ctrl-C's own handler stops: at a step's end). "
+                    f"{newest}.")
+        messages.warning(said + kept)
 
     def _log_running(self, points: list[tuple[int, dict, int]]) -> None:
         """Log log points' interval means (:class:`~flaxlight.loop.RunningLog`), oldest first."""
@@ -880,6 +909,41 @@ class TrainerViewMixin:
             messages.info(self.stop_reason)
 
     # ------------------------------------------------------------------ the seed's seams of the user's
+    def _run_start(self, target: resume.ResumeTarget) -> int:
+        """The model's step this ``train_model`` starts at (:meth:`ResumeTarget.start_step`); a call
+        that is not a resume, on a trainer that trained already (a notebook cell run again), is told
+        what it keeps and what starts again; edited ``optimizer_hparams`` are taken in
+        (:meth:`_take_in_optimizer_edits`), before the optimizer is built from them."""
+        if not target.resumes and self._trained_here and self.global_step > 0:
+            messages.info(f"train_model again on this trainer: training goes on from its current model (step "
+                          f"{self.global_step}) with a new optimizer (its state, e.g. Adam's moments, starts from zero"
+                          f" and its learning-rate schedule starts again); epochs, num_epochs and trainer.history count"
+                          f" from this call. resume=True instead continues the run from its newest checkpoint with "
+                          f"its saved optimizer state.")
+        self._take_in_optimizer_edits()  # a notebook cell's trainer.optimizer_hparams["lr"] = ...: recorded
+        return target.start_step(self.checkpointer, self.global_step)
+
+    def _take_in_optimizer_edits(self) -> None:
+        """``trainer.optimizer_hparams`` edited since the trainer recorded them (a notebook cell between
+        ``train_model`` calls): the optimizer this call builds uses them, so they are said and recorded
+        in the run's ``hparams.yaml`` at this call's first write (the earlier file kept as
+        ``hparams.1.yaml``, as a rebuilt trainer's resume does, :func:`flaxlight.runfiles.write_hparams`).
+        A setting the train step applies (built once, by ``__init__``) is refused: it would not apply."""
+        record, earlier = optim.recorded_optimizer(self.optimizer_hparams), self.config.get("optimizer_hparams")
+        if record == earlier:
+            return
+        changes, in_step = edited_settings(earlier, record)
+        if in_step:
+            raise ValueError(f"trainer.optimizer_hparams was edited after the trainer was built ({'; '.join(in_step)}),"
+                             f" but the train step applies that setting and was built with the old one by __init__: "
+                             f"build a new trainer with the new optimizer_hparams (with its logger_params' log_dir and"
+                             f" train_model(..., resume=True) it continues this run), or set it back.")
+        messages.info(f"trainer.optimizer_hparams was edited ({'; '.join(changes) or 'its object replaced'}): this "
+                      f"train_model's optimizer uses them, and the run's hparams.yaml records them.")
+        self.config["optimizer_hparams"] = record
+        if self.log_dir is not None and dist.is_main_process():
+            self._hparams_written = False  # written again at this call's start: the change said, the old file kept
+
     def _build_optimizer(self, num_epochs: int, num_steps_per_epoch: int) -> None:
         """``init_optimizer`` (an override of the user's, if any), with ``self.state`` checked before and
         after: a Flax ``TrainState`` (the UvA guide's, built by its ``init_model`` / ``init_optimizer``) is
@@ -1041,6 +1105,29 @@ _IN_THE_STEP = {
                    "counts apply_gradients calls: two per batch for a step updating twice), "
                    "e.g. beta = jnp.minimum(1.0, state.step / warmup_steps)",
 }
+
+
+_STEP_SETTINGS = ("precision", "freeze", "weight_decay_mode", "weight_decay_exclude", "weight_decay_mask")
+
+
+def edited_settings(earlier: Any, now: Any) -> tuple[list[str], list[str]]:
+    """The settings of two optimizer records (:func:`flaxlight.optim.recorded_optimizer`) that differ,
+    each as ``key: old -> new``: all of them, and those a :class:`~flaxlight.step.TrainStep` applies
+    (:data:`_STEP_SETTINGS`, and ``weight_decay`` where either record adds it to the loss as an L2 term).
+
+    Examples:
+        >>> edited_settings({"lr": 0.01, "optimizer": "sgd"}, {"lr": 0.5, "optimizer": "sgd"})
+        (['lr: 0.01 -> 0.5'], [])
+        >>> edited_settings({"weight_decay": 0.1, "weight_decay_mode": "l2"}, {"weight_decay": 0.2, "weight_decay_mode": "l2"})[1]
+        ['weight_decay: 0.1 -> 0.2']
+    """
+    if not (isinstance(earlier, Mapping) and isinstance(now, Mapping)):
+        return [], []
+    l2, missing = "l2" in (earlier.get("weight_decay_mode"), now.get("weight_decay_mode")), object()
+    keys = [key for key in dict.fromkeys([*earlier, *now]) if earlier.get(key, missing) != now.get(key, missing)]
+    said = {key: f"{key}: {earlier.get(key, '(unset)')!r} -> {now.get(key, '(unset)')!r}" for key in keys}
+    in_step = [said[key] for key in keys if key in _STEP_SETTINGS or (l2 and key == "weight_decay")]
+    return list(said.values()), in_step
 
 
 def watch_traced_reads(step: Callable, kind: str) -> Callable:
