@@ -1967,7 +1967,7 @@ def fit(config: str | os.PathLike | Mapping[str, Any] | Config, overrides: Itera
                                       num_epochs=run["num_epochs"], resume=resume, overwrite=overwrite)
     except FileExistsError as exc:  # a run in the log_dir: the advice in this function's terms
         raise FileExistsError(str(exc).replace("train_model(..., ", "fit(config, ")) from None
-    except SystemExit:  # SIGTERM / SIGINT: a checkpoint was saved; how to continue from a config
+    except (SystemExit, KeyboardInterrupt):  # SIGTERM / SIGINT (interactive: KeyboardInterrupt): how to continue
         if trainer.log_dir:
             messages.info(f"With a config: flaxlight fit --config CONFIG --resume {trainer.log_dir} (Python: "
                           f"flaxlight.config.fit(config, resume=True) with trainer.logger_params.log_dir set to it).")
