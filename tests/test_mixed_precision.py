@@ -1,8 +1,10 @@
 """precision="bf16": validation, predict and export compute one function; the loss sees the batch
-as given and float32 outputs; a model that computes in float32 anyway is warned of; other trainers'
-spellings of precision are answered with flaxlight's."""
+as given and float32 outputs; an NNX BatchNorm keeps the model in bfloat16, as Linen's does; a model
+that computes in float32 anyway, or partly because a float32 value promotes it, is warned of; other
+trainers' spellings of precision are answered with flaxlight's."""
 
 import logging
+import re
 
 import flax.linen as nn
 import jax
@@ -10,10 +12,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import quiet
+from flax import nnx
 
 import flaxlight
 from flaxlight.config import ConfigError, load_config
 from flaxlight.optim import as_optimizer_config
+from flaxlight.step import computing_state
 from flaxlight.zoo import ClassificationTrainer, RegressionTrainer
 from flaxlight.zoo.models import MLPRegressor
 
@@ -123,6 +127,85 @@ def test_bf16_warns_once_when_the_model_computes_in_float32_anyway(tmp_path, cap
     if warned:
         assert "every matrix multiplication and convolution of the train step runs in float32" in said[0]
         assert "`x.astype(jnp.float32) / 255`" in said[0] and "`x / 255.0`" in said[0]
+
+
+class _NNXNormed(nnx.Module):
+    """Linear -> nnx.BatchNorm -> relu -> Linear, as the user's trial built it."""
+
+    def __init__(self, *, rngs: nnx.Rngs):
+        self.dense, self.norm = nnx.Linear(8, 16, rngs=rngs), nnx.BatchNorm(16, rngs=rngs)
+        self.head = nnx.Linear(16, 3, rngs=rngs)
+
+    def __call__(self, x):
+        return self.head(nnx.relu(self.norm(self.dense(x))))
+
+
+class _LinenNormed(nn.Module):
+    @nn.compact
+    def __call__(self, x, train: bool = False):
+        return nn.Dense(3)(nn.relu(nn.BatchNorm(use_running_average=not train)(nn.Dense(16)(x))))
+
+
+def _classes(n: int = 192):
+    x = np.random.default_rng(0).normal(size=(n, 8)).astype(np.float32)
+    return x, ((x[:, 0] > 0).astype(np.int32) + (x[:, 1] > 0)).astype(np.int32)
+
+
+@pytest.mark.parametrize("model", [_NNXNormed, _LinenNormed])
+def test_a_bf16_model_with_batchnorm_computes_in_bfloat16_after_it(tmp_path, caplog, model):
+    """nnx.BatchNorm promoted the activations to its float32 statistics: every layer after it ran
+    in float32 under bf16, unsaid, outputs were off the bfloat16 grid and export differed from predict()."""
+    x, y = _classes()
+    trainer = ClassificationTrainer(model_class=model, model_hparams={}, optimizer_hparams=BF16, exmp_input=x[:1],
+                                    **quiet(tmp_path))
+    with caplog.at_level(logging.WARNING, logger="flaxlight"):
+        trainer.train_model((x[:128], y[:128]), None, num_epochs=1, batch_size=32)
+    assert not [r for r in caplog.records if "precision='bf16', but" in r.getMessage()]
+    state, params = computing_state(trainer.state, "bf16")
+    for train in (True, False):
+        jaxpr = jax.make_jaxpr(lambda p: state.apply_model(p, x[:4], train=train, rng=jax.random.key(0))[0])(params)
+        assert {str(v.aval.dtype) for e in jaxpr.jaxpr.eqns if e.primitive.name == "dot_general"
+                for v in e.invars} == {"bfloat16"}, (train, jaxpr)
+    stats = jax.tree.leaves(trainer.state.batch_stats)  # kept and updated in float32
+    assert {leaf.dtype for leaf in stats} == {np.dtype(np.float32)}
+    assert not all(_on_bf16_grid(np.asarray(leaf)) for leaf in stats)
+    predicted = trainer.predict(x[128:], batch_size=32)
+    served = np.asarray(flaxlight.load_exported(trainer.export(tmp_path / "export", which="current"))(x[128:]))
+    assert _on_bf16_grid(predicted)
+    np.testing.assert_array_equal(served, predicted)
+
+
+def _promoting(kind: str):
+    class Model(nn.Module):  # kind: what comes between the two layers
+        @nn.compact
+        def __call__(self, x, train: bool = False):
+            hidden = nn.relu(nn.Dense(16)(x))
+            if kind == "table":  # a float32 table promotes the activations, and the head runs in float32
+                hidden = hidden + jnp.asarray(np.linspace(0, 1, 16, dtype=np.float32))
+            if kind == "float32 head":  # on purpose
+                return nn.Dense(3)(hidden.astype(jnp.float32))
+            if kind == "float32 layer":  # on purpose
+                return nn.Dense(3, dtype=jnp.float32)(hidden)
+            return nn.Dense(3)(hidden)
+
+    return Model
+
+
+@pytest.mark.parametrize("kind, warned", [("table", True), ("float32 head", False), ("float32 layer", False)])
+def test_bf16_warns_once_when_a_float32_value_promotes_part_of_the_model(tmp_path, caplog, kind, warned):
+    """The check warned only when every matrix multiplication was float32: a float32 table sending
+    the layers after it back to float32 went unsaid. A float32 head asked for is no promotion."""
+    x, y = _classes()
+    trainer = ClassificationTrainer(model_class=_promoting(kind), model_hparams={}, optimizer_hparams=BF16,
+                                    exmp_input=x[:1], **quiet(tmp_path))
+    with caplog.at_level(logging.WARNING, logger="flaxlight"):
+        trainer.train_model((x, y), None, num_epochs=2, batch_size=64)
+    said = [r.getMessage() for r in caplog.records if "precision='bf16', but" in r.getMessage()]
+    assert len(said) == int(warned), said
+    if warned:
+        assert "1 of the model's 2 matrix multiplications and convolutions run in float32" in said[0]
+        assert re.search(r"meets the bfloat16 activations at \S*test_mixed_precision.py:\d+ ", said[0])  # + table
+        assert "`value.astype(x.dtype)`" in said[0] and "if float32 there is on purpose, ignore this" in said[0]
 
 
 @pytest.mark.parametrize("value, says", [

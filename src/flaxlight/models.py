@@ -470,6 +470,40 @@ def _changed_again(model, inputs: Sequence[Any], kwargs: Mapping[str, Any], chan
     return [key for key in changed if key in again]
 
 
+try:  # flax's promotion: the default of nnx.BatchNorm's promote_dtype, where it has one (newer than flax 0.10,
+    # whose nnx.BatchNorm promotes as Linen's does)
+    from flax.nnx.nn.dtypes import promote_dtype as _NNX_PROMOTE_DTYPE
+except ImportError:  # pragma: no cover - a flax without the module
+    _NNX_PROMOTE_DTYPE = None
+
+
+def _promote_leaving_statistics(args, /, *, dtype=None, inexact=True):
+    """``nnx.BatchNorm``'s ``promote_dtype`` as Linen's BatchNorm promotes: the input, scale and
+    bias set the dtype the layer returns; the running mean and variance (float32) stay as they are,
+    so they no longer widen bfloat16 activations to float32 (the normalisation itself still runs
+    in float32, as flax computes ``x - mean`` and the batch statistics in at least float32)."""
+    if len(args) != 5:  # a subclass promoting other values: flax's promotion
+        return _NNX_PROMOTE_DTYPE(args, dtype=dtype, inexact=inexact)
+    x, mean, var, scale, bias = args
+    x, scale, bias = _NNX_PROMOTE_DTYPE((x, scale, bias), dtype=dtype, inexact=inexact)
+    return x, mean, var, scale, bias
+
+
+def _batch_norms_as_linen(model) -> None:
+    """Let ``model``'s ``nnx.BatchNorm`` layers built with flax's defaults (``dtype=None`` and its
+    ``promote_dtype``) promote as Linen's (:func:`_promote_leaving_statistics`):
+    under ``precision="bf16"`` flax would promote the activations to the float32 of the running
+    statistics, and every layer after the BatchNorm would compute in float32. ``model`` is the
+    module :meth:`NNXAdapter.merge` built for this call; the user's module is left as it is, and
+    a BatchNorm given its own ``dtype`` or ``promote_dtype`` keeps it."""
+    if _NNX_PROMOTE_DTYPE is None:  # pragma: no cover
+        return
+    for _, node in nnx.iter_graph(model):  # flax 0.10's BatchNorm has no promote_dtype: left as it is
+        if (isinstance(node, nnx.BatchNorm) and getattr(node, "dtype", 0) is None
+                and getattr(node, "promote_dtype", None) is _NNX_PROMOTE_DTYPE):
+            node.promote_dtype = _promote_leaving_statistics
+
+
 # An NNX module's state that training updates besides its params: BatchNorm's statistics and any
 # variable type of the user's (``class Count(nnx.Variable)``); not RNG state or sown intermediates.
 MODEL_STATE = nnx.All(nnx.Variable, nnx.Not(nnx.Any(nnx.Param, nnx.RngState, nnx.Intermediate)))
@@ -614,12 +648,16 @@ class NNXAdapter:
             f"jnp.int32)) in __init__, self.calls.value += 1 in __call__: flaxlight updates it in training, "
             f"checkpoints it and restores it (docs/models.md, \"BatchNorm\").")
 
-    def apply(self, variables, *inputs, train: bool = False, rngs=None, mutable=False, model_rngs=None, **kwargs):
+    def apply(self, variables, *inputs, train: bool = False, rngs=None, mutable=False, model_rngs=None,
+              computing_in=None, **kwargs):
         """Linen-style apply: returns outputs, or ``(outputs, {"batch_stats": ...})`` if mutable
         (``True`` or a list naming ``"batch_stats"``); a list naming ``"intermediates"`` adds what
         the module sows (``self.sow(nnx.Intermediate, ...)``) as ``updates["intermediates"]``.
         ``rngs``: the trainer's streams (``{"dropout": key}``); ``model_rngs``: an ``nnx.Rngs``
-        for a ``__call__`` that takes ``rngs``."""
+        for a ``__call__`` that takes ``rngs``. ``computing_in`` (bfloat16, given by
+        ``precision="bf16"``'s casts): the ``nnx.BatchNorm`` layers built with flax's defaults
+        return that dtype, as Linen's do, instead of their float32 statistics' (which would take
+        every layer after them to float32); the statistics stay float32."""
         if mutable is True:
             collections = {"batch_stats"}
         else:
@@ -629,6 +667,8 @@ class NNXAdapter:
             raise ValueError(f"{self.model_class.__name__}: mutable={mutable!r} names {unknown}; an NNX module's "
                              f"collections here are 'batch_stats' (its model state) and 'intermediates' (sown values).")
         model = self.merge(variables)
+        if computing_in is not None:
+            _batch_norms_as_linen(model)
         key = rngs.get("dropout") if rngs is not None else None
         if key is not None and self.rng_streams:
             keys = jax.random.split(key, len(self.rng_streams))

@@ -24,10 +24,14 @@ on the same batch (what L-BFGS' line search needs).
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any, Callable, Mapping
 
+import flax
 import jax
 import jax.numpy as jnp
+import jaxlib
+import optax
 
 from flaxlight.messages import logger as messages
 from flaxlight.models import LinenAdapter, NNXAdapter
@@ -187,7 +191,9 @@ class _ComputingIn:
     given (positional arrays and pytrees of them, keyword arrays) are cast to ``dtype``, and its
     outputs in ``dtype`` come back as float32 (rounded to ``dtype``), as Keras' mixed-precision
     policies and Lightning's autocast return them to the loss. Returned updates
-    (``batch_stats``) are left as they are."""
+    (``batch_stats``) are left as they are. An NNX model's ``nnx.BatchNorm`` layers return
+    ``dtype`` as Linen's do (:meth:`NNXAdapter.apply`'s ``computing_in``), not the float32 of
+    their statistics."""
 
     def __init__(self, apply_fn: Callable, dtype):
         self.apply_fn, self.dtype = apply_fn, dtype
@@ -196,6 +202,8 @@ class _ComputingIn:
         kwargs = {key: jnp.asarray(value).astype(self.dtype)  # a floating input given by keyword (mask=m)
                   if hasattr(value, "dtype") and jnp.issubdtype(value.dtype, jnp.floating) else value
                   for key, value in kwargs.items()}
+        if isinstance(getattr(self.apply_fn, "__self__", None), NNXAdapter):
+            kwargs["computing_in"] = self.dtype
         out = self.apply_fn(variables, *cast_floating(inputs, self.dtype), **kwargs)
         if kwargs.get("mutable"):  # (outputs, updates)
             return _as_float32(out[0], self.dtype), out[1]
@@ -248,9 +256,14 @@ def _matmul_dtypes(jaxpr) -> set[str]:
 def _warn_if_computing_in_float32(forward: Callable, params) -> None:
     """With ``precision="bf16"``: warn when ``forward`` (params -> loss, traced once more here,
     forward only) multiplies matrices but never in bfloat16: something in the model made float32
-    arrays that took the computation back to float32."""
-    dtypes = _matmul_dtypes(jax.make_jaxpr(forward)(params))
-    if not dtypes or "bfloat16" in dtypes:
+    arrays that took the computation back to float32; else when a float32 value the model makes
+    promotes part of it to float32 (:func:`_warn_if_partly_float32`)."""
+    jaxpr = jax.make_jaxpr(forward)(params)
+    dtypes = _matmul_dtypes(jaxpr)
+    if "bfloat16" in dtypes:
+        _warn_if_partly_float32(jaxpr)
+        return
+    if not dtypes:
         return
     messages.warning(
         "precision='bf16', but every matrix multiplication and convolution of the train step runs in %s: the "
@@ -260,6 +273,136 @@ def _warn_if_computing_in_float32(forward: Callable, params) -> None:
         "than through state.apply_model (which casts floating inputs to bfloat16). Fix: convert without naming "
         "float32 (`x / 255.0` stays bfloat16 in the model), give the data float inputs (apply_model casts them), or "
         "give the layers dtype=jnp.bfloat16; or use precision='fp32'.", " and ".join(sorted(dtypes)))
+
+
+# Where the float32 values of a bf16 forward pass come from: "up", a bfloat16 value widened (an
+# explicit `.astype(jnp.float32)`, a layer given dtype=jnp.float32); "native", a float32 value
+# made as such (a constant or table, a float32 statistic, random numbers, an integer converted);
+# or the equation where the two met: a promotion, from which the layers after it compute in float32.
+_UP, _NATIVE = "up", "native"
+_MATMULS = ("dot_general", "conv_general_dilated")
+
+
+def _is_float32(var) -> bool:
+    """A float32 variable that is no literal and not weakly typed (a Python float keeps bfloat16)."""
+    aval = getattr(var, "aval", None)
+    return not hasattr(var, "val") and getattr(aval, "dtype", None) == jnp.float32 and not aval.weak_type
+
+
+def _joined(labels: list, eqn, widens: bool):
+    """The label of a float32 result of ``eqn`` from its float32 inputs' ``labels`` (``widens``:
+    it has bfloat16 inputs, e.g. a convert or a matrix multiplication to float32)."""
+    sites = [label for label in labels if label is not None and not isinstance(label, str)]
+    if sites:
+        return sites[0]
+    if _UP in labels and _NATIVE in labels:
+        return eqn
+    return _UP if widens or _UP in labels else _NATIVE
+
+
+def _either(a, b):
+    """One label for an output two branches (a cond's) give: a promotion in either, else the wider."""
+    if a is None or b is None or a == b:
+        return b if a is None else a
+    return a if not isinstance(a, str) else b if not isinstance(b, str) else _UP
+
+
+def _label_sub_jaxprs(eqn, inputs: list, top, found: list):
+    """The labels of ``eqn``'s outputs from its sub-jaxprs (a jit, custom_jvp, scan, cond...), or None."""
+    outputs = None
+    for param in eqn.params.values():
+        for sub in param if isinstance(param, (tuple, list)) else (param,):
+            inner = sub.jaxpr if hasattr(getattr(sub, "jaxpr", None), "eqns") else sub  # a closed jaxpr's, or one
+            if not hasattr(inner, "eqns") or not hasattr(inner, "invars"):
+                continue
+            count = len(inner.invars)  # a jit's or scan's inputs are the equation's; a cond's or while's its last
+            env = dict(zip(inner.invars, inputs[len(inputs) - count:])) if count <= len(inputs) else \
+                dict.fromkeys(inner.invars)
+            labels = _label_float32(inner, env, top, found)
+            if len(labels) == len(eqn.outvars):
+                outputs = labels if outputs is None else [_either(a, b) for a, b in zip(outputs, labels)]
+    return outputs
+
+
+def _label_float32(jaxpr, env: dict, top, found: list) -> list:
+    """Label the float32 values of ``jaxpr`` (see ``_UP``) and append ``(top-level equation,
+    promotion)`` to ``found`` for each matrix multiplication or convolution, the promotion being
+    the equation where a float32 value promoted its operands, ``"bfloat16"`` where it computes in
+    bfloat16, or None (float32 on purpose); returns the labels of ``jaxpr``'s outputs."""
+    def label(var):
+        return env.get(var, _NATIVE) if _is_float32(var) else None
+
+    for eqn in jaxpr.eqns:
+        where = eqn if top is None else top
+        inputs = [label(var) for var in eqn.invars]
+        outputs = _label_sub_jaxprs(eqn, inputs, where, found)
+        if outputs is None:
+            low = any(str(getattr(var.aval, "dtype", "")) in ("bfloat16", "float16") for var in eqn.invars)
+            result = _joined([value for value in inputs if value is not None], eqn, low)
+            outputs = [result] * len(eqn.outvars)
+            if eqn.primitive.name in _MATMULS:
+                found.append((where, "bfloat16" if low else None if isinstance(result, str) else result))
+        env.update((var, value) for var, value in zip(eqn.outvars, outputs) if _is_float32(var))
+    return [label(var) for var in jaxpr.outvars]
+
+
+_JAX_DIRS = tuple(os.path.dirname(module.__file__) + os.sep for module in (jax, jaxlib))
+_LIBRARY_DIRS = _JAX_DIRS + tuple(os.path.dirname(module.__file__) + os.sep for module in (flax, optax)) + (
+    os.path.dirname(os.path.abspath(__file__)) + os.sep,)
+
+
+def _frame_text(frame) -> str:
+    """``"model.py:12 (Net.__call__)"``; a library's file from its package (``flax/linen/linear.py``)."""
+    name = frame.file_name
+    library = next((d for d in _LIBRARY_DIRS if name.startswith(d)), None)
+    if library is not None:
+        name = os.path.join(os.path.basename(library.rstrip(os.sep)), name[len(library):])
+    elif name.startswith(os.getcwd() + os.sep):
+        name = os.path.relpath(name)
+    return f"{name}:{frame.line_num} ({frame.function_name})"
+
+
+def _where(eqn) -> str:
+    """Where in the user's code ``eqn`` was made, ``"model.py:12 (Net.__call__)"``, with the
+    library layer that made it when one did (``"...; in flax/linen/linear.py:287 (Dense.__call__)"``)."""
+    frames = [frame for frame in eqn.source_info.traceback.frames if not frame.file_name.startswith(_JAX_DIRS)]
+    user = next((frame for frame in frames if not frame.file_name.startswith(_LIBRARY_DIRS)), None)
+    if user is None:
+        return _frame_text(frames[0]) if frames else "an unknown place"
+    return _frame_text(user) + (f"; in {_frame_text(frames[0])}" if frames[0] is not user else "")
+
+
+def _in_model(eqn) -> bool:
+    """Whether ``eqn`` was made inside the model's call (:class:`_ComputingIn`), not in the loss."""
+    codes, _ = eqn.source_info.traceback.raw_frames()
+    return _ComputingIn.__call__.__code__ in codes
+
+
+def _warn_if_partly_float32(jaxpr) -> None:
+    """Warn when some of the model's matrix multiplications and convolutions compute in float32
+    because a float32 value it makes (a constant or table, random numbers, a float32 statistic)
+    met the bfloat16 activations and promoted them: a deliberate float32 part (an
+    ``.astype(jnp.float32)`` head, a layer given ``dtype=jnp.float32``) is no promotion."""
+    found: list = []
+    try:
+        _label_float32(jaxpr.jaxpr, {}, None, found)
+        found = [(top, site) for top, site in found if _in_model(top)]
+        promoted = [(top, site) for top, site in found if site not in (None, "bfloat16")]
+        if not promoted:
+            return
+        places = list(dict.fromkeys(_where(site) for _, site in promoted))
+        layers = list(dict.fromkeys(_where(top).split(";")[0] for top, _ in promoted))
+    except Exception:  # noqa: BLE001 - a hint must never stop training (no tracebacks kept, a new jax)
+        return
+    messages.warning(
+        "precision='bf16', but %d of the model's %d matrix multiplications and convolutions run in float32 (at %s): "
+        "a float32 value meets the bfloat16 activations at %s and promotes them, and the layers after it, to float32 "
+        "(a jnp.float32 constant or table, jax.random.normal(key, shape) without a dtype, a float32 statistic, an "
+        "integer converted with .astype(jnp.float32)). The run rounds those layers' weights to bfloat16 without "
+        "bfloat16's savings. Fix: make that value bfloat16 (`value.astype(x.dtype)`, `jax.random.normal(key, shape, "
+        "x.dtype)`) or use Python floats (they keep bfloat16); if float32 there is on purpose, ignore this.",
+        len(promoted), len(found), ", ".join(layers[:3]) + (", ..." if len(layers) > 3 else ""),
+        ", ".join(places[:3]) + (", ..." if len(places) > 3 else ""))
 
 
 def _cast_like(new, old):
