@@ -1,7 +1,11 @@
 """Runs for tests/test_tensor_parallel.py, as subprocesses (device counts are fixed at JAX import).
 
 python tensor_parallel_script.py OUT.npz LOG_DIR --devices N [--mesh data=2,model=2] [--restore-from DIR]
-    [--epochs E] [--resume] [--nnx]
+    [--epochs E] [--resume] [--nnx] [--load-defaults] [--crash-after E] [-- OUT.npz LOG_DIR ... -- ...]
+
+Several runs on the same device count may follow each other in one process (a JAX start-up each
+costs seconds), separated by ``--``; each is the run its arguments describe, in order, and all take
+the first run's --devices.
 """
 
 import argparse
@@ -20,8 +24,22 @@ parser.add_argument("--epochs", type=int, default=2)
 parser.add_argument("--resume", action="store_true")
 parser.add_argument("--load-defaults", action="store_true", help="restore with load_from_checkpoint's defaults only")
 parser.add_argument("--crash-after", type=int, help="raise at the end of this epoch, after its checkpoint is written")
-args = parser.parse_args()
-os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={args.devices}"
+
+
+def _split_runs(argv):
+    runs, current = [], []
+    for arg in argv:
+        if arg == "--":
+            runs.append(current)
+            current = []
+        else:
+            current.append(arg)
+    return [run for run in runs + [current] if run]
+
+
+RUNS = [parser.parse_args(run) for run in _split_runs(sys.argv[1:])]
+assert all(run.devices == RUNS[0].devices for run in RUNS), "runs in one process share its device count"
+os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={RUNS[0].devices}"
 
 import flax.linen as nn  # noqa: E402
 from flax import nnx  # noqa: E402
@@ -67,24 +85,29 @@ class Regressor(flaxlight.TrainerModule):
         return optax.l2_loss(out, y).mean(), ({}, updates)
 
 
-mesh = dict((k, int(v)) for k, v in (part.split("=") for part in args.mesh.split(","))) if args.mesh else None
-options = dict(mesh=mesh, distributed=args.distributed if args.devices > 1 else None,
-               sharding_rules=[("hidden", "model"), ("out", None)])
-x, y = linear_data(256, 0, dim=16)
-if args.restore_from:
-    trainer = Regressor.load_from_checkpoint(args.restore_from, exmp_input=x[:1], which="last", with_optimizer=True,
-                                             **({} if args.load_defaults else options))
-else:
-    trainer = Regressor(model_class=AnnotatedNNX if args.nnx else AnnotatedMLP, model_hparams={}, exmp_input=x[:1],
-                        optimizer_hparams={"optimizer": "adam", "lr": 1e-2}, logger_params={"log_dir": args.log_dir},
-                        enable_progress_bar=False, enable_model_summary=False,
-                        callbacks=[flaxlight.ModelCheckpoint(every_n_epochs=1)]
-                        + ([CrashAfterEpoch(args.crash_after)] if args.crash_after else []), **options)
-    trainer.train_model((x, y), None, num_epochs=args.epochs, batch_size=32, resume=args.resume)
-params = trainer.state.params
-shardings = {name: str(getattr(params[name]["kernel"], "sharding", "")) for name in params}
-first = "up" if args.nnx else "Dense_0"
-mu = next((leaf for path, leaf in jax.tree_util.tree_leaves_with_path(trainer.state.opt_state)
-           if all(part in jax.tree_util.keystr(path) for part in (".mu", first, "kernel"))), None)
-np.savez(args.out, shardings=repr(shardings), mu_sharding=str(getattr(mu, "sharding", "")),
-         **{f"p{i}": leaf for i, leaf in enumerate(jax.tree.leaves(jax.device_get(params)))})
+def main(args):
+    mesh = dict((k, int(v)) for k, v in (part.split("=") for part in args.mesh.split(","))) if args.mesh else None
+    options = dict(mesh=mesh, distributed=args.distributed if args.devices > 1 else None,
+                   sharding_rules=[("hidden", "model"), ("out", None)])
+    x, y = linear_data(256, 0, dim=16)
+    if args.restore_from:
+        trainer = Regressor.load_from_checkpoint(args.restore_from, exmp_input=x[:1], which="last",
+                                                 with_optimizer=True, **({} if args.load_defaults else options))
+    else:
+        trainer = Regressor(model_class=AnnotatedNNX if args.nnx else AnnotatedMLP, model_hparams={},
+                            exmp_input=x[:1], optimizer_hparams={"optimizer": "adam", "lr": 1e-2},
+                            logger_params={"log_dir": args.log_dir}, enable_progress_bar=False,
+                            enable_model_summary=False, callbacks=[flaxlight.ModelCheckpoint(every_n_epochs=1)]
+                            + ([CrashAfterEpoch(args.crash_after)] if args.crash_after else []), **options)
+        trainer.train_model((x, y), None, num_epochs=args.epochs, batch_size=32, resume=args.resume)
+    params = trainer.state.params
+    shardings = {name: str(getattr(params[name]["kernel"], "sharding", "")) for name in params}
+    first = "up" if args.nnx else "Dense_0"
+    mu = next((leaf for path, leaf in jax.tree_util.tree_leaves_with_path(trainer.state.opt_state)
+               if all(part in jax.tree_util.keystr(path) for part in (".mu", first, "kernel"))), None)
+    np.savez(args.out, shardings=repr(shardings), mu_sharding=str(getattr(mu, "sharding", "")),
+             **{f"p{i}": leaf for i, leaf in enumerate(jax.tree.leaves(jax.device_get(params)))})
+
+
+for run in RUNS:
+    main(run)

@@ -10,7 +10,6 @@ import json
 import os
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import flax.linen as nn
@@ -32,48 +31,85 @@ x, y = rng.normal(size=(128, 64)).astype(np.float32), rng.integers(0, 10, 128).a
 """
 
 
-def _on_4_devices(script: str, tmp_path: Path) -> dict:
-    """Run ``script`` (after PRELUDE) on 4 forced CPU devices; its last stdout line is JSON."""
+RUNNER = """
+import contextlib, io, json, logging, os, sys, traceback
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+import jax
+results = {}
+for name, script in json.loads(open(sys.argv[1]).read()).items():
+    namespace, out = {"__name__": "__main__"}, io.StringIO()
+    process_count, handlers = jax.process_count, list(logging.getLogger("flaxlight").handlers)
+    try:
+        with contextlib.redirect_stdout(out):
+            exec(script, namespace)
+        results[name] = {"got": json.loads(out.getvalue().strip().splitlines()[-1])}
+    except BaseException:
+        results[name] = {"error": traceback.format_exc()}
+    finally:  # what a script changes for its own checks is undone before the next
+        jax.process_count = process_count
+        logging.getLogger("flaxlight").handlers[:] = handlers
+print(json.dumps(results))
+"""
+
+
+@pytest.fixture(scope="module")
+def four_devices(tmp_path_factory):
+    """The 4-device scripts of this file (each after PRELUDE, its last stdout line JSON), run on 4
+    forced CPU devices in one subprocess (a JAX start-up each costs seconds), one after another,
+    each in its own namespace and folder; by name, its JSON or its traceback."""
+    root = tmp_path_factory.mktemp("four_devices")
+    scripts = {name: PRELUDE + f"tmp = Path({str(tmp_path_factory.mktemp(name.lower()))!r})\n" + globals()[name]
+               for name in ("MAKE_MESH", "SET_MESH", "NOT_PER_EXAMPLE", "LIST_LOADER", "FULL_BATCH")}
+    (root / "scripts.json").write_text(json.dumps(scripts))
     env = dict(os.environ, CI="true", JAX_PLATFORMS="cpu",
                PYTHONPATH=os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]))
     env.pop("XLA_FLAGS", None)
-    code = PRELUDE + f"tmp = Path({str(tmp_path)!r})\n" + textwrap.dedent(script)
-    done = subprocess.run([sys.executable, "-c", code], env=env, text=True, capture_output=True, timeout=300)
+    done = subprocess.run([sys.executable, "-c", RUNNER, str(root / "scripts.json")], env=env, text=True,
+                          capture_output=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def test_a_jax_make_mesh_mesh_trains_as_its_shape_dict_does(tmp_path):
+def _on_4_devices(results: dict, name: str) -> dict:
+    """What script ``name`` printed on 4 forced CPU devices (see four_devices)."""
+    assert "got" in results[name], results[name]["error"][-3000:]
+    return results[name]["got"]
+
+
+MAKE_MESH = """
+class Wide(nn.Module):  # its 64x256 kernel is split by FSDP
+    @nn.compact
+    def __call__(self, x, train: bool = False):
+        return nn.Dense(10)(nn.relu(nn.Dense(256)(x)))
+
+class Annotated(nn.Module):
+    @nn.compact
+    def __call__(self, x, train: bool = False):
+        init = nn.initializers.lecun_normal()
+        x = nn.relu(nn.Dense(32, kernel_init=nn.with_partitioning(init, (None, "model")))(x))
+        return nn.Dense(10, kernel_init=nn.with_partitioning(init, ("model", None)))(x)
+
+def run(tag, model, **kwargs):
+    trainer = ClassifyTrainer(model_class=model, model_hparams={}, optimizer_hparams={"optimizer": "adam", "lr": 1e-2},
+                              exmp_input=x[:1], **quiet(tmp / tag, **kwargs))
+    metrics = trainer.train_model((x, y), (x, y), num_epochs=2, batch_size=32)
+    leaves = jax.tree_util.tree_leaves_with_path(trainer.state.params)
+    return {"loss": float(metrics["val/loss"]), "types": [t.name for t in trainer.mesh.axis_types],
+            "params": {jax.tree_util.keystr(p): np.asarray(v).tolist() for p, v in leaves},
+            "specs": {jax.tree_util.keystr(p): str(v.sharding.spec) for p, v in leaves}}
+
+out = {"fsdp": run("fsdp", Wide, distributed="fsdp", mesh=jax.make_mesh((4,), ("data",))),
+       "fsdp_dict": run("fsdp_dict", Wide, distributed="fsdp", mesh={"data": 4}),
+       "tp": run("tp", Annotated, mesh=jax.make_mesh((2, 2), ("data", "model"))),
+       "tp_dict": run("tp_dict", Annotated, mesh={"data": 2, "model": 2})}
+print(json.dumps(out))
+"""
+
+
+def test_a_jax_make_mesh_mesh_trains_as_its_shape_dict_does(four_devices):
     """jax.make_mesh gives Explicit axes in this JAX; FSDP and an annotated model crashed inside the
     model with a ShardingTypeError. Now its axes are used as Auto ones: the same numbers as mesh={...}."""
-    got = _on_4_devices("""
-        class Wide(nn.Module):  # its 64x256 kernel is split by FSDP
-            @nn.compact
-            def __call__(self, x, train: bool = False):
-                return nn.Dense(10)(nn.relu(nn.Dense(256)(x)))
-
-        class Annotated(nn.Module):
-            @nn.compact
-            def __call__(self, x, train: bool = False):
-                init = nn.initializers.lecun_normal()
-                x = nn.relu(nn.Dense(32, kernel_init=nn.with_partitioning(init, (None, "model")))(x))
-                return nn.Dense(10, kernel_init=nn.with_partitioning(init, ("model", None)))(x)
-
-        def run(tag, model, **kwargs):
-            trainer = ClassifyTrainer(model_class=model, model_hparams={}, optimizer_hparams={"optimizer": "adam", "lr": 1e-2},
-                                      exmp_input=x[:1], **quiet(tmp / tag, **kwargs))
-            metrics = trainer.train_model((x, y), (x, y), num_epochs=2, batch_size=32)
-            leaves = jax.tree_util.tree_leaves_with_path(trainer.state.params)
-            return {"loss": float(metrics["val/loss"]), "types": [t.name for t in trainer.mesh.axis_types],
-                    "params": {jax.tree_util.keystr(p): np.asarray(v).tolist() for p, v in leaves},
-                    "specs": {jax.tree_util.keystr(p): str(v.sharding.spec) for p, v in leaves}}
-
-        out = {"fsdp": run("fsdp", Wide, distributed="fsdp", mesh=jax.make_mesh((4,), ("data",))),
-               "fsdp_dict": run("fsdp_dict", Wide, distributed="fsdp", mesh={"data": 4}),
-               "tp": run("tp", Annotated, mesh=jax.make_mesh((2, 2), ("data", "model"))),
-               "tp_dict": run("tp_dict", Annotated, mesh={"data": 2, "model": 2})}
-        print(json.dumps(out))
-    """, tmp_path)
+    got = _on_4_devices(four_devices, "MAKE_MESH")
     assert got["fsdp"]["specs"]["['Dense_1']['kernel']"] == "P(None, 'data')"  # Dense(256): built second
     assert got["tp"]["specs"]["['Dense_0']['kernel']"] == "P(None, 'model')"
     for given, shaped in (("fsdp", "fsdp_dict"), ("tp", "tp_dict")):
@@ -83,37 +119,40 @@ def test_a_jax_make_mesh_mesh_trains_as_its_shape_dict_does(tmp_path):
             np.testing.assert_allclose(value, got[shaped]["params"][name], rtol=1e-6, atol=1e-7, err_msg=name)
 
 
-def test_under_jax_set_mesh_the_same_mesh_trains_as_given(tmp_path):
+SET_MESH = """
+class Wide(nn.Module):
+    @nn.compact
+    def __call__(self, x, train: bool = False):
+        return nn.Dense(10)(nn.relu(nn.Dense(256)(x)))
+
+def run(tag, **kwargs):
+    trainer = ClassifyTrainer(model_class=Wide, model_hparams={}, exmp_input=x[:1],
+                              optimizer_hparams={"optimizer": "adam", "lr": 1e-2}, **quiet(tmp / tag, **kwargs))
+    metrics = trainer.train_model((x, y), (x, y), num_epochs=2, batch_size=32)
+    test = trainer.eval_model((x, y), batch_size=32)["loss"]
+    return {"loss": float(metrics["val/loss"]), "test": float(test),
+            "types": [t.name for t in trainer.mesh.axis_types]}
+
+m = jax.make_mesh((4,), ("data",))
+out = {"outside": run("outside", mesh={"data": 4})}
+with jax.set_mesh(m):
+    out["context"] = run("context", mesh=m)
+    for tag, kwargs in (("dict", {"mesh": {"data": 4}}), ("fsdp", {"mesh": m, "distributed": "fsdp"})):
+        try:
+            run(tag, **kwargs)
+            out[tag] = "trained"
+        except ValueError as exc:
+            out[tag] = str(exc)
+print(json.dumps(out))
+"""
+
+
+def test_under_jax_set_mesh_the_same_mesh_trains_as_given(four_devices):
     """`with jax.set_mesh(m):` around a trainer given mesh=m (m from jax.make_mesh: Explicit axes)
     trained before m was converted to Auto axes, which JAX then refused under the Explicit context.
     Now m is used as given there, with the numbers of mesh={"data": 4}; what cannot run under it
     (another mesh, FSDP-split parameters) is refused at construction, saying what to do."""
-    got = _on_4_devices("""
-        class Wide(nn.Module):
-            @nn.compact
-            def __call__(self, x, train: bool = False):
-                return nn.Dense(10)(nn.relu(nn.Dense(256)(x)))
-
-        def run(tag, **kwargs):
-            trainer = ClassifyTrainer(model_class=Wide, model_hparams={}, exmp_input=x[:1],
-                                      optimizer_hparams={"optimizer": "adam", "lr": 1e-2}, **quiet(tmp / tag, **kwargs))
-            metrics = trainer.train_model((x, y), (x, y), num_epochs=2, batch_size=32)
-            test = trainer.eval_model((x, y), batch_size=32)["loss"]
-            return {"loss": float(metrics["val/loss"]), "test": float(test),
-                    "types": [t.name for t in trainer.mesh.axis_types]}
-
-        m = jax.make_mesh((4,), ("data",))
-        out = {"outside": run("outside", mesh={"data": 4})}
-        with jax.set_mesh(m):
-            out["context"] = run("context", mesh=m)
-            for tag, kwargs in (("dict", {"mesh": {"data": 4}}), ("fsdp", {"mesh": m, "distributed": "fsdp"})):
-                try:
-                    run(tag, **kwargs)
-                    out[tag] = "trained"
-                except ValueError as exc:
-                    out[tag] = str(exc)
-        print(json.dumps(out))
-    """, tmp_path)
+    got = _on_4_devices(four_devices, "SET_MESH")
     assert got["context"]["types"] == ["Explicit"]  # used as given
     assert got["context"]["loss"] == pytest.approx(got["outside"]["loss"], rel=1e-5)
     assert got["context"]["test"] == pytest.approx(got["outside"]["test"], rel=1e-5)
@@ -124,43 +163,46 @@ def test_under_jax_set_mesh_the_same_mesh_trains_as_given(tmp_path):
     assert "outside the `with` block" in got["fsdp"] and "distributed='data_parallel'" in got["fsdp"]
 
 
-def test_batch_leaves_that_are_not_per_example_train_on_a_mesh_as_on_one_device(tmp_path):
+NOT_PER_EXAMPLE = """
+import jax.numpy as jnp
+
+class Weighted(ClassifyTrainer):
+    def loss_fn(self, params, batch, *, train, rng, state):
+        x, y, w = (batch["x"], batch["y"], batch["a_weights"]) if isinstance(batch, dict) else batch
+        logits, updates = state.apply_model(params, x, train=train, rng=rng)
+        loss = optax.softmax_cross_entropy_with_integer_labels(logits, y) * (w[y] if w.ndim else w)
+        return loss.mean(), ({"weighted": jnp.sum(w)}, updates)
+
+weights = np.linspace(0.5, 2.0, 10).astype(np.float32)
+def batch(tag, i, j):
+    if tag == "dict":  # the weights sort first: they were taken for the batch size
+        return {"a_weights": weights, "x": x[i:j], "y": y[i:j]}
+    return x[i:j], y[i:j], np.float32(0.5) if tag == "scalar" else weights
+
+out = {}
+for tag, kwargs in (("tuple", {}), ("dict", {}), ("scalar", {}), ("generator", {}),
+                    ("fused", {"steps_per_execution": 2})):
+    for where, mesh in (("one", {}), ("mesh", {"distributed": "data_parallel"})):
+        trainer = Weighted(model_class=nn.Dense, model_hparams={"features": 10}, optimizer_hparams={"lr": 0.1},
+                           exmp_input=x[:1], **quiet(tmp / tag / where, **kwargs, **mesh))
+        train = [batch(tag, i, i + 32) for i in range(0, 128, 32)]
+        train = (b for b in train) if tag == "generator" else train
+        val = [batch(tag, 0, 32), batch(tag, 32, 62)]  # the second: 30 examples, not split over 4
+        metrics = trainer.train_model(train, val, num_epochs=1, steps_per_epoch=4)
+        out[f"{tag}/{where}"] = {k: float(v) for k, v in metrics.items() if k.startswith(("train/", "val/"))}
+        out[f"{tag}/{where}"]["kernel"] = np.asarray(trainer.state.params["kernel"]).tolist()
+placed = flaxlight.distributed.to_global_batch(batch("tuple", 0, 32), flaxlight.distributed.make_mesh())
+out["specs"] = [str(leaf.sharding.spec) for leaf in placed]
+print(json.dumps(out))
+"""
+
+
+def test_batch_leaves_that_are_not_per_example_train_on_a_mesh_as_on_one_device(four_devices):
     """A (10,) class-weight leaf (or a scalar) next to 32 examples gave JAX's IndivisibleError on 4
     devices (10 does not split over 4), then was refused on any mesh, even one device's. On one
     process it is the same global array on every device: it is put whole on each, the examples
     are split, and the run matches one device's."""
-    got = _on_4_devices("""
-        import jax.numpy as jnp
-
-        class Weighted(ClassifyTrainer):
-            def loss_fn(self, params, batch, *, train, rng, state):
-                x, y, w = (batch["x"], batch["y"], batch["a_weights"]) if isinstance(batch, dict) else batch
-                logits, updates = state.apply_model(params, x, train=train, rng=rng)
-                loss = optax.softmax_cross_entropy_with_integer_labels(logits, y) * (w[y] if w.ndim else w)
-                return loss.mean(), ({"weighted": jnp.sum(w)}, updates)
-
-        weights = np.linspace(0.5, 2.0, 10).astype(np.float32)
-        def batch(tag, i, j):
-            if tag == "dict":  # the weights sort first: they were taken for the batch size
-                return {"a_weights": weights, "x": x[i:j], "y": y[i:j]}
-            return x[i:j], y[i:j], np.float32(0.5) if tag == "scalar" else weights
-
-        out = {}
-        for tag, kwargs in (("tuple", {}), ("dict", {}), ("scalar", {}), ("generator", {}),
-                            ("fused", {"steps_per_execution": 2})):
-            for where, mesh in (("one", {}), ("mesh", {"distributed": "data_parallel"})):
-                trainer = Weighted(model_class=nn.Dense, model_hparams={"features": 10}, optimizer_hparams={"lr": 0.1},
-                                   exmp_input=x[:1], **quiet(tmp / tag / where, **kwargs, **mesh))
-                train = [batch(tag, i, i + 32) for i in range(0, 128, 32)]
-                train = (b for b in train) if tag == "generator" else train
-                val = [batch(tag, 0, 32), batch(tag, 32, 62)]  # the second: 30 examples, not split over 4
-                metrics = trainer.train_model(train, val, num_epochs=1, steps_per_epoch=4)
-                out[f"{tag}/{where}"] = {k: float(v) for k, v in metrics.items() if k.startswith(("train/", "val/"))}
-                out[f"{tag}/{where}"]["kernel"] = np.asarray(trainer.state.params["kernel"]).tolist()
-        placed = flaxlight.distributed.to_global_batch(batch("tuple", 0, 32), flaxlight.distributed.make_mesh())
-        out["specs"] = [str(leaf.sharding.spec) for leaf in placed]
-        print(json.dumps(out))
-    """, tmp_path)
+    got = _on_4_devices(four_devices, "NOT_PER_EXAMPLE")
     for tag in ("tuple", "dict", "scalar", "generator", "fused"):
         one, mesh = got[f"{tag}/one"], got[f"{tag}/mesh"]
         assert set(mesh) == set(one) and "val/loss" in one, (tag, one, mesh)
@@ -254,86 +296,92 @@ def test_the_leaf_named_is_the_one_that_is_not_per_example(monkeypatch, batch, l
         assert ("that count is ambiguous" in message) == ambiguous, message
 
 
-def test_a_list_loader_whose_batches_do_not_split_is_refused_before_the_run_folder(tmp_path):
+LIST_LOADER = """
+class Batches:  # a loader of the user's: each iter() a new pass
+    def __init__(self, size):
+        self.size = size
+    def __iter__(self):
+        return ((x[i:i + self.size], y[i:i + self.size]) for i in range(0, 120, self.size))
+
+out = {}
+for tag, make in (("list", lambda size: [(x[i:i + size], y[i:i + size]) for i in range(0, 120, size)]),
+                  ("class", Batches)):
+    def trainer():
+        return ClassifyTrainer(model_class=nn.Dense, model_hparams={"features": 10}, optimizer_hparams={"lr": 0.1},
+                               exmp_input=x[:1], **quiet(tmp / tag, distributed="data_parallel"))
+    try:
+        trainer().train_model(make(30), None, num_epochs=1, steps_per_epoch=4)
+    except ValueError as exc:
+        out[tag] = str(exc)
+    out[tag + "_claimed"] = (tmp / tag / "run" / "hparams.yaml").exists()
+    out[tag + "_rerun"] = float(trainer().train_model(make(40), None, num_epochs=1, steps_per_epoch=3)["train/loss"])
+print(json.dumps(out))
+"""
+
+
+def test_a_list_loader_whose_batches_do_not_split_is_refused_before_the_run_folder(four_devices):
     """Only an ArrayLoader (or torch loader) was checked before the run's folder was claimed; a list
     of 30-example batches failed after hparams.yaml was written, so the rerun was refused."""
-    got = _on_4_devices("""
-        class Batches:  # a loader of the user's: each iter() a new pass
-            def __init__(self, size):
-                self.size = size
-            def __iter__(self):
-                return ((x[i:i + self.size], y[i:i + self.size]) for i in range(0, 120, self.size))
-
-        out = {}
-        for tag, make in (("list", lambda size: [(x[i:i + size], y[i:i + size]) for i in range(0, 120, size)]),
-                          ("class", Batches)):
-            def trainer():
-                return ClassifyTrainer(model_class=nn.Dense, model_hparams={"features": 10}, optimizer_hparams={"lr": 0.1},
-                                       exmp_input=x[:1], **quiet(tmp / tag, distributed="data_parallel"))
-            try:
-                trainer().train_model(make(30), None, num_epochs=1, steps_per_epoch=4)
-            except ValueError as exc:
-                out[tag] = str(exc)
-            out[tag + "_claimed"] = (tmp / tag / "run" / "hparams.yaml").exists()
-            out[tag + "_rerun"] = float(trainer().train_model(make(40), None, num_epochs=1, steps_per_epoch=3)["train/loss"])
-        print(json.dumps(out))
-    """, tmp_path)
+    got = _on_4_devices(four_devices, "LIST_LOADER")
     for tag in ("list", "class"):
         assert "A batch of 30 examples cannot be split over 4 devices" in got[tag]
         assert not got[tag + "_claimed"]
         assert np.isfinite(got[tag + "_rerun"])  # the corrected run in the same log_dir
 
 
-def test_full_batch_training_on_a_mesh_matches_one_device(tmp_path):
+FULL_BATCH = """
+from conftest import TinyMLP
+import logging
+
+said = []
+handler = logging.Handler()
+handler.emit = lambda record: said.append(record.getMessage())
+logging.getLogger("flaxlight").addHandler(handler)
+train, val = (x[:118], y[:118]), flaxlight.ArrayLoader(x[118:], y[118:], batch_size=10)
+
+class SaysMore:  # its batch_size attribute says 64; it yields 4 batches of 30
+    batch_size = 64
+    def __len__(self):
+        return 4
+    def __iter__(self):
+        return iter([(x[i:i + 30], y[i:i + 30]) for i in range(0, 120, 30)])
+
+out = {}
+for tag, data, kwargs in (("loader", flaxlight.ArrayLoader(*train, batch_size=128), {}),
+                          ("splits", flaxlight.ArrayLoader(x[:40], y[:40], batch_size=50), {}),
+                          ("says_more", SaysMore(), {}),
+                          ("shuffled", flaxlight.ArrayLoader(*train, batch_size=256, shuffle=True), {}),
+                          ("arrays", train, {"batch_size": 120}),
+                          ("drop_last", flaxlight.ArrayLoader(*train, batch_size=128, drop_last=True), {})):
+    for where, mesh in (("one", {}), ("mesh", {"distributed": "data_parallel"})):
+        trainer = ClassifyTrainer(model_class=TinyMLP, model_hparams={"output_dim": 10, "batch_norm": True},
+                                  optimizer_hparams={"optimizer": "sgd", "lr": 0.1}, exmp_input=x[:1],
+                                  **quiet(tmp / tag / where, **mesh))
+        try:
+            metrics = trainer.train_model(data, val, num_epochs=2, **kwargs)
+        except ValueError as exc:
+            out[f"{tag}/{where}"] = {"error": f"{type(exc).__name__}: {exc}"}
+            continue
+        out[f"{tag}/{where}"] = {k: float(v) for k, v in metrics.items() if k.startswith(("train/", "val/"))}
+        out[f"{tag}/{where}"]["params"] = [np.asarray(p).tolist() for p in jax.tree.leaves(trainer.state.params)]
+out["said"] = said
+jax.process_count = lambda: 2  # with several processes the last batch must split: say how
+try:
+    flaxlight.distributed.to_global_batch((x[:59], y[:59]), flaxlight.distributed.make_mesh())
+except ValueError as exc:
+    out["processes"] = str(exc)
+print(json.dumps(out))
+"""
+
+
+def test_full_batch_training_on_a_mesh_matches_one_device(four_devices):
     """batch_size >= the dataset (118 examples, not a multiple of 4) was refused on 4 devices with
     "use a batch size that is a multiple of 4", though 128 is one. The epoch's one batch is also its
     smaller last batch, which runs whole on every device as documented: the same numbers as one
     device, said once. drop_last=True leaves no batch, on a mesh as on one device. A batch_size that
     does not split (50) over a dataset that does (40 examples) trains data-parallel; a loader whose
     batch_size attribute says more than its batches hold is not taken for one batch per epoch."""
-    got = _on_4_devices("""
-        from conftest import TinyMLP
-        import logging
-
-        said = []
-        handler = logging.Handler()
-        handler.emit = lambda record: said.append(record.getMessage())
-        logging.getLogger("flaxlight").addHandler(handler)
-        train, val = (x[:118], y[:118]), flaxlight.ArrayLoader(x[118:], y[118:], batch_size=10)
-
-        class SaysMore:  # its batch_size attribute says 64; it yields 4 batches of 30
-            batch_size = 64
-            def __len__(self):
-                return 4
-            def __iter__(self):
-                return iter([(x[i:i + 30], y[i:i + 30]) for i in range(0, 120, 30)])
-
-        out = {}
-        for tag, data, kwargs in (("loader", flaxlight.ArrayLoader(*train, batch_size=128), {}),
-                                  ("splits", flaxlight.ArrayLoader(x[:40], y[:40], batch_size=50), {}),
-                                  ("says_more", SaysMore(), {}),
-                                  ("shuffled", flaxlight.ArrayLoader(*train, batch_size=256, shuffle=True), {}),
-                                  ("arrays", train, {"batch_size": 120}),
-                                  ("drop_last", flaxlight.ArrayLoader(*train, batch_size=128, drop_last=True), {})):
-            for where, mesh in (("one", {}), ("mesh", {"distributed": "data_parallel"})):
-                trainer = ClassifyTrainer(model_class=TinyMLP, model_hparams={"output_dim": 10, "batch_norm": True},
-                                          optimizer_hparams={"optimizer": "sgd", "lr": 0.1}, exmp_input=x[:1],
-                                          **quiet(tmp / tag / where, **mesh))
-                try:
-                    metrics = trainer.train_model(data, val, num_epochs=2, **kwargs)
-                except ValueError as exc:
-                    out[f"{tag}/{where}"] = {"error": f"{type(exc).__name__}: {exc}"}
-                    continue
-                out[f"{tag}/{where}"] = {k: float(v) for k, v in metrics.items() if k.startswith(("train/", "val/"))}
-                out[f"{tag}/{where}"]["params"] = [np.asarray(p).tolist() for p in jax.tree.leaves(trainer.state.params)]
-        out["said"] = said
-        jax.process_count = lambda: 2  # with several processes the last batch must split: say how
-        try:
-            flaxlight.distributed.to_global_batch((x[:59], y[:59]), flaxlight.distributed.make_mesh())
-        except ValueError as exc:
-            out["processes"] = str(exc)
-        print(json.dumps(out))
-    """, tmp_path)
+    got = _on_4_devices(four_devices, "FULL_BATCH")
     assert "A batch of 30 examples cannot be split over 4 devices" in got["says_more/mesh"]["error"]
     for tag in ("loader", "shuffled", "arrays", "splits"):  # splits: batch_size 50 > 40 examples, which split
         one, mesh = got[f"{tag}/one"], got[f"{tag}/mesh"]

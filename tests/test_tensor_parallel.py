@@ -36,8 +36,15 @@ def _order(name):
 
 
 def test_a_2x2_mesh_shards_as_annotated_equals_one_device_and_restores_on_1_and_2(tmp_path):
-    _run(tmp_path / "one.npz", tmp_path / "one")
-    _run(tmp_path / "mesh.npz", tmp_path / "mesh", "--devices", 4, "--mesh", "data=2,model=2")
+    # One process per device count: runs separated by "--" follow each other in it.
+    # With load_from_checkpoint's defaults (d4, d1): the run's mesh where it fits (4 devices), one device where not.
+    _run(tmp_path / "mesh.npz", tmp_path / "mesh", "--devices", 4, "--mesh", "data=2,model=2",
+         "--", tmp_path / "d4.npz", tmp_path / "d4", "--devices", 4, "--restore-from", tmp_path / "mesh", "--load-defaults")
+    _run(tmp_path / "one.npz", tmp_path / "one",
+         "--", tmp_path / "r1.npz", tmp_path / "r1", "--restore-from", tmp_path / "mesh",
+         "--", tmp_path / "d1.npz", tmp_path / "d1", "--restore-from", tmp_path / "mesh", "--load-defaults")
+    _run(tmp_path / "r2.npz", tmp_path / "r2", "--devices", 2, "--mesh", "data=1,model=2",
+         "--restore-from", tmp_path / "mesh")
     _, _, single = _load(tmp_path / "one.npz")
     shardings, mu_sharding, sharded = _load(tmp_path / "mesh.npz")
     assert "'Dense_0': \"NamedSharding(mesh=Mesh('data': 2, 'model': 2" in shardings
@@ -48,12 +55,6 @@ def test_a_2x2_mesh_shards_as_annotated_equals_one_device_and_restores_on_1_and_
     for a, b in zip(sharded, single, strict=True):
         np.testing.assert_allclose(a, b, rtol=2e-5, atol=1e-6)
 
-    _run(tmp_path / "r1.npz", tmp_path / "r1", "--restore-from", tmp_path / "mesh")
-    _run(tmp_path / "r2.npz", tmp_path / "r2", "--devices", 2, "--mesh", "data=1,model=2",
-         "--restore-from", tmp_path / "mesh")
-    # With load_from_checkpoint's defaults: the run's mesh where it fits (4 devices), one device where not
-    _run(tmp_path / "d1.npz", tmp_path / "d1", "--restore-from", tmp_path / "mesh", "--load-defaults")
-    _run(tmp_path / "d4.npz", tmp_path / "d4", "--devices", 4, "--restore-from", tmp_path / "mesh", "--load-defaults")
     assert "'data': 2, 'model': 2" in _load(tmp_path / "d4.npz")[0]
     for restored in (_load(tmp_path / name)[2] for name in ("r1.npz", "r2.npz", "d1.npz", "d4.npz")):
         for a, b in zip(restored, sharded, strict=True):
@@ -61,13 +62,13 @@ def test_a_2x2_mesh_shards_as_annotated_equals_one_device_and_restores_on_1_and_
 
 
 def test_a_run_saved_on_a_2x2_mesh_resumes_on_two_devices_and_on_one_as_if_uninterrupted(tmp_path):
-    _run(tmp_path / "straight.npz", tmp_path / "straight", "--epochs", 3)
     _run(tmp_path / "first.npz", tmp_path / "run", "--devices", 4, "--mesh", "data=2,model=2", "--epochs", 3,
          "--crash-after", 2, fails=True)
     shutil.copytree(tmp_path / "run", tmp_path / "run_on_one")
     _run(tmp_path / "rest.npz", tmp_path / "run", "--devices", 2, "--mesh", "data=1,model=2", "--epochs", 3,
          "--resume")
-    _run(tmp_path / "rest1.npz", tmp_path / "run_on_one", "--epochs", 3, "--resume")
+    _run(tmp_path / "straight.npz", tmp_path / "straight", "--epochs", 3,  # both on one device, in one process
+         "--", tmp_path / "rest1.npz", tmp_path / "run_on_one", "--epochs", 3, "--resume")
     shardings, _, resumed = _load(tmp_path / "rest.npz")
     assert "'data': 1, 'model': 2" in shardings and "spec=P(None, 'model')" in shardings
     for run in (resumed, _load(tmp_path / "rest1.npz")[2]):
