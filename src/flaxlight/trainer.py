@@ -321,7 +321,7 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
         self._loader_batch_size = getattr(train_loader, "batch_size", None) if length == 1 else None  # its only batch
         try:
             self.engine.train(train_loader, span, stop=stop, schedule=self._schedule, on_event=self._on_event,
-                              start_sums=self._start_epoch_sums, epoch_length=length,
+                              start_sums=self._start_epoch_sums, epoch_length=length, epoch=loop.model_epoch,
                               more_epochs=lambda: not (loop.epoch == self.num_epochs or self._stopping()),
                               position=loop.take_loader_position(), skip=loop.take_stream_skip())
         finally:
