@@ -436,8 +436,8 @@ def noting_loader_errors(iterator: Iterator, name: str, first: int = 1, epoch: i
         >>> try:
         ...     list(noting_loader_errors(shards(), "train_loader", first=7, epoch=3))
         ... except OSError as exc:
-        ...     print(exc.__notes__[0][:80])
-        flaxlight: train_loader raised this while producing the 8th batch of epoch 3 (
+        ...     print(exc.__notes__[0].split(" (")[0])
+        flaxlight: train_loader raised this while producing the 8th batch of epoch 3
     """
     number = first
     while True:
