@@ -247,6 +247,34 @@ def test_a_string_id_in_a_batch_is_said_to_stay_out_of_it_and_a_torch_tensor_get
         check_batch({"x": np.zeros((2, 1)), "id": ids})
     with pytest.raises(TypeError, match=r"holds <U5 values.*np.unique.*Fields that are not numbers"):
         check_batch({"x": np.zeros((2, 1)), "id": np.asarray(ids)})
-    torch = pytest.importorskip("torch")
+    Tensor = type("Tensor", (), {"__module__": "torch"})  # as torch's, without importing torch (seconds)
     with pytest.raises(TypeError, match=r"is a Tensor\. A torch DataLoader's default collate.*collate_fn"):
-        check_batch((torch.zeros(2, 1), torch.zeros(2)))
+        check_batch((Tensor(), Tensor()))
+
+
+class _Restarting:
+    """Re-iterable, no len(), no set_epoch: every iter() starts at the same first batch (a grain
+    DataLoader over an endless IndexSampler); ``passes`` batches per pass."""
+
+    def __init__(self, per_pass):
+        self.per_pass = per_pass
+
+    def __iter__(self):
+        for i in range(self.per_pass):
+            yield np.full((4, 4), i, np.float32), np.full((4, 1), i, np.float32)
+
+
+@pytest.mark.parametrize("per_pass, warned", [(6, True), (3, False)])
+def test_an_epoch_cut_by_steps_per_epoch_then_restarted_is_warned_of_once(tmp_path, per_pass, warned):
+    """A loader cut by steps_per_epoch whose next epoch restarts it trains the same batches every
+    epoch, silently (Keras carries its iterator on). Not said when the pass had no more batches."""
+    from conftest import RegressTrainer, TinyMLP, quiet
+    trainer = RegressTrainer(model_class=TinyMLP, model_hparams={}, exmp_input=np.zeros((1, 4), np.float32),
+                             optimizer_hparams={"lr": 1e-2}, **quiet(tmp_path))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.train_model(_Restarting(per_pass), None, num_epochs=3, steps_per_epoch=3)
+    said = [str(w.message) for w in caught if "starts this epoch again at the same first batch" in str(w.message)]
+    assert len(said) == (1 if warned else 0)
+    if warned:
+        assert "steps_per_epoch=3" in said[0] and "pass iter(loader)" in said[0]

@@ -457,6 +457,48 @@ def noting_loader_errors(iterator: Iterator, name: str, first: int = 1, epoch: i
         yield batch
 
 
+class RestartCheck:
+    """Whether a re-iterable loader whose epoch was cut by ``steps_per_epoch`` (its pass had more
+    batches) starts its next epoch at the same first batch: each epoch calls ``iter(loader)``, so
+    the batches after the cut are never trained on (a grain ``DataLoader`` over an endless
+    ``IndexSampler`` used for "virtual epochs"). Checked once per run (not with ``limit_train_batches``, a
+    cut meant so): for a loader without ``len()``, one batch is drawn past the cut to tell whether its pass
+    went on; the next epoch's first batch is compared with the cut epoch's; a warning names the fix.
+    A loader that reshuffles at each ``iter()`` starts elsewhere and is not warned about."""
+
+    def __init__(self, done: bool = False):
+        self.done, self.pending = done, None
+
+    def cut(self, loader: Any, feed: Any, length: int) -> None:
+        """The epoch over ``loader`` (``feed``: its batches) ended at ``length`` batches."""
+        if self.done or isinstance(loader, FirstBatches) or feed.first_batch is None:
+            return
+        self.done = True
+        total = _safe_len(loader)  # without len(), one batch is drawn past the cut to tell
+        if (length < total) if total is not None else next(feed.source, _PASS_ENDED) is not _PASS_ENDED:
+            self.pending = (loader, jax.tree.map(np.asarray, feed.first_batch), length)
+
+    def starts(self, loader: Any, first_batch: Any) -> None:
+        """A fresh epoch over ``loader`` begins with ``first_batch``."""
+        pending, self.pending = self.pending, None
+        if pending is None or pending[0] is not loader or not _same_values(pending[1], first_batch):
+            return
+        warnings.warn(f"train_loader starts this epoch again at the same first batch as the last one: that epoch "
+                      f"ended after steps_per_epoch={pending[2]} batches while the loader had more, and each epoch "
+                      f"calls iter(loader), which restarts it, so the batches after the first {pending[2]} are never "
+                      f"trained on (Keras carries its iterator on across epochs; Lightning restarts too). To go on "
+                      f"through the data, pass iter(loader): a stream that keeps its place across epochs (a grain "
+                      f"iterator resumes exactly from checkpoints too; docs/data.md, \"Without len()\"). Said once.",
+                      RuntimeWarning, stacklevel=4)
+
+
+def _same_values(a: Any, b: Any) -> bool:
+    """Whether the batches ``a`` and ``b`` hold the same arrays."""
+    leaves_a, leaves_b = jax.tree.leaves(a), jax.tree.leaves(b)
+    return jax.tree.structure(a) == jax.tree.structure(b) and all(
+        np.shape(x) == np.shape(y) and np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(leaves_a, leaves_b))
+
+
 def _to_json(value: Any) -> Any:
     """A loader's state as JSON data (bytes as base64, numpy scalars as numbers)."""
     if isinstance(value, bytes):

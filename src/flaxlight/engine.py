@@ -48,7 +48,8 @@ import numpy as np
 from flaxlight import distributed as dist
 from flaxlight.messages import logger as messages
 from flaxlight.data import (ArrayLoader, DeviceEpoch, FirstBatches, Prefetcher, ending_the_pass, ends_its_pass,
-                            group_batches, is_iterator, is_stream, later_batch_note, no_batches_error, noting_loader_errors,
+                            RestartCheck, group_batches, is_iterator, is_stream, later_batch_note, no_batches_error,
+                            noting_loader_errors,
                             positioned_iterator, same_shapes, take_batches)
 from flaxlight.lean import LeanLoop, strip_idle_fields
 from flaxlight.metrics import (accumulate, batch_size, deliberate_reads, fresh_zeros, init_accumulator, result_shapes,
@@ -219,7 +220,8 @@ class Engine:
     """
 
     def __init__(self, train_step: Callable, eval_step: Callable, *, steps_per_execution: int | str = 1,
-                 nonfinite_guard: str | None = None, prefetch: int = 0, debug: bool = False):
+                 nonfinite_guard: str | None = None, prefetch: int = 0, debug: bool = False,
+                 limit_train_batches: int | float | None = None):
         self.step_functions = {"train": train_step, "eval": eval_step}
         # "auto": single steps until the first epoch has been measured (see choose_block_length)
         self.choosing_block_length = steps_per_execution == "auto" and not debug
@@ -249,6 +251,8 @@ class Engine:
         # iterator at most words its error as "ran dry")
         self._held: tuple[Any, Any] | None = None  # (a stream's iterator, its batch drawn at a pass's end)
         self._beyond_said = False  # a batch beyond a loader's len() was warned of (once)
+        # an epoch cut by steps_per_epoch, then the loader restarted (once; limit_train_batches: a cut meant so)
+        self._restart = RestartCheck(done=limit_train_batches is not None)
         self.train_step = self._jit(train_step, donate_argnums=0)
         self.eval_step = self._jit(eval_step)
         self._jit_loop()
@@ -390,7 +394,9 @@ class Engine:
             items = prefetcher = Prefetcher(items, size=self.prefetch, transform=self._to_device)
         elif self.mesh is not None:
             items = map(self._to_device, items)
-        return Feed(items, "batches", _first_of, prefetcher, ends_pass)
+        feed = Feed(items, "batches", _first_of, prefetcher, ends_pass)
+        feed.source = source
+        return feed
 
     def _beyond_the_pass(self, loader: Iterable, iterator: Any, taken: int, batch: Any) -> None:
         """A batch the loader's iterator yielded at the epoch's end, after the epoch's ``taken`` batches
@@ -457,6 +463,8 @@ class Engine:
                     self.end_accumulation(span)
                 return
             self.note_served(loader)
+            if span.acc is None and feed.path == "batches":
+                self._restart.starts(loader, feed.first_batch)
             if span.acc is None:
                 span.acc = start_sums(feed.first_batch)
             elif "saved_objects" in span.acc:  # resumed mid-epoch: metric objects back in their classes
@@ -472,6 +480,9 @@ class Engine:
             ran_out = not ended_by_event and (stop is None or span.batches < stop)  # the pass ended first
             if ran_out or (epoch_length is not None and span.batches >= epoch_length):  # the epoch's end, not a cut
                 self.end_accumulation(span)
+            if not ran_out and feed.path == "batches" and not feed.ends_pass and epoch_length is not None \
+                    and span.batches >= epoch_length and not is_stream(loader) and epoch_setter(loader) is None:
+                self._restart.cut(loader, feed, epoch_length)  # steps_per_epoch ended it, not the loader
             if self.choosing_block_length and span.batches >= 2 * BLOCK_LENGTHS[-1]:
                 self.choose_block_length(span.state, feed.first_batch)
             self.work_before_waiting()  # not done yet: now, before the epoch's end waits for its last steps

@@ -175,7 +175,7 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
         if self.debug:
             messages.info("debug=True: the train and eval steps run un-jitted (prints and breakpoints work).")
         return Engine(*self._watched_steps(train_step, eval_step), steps_per_execution=self.options.steps_per_execution,
-                      nonfinite_guard=self._nonfinite_guard(), prefetch=self.options.prefetch, debug=self.debug)
+                      nonfinite_guard=self._nonfinite_guard(), prefetch=self.options.prefetch, debug=self.debug, limit_train_batches=self.options.limit_train_batches)
 
     def _nonfinite_guard(self) -> str | None:
         return next((cb.action for cb in self.callbacks if isinstance(cb, NaNGuard)), None)
