@@ -180,3 +180,101 @@ def test_an_exmp_input_of_text_or_objects_is_refused_naming_its_dtype(tmp_path):
                                         r"hold: the model's inputs must be numbers"):
         RegressTrainer(model_class=TinyMLP, model_hparams={}, optimizer_hparams={},
                        exmp_input=np.array([[1.0, "red"]], dtype=object), **quiet(tmp_path))
+
+
+class _Source:  # a data source with the default repr (an address), as grain saves it in its state
+    pass
+
+
+class _StatefulLoader:
+    """A re-iterable loader whose iterators save their position as grain's do (the data source's
+    repr in it) and refuse a position saved for another source."""
+
+    def __init__(self, n=6):
+        self.n, self.source = n, _Source()
+
+    def __iter__(self):
+        loader = self
+
+        class It:
+            i = 0
+
+            def __next__(self):
+                if self.i >= loader.n:
+                    raise StopIteration
+                self.i += 1
+                return np.full((2, 1), self.i - 1, np.float32)
+
+            def __iter__(self):
+                return self
+
+            def get_state(self):
+                return f'{{"source": "{loader.source!r}", "i": {self.i}}}'.encode()
+
+            def set_state(self, state):
+                if repr(loader.source) not in state.decode():
+                    raise ValueError("DataSource in checkpoint does not match datasource in dataloader")
+                self.i = int(state.decode().split('"i": ')[1].rstrip("}"))
+
+        return It()
+
+
+def test_refused_loader_position_falls_back_to_passing_over_batches():
+    """A grain-like loader that refuses the saved position (its data source's repr holds an
+    address): the resume warns why and reaches the position by passing over the batches; the first
+    position read warns about the address repr, once."""
+    from flaxlight.data import positioned_iterator
+    saved_by = _StatefulLoader()
+    iterator, where, restored = positioned_iterator(saved_by)
+    next(iterator), next(iterator)
+    with pytest.warns(RuntimeWarning, match=r"default repr <.*_Source object at 0x.*__repr__ that names its content"):
+        position = where()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        where()  # said once
+    assert restored
+    assert positioned_iterator(saved_by, position)[2]  # the same source: restored
+    with pytest.warns(RuntimeWarning, match=r"refused the position.*ValueError: DataSource.*passes over the 2 batches"):
+        iterator, where, restored = positioned_iterator(_StatefulLoader(), position, passed_over=2)
+    assert not restored and float(next(iterator)[0, 0]) == 0.0  # a new pass: the caller skips the 2 batches
+
+
+def test_a_string_id_in_a_batch_is_said_to_stay_out_of_it_and_a_torch_tensor_gets_the_collate_fix():
+    """A list of str ids got the np.asarray advice, whose result (<U8) was then refused with advice on
+    class names; a torch tensor (the default collate) got np.asarray advice instead of a collate_fn."""
+    ids = ["img_0", "img_1"]
+    with pytest.raises(TypeError, match=r"\['id'\]\[0\] is a str\. Fields that are not numbers \(ids.*keep them out"):
+        check_batch({"x": np.zeros((2, 1)), "id": ids})
+    with pytest.raises(TypeError, match=r"holds <U5 values.*np.unique.*Fields that are not numbers"):
+        check_batch({"x": np.zeros((2, 1)), "id": np.asarray(ids)})
+    Tensor = type("Tensor", (), {"__module__": "torch"})  # as torch's, without importing torch (seconds)
+    with pytest.raises(TypeError, match=r"is a Tensor\. A torch DataLoader's default collate.*collate_fn"):
+        check_batch((Tensor(), Tensor()))
+
+
+class _Restarting:
+    """Re-iterable, no len(), no set_epoch: every iter() starts at the same first batch (a grain
+    DataLoader over an endless IndexSampler); ``passes`` batches per pass."""
+
+    def __init__(self, per_pass):
+        self.per_pass = per_pass
+
+    def __iter__(self):
+        for i in range(self.per_pass):
+            yield np.full((4, 4), i, np.float32), np.full((4, 1), i, np.float32)
+
+
+@pytest.mark.parametrize("per_pass, warned", [(6, True), (3, False)])
+def test_an_epoch_cut_by_steps_per_epoch_then_restarted_is_warned_of_once(tmp_path, per_pass, warned):
+    """A loader cut by steps_per_epoch whose next epoch restarts it trains the same batches every
+    epoch, silently (Keras carries its iterator on). Not said when the pass had no more batches."""
+    from conftest import RegressTrainer, TinyMLP, quiet
+    trainer = RegressTrainer(model_class=TinyMLP, model_hparams={}, exmp_input=np.zeros((1, 4), np.float32),
+                             optimizer_hparams={"lr": 1e-2}, **quiet(tmp_path))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.train_model(_Restarting(per_pass), None, num_epochs=3, steps_per_epoch=3)
+    said = [str(w.message) for w in caught if "starts this epoch again at the same first batch" in str(w.message)]
+    assert len(said) == (1 if warned else 0)
+    if warned:
+        assert "steps_per_epoch=3" in said[0] and "pass iter(loader)" in said[0]

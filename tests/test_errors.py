@@ -224,7 +224,9 @@ def test_a_bad_batch_after_the_first_is_named_when_the_step_fails_on_it(tmp_path
     assert re.search(said, _printed(raised))
 
 
-def test_a_later_evaluation_batch_that_fails_is_named_and_a_loaders_own_error_gets_no_note(tmp_path):
+def test_a_later_evaluation_batch_that_fails_is_named_and_a_loaders_own_error_gets_the_loaders_note(tmp_path):
+    """A loader that raised mid-epoch (a corrupt shard) came out bare: now one note names the loader,
+    the batch it was producing and how to go on (resume=True, a callback that saves on_exception)."""
     trainer = _trainer(tmp_path)
     trainer.train_model(_loader(), None, num_epochs=1)
     with pytest.raises(Exception) as raised:
@@ -232,7 +234,9 @@ def test_a_later_evaluation_batch_that_fails_is_named_and_a_loaders_own_error_ge
     assert "flaxlight: the step failed on the 3rd batch of the evaluation loader" in _printed(raised)
     with pytest.raises(KeyError, match="record 32 is missing") as raised:
         _trainer(tmp_path / "again").train_model(_ThirdBatchWrong("raises"), None, num_epochs=1)
-    assert not [note for note in getattr(raised.value, "__notes__", []) if note.startswith("flaxlight:")]
+    notes = [note for note in getattr(raised.value, "__notes__", []) if note.startswith("flaxlight:")]
+    assert len(notes) == 1 and "train_loader raised this while producing the 3rd batch of epoch 1" in notes[0]
+    assert "resume=True" in notes[0] and "on_exception" in notes[0]
 
 
 def test_a_list_of_per_example_arrays_is_said_briefly_with_the_fix(tmp_path):

@@ -13,6 +13,7 @@ import functools
 import inspect
 import itertools
 import queue
+import re
 import threading
 import warnings
 from typing import Any, Callable, Iterable, Iterator, Mapping, NamedTuple, Sequence
@@ -353,29 +354,149 @@ class DeviceEpoch:
             yield 1, (self.last, index[0])
 
 
-def positioned_iterator(loader: Iterable, position: Any = None) -> tuple[Iterator, Callable[[], Any] | None]:
-    """``iter(loader)``, continued from ``position`` when given, and a function that reads the
-    iterator's position (JSON data), or None when the loader cannot tell it.
+def positioned_iterator(loader: Iterable, position: Any = None, name: str = "train_loader",
+                        passed_over: int = 0) -> tuple[Iterator, Callable[[], Any] | None, bool]:
+    """``iter(loader)``, continued from ``position`` when given, a function that reads the
+    iterator's position (JSON data), or None when the loader cannot tell it, and whether the
+    position was restored.
 
     Loaders that save their own position: grain iterators (``get_state`` / ``set_state``) and
     torchdata's ``StatefulDataLoader`` (``state_dict`` / ``load_state_dict``). A resumed run then
-    continues the epoch where it was, without re-reading the batches already trained on.
+    continues the epoch where it was, without re-reading the batches already trained on. When the
+    loader refuses the saved position (grain checks it against ``repr(data_source)``, which holds
+    an address unless the source has a ``__repr__`` of its own), a warning says why, and the
+    iterator is a new pass (False): the caller passes over the ``passed_over`` batches trained on
+    already, as for a loader that cannot tell its position. The first position read that holds
+    such an address warns too, naming the fix (:func:`_warn_address_repr`).
 
     Examples:
-        >>> it, where = positioned_iterator(grain.MapDataset.range(8).batch(2).to_iter_dataset())  # doctest: +SKIP
-        >>> next(it); where()                                                                     # doctest: +SKIP
+        >>> it, where, restored = positioned_iterator(grain.MapDataset.range(8).batch(2).to_iter_dataset())  # doctest: +SKIP
+        >>> next(it); where()                                                                                 # doctest: +SKIP
         {'next_index': 1}
     """
     if callable(getattr(loader, "state_dict", None)) and callable(getattr(loader, "load_state_dict", None)):
-        if position is not None:
-            loader.load_state_dict(_from_json(position))
-        return iter(loader), lambda: _to_json(loader.state_dict())
+        restored = position is None or _restored(lambda: loader.load_state_dict(_from_json(position)), name,
+                                                 passed_over)
+        return iter(loader), lambda: _to_json(loader.state_dict()), restored
     iterator = iter(loader)
     if callable(getattr(iterator, "get_state", None)) and callable(getattr(iterator, "set_state", None)):
-        if position is not None:
-            iterator.set_state(_from_json(position))
-        return iterator, lambda: _to_json(iterator.get_state())
-    return iterator, None
+        restored = position is None or _restored(lambda: iterator.set_state(_from_json(position)), name, passed_over)
+        if not restored and not is_iterator(loader):
+            iterator = iter(loader)  # a new pass, untouched by the refused state
+        return iterator, lambda: _to_json(_warn_address_repr(iterator.get_state(), name)), restored
+    return iterator, None, position is None
+
+
+def _restored(restore: Callable[[], Any], name: str, passed_over: int) -> bool:
+    """Whether ``restore()`` took the saved position; if not, a warning says why and what the
+    resumed epoch does instead."""
+    try:
+        restore()
+        return True
+    except Exception as error:  # noqa: BLE001 - any refusal: the batches are reached another way
+        reason = " ".join(f"{type(error).__name__}: {error}".split())
+        warnings.warn(f"{name} refused the position saved in the checkpoint ({reason[:400]}). The resumed epoch "
+                      f"instead starts the loader again and passes over the {passed_over} batches trained on "
+                      f"already: exact when each iter() yields the epoch's batches in the same order (a "
+                      f"grain.DataLoader does: it restarts at every iter()). For grain, give the data source a "
+                      f"__repr__ that names its content and stays the same between runs (docs/data.md, "
+                      f"\"Epochs, set_epoch and resuming\").", RuntimeWarning, stacklevel=4)
+        return False
+
+
+_ADDRESS_SAID: set[str] = set()
+
+
+def _warn_address_repr(state: Any, name: str) -> Any:
+    """``state`` (a grain iterator's), after a warning, once per data source, when it holds a
+    ``repr`` with an address (``<Src object at 0x7f...>``): a new process cannot give the same
+    one, so grain refuses the position a mid-epoch checkpoint saves."""
+    text = state.decode("utf-8", "replace") if isinstance(state, bytes) else str(state)
+    found = re.search(r"<[^<>]* object at 0x[0-9a-fA-F]+>", text)
+    if found and found.group(0) not in _ADDRESS_SAID:
+        _ADDRESS_SAID.add(found.group(0))
+        warnings.warn(f"{name}'s saved position holds the data source's default repr {found.group(0)}, an address "
+                      f"that a new process cannot match: grain refuses such a position, and a run resumed from a "
+                      f"mid-epoch checkpoint passes over the epoch's batches trained on already instead (exact for a "
+                      f"grain.DataLoader). Give the data source a __repr__ that names its content, e.g. "
+                      f"`def __repr__(self): return f\"MySource({{self.path!r}}, n={{len(self)}})\"` (docs/data.md, "
+                      f"\"Epochs, set_epoch and resuming\"). Said once.", RuntimeWarning, stacklevel=4)
+    return state
+
+
+def noting_loader_errors(iterator: Iterator, name: str, first: int = 1, epoch: int | None = None) -> Iterator:
+    """``iterator``'s batches; an exception the loader raises while producing one gets a note that
+    names the loader, the batch (``first``: the number in the epoch of the first one yielded) and
+    how to go on (a step that fails on a batch gets its own note; this one is the loader's).
+
+    Examples:
+        >>> def shards():
+        ...     yield 1
+        ...     raise OSError("corrupt shard")
+        >>> try:
+        ...     list(noting_loader_errors(shards(), "train_loader", first=7, epoch=3))
+        ... except OSError as exc:
+        ...     print(exc.__notes__[0].split(" (")[0])
+        flaxlight: train_loader raised this while producing the 8th batch of epoch 3
+    """
+    number = first
+    while True:
+        try:
+            batch = next(iterator)
+        except StopIteration:
+            return
+        except Exception as exc:
+            where = f"the {_ordinal(number)} batch" + (f" of epoch {epoch}" if epoch is not None else " of the epoch")
+            exc.add_note(f"flaxlight: {name} raised this while producing {where} (your loader's code, not a step). "
+                         f"The steps trained since the newest checkpoint are lost unless a callback saved them "
+                         f"(on_exception calling trainer.save_model(): docs/data.md, \"A loader that raises\"). "
+                         f"Fix the loader and call train_model(..., resume=True) with the same log_dir: the run "
+                         f"continues from its newest checkpoint.")
+            raise
+        number += 1
+        yield batch
+
+
+class RestartCheck:
+    """Whether a re-iterable loader whose epoch was cut by ``steps_per_epoch`` (its pass had more
+    batches) starts its next epoch at the same first batch: each epoch calls ``iter(loader)``, so
+    the batches after the cut are never trained on (a grain ``DataLoader`` over an endless
+    ``IndexSampler`` used for "virtual epochs"). Checked once per run (not with ``limit_train_batches``, a
+    cut meant so): for a loader without ``len()``, one batch is drawn past the cut to tell whether its pass
+    went on; the next epoch's first batch is compared with the cut epoch's; a warning names the fix.
+    A loader that reshuffles at each ``iter()`` starts elsewhere and is not warned about."""
+
+    def __init__(self, done: bool = False):
+        self.done, self.pending = done, None
+
+    def cut(self, loader: Any, feed: Any, length: int) -> None:
+        """The epoch over ``loader`` (``feed``: its batches) ended at ``length`` batches."""
+        if self.done or isinstance(loader, FirstBatches) or feed.first_batch is None:
+            return
+        self.done = True
+        total = _safe_len(loader)  # without len(), one batch is drawn past the cut to tell
+        if (length < total) if total is not None else next(feed.source, _PASS_ENDED) is not _PASS_ENDED:
+            self.pending = (loader, jax.tree.map(np.asarray, feed.first_batch), length)
+
+    def starts(self, loader: Any, first_batch: Any) -> None:
+        """A fresh epoch over ``loader`` begins with ``first_batch``."""
+        pending, self.pending = self.pending, None
+        if pending is None or pending[0] is not loader or not _same_values(pending[1], first_batch):
+            return
+        warnings.warn(f"train_loader starts this epoch again at the same first batch as the last one: that epoch "
+                      f"ended after steps_per_epoch={pending[2]} batches while the loader had more, and each epoch "
+                      f"calls iter(loader), which restarts it, so the batches after the first {pending[2]} are never "
+                      f"trained on (Keras carries its iterator on across epochs; Lightning restarts too). To go on "
+                      f"through the data, pass iter(loader): a stream that keeps its place across epochs (a grain "
+                      f"iterator resumes exactly from checkpoints too; docs/data.md, \"Without len()\"). Said once.",
+                      RuntimeWarning, stacklevel=4)
+
+
+def _same_values(a: Any, b: Any) -> bool:
+    """Whether the batches ``a`` and ``b`` hold the same arrays."""
+    leaves_a, leaves_b = jax.tree.leaves(a), jax.tree.leaves(b)
+    return jax.tree.structure(a) == jax.tree.structure(b) and all(
+        np.shape(x) == np.shape(y) and np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(leaves_a, leaves_b))
 
 
 def _to_json(value: Any) -> Any:
@@ -574,14 +695,12 @@ def check_batch(batch, where: str = "batch") -> None:
         if not isinstance(leaf, (np.ndarray, jax.Array)) and not (
             isinstance(leaf, np.generic) and np.issubdtype(type(leaf), np.number)
         ):
-            raise TypeError(
-                f"The {where} must be an array or a tuple/list/dict pytree of numpy/JAX arrays; "
-                f"the leaf at {location} is a {type(leaf).__name__}. Convert it with np.asarray, "
-                f"e.g. return (np.asarray(x), np.asarray(y)) from your loader."
-            )
+            raise TypeError(f"The {where} must be an array or a tuple/list/dict pytree of numpy/JAX arrays; "
+                            f"the leaf at {location} is a {type(leaf).__name__}. {_leaf_fix(leaf)}")
         if not (jax.numpy.issubdtype(leaf.dtype, jax.numpy.number) or jax.numpy.issubdtype(leaf.dtype, np.bool_)):
             raise TypeError(f"The leaf at {location} of the {where} holds {np.dtype(leaf.dtype)} values, not numbers; "
-                            f"convert it first (class names to ints: np.unique(labels, return_inverse=True)[1]).")
+                            f"convert it first (class names to ints: np.unique(labels, return_inverse=True)[1]). "
+                            f"{_NON_NUMERIC}")
         if np.ndim(leaf) == 0:
             what = f"The {where} is" if not path else f"The leaf at {location} of the {where} is"
             raise ValueError(f"{what} a scalar ({leaf!r}); every array of a batch needs a leading batch dimension, "
@@ -589,6 +708,23 @@ def check_batch(batch, where: str = "batch") -> None:
         sizes[location] = int(np.shape(leaf)[0])
     if len(set(sizes.values())) > 1:
         raise ValueError(_uneven_rows_message(batch, sizes, where))
+
+
+_NON_NUMERIC = ("Fields that are not numbers (ids, file names, captions) cannot ride in a batch into the jitted step: "
+                "keep them out of the batch, e.g. in a list kept by the examples' index, and yield only arrays.")
+
+
+def _leaf_fix(leaf: Any) -> str:
+    """How to turn a batch leaf that is not an array into one: a torch tensor (a torch ``DataLoader``'s
+    default collate), a string (an id: kept out of the batch), anything else (``np.asarray``)."""
+    if type(leaf).__module__.split(".")[0] == "torch":
+        return ("A torch DataLoader's default collate makes torch tensors: give it a collate_fn that stacks numpy "
+                "arrays, collate_fn=lambda samples: tuple(np.stack(f) for f in zip(*samples)) (docs/data.md, "
+                "\"torch\"); a DataLoader with batch_size=None over a dataset that yields whole numpy batches needs "
+                "collate_fn=lambda batch: batch.")
+    if isinstance(leaf, (str, bytes)):
+        return _NON_NUMERIC
+    return "Convert it with np.asarray, e.g. return (np.asarray(x), np.asarray(y)) from your loader."
 
 
 def _per_example_list(batch) -> tuple[str, list | tuple] | None:

@@ -48,7 +48,8 @@ import numpy as np
 from flaxlight import distributed as dist
 from flaxlight.messages import logger as messages
 from flaxlight.data import (ArrayLoader, DeviceEpoch, FirstBatches, Prefetcher, ending_the_pass, ends_its_pass,
-                            group_batches, is_iterator, is_stream, later_batch_note, no_batches_error,
+                            RestartCheck, group_batches, is_iterator, is_stream, later_batch_note, no_batches_error,
+                            noting_loader_errors,
                             positioned_iterator, same_shapes, take_batches)
 from flaxlight.lean import LeanLoop, strip_idle_fields
 from flaxlight.metrics import (accumulate, batch_size, deliberate_reads, fresh_zeros, init_accumulator, result_shapes,
@@ -219,7 +220,8 @@ class Engine:
     """
 
     def __init__(self, train_step: Callable, eval_step: Callable, *, steps_per_execution: int | str = 1,
-                 nonfinite_guard: str | None = None, prefetch: int = 0, debug: bool = False):
+                 nonfinite_guard: str | None = None, prefetch: int = 0, debug: bool = False,
+                 limit_train_batches: int | float | None = None):
         self.step_functions = {"train": train_step, "eval": eval_step}
         # "auto": single steps until the first epoch has been measured (see choose_block_length)
         self.choosing_block_length = steps_per_execution == "auto" and not debug
@@ -249,6 +251,8 @@ class Engine:
         # iterator at most words its error as "ran dry")
         self._held: tuple[Any, Any] | None = None  # (a stream's iterator, its batch drawn at a pass's end)
         self._beyond_said = False  # a batch beyond a loader's len() was warned of (once)
+        # an epoch cut by steps_per_epoch, then the loader restarted (once; limit_train_batches: a cut meant so)
+        self._restart = RestartCheck(done=limit_train_batches is not None)
         self.train_step = self._jit(train_step, donate_argnums=0)
         self.eval_step = self._jit(eval_step)
         self._jit_loop()
@@ -345,7 +349,7 @@ class Engine:
         return self.block_length > 1 and jax.default_backend() == "cpu"
 
     def feed(self, loader: Iterable, start: int, stop: int | None, step: int, position: Any = None,
-             skip: int = 0) -> Feed:
+             skip: int = 0, epoch: int | None = None) -> Feed:
         """Batches ``start`` to ``stop`` of ``loader``'s current epoch as the loop consumes them
         (``step``: the global step before the first, so fused blocks end at its multiples).
         ``position``: where a loader that saves its own position was at batch ``start`` (it then
@@ -364,15 +368,19 @@ class Engine:
             if epoch is None or not epoch.serves(loader, stop):
                 epoch = DeviceEpoch(loader, stop=stop, host_gather=self._gathers_on_host())
             return Feed(epoch.items(start, self.block_length, step), "indexed", lambda head: epoch.first_batch)
-        iterator, reader = positioned_iterator(loader, position)
+        iterator, reader, restored = positioned_iterator(
+            loader, position, passed_over=start + (skip if skip and epoch_setter(loader) is None and is_stream(loader) else 0))
+        position = position if restored else None  # refused: reached as a loader without a position is
         source, ends_pass, taken = iterator, ends_its_pass(loader, stop), stop  # taken: the epoch's batches
         held, self._held = self._held, None
         if held is not None and held[0] is iterator:  # a stream's batch drawn at the end of the last pass
             iterator = itertools.chain([held[1]], iterator)
+        first = 1  # the number in the epoch of the iterator's next batch (for the note on a loader's error)
         if position is not None:
-            start, stop = 0, None if stop is None else stop - start
+            start, stop, first = 0, None if stop is None else stop - start, start + 1
         elif skip and epoch_setter(loader) is None and is_stream(loader):
-            start, stop = start + skip, None if stop is None else stop + skip
+            start, stop, first = start + skip, None if stop is None else stop + skip, 1 - skip
+        iterator = noting_loader_errors(iterator, "train_loader", first, epoch)
         # The position read at an event is that of the batches trained on when they are pulled
         # one at a time (no background loading ahead, no blocks).
         self._position = reader if self.block_length == 1 and not self.prefetch else None
@@ -386,7 +394,9 @@ class Engine:
             items = prefetcher = Prefetcher(items, size=self.prefetch, transform=self._to_device)
         elif self.mesh is not None:
             items = map(self._to_device, items)
-        return Feed(items, "batches", _first_of, prefetcher, ends_pass)
+        feed = Feed(items, "batches", _first_of, prefetcher, ends_pass)
+        feed.source = source
+        return feed
 
     def _beyond_the_pass(self, loader: Iterable, iterator: Any, taken: int, batch: Any) -> None:
         """A batch the loader's iterator yielded at the epoch's end, after the epoch's ``taken`` batches
@@ -430,9 +440,9 @@ class Engine:
 
     def train(self, loader: Iterable, span: Span, *, stop: int | None, schedule, on_event: Callable[[Span, int], bool],
               start_sums: Callable[[Any], dict], more_epochs: Callable[[], bool], position: Any = None,
-              skip: int = 0, epoch_length: int | None = None) -> None:
-        """Train on ``loader``'s batches ``span.batches`` to ``stop`` (see :meth:`run`; ``position``
-        and ``skip``: see :meth:`feed`).
+              skip: int = 0, epoch_length: int | None = None, epoch: int | None = None) -> None:
+        """Train on ``loader``'s batches ``span.batches`` to ``stop`` (see :meth:`run`; ``position``,
+        ``skip`` and ``epoch``, the model's epoch named by a note on a loader's error: see :meth:`feed`).
 
         ``start_sums(first batch)`` gives the epoch's zeroed sums when ``span.acc`` is None (a
         fresh epoch); when ``more_epochs()`` after the span, the next epoch's device data are
@@ -446,13 +456,15 @@ class Engine:
         """
         self._start_eval_compile()
         self._updated_at = None
-        feed = self.feed(loader, span.batches, stop, span.step, position, skip)
+        feed = self.feed(loader, span.batches, stop, span.step, position, skip, epoch)
         try:
             if feed.empty:  # e.g. resumed at the epoch's end, or where the loader's pass ended
                 if stop is None or span.batches < stop or (epoch_length is not None and span.batches >= epoch_length):
                     self.end_accumulation(span)
                 return
             self.note_served(loader)
+            if span.acc is None and feed.path == "batches":
+                self._restart.starts(loader, feed.first_batch)
             if span.acc is None:
                 span.acc = start_sums(feed.first_batch)
             elif "saved_objects" in span.acc:  # resumed mid-epoch: metric objects back in their classes
@@ -468,6 +480,9 @@ class Engine:
             ran_out = not ended_by_event and (stop is None or span.batches < stop)  # the pass ended first
             if ran_out or (epoch_length is not None and span.batches >= epoch_length):  # the epoch's end, not a cut
                 self.end_accumulation(span)
+            if not ran_out and feed.path == "batches" and not feed.ends_pass and epoch_length is not None \
+                    and span.batches >= epoch_length and not is_stream(loader) and epoch_setter(loader) is None:
+                self._restart.cut(loader, feed, epoch_length)  # steps_per_epoch ended it, not the loader
             if self.choosing_block_length and span.batches >= 2 * BLOCK_LENGTHS[-1]:
                 self.choose_block_length(span.state, feed.first_batch)
             self.work_before_waiting()  # not done yet: now, before the epoch's end waits for its last steps

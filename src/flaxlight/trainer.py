@@ -175,7 +175,7 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
         if self.debug:
             messages.info("debug=True: the train and eval steps run un-jitted (prints and breakpoints work).")
         return Engine(*self._watched_steps(train_step, eval_step), steps_per_execution=self.options.steps_per_execution,
-                      nonfinite_guard=self._nonfinite_guard(), prefetch=self.options.prefetch, debug=self.debug)
+                      nonfinite_guard=self._nonfinite_guard(), prefetch=self.options.prefetch, debug=self.debug, limit_train_batches=self.options.limit_train_batches)
 
     def _nonfinite_guard(self) -> str | None:
         return next((cb.action for cb in self.callbacks if isinstance(cb, NaNGuard)), None)
@@ -321,7 +321,7 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
         self._loader_batch_size = getattr(train_loader, "batch_size", None) if length == 1 else None  # its only batch
         try:
             self.engine.train(train_loader, span, stop=stop, schedule=self._schedule, on_event=self._on_event,
-                              start_sums=self._start_epoch_sums, epoch_length=length,
+                              start_sums=self._start_epoch_sums, epoch_length=length, epoch=loop.model_epoch,
                               more_epochs=lambda: not (loop.epoch == self.num_epochs or self._stopping()),
                               position=loop.take_loader_position(), skip=loop.take_stream_skip())
         finally:
