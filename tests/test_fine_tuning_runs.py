@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import hashlib
 import logging
+import shutil
 from pathlib import Path
 
 import jax
@@ -318,3 +319,36 @@ def test_an_ema_run_with_a_schedule_of_yours_loaded_with_its_settings_again_serv
         _load(run, which="last", optimizer_hparams={**SGD, "weight_decay": 1e-3, "weight_decay_mode": "l2",
                                                     "precision": "bf16"}, logger_params={"log_dir": str(tmp_path / "f")})
     assert "your own" not in caplog.text.lower() and "step" not in caplog.text
+
+
+# ----------------------------------------------------------------- 8. what a fine-tune keeps of the run's settings
+def test_a_fine_tune_resumed_by_a_plain_constructor_keeps_the_runs_seed_and_says_why(tmp_path, caplog):
+    """It warned "settings differ (seed: 0 -> 42; enable_model_summary: False -> None): they apply from
+    now on" and recorded seed 42: the keys come from the checkpoint (seed changes nothing), and
+    enable_model_summary=False was load_from_checkpoint's, never the user's. The resume message
+    counted the model's epochs, the progress lines and num_epochs the run's."""
+    run, ft = tmp_path / "run", tmp_path / "ft"
+    dropout = {"hidden_dims": [8], "dropout_prob": 0.2}  # random keys at every step
+    RegressTrainer(model_class=TinyMLP, model_hparams=dropout, optimizer_hparams=SGD, exmp_input=X0, seed=0,
+                   logger_params={"log_dir": str(run), "logger_type": "csv"}, enable_progress_bar=False,
+                   enable_model_summary=False).train_model(*_loaders(), num_epochs=2)
+    _load(run, logger_params={"log_dir": str(ft)}).train_model(*_loaders(), num_epochs=1)
+    assert "enable_model_summary" not in (ft / "hparams.yaml").read_text()
+    shutil.copytree(ft, tmp_path / "ft_seed0")
+
+    def resume(folder, **seed):
+        trainer = RegressTrainer(model_class=TinyMLP, model_hparams=dropout, optimizer_hparams=SGD, exmp_input=X0,
+                                 logger_params={"log_dir": str(folder), "logger_type": "csv"},
+                                 enable_progress_bar=False, **seed)
+        trainer.train_model(*_loaders(), num_epochs=2, resume=True)
+        return trainer
+
+    with caplog.at_level(logging.INFO, logger="flaxlight"):
+        plain = resume(ft)  # the default seed, 42
+    said = " ".join(caplog.text.split())
+    assert "settings differ" not in said and not list(ft.glob("hparams.*.yaml"))
+    assert yaml.safe_load((ft / "hparams.yaml").read_text())["seed"] == 0  # the seed the run's keys come from
+    assert "go on from its checkpoint 24, so seed=42 changes none of them, and hparams.yaml keeps the run's seed, 0" \
+        in said
+    assert "(the end of epoch 1; the model's epoch 3, after the 2 it trained before this run)" in said
+    assert _same_params(plain, resume(tmp_path / "ft_seed0", seed=0))  # the seed given changed nothing
