@@ -35,6 +35,7 @@ import numpy as np
 import yaml
 from flax import nnx
 
+from flaxlight import optim
 from flaxlight.checkpoint import Checkpointer
 from flaxlight.distributed import fit_mesh
 from flaxlight.export import INFO_FILE as EXPORT_INFO_FILE
@@ -1061,6 +1062,9 @@ def trainer_kwargs(trainer_class: type, run: str | os.PathLike, which: str,
     hparams["logger_params"] = {**(hparams.get("logger_params") or {}), "log_dir": log_dir,
                                 **(overrides.get("logger_params") or {})}
     hparams["enable_model_summary"] = False  # an override can ask for the table
+    if "optimizer_hparams" in overrides:  # they replace the run's whole: what of the run's that leaves out is said
+        _say_optimizer_left_out(trainer_class.__name__, log_dir, hparams.get("optimizer_hparams"),
+                                overrides["optimizer_hparams"])
     if "mesh" in hparams:  # the run's mesh, fitted to the devices here, unless mesh= or distributed= is given
         hparams["mesh"] = None if {"mesh", "distributed"} & set(overrides) else fit_mesh(hparams["mesh"])
         if hparams["mesh"] is None and not {"mesh", "distributed"} & set(overrides):
@@ -1077,6 +1081,44 @@ def trainer_kwargs(trainer_class: type, run: str | os.PathLike, which: str,
         hparams.update(model_hparams)
     kwargs = {**hparams, **{key: value for key, value in overrides.items() if key != "logger_params"}}
     return _check_by_name(trainer_class, os.fspath(run), saved, kwargs, nested)
+
+
+#: The run's optimizer settings that its train step applies, which an optimizer function or transformation cannot carry.
+_STEP_SETTINGS = {"precision": "fp32", "freeze": []}
+
+
+def _say_optimizer_left_out(owner: str, log_dir: str, saved: Any, given: Any) -> None:
+    """Say (info) which of the run's optimizer settings (``saved``, as its ``hparams.yaml`` records
+    them) the ``optimizer_hparams`` given to ``load_from_checkpoint`` leave out, as they replace the
+    run's whole (Keras' ``compile(optimizer=...)``): each key of the run's that ``given`` does not
+    name and whose value differs from what ``given`` resolves to, with both values, and how to keep
+    them. An optimizer function or transformation given: the run's ``precision`` and ``freeze``
+    (:data:`_STEP_SETTINGS`), which only the dict form sets."""
+    if not isinstance(saved, Mapping) or "ready_optax" in saved:  # the run's optimizer was no dict either
+        return
+    config = optim.as_optimizer_config(given)
+    if config is None:
+        dropped = [f"{key}={saved[key]!r}" for key, default in _STEP_SETTINGS.items()
+                   if saved.get(key, default) != default]
+        if dropped:
+            messages.info(f"{owner}.load_from_checkpoint: optimizer_hparams={to_yaml_safe(given)!r}, an optimizer of "
+                          f"yours, replace the run's optimizer settings whole: its {', '.join(dropped)} do not carry "
+                          f"over (only the dict form sets them: this run computes in float32 and freezes only what "
+                          f"your optimizer does, e.g. a group of optax.set_to_zero()).")
+        return
+    named, now = optim.named_settings(given), optim.recorded_optimizer(config)
+    left_out = [key for key, value in saved.items() if key not in named and now.get(key, _STEP_SETTINGS.get(key)) != value]
+    if not left_out:
+        return
+    left_out.sort(key=lambda key: key not in _STEP_SETTINGS)  # precision and freeze first: a new dict drops them most
+    now = {**_STEP_SETTINGS, **now}  # a record leaves an empty freeze out
+    shown = ", ".join(f"{key}={saved[key]!r} (now {now[key]!r})" if key in now else f"{key}={saved[key]!r} (now not set)"
+                      for key in left_out)
+    again = ", ".join(f"{key!r}: {value!r}" for key, value in given.items()) if isinstance(given, Mapping) else "..."
+    messages.info(f"{owner}.load_from_checkpoint: optimizer_hparams replace the run's optimizer settings whole, so "
+                  f"these of the run's are left out: {shown}; this run's optimizer: {config.describe()}. To keep "
+                  f"them, give them again, or start from the run's: old = yaml.safe_load(open("
+                  f"{os.path.join(log_dir, HPARAMS_FILE)!r}))['optimizer_hparams']; optimizer_hparams={{**old, {again}}}.")
 
 
 def _without_unread(hparams: dict, declared: set[str]) -> dict:
