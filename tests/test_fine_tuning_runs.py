@@ -2,14 +2,17 @@
 ``train_model``. The run trained into must stay complete (``overwrite=True`` leaves its own
 ``hparams.yaml``), Lightning's hparam override (``num_classes=5``) must not be kept silently,
 ``strict`` / ``skip_mismatch`` are refused with the way to a partial load, a fine-tune resumed
-before its first checkpoint ends with the records of an uninterrupted one, and a head-only shape
-mismatch says how to fine-tune (a partial load), not to check ``exmp_input``."""
+before its first checkpoint ends with the records of an uninterrupted one, a head-only shape
+mismatch says how to fine-tune (a partial load), not to check ``exmp_input``, optimizer_hparams given
+to a load name the run's settings they leave out, and a fine-tune resumed by a plain constructor
+keeps the run's seed in its record."""
 
 from __future__ import annotations
 
 import csv
 import hashlib
 import logging
+import shutil
 from pathlib import Path
 
 import jax
@@ -318,3 +321,65 @@ def test_an_ema_run_with_a_schedule_of_yours_loaded_with_its_settings_again_serv
         _load(run, which="last", optimizer_hparams={**SGD, "weight_decay": 1e-3, "weight_decay_mode": "l2",
                                                     "precision": "bf16"}, logger_params={"log_dir": str(tmp_path / "f")})
     assert "your own" not in caplog.text.lower() and "step" not in caplog.text
+
+
+# ----------------------------------------------------------------- 8. what a fine-tune keeps of the run's settings
+BF16_FROZEN = {"optimizer": "adamw", "lr": 1e-2, "weight_decay": 1e-2, "freeze": ["Dense_0"], "precision": "bf16"}
+
+
+def test_optimizer_hparams_given_to_a_load_name_the_run_settings_they_leave_out(tmp_path, caplog):
+    """optimizer_hparams={'lr': 1e-4} on a bf16 run with freeze trained in fp32 with nothing frozen,
+    and nothing said: they replace the run's whole (kept so), and now an info line says what is left out."""
+    run = tmp_path / "run"
+    RegressTrainer(model_class=TinyMLP, model_hparams={"hidden_dims": [8]}, optimizer_hparams=BF16_FROZEN,
+                   exmp_input=X0, logger_params={"log_dir": str(run), "logger_type": "csv"},
+                   enable_progress_bar=False, enable_model_summary=False).train_model(*_loaders(), num_epochs=1)
+    with caplog.at_level(logging.INFO, logger="flaxlight"):
+        tuned = _load(run, optimizer_hparams={"lr": 1e-3}, logger_params={"log_dir": str(tmp_path / "ft")})
+    said = " ".join(line for line in caplog.text.splitlines() if "replace the run's" in line)
+    assert tuned.optimizer_hparams == {"lr": 1e-3}  # replaced whole, as documented
+    assert "precision='bf16' (now 'fp32')" in said and "freeze=['Dense_0'] (now [])" in said
+    assert "weight_decay=0.01 (now 0.0001)" in said
+    assert "optimizer=" not in said and "lr=0.01" not in said and "schedule=" not in said  # given, or the same now
+    old = yaml.safe_load((run / "hparams.yaml").read_text())["optimizer_hparams"]
+    assert f"yaml.safe_load(open({str(run / 'hparams.yaml')!r}))['optimizer_hparams']" in said
+    assert "optimizer_hparams={**old, 'lr': 0.001}" in said
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="flaxlight"):
+        kept = _load(run, optimizer_hparams={**old, "lr": 1e-3}, logger_params={"log_dir": str(tmp_path / "ft2")})
+    assert "replace the run's" not in caplog.text  # the recipe said keeps them all
+    kept.train_model(*_loaders(), num_epochs=1)
+    recorded = yaml.safe_load((tmp_path / "ft2" / "hparams.yaml").read_text())["optimizer_hparams"]
+    assert recorded == {**old, "lr": 1e-3}
+
+
+def test_a_fine_tune_resumed_by_a_plain_constructor_keeps_the_runs_seed_and_says_why(tmp_path, caplog):
+    """It warned "settings differ (seed: 0 -> 42; enable_model_summary: False -> None): they apply from
+    now on" and recorded seed 42: the keys come from the checkpoint (seed changes nothing), and
+    enable_model_summary=False was load_from_checkpoint's, never the user's. The resume message
+    counted the model's epochs, the progress lines and num_epochs the run's."""
+    run, ft = tmp_path / "run", tmp_path / "ft"
+    dropout = {"hidden_dims": [8], "dropout_prob": 0.2}  # random keys at every step
+    RegressTrainer(model_class=TinyMLP, model_hparams=dropout, optimizer_hparams=SGD, exmp_input=X0, seed=0,
+                   logger_params={"log_dir": str(run), "logger_type": "csv"}, enable_progress_bar=False,
+                   enable_model_summary=False).train_model(*_loaders(), num_epochs=2)
+    _load(run, logger_params={"log_dir": str(ft)}).train_model(*_loaders(), num_epochs=1)
+    assert "enable_model_summary" not in (ft / "hparams.yaml").read_text()
+    shutil.copytree(ft, tmp_path / "ft_seed0")
+
+    def resume(folder, **seed):
+        trainer = RegressTrainer(model_class=TinyMLP, model_hparams=dropout, optimizer_hparams=SGD, exmp_input=X0,
+                                 logger_params={"log_dir": str(folder), "logger_type": "csv"},
+                                 enable_progress_bar=False, **seed)
+        trainer.train_model(*_loaders(), num_epochs=2, resume=True)
+        return trainer
+
+    with caplog.at_level(logging.INFO, logger="flaxlight"):
+        plain = resume(ft)  # the default seed, 42
+    said = " ".join(caplog.text.split())
+    assert "settings differ" not in said and not list(ft.glob("hparams.*.yaml"))
+    assert yaml.safe_load((ft / "hparams.yaml").read_text())["seed"] == 0  # the seed the run's keys come from
+    assert "go on from its checkpoint 24, so seed=42 changes none of them, and hparams.yaml keeps the run's seed, 0" \
+        in said
+    assert "(the end of epoch 1; the model's epoch 3, after the 2 it trained before this run)" in said
+    assert _same_params(plain, resume(tmp_path / "ft_seed0", seed=0))  # the seed given changed nothing

@@ -157,7 +157,8 @@ def test_a_misspelt_keyword_fails_and_names_the_right_one(tmp_path):
 
 def test_resume_with_nothing_to_resume_warns_with_the_folder(tmp_path, regression_loaders):
     train, val, _ = regression_loaders
-    with pytest.warns(RuntimeWarning, match=r"no checkpoint in .*typo.*starting from scratch"):
+    with pytest.warns(RuntimeWarning, match=r"no checkpoint in .*typo.*: a new run starts from the trainer.s current "
+                                            r"state"):
         _trainer(tmp_path / "typo").train_model(train, val, num_epochs=1, resume=True)
 
 

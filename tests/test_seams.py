@@ -463,11 +463,14 @@ def test_an_is_new_model_better_override_picks_the_best_checkpoint_also_with_a_m
 
 
 def test_the_resume_message_names_the_epoch_the_checkpoint_ended(tmp_path, regression_loaders, flaxlight_messages):
-    """Two calls of 2 epochs: the last checkpoint ends epoch 4 (the run's count, as its eval_epoch_004.json)."""
+    """Two calls of 2 epochs: the last checkpoint ends the second call's epoch 2 (as its progress lines,
+    metrics.csv and num_epochs count) and the model's epoch 4 (as eval_epoch_004.json): both are named
+    (it named the model's alone, and a fine-tune's progress said epoch 3 where its resume said 9)."""
     train, val, _ = regression_loaders
     trainer = _build(RegressTrainer, tmp_path)
     trainer.train_model(train, val, num_epochs=2)
     trainer.train_model(train, val, num_epochs=2)
     assert (tmp_path / "run" / "metrics" / "eval_epoch_004.json").is_file()
     _build(RegressTrainer, tmp_path).train_model(train, val, num_epochs=5, resume=True)
-    assert _infos(flaxlight_messages)[0].endswith("(the end of epoch 4).")
+    assert _infos(flaxlight_messages)[0].endswith(
+        "(the end of epoch 2; the model's epoch 4, after the 2 it trained before this run).")

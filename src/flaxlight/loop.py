@@ -176,6 +176,7 @@ class LoopState:
     owed_steps: int = 1  # the updates those events cover (a fused block's)
     epochs_before: int = 0  # the model's training epochs before this run: the data order goes on from them
     resumed_epoch_length: int | None = None  # after a resume: the batches per epoch of the run resumed
+    resumed_from: int | None = None  # after a resume: the checkpoint's step (the state, its random keys too, is its)
 
     @classmethod
     def fresh(cls, state: Any) -> "LoopState":
@@ -273,7 +274,8 @@ class Interrupted(Exception):
         if saved is None or step in saved:
             return f"{stopped} and saved a checkpoint in {checkpoints}.\n{advice}"
         kept = (f"The newest checkpoint in {checkpoints} is step {saved[-1]}: a resume continues from there."
-                if saved else f"No checkpoint is in {checkpoints}: a resume starts from scratch.")
+                if saved else f"No checkpoint is in {checkpoints}: a resume starts a new run, from the "
+                                 f"trainer's state as your script builds it.")
         return f"{stopped}. No checkpoint of step {step} was saved: {unsaved or 'save_model wrote none'}. {kept}\n{advice}"
 
     def keeps_session(self) -> bool:

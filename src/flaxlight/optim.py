@@ -623,6 +623,24 @@ def as_optimizer_config(optimizer_hparams) -> OptimizerConfig | None:
     )
 
 
+def named_settings(optimizer_hparams: Mapping[str, Any] | OptimizerConfig) -> set[str]:
+    """The settings ``optimizer_hparams`` name, by their keys in the dict form: a dict's keys (an
+    alias as its setting, ``warmup`` as ``warmup_steps``; ``optimizer_kwargs``' keys too); a
+    config's settings other than their defaults (the others it may or may not have been given).
+
+    Examples:
+        >>> sorted(named_settings({"lr": 1e-3, "warmup": 10}))
+        ['lr', 'warmup_steps']
+        >>> sorted(named_settings(OptimizerConfig(precision="bf16")))
+        ['precision']
+    """
+    if isinstance(optimizer_hparams, OptimizerConfig):
+        defaults = OptimizerConfig().to_dict()
+        return {key for key, value in optimizer_hparams.to_dict().items() if key not in defaults or defaults[key] != value}
+    return {_ALIASES.get(key, key) for key in optimizer_hparams if key != "optimizer_kwargs"} | \
+        set(optimizer_hparams.get("optimizer_kwargs") or {})
+
+
 def _refuse_uncalled_optimizer(function: Callable) -> None:
     """A TypeError for an optimizer function given uncalled (``optax.adam``): as an
     :data:`OptimizerFactory` it would be called with the run's length as its learning rate."""

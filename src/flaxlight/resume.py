@@ -133,7 +133,8 @@ class CheckpointMeta:
                          acc=sums_from_json(self.train_sums), train_metrics=dict(self.train_metrics),
                          loader_position=self.loader_position if self.phase == "train" else None,
                          owed_events=list(self.owed_events), owed_steps=self.owed_steps,
-                         epochs_before=self.epochs_before, resumed_epoch_length=self.steps_per_epoch)
+                         epochs_before=self.epochs_before, resumed_epoch_length=self.steps_per_epoch,
+                         resumed_from=self.step)
         loop.running_log.load_state_dict(self.running_log)
         if self.trained_whole_epoch and steps_per_epoch:
             loop.batch_index = steps_per_epoch
@@ -331,8 +332,10 @@ def restore_run(own: Checkpointer, resume_from: str | os.PathLike | None, state:
             messages.info(f"resume=True: no checkpoint in {checkpointer.directory} yet; training goes on from the "
                           f"model loaded from {loaded_from.directory}.")
             return None
-        warnings.warn(f"resume=True, but there is no checkpoint in {checkpointer.directory}: starting from scratch. "
-                      f"If you meant to continue a run, check the log_dir.", RuntimeWarning, stacklevel=4)
+        warnings.warn(f"resume=True, but there is no checkpoint in {checkpointer.directory}: a new run starts from "
+                      f"the trainer's current state (its model as built, or as your code set it: a restored "
+                      f"backbone), not from a checkpoint. If you meant to continue a run, check the log_dir.",
+                      RuntimeWarning, stacklevel=4)
         return None
     wanted_step = step_in_path(resume_from) if resume_from is not None else None
     if wanted_step is not None:
@@ -360,12 +363,25 @@ def restore_run(own: Checkpointer, resume_from: str | os.PathLike | None, state:
 
 
 def _place(meta: CheckpointMeta) -> str:
-    """Where in the run checkpoint ``meta`` was taken, in the run's epoch count: ``"the end of
-    epoch 4"``, ``"epoch 3, after batch 7"``."""
+    """Where in the run checkpoint ``meta`` was taken, in the run's epoch count (``num_epochs``', the
+    progress lines' and ``metrics.csv``'s): ``"the end of epoch 4"``, ``"epoch 3, after batch 7"``.
+    A model that trained epochs before the run (a fine-tune, an earlier ``train_model`` call) counts
+    its own too, as ``metrics/eval_epoch_<N>.json`` and ``set_epoch`` do: that is said beside.
+
+    Examples:
+        >>> _place(CheckpointMeta(step=24, epoch=1, epochs_before=2))
+        "the end of epoch 1; the model's epoch 3, after the 2 it trained before this run"
+        >>> _place(CheckpointMeta(step=20, epoch=3, phase="train", batch_index=4, steps_per_epoch=8))
+        'epoch 3, after batch 4'
+    """
     position = meta.loop_state()
     ended = meta.phase == "epoch_end" or bool(meta.steps_per_epoch) and meta.batch_index >= meta.steps_per_epoch
-    return f"the end of epoch {meta.epochs_before + meta.epoch}" if ended \
-        else f"epoch {meta.epochs_before + position.epoch}, after batch {position.batch_index}"
+    epoch = meta.epoch if ended else position.epoch
+    place = f"the end of epoch {epoch}" if ended else f"epoch {epoch}, after batch {position.batch_index}"
+    if not meta.epochs_before:
+        return place
+    return f"{place}; the model's epoch {meta.epochs_before + epoch}, after the {meta.epochs_before} it trained " \
+           f"before this run"
 
 
 def _stream_resume_message(step: int, position: LoopState, steps_per_epoch: int | None) -> str:

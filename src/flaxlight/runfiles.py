@@ -35,6 +35,7 @@ import numpy as np
 import yaml
 from flax import nnx
 
+from flaxlight import optim
 from flaxlight.checkpoint import Checkpointer
 from flaxlight.distributed import fit_mesh
 from flaxlight.export import INFO_FILE as EXPORT_INFO_FILE
@@ -62,6 +63,9 @@ DTYPES_KEY = "dtype_hparams"
 BY_NAME_KEY = "by_name_hparams"
 #: The keys of ``hparams.yaml`` that describe the settings rather than being settings.
 RECORD_KEYS = (ARRAYS_KEY, DTYPES_KEY, BY_NAME_KEY)
+#: Trainer settings ``hparams.yaml`` leaves out: they act when a trainer is built, before any run (the model
+#: table), so they say nothing of the run; ``load_from_checkpoint`` sets ``enable_model_summary=False`` itself.
+NOT_RECORDED = ("enable_model_summary",)
 #: Elements of an array in the hparams above which its values are not written (its summary is, with a warning).
 ARRAY_SIZE_LIMIT = 10_000
 CHECKPOINT_DIR = "checkpoints"
@@ -698,6 +702,7 @@ def hparams_record(config: Mapping[str, Any]) -> dict:
         >>> hparams_record({"seed": 1, "mean": np.zeros(2, np.float32)})["array_hparams"]
         [{'path': ['mean'], 'dtype': 'float32', 'shape': [2]}]
     """
+    config = {key: value for key, value in config.items() if key not in NOT_RECORDED}
     hparams, leaves = to_yaml_safe(config), _with_paths(config)
     for path, size, array in _large_arrays(leaves):
         warn_at_user(f"{HPARAMS_FILE}: {'.'.join(map(str, path))} is an array of {size:,} elements "
@@ -802,7 +807,7 @@ def check_shared_log_dir(logger_params: Mapping[str, Any] | None, fast_dev_run: 
 _LOCATION_KEYS = ("log_dir", "base_log_dir", "logger_name")  # logger_params that say where a run is, not how it trains
 
 
-def write_hparams(log_dir: str, config: Mapping[str, Any]) -> dict:
+def write_hparams(log_dir: str, config: Mapping[str, Any], resumed_from: int | None = None) -> dict:
     """Write ``config`` as ``<log_dir>/hparams.yaml`` (plain YAML) and return what was written (less
     its records, :data:`RECORD_KEYS`: the loggers get the settings). An
     earlier file that says otherwise (a resume with changed settings) is kept as
@@ -810,12 +815,17 @@ def write_hparams(log_dir: str, config: Mapping[str, Any]) -> dict:
     Where the run is (``logger_params``' ``log_dir``, ``base_log_dir``, ``logger_name``: a
     ``version_N`` run resumed by its folder, a moved run) is no setting: it alone changes nothing;
     nor are the records, which describe the settings, nor a dtype's spelling (``jax.numpy.float32``,
-    as the code before ``dtype_hparams`` wrote it, is ``float32``): such a file, of a run written
-    before, is brought up to date in place."""
+    as the code before ``dtype_hparams`` wrote it, is ``float32``), nor ``enable_model_summary``
+    (:data:`NOT_RECORDED`, which acts when a trainer is built only): such a file, of a run written
+    before, is brought up to date in place. ``resumed_from``: the step of the run's checkpoint the
+    trainer's state was restored from (its random keys too; None: not restored), so a ``seed`` other
+    than the run's changes none of them: the file keeps the run's, and that is said (:func:`_kept_seed`)."""
     hparams, path, earlier = hparams_record(config), os.path.join(log_dir, HPARAMS_FILE), {}
     if os.path.isfile(path):
         with open(path) as f:
             earlier = yaml.safe_load(f) or {}
+        if resumed_from is not None:
+            hparams = _kept_seed(earlier, hparams, resumed_from)
         changes = _changes(_without_location(_as_settings(earlier, hparams)), _without_location(_as_settings(hparams)))
         if not changes and _without_location(earlier) == _without_location(hparams):  # else: only spelled otherwise
             return _without_records(hparams)
@@ -839,9 +849,26 @@ def write_hparams(log_dir: str, config: Mapping[str, Any]) -> dict:
     return _without_records(hparams)
 
 
+def _kept_seed(earlier: Any, hparams: dict, step: int) -> dict:
+    """``hparams`` with the ``seed`` of the run's ``earlier`` file, where a resume from its checkpoint
+    ``step`` was given another (said): the run's random keys (its model's initialisation, dropout's)
+    go on from the checkpoint whatever the seed given, so the record keeps the run's seed."""
+    run_seed = earlier.get("seed") if isinstance(earlier, dict) else None
+    if run_seed is None or "seed" not in hparams or hparams["seed"] == run_seed:
+        return hparams
+    given = hparams["seed"]
+    messages.info(f"Resuming with seed={given!r}, the run's being seed={run_seed!r}: the run's random keys (its model's "
+                  f"initialisation, dropout's) go on from its checkpoint {step}, so seed={given!r} changes none of them, "
+                  f"and {HPARAMS_FILE} keeps the run's seed, {run_seed!r}. (Only training arrays given to train_model "
+                  f"itself, not a loader, are shuffled by the trainer's seed: pass seed={run_seed!r} to go on in the "
+                  f"run's order.)")
+    return {**hparams, "seed": run_seed}
+
+
 def _as_settings(hparams: Any, current: Mapping[str, Any] | None = None) -> Any:
     """``hparams`` (as a file holds them) as a resume compares them: less their records
-    (:data:`RECORD_KEYS`), which describe the settings, but with an array's dtype and shape (its
+    (:data:`RECORD_KEYS`), which describe the settings, and what is no setting of the run
+    (:data:`NOT_RECORDED`, in a file written before), but with an array's dtype and shape (its
     record's, :data:`ARRAYS_KEY`) beside its values. Given the ``current`` ones, a dtype they list
     (:data:`DTYPES_KEY`) that ``hparams`` spell as the code before that record did
     (``jax.numpy.float32``, ``numpy.int8``, ``dtype('int8')``) is spelled by its name, as now: the same setting.
@@ -860,7 +887,7 @@ def _as_settings(hparams: Any, current: Mapping[str, Any] | None = None) -> Any:
             "array": f"{record['dtype']}{record['shape']}", "values": values})
     for record in _valid_records((current or {}).get(DTYPES_KEY), {"path", "dtype"}):
         hparams = _at_path(hparams, record["path"], functools.partial(_respelled_dtype, name=record["dtype"]))
-    return _without_records(hparams)
+    return {key: value for key, value in _without_records(hparams).items() if key not in NOT_RECORDED}
 
 
 _OLD_DTYPE_SPELLING = re.compile(r"(?:jax\.numpy|numpy|ml_dtypes)\.(\w+)|dtype\('?(\w+)'?\)")
@@ -1055,6 +1082,9 @@ def trainer_kwargs(trainer_class: type, run: str | os.PathLike, which: str,
     hparams["logger_params"] = {**(hparams.get("logger_params") or {}), "log_dir": log_dir,
                                 **(overrides.get("logger_params") or {})}
     hparams["enable_model_summary"] = False  # an override can ask for the table
+    if "optimizer_hparams" in overrides:  # they replace the run's whole: what of the run's that leaves out is said
+        _say_optimizer_left_out(trainer_class.__name__, log_dir, hparams.get("optimizer_hparams"),
+                                overrides["optimizer_hparams"])
     if "mesh" in hparams:  # the run's mesh, fitted to the devices here, unless mesh= or distributed= is given
         hparams["mesh"] = None if {"mesh", "distributed"} & set(overrides) else fit_mesh(hparams["mesh"])
         if hparams["mesh"] is None and not {"mesh", "distributed"} & set(overrides):
@@ -1071,6 +1101,44 @@ def trainer_kwargs(trainer_class: type, run: str | os.PathLike, which: str,
         hparams.update(model_hparams)
     kwargs = {**hparams, **{key: value for key, value in overrides.items() if key != "logger_params"}}
     return _check_by_name(trainer_class, os.fspath(run), saved, kwargs, nested)
+
+
+#: The run's optimizer settings that its train step applies, which an optimizer function or transformation cannot carry.
+_STEP_SETTINGS = {"precision": "fp32", "freeze": []}
+
+
+def _say_optimizer_left_out(owner: str, log_dir: str, saved: Any, given: Any) -> None:
+    """Say (info) which of the run's optimizer settings (``saved``, as its ``hparams.yaml`` records
+    them) the ``optimizer_hparams`` given to ``load_from_checkpoint`` leave out, as they replace the
+    run's whole (Keras' ``compile(optimizer=...)``): each key of the run's that ``given`` does not
+    name and whose value differs from what ``given`` resolves to, with both values, and how to keep
+    them. An optimizer function or transformation given: the run's ``precision`` and ``freeze``
+    (:data:`_STEP_SETTINGS`), which only the dict form sets."""
+    if not isinstance(saved, Mapping) or "ready_optax" in saved:  # the run's optimizer was no dict either
+        return
+    config = optim.as_optimizer_config(given)
+    if config is None:
+        dropped = [f"{key}={saved[key]!r}" for key, default in _STEP_SETTINGS.items()
+                   if saved.get(key, default) != default]
+        if dropped:
+            messages.info(f"{owner}.load_from_checkpoint: optimizer_hparams={to_yaml_safe(given)!r}, an optimizer of "
+                          f"yours, replace the run's optimizer settings whole: its {', '.join(dropped)} do not carry "
+                          f"over (only the dict form sets them: this run computes in float32 and freezes only what "
+                          f"your optimizer does, e.g. a group of optax.set_to_zero()).")
+        return
+    named, now = optim.named_settings(given), optim.recorded_optimizer(config)
+    left_out = [key for key, value in saved.items() if key not in named and now.get(key, _STEP_SETTINGS.get(key)) != value]
+    if not left_out:
+        return
+    left_out.sort(key=lambda key: key not in _STEP_SETTINGS)  # precision and freeze first: a new dict drops them most
+    now = {**_STEP_SETTINGS, **now}  # a record leaves an empty freeze out
+    shown = ", ".join(f"{key}={saved[key]!r} (now {now[key]!r})" if key in now else f"{key}={saved[key]!r} (now not set)"
+                      for key in left_out)
+    again = ", ".join(f"{key!r}: {value!r}" for key, value in given.items()) if isinstance(given, Mapping) else "..."
+    messages.info(f"{owner}.load_from_checkpoint: optimizer_hparams replace the run's optimizer settings whole, so "
+                  f"these of the run's are left out: {shown}; this run's optimizer: {config.describe()}. To keep "
+                  f"them, give them again, or start from the run's: old = yaml.safe_load(open("
+                  f"{os.path.join(log_dir, HPARAMS_FILE)!r}))['optimizer_hparams']; optimizer_hparams={{**old, {again}}}.")
 
 
 def _without_unread(hparams: dict, declared: set[str]) -> dict:

@@ -434,7 +434,7 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
 
     def _write_hparams(self) -> None:
         if not self._hparams_written:
-            self.logger.log_hyperparams(runfiles.write_hparams(self.log_dir, self.config))
+            self.logger.log_hyperparams(runfiles.write_hparams(self.log_dir, self.config, self._loop.resumed_from))
             self._hparams_written = True
 
     def save_metrics(self, filename: str, metrics: Mapping[str, float]) -> None:
