@@ -3,6 +3,7 @@
 import csv
 import os
 import sys
+import warnings
 
 import jax.numpy as jnp
 import numpy as np
@@ -224,13 +225,13 @@ def test_model_checkpoint_mode_decides_which_checkpoint_is_best(tmp_path, regres
 
 
 class NaNAfterStep(RegressTrainer):
-    """The loss becomes NaN from optimizer step ``nan_from`` on."""
+    """The loss becomes NaN from optimizer step ``nan_from`` on, and its gradient too (the params go NaN)."""
 
     nan_from = 10
 
     def loss_fn(self, params, batch, *, train, rng, state):
         loss, aux = super().loss_fn(params, batch, train=train, rng=rng, state=state)
-        return jnp.where(state.step >= self.nan_from, jnp.nan, loss), aux
+        return loss * jnp.where(state.step >= self.nan_from, jnp.nan, 1.0), aux
 
 
 def test_nan_guard_stops_and_keeps_the_good_checkpoints(tmp_path, regression_loaders, capsys):
@@ -257,6 +258,45 @@ def test_nan_guard_skip_leaves_params_untouched_by_bad_steps(tmp_path, regressio
     trainer.train_model(train, None, num_epochs=1)  # every step of this run is non-finite
     jax.tree.map(np.testing.assert_array_equal, jax.device_get(trainer.state.params), params_after_epoch_1)
     assert int(trainer.state.step) == 16 and trainer.nonfinite_steps == 8  # skipped, but counted
+
+
+class NaNLossAtStep(RegressTrainer):
+    """One bad batch: the loss of the 6th step (state.step 5) is NaN, its gradient zero (the params stay finite)."""
+
+    def loss_fn(self, params, batch, *, train, rng, state):
+        loss, aux = super().loss_fn(params, batch, train=train, rng=rng, state=state)
+        return jnp.where(train & (state.step == 5), jnp.nan, loss), aux
+
+
+def test_a_nan_loss_with_a_finite_state_is_saved_said_once_and_advises_checking_the_data(tmp_path, regression_loaders,
+                                                                                           capsys):
+    """A bad batch (a label out of range) made one step's loss NaN while the model stayed finite: every save
+    was refused ("the model is damaged") and the run ended with no checkpoint; NaNGuard advised a lower
+    learning rate, and its "skip" dropped the step without a word."""
+    train, val, _ = regression_loaders
+    trainer = _trainer(tmp_path / "plain", NaNLossAtStep, log_every_n_steps=2,
+                       callbacks=[ModelCheckpoint(every_n_epochs=1, save_top_k=-1)])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.train_model(train, val, num_epochs=2)
+    said = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
+    assert len(said) == 1 and "Not saving" not in said[0], said
+    assert said[0].startswith("The loss was NaN/Inf in 1 step(s) of this run, the first between steps 5 and 6 "
+                              "(epoch 1, batches 5-6), but the parameters and the optimizer state stayed finite")
+    assert "check the data for labels out of range" in said[0]
+    assert sorted(int(s) for s in os.listdir(tmp_path / "plain" / "run" / "checkpoints")) == [8, 16]
+    NaNLossAtStep.load_from_checkpoint(tmp_path / "plain" / "run", exmp_input=X0)
+
+    stopping = _trainer(tmp_path / "stop", NaNLossAtStep, log_every_n_steps=2, callbacks=[NaNGuard()])
+    stopping.train_model(train, val, num_epochs=2)
+    assert "NaNGuard: the loss was NaN/Inf" in stopping.stop_reason
+    assert "still finite" in stopping.stop_reason and "check the data" in stopping.stop_reason
+
+    capsys.readouterr()
+    _trainer(tmp_path / "skip", NaNLossAtStep, callbacks=[NaNGuard(action="skip")]).train_model(train, val, num_epochs=2)
+    err = capsys.readouterr().err
+    assert err.count("NaNGuard(action='skip') skipped") == 1  # once per epoch that had any
+    assert "skipped 1 step(s) in epoch 1 (1 in all, up to step 8)" in err and "check the data" in err
 
 
 def test_max_time_stops_training(tmp_path, regression_loaders, capsys):

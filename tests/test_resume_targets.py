@@ -166,11 +166,11 @@ def test_a_stream_resumed_with_a_larger_max_steps_is_not_taken_for_another_batch
 
 # ------------------------------------------------------------------------------------ interrupts and failed writes
 class NaNFrom(RegressTrainer):
-    """The loss turns NaN from step 10 on; SIGTERM arrives after step 14."""
+    """The loss (and its gradient: the params) turns NaN from step 10 on; SIGTERM arrives after step 14."""
 
     def loss_fn(self, params, batch, *, train, rng, state):
         loss, aux = super().loss_fn(params, batch, train=train, rng=rng, state=state)
-        return jnp.where(state.step >= 10, jnp.nan, loss), aux
+        return loss * jnp.where(state.step >= 10, jnp.nan, 1.0), aux
 
 
 def test_sigterm_after_a_nan_step_says_which_checkpoint_is_on_disk_not_that_it_saved_one(tmp_path, capsys):
@@ -180,8 +180,8 @@ def test_sigterm_after_a_nan_step_says_which_checkpoint_is_on_disk_not_that_it_s
         trainer.train_model(*_loaders(), num_epochs=3)
     said = capsys.readouterr().err
     assert stopped.value.code == 128 + signal.SIGTERM
-    assert "SIGTERM received: stopped after step 14 (epoch 2). No checkpoint of step 14 was saved: the loss or the " \
-           "parameters were NaN/Inf" in said
+    assert "SIGTERM received: stopped after step 14 (epoch 2). No checkpoint of step 14 was saved: the parameters and the " \
+           "optimizer state hold NaN/Inf; the loss was NaN/Inf in 4 step(s), the first between steps 9 and 14" in said
     assert f"The newest checkpoint in {run / 'checkpoints'} is step 8: a resume continues from there." in said
     assert "saved a checkpoint" not in said and _steps(run / "checkpoints") == [8]
 

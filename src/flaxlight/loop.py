@@ -211,31 +211,92 @@ class LoopState:
 
 
 class NonfiniteTally:
-    """Host copy of how many steps had a non-finite loss, as of ``checked_step``."""
+    """Host copy of how many steps had a non-finite loss, as of ``checked_step``, and where the
+    first was first seen: between two reads of the device count (log points, validations, epoch
+    ends), so no step pays a host sync for it."""
 
     def __init__(self):
         self.steps, self.checked_step, self.before_epoch = 0, 0, 0
+        self.epoch, self.epoch_start = None, None  # this run's epoch and the step it began after
+        self.first_seen: tuple | None = None  # the first's (after step, by step, epoch, the epoch's start step)
+        self.said = False  # a non-finite loss with a finite state was said (once a run)
 
-    def start_epoch(self) -> None:
-        self.before_epoch = self.steps
+    def start_epoch(self, epoch: int | None = None, step: int | None = None) -> None:
+        self.before_epoch, self.epoch, self.epoch_start = self.steps, epoch, step
 
     def note(self, step: int, count_in_epoch: int) -> None:
-        self.checked_step = step
-        self.steps = max(self.steps, self.before_epoch + count_in_epoch)
+        steps = max(self.steps, self.before_epoch + count_in_epoch)
+        if steps > 0 and self.steps == 0:
+            self.first_seen = (min(self.checked_step, step - 1), step, self.epoch, self.epoch_start)
+        self.checked_step, self.steps = step, steps
 
     def now(self, loop: "LoopState") -> int:
         """Non-finite steps so far, reading the epoch's device count now (only when saving)."""
         current = int(to_host(loop.acc["totals"]).nonfinite) if loop.acc is not None and loop.phase == "train" else 0
         return max(self.steps, self.before_epoch + current)
 
-    def damage(self, loop: "LoopState", params: Any, skipped: bool) -> str | None:
-        """Why the state must not be checkpointed now, or None: a non-finite loss in this run (unless
-        ``skipped``: ``NaNGuard(action="skip")`` applied none of those steps) or non-finite
-        ``params`` (one small device read)."""
-        nonfinite = 0 if skipped else self.now(loop)
-        if nonfinite > 0 or not bool(finite_now(params)):
-            return f"the loss or the parameters were NaN/Inf (in {nonfinite} step(s)), so the model is damaged"
+    def _seen(self, loop: "LoopState", step: int | None) -> int:
+        """:meth:`now`, noting where the first was seen when this read is the first to find one."""
+        nonfinite = self.now(loop)
+        if nonfinite > 0 and self.steps == 0 and self.first_seen is None and step is not None:
+            self.first_seen = (min(self.checked_step, step - 1), step, self.epoch, self.epoch_start)
+        return nonfinite
+
+    def where_first(self) -> str:
+        """Where the first non-finite step was seen, for people: ``step 6`` or ``between steps 1 and
+        14 (epoch 1, batches 1-14)`` (the count is read at log points and epoch ends only)."""
+        if self.first_seen is None:  # counted before a resume
+            return f"at or before step {self.checked_step}"
+        after, by, epoch, epoch_start = self.first_seen
+        where = f"step {by}" if by == after + 1 else f"between steps {after + 1} and {by}"
+        if epoch is not None and epoch_start is not None and after >= epoch_start:
+            first, last = after + 1 - epoch_start, by - epoch_start
+            where += f" (epoch {epoch}, batch {last})" if first == last else f" (epoch {epoch}, batches {first}-{last})"
+        elif epoch is not None:
+            where += f" (epoch {epoch})"
+        return where
+
+    def damage(self, loop: "LoopState", state: Any, guard: str | None = None, step: int | None = None) -> str | None:
+        """Why ``state`` must not be checkpointed now, or None: its parameters, optimizer state or batch
+        statistics hold NaN/Inf (one small device read, at save time only). A non-finite loss with a
+        finite state does not stop the save: without a ``NaNGuard`` (``guard``, its action, which says
+        its own) a warning says it once per run, with the count, where the first was seen (up to
+        ``step``) and the likely cause (a bad batch)."""
+        parts = nonfinite_parts(state)
+        if parts:
+            nonfinite = self._seen(loop, step)
+            loss = f"; the loss was NaN/Inf in {nonfinite} step(s), the first {self.where_first()}" if nonfinite else ""
+            return (f"the {' and the '.join(parts)} hold NaN/Inf{loss}, so the model is damaged (the training "
+                    f"diverged: lower the learning rate, clip gradients, or check the data)")
+        if guard is None and not self.said:
+            nonfinite = self._seen(loop, step)
+            if nonfinite > 0:
+                self.said = True
+                warnings.warn(
+                    f"The loss was NaN/Inf in {nonfinite} step(s) of this run, the first {self.where_first()}, "
+                    f"but the parameters and the optimizer state stayed finite, so checkpoints are saved. A finite "
+                    f"model with a NaN loss usually means a bad batch: check the data for labels out of range "
+                    f"(a class index >= num_classes) or NaN/Inf inputs. Those steps' NaN shows in the train means; "
+                    f"trainer.nonfinite_steps counts them. NaNGuard(action='skip') leaves such steps out, "
+                    f"NaNGuard() stops at the first (set log_every_n_steps=1 to see its exact step).",
+                    RuntimeWarning, stacklevel=3)
         return None
+
+
+def nonfinite_parts(state: Any) -> list[str]:
+    """Which of ``state``'s parameters, optimizer state and batch statistics hold NaN/Inf (empty: none):
+    one jitted reduction, and one per part only when it found one.
+
+    Examples:
+        >>> import types, jax.numpy as jnp
+        >>> nonfinite_parts(types.SimpleNamespace(params={"w": jnp.ones(2)}, opt_state=(jnp.array([jnp.nan]),)))
+        ['optimizer state']
+    """
+    named = {"parameters": getattr(state, "params", state), "optimizer state": getattr(state, "opt_state", None),
+             "batch statistics": getattr(state, "batch_stats", None)}
+    if bool(finite_now(tuple(named.values()))):
+        return []
+    return [name for name, part in named.items() if not bool(finite_now(part))]
 
 
 # What to tell a user whose run was interrupted, when the caller knows better than "resume it" (tune).

@@ -309,7 +309,7 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
         start, loop = time.time(), self._loop
         if loop.phase != "train":  # a fresh epoch (not the rest of one interrupted mid-way)
             loop.start_epoch()
-            self._nonfinite.start_epoch()
+            self._nonfinite.start_epoch(loop.epoch, self.global_step)
         self._run_owed_events()  # resumed from an interrupt that came before its step's events (they may stop)
         length = self.steps_per_epoch if self.steps_per_epoch is not None else safe_len(train_loader)
         stop = loop.batch_index if self._stopping() else epoch_stop(length, loop.batch_index, self.global_step,
@@ -449,7 +449,7 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
         returns and written in the background; a non-finite state is not saved (a warning says why). An override
         not calling it saves its own way, at new best models only, as the UvA guide's (:attr:`own_checkpoints`)."""
         step, self._saved_by_flaxlight = (self.global_step if step is None else int(step)), True
-        self._unsaved = self._nonfinite.damage(self._loop, self.state.params, self._nonfinite_guard() == "skip")
+        self._unsaved = self._nonfinite.damage(self._loop, self.state, self._nonfinite_guard(), step)
         if self._unsaved:  # an interrupt's message says it again
             warnings.warn(f"Not saving checkpoint {step}: {self._unsaved}; the earlier checkpoints are kept.",
                           RuntimeWarning, stacklevel=2)
