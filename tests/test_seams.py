@@ -472,5 +472,6 @@ def test_the_resume_message_names_the_epoch_the_checkpoint_ended(tmp_path, regre
     trainer.train_model(train, val, num_epochs=2)
     assert (tmp_path / "run" / "metrics" / "eval_epoch_004.json").is_file()
     _build(RegressTrainer, tmp_path).train_model(train, val, num_epochs=5, resume=True)
-    assert _infos(flaxlight_messages)[0].endswith(
+    resumed = [line for line in _infos(flaxlight_messages) if line.startswith("Resumed from checkpoint")]
+    assert len(resumed) == 1 and resumed[0].endswith(
         "(the end of epoch 2; the model's epoch 4, after the 2 it trained before this run).")
