@@ -113,7 +113,8 @@ class _SaidReadErrors(logging.Filter):
         if not str(record.msg).startswith(_NEVER_RETRIEVED) or not (_FAILED_READS or _READING):
             return True
         text = f"{record.getMessage()} {record.exc_info[1] if record.exc_info else ''}"
-        return not any(folder in text for folder in _FAILED_READS | _READING)
+        # a read's DATA_LOSS while a restore fails (or failed) here: the DamagedCheckpointError says it
+        return not (any(folder in text for folder in _FAILED_READS | _READING) or "DATA_LOSS" in text)
 
 
 def _abstract(tree):
