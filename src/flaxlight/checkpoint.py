@@ -134,8 +134,13 @@ def _typed_like(restored, target):
                         else r, restored, target)
 
 
-def _flat_shapes(tree) -> dict[str, tuple]:
-    """``{"Dense_0/kernel": (4, 8), ...}`` for a tree of arrays or orbax array metadata."""
+def flat_shapes(tree) -> dict[str, tuple]:
+    """``{"Dense_0/kernel": (4, 8), ...}`` for a tree of arrays or orbax array metadata.
+
+    Examples:
+        >>> flat_shapes({"Dense_0": {"kernel": np.zeros((4, 8)), "bias": np.zeros(8)}})
+        {'Dense_0/bias': (8,), 'Dense_0/kernel': (4, 8)}
+    """
     flat = {}
     for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
         name = "/".join(str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path)
@@ -144,9 +149,14 @@ def _flat_shapes(tree) -> dict[str, tuple]:
     return flat
 
 
-def _param_differences(saved: dict[str, tuple], wanted: dict[str, tuple]) -> dict[str, tuple]:
+def param_differences(saved: dict[str, tuple], wanted: dict[str, tuple]) -> dict[str, tuple]:
     """``{path: (checkpoint shape, model shape)}`` for every parameter path whose shape differs
-    (None: the path is missing there); empty when nothing was saved to compare with."""
+    (None: the path is missing there); empty when nothing was saved to compare with.
+
+    Examples:
+        >>> param_differences({"a": (4, 8), "b": (8,)}, {"a": (4, 16), "b": (8,), "c": (2,)})
+        {'a': ((4, 8), (4, 16)), 'c': (None, (2,))}
+    """
     return {path: (saved.get(path), wanted.get(path)) for path in sorted(set(saved) | set(wanted)) if saved
             and saved.get(path) != wanted.get(path)}
 
@@ -563,8 +573,8 @@ class Checkpointer:
         mismatch = self.describe_mismatch(target, step)
         if mismatch and "different model" in mismatch:
             saved = self._saved_metadata(step) or {}
-            raise ModelMismatchError(mismatch, shapes=_param_differences(_flat_shapes(saved.get("params", {})),
-                                                                         _flat_shapes(target.params)))
+            raise ModelMismatchError(mismatch, shapes=param_differences(flat_shapes(saved.get("params", {})),
+                                                                         flat_shapes(target.params)))
         if mismatch:
             raise ValueError(mismatch)
 
@@ -583,7 +593,7 @@ class Checkpointer:
         saved = self._saved_metadata(step)
         if saved is None or target.opt_state is None or saved.get("opt_state") is None:
             return None
-        got, want = set(_flat_shapes(saved["opt_state"])), set(_flat_shapes(_key_data(target.opt_state)))
+        got, want = set(flat_shapes(saved["opt_state"])), set(flat_shapes(_key_data(target.opt_state)))
         if got == want:
             return None
         return (f"Checkpoint {step} in {self.directory} holds the state of a differently grouped optimizer (its "
@@ -600,14 +610,14 @@ class Checkpointer:
         saved = self._saved_metadata(step)
         if saved is None:
             return None
-        wanted = _flat_shapes(target.params)
-        differences = _param_differences(_flat_shapes(saved.get("params", {})), wanted)
+        wanted = flat_shapes(target.params)
+        differences = param_differences(flat_shapes(saved.get("params", {})), wanted)
         if differences:
             return _different_model_message(f"Checkpoint {step} in {self.directory}", differences, list(wanted), limit)
         if target.opt_state is None or saved.get("opt_state") is None:
             return None
-        got = sorted(_flat_shapes(saved["opt_state"]).values())
-        want = sorted(_flat_shapes(_key_data(target.opt_state)).values())
+        got = sorted(flat_shapes(saved["opt_state"]).values())
+        want = sorted(flat_shapes(_key_data(target.opt_state)).values())
         if got != want:
             return (f"Checkpoint {step} in {self.directory} holds the state of a different optimizer ({len(got)} "
                     f"arrays; the optimizer built now has {len(want)}): optimizer_hparams changed (optimizer, "

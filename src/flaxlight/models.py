@@ -144,11 +144,11 @@ def _check_hparams(model_class, model_hparams: Mapping[str, Any], accepted: Sequ
         )
 
 
-def _shapes_text(inputs: Sequence[Any]) -> str:
+def shapes_text(inputs: Sequence[Any]) -> str:
     """``"an array of shape (1, 8, 8)"``, or for several inputs (or a pytree) each one's shapes.
 
     Examples:
-        >>> _shapes_text([np.zeros((1, 8))]), _shapes_text([np.zeros((1, 8)), np.zeros((1, 3))])
+        >>> shapes_text([np.zeros((1, 8))]), shapes_text([np.zeros((1, 8)), np.zeros((1, 3))])
         ('an array of shape (1, 8)', 'inputs of shapes (1, 8), (1, 3)')
     """
     def shapes(value) -> str:
@@ -165,7 +165,7 @@ def _shapes_text(inputs: Sequence[Any]) -> str:
 
 # What a model may raise when the example input does not fit it (a shape, a rank, a size): these get
 # a note with what flaxlight knows (the model, its hparams, exmp_input); any other error is left as it is.
-_FIT_ERRORS = (TypeError, ValueError, IndexError, AssertionError, flax.errors.FlaxError)
+MODEL_FIT_ERRORS = (TypeError, ValueError, IndexError, AssertionError, flax.errors.FlaxError)
 
 
 def note_unfit_example(exc: Exception, model_name: str, model_hparams: Mapping[str, Any], inputs: Sequence[Any],
@@ -181,10 +181,10 @@ def note_unfit_example(exc: Exception, model_name: str, model_hparams: Mapping[s
         >>> error.__notes__[0][:80]
         'flaxlight: MLP(din=3) cannot be called on exmp_input (an array of shape (1, 4)),'
     """
-    if not isinstance(exc, _FIT_ERRORS):
+    if not isinstance(exc, MODEL_FIT_ERRORS):
         return
     hparams = ", ".join(f"{key}={value!r:.60}" for key, value in model_hparams.items())
-    exc.add_note(f"flaxlight: {model_name}({hparams}) cannot be called on exmp_input ({_shapes_text(inputs)}), as the "
+    exc.add_note(f"flaxlight: {model_name}({hparams}) cannot be called on exmp_input ({shapes_text(inputs)}), as the "
                  f"trainer does when it is built ({how}): the error above. If it is about a shape: {advice} exmp_input "
                  f"must be one batch of the model's inputs, batch axis first (x[:1], not x[0]).")
 
@@ -577,7 +577,7 @@ class NNXAdapter:
         try:
             _traced_on(lambda *xs: self.apply(variables, *xs, train=False), inputs)
         except Exception as exc:
-            if not isinstance(exc, _FIT_ERRORS) or not self._called_as_trained(inputs):
+            if not isinstance(exc, MODEL_FIT_ERRORS) or not self._called_as_trained(inputs):
                 return variables  # no shape error (call-time rngs it draws from), or called otherwise by the loss
             call = ", ".join(["*exmp_input", *(f"{k}={v}" for k, v in mode_kwargs(self.mode_argument, False).items())])
             note_unfit_example(exc, self.model_class.__name__, self.model_hparams, inputs,

@@ -1086,26 +1086,32 @@ def track_params_ema(decay: float) -> optax.GradientTransformation:
     return optax.GradientTransformation(init_fn, update_fn)
 
 
-def _find(tree, cls) -> list:
+def find_states(tree, cls) -> list:
     """Every ``cls`` instance inside an optimizer state (namedtuples, tuples, lists, dicts), a
     dict's in the order of its sorted keys: jax's, so that the order is the same inside ``jit``
-    (where a dict comes back sorted) as outside (``multi_transform``'s groups, in the user's order)."""
+    (where a dict comes back sorted) as outside (``multi_transform``'s groups, in the user's order).
+
+    Examples:
+        >>> len(find_states(optax.chain(optax.adam(1e-3), optax.add_decayed_weights(1e-4)).init({"w": jnp.zeros(2)}),
+        ...                 optax.ScaleByAdamState))
+        1
+    """
     if isinstance(tree, cls):
         return [tree]
     if isinstance(tree, (tuple, list)):
-        return [found for item in tree for found in _find(item, cls)]
+        return [found for item in tree for found in find_states(item, cls)]
     if isinstance(tree, Mapping):
         try:
             keys = sorted(tree)
         except TypeError:  # keys of mixed types: as given
             keys = list(tree)
-        return [found for key in keys for found in _find(tree[key], cls)]
+        return [found for key in keys for found in find_states(tree[key], cls)]
     return []
 
 
 #: The names an ``optax.inject_hyperparams`` state may give the learning rate (optax's own: the first).
 RATE_NAMES = ("learning_rate", "lr", "step_size")
-_INJECT_STATES = tuple(getattr(optax, name) for name in ("InjectHyperparamsState", "InjectStatefulHyperparamsState")
+INJECT_STATES = tuple(getattr(optax, name) for name in ("InjectHyperparamsState", "InjectStatefulHyperparamsState")
                        if hasattr(optax, name))
 
 
@@ -1126,7 +1132,7 @@ def ema_params(state_or_opt_state, params: Any = None) -> Any | None:
     Examples:
         >>> eval_params = ema_params(state)     # doctest: +SKIP
     """
-    found = _find(_opt_state(state_or_opt_state), ParamsEmaState)
+    found = find_states(_opt_state(state_or_opt_state), ParamsEmaState)
     if not found:
         return None
     averages = [state.ema for state in found]
@@ -1166,18 +1172,18 @@ def current_learning_rate(state_or_opt_state) -> jax.Array | None:
         >>> metrics = {"lr": current_learning_rate(state)}     # doctest: +SKIP
     """
     opt_state = _opt_state(state_or_opt_state)
-    recorded = _find(opt_state, LearningRateState)
+    recorded = find_states(opt_state, LearningRateState)
     rate = recorded[0].learning_rate if recorded else _next_injected_rate(state_or_opt_state)
     if rate is None:
         return None
-    for plateau in _find(opt_state, optax.contrib.ReduceLROnPlateauState):
+    for plateau in find_states(opt_state, optax.contrib.ReduceLROnPlateauState):
         rate = rate * plateau.scale
     return rate
 
 
 def _next_injected_rate(state_or_opt_state) -> jax.Array | None:
     """The rate of the next update from the first ``optax.inject_hyperparams`` state that holds one."""
-    injected = _find(_opt_state(state_or_opt_state), _INJECT_STATES)
+    injected = find_states(_opt_state(state_or_opt_state), INJECT_STATES)
     found = next(((index, name) for index, state in enumerate(injected) for name in RATE_NAMES
                   if name in state.hyperparams), None)
     if found is None:
@@ -1189,15 +1195,15 @@ def _next_injected_rate(state_or_opt_state) -> jax.Array | None:
         # a number (the same for every update), a stateful schedule (its next value needs the next
         # loss), or no transformation to ask: the value optax stored
         return jnp.asarray(injected[index].hyperparams[name], jnp.float32)
-    return _rate_after_one_more_update(tx, state_or_opt_state.opt_state, state_or_opt_state.params, index, name)
+    return rate_after_one_more_update(tx, state_or_opt_state.opt_state, state_or_opt_state.params, index, name)
 
 
-#: The most mini-steps :func:`_rate_after_one_more_update` runs to reach an ``optax.MultiSteps``' next update.
+#: The most mini-steps :func:`rate_after_one_more_update` runs to reach an ``optax.MultiSteps``' next update.
 _MAX_ACCUMULATION = 4096
 
 
 @functools.partial(jax.jit, static_argnums=(0, 3, 4))
-def _rate_after_one_more_update(tx, opt_state, params, index: int, name: str) -> jax.Array:
+def rate_after_one_more_update(tx, opt_state, params, index: int, name: str) -> jax.Array:
     """The schedule's value for the next update as ``tx`` computes it: an update with zero
     gradients of which only that value is kept, so XLA drops the rest (no optimizer work). Inside
     ``optax.MultiSteps``, where a mini-step that completes no update leaves the inner state as
@@ -1217,10 +1223,10 @@ def _rate_after_one_more_update(tx, opt_state, params, index: int, name: str) ->
         return tx.update(zeros, state, params)[1]
 
     def injected(state):
-        return _find(state, _INJECT_STATES)[index]
+        return find_states(state, INJECT_STATES)[index]
 
     new_state = update(opt_state)
-    if _find(opt_state, optax.MultiStepsState):
+    if find_states(opt_state, optax.MultiStepsState):
         counted = injected(opt_state).count
         new_state, _ = jax.lax.while_loop(
             lambda carry: (injected(carry[0]).count == counted) & (carry[1] < _MAX_ACCUMULATION),

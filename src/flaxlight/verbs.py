@@ -28,16 +28,16 @@ import numpy as np
 
 from flaxlight import distributed as dist
 from flaxlight import resume, runfiles
-from flaxlight.checkpoint import ModelMismatchError, _flat_shapes, _param_differences
+from flaxlight.checkpoint import ModelMismatchError, flat_shapes, param_differences
 from flaxlight.data import ArrayLoader, as_input_list, as_loader
 from flaxlight.messages import logger as messages, warn_at_user
 from flaxlight.metrics import batch_size as examples_in, deliberate_reads
-from flaxlight.models import _FIT_ERRORS, _shapes_text
+from flaxlight.models import MODEL_FIT_ERRORS, shapes_text
 from flaxlight.optim import PRECISIONS, as_optimizer_config, ema_params
 from flaxlight.options import TRAINER_ARGUMENTS, foreign_method_message
 from flaxlight.registry import explicit_parameters
 from flaxlight.step import computing_state, step_owner
-from flaxlight.view import _is_flaxlights, refuse_deleted_arrays, writes_own_checkpoints
+from flaxlight.view import is_flaxlights_own, refuse_deleted_arrays, writes_own_checkpoints
 
 __all__ = ["TrainerVerbsMixin", "LIGHTNING_MODULE_METHODS", "warn_lightning_module_methods"]
 
@@ -236,7 +236,7 @@ def warn_lightning_module_methods(cls: type) -> None:
     """
     for name, instead in LIGHTNING_MODULE_METHODS.items():
         owner = next((klass for klass in cls.__mro__ if name in vars(klass)), None)
-        if owner is None or _is_flaxlights(owner) or not callable(getattr(cls, name)):
+        if owner is None or is_flaxlights_own(owner) or not callable(getattr(cls, name)):
             continue
         said = _SAID_LIGHTNING_METHODS.setdefault(owner, set())
         if name in said:  # a trainer of this class, or of another that inherits the method, was built
@@ -318,7 +318,7 @@ class TrainerVerbsMixin:
         guide's pair, :func:`~flaxlight.view.writes_own_checkpoints`): the trainer rebuilt from
         ``hparams.yaml``, its best model restored by its ``load_model()``."""
         name = cls.__name__
-        if _is_flaxlights(cls.load_model):
+        if is_flaxlights_own(cls.load_model):
             raise FileNotFoundError(f"No checkpoint of flaxlight's in {os.path.join(run, runfiles.CHECKPOINT_DIR)}: "
                                     f"{name}.save_model writes checkpoints of its own (it does not call "
                                     f"super().save_model(step)), which flaxlight cannot read. Override "
@@ -469,7 +469,7 @@ class TrainerVerbsMixin:
         elif which != "current" and self.own_checkpoints and not source.all_steps():
             self._load_own_best(which, "the test")
         elif which != "current" and source.all_steps():
-            own_load = not _is_flaxlights(type(self).load_model)  # a seam of the user's
+            own_load = not is_flaxlights_own(type(self).load_model)  # a seam of the user's
             if self.state.opt_state is None and not own_load:  # loaded for inference: served as loaded (the EMA)
                 self.state = self._state_for(which).replace(opt_state=None)
             elif source is not self.checkpointer:  # loaded from another run's folder, with its optimizer
@@ -558,7 +558,7 @@ class TrainerVerbsMixin:
             if len(example) == 1:  # one input: the artifact is called as f(x)
                 return export_forward(lambda x: forward((x,)), example[0], path, **options)
             return export_forward(forward, example, path, several_inputs=True, **options)
-        except _FIT_ERRORS as exc:
+        except MODEL_FIT_ERRORS as exc:
             message = self._unfit_exmp_input_message(forward, state, example, exc)
             if message is None:  # exmp_input is as the trainer was built: the model's own error
                 raise
@@ -579,7 +579,7 @@ class TrainerVerbsMixin:
         now and then, the parameters that differ (a Linen model's, shaped from its input), the
         model's error, and the way on. None when ``exmp_input`` is shaped as it was (the model's own
         error) or the model takes it (the error is another one's: a symbolic batch size)."""
-        built, now = getattr(self, "_built_from", None), _shapes_text(as_input_list(self.exmp_input))
+        built, now = getattr(self, "_built_from", None), shapes_text(as_input_list(self.exmp_input))
         if built is None or built == now:
             return None
         try:
@@ -614,8 +614,8 @@ class TrainerVerbsMixin:
         ``exmp_input`` of several elements, which of them it gave the model is noted: the UvA guide's
         classifier passes a whole ``(imgs, labels)`` batch and unpacks ``imgs, _ = exmp_input``, so
         ``predict`` and ``export`` feed the model ``imgs`` only (:func:`_inputs_given`)."""
-        self._model_input_count, self._built_from = None, _shapes_text(exmp_inputs)  # export's check
-        if _is_flaxlights(type(self).run_model_init) or self.model_adapter.kind != "linen" or len(exmp_inputs) < 2:
+        self._model_input_count, self._built_from = None, shapes_text(exmp_inputs)  # export's check
+        if is_flaxlights_own(type(self).run_model_init) or self.model_adapter.kind != "linen" or len(exmp_inputs) < 2:
             return self.run_model_init(exmp_inputs, init_rng)
         calls = []
 
@@ -633,7 +633,7 @@ class TrainerVerbsMixin:
         """What to do when ``exmp_input`` may be a whole ``(inputs, labels)`` batch that flaxlight
         could not split (its elements all taken as model inputs); "" when that cannot be it."""
         count = len(as_input_list(self.exmp_input))
-        if count < 2 or self._input_count < count or _is_flaxlights(type(self).run_model_init):
+        if count < 2 or self._input_count < count or is_flaxlights_own(type(self).run_model_init):
             return ""
         return (f"exmp_input holds {count} elements, all taken as the model's inputs, as flaxlight could not tell "
                 f"which of them {type(self).__name__}.run_model_init gives the model. If exmp_input is a whole batch "
@@ -953,7 +953,7 @@ def _parameter_differences(adapter, params, example: tuple) -> dict[str, tuple]:
         wanted = jax.eval_shape(lambda: adapter.init(jax.random.key(0), list(example)))["params"]
     except Exception:  # noqa: BLE001 - the model cannot even be initialised on it: the model's error says why
         return {}
-    return _param_differences(_flat_shapes(params), _flat_shapes(wanted))
+    return param_differences(flat_shapes(params), flat_shapes(wanted))
 
 
 def _forward(state, inputs, *, precision: str = "fp32"):

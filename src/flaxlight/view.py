@@ -67,7 +67,7 @@ class TrainerViewMixin:
         ``init_model``'s and ``init_optimizer``'s are (:func:`taking_in_state`)."""
         super().__init_subclass__(**kwargs)
         own = vars(cls).get("load_model")
-        if inspect.isfunction(own) and not _is_flaxlights(own) and not hasattr(own, "flaxlight_takes_in_state"):
+        if inspect.isfunction(own) and not is_flaxlights_own(own) and not hasattr(own, "flaxlight_takes_in_state"):
             cls.load_model = taking_in_state(own)
 
     def stop(self, reason: str) -> None:
@@ -673,7 +673,7 @@ class TrainerViewMixin:
         try:
             check_first_batch(batch, self.exmp_input, loader_name)
         except ValueError as mismatch:
-            if not (_is_flaxlights(type(self).create_functions) and _is_flaxlights(type(self).create_jitted_functions)):
+            if not (is_flaxlights_own(type(self).create_functions) and is_flaxlights_own(type(self).create_jitted_functions)):
                 self._step_accepts(batch, "train" if loader_name == "train_loader" else "eval", mismatch)
             elif type(self).loss_fn.__module__.startswith("flaxlight") or not self._loss_accepts(batch, mismatch):
                 raise
@@ -838,13 +838,13 @@ class TrainerViewMixin:
         (:meth:`_settle_best`), whose message says the same. An ``EarlyStopping`` monitor that is an
         eval metric's name written another way is refused too (it may watch any other logged name)."""
         names, monitor = self.engine.eval_metric_names, self.options.monitor
-        if names is None or not _is_flaxlights(type(self).eval_model):  # it may add metrics
+        if names is None or not is_flaxlights_own(type(self).eval_model):  # it may add metrics
             return
         check_monitors_are_numbers([*((type(cb).__name__, cb.monitor) for cb in self.callbacks if isinstance(
             cb, (EarlyStopping, ModelCheckpoint))), ("The trainer", monitor)], self.engine.eval_result_shapes)
         known = {f"val/{name}": 0.0 for name in names}
-        if not _is_flaxlights(type(self).on_validation_epoch_end) or any(
-                not _is_flaxlights(getattr(type(cb), hook)) for cb in self.callbacks
+        if not is_flaxlights_own(type(self).on_validation_epoch_end) or any(
+                not is_flaxlights_own(getattr(type(cb), hook)) for cb in self.callbacks
                 for hook in ("on_validation_end", "on_log")):
             return  # a callback or hook of the user's may log it (even as "val_loss") during validation
         for stopper in self.callbacks:  # EarlyStopping may watch any logged name: refused only when misspelt
@@ -1013,7 +1013,7 @@ class TrainerViewMixin:
         override's own code propagates as it is, with a note that it came from there, and marked
         ``flaxlight_user_code``: the fallback past damaged checkpoints never takes it for damage, so
         nothing on disk is deleted or moved because of it."""
-        if _is_flaxlights(type(self).load_model):
+        if is_flaxlights_own(type(self).load_model):
             self.load_model(step)
             return self.state
         name = f"{type(self).__name__}.load_model"
@@ -1060,7 +1060,7 @@ class TrainerViewMixin:
     def _check_load_seam(self, purpose: str | None) -> None:
         """Before training (``purpose``: a test to come; None: none): a ``save_model`` writing its own
         checkpoints needs a ``load_model`` of the user's to restore the best model for the test."""
-        if purpose is not None and self.own_checkpoints and _is_flaxlights(type(self).load_model):
+        if purpose is not None and self.own_checkpoints and is_flaxlights_own(type(self).load_model):
             raise TypeError(self._own_checkpoints_message(purpose))
 
     def _own_checkpoints_message(self, purpose: str) -> str:
@@ -1084,7 +1084,7 @@ class TrainerViewMixin:
             messages.info(f"{type(self).__name__}.save_model saved no best model (no validation ran): {purpose} uses "
                           f"the current state.")
             return False
-        if _is_flaxlights(type(self).load_model):
+        if is_flaxlights_own(type(self).load_model):
             raise TypeError(self._own_checkpoints_message(purpose))
         step = self.global_step
         self._load_for_resume(None, purpose)
@@ -1189,7 +1189,7 @@ def writes_own_checkpoints(cls: type) -> bool:
         if method is None:
             continue
         method = getattr(method, "__func__", method)
-        if _is_flaxlights(method):
+        if is_flaxlights_own(method):
             return False
         if not _refers_to(method, "save_model", cls):
             return True
@@ -1222,7 +1222,7 @@ def _refers_to(function: Callable, name: str, cls: type | None = None, depth: in
         found += [getattr(cls, other, None) for other in names] if cls is not None else []
         for callee in found:
             callee = inspect.unwrap(getattr(callee, "__func__", callee)) if callable(callee) else None
-            if callee is not None and inspect.isfunction(callee) and not _is_flaxlights(callee):
+            if callee is not None and inspect.isfunction(callee) and not is_flaxlights_own(callee):
                 todo.append((callee, level + 1))
     return False
 
@@ -1342,8 +1342,14 @@ def refuse_deleted_arrays(state: Any, where: str) -> None:
         f"training one leaves the other intact.")
 
 
-def _is_flaxlights(method: Callable) -> bool:
-    """Whether ``method`` is flaxlight's own (inherited, not the user's override)."""
+def is_flaxlights_own(method: Callable) -> bool:
+    """Whether ``method`` is flaxlight's own (inherited, not the user's override).
+
+    Examples:
+        >>> import flaxlight
+        >>> is_flaxlights_own(flaxlight.TrainerModule.loss_fn), is_flaxlights_own(print)
+        (True, False)
+    """
     module = getattr(method, "__module__", "") or ""
     return module == "flaxlight" or module.startswith("flaxlight.")
 

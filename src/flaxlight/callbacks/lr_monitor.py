@@ -12,8 +12,7 @@ import numpy as np
 
 from flaxlight.callbacks.base import Callback
 from flaxlight.metrics import deliberate_reads
-from flaxlight.optim import RATE_NAMES, LearningRateState
-from flaxlight.optim import _INJECT_STATES, _find, _rate_after_one_more_update  # noqa: PLC2701 - the rate's reading
+from flaxlight.optim import INJECT_STATES, RATE_NAMES, LearningRateState, find_states, rate_after_one_more_update
 from flaxlight.state import TrainState
 
 __all__ = ["LearningRateMonitor", "rate_in_optimizer_state", "learning_rates"]
@@ -48,7 +47,7 @@ def _rates_in(field: str, opt_state: Any) -> list[_Rate]:
     for node, labels in _nodes(opt_state):
         if isinstance(node, LearningRateState):
             found.append(_Rate(field, labels, node, None))
-        elif isinstance(node, _INJECT_STATES) and isinstance(getattr(node, "hyperparams", None), Mapping):
+        elif isinstance(node, INJECT_STATES) and isinstance(getattr(node, "hyperparams", None), Mapping):
             name = next((n for n in RATE_NAMES if n in node.hyperparams), None)
             if name is not None:
                 found.append(_Rate(field, labels, node, name))
@@ -120,14 +119,14 @@ def learning_rates(state: Any) -> dict[str, Any]:
     holders = _optimizer_states(state)
     rates = [rate for field, opt_state in holders for rate in _rates_in(field, opt_state)]
     tx, opt_state = getattr(state, "tx", None), getattr(state, "opt_state", None)
-    injected = _find(opt_state, _INJECT_STATES) if tx is not None else []  # in the order jit sees
+    injected = find_states(opt_state, INJECT_STATES) if tx is not None else []  # in the order jit sees
     values = {}
     for name, rate in zip(_names(rates), rates):
         value = _stored(rate)
         index = next((i for i, node in enumerate(injected) if node is rate.node), None)
         schedule_state = (getattr(rate.node, "hyperparams_states", None) or {}).get(rate.name)
         if rate.field == "opt_state" and index is not None and type(schedule_state).__name__ == "WrappedScheduleState":
-            value = _rate_after_one_more_update(tx, opt_state, state.params, index, rate.name)  # the next update's
+            value = rate_after_one_more_update(tx, opt_state, state.params, index, rate.name)  # the next update's
         values[name] = _scaled(rate, value, dict(holders)[rate.field])
     return values
 
