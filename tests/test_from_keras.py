@@ -215,3 +215,24 @@ def test_a_classifier_subclass_with_its_own_loss_takes_a_one_logit_sigmoids_labe
                              **quiet(tmp_path))
     metrics = trainer.train_model((x, y), (x, y), num_epochs=20, batch_size=32)
     assert metrics["val/acc"] > 0.85
+
+
+def test_keras_stop_training_and_trainable_are_refused_with_what_to_write(tmp_path):
+    """A Keras callback's ``model.stop_training = True`` and ``model.trainable = False`` were kept
+    as plain attributes on the trainer and did nothing: the run trained on, nothing was frozen."""
+    class KerasStyleStop(flaxlight.Callback):
+        def on_train_epoch_end(self, trainer, epoch, metrics):
+            trainer.stop_training = True
+
+    x = np.random.default_rng(0).normal(size=(32, 4)).astype(np.float32)
+    trainer = RegressTrainer(model_class=TinyMLP, model_hparams={"hidden_dims": [8]}, exmp_input=x[:1],
+                             optimizer_hparams={"optimizer": "adam", "lr": 1e-2}, callbacks=[KerasStyleStop()],
+                             **quiet(tmp_path))
+    with pytest.raises(AttributeError, match=r"RegressTrainer.stop_training = True would change nothing: .*"
+                                             r"trainer.should_stop = True"):
+        trainer.train_model((x, x.sum(1, keepdims=True)), num_epochs=3, batch_size=8)
+    with pytest.raises(AttributeError, match=r"trainable = False would change nothing: .*'freeze': \['Dense_0'\]"):
+        trainer.trainable = False
+    with pytest.raises(AttributeError, match="has no attribute 'stop_training': Keras'"):
+        trainer.stop_training
+    assert not hasattr(trainer, "trainable")

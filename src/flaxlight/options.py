@@ -23,8 +23,8 @@ from flaxlight.optim import accumulated_updates
 from flaxlight.registry import explicit_parameters
 
 __all__ = ["TrainerOptions", "DEFAULT_MONITORS", "LIGHTNING_TRAINER_ARGUMENTS", "FOREIGN_TRAINER_METHODS",
-           "check_monitors_are_numbers", "check_trainer_arguments", "declared_keywords", "foreign_method_message", "lightning_argument_message",
-           "rank_key", "written_otherwise"]
+           "check_monitors_are_numbers", "check_trainer_arguments", "declared_keywords", "foreign_method_message",
+           "foreign_assignment_message", "lightning_argument_message", "rank_key", "written_otherwise"]
 
 # The constructor arguments of TrainerModule itself (for messages).
 TRAINER_ARGUMENTS = ("model_class", "model_hparams", "optimizer_hparams", "exmp_input", "seed", "logger_params",
@@ -457,6 +457,12 @@ FOREIGN_TRAINER_METHODS = {
                     "TorchScript file. After training it exports the best checkpoint; trainer.export(path, "
                     "which='current') exports the weights as they are now, as Lightning's do (docs/models.md, "
                     "'Serving without flaxlight')"),
+    "stop_training": "Keras' model.stop_training = True (in a callback) is trainer.should_stop = True (Lightning's "
+                     "name), or trainer.stop('why') to give the reason the run's end message shows",
+    "trainable": "Keras' model.trainable = False is an optimizer setting here: layers kept fixed while training are "
+                 "optimizer_hparams={..., 'freeze': ['Dense_0']} (layer or parameter paths, given when the trainer is "
+                 "built or loaded); for inference nothing is needed: predict(), test() and export() run the model in "
+                 "eval mode and compute no gradients (docs/models.md, 'Freezing layers')",
     "save": "Keras' model.save('m.keras'): checkpoints are written while training (the best and the last, in "
             "<log_dir>/checkpoints/<step>/), and trainer.save_model() writes one of the trainer's state now; "
             "keras.models.load_model is MyTrainer.load_from_checkpoint(log_dir, exmp_input=x[:1]); a model to serve "
@@ -494,6 +500,17 @@ def foreign_method_message(owner: str, name: str) -> str | None:
         return None
     return (f"{owner!r} object has no attribute {name!r}: {hint}. See docs/from-lightning.md and "
             f"docs/from-keras.md.")
+
+
+def foreign_assignment_message(owner: str, name: str, value: Any) -> str:
+    """Why assigning Keras' ``model.<name>`` (``stop_training``, ``trainable``) on a trainer is
+    refused: as a plain attribute it would be kept and change nothing.
+
+    Examples:
+        >>> print(foreign_assignment_message("MyTrainer", "stop_training", True))  # doctest: +ELLIPSIS
+        MyTrainer.stop_training = True would change nothing: Keras' ... trainer.should_stop = True ...
+    """
+    return f"{owner}.{name} = {value!r} would change nothing: {FOREIGN_TRAINER_METHODS[name]}."
 
 
 def lightning_argument_message(owner: str, key: str, value: Any) -> str:

@@ -41,7 +41,8 @@ from flaxlight.loggers.csv import LoggedStep
 from flaxlight.loop import Interrupted, SignalGuard, safe_len
 from flaxlight.messages import logger as messages
 from flaxlight.metrics import to_host
-from flaxlight.options import MetricNotLoggedError, check_monitors_are_numbers, written_otherwise
+from flaxlight.options import (MetricNotLoggedError, check_monitors_are_numbers, foreign_assignment_message,
+                               foreign_method_message, written_otherwise)
 from flaxlight.progress import progress
 from flaxlight.state import TrainState
 from flaxlight.step import TrainStep
@@ -74,6 +75,26 @@ class TrainerViewMixin:
         """Ask the loop to stop after the current step's work (and the epoch's end routine)."""
         if not self.should_stop:
             self.should_stop, self.stop_reason = True, reason
+
+    @property
+    def stop_training(self) -> bool:
+        """Keras' name, refused with what to write (``should_stop``): as a plain attribute, a Keras
+        callback's ``trainer.stop_training = True`` would be kept and stop nothing."""
+        raise AttributeError(foreign_method_message(type(self).__name__, "stop_training"))
+
+    @stop_training.setter
+    def stop_training(self, value: Any) -> None:
+        raise AttributeError(foreign_assignment_message(type(self).__name__, "stop_training", value))
+
+    @property
+    def trainable(self) -> bool:
+        """Keras' name, refused with what to write (``optimizer_hparams`` ``freeze``): as a plain
+        attribute, ``trainer.trainable = False`` would be kept and freeze nothing."""
+        raise AttributeError(foreign_method_message(type(self).__name__, "trainable"))
+
+    @trainable.setter
+    def trainable(self, value: Any) -> None:
+        raise AttributeError(foreign_assignment_message(type(self).__name__, "trainable", value))
 
     @property
     def history(self) -> list[dict[str, Any]]:
