@@ -397,6 +397,58 @@ def test_keras_keywords_say_what_to_pass_instead(tmp_path, keyword, hint):
     assert not (tmp_path / "run" / "hparams.yaml").exists()  # refused before the run began
 
 
+class _DataModule:
+    """A LightningDataModule's shape (no Lightning imported): setup(stage), then its loaders."""
+
+    def __init__(self, x, y):
+        self.x, self.y = x, y
+
+    def setup(self, stage):
+        self.stage = stage
+
+    def train_dataloader(self):
+        return ArrayLoader(self.x, self.y, batch_size=8)
+
+
+class _Loaders:  # a datamodule without setup
+    train_dataloader = _DataModule.train_dataloader
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda t, x, y: t.train_model(x=x, y=y, epochs=3),
+     r"^train_model\(\) got an unexpected keyword argument 'x': pass the arrays as one argument: "
+     r"train_model\(\(x, y\), \(x_val, y_val\), batch_size=64\)\.$"),
+    (lambda t, x, y: t.train_model(y=y, num_epochs=3), r"^train_model\(\) got an unexpected keyword argument 'y': pass"),
+    (lambda t, x, y: t.train_model(datamodule=_DataModule(x, y)),
+     r"^train_model\(\) got an unexpected keyword argument 'datamodule': flaxlight takes the loaders themselves: "
+     r"Lightning's trainer\.fit\(model, datamodule=dm\) is dm\.setup\('fit'\) \(Lightning calls it for you; flaxlight "
+     r"does not\) and then trainer\.train_model\(dm\.train_dataloader\(\), dm\.val_dataloader\(\)\)\.$"),
+    (lambda t, x, y: t.train_model(datamodule=_Loaders(), num_epochs=2),
+     r"^train_model\(\) got an unexpected keyword argument 'datamodule': flaxlight takes the loaders themselves: "
+     r"Lightning's trainer\.fit\(model, datamodule=dm\) is trainer\.train_model\(dm\.train_dataloader\(\), "
+     r"dm\.val_dataloader\(\)\)\.$"),
+    (lambda t, x, y: t.train_model(),
+     r"^train_model\(\) missing its first argument 'train_loader': it takes the training data: a "
+     r"loader of batches, train_model\(train_loader, val_loader, num_epochs=10\), or arrays, "
+     r"train_model\(\(x, y\), \(x_val, y_val\), batch_size=64\)\.$"),
+    (lambda t, x, y: t.train_model(val_loader=(x, y), num_epochs=2, batch_size=8),
+     r"^train_model\(\) missing its first argument 'train_loader'"),
+])
+def test_a_keras_or_lightning_call_without_a_train_loader_says_what_to_write(tmp_path, call, message):
+    """Python's own "missing 1 required positional argument" came before flaxlight's hints."""
+    x, y = _data()
+    with pytest.raises(TypeError, match=message):
+        call(_trainer(tmp_path), x, y)
+    assert not (tmp_path / "run" / "hparams.yaml").exists()  # refused before the run began
+
+
+def test_train_model_s_first_argument_may_still_be_given_by_name(tmp_path):
+    x, y = _data()
+    trainer = _trainer(tmp_path)
+    trainer.train_model(train_loader=(x, y), num_epochs=1, batch_size=8)
+    assert trainer.global_step == 5
+
+
 class _WithOwnKeyword(RegressTrainer):
     def train_model(self, train_loader, val_loader=None, *, log_images=False, **kwargs):
         self.log_images = log_images

@@ -42,7 +42,8 @@ def _steps(trainer):
     ("min_epochs", 2, "flaxlight has no minimum number of epochs"),
     ("num_sanity_val_steps", 0, "check_batches=False"),
     ("default_root_dir", "/tmp/x", "logger_params={'base_log_dir': '/tmp/x'}"),
-    ("limit_test_batches", 0.1, "test() evaluates the whole loader it is given"),
+    ("limit_test_batches", 10, "it is test()'s steps=N (batches to test on): trainer.test(data, steps=N)"),
+    ("limit_predict_batches", 10, "it is predict()'s steps=N (batches to take): trainer.predict(data, steps=N)"),
 ])
 def test_a_lightning_trainer_argument_is_refused_with_what_flaxlight_writes(tmp_path, key, value, written):
     with pytest.raises(TypeError) as caught:

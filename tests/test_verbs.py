@@ -1,6 +1,7 @@
 """``trainer.predict`` and ``trainer.test`` on loaders and on arrays."""
 
 import csv
+import itertools
 import json
 import os
 import re
@@ -366,3 +367,82 @@ def test_predict_on_batches_of_several_sequence_lengths_fails_at_the_first_other
         trainer.predict(loader())
     assert seen == [8, 8, 16]  # failed at that batch, not after computing them all
     assert trainer.predict(np.ones((6, 16, 3), np.float32), batch_size=4).shape == (6, 16)  # one length: stacked
+
+
+def _endless(limit=50):
+    """An endless generator of (x, y) batches of 8, its own guard: iterated past ``limit`` batches, it fails (a
+    missing steps cut raises here rather than hanging the test)."""
+    for index in itertools.count():
+        if index >= limit:
+            raise AssertionError(f"iterated past {limit} batches: steps did not cut the generator")
+        yield linear_data(8, 100 + index)
+
+
+def _untrained(tmp_path):
+    return RegressTrainer(model_class=TinyMLP, model_hparams={}, optimizer_hparams={},
+                          exmp_input=linear_data(1)[0], **quiet(tmp_path))
+
+
+def test_predict_and_test_take_steps_batches_of_an_endless_generator(tmp_path, regression_loaders, caplog):
+    trainer = _untrained(tmp_path)
+    predictions = trainer.predict(_endless(), steps=3)
+    firsts = [linear_data(8, 100 + i) for i in range(3)]
+    assert predictions.shape == (24, 1)
+    np.testing.assert_allclose(predictions, trainer.predict(firsts), rtol=1e-6)
+    with caplog.at_level("INFO", logger="flaxlight"):
+        metrics = trainer.test(_endless(), steps=3, which="current")
+    assert metrics["test/loss"] == pytest.approx(trainer.eval_model(firsts, log_prefix="test/")["test/loss"])
+    assert "test(steps=3) tested 3 batches: the test/... metrics are their means." in caplog.text
+    assert _saved(tmp_path, "test") == pytest.approx(metrics)
+    # steps beyond a loader's end: the whole loader, said as it is
+    _, _, test_loader = regression_loaders  # 3 batches
+    with caplog.at_level("INFO", logger="flaxlight"):
+        assert trainer.test(test_loader, steps=10, which="current", name="short")["test_short/loss"] == pytest.approx(
+            trainer.eval_model(test_loader)["loss"])
+    assert "test(steps=10) tested 3 batches: the test_short/... metrics are their means." in caplog.text
+    assert trainer.predict(test_loader.data[0], batch_size=32, steps=2).shape == (64, 1)
+
+
+def test_steps_that_is_no_whole_number_of_batches_is_a_clear_error(tmp_path):
+    trainer = _untrained(tmp_path)
+    for steps, method in itertools.product([0, -1, 2.5, True, "3"], (trainer.predict, trainer.test)):
+        with pytest.raises(ValueError, match=rf"^{method.__name__}\(steps=\.\.\.\) is the number of batches to take, a "
+                                             rf"whole number >= 1 \(None: the whole loader\); got {re.escape(repr(steps))}"):
+            method(_endless(), steps=steps)
+
+
+class _DataModule:
+    """A LightningDataModule's shape (no Lightning imported)."""
+
+    def setup(self, stage):
+        pass
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda t: t.test(datamodule=_DataModule()),
+     r"^test\(\) got an unexpected keyword argument 'datamodule': flaxlight takes the loaders themselves: Lightning's "
+     r"trainer\.test\(model, datamodule=dm\) is dm\.setup\('test'\) \(Lightning calls it for you; flaxlight does not\) "
+     r"and then trainer\.test\(dm\.test_dataloader\(\)\)\.$"),
+    (lambda t: t.predict(datamodule=_DataModule()),
+     r"^predict\(\) got an unexpected keyword argument 'datamodule': .*dm\.setup\('predict'\) .*"
+     r"trainer\.predict\(dm\.predict_dataloader\(\)\)\.$"),
+    (lambda t: t.eval_model(datamodule=_DataModule()),
+     r"^eval_model\(\) got an unexpected keyword argument 'datamodule': .*trainer\.validate\(model, datamodule=dm\) is "
+     r"dm\.setup\('validate'\) .*trainer\.eval_model\(dm\.val_dataloader\(\), log_prefix='val/'\)\.$"),
+    (lambda t: t.test(dataloaders=[]), r"^test\(\) got an unexpected keyword argument 'dataloaders': pass the loader "
+                                       r"as the first argument: test\(\(x, y\), batch_size=256\)\.$"),
+    (lambda t: t.test([], ckpt_path="best"), r"'ckpt_path': it is which='best' \(or 'last'\)"),
+    (lambda t: t.predict(x=np.zeros((4, 4))), r"^predict\(\) got an unexpected keyword argument 'x': pass the data as "
+                                              r"the first argument: predict\(x, batch_size=256\)\.$"),
+    (lambda t: t.eval_model([], steps=3), r"'steps': eval_model evaluates the whole loader .*FirstBatches\(loader, N\)"),
+    (lambda t: t.predict([], batchsize=4), r"^predict\(\) got an unexpected keyword argument 'batchsize': did you mean "
+                                           r"'batch_size'\?$"),
+    (lambda t: t.test(), r"^test\(\) missing its first argument 'data': it takes the data to test on: a loader of "
+                         r"\(inputs, labels\) batches, test\(test_loader\), or arrays, test\(\(x, y\), batch_size=256\)\.$"),
+    (lambda t: t.predict(which="best"), r"^predict\(\) missing its first argument 'data': it takes the inputs"),
+    (lambda t: t.eval_model(log_prefix="val/"), r"^eval_model\(\) missing its first argument 'data_loader'"),
+])
+def test_a_lightning_or_keras_call_of_an_evaluation_says_what_to_write(tmp_path, call, message):
+    trainer = _untrained(tmp_path)
+    with pytest.raises(TypeError, match=message):
+        call(trainer)

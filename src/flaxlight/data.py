@@ -22,7 +22,8 @@ import jax
 import numpy as np
 
 __all__ = ["FirstBatches", "ArrayLoader", "DeviceEpoch", "EpochRows", "Prefetcher", "as_loader", "check_batch", "fit_loaders",
-           "group_batches", "take_batches", "is_stream", "lists_as_arrays", "refuse_unknown_keywords"]
+           "group_batches", "take_batches", "is_stream", "lists_as_arrays", "refuse_unknown_keywords",
+           "REQUIRED", "checked_loader", "StepsOf"]
 
 DEVICE_EPOCH_MAX_BYTES = 1 << 30
 
@@ -1116,6 +1117,67 @@ KERAS_KEYWORDS = {
 }
 
 
+# Lightning's keywords of trainer.fit / validate / test / predict that flaxlight's methods do not
+# take: a function of the method and the value given (a LightningDataModule's setup is said when it has one).
+_LIGHTNING_CALLS = {  # method: (Lightning's call, setup stage, loaders to pass, more arguments)
+    "train_model": ("trainer.fit(model, datamodule=dm)", "fit", "dm.train_dataloader(), dm.val_dataloader()", ""),
+    "eval_model": ("trainer.validate(model, datamodule=dm)", "validate", "dm.val_dataloader()", ", log_prefix='val/'"),
+    "test": ("trainer.test(model, datamodule=dm)", "test", "dm.test_dataloader()", ""),
+    "predict": ("trainer.predict(model, datamodule=dm)", "predict", "dm.predict_dataloader()", ""),
+}
+# Keywords of Keras' evaluate / predict and Lightning's test / predict that flaxlight's evaluations do not take.
+_EVALUATION_KEYWORDS = {
+    "x": "pass the data as the first argument: {example}",
+    "y": "pass the data as the first argument: {example}",
+    "dataloaders": "pass the loader as the first argument: {example}",
+    "ckpt_path": "it is which='best' (or 'last'); another run's checkpoint: "
+                 "MyTrainer.load_from_checkpoint(path, exmp_input=x[:1]).{method}(data)",
+    "steps": "eval_model evaluates the whole loader it is given; its first N batches are "
+             "flaxlight.data.FirstBatches(loader, N) (test() and predict() take steps=N)",
+}
+_EXAMPLES = {"eval_model": "eval_model((x, y), log_prefix='val/', batch_size=256)",
+             "test": "test((x, y), batch_size=256)", "predict": "predict(x, batch_size=256)"}
+_NEEDS = {"train_model": "the training data: a loader of batches, train_model(train_loader, "
+                         "val_loader, num_epochs=10), or arrays, train_model((x, y), (x_val, y_val), batch_size=64)",
+          "eval_model": "the data to evaluate: a loader of batches, eval_model(val_loader, log_prefix='val/'), or "
+                        "arrays, eval_model((x, y), log_prefix='val/', batch_size=256)",
+          "test": "the data to test on: a loader of (inputs, labels) batches, test(test_loader), or arrays, "
+                  "test((x, y), batch_size=256)",
+          "predict": "the inputs: a loader of batches, predict(loader), or arrays, predict(x, batch_size=256)"}
+
+
+class _Required:
+    """The default of a data argument that must be given (``train_model``'s ``train_loader``), so
+    that a call without it, or with Keras' ``x=`` / Lightning's ``datamodule=`` instead, is answered
+    by :func:`refuse_unknown_keywords` in flaxlight's words, not by Python's "missing argument"."""
+
+    def __repr__(self) -> str:
+        return "<required>"
+
+
+REQUIRED = _Required()
+
+
+def _datamodule_hint(method: str, dm: Any) -> str:
+    lightning, stage, loaders, rest = _LIGHTNING_CALLS[method]
+    call = f"trainer.{method}({loaders}{rest})"
+    if callable(getattr(dm, "setup", None)):
+        return (f"flaxlight takes the loaders themselves: Lightning's {lightning} is dm.setup({stage!r}) (Lightning "
+                f"calls it for you; flaxlight does not) and then {call}")
+    return f"flaxlight takes the loaders themselves: Lightning's {lightning} is {call}"
+
+
+def _keyword_hint(method: str, name: str, value: Any) -> str | None:
+    """What to write instead of keyword ``name`` (given ``value``) of ``method``, when it is a Keras or Lightning one."""
+    if name == "datamodule" and method in _LIGHTNING_CALLS:
+        return _datamodule_hint(method, value)
+    if method not in _EXAMPLES:  # train_model's, Keras' fit()'s
+        return KERAS_KEYWORDS.get(name)
+    if name in _EVALUATION_KEYWORDS and (name != "steps" or method == "eval_model"):
+        return _EVALUATION_KEYWORDS[name].format(example=_EXAMPLES[method], method=method)
+    return None
+
+
 def _keyword_names(method: Callable) -> set[str]:
     """The parameters ``method`` takes by name (not ``self``, ``*args`` or ``**kwargs``)."""
     try:
@@ -1132,10 +1194,12 @@ def _subclass_keywords(owner: Any, name: str) -> set[str]:
                          if callable(cls.__dict__.get(name))))
 
 
-def refuse_unknown_keywords(owner: Any, method: str, unknown: Mapping[str, Any]) -> None:
+def refuse_unknown_keywords(owner: Any, method: str, unknown: Mapping[str, Any], **data: Any) -> None:
     """Raise for the keywords ``owner.<method>`` does not take (gathered in its ``**unknown``):
-    what to do instead (Keras' ``validation_split``, ``epochs``, ...) or the closest name it
-    takes, not a bare ``TypeError``; a subclass's own keywords for ``method`` are suggested too.
+    what to do instead (Keras' ``validation_split``, ``epochs``, ``x=``; Lightning's
+    ``datamodule=``, ...) or the closest name it takes, not a bare ``TypeError``; a subclass's own
+    keywords for ``method`` are suggested too. ``data``: the method's data arguments, by name; one
+    left at :data:`REQUIRED` (not given) is refused next, saying what to pass.
 
     Examples:
         >>> class Fit:
@@ -1145,10 +1209,47 @@ def refuse_unknown_keywords(owner: Any, method: str, unknown: Mapping[str, Any])
         Traceback (most recent call last):
         TypeError: fit() got an unexpected keyword argument 'epochs': it is num_epochs=N.
     """
-    if not unknown:
-        return
-    name, known = next(iter(unknown)), sorted(_subclass_keywords(owner, method))
-    close = difflib.get_close_matches(name, known, n=1)
-    hint = KERAS_KEYWORDS.get(name) or (f"did you mean {close[0]!r}?" if close else f"it takes {', '.join(known)}.")
-    raise TypeError(f"{method}() got an unexpected keyword argument {name!r}: "
-                    f"{hint}{'' if hint.endswith(('.', '?')) else '.'}")
+    if unknown:
+        name, known = next(iter(unknown)), sorted(_subclass_keywords(owner, method))
+        close = difflib.get_close_matches(name, known, n=1)
+        hint = _keyword_hint(method, name, unknown[name]) or (
+            f"did you mean {close[0]!r}?" if close else f"it takes {', '.join(known)}.")
+        raise TypeError(f"{method}() got an unexpected keyword argument {name!r}: "
+                        f"{hint}{'' if hint.endswith(('.', '?')) else '.'}")
+    for name, value in data.items():
+        if value is REQUIRED:
+            raise TypeError(f"{method}() missing its first argument {name!r}: it takes "
+                            f"{_NEEDS.get(method, 'the data')}.")
+
+
+class StepsOf(FirstBatches):
+    """:class:`FirstBatches` that counts what its last pass yielded (``taken``): ``test(steps=N)``
+    says how many batches its metrics cover."""
+
+    taken = 0
+
+    def __iter__(self) -> Iterator[Any]:
+        self.taken = 0
+        for batch in super().__iter__():
+            self.taken += 1
+            yield batch
+
+
+def checked_loader(owner: Any, method: str, data: Any, batch_size: int | None, unknown: Mapping[str, Any],
+                   steps: int | None = None, *, name: str = "data") -> Any:
+    """The data of ``owner.<method>`` (``eval_model``, ``test``, ``predict``) as a loader (see
+    :func:`as_loader`), after :func:`refuse_unknown_keywords` (``data`` not given, Lightning's
+    ``datamodule=``: what to write); with ``steps``, its first ``steps`` batches only
+    (:class:`StepsOf`; Keras' ``steps=``), an endless generator's too. ``name``: the data
+    argument's name in ``method``'s signature.
+
+    Examples:
+        >>> list(checked_loader(None, "predict", iter(range(100)), None, {}, steps=2))
+        [0, 1]
+    """
+    refuse_unknown_keywords(owner, method, unknown, **{name: data})
+    if steps is not None and (isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps < 1):
+        raise ValueError(f"{method}(steps=...) is the number of batches to take, a whole number >= 1 (None: the "
+                         f"whole loader); got {steps!r}. E.g. trainer.{method}(loader, steps=100).")
+    loader = as_loader(data, batch_size, what=f"{method}'s data")
+    return loader if steps is None else StepsOf(loader, int(steps))

@@ -62,9 +62,10 @@ LIGHTNING_TRAINER_ARGUMENTS = {
                         "go to <base_log_dir>/<Model>/version_N) or {{'log_dir': ...}} for one folder",
     "logger": "loggers are given as loggers=[...] (flaxlight.loggers.TensorBoardLogger(log_dir), ...) or "
               "logger_params={{'logger_type': [...]}}; metrics.csv is always written",
-    "limit_test_batches": "test() evaluates the whole loader it is given: pass a shorter one (e.g. arrays x[:n], "
-                          "y[:n])",
-    "limit_predict_batches": "predict() runs over the whole loader it is given: pass a shorter one (e.g. x[:n])",
+    "limit_test_batches": "it is test()'s steps=N (batches to test on): trainer.test(data, steps=N); a fraction is "
+                          "a shorter loader (e.g. arrays x[:n], y[:n])",
+    "limit_predict_batches": "it is predict()'s steps=N (batches to take): trainer.predict(data, steps=N); a fraction "
+                             "is a shorter loader (e.g. x[:n])",
     "overfit_batches": "flaxlight has no overfit mode: train and validate on the same few examples, e.g. "
                        "train_model((x[:n], y[:n]), (x[:n], y[:n]), batch_size=n)",
     "strategy": "several devices are used with distributed='data_parallel' or 'fsdp' (or mesh=...; see "
@@ -418,7 +419,8 @@ def check_monitors_are_numbers(monitors: Sequence[tuple[str, str | None]], shape
 FOREIGN_TRAINER_METHODS = {
     "fit": "Lightning's trainer.fit(model, train_dl, val_dl) and Keras' model.fit(x, y, epochs=10) are "
            "trainer.train_model(train_loader, val_loader, num_epochs=10) (arrays: trainer.train_model((x, y), "
-           "(x_val, y_val), num_epochs=10, batch_size=64))",
+           "(x_val, y_val), num_epochs=10, batch_size=64); a LightningDataModule: dm.setup('fit'), then "
+           "trainer.train_model(dm.train_dataloader(), dm.val_dataloader()))",
     "validate": "Lightning's trainer.validate(model, val_dl) is trainer.eval_model(val_loader, log_prefix='val/') "
                 "(the model as it is; arrays: eval_model((x, y), log_prefix='val/', batch_size=256)), or "
                 "trainer.test(data) for the best checkpoint's metrics, logged and saved",

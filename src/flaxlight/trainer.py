@@ -17,7 +17,7 @@ import jax
 from flaxlight import distributed as dist
 from flaxlight import optim, resume, runfiles
 from flaxlight.callbacks import Callback, FitResult, NaNGuard, one_best, start_fresh, with_default_callbacks
-from flaxlight.data import (FirstBatches, as_input_list, as_loader, fit_loaders, no_batches_error,
+from flaxlight.data import (REQUIRED, FirstBatches, as_input_list, checked_loader, fit_loaders, no_batches_error,
                             refuse_unknown_keywords)
 from flaxlight.engine import Engine, Span, check_step_pair
 from flaxlight.loggers import LoggerCollection
@@ -188,7 +188,7 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
                 self.options.sharding_rules)
 
     # ------------------------------------------------------------------ the loop
-    def train_model(self, train_loader: Iterable, val_loader: Iterable | None = None, test_loader: Iterable | None = None,
+    def train_model(self, train_loader: Iterable = REQUIRED, val_loader: Iterable | None = None, test_loader: Iterable | None = None,
                     num_epochs: int = 500, steps_per_epoch: int | None = None, resume: bool = False,
                     resume_from: str | os.PathLike | None = None, overwrite: bool = False,
                     batch_size: int | None = None, **unknown: Any) -> dict[str, float]:
@@ -199,7 +199,7 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
         best model's ``test/...`` metrics (its checkpoint restored for the test only: the trainer stays as training left
         it, and a next call goes on after this one's last step); its ``.history`` is :attr:`history`. Loaders may be
         arrays instead: ``train_model((x, y), (xv, yv), batch_size=64)`` (training arrays shuffled by the seed, see
-        :func:`flaxlight.data.fit_loaders`).
+        :func:`flaxlight.data.fit_loaders`). ``train_loader`` must be given: without it (Keras' ``x=``, Lightning's ``datamodule=``) a ``TypeError`` says what to write.
 
         ``resume=True`` continues from the newest readable checkpoint in this run's log dir; ``resume_from`` names a
         run dir, its ``checkpoints`` dir or a ``checkpoints/<step>`` dir (another run's: continued as a copy in a new
@@ -207,7 +207,7 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
         ends as an uninterrupted one when the data order is a pure function of the epoch (:class:`ArrayLoader`, or
         ``set_epoch``). SIGTERM/SIGINT finish the step, save and exit (SIGINT in an interactive session: save and raise
         ``KeyboardInterrupt``). A ``log_dir`` holding a run is an error unless that run is resumed or ``overwrite=True``."""
-        refuse_unknown_keywords(self, "train_model", unknown)  # Keras' epochs=, validation_split=: what to write
+        refuse_unknown_keywords(self, "train_model", unknown, train_loader=train_loader)  # epochs=, x=, datamodule=, none
         train_loader, val_loader, test_loader = fit_loaders(train_loader, val_loader, test_loader, batch_size,
                                                             seed=self.seed)
         target = self._resume_target(resume, resume_from, overwrite)  # the run folder's checkpoints as they are now
@@ -395,9 +395,9 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
         self._schedule.plan(self.global_step, intervals + [cb.every_n_steps for cb in self.callbacks],
                             self.options.max_steps)
 
-    def eval_model(self, data_loader: Iterable, log_prefix: str = "", *, batch_size: int | None = None) -> dict[str, float]:
+    def eval_model(self, data_loader: Iterable = REQUIRED, log_prefix: str = "", *, batch_size: int | None = None, **unknown: Any) -> dict[str, float]:
         """Evaluate on ``data_loader`` (or arrays with ``batch_size``): per-example means keyed ``log_prefix + name``."""
-        data_loader = as_loader(data_loader, batch_size, what="eval_model's data")
+        data_loader = checked_loader(self, "eval_model", data_loader, batch_size, unknown, name="data_loader")
         acc = self.engine.evaluate(self._live_state(), data_loader, after_batch=self._schedule.raise_if_interrupted,
                                    on_first_batch=lambda batch: self._check_first_batch(batch, "the evaluation loader"))
         if acc is None:

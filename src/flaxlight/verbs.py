@@ -29,7 +29,7 @@ import numpy as np
 from flaxlight import distributed as dist
 from flaxlight import resume, runfiles
 from flaxlight.checkpoint import ModelMismatchError, flat_shapes, param_differences
-from flaxlight.data import ArrayLoader, as_input_list, as_loader
+from flaxlight.data import REQUIRED, ArrayLoader, StepsOf, as_input_list, checked_loader
 from flaxlight.messages import logger as messages, warn_at_user
 from flaxlight.metrics import batch_size as examples_in, deliberate_reads
 from flaxlight.models import MODEL_FIT_ERRORS, shapes_text
@@ -337,7 +337,8 @@ class TrainerVerbsMixin:
         trainer.logger.continue_run()
         return trainer
 
-    def predict(self, data: Any, *, batch_size: int | None = None, which: str = "current") -> Any:
+    def predict(self, data: Any = REQUIRED, *, batch_size: int | None = None, which: str = "current",
+                steps: int | None = None, **unknown: Any) -> Any:
         """The model's outputs on ``data`` in eval mode, stacked over batches (numpy arrays, in
         the structure the model returns). Each output is stacked along its first axis, which
         holds one row per example: a scalar is refused at its batch, naming it; one of other rows
@@ -358,10 +359,16 @@ class TrainerVerbsMixin:
         batch (the shorter last batch compiles once); outputs are copied to the host as they
         are made and read once at the end.
 
+        ``steps``: the number of batches to take (Keras' ``steps``, Lightning's
+        ``limit_predict_batches=N``), a whole number >= 1; ``None`` (the default) takes the whole
+        loader. A loader that never ends (an endless generator) needs it: without it predict would
+        never return.
+
         Examples:
             >>> logits = trainer.predict(x_test, batch_size=256, which="best")   # doctest: +SKIP
+            >>> first = trainer.predict(endless_batches(), steps=10)            # doctest: +SKIP
         """
-        loader = as_loader(data, batch_size, what="predict's data")
+        loader = checked_loader(self, "predict", data, batch_size, unknown, steps)
         state = self._state_for(which)
         refuse_deleted_arrays(state, f"{type(self).__name__}.predict")  # shared with a trainer that trained since
         if getattr(self, "_predict_step", None) is None:
@@ -373,7 +380,8 @@ class TrainerVerbsMixin:
             if i == 0:
                 _check_like_example(inputs, examples, self._whole_batch_hint())
                 if self.options.check_batches:  # arrays: their whole shape (one example, x[0], is refused)
-                    whole = _model_inputs(loader.data, self._input_count) if isinstance(loader, ArrayLoader) else None
+                    arrays = loader.loader if isinstance(loader, StepsOf) else loader
+                    whole = _model_inputs(arrays.data, self._input_count) if isinstance(arrays, ArrayLoader) else None
                     _check_input_shapes(self._predict_step, state, inputs, examples, whole=whole)
             try:
                 out = self._predict_step(state, inputs)
@@ -394,8 +402,8 @@ class TrainerVerbsMixin:
             raise ValueError("predict's data yielded no batches: check its size and batch_size.")
         return jax.tree.map(lambda *parts: np.concatenate(parts), *jax.device_get(outputs))
 
-    def test(self, data: Any, *, batch_size: int | None = None, which: str | None = None,
-             name: str | None = None) -> dict[str, float]:
+    def test(self, data: Any = REQUIRED, *, batch_size: int | None = None, which: str | None = None,
+             name: str | None = None, steps: int | None = None, **unknown: Any) -> dict[str, float]:
         """Evaluate a model on ``data`` as ``train_model(..., test_loader=...)`` does: ``test/...``
         metrics, logged, saved to ``metrics/test.json`` and returned; callbacks hear ``on_test_end``.
         ``data`` as in :meth:`predict` (with labels: ``(x, y)`` plus ``batch_size``).
@@ -414,16 +422,23 @@ class TrainerVerbsMixin:
         same name (the run's ``test_loader`` counts as the first) is saved as ``metrics/test.2.json``
         (``test_shifted.2.json``, ...), with the same keys, and said.
 
+        ``steps``: the number of batches to test on (Keras' ``evaluate(..., steps=N)``, Lightning's
+        ``limit_test_batches=N``), a whole number >= 1; ``None`` (the default) tests the whole
+        loader. A loader that never ends (an endless generator) needs it. The metrics are the
+        means over the batches taken, and an info line says how many that was.
+
         Examples:
             >>> trainer.test((x_test, y_test), batch_size=256)                     # doctest: +SKIP
             >>> trainer.test((x_shifted, y_shifted), batch_size=256, name="shifted")   # doctest: +SKIP
             {'test_shifted/loss': 0.31, 'test_shifted/acc': 0.88}
+            >>> trainer.test(endless_batches(), steps=100)                         # doctest: +SKIP
         """
+        loader = checked_loader(self, "test", data, batch_size, unknown, steps)
         if which is None:
             which = "current" if self._loaded and not self._trained_here else "best"
         elif which in ("best", "last") and self._saves_no_checkpoints():  # asked for by name: as predict(which=...)
             raise FileNotFoundError(self._no_checkpointing_message(which))
-        return self._test(as_loader(data, batch_size, what="test's data"), which, name=name)
+        return self._test(loader, which, name=name)
 
     def _test(self, test_loader, which: str = "best", name: str | None = None) -> dict[str, float]:
         """Evaluate the ``which`` checkpoint (when there is one) on ``test_loader``: ``<stem>/...``
@@ -442,6 +457,9 @@ class TrainerVerbsMixin:
             self._live_state("test")  # shared with a trainer that trained since: said before anything is written
             self.global_step = step  # the test's records are the run's, at its step
             test_metrics = self.eval_model(test_loader, log_prefix=f"{stem}/")
+            if isinstance(test_loader, StepsOf):  # test(steps=N): what the metrics cover
+                messages.info(f"test(steps={test_loader.n}) tested {test_loader.taken} batch"
+                              f"{'es' if test_loader.taken != 1 else ''}: the {stem}/... metrics are their means.")
             try:  # the run folder's lock is held while the records are written, not during the evaluation
                 with self._writing_records("test results"):
                     self._log(test_metrics)
