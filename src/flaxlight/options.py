@@ -387,7 +387,7 @@ def train_model_argument_message(owner: str, key: str, value: Any) -> str:
 
     Examples:
         >>> print(train_model_argument_message("MyTrainer", "resume", True))  # doctest: +ELLIPSIS
-        MyTrainer got resume=True, a keyword of train_model, not of the trainer: ... train_model(..., resume=True)...
+        MyTrainer got resume=True, a keyword of train_model, not of the trainer: pass it there, trainer.train_model(..., resume=True). ...
     """
     return (f"{owner} got {key}={value!r}, a keyword of train_model, not of the trainer: pass it there, "
             f"trainer.train_model(..., {key}={value!r}). (Kept as an extra hparam, as other unknown keywords are, "
