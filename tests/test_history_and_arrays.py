@@ -433,6 +433,10 @@ class _Loaders:  # a datamodule without setup
      r"train_model\(\(x, y\), \(x_val, y_val\), batch_size=64\)\.$"),
     (lambda t, x, y: t.train_model(val_loader=(x, y), num_epochs=2, batch_size=8),
      r"^train_model\(\) missing its first argument 'train_loader'"),
+    (lambda t, x, y: t.train_model(_DataModule(x, y), num_epochs=2),  # it said "train_loader has no len()"
+     r"^train_model\(\) got a data module \(_DataModule, which makes loaders and is none\) as 'train_loader': "
+     r"flaxlight takes the loaders themselves: Lightning's trainer\.fit\(model, datamodule=dm\) is "
+     r"dm\.setup\('fit'\) .* trainer\.train_model\(dm\.train_dataloader\(\), dm\.val_dataloader\(\)\)\.$"),
 ])
 def test_a_keras_or_lightning_call_without_a_train_loader_says_what_to_write(tmp_path, call, message):
     """Python's own "missing 1 required positional argument" came before flaxlight's hints."""

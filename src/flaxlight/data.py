@@ -1220,6 +1220,16 @@ def refuse_unknown_keywords(owner: Any, method: str, unknown: Mapping[str, Any],
         if value is REQUIRED:
             raise TypeError(f"{method}() missing its first argument {name!r}: it takes "
                             f"{_NEEDS.get(method, 'the data')}.")
+        if method in _LIGHTNING_CALLS and _is_datamodule(value):
+            raise TypeError(f"{method}() got a data module ({type(value).__name__}, which makes loaders and is none) "
+                            f"as {name!r}: {_datamodule_hint(method, value)}.")
+
+
+def _is_datamodule(value: Any) -> bool:
+    """Whether ``value`` is a LightningDataModule, or an object written like one: not iterable, with
+    a ``train_dataloader()`` (or ``val_``, ``test_``, ``predict_dataloader()``) method."""
+    return not isinstance(value, collections.abc.Iterable) and any(
+        callable(getattr(value, f"{stage}_dataloader", None)) for stage in ("train", "val", "test", "predict"))
 
 
 class StepsOf(FirstBatches):
