@@ -433,6 +433,11 @@ class _Loaders:  # a datamodule without setup
      r"train_model\(\(x, y\), \(x_val, y_val\), batch_size=64\)\.$"),
     (lambda t, x, y: t.train_model(val_loader=(x, y), num_epochs=2, batch_size=8),
      r"^train_model\(\) missing its first argument 'train_loader'"),
+    (lambda t, x, y: t.train_model((x, y), batch_size=8, ckpt_path="last"),
+     r"^train_model\(\) got an unexpected keyword argument 'ckpt_path': Lightning's fit\(ckpt_path='last'\) is "
+     r"train_model\(\.\.\., resume=True\)"),
+    (lambda t, x, y: t.train_model(train_dataloaders=_DataModule(x, y).train_dataloader()),
+     r"^train_model\(\) got an unexpected keyword argument 'train_dataloaders': pass the loaders themselves"),
     (lambda t, x, y: t.train_model(_DataModule(x, y), num_epochs=2),  # it said "train_loader has no len()"
      r"^train_model\(\) got a data module \(_DataModule, which makes loaders and is none\) as 'train_loader': "
      r"flaxlight takes the loaders themselves: Lightning's trainer\.fit\(model, datamodule=dm\) is "

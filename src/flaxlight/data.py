@@ -1125,6 +1125,15 @@ _LIGHTNING_CALLS = {  # method: (Lightning's call, setup stage, loaders to pass,
     "test": ("trainer.test(model, datamodule=dm)", "test", "dm.test_dataloader()", ""),
     "predict": ("trainer.predict(model, datamodule=dm)", "predict", "dm.predict_dataloader()", ""),
 }
+# Keywords of Lightning's trainer.fit that train_model does not take (besides datamodule=).
+_LIGHTNING_FIT_KEYWORDS = {
+    "ckpt_path": "Lightning's fit(ckpt_path='last') is train_model(..., resume=True): the newest readable checkpoint "
+                 "of the run in the trainer's log_dir; another run, or an older checkpoint of this one: "
+                 "resume_from='runs/MLP/version_0' (or its checkpoints/<step> folder)",
+    "dataloaders": "pass the loaders themselves: train_model(train_loader, val_loader)",
+    "train_dataloaders": "pass the loaders themselves: train_model(train_loader, val_loader)",
+    "val_dataloaders": "pass the validation loader as the second argument: train_model(train_loader, val_loader)",
+}
 # Keywords of Keras' evaluate / predict and Lightning's test / predict that flaxlight's evaluations do not take.
 _EVALUATION_KEYWORDS = {
     "x": "pass the data as the first argument: {example}",
@@ -1172,7 +1181,7 @@ def _keyword_hint(method: str, name: str, value: Any) -> str | None:
     if name == "datamodule" and method in _LIGHTNING_CALLS:
         return _datamodule_hint(method, value)
     if method not in _EXAMPLES:  # train_model's, Keras' fit()'s
-        return KERAS_KEYWORDS.get(name)
+        return KERAS_KEYWORDS.get(name) or _LIGHTNING_FIT_KEYWORDS.get(name)
     if name in _EVALUATION_KEYWORDS and (name != "steps" or method == "eval_model"):
         return _EVALUATION_KEYWORDS[name].format(example=_EXAMPLES[method], method=method)
     return None
