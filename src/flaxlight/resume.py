@@ -69,8 +69,9 @@ class CheckpointMeta:
             model's), so that a resume sizes the schedule as the run did (0: older checkpoints, whose
             schedule spanned ``max_steps`` from step 0).
         block_length: the steps per dispatch ``steps_per_execution="auto"`` chose (None before).
-        nonfinite: the run's non-finite steps so far and those before the current epoch
-            (:class:`flaxlight.loop.NonfiniteTally`).
+        nonfinite: the run's non-finite steps so far, those before the current epoch and where the
+            first was seen (:meth:`flaxlight.loop.NonfiniteTally.state_dict`; ``[steps, before_epoch]``
+            in older checkpoints).
         callbacks: each callback's ``state_dict()``, by :func:`named_callbacks` name (its
             ``state_key``). state_keys: whether they are (False: a checkpoint of a flaxlight that
             named them by class and position, matched by :func:`match_states` when unambiguous).
@@ -102,7 +103,7 @@ class CheckpointMeta:
     schedule_steps: int | None = None
     start_step: int = 0
     block_length: int | None = None
-    nonfinite: list = dataclasses.field(default_factory=lambda: [0, 0])
+    nonfinite: dict | list = dataclasses.field(default_factory=lambda: [0, 0])
     epochs_before: int = 0
     state_keys: bool = False
     earlier_epochs: list = dataclasses.field(default_factory=list)
