@@ -665,9 +665,18 @@ def _later_metric_files(log_dir: str, meta: CheckpointMeta) -> list[str]:
 
 
 def _best_as_of(meta: CheckpointMeta) -> dict:
-    """The best validation's metrics as of the checkpoint (without the train means saved with them)."""
+    """The best validation's metrics as of the checkpoint, as ``best_eval.json`` holds them: without
+    the epoch's train means saved with them (the names ``meta.train_metrics`` has, ``epoch_time``),
+    but with a ``train/...`` value a callback logged during the validation.
+
+    Examples:
+        >>> _best_as_of(CheckpointMeta(step=8, best_eval_metrics={"val/loss": 0.5, "train/loss": 0.4,
+        ...     "train/seen": 2.0, "epoch_time": 1.0}, train_metrics={"train/loss": 0.3, "epoch_time": 1.1}))
+        {'val/loss': 0.5, 'train/seen': 2.0}
+    """
+    means = meta.train_metrics or {}
     return {key: value for key, value in (meta.best_eval_metrics or {}).items()
-            if not key.startswith("train/") and key != "epoch_time"}
+            if key not in means and key != "epoch_time"}
 
 
 def _best_file(log_dir: str) -> dict | None:
