@@ -11,7 +11,9 @@ import pytest
 from conftest import RegressTrainer, TinyMLP, linear_data, quiet
 
 import flaxlight
+import flaxlight.loop
 from flaxlight import ArrayLoader
+from flaxlight.resume import CheckpointMeta
 from flaxlight.options import MetricNotLoggedError
 from flaxlight.callbacks import (Callback, EarlyStopping, LearningRateMonitor, ModelCheckpoint, NaNGuard,
                                  ThroughputMonitor, Timer)
@@ -286,6 +288,19 @@ def test_a_nan_loss_with_a_finite_state_is_saved_said_once_and_advises_checking_
     assert "check the data for labels out of range" in said[0]
     assert sorted(int(s) for s in os.listdir(tmp_path / "plain" / "run" / "checkpoints")) == [8, 16]
     NaNLossAtStep.load_from_checkpoint(tmp_path / "plain" / "run", exmp_input=X0)
+    # Resumed, the run still knows where its first NaN was (it said "at or before step 16").
+    resumed = _trainer(tmp_path / "plain", NaNLossAtStep, log_every_n_steps=2,
+                       callbacks=[ModelCheckpoint(every_n_epochs=1, save_top_k=-1)])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        resumed.train_model(train, val, num_epochs=3, resume=True)
+    said = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
+    assert len(said) == 1 and said[0].startswith("The loss was NaN/Inf in 1 step(s) of this run, the first between "
+                                                 "steps 5 and 6 (epoch 1, batches 5-6), but"), said
+    assert resumed.nonfinite_first == "between steps 5 and 6 (epoch 1, batches 5-6)"
+    old = flaxlight.loop.NonfiniteTally()  # a checkpoint from before the tally kept where the first was
+    old.load_state_dict(CheckpointMeta.from_json({"step": 16, "nonfinite": [1, 0]}).nonfinite, 16)
+    assert (old.steps, old.before_epoch, old.where_first()) == (1, 0, "between steps 1 and 16")
 
     stopping = _trainer(tmp_path / "stop", NaNLossAtStep, log_every_n_steps=2, callbacks=[NaNGuard()])
     stopping.train_model(train, val, num_epochs=2)

@@ -92,7 +92,8 @@ def test_a_trainers_own_argument_is_a_key_of_the_trainer_section(dict_run, tmp_p
     shutil.copytree(run_dir, resumed)
     code, _, err = run(capsys, "fit", "-c", config, "--resume", resumed, "trainer.max_epochs=2", "trainer.w_aux=3.0")
     assert code == 0, err
-    assert "(w_aux: 2.0 -> 3.0)" in err
+    assert "(w_aux: 2.0 -> 3.0)" in err and "trainer.w_aux" not in err  # said once: with hparams.yaml's changes
+    assert "config.yaml recorded (trainer.max_epochs: 1 -> 2)" in err  # no hparam: said with config.yaml's
     assert yaml.safe_load((resumed / "config.yaml").read_text())["trainer"]["w_aux"] == 3.0
     assert yaml.safe_load((resumed / "config.1.yaml").read_text())["trainer"]["w_aux"] == 2.0
     assert yaml.safe_load((resumed / "hparams.yaml").read_text())["w_aux"] == 3.0
@@ -187,6 +188,13 @@ def test_test_uses_the_runs_own_argument_that_the_class_does_not_pass_up(tmp_pat
     assert code == 0 and loss[0] in out.splitlines()
     assert "The config's trainer arguments differ from the run's (trainer.w: 5.0 here, 100.0 in the run): the " \
            "trainer is built with the run's" in err
+    # A resume with it: hparams.yaml does not change, config.yaml does; said once, as an hparams change is.
+    code, _, err = run(capsys, "fit", "-c", other, "--resume", tmp_path / "kept", "trainer.max_epochs=2")
+    assert code == 0, err
+    said = [line for line in err.splitlines() if "settings differ" in line]
+    assert said == ["This run's settings differ from the ones config.yaml recorded (trainer.w: 100.0 -> 5.0; "
+                    "trainer.max_epochs: 1 -> 2): they apply from now on; the earlier file is kept as config.1.yaml."]
+    assert not (tmp_path / "kept" / "hparams.1.yaml").exists()
 
 
 # --------------------------------------------------------------------------- types taken from a default

@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import warnings
 from pathlib import Path
 
 import jax
@@ -273,6 +274,26 @@ def test_a_resume_after_a_clean_stop_sets_nothing_aside(tmp_path, caplog, cut):
     assert not (tmp_path / "run" / "abandoned").exists() and "killed" not in caplog.text
     assert sorted(os.listdir(tmp_path / "run" / "metrics")) == ["best_eval.json"] + [
         f"eval_epoch_{epoch:03d}.json" for epoch in range(1, 7)]
+
+
+class LogsATrainValue(flaxlight.Callback):
+    """Logs ``train/seen`` during each validation (a train-side value, not the epoch's train means)."""
+
+    def on_validation_end(self, trainer, epoch, metrics):
+        trainer.log_metrics({"train/seen": float(epoch)})
+
+
+def test_a_train_value_logged_during_validation_names_no_later_best(tmp_path, caplog):
+    """best_eval.json keeps a callback's train/... value of the best validation, which the check of
+    the checkpoint's best dropped: loading said the records name a better model, and a resume set
+    the run's best_eval.json aside as a killed branch's."""
+    _trainer(tmp_path / "run", callbacks=[LogsATrainValue()]).train_model(*_loaders(), num_epochs=2)
+    assert "train/seen" in _json(tmp_path / "run" / "metrics" / "best_eval.json")
+    with caplog.at_level(logging.WARNING), warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        RegressTrainer.load_from_checkpoint(tmp_path / "run", exmp_input=X0)
+        _trainer(tmp_path / "run", callbacks=[LogsATrainValue()]).train_model(*_loaders(), num_epochs=3, resume=True)
+    assert not (tmp_path / "run" / "abandoned").exists() and "killed" not in caplog.text
 
 
 # ----------------------------------------------------------------- 5. a run's location is no setting

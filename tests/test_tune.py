@@ -720,14 +720,37 @@ def test_a_trial_whose_loss_went_nan_fails_even_when_its_accuracy_is_finite(tmp_
     x0 = classification_data()[0][:1]
     hparams = {**tiny_hparams(x0), "optimizer_hparams": {"optimizer": "sgd", "lr": 1e30, "schedule": "constant",
                                                          "gradient_clip": None}}
-    with pytest.raises(TuneError, match=r"FloatingPointError: PruningCallback: the loss was NaN/Inf in \d+ step\(s\) "
-                                        r"by epoch 1, so the model is damaged"):
+    with pytest.raises(TuneError, match=r"FloatingPointError: PruningCallback: by epoch 1, the loss was NaN/Inf in "
+                                        r"\d+ step\(s\), the first between steps 1 and 3 \(epoch 1, batches 1-3\); "
+                                        r"the parameters hold NaN/Inf, so the model is damaged"):
         tune(ClassifyTrainer, {"seed": Int(0, 3)}, hparams=hparams, train_loader=loaders[0], val_loader=loaders[1],
              num_epochs=3, metric="val/acc", n_trials=1, base_dir=tmp_path)
     (trial,) = load_study(tmp_path / "study").trials
     assert trial.state == State.FAIL and "NaN/Inf" in trial.user_attrs["error"]
     # stopped at its first validation, its chance-level accuracy never reported to the pruner (it trained on)
     assert trial.user_attrs["epochs"] == 1 and trial.intermediate_values == {}
+
+
+class NaNLossAtSecondStep(ClassifyTrainer):
+    """One bad batch: the second step's loss is NaN, its gradient zero (the parameters stay finite)."""
+
+    def loss_fn(self, params, batch, *, train, rng, state):
+        import jax.numpy as jnp
+
+        loss, aux = super().loss_fn(params, batch, train=train, rng=rng, state=state)
+        return jnp.where(train & (state.step == 1), jnp.nan, loss), aux
+
+
+def test_a_trial_whose_loss_went_nan_with_finite_parameters_says_so_not_that_the_model_is_damaged(tmp_path, loaders):
+    """A NaN loss of a finite model (a bad batch) failed the trial as "the model is damaged"."""
+    x0 = classification_data()[0][:1]
+    with pytest.raises(TuneError) as failed:
+        tune(NaNLossAtSecondStep, {"seed": Int(0, 3)}, hparams={**tiny_hparams(x0), "log_every_n_steps": 1},
+             train_loader=loaders[0], val_loader=loaders[1], num_epochs=1, metric="val/acc", n_trials=1,
+             base_dir=tmp_path)
+    assert "so the model is damaged" not in str(failed.value)
+    assert ("PruningCallback: by epoch 1, the loss was NaN/Inf in 1 step(s), the first at step 2 (epoch 1, batch 2), "
+            "but the parameters and the optimizer state stayed finite: a data problem") in str(failed.value)
 
 
 def test_shared_loggers_and_a_checkpoint_ranking_by_another_metric_are_refused(tmp_path, loaders):

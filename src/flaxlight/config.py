@@ -51,7 +51,7 @@ from flaxlight.messages import logger as messages
 from flaxlight.models import ModelHparamsError
 from flaxlight.optim import OptimizerConfig, suggest_key
 from flaxlight.options import MetricNotLoggedError, TrainerOptions, declared_keywords
-from flaxlight.runfiles import HPARAMS_FILE, LoggerParams, class_path, read_hparams, run_dir, to_yaml_safe
+from flaxlight.runfiles import HPARAMS_FILE, NOT_RECORDED, LoggerParams, class_path, read_hparams, run_dir, to_yaml_safe
 from flaxlight.trainer import TrainerModule
 
 __all__ = [
@@ -1175,7 +1175,8 @@ class SaveConfig(Callback):
     """Write the run's config as ``<log_dir>/config.yaml`` when training starts: after the run's
     folder is claimed and a resume matched its checkpoint, so a run that fails to start rewrites
     no other run's config. A resume keeps a config with other settings as ``config.1.yaml``
-    (``.2``, ...) and writes nothing when only the log_dir it filled in differs; a run from step 0
+    (``.2``, ...), says the changes hparams.yaml's do not (a trainer's own argument it does not pass on,
+    ``max_epochs``, the data's), and writes nothing when only the log_dir it filled in differs; a run from step 0
     (a new one, or one that replaced the folder's run) removes the ``config.N.yaml`` left there.
     :func:`build_run` adds one to every trainer it builds.
 
@@ -1198,21 +1199,63 @@ class SaveConfig(Callback):
                 if re.fullmatch(re.escape(os.path.basename(stem)) + r"\.[0-9]+\.yaml", name):
                     os.remove(os.path.join(trainer.log_dir, name))
         elif os.path.isfile(path):
-            if self._unchanged(path, trainer.log_dir):
+            changes = self._changes(path, trainer.log_dir)
+            if changes == []:
                 return
             kept = next(f"{stem}.{k}.yaml" for k in itertools.count(1) if not os.path.exists(f"{stem}.{k}.yaml"))
             os.rename(path, kept)
+            _announce_config_changes(changes, trainer.config, os.path.basename(kept))
         with open(path, "w") as f:
             f.write(self.text)
 
-    def _unchanged(self, path: str, log_dir: str) -> bool:
-        """Whether the config saved at ``path`` has these settings (its log_dir aside, see :func:`_settings`)."""
+    def _changes(self, path: str, log_dir: str) -> list[str] | None:
+        """Where the config saved at ``path`` differs from these settings (its log_dir aside, see
+        :func:`_settings`): ``["trainer.w_aux: 2.0 -> 3.0", ...]``; None: it is no YAML (edited by hand)."""
         with open(path, encoding="utf-8", errors="replace") as f:
             try:
                 saved = _yaml_load(f.read(), path)
             except ConfigError:  # edited by hand into invalid YAML: kept as config.N.yaml
-                return False
-        return _settings(saved, log_dir) == _settings(self.data, log_dir)
+                return None
+        return _config_changes(_settings(saved, log_dir), _settings(self.data, log_dir))
+
+
+def _config_changes(before: Any, after: Any, key: str = "") -> list[str]:
+    """``["optimizer.lr: 0.001 -> 0.01", ...]``: where two configs' plain YAML data differ."""
+    if isinstance(before, dict) and isinstance(after, dict):
+        return [change for name in dict.fromkeys([*before, *after])
+                for change in _config_changes(before.get(name), after.get(name), f"{key}.{name}" if key else str(name))]
+    return [] if before == after else [f"{key}: {before!r} -> {after!r}"]
+
+
+def _announce_config_changes(changes: list[str] | None, hparams: Mapping[str, Any], kept: str) -> None:
+    """Say a resume's config differs from the run's: each change ``hparams.yaml`` does not record
+    (a trainer's own argument it does not pass on to TrainerModule, ``max_epochs``, the data's), as
+    the run's hparams changes are said (:func:`flaxlight.runfiles.write_hparams` said those already)."""
+    if changes is None:
+        messages.warning(f"The run's {CONFIG_FILE} is no YAML this version reads (edited by hand?): it is kept as {kept}, "
+                         f"and {CONFIG_FILE} now holds this resume's settings.")
+        return
+    unsaid = [change for change in changes if not _recorded_in_hparams(change.split(":")[0], hparams)]
+    if not unsaid:  # each one said with hparams.yaml's changes, or where the run is (a moved run's log_dir)
+        messages.info(f"{CONFIG_FILE} now holds this resume's settings; the earlier config is kept as {kept}.")
+        return
+    messages.warning(f"This run's settings differ from the ones {CONFIG_FILE} recorded ({'; '.join(unsaid[:5])}"
+                     f"{'; ...' if len(unsaid) > 5 else ''}): they apply from now on; the earlier file is kept as {kept}.")
+
+
+def _recorded_in_hparams(key: str, hparams: Mapping[str, Any]) -> bool:
+    """Whether the config key ``key`` (``trainer.w_aux``) is a setting ``hparams.yaml`` records
+    (``hparams``: the trainer's ``config``), so that a change of it is said with that file's; or
+    ``trainer.logger_params``, which that file records but for where the run is, no setting."""
+    section, _, rest = key.partition(".")
+    name, _, inner = rest.partition(".")
+    if section == "optimizer":
+        return "optimizer_hparams" in hparams
+    if section == "model":
+        return name == "name" or (name == "hparams" and ("model_hparams" in hparams or inner.split(".")[0] in hparams))
+    if section != "trainer" or name in NOT_RECORDED:
+        return False
+    return name in hparams or name in {f.name for f in dataclasses.fields(TrainerOptions)}
 
 
 def _settings(data: Any, log_dir: str) -> Any:

@@ -224,6 +224,30 @@ class NonfiniteTally:
     def start_epoch(self, epoch: int | None = None, step: int | None = None) -> None:
         self.before_epoch, self.epoch, self.epoch_start = self.steps, epoch, step
 
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint keeps of the tally (plain JSON), so that a resumed run's messages name the
+        run's first non-finite step, as an uninterrupted run's do."""
+        return {"steps": self.steps, "before_epoch": self.before_epoch, "checked_step": self.checked_step,
+                "epoch": self.epoch, "epoch_start": self.epoch_start,
+                "first_seen": list(self.first_seen) if self.first_seen is not None else None}
+
+    def load_state_dict(self, saved: Any, step: int) -> None:
+        """Take the :meth:`state_dict` of the checkpoint ``step``; one written before it
+        (``[steps, before_epoch]``) gives the counts only: a first non-finite step is then said to be
+        between step 1 and ``step``.
+
+        Examples:
+            >>> tally = NonfiniteTally(); tally.load_state_dict([3, 1], step=16); (tally.steps, tally.where_first())
+            (3, 'between steps 1 and 16')
+        """
+        if not isinstance(saved, dict):
+            self.steps, self.before_epoch = (int(n) for n in saved)
+            self.first_seen = (0, step, None, None) if self.steps else None
+            return
+        self.steps, self.before_epoch, self.checked_step = saved["steps"], saved["before_epoch"], saved["checked_step"]
+        self.epoch, self.epoch_start = saved["epoch"], saved["epoch_start"]
+        self.first_seen = tuple(saved["first_seen"]) if saved["first_seen"] is not None else None
+
     def note(self, step: int, count_in_epoch: int) -> None:
         steps = max(self.steps, self.before_epoch + count_in_epoch)
         if steps > 0 and self.steps == 0:
@@ -243,12 +267,12 @@ class NonfiniteTally:
         return nonfinite
 
     def where_first(self) -> str:
-        """Where the first non-finite step was seen, for people: ``step 6`` or ``between steps 1 and
-        14 (epoch 1, batches 1-14)`` (the count is read at log points and epoch ends only)."""
+        """Where the first non-finite step was seen, for people: ``at step 6 (epoch 1, batch 6)`` or
+        ``between steps 1 and 14 (epoch 1, batches 1-14)`` (the count is read at log points and epoch ends only)."""
         if self.first_seen is None:  # counted before a resume
             return f"at or before step {self.checked_step}"
         after, by, epoch, epoch_start = self.first_seen
-        where = f"step {by}" if by == after + 1 else f"between steps {after + 1} and {by}"
+        where = f"at step {by}" if by == after + 1 else f"between steps {after + 1} and {by}"
         if epoch is not None and epoch_start is not None and after >= epoch_start:
             first, last = after + 1 - epoch_start, by - epoch_start
             where += f" (epoch {epoch}, batch {last})" if first == last else f" (epoch {epoch}, batches {first}-{last})"

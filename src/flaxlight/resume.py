@@ -69,8 +69,9 @@ class CheckpointMeta:
             model's), so that a resume sizes the schedule as the run did (0: older checkpoints, whose
             schedule spanned ``max_steps`` from step 0).
         block_length: the steps per dispatch ``steps_per_execution="auto"`` chose (None before).
-        nonfinite: the run's non-finite steps so far and those before the current epoch
-            (:class:`flaxlight.loop.NonfiniteTally`).
+        nonfinite: the run's non-finite steps so far, those before the current epoch and where the
+            first was seen (:meth:`flaxlight.loop.NonfiniteTally.state_dict`; ``[steps, before_epoch]``
+            in older checkpoints).
         callbacks: each callback's ``state_dict()``, by :func:`named_callbacks` name (its
             ``state_key``). state_keys: whether they are (False: a checkpoint of a flaxlight that
             named them by class and position, matched by :func:`match_states` when unambiguous).
@@ -102,7 +103,7 @@ class CheckpointMeta:
     schedule_steps: int | None = None
     start_step: int = 0
     block_length: int | None = None
-    nonfinite: list = dataclasses.field(default_factory=lambda: [0, 0])
+    nonfinite: dict | list = dataclasses.field(default_factory=lambda: [0, 0])
     epochs_before: int = 0
     state_keys: bool = False
     earlier_epochs: list = dataclasses.field(default_factory=list)
@@ -664,9 +665,18 @@ def _later_metric_files(log_dir: str, meta: CheckpointMeta) -> list[str]:
 
 
 def _best_as_of(meta: CheckpointMeta) -> dict:
-    """The best validation's metrics as of the checkpoint (without the train means saved with them)."""
+    """The best validation's metrics as of the checkpoint, as ``best_eval.json`` holds them: without
+    the epoch's train means saved with them (the names ``meta.train_metrics`` has, ``epoch_time``),
+    but with a ``train/...`` value a callback logged during the validation.
+
+    Examples:
+        >>> _best_as_of(CheckpointMeta(step=8, best_eval_metrics={"val/loss": 0.5, "train/loss": 0.4,
+        ...     "train/seen": 2.0, "epoch_time": 1.0}, train_metrics={"train/loss": 0.3, "epoch_time": 1.1}))
+        {'val/loss': 0.5, 'train/seen': 2.0}
+    """
+    means = meta.train_metrics or {}
     return {key: value for key, value in (meta.best_eval_metrics or {}).items()
-            if not key.startswith("train/") and key != "epoch_time"}
+            if key not in means and key != "epoch_time"}
 
 
 def _best_file(log_dir: str) -> dict | None:

@@ -465,7 +465,7 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
                                              steps_per_epoch=self.steps_per_epoch, schedule_steps=self._schedule_steps,
                                              start_step=self._start_step, earlier_epochs=self._earlier_epochs,
                                              block_length=self.engine.chosen_block_length(),
-                                             nonfinite=[self._nonfinite.steps, self._nonfinite.before_epoch])
+                                             nonfinite=self._nonfinite.state_dict())
         self.checkpointer.save(step, self.state, meta=meta.to_json(), metrics=chosen.score_of(step) if chosen else None)
 
     def load_model(self, step: int | None = None) -> None:
@@ -487,7 +487,7 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
         self._loop, self._best_eval_metrics = meta.loop_state(self.steps_per_epoch), meta.best_eval_metrics
         meta.restore_callbacks(self.callbacks)
         self.engine.adopt_block_length(meta.block_length)
-        self._nonfinite.steps, self._nonfinite.before_epoch = meta.nonfinite
+        self._nonfinite.load_state_dict(meta.nonfinite, step)
         self.logger.resume_from_step(step)
         return step
 

@@ -975,8 +975,7 @@ class _Objective:
         if pruning.nonfinite:
             raise FloatingPointError(pruning.reason)
         if PruningCallback.damaged(trainer):  # NaN steps after the last validation
-            raise FloatingPointError(f"the loss was NaN/Inf in {trainer.nonfinite_steps} step(s), so the "
-                                     f"trained model is damaged (its {self.metric} is not a result).")
+            raise FloatingPointError(f"after its last validation, {PruningCallback.nonfinite_account(trainer, self.metric)}.")
         value = metrics.get(self.metric) if isinstance(metrics, Mapping) else None
         if value is None:
             try:

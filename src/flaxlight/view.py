@@ -179,6 +179,12 @@ class TrainerViewMixin:
         """The step up to which :attr:`nonfinite_steps` is known."""
         return self._nonfinite.checked_step
 
+    @property
+    def nonfinite_first(self) -> str | None:
+        """Where the first of :attr:`nonfinite_steps` was seen, for people (``at step 6``, ``between steps
+        5 and 6 (epoch 1, batches 5-6)``); None while there is none."""
+        return self._nonfinite.where_first() if self._nonfinite.steps else None
+
     def log_point_time(self, step: int) -> float | None:
         """``time.perf_counter()`` when the train log point at ``step`` was done, for the point
         being delivered to ``on_log`` now (its metrics arrive one log point late); None for any

@@ -61,7 +61,7 @@ class TrainerView(Protocol):
         :class:`~flaxlight.TrainState`. log_dir: the run's folder (None in ``fast_dev_run``).
         options: the :class:`~flaxlight.TrainerOptions`. callback_metrics: the latest value of
         every logged metric. nonfinite_steps / nonfinite_checked_step: steps whose loss was
-        NaN/Inf, as of that step. is_best_validation: whether the latest validation is the best
+        NaN/Inf, as of that step; nonfinite_first: where the first was seen (None: none). is_best_validation: whether the latest validation is the best
         so far (the trainer's ``is_new_model_better``, asked once per validation).
         validation_metrics: the latest validation's metrics, the eval step's and those logged
         during it (by ``on_validation_epoch_end`` or callbacks), which the best model is ranked by.
@@ -109,6 +109,9 @@ class TrainerView(Protocol):
 
     @property
     def nonfinite_checked_step(self) -> int: ...
+
+    @property
+    def nonfinite_first(self) -> str | None: ...
 
     @property
     def is_best_validation(self) -> bool: ...

@@ -11,6 +11,7 @@ from typing import Any, Mapping
 
 from flaxlight.callbacks.base import Callback
 from flaxlight.callbacks.nan_guard import weights_damaged
+from flaxlight.loop import nonfinite_parts
 from flaxlight.options import MetricNotLoggedError
 
 __all__ = ["MetricNotLoggedError", "PruningCallback"]
@@ -74,8 +75,8 @@ class PruningCallback(Callback):
             self.nonfinite = True
             self.reason = (f"PruningCallback: {self.monitor} is {value} at epoch {epoch}; trial {number} stopped."
                            if not math.isfinite(value) else
-                           f"PruningCallback: the loss was NaN/Inf in {trainer.nonfinite_steps} step(s) by epoch "
-                           f"{epoch}, so the model is damaged; trial {number} stopped.")
+                           f"PruningCallback: by epoch {epoch}, {self.nonfinite_account(trainer, self.monitor)}; "
+                           f"trial {number} stopped.")
             trainer.stop(self.reason)
             return
         self.trial.report(value, self._step(trainer, epoch))
@@ -90,6 +91,27 @@ class PruningCallback(Callback):
         skip: its weights are damaged, whatever its metrics say (:func:`weights_damaged`)."""
         return weights_damaged(trainer)
 
+    @staticmethod
+    def nonfinite_account(trainer, metric: str) -> str:
+        """What happened to a trial whose loss was NaN/Inf (:meth:`damaged`), for people: how many
+        steps, where the first was seen, and whether the parameters are NaN/Inf (a damaged model) or
+        stayed finite (a non-finite loss of a finite model: a bad batch, a data problem), and so why
+        its ``metric`` is no result.
+
+        Examples:
+            >>> PruningCallback.nonfinite_account(trainer, "val/acc")   # doctest: +SKIP
+            'the loss was NaN/Inf in 1 step(s), the first at step 6 (epoch 1, batch 6), but the ...'
+        """
+        first = trainer.nonfinite_first
+        said = f"the loss was NaN/Inf in {trainer.nonfinite_steps} step(s)" + (f", the first {first}" if first else "")
+        parts = nonfinite_parts(trainer.state)
+        if parts:
+            return f"{said}; the {' and the '.join(parts)} hold NaN/Inf, so the model is damaged ({metric} is no result)"
+        return (f"{said}, but the parameters and the optimizer state stayed finite: a data problem, not a damaged "
+                f"model (check the data for labels out of range, a class index >= num_classes, or NaN/Inf inputs); "
+                f"{metric} of a training with NaN/Inf steps is no result (NaNGuard(action='skip') leaves such steps "
+                f"out)")
+
     def raise_if_pruned(self) -> None:
         """Raise :class:`optuna.TrialPruned` when the pruner stopped this run (call after training)."""
         if self.pruned:
@@ -103,3 +125,4 @@ class PruningCallback(Callback):
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.pruned = bool(state.get("pruned", False))
         self.pruned_epoch = state.get("pruned_epoch")
+
