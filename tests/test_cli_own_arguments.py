@@ -3,6 +3,7 @@ on a model of several outputs (a dict or a tuple): what the command line does wi
 
 from __future__ import annotations
 
+import logging
 import shutil
 
 import flax.linen as nn
@@ -195,6 +196,17 @@ def test_test_uses_the_runs_own_argument_that_the_class_does_not_pass_up(tmp_pat
     assert said == ["This run's settings differ from the ones config.yaml recorded (trainer.w: 100.0 -> 5.0; "
                     "trainer.max_epochs: 1 -> 2): they apply from now on; the earlier file is kept as config.1.yaml."]
     assert not (tmp_path / "kept" / "hparams.1.yaml").exists()
+    # Only a longer run: information (silenced with the flaxlight logger at WARNING), not a warning.
+    flaxlight_logger = logging.getLogger("flaxlight")
+    level = flaxlight_logger.level
+    try:
+        flaxlight_logger.setLevel(logging.WARNING)
+        code, _, err = run(capsys, "fit", "-c", other, "--resume", tmp_path / "kept", "trainer.max_epochs=3")
+    finally:
+        flaxlight_logger.setLevel(level)
+    assert code == 0, err
+    assert "settings differ" not in err and yaml.safe_load((tmp_path / "kept" / "config.2.yaml").read_text())[
+        "trainer"]["max_epochs"] == 2
 
 
 # --------------------------------------------------------------------------- types taken from a default

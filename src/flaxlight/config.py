@@ -1239,8 +1239,13 @@ def _announce_config_changes(changes: list[str] | None, hparams: Mapping[str, An
     if not unsaid:  # each one said with hparams.yaml's changes, or where the run is (a moved run's log_dir)
         messages.info(f"{CONFIG_FILE} now holds this resume's settings; the earlier config is kept as {kept}.")
         return
-    messages.warning(f"This run's settings differ from the ones {CONFIG_FILE} recorded ({'; '.join(unsaid[:5])}"
-                     f"{'; ...' if len(unsaid) > 5 else ''}): they apply from now on; the earlier file is kept as {kept}.")
+    # Training on for longer is what a resume is for: said as information; other changes as a warning.
+    say = messages.info if all(change.split(":")[0] in _RUN_LENGTH for change in unsaid) else messages.warning
+    say(f"This run's settings differ from the ones {CONFIG_FILE} recorded ({'; '.join(unsaid[:5])}"
+        f"{'; ...' if len(unsaid) > 5 else ''}): they apply from now on; the earlier file is kept as {kept}.")
+
+
+_RUN_LENGTH = ("trainer.max_epochs", "trainer.max_steps")
 
 
 def _recorded_in_hparams(key: str, hparams: Mapping[str, Any]) -> bool:
