@@ -41,11 +41,13 @@ def _trainer(tmp_path, **kwargs):
                          **quiet(tmp_path, **kwargs))
 
 
-def test_epoch_metric_objects_equal_sklearn_and_numpy_on_the_same_predictions(tmp_path):
+def test_epoch_metric_objects_equal_sklearn_and_numpy_on_the_same_predictions(tmp_path, capsys):
     x, y = _digits()
     train, val = (x[:1200], y[:1200]), (x[1200:1500], y[1200:1500])
     trainer = _trainer(tmp_path)
     trainer.train_model(train, val, num_epochs=2, batch_size=64)
+    said = [line for line in capsys.readouterr().err.splitlines() if "the default among" in line]
+    assert said and "val/f1" in said[0] and "confusion" not in said[0]  # a matrix is no choice of monitor
 
     metrics = trainer.eval_model(val, log_prefix="val/", batch_size=64)  # 300 = 4 * 64 + 44: a short last batch
     logits = trainer.predict(val[0], batch_size=64)

@@ -316,7 +316,7 @@ class TrainerOptions:
             return (f"{said}, which no validation of this run logs: it is not among the eval step's metrics "
                     f"{sorted(metrics)}, and nothing of yours runs during a validation to log it (an "
                     f"on_validation_epoch_end override, or a callback's on_validation_end or on_log).{hint} {fix}")
-        return (f"{said}, which was never logged: it is not among the validation metrics {sorted(metrics)}.{hint}"
+        return (f"{said}, which was never logged: it is not among the validation metrics {monitorable(metrics)}.{hint}"
                 f"{during} {fix}")
 
     def describe_monitor(self, metrics: Mapping[str, float]) -> str:
@@ -325,8 +325,8 @@ class TrainerOptions:
         said = f"The best model is picked by {key} ({'max' if larger else 'min'})"
         if self.monitor:
             return said + "."
-        return said + (f", the default among the validation metrics {sorted(metrics)}; pass monitor='val/<name>', "
-                       f"mode='min'/'max' to choose another.")
+        return said + (f", the default among the validation metrics {monitorable(metrics)}; pass "
+                       f"monitor='val/<name>', mode='min'/'max' to choose another.")
 
     def is_better(self, new: Mapping[str, float], old: Mapping[str, float] | None) -> bool:
         """Whether ``new`` validation metrics beat ``old`` (the best so far; None: there is none) on
@@ -393,6 +393,17 @@ def train_model_argument_message(owner: str, key: str, value: Any) -> str:
             f"trainer.train_model(..., {key}={value!r}). (Kept as an extra hparam, as other unknown keywords are, "
             f"it would change nothing; so it is refused. A hparam of your own trainer's under this name: declare "
             f"it in {owner}.__init__ and pass it up, as for any hparam.)")
+
+
+def monitorable(metrics: Mapping[str, Any]) -> list[str]:
+    """The names of ``metrics`` a monitor may name, sorted: those of one number (a metric object's
+    array result, a confusion matrix, ranks nothing).
+
+    Examples:
+        >>> monitorable({"val/loss": 0.3, "val/confusion": np.zeros((3, 3)), "val/acc": np.float32(0.9)})
+        ['val/acc', 'val/loss']
+    """
+    return sorted(name for name, value in metrics.items() if np.size(value) == 1)
 
 
 def check_monitors_are_numbers(monitors: Sequence[tuple[str, str | None]], shapes: Mapping[str, tuple]) -> None:
