@@ -354,6 +354,11 @@ def test_progress_in_a_log_file_is_one_plain_line_per_epoch(tmp_path, regression
     assert [line.split(" (")[0] for line in lines] == ["Epoch 1/3", "Epoch 2/3", "Epoch 3/3"]
     assert all("val/loss=" in line for line in lines)
     assert "\r" not in out + err and "\x1b[" not in out + err  # no bar redraws, no cursor moves
+    # Resumed from the end of epoch 3: its restored end is not printed again, as an empty line (it was).
+    _trainer(tmp_path, enable_progress_bar=True, log_every_n_steps=2).train_model(train, val, num_epochs=4,
+                                                                                  resume=True)
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("Epoch ")]
+    assert [line.split(" (")[0] for line in lines] == ["Epoch 4/4"] and "val/loss=" in lines[0]
 
 
 def test_max_steps_stops_mid_epoch(tmp_path, regression_loaders):

@@ -104,6 +104,8 @@ class ProgressBar(Callback):
     def on_epoch_end(self, trainer, epoch: int) -> None:
         summary = format_metrics(self._epoch_metrics)
         if self._lines:
+            if not self._epoch_metrics:  # the end of a resumed run's restored epoch, repeated: nothing new to say
+                return
             seconds = self._epoch_metrics.get("epoch_time", 0.0)
             print(f"Epoch {epoch}/{trainer.num_epochs} ({seconds:.2f}s): {summary}", flush=True)
         elif self._epoch_bar is not None:
