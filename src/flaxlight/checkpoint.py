@@ -14,15 +14,13 @@ Examples:
 
 from __future__ import annotations
 
-import atexit
+import asyncio
 import dataclasses
 import itertools
 import logging
 import os
 import shutil
-import sys
 import time
-import traceback
 import uuid
 import warnings
 from typing import Any, Callable
@@ -43,78 +41,78 @@ def _ocp():
     logging.getLogger("absl").setLevel(logging.ERROR)
     import orbax.checkpoint as ocp
 
-    _contain_failed_reads()
+    _finish_reads_on_failure()
     return ocp
 
 
-_FAILED_READS: set[str] = set()  # step folders whose restore failed (said as DamagedCheckpointError)
-_READING: set[str] = set()  # step folders being restored now
-_ORPHANED = [0]  # read completions dropped so far (see _contain_failed_reads)
+_LEFT_RUNNING_SECONDS = 30.0  # how long a failed orbax call waits for its other reads before cancelling them
 
 
-def _contain_failed_reads() -> None:
-    """Keep what a failed orbax read leaves behind off the screen (installed before orbax is used).
+def _finish_reads_on_failure() -> None:
+    """Make a failed orbax restore (or save, or metadata query) finish its other reads before
+    orbax closes their event loop (installed before orbax is used; a successful call is untouched).
 
-    orbax runs a restore's (or a metadata query's) reads in a fresh event loop and closes that
-    loop as soon as one read fails (``orbax.checkpoint._src.asyncio_utils.run_sync``), while tensorstore's other reads are
-    still in flight. Each of those that finishes later calls ``loop.call_soon_threadsafe`` on the
-    closed loop from a tensorstore thread; the ``RuntimeError('Event loop is closed')`` goes to
-    ``sys.unraisablehook``: dozens of tracebacks after one damaged checkpoint, already reported.
-    Only those are dropped (a closed-loop error raised in ``call_soon_threadsafe`` from native
-    code), and asyncio's "Task / Future exception was never retrieved" for reads of a checkpoint whose
-    restore failed; anything else reaches the previous hook and the ``asyncio`` logger as before.
+    orbax runs each such call as one coroutine in a fresh event loop, which it closes as soon as the
+    coroutine returns or raises (``orbax.checkpoint._src.asyncio_utils.run_sync`` and its
+    ``_run_sync_via_new_loop``). The coroutine reads every array at once (``asyncio.gather``
+    without ``return_exceptions`` in ``serialization.async_io_engine.execute_restore`` and
+    ``serialization.jax_array_handlers._deserialize_arrays``; the metadata query's
+    ``metadata.tree.InternalTreeMetadata.as_custom_metadata`` alike), so when one array of a damaged
+    checkpoint fails to read, the gather raises at once and the other reads are left in flight in
+    tensorstore's threads. Each one that finishes after the loop closed sends its result to the
+    closed loop (``RuntimeError: Event loop is closed``, printed as an unraisable exception: dozens
+    per damaged checkpoint); one that finishes in the loop's last turn leaves a task or future whose
+    exception nobody retrieves (asyncio logs "Task / Future exception was never retrieved" when it is
+    collected: on a busy machine, now and then). Here ``run_sync`` (every orbax call in the process)
+    gets the coroutine wrapped by :func:`_finishing_others`: on failure it waits for the loop's other
+    tasks, which are that call's own (the loop is fresh), before raising. An orbax without this
+    ``run_sync`` is left as it is.
     """
-    if getattr(sys.unraisablehook, "_flaxlight_reads", False):
+    try:
+        from orbax.checkpoint._src import asyncio_utils
+
+        run_sync = asyncio_utils.run_sync
+    except (ImportError, AttributeError):  # pragma: no cover - another orbax layout
         return
-    previous = sys.unraisablehook
+    if getattr(run_sync, "_flaxlight_finishes_reads", False):
+        return
 
-    def hook(unraisable: Any) -> None:
-        if _orphaned_read_callback(unraisable):
-            _ORPHANED[0] += 1
-        else:
-            previous(unraisable)
+    def finishing_run_sync(coro):
+        return run_sync(_finishing_others(coro))
 
-    hook._flaxlight_reads = True  # type: ignore[attr-defined]
-    sys.unraisablehook = hook
-    asyncio_logger = logging.getLogger("asyncio")
-    if not any(isinstance(f, _SaidReadErrors) for f in asyncio_logger.filters):
-        asyncio_logger.addFilter(_SaidReadErrors())
+    finishing_run_sync._flaxlight_finishes_reads = True  # type: ignore[attr-defined]
+    asyncio_utils.run_sync = finishing_run_sync
 
 
-def _settle_failed_reads(quiet: float = 0.05, limit: float = 1.0) -> None:
-    """Wait (at most ``limit`` seconds) until no read left behind by a failed restore has finished
-    for ``quiet`` seconds: they land, dropped, before the error is shown and before the process
-    exits (at exit Python no longer calls the hook, and would print them)."""
-    start = moment = time.monotonic()
-    seen = _ORPHANED[0]
-    while time.monotonic() - moment < quiet and time.monotonic() - start < limit:
-        time.sleep(quiet / 10)
-        if _ORPHANED[0] != seen:
-            seen, moment = _ORPHANED[0], time.monotonic()
+async def _finishing_others(coro):
+    """``await coro``; when it raises, first wait until every other task of the event loop (the reads
+    it left running) is done and retrieve their exceptions: the first error is the one raised."""
+    try:
+        return await coro
+    except Exception:
+        await _finish_other_tasks(_LEFT_RUNNING_SECONDS)
+        raise
 
 
-def _orphaned_read_callback(unraisable: Any) -> bool:
-    """A read's completion sent to an event loop that orbax closed (see :func:`_contain_failed_reads`)."""
-    exc = unraisable.exc_value
-    if unraisable.object is not None or not isinstance(exc, RuntimeError) or str(exc) != "Event loop is closed":
-        return False
-    frames = [frame.f_code.co_name for frame, _ in traceback.walk_tb(unraisable.exc_traceback)]
-    return bool(frames) and frames[0] == "call_soon_threadsafe"
-
-
-_NEVER_RETRIEVED = ("Task exception was never retrieved", "Future exception was never retrieved")  # asyncio's
-
-
-class _SaidReadErrors(logging.Filter):
-    """Drops asyncio's "Task (or Future) exception was never retrieved" about a checkpoint whose restore failed
-    (or is failing: the message may come before the restore raises)."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if not str(record.msg).startswith(_NEVER_RETRIEVED) or not (_FAILED_READS or _READING):
-            return True
-        text = f"{record.getMessage()} {record.exc_info[1] if record.exc_info else ''}"
-        # a read's DATA_LOSS while a restore fails (or failed) here: the DamagedCheckpointError says it
-        return not (any(folder in text for folder in _FAILED_READS | _READING) or "DATA_LOSS" in text)
+async def _finish_other_tasks(timeout: float) -> None:
+    """Wait until the running loop's other tasks (and the tasks they start) are done, marking their
+    exceptions retrieved; after ``timeout`` seconds, cancel what still runs and wait one more second."""
+    me = asyncio.current_task()
+    deadline = time.monotonic() + timeout
+    while True:
+        await asyncio.sleep(0)  # callbacks already queued (a gather's bookkeeping of a finished read) run
+        others = {task for task in asyncio.all_tasks() if task is not me}
+        left = deadline - time.monotonic()
+        if others and left <= 0:
+            for task in others:
+                task.cancel()
+        if others:
+            done, _ = await asyncio.wait(others, timeout=max(left, 1.0))
+            for task in done:
+                if not task.cancelled():
+                    task.exception()
+        if not others or left <= 0:
+            return
 
 
 def _abstract(tree):
@@ -475,22 +473,14 @@ class Checkpointer:
         # partial_restore: the optimizer state stays on disk when it is not wanted.
         item = ocp.args.PyTreeRestore(abstract, restore_args=ocp.checkpoint_utils.construct_restore_args(abstract),
                                       partial_restore=True)
-        folder = os.path.join(self.directory, str(step), "")
-        _READING.add(folder)  # a failing read's left-behind tasks may be reported before the failure is
         try:
             restored = self._manager.restore(step, args=ocp.args.Composite(state=item))["state"]
         except Exception as exc:  # orbax raises several types; the shapes matched above, so the files are bad
-            if not _FAILED_READS:
-                atexit.register(_settle_failed_reads)
-            _FAILED_READS.add(folder)
-            _settle_failed_reads()
             raise DamagedCheckpointError(
                 f"Could not restore checkpoint {step} from {self.directory}: it is damaged or partial (its "
                 f"structure matches the model and optimizer built now, its files do not read: "
                 f"{type(exc).__name__}: {str(exc)[:300]}). Load another checkpoint (which='last', or an earlier step)."
             ) from exc
-        finally:
-            _READING.discard(folder)
         restored = _typed_like(restored, wanted)
         replace = dict(restored.get("model_state") or {})
         replace["params"] = restored["params"]
