@@ -9,10 +9,10 @@ from conftest import RegressTrainer, TinyMLP, linear_data, quiet
 from flaxlight.callbacks import EarlyStopping
 
 
-def _trainer(tmp_path, **kwargs):
+def _trainer(tmp_path, optimizer_hparams=None, **kwargs):
     return RegressTrainer(model_class=TinyMLP, model_hparams={"hidden_dims": [16], "output_dim": 1},
-                          optimizer_hparams={"optimizer": "adam", "lr": 1e-2}, exmp_input=np.zeros((1, 4), np.float32),
-                          **quiet(tmp_path, **kwargs))
+                          optimizer_hparams=optimizer_hparams or {"optimizer": "adam", "lr": 1e-2},
+                          exmp_input=np.zeros((1, 4), np.float32), **quiet(tmp_path, **kwargs))
 
 
 def _val_steps(tmp_path):
@@ -43,10 +43,39 @@ def test_max_steps_on_an_interval_step_mid_epoch_is_validated_once(tmp_path):
     assert _val_steps(tmp_path) == [3, 5, 6]  # 5: the epoch end; 6: the interval and the last step, once
 
 
-def test_step_validation_also_runs_in_epochs_without_an_epoch_validation(tmp_path):
-    trainer = _trainer(tmp_path, check_val_every_n_epoch=2, val_check_interval=5)
+def test_step_validations_run_only_in_the_epochs_check_val_every_n_epoch_names(tmp_path):
+    """As in Lightning: with check_val_every_n_epoch=2, the interval validates in epochs 2, 4, ...
+    only (it validated in every epoch, 7 times here, where Lightning validates 3 times)."""
+    trainer = _trainer(tmp_path, check_val_every_n_epoch=2, val_check_interval=2)
     trainer.train_model(TRAIN, VAL, num_epochs=3, batch_size=8)
-    assert _val_steps(tmp_path) == [5, 10, 15]
+    assert _val_steps(tmp_path) == [6, 8, 10]  # epoch 2 is steps 6-10; 10: its end, validated once
+
+
+def test_a_run_resumed_mid_epoch_validates_at_the_steps_of_an_uninterrupted_one(tmp_path):
+    import os
+    import signal
+
+    import jax
+
+    from flaxlight import Callback
+
+    class SigtermAt(Callback):
+        every_n_steps = 1
+
+        def on_step(self, trainer, step):
+            if step == 7:  # in epoch 2 (steps 6-10), after its first interval validation
+                os.kill(os.getpid(), signal.SIGTERM)
+
+    options = {"check_val_every_n_epoch": 2, "val_check_interval": 2}
+    reference = _trainer(tmp_path / "ref", **options)
+    reference.train_model(TRAIN, VAL, num_epochs=4, batch_size=8)
+    with pytest.raises(SystemExit):
+        _trainer(tmp_path / "cut", callbacks=[SigtermAt()], **options).train_model(TRAIN, VAL, num_epochs=4,
+                                                                                   batch_size=8)
+    resumed = _trainer(tmp_path / "cut", **options)
+    resumed.train_model(TRAIN, VAL, num_epochs=4, batch_size=8, resume=True)
+    assert _val_steps(tmp_path / "cut") == _val_steps(tmp_path / "ref") == [6, 8, 10, 16, 18, 20]
+    jax.tree.map(np.testing.assert_array_equal, resumed.state.params, reference.state.params)
 
 
 def test_early_stopping_counts_step_validations(tmp_path):
@@ -66,8 +95,9 @@ def test_settings_with_no_validation_say_how_to_get_one(tmp_path):
         _trainer(tmp_path / "d", check_val_every_n_epoch=None, val_check_interval=1000).train_model(
             TRAIN, VAL, num_epochs=2, batch_size=8)
     assert not (tmp_path / "d" / "checkpoints").exists()
-    _trainer(tmp_path / "c", check_val_every_n_epoch=5, val_check_interval=5).train_model(TRAIN, VAL, num_epochs=2,
-                                                                                        batch_size=8)
-    assert _val_steps(tmp_path / "c") == [5, 10]
+    with pytest.raises(ValueError, match="check_val_every_n_epoch=5 > num_epochs=2: no validation would run "
+                                         r"\(val_check_interval validates only within the epochs"):
+        _trainer(tmp_path / "c", check_val_every_n_epoch=5, val_check_interval=5).train_model(
+            TRAIN, VAL, num_epochs=2, batch_size=8)
     with pytest.raises(ValueError, match="positive int, or None"):
         _trainer(tmp_path / "d", check_val_every_n_epoch=0)

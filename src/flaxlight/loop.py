@@ -593,10 +593,13 @@ class RunPlan:
                              "val_check_interval is not set: no validation would run. Set val_check_interval=N, "
                              "or check_val_every_n_epoch to an int.")
         epochs_validate = check_val_every_n_epoch is not None and check_val_every_n_epoch <= num_epochs
-        if val_loader is not None and not (epochs_validate or val_check_interval or limits.validate_every_epoch):
+        steps_only = check_val_every_n_epoch is None and val_check_interval  # an int one: in its epochs only
+        if val_loader is not None and not (epochs_validate or steps_only or limits.validate_every_epoch):
             raise ValueError(f"check_val_every_n_epoch={check_val_every_n_epoch} > num_epochs={num_epochs}: no "
-                             f"validation would run, so there would be no best model to test. Lower "
-                             f"check_val_every_n_epoch, train longer, or set val_check_interval=N (steps).")
+                             f"validation would run (val_check_interval validates only within the epochs "
+                             f"check_val_every_n_epoch names), so there would be no best model to test. Lower "
+                             f"check_val_every_n_epoch, train longer, or set val_check_interval=N (steps) with "
+                             f"check_val_every_n_epoch=None.")
         validations = (num_epochs // check_val_every_n_epoch if check_val_every_n_epoch else 0)
         if val_loader is not None and is_iterator(val_loader) and (validations > 1 or val_check_interval):
             raise ValueError("val_loader is an iterator (a generator?): it runs dry after the first validation. Give "
@@ -646,6 +649,25 @@ def epoch_validation_due(epoch: int, every: int | None, limits: "BatchLimits") -
     """Whether ``epoch`` ends with a validation: every ``every`` epochs (None: never, step
     validation only), or every epoch under ``fast_dev_run``."""
     return (every is not None and epoch % every == 0) or limits.validate_every_epoch
+
+
+def step_validation_due(epoch: int, batch_index: int, epoch_length: int | None, every: int | None,
+                        limits: "BatchLimits") -> bool:
+    """Whether a ``val_check_interval`` step reached after ``batch_index`` batches of ``epoch`` (of
+    ``epoch_length``) validates. As in Lightning, only in the epochs that validate
+    (``check_val_every_n_epoch=every``: every ``every``-th; None: every epoch, the interval alone
+    decides), and not at the end of an epoch whose own validation follows (never twice at a step).
+
+    Examples:
+        >>> [step_validation_due(epoch, 10, 20, every=2, limits=BatchLimits()) for epoch in (1, 2)]
+        [False, True]
+        >>> step_validation_due(2, 20, 20, every=2, limits=BatchLimits())  # the epoch's validation does it
+        False
+    """
+    if every is not None and epoch % every != 0 and not limits.validate_every_epoch:
+        return False
+    at_end = epoch_length is not None and batch_index >= epoch_length
+    return not (at_end and epoch_validation_due(epoch, every, limits))
 
 
 def epoch_length(train_loader, limits: BatchLimits, max_steps: int | None) -> int:

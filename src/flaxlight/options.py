@@ -114,8 +114,10 @@ class TrainerOptions:
             and its ``max_steps=U`` is ``max_steps=U * N`` here (said at the start of a run).
         max_time: stop after this much training time (seconds, ``timedelta`` or
             ``"DD:HH:MM:SS"``), via a :class:`Timer` callback.
-        val_check_interval: also validate every N steps, not only at epoch ends; with
-            ``check_val_every_n_epoch=None``, only every N steps. Never twice at one step.
+        val_check_interval: also validate every N steps (global steps N, 2N, ...), not only at
+            epoch ends, within the epochs ``check_val_every_n_epoch`` validates (with 2: in
+            epochs 2, 4, ..., as in Lightning); with ``check_val_every_n_epoch=None``, only
+            every N steps, in every epoch. Never twice at one step.
         limit_train_batches / limit_val_batches: batches per epoch / per validation (an int)
             or a fraction of the loader (a float in (0, 1]).
         fast_dev_run: one train batch and one validation batch, one epoch, nothing written:

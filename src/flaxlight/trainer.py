@@ -22,7 +22,7 @@ from flaxlight.data import (REQUIRED, FirstBatches, as_input_list, checked_loade
 from flaxlight.engine import Engine, Span, check_step_pair
 from flaxlight.loggers import LoggerCollection
 from flaxlight.loop import (BatchLimits, EventSchedule, Interrupted, LoopState, NonfiniteTally, RunPlan, SignalGuard,
-                            epoch_stop, epoch_validation_due, safe_len, warn_if_loader_ran_short)
+                            epoch_stop, epoch_validation_due, safe_len, step_validation_due, warn_if_loader_ran_short)
 from flaxlight.messages import logger as messages
 from flaxlight.metrics import batch_size, read_means, to_host
 from flaxlight.models import make_adapter
@@ -356,8 +356,8 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
         self._take(span)
         step, loop, schedule = self.global_step, self._loop, self._schedule
         val_due = schedule.due(self.options.val_check_interval, step, steps) and self._val_loader is not None and (
-            loop.batch_index < self.steps_per_epoch
-            or not epoch_validation_due(loop.epoch, self.check_val_every_n_epoch, self._limits))
+            step_validation_due(loop.epoch, loop.batch_index, self.steps_per_epoch, self.check_val_every_n_epoch,
+                                self._limits))
         loop.owed_events, loop.owed_steps = [name for name, due in (
             ("log", schedule.due(self.options.log_every_n_steps, step, steps)), ("val", val_due),
             ("callbacks", any(schedule.due(cb.every_n_steps, step, steps) for cb in self.callbacks))) if due], steps
