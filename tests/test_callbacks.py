@@ -396,6 +396,44 @@ def test_fast_dev_run_touches_one_batch_and_writes_nothing(tmp_path, regression_
     assert os.listdir(tmp_path) == []
 
 
+class _CountedBatches:
+    """The batches each pass served (the run's start peeks at the first batch: a pass of 1)."""
+
+    def __init__(self, batches):
+        self.batches, self.passes = batches, []
+
+    def __len__(self):
+        return len(self.batches)
+
+    def __iter__(self):
+        self.passes.append(0)
+        for batch in self.batches:
+            self.passes[-1] += 1
+            yield batch
+
+
+def test_fast_dev_run_n_runs_n_batches_of_each_and_refuses_other_values(tmp_path, regression_loaders):
+    """Lightning's fast_dev_run=N: N train and N validation batches (an int was taken for True: 1 batch)."""
+    train, _, _ = regression_loaders
+    val = _CountedBatches([linear_data(8, seed) for seed in range(5)])
+    trainer = RegressTrainer(model_class=TinyMLP, model_hparams={}, optimizer_hparams={}, exmp_input=X0,
+                             logger_params={"base_log_dir": str(tmp_path)}, enable_progress_bar=False,
+                             enable_model_summary=False, fast_dev_run=3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "limit_val_batches=... is more than" for a short loader either
+        trainer.train_model(train, val, num_epochs=50)
+    assert int(trainer.state.step) == 3 and val.passes[-1] == 3 and os.listdir(tmp_path) == []
+    trainer = RegressTrainer(model_class=TinyMLP, model_hparams={}, optimizer_hparams={}, exmp_input=X0,
+                             fast_dev_run=20, **quiet(tmp_path))
+    trainer.train_model(train, val, num_epochs=5)
+    assert int(trainer.state.step) == 8 and val.passes[-1] == 5  # as many as each loader has, once
+    for bad in ("yes", 1.0, -1):
+        with pytest.raises(ValueError, match=r"fast_dev_run must be True or False, or an int N \(N train and N "
+                                             r"validation batches.*; got"):
+            RegressTrainer(model_class=TinyMLP, model_hparams={}, optimizer_hparams={}, exmp_input=X0,
+                           fast_dev_run=bad, **quiet(tmp_path))
+
+
 def test_bad_callback_settings_are_explained(tmp_path, regression_loaders):
     with pytest.raises(TypeError, match="Callback instances; got str"):
         _trainer(tmp_path, callbacks=["early_stopping"])

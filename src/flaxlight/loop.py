@@ -507,19 +507,26 @@ class BatchLimits:
 
     train: int | float | None = None
     val: int | float | None = None
-    max_epochs: int | None = None  # fast_dev_run: 1
+    max_epochs: int | None = None  # fast_dev_run (True or N): 1
     validate_every_epoch: bool = False  # fast_dev_run: validate whatever check_val_every_n_epoch says
 
     @classmethod
     def from_options(cls, options) -> "BatchLimits":
+        """``fast_dev_run=True``: 1 train and 1 validation batch, one epoch; ``fast_dev_run=N``: N
+        of each (fewer where a loader has fewer, silently, as in Lightning)."""
         if options.fast_dev_run:
-            return cls(train=1, val=1, max_epochs=1, validate_every_epoch=True)
+            batches = 1 if options.fast_dev_run is True else options.fast_dev_run
+            return cls(train=batches, val=batches, max_epochs=1, validate_every_epoch=True)
         return cls(train=options.limit_train_batches, val=options.limit_val_batches)
 
     def train_batches(self, available: int | None) -> int | None:
+        if self.max_epochs is not None and available is not None:  # fast_dev_run: as many as there are
+            return min(available, self.train)
         return limit_batches(available, self.train, "limit_train_batches", "train_loader")
 
     def val_batches(self, available: int | None) -> int | None:
+        if self.max_epochs is not None and available is not None:
+            return min(available, self.val)
         return limit_batches(available, self.val, "limit_val_batches", "val_loader")
 
 

@@ -120,8 +120,9 @@ class TrainerOptions:
             every N steps, in every epoch. Never twice at one step.
         limit_train_batches / limit_val_batches: batches per epoch / per validation (an int)
             or a fraction of the loader (a float in (0, 1]).
-        fast_dev_run: one train batch and one validation batch, one epoch, nothing written:
-            a smoke test of the whole loop.
+        fast_dev_run: True: one train batch and one validation batch, one epoch, nothing
+            written: a smoke test of the whole loop. An int N: N train and N validation
+            batches (fewer where a loader has fewer), as Lightning's ``fast_dev_run=N``; 0 is off.
         steps_per_execution: train steps fused into one dispatch (``lax.scan`` over a stacked
             block of batches); same results as single steps. Log points and ``on_step``
             callbacks fire at block ends (intervals that are multiples of it stay exact).
@@ -165,7 +166,7 @@ class TrainerOptions:
     val_check_interval: int | None = None
     limit_train_batches: int | float | None = None
     limit_val_batches: int | float | None = None
-    fast_dev_run: bool = False
+    fast_dev_run: bool | int = False
     steps_per_execution: int | str = 1
     prefetch: int = 0
     compilation_cache: bool | str = True
@@ -184,6 +185,9 @@ class TrainerOptions:
                 isinstance(rule, (list, tuple)) and len(rule) == 2 and isinstance(rule[0], str)
                 for rule in self.sharding_rules)), "a list of (logical name, mesh axis or None) pairs")
         _require(self, "prefetch", _is_int(self.prefetch, 0), "an int >= 0 (0: no background loading)")
+        _require(self, "fast_dev_run", isinstance(self.fast_dev_run, bool) or _is_int(self.fast_dev_run, 0),
+                 "True or False, or an int N (N train and N validation batches, one epoch, nothing written, as "
+                 "Lightning's fast_dev_run=N; True is N=1, 0 is off)")
         for name in ("max_steps", "val_check_interval"):
             value = getattr(self, name)
             _require(self, name, value is None or _is_int(value, 1), "a positive int (or None)")

@@ -720,7 +720,7 @@ class TrainerVerbsMixin:
         return not checkpoints.all_steps()
 
     def _no_checkpointing_reason(self) -> str:
-        return ("fast_dev_run=True writes no checkpoint" if self.options.fast_dev_run else
+        return (f"fast_dev_run={self.options.fast_dev_run!r} writes no checkpoint" if self.options.fast_dev_run else
                 "checkpointing is off for this trainer (enable_checkpointing=False, and no ModelCheckpoint among its "
                 "callbacks)")
 
