@@ -582,3 +582,42 @@ def test_methods_flaxlight_calls_and_a_mixins_lightning_method_are_told_apart(tm
         _trainer(tmp_path, trainer_class=type("OtherMixed", (LightningBits, RegressTrainer), {}))
     said = [str(w.message) for w in caught]
     assert len(said) == 1 and said[0].startswith("Mixed.predict_step is never called"), said
+
+
+@pytest.mark.parametrize("hook, written, expected", [
+    ("on_validation_epoch_end", lambda self: None, "def on_validation_epoch_end(self, epoch_idx, eval_metrics, "
+                                                   "val_loader)"),
+    ("on_training_epoch_end", lambda self: None, "def on_training_epoch_end(self, epoch_idx)"),
+    ("on_training_start", lambda self, trainer: None, "def on_training_start(self)"),
+    ("on_training_end", staticmethod(lambda trainer: None), "def on_training_end(self)"),
+])
+def test_a_trainer_hook_that_cannot_take_the_loops_arguments_is_refused_when_built(tmp_path, hook, written,
+                                                                                  expected):
+    """LightningModule's on_validation_epoch_end(self) on the trainer failed after the first epoch had
+    trained, with Python's bare "takes 1 positional argument but 4 were given" (trials21 porter 3)."""
+    with pytest.raises(TypeError, match=rf"^Ported\.{hook}\(.*\) cannot take what flaxlight passes: the trainer "
+                                        rf"calls self\.{hook}\(.*\)\..* Write {re.escape(expected)} \(see "
+                                        rf"flaxlight\.TrainerModule\.{hook}"):
+        _trainer(tmp_path, trainer_class=type("Ported", (RegressTrainer,), {hook: written}))
+
+
+def test_trainer_hooks_with_other_names_or_star_args_are_called(tmp_path, regression_loaders):
+    calls = []
+
+    class Flexible(RegressTrainer):
+        def on_validation_epoch_end(self, *args, **kwargs):
+            calls.append(("val", len(args)))
+
+        def on_training_epoch_end(self, epoch, extra=None):
+            calls.append(("train", epoch))
+
+        on_training_start = staticmethod(lambda *args: calls.append(("start", args)))
+
+    class Sub(Flexible):  # inherits them: checked as its own
+        pass
+
+    train, val, _ = regression_loaders
+    _trainer(tmp_path, trainer_class=Sub).train_model(train, val, num_epochs=1)
+    assert calls == [("start", ()), ("train", 1), ("val", 3)]
+    with pytest.raises(TypeError, match=r"LightningModule's on_validation_epoch_end\(self\) takes no arguments"):
+        _trainer(tmp_path, trainer_class=type("Ported", (RegressTrainer,), {"on_validation_epoch_end": lambda self: 0}))

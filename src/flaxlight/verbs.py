@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import logging
 import os
 import re
@@ -39,7 +40,8 @@ from flaxlight.registry import explicit_parameters
 from flaxlight.step import computing_state, step_owner
 from flaxlight.view import is_flaxlights_own, refuse_deleted_arrays, writes_own_checkpoints
 
-__all__ = ["TrainerVerbsMixin", "LIGHTNING_MODULE_METHODS", "warn_lightning_module_methods"]
+__all__ = ["TrainerVerbsMixin", "LIGHTNING_MODULE_METHODS", "TRAINER_HOOKS", "check_trainer_hooks",
+           "warn_lightning_module_methods"]
 
 
 def _version() -> str:
@@ -226,7 +228,8 @@ def warn_lightning_module_methods(cls: type) -> None:
     (:data:`LIGHTNING_MODULE_METHODS`: ``predict_step``, ``configure_optimizers``,
     ``on_save_checkpoint``, ...), naming what flaxlight calls instead. Run when a trainer is built;
     each method is warned of once, whichever class of the ones inheriting it is built first. A
-    name flaxlight's trainer has (``on_validation_epoch_end``, the seed's hook) is called, so left alone.
+    name flaxlight's trainer has (``on_validation_epoch_end``, the seed's hook) is called, so left alone
+    here (:func:`check_trainer_hooks` checks that it can take the loop's arguments).
 
     Examples:
         >>> class Ported(flaxlight.TrainerModule):        # doctest: +SKIP
@@ -247,13 +250,61 @@ def warn_lightning_module_methods(cls: type) -> None:
                      f"meant as Lightning's: name it otherwise. See docs/from-lightning.md.)")
 
 
+# The trainer's own hooks (TrainerModule's no-op methods that the loop calls, with the arguments of
+# their signatures there) and, for those LightningModule has too, what Lightning's takes instead.
+TRAINER_HOOKS = {
+    "on_training_start": "", "on_training_end": "",
+    "on_training_epoch_end": "",
+    "on_validation_epoch_end": " LightningModule's on_validation_epoch_end(self) takes no arguments (it reads what "
+                               "validation_step kept); here the validation's metrics come as eval_metrics (means "
+                               "of what loss_fn returned with train=False).",
+}
+
+
+def check_trainer_hooks(cls: type) -> None:
+    """Refuse an override of one of the trainer's hooks (:data:`TRAINER_HOOKS`) that cannot take
+    what the loop passes, e.g. LightningModule's ``on_validation_epoch_end(self)``, naming the
+    signature to write. Run when a trainer is built, so that it fails before anything trains (the
+    call came after the first epoch). A hook written with ``*args`` / ``**kwargs``, or with other
+    names for the same positional arguments, is fine.
+
+    Examples:
+        >>> class Ported(flaxlight.TrainerModule):        # doctest: +SKIP
+        ...     def on_validation_epoch_end(self): ...
+        >>> Ported(model_class=MLP, ...)                  # doctest: +SKIP
+        TypeError: Ported.on_validation_epoch_end(self) cannot take what flaxlight passes: ...
+    """
+    for name, lightning in TRAINER_HOOKS.items():
+        base = next((klass for klass in cls.__mro__ if name in vars(klass) and is_flaxlights_own(klass)), None)
+        if base is None or is_flaxlights_own(getattr(cls, name)):
+            continue
+        expected = [p for p in inspect.signature(vars(base)[name]).parameters if p != "self"]
+        raw = inspect.getattr_static(cls, name)
+        try:
+            signature = inspect.signature(getattr(cls, name))
+        except (TypeError, ValueError):  # a builtin or C callable: nothing to check
+            continue
+        try:  # a plain method gets the trainer first; a staticmethod or a bound one does not
+            signature.bind(*(["self"] if inspect.isfunction(raw) else []), *expected)
+        except TypeError:
+            written = str(signature.replace(parameters=[p.replace(annotation=inspect.Parameter.empty)
+                                                        for p in signature.parameters.values()],
+                                            return_annotation=inspect.Signature.empty))
+            raise TypeError(f"{cls.__name__}.{name}{written} cannot take what flaxlight passes: the trainer calls "
+                            f"self.{name}({', '.join(expected)}).{lightning} Write def {name}("
+                            f"{', '.join(['self', *expected])}) (see flaxlight.TrainerModule.{name}; "
+                            f"docs/callbacks.md).") from None
+
+
 class TrainerVerbsMixin:
     """``load_from_checkpoint``, ``predict``, ``test``, ``export``, ``bind_model`` (see the module docstring)."""
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
         """A LightningModule method the trainer's class has, which flaxlight never calls, is warned of
-        when the first trainer of that class is built (:func:`warn_lightning_module_methods`)."""
+        when the first trainer of that class is built (:func:`warn_lightning_module_methods`); an
+        override of a trainer hook that cannot take the loop's arguments is refused (:func:`check_trainer_hooks`)."""
         warn_lightning_module_methods(cls)
+        check_trainer_hooks(cls)
         return super().__new__(cls)
 
     def __getattr__(self, name: str) -> Any:  # only for names not found otherwise: Lightning's / Keras', with a hint
