@@ -142,9 +142,15 @@ def test_bad_settings_are_refused(kwargs, message):
                          r"once the metric is better than X .*divergence_threshold=X once it is worse"),
     (dict(start_from_epoch=2), r"'start_from_epoch' \(a Keras one\): flaxlight has no start_from_epoch: patience "
                                r"counts the validations without improvement from the first one on"),
-    (dict(verbose=1), r"'verbose' \(a Keras one\): .*printed and kept in trainer.stop_reason"),
+    (dict(verbose=1), r"'verbose' \(Lightning's and Keras'\): .*printed .*and kept in trainer.stop_reason; drop it"),
+    (dict(strict=True), r"'strict' \(Lightning's\): flaxlight is always strict .*a monitor that is not logged is an "
+                        r"error naming the metrics that are"),
+    (dict(check_on_train_epoch_end=False), r"'check_on_train_epoch_end' \(Lightning's\): EarlyStopping checks after "
+                                           r"each validation .*as Lightning's default \(None\) does: drop it"),
+    (dict(log_rank_zero_only=True), r"'log_rank_zero_only' \(Lightning's\): the reason it stopped goes to the logging "
+                                    r"logger 'flaxlight' of each process"),
 ])
-def test_keras_keywords_say_what_to_write_instead(kwargs, message):
+def test_keras_and_lightning_keywords_say_what_to_write_instead(kwargs, message):
     with pytest.raises(TypeError, match=r"EarlyStopping\(\) got an unexpected keyword argument " + message):
         EarlyStopping(monitor="val/loss", patience=3, **kwargs)
     with pytest.raises(ValueError, match=r"got 'auto' \(Keras' 'auto' is not taken: 'max' for a score such as "

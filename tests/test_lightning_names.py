@@ -483,6 +483,11 @@ def test_a_run_whose_hparams_hold_train_model_keywords_still_loads(tmp_path):
     ("load_weights", "trainer.load_model()"),
     ("eval", "eval mode (train=False)"),
     ("half", "optimizer_hparams={..., 'precision': 'bf16'}"),
+    ("logged_metrics", "is trainer.callback_metrics"),
+    ("logged_metrics", "the rows of trainer.history"),
+    ("estimated_stepping_batches", "trainer.optimizer_plan.num_updates"),
+    ("estimated_stepping_batches", "a function given as optimizer_hparams is called with it"),
+    ("lightning_module", "is the trainer itself here"),
 ])
 def test_lightning_and_keras_method_names_say_what_to_call(tmp_path, name, written):
     """trainer.fit / validate / evaluate and self.log were a bare AttributeError; so were Lightning's
@@ -621,3 +626,19 @@ def test_trainer_hooks_with_other_names_or_star_args_are_called(tmp_path, regres
     assert calls == [("start", ()), ("train", 1), ("val", 3)]
     with pytest.raises(TypeError, match=r"LightningModule's on_validation_epoch_end\(self\) takes no arguments"):
         _trainer(tmp_path, trainer_class=type("Ported", (RegressTrainer,), {"on_validation_epoch_end": lambda self: 0}))
+
+
+@pytest.mark.parametrize("value, said", [
+    (0.5, "val_check_interval=0.5 is Lightning's fraction of an epoch; flaxlight takes a number of train steps "
+          "(batches), counted over the run: val_check_interval=round(0.5 * batches per epoch) (with 20 batches per "
+          "epoch: 10), and validates at each epoch's end as well. A whole epoch (1.0) is the default: drop it"),
+    (1.0, "val_check_interval=1.0 is Lightning's default, a whole epoch: flaxlight validates at each epoch's end "
+          "without it"),
+    (3.0, "val_check_interval must be a positive int (a number of train steps), or None; got 3.0"),
+])
+def test_lightnings_fraction_of_an_epoch_says_what_to_write(tmp_path, value, said):
+    """val_check_interval=0.5 / 1.0 (Lightning's default) got "must be a positive int (or None)" only."""
+    with pytest.raises(ValueError, match=re.escape(said)):
+        _trainer(tmp_path, val_check_interval=value)
+    with pytest.raises(ValueError, match=re.escape("val_check_interval must be a positive int (or None); got 0")):
+        _trainer(tmp_path, val_check_interval=0)

@@ -188,6 +188,8 @@ class TrainerOptions:
         _require(self, "fast_dev_run", isinstance(self.fast_dev_run, bool) or _is_int(self.fast_dev_run, 0),
                  "True or False, or an int N (N train and N validation batches, one epoch, nothing written, as "
                  "Lightning's fast_dev_run=N; True is N=1, 0 is off)")
+        if isinstance(self.val_check_interval, float):
+            raise ValueError(_fraction_of_an_epoch_message(self.val_check_interval))
         for name in ("max_steps", "val_check_interval"):
             value = getattr(self, name)
             _require(self, name, value is None or _is_int(value, 1), "a positive int (or None)")
@@ -499,6 +501,20 @@ FOREIGN_TRAINER_METHODS = {
     "half": "Lightning's model.half(): fp16 is not offered (bf16 has float32's range and needs no loss scaling); "
             "bf16 computing is the optimizer setting optimizer_hparams={..., 'precision': 'bf16'}, and "
             "trainer.export(path, precision='bf16') exports a bf16 forward pass",
+    "logged_metrics": "Lightning's trainer.logged_metrics is trainer.callback_metrics: the latest value of each "
+                      "metric logged (train/..., val/..., and what trainer.log_metrics adds); each epoch's and each "
+                      "validation's values are the rows of trainer.history (also <log_dir>/metrics.csv)",
+    "estimated_stepping_batches": "Lightning's trainer.estimated_stepping_batches (the run's optimizer updates, read "
+                                  "in configure_optimizers to size a schedule) needs no reading here: flaxlight's "
+                                  "schedules are fitted to the run's length (optimizer_hparams={..., 'schedule': "
+                                  "'warmup_cosine'}), a function given as optimizer_hparams is called with it "
+                                  "(total_steps -> an optax transformation), and an init_optimizer(num_epochs, "
+                                  "num_steps_per_epoch) override gets it too. Once train_model has built the "
+                                  "optimizer, trainer.optimizer_plan.num_updates is that count "
+                                  "(trainer.optimizer_plan.total_steps counts train steps, batches)",
+    "lightning_module": "Lightning's trainer.lightning_module is the trainer itself here: the model, its hooks and "
+                        "the loop are one object (the parameters are trainer.state.params, the module trainer.model, "
+                        "the model bound to its trained variables trainer.bind_model())",
     **dict.fromkeys(("optimizers", "manual_backward", "toggle_optimizer"),
                     "Lightning's manual optimization (self.optimizers(), manual_backward, opt.step()) is a train step "
                     "of yours: create_functions returns a pure (state, batch) -> (state, metrics) that updates the "
@@ -622,6 +638,25 @@ def _is_nan(value: Any) -> bool:
         return np.ndim(value) == 0 and bool(np.isnan(value))
     except TypeError:
         return False
+
+
+def _fraction_of_an_epoch_message(value: float) -> str:
+    """Why a float ``val_check_interval`` (Lightning's fraction of an epoch) is refused, and what to write.
+
+    Examples:
+        >>> print(_fraction_of_an_epoch_message(1.0))  # doctest: +ELLIPSIS
+        val_check_interval=1.0 is Lightning's default, a whole epoch: ... drop it.
+    """
+    if value == 1.0:
+        return ("val_check_interval=1.0 is Lightning's default, a whole epoch: flaxlight validates at each epoch's end "
+                "without it (every check_val_every_n_epoch epochs): drop it.")
+    if 0 < value < 1:
+        return (f"val_check_interval={value!r} is Lightning's fraction of an epoch; flaxlight takes a number of train "
+                f"steps (batches), counted over the run: val_check_interval=round({value!r} * batches per epoch) "
+                f"(with 20 batches per epoch: {max(1, round(value * 20))}), and validates at each epoch's end as well. "
+                f"A whole epoch (1.0) is the default: drop it for that.")
+    return (f"val_check_interval must be a positive int (a number of train steps), or None; got {value!r}. "
+            f"(Lightning's float is a fraction of an epoch, in (0, 1].)")
 
 
 def _is_int(value: Any, minimum: int) -> bool:

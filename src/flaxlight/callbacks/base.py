@@ -5,7 +5,7 @@ from __future__ import annotations
 import difflib
 import functools
 import inspect
-from typing import Any, Callable, Mapping, Protocol
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
 from flaxlight.messages import warn_at_user
 
@@ -304,13 +304,14 @@ def _never_called_message(owner: str, name: str, hooks: list[str]) -> str | None
 
 
 def refuse_keras_arguments(keywords: Mapping[str, str],
-                           positional: Callable[[tuple, Mapping[str, Any]], str | None] | None = None
+                           positional: Callable[[tuple, Mapping[str, Any]], str | None] | None = None,
+                           lightning: Mapping[str, str] | None = None, keras_too: Sequence[str] = ()
                            ) -> Callable[[Callable], Callable]:
     """A decorator for a callback's ``__init__`` that refuses Keras' arguments with what to write
     instead, before Python binds them (its signature, read by configs, stays ``__init__``'s):
     what ``positional`` finds Keras-like in the arguments given (``(args, kwargs)`` -> what was
     given and flaxlight's way, or None), then the keywords of ``keywords`` (Keras' name ->
-    flaxlight's way).
+    flaxlight's way) and of ``lightning`` (Lightning's; those in ``keras_too`` are Keras' as well).
 
     Examples:
         >>> class Saver(Callback):
@@ -327,10 +328,13 @@ def refuse_keras_arguments(keywords: Mapping[str, str],
             said = positional(args, kwargs) if positional is not None else None
             if said is not None:  # first: Keras' positional arguments name the call (its keywords' advice included)
                 raise TypeError(f"{type(self).__name__}() got {said}.")
-            keras = next((name for name in kwargs if name in keywords), None)
-            if keras is not None:
-                raise TypeError(f"{type(self).__name__}() got an unexpected keyword argument {keras!r} (a Keras one): "
-                                f"{keywords[keras]}.")
+            foreign = {**keywords, **(lightning or {})}
+            name = next((name for name in kwargs if name in foreign), None)
+            if name is not None:
+                whose = ("a Keras one" if name not in (lightning or {}) else
+                         "Lightning's and Keras'" if name in keras_too else "Lightning's")
+                raise TypeError(f"{type(self).__name__}() got an unexpected keyword argument {name!r} ({whose}): "
+                                f"{foreign[name]}.")
             init(self, *args, **kwargs)
 
         return checked

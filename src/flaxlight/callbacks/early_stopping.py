@@ -24,7 +24,21 @@ KERAS_KEYWORDS = {
                 "(the goal is met) and divergence_threshold=X once it is worse than X",
     "start_from_epoch": "flaxlight has no start_from_epoch: patience counts the validations without improvement "
                         "from the first one on, so give a patience that covers the epochs to wait",
-    "verbose": "EarlyStopping always says why it stopped: the reason is printed and kept in trainer.stop_reason",
+}
+# Lightning's EarlyStopping keywords that flaxlight's does not take (verbose: Keras' too), and what to write instead.
+LIGHTNING_KEYWORDS = {
+    "verbose": "EarlyStopping always says why it stopped: the reason is printed (the logging logger 'flaxlight') and "
+               "kept in trainer.stop_reason; drop it",
+    "strict": "flaxlight is always strict (Lightning's default, strict=True): a monitor that is not logged is an "
+              "error naming the metrics that are, when train_model starts where nothing of yours could log it, else "
+              "at the first validation without it; strict=False, which only warns, has no equivalent: drop it",
+    "check_on_train_epoch_end": "EarlyStopping checks after each validation (a val_check_interval one within an epoch "
+                                "too), or after each epoch's training when train_model gets no validation data, as "
+                                "Lightning's default (None) does: drop it. To check at another moment, write a "
+                                "Callback whose on_train_epoch_end(trainer, epoch, metrics) calls trainer.stop(reason)",
+    "log_rank_zero_only": "the reason it stopped goes to the logging logger 'flaxlight' of each process and to "
+                          "trainer.stop_reason: drop it (to hear it from process 0 only, set that logger's level to "
+                          "WARNING where jax.process_index() != 0)",
 }
 
 
@@ -53,14 +67,15 @@ class EarlyStopping(Callback):
     for another monitor or mode is refused with a warning (the stopper starts fresh). A run without validation data is
     checked after each epoch's training instead (as in Lightning; ``patience`` then counts
     epochs), which suits a ``train/...`` monitor; a ``val/...`` one is an error there. Keras'
-    ``restore_best_weights``, ``baseline``, ``start_from_epoch`` and ``verbose`` are refused with
-    what to write instead (:data:`KERAS_KEYWORDS`).
+    ``restore_best_weights``, ``baseline`` and ``start_from_epoch`` (:data:`KERAS_KEYWORDS`) and
+    Lightning's ``strict``, ``check_on_train_epoch_end``, ``log_rank_zero_only`` and ``verbose``
+    (Keras' too; :data:`LIGHTNING_KEYWORDS`) are refused with what to write instead.
 
     Examples:
         >>> stopper = EarlyStopping(monitor="val/loss", mode="min", patience=3, min_delta=1e-4)
     """
 
-    @refuse_keras_arguments(KERAS_KEYWORDS)
+    @refuse_keras_arguments(KERAS_KEYWORDS, lightning=LIGHTNING_KEYWORDS, keras_too=("verbose",))
     def __init__(self, monitor: str = "val/loss", mode: str = "min", patience: int = 3, min_delta: float = 0.0,
                  check_finite: bool = True, stopping_threshold: float | None = None,
                  divergence_threshold: float | None = None):
