@@ -162,6 +162,29 @@ def test_resume_with_nothing_to_resume_warns_with_the_folder(tmp_path, regressio
         _trainer(tmp_path / "typo").train_model(train, val, num_epochs=1, resume=True)
 
 
+def test_resume_in_a_new_version_folder_names_the_run_beside_it_to_continue(tmp_path, regression_loaders):
+    """base_log_dir (Lightning's default_root_dir) gives a resumed trainer a new version_N: the warning
+    named only the empty new folder, not the interrupted run beside it (trials21 porter 6)."""
+    def versioned(base):
+        return RegressTrainer(model_class=TinyMLP, model_hparams={"hidden_dims": [8]}, exmp_input=X0,
+                              **quiet(tmp_path, logger_params={"base_log_dir": str(base)},
+                                      optimizer_hparams={"optimizer": "adam", "lr": 1e-2}))
+
+    train, val, _ = regression_loaders
+    first = versioned(tmp_path)
+    first.train_model(train, val, num_epochs=1)
+    step = max(first.checkpointer.all_steps())
+    again = versioned(tmp_path)
+    assert os.path.basename(again.log_dir) == "version_1"  # the folder used is still a new one
+    with pytest.warns(RuntimeWarning) as said:
+        again.train_model(train, val, num_epochs=1, resume=True)
+    message = str(said[0].message)
+    assert f"no checkpoint in {again.log_dir}" in message
+    assert (f"The newest run beside it that holds a checkpoint is {first.log_dir} (step {step}): " in message
+            and f"logger_params={{'log_dir': {first.log_dir!r}}}" in message
+            and f"resume_from={first.log_dir!r}" in message), message
+
+
 @pytest.mark.parametrize("kwargs, message", [
     ({"seed": "42"}, r"seed must be an int, got '42' \(str\)"),
     ({"model_class": TinyMLP()}, r"model_class must be a class, got an instance of TinyMLP"),

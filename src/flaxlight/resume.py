@@ -335,8 +335,8 @@ def restore_run(own: Checkpointer, resume_from: str | os.PathLike | None, state:
             return None
         warnings.warn(f"resume=True, but there is no checkpoint in {checkpointer.directory}: a new run starts from "
                       f"the trainer's current state (its model as built, or as your code set it: a restored "
-                      f"backbone), not from a checkpoint. If you meant to continue a run, check the log_dir.",
-                      RuntimeWarning, stacklevel=4)
+                      f"backbone), not from a checkpoint. If you meant to continue a run, check the log_dir."
+                      f"{_sibling_run_hint(os.path.dirname(checkpointer.directory))}", RuntimeWarning, stacklevel=4)
         return None
     wanted_step = step_in_path(resume_from) if resume_from is not None else None
     if wanted_step is not None:
@@ -361,6 +361,31 @@ def restore_run(own: Checkpointer, resume_from: str | os.PathLike | None, state:
         messages.info("The run's learning-rate schedule spanned %d steps and this run's spans %d: from step %d on, "
                       "the rates follow the new length.", meta.schedule_steps, schedule_steps, step)
     return state, meta, step
+
+
+def _sibling_run_hint(run_dir: str) -> str:
+    """For a new ``version_N`` run folder (``base_log_dir``'s) with nothing to resume: the newest
+    other ``version_M`` beside it that holds a checkpoint, and how to continue it ("" if none).
+
+    Examples:
+        >>> _sibling_run_hint("/nowhere/MLP/version_1")
+        ''
+    """
+    parent, name = os.path.split(os.path.abspath(run_dir))
+    if not re.fullmatch(r"version_\d+", name) or not os.path.isdir(parent):
+        return ""
+    siblings = sorted((int(entry.split("_", 1)[1]), entry) for entry in os.listdir(parent)
+                      if re.fullmatch(r"version_\d+", entry) and entry != name)
+    for _, entry in reversed(siblings):  # the newest version first
+        folder = os.path.join(parent, entry, CHECKPOINT_DIR)
+        steps = [int(step) for step in os.listdir(folder) if step.isdigit()] if os.path.isdir(folder) else []
+        if steps:
+            run = os.path.join(parent, entry)
+            return (f" The newest run beside it that holds a checkpoint is {run} (step {max(steps)}): "
+                    f"logger_params={{'base_log_dir': ...}} gives each new trainer a new version_N folder, so to "
+                    f"continue that run build the trainer with logger_params={{'log_dir': {run!r}}} and train with "
+                    f"resume=True, or train this one with resume_from={run!r} (its records then go to {name}).")
+    return ""
 
 
 def _place(meta: CheckpointMeta) -> str:
