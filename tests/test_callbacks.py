@@ -416,13 +416,15 @@ def test_fast_dev_run_n_runs_n_batches_of_each_and_refuses_other_values(tmp_path
     """Lightning's fast_dev_run=N: N train and N validation batches (an int was taken for True: 1 batch)."""
     train, _, _ = regression_loaders
     val = _CountedBatches([linear_data(8, seed) for seed in range(5)])
+    test = _CountedBatches([linear_data(8, seed) for seed in range(5, 10)])
     trainer = RegressTrainer(model_class=TinyMLP, model_hparams={}, optimizer_hparams={}, exmp_input=X0,
                              logger_params={"base_log_dir": str(tmp_path)}, enable_progress_bar=False,
                              enable_model_summary=False, fast_dev_run=3)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no "limit_val_batches=... is more than" for a short loader either
-        trainer.train_model(train, val, num_epochs=50)
+        trainer.train_model(train, val, test_loader=test, num_epochs=50)
     assert int(trainer.state.step) == 3 and val.passes[-1] == 3 and os.listdir(tmp_path) == []
+    assert test.passes[-1] == 3  # the test loader's first 3 too, as Lightning's (it tested all 5)
     trainer = RegressTrainer(model_class=TinyMLP, model_hparams={}, optimizer_hparams={}, exmp_input=X0,
                              fast_dev_run=20, **quiet(tmp_path))
     trainer.train_model(train, val, num_epochs=5)

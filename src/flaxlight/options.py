@@ -120,9 +120,9 @@ class TrainerOptions:
             every N steps, in every epoch. Never twice at one step.
         limit_train_batches / limit_val_batches: batches per epoch / per validation (an int)
             or a fraction of the loader (a float in (0, 1]).
-        fast_dev_run: True: one train batch and one validation batch, one epoch, nothing
-            written: a smoke test of the whole loop. An int N: N train and N validation
-            batches (fewer where a loader has fewer), as Lightning's ``fast_dev_run=N``; 0 is off.
+        fast_dev_run: True: one train, one validation and one test batch, one epoch, nothing
+            written: a smoke test of the whole loop. An int N: N batches of each (fewer where
+            a loader has fewer), as Lightning's ``fast_dev_run=N``; 0 is off.
         steps_per_execution: train steps fused into one dispatch (``lax.scan`` over a stacked
             block of batches); same results as single steps. Log points and ``on_step``
             callbacks fire at block ends (intervals that are multiples of it stay exact).

@@ -30,7 +30,7 @@ import numpy as np
 from flaxlight import distributed as dist
 from flaxlight import resume, runfiles
 from flaxlight.checkpoint import ModelMismatchError, flat_shapes, param_differences
-from flaxlight.data import REQUIRED, ArrayLoader, StepsOf, as_input_list, checked_loader
+from flaxlight.data import REQUIRED, ArrayLoader, FirstBatches, StepsOf, as_input_list, checked_loader
 from flaxlight.messages import logger as messages, warn_at_user
 from flaxlight.metrics import batch_size as examples_in, deliberate_reads
 from flaxlight.models import MODEL_FIT_ERRORS, shapes_text
@@ -507,6 +507,8 @@ class TrainerVerbsMixin:
             self._restore_for_test(which)
             self._live_state("test")  # shared with a trainer that trained since: said before anything is written
             self.global_step = step  # the test's records are the run's, at its step
+            if self.options.fast_dev_run:  # a smoke test: the test loader's first batches too, as Lightning's
+                test_loader = FirstBatches(test_loader, 1 if self.options.fast_dev_run is True else self.options.fast_dev_run)
             test_metrics = self.eval_model(test_loader, log_prefix=f"{stem}/")
             if isinstance(test_loader, StepsOf):  # test(steps=N): what the metrics cover
                 messages.info(f"test(steps={test_loader.n}) tested {test_loader.taken} batch"
