@@ -482,6 +482,8 @@ def test_a_run_whose_hparams_hold_train_model_keywords_still_loads(tmp_path):
     ("load_weights", "MyTrainer.load_from_checkpoint(log_dir, exmp_input=x[:1])"),
     ("load_weights", "trainer.load_model()"),
     ("eval", "eval mode (train=False)"),
+    ("train", "NNX's and PyTorch's model.train() needs nothing here: the trainer switches modes itself"),
+    ("train", "To train, call trainer.train_model(train_loader, val_loader, num_epochs=10)"),
     ("half", "optimizer_hparams={..., 'precision': 'bf16'}"),
     ("logged_metrics", "is trainer.callback_metrics"),
     ("logged_metrics", "the rows of trainer.history"),

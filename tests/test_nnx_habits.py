@@ -169,7 +169,7 @@ class Counters(nnx.Module):
             self.calls += 1
             self.total = self.total + 1
             self.seen.append(x.shape[0])
-            self.steps.value += 1
+            self.steps[...] += 1   # flax 0.12 deprecates `.value` access
         return self.dense(x)
 
 
@@ -183,8 +183,9 @@ def test_plain_attributes_changed_in_call_are_warned_of_once_at_the_first_train_
     assert len(said) == 1 and said[0].startswith(
         "Counters.__call__ changes calls, seen, total: plain attribute(s), not nnx.Variable. flaxlight's steps ")
     assert "stays at its construction value" in said[0] and "class Count(nnx.Variable)" in said[0]
+    assert "self.calls[...] += 1 in __call__" in said[0]   # not `.value`, which flax 0.12 deprecates
     model = trainer.bind_model()
-    assert (model.calls, float(model.total), int(model.steps.value)) == (0, 0.0, 4)   # as docs/models.md says
+    assert (model.calls, float(model.total), int(model.steps[...])) == (0, 0.0, 4)   # as docs/models.md says
 
 
 class ShapeCache(nnx.Module):
@@ -228,3 +229,67 @@ def test_an_nnx_rngs_in_model_hparams_or_as_a_trainer_keyword_names_seed(tmp_pat
     seeded = RegressTrainer(model_class=TinyNNX, model_hparams={}, exmp_input=X0, optimizer_hparams=ADAM, seed=7,
                             **quiet(tmp_path))
     np.testing.assert_array_equal(seeded.state.params["head"]["kernel"], TinyNNX(rngs=nnx.Rngs(7)).head.kernel[...])
+
+
+# --------------------------------------------------------------------------- plain NNX training-loop habits
+class ModuleLoss(RegressTrainer):
+    def loss_fn(self, model, batch, *, train, rng, state):   # nnx.value_and_grad's habit: the first argument as the model
+        x, y = batch
+        return jnp.mean((model(x) - y) ** 2), {}
+
+
+def test_a_loss_that_calls_its_params_as_the_model_says_what_they_are_and_how_to_call_the_model(tmp_path):
+    trainer = ModuleLoss(model_class=TinyNNX, model_hparams={}, exmp_input=X0, optimizer_hparams=ADAM,
+                         **quiet(tmp_path))
+    with pytest.raises(TypeError, match="'dict' object is not callable") as caught:
+        _fit(trainer)
+    note = "\n".join(caught.value.__notes__)
+    assert "loss_fn's first argument is the model's parameters, a dict" in note
+    assert "state.apply_model(params, x, train=train, rng=rng)" in note
+    assert "Coming from a plain NNX training loop" in note
+
+
+@pytest.mark.parametrize("given", [lambda opt: opt, lambda opt: {"optimizer": opt, "lr": 1e-3}], ids=["itself", "in-dict"])
+def test_an_nnx_optimizer_is_refused_naming_the_optax_transformation_to_pass(tmp_path, given):
+    opt = nnx.Optimizer(TinyNNX(rngs=nnx.Rngs(0)), optax.adamw(1e-3), wrt=nnx.Param)
+    with pytest.raises(TypeError, match=r"is an nnx\.Optimizer, .* takes only the optax transformation inside it: "
+                                        r"optimizer_hparams=optax\.adamw\(1e-3\)"):
+        _fit(RegressTrainer(model_class=TinyNNX, model_hparams={}, exmp_input=X0, optimizer_hparams=given(opt),
+                            **quiet(tmp_path)))
+
+
+@pytest.mark.parametrize("key, value, says", [
+    ("optimizer", optax.adam(1e-3), r"optimizer=<a GradientTransformationExtraArgs>, .* optimizer_hparams=optax\.adam"),
+    ("optimizer", "adam", r"optimizer='adam', .*optimizer_hparams=\{'optimizer': 'adam', 'lr': 1e-3\}"),
+    ("model", TinyNNX, r"model=<TinyNNX>, .* model_class=TinyNNX, model_hparams=\{\.\.\.\}"),
+    ("loss", "mse", r"loss='mse', .* def loss_fn\(self, params, batch, \*, train, rng, state\)"),
+    ("metrics", ["accuracy"], r"metrics=<a list>, .* return loss, \{'acc': "),
+])
+def test_keras_and_nnx_loop_arguments_are_refused_with_flaxlights_spelling(tmp_path, key, value, says):
+    """optimizer=optax.adam(...) was kept as an unused extra hparam while the configured optimizer trained."""
+    with pytest.raises(TypeError, match=r"^RegressTrainer got " + says + r".*it would change nothing; so it is refused"):
+        RegressTrainer(model_class=TinyNNX, model_hparams={}, exmp_input=X0, optimizer_hparams=ADAM,
+                       **quiet(tmp_path, **{key: value}))
+    assert not (tmp_path / "run").exists()
+
+
+def test_model_given_for_model_class_is_named_before_pythons_missing_arguments(tmp_path):
+    with pytest.raises(TypeError, match=r"^RegressTrainer got model=<a TinyNNX>, .* model_class=TinyNNX, "):
+        RegressTrainer(model=TinyNNX(rngs=nnx.Rngs(0)), optimizer_hparams=ADAM, exmp_input=X0, **quiet(tmp_path))
+
+
+class OwnOptimizerArgument(RegressTrainer):
+    def __init__(self, *args, optimizer: str = "adam", **kwargs):   # declared: the class's own hparam
+        super().__init__(*args, optimizer_hparams={"optimizer": optimizer, "lr": 1e-2}, optimizer=optimizer, **kwargs)
+
+
+class TakesModel(RegressTrainer):
+    def __init__(self, model, **kwargs):   # takes model= itself (through **kwargs from a caller)
+        super().__init__(type(model), {}, ADAM, X0, **kwargs)
+
+
+def test_a_trainer_that_declares_or_takes_such_an_argument_keeps_it(tmp_path):
+    trainer = OwnOptimizerArgument(model_class=TinyNNX, model_hparams={}, exmp_input=X0, optimizer="sgd",
+                                   **quiet(tmp_path))
+    assert trainer.config["optimizer"] == "sgd" and trainer.optimizer_hparams["optimizer"] == "sgd"
+    assert TakesModel(model=TinyNNX(rngs=nnx.Rngs(0)), **quiet(tmp_path / "b")).model_class is TinyNNX

@@ -645,7 +645,7 @@ class NNXAdapter:
             f"construction value in training, evaluation, checkpoints and the loaded model (a list appended to "
             f"collects values of each trace instead), unlike under nnx.jit. Keep state that changes in an "
             f"nnx.Variable subclass, e.g. class Count(nnx.Variable): pass; self.calls = Count(jnp.zeros((), "
-            f"jnp.int32)) in __init__, self.calls.value += 1 in __call__: flaxlight updates it in training, "
+            f"jnp.int32)) in __init__, self.calls[...] += 1 in __call__: flaxlight updates it in training, "
             f"checkpoints it and restores it (docs/models.md, \"BatchNorm\").")
 
     def apply(self, variables, *inputs, train: bool = False, rngs=None, mutable=False, model_rngs=None,

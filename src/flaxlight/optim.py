@@ -182,7 +182,30 @@ def suggest_key(key: str, candidates, value: Any = None, path: str = "") -> str:
     return f" Did you mean {shown(close[0])}?" if close else ""
 
 
+def _is_nnx_optimizer(value) -> bool:
+    """Whether ``value`` is an ``nnx.Optimizer`` (without importing flax here)."""
+    return any(klass.__name__ == "Optimizer" and klass.__module__.startswith("flax.nnx")
+               for klass in type(value).__mro__)
+
+
+def nnx_optimizer_message(where: str) -> str:
+    """Why an ``nnx.Optimizer`` given as ``where`` is refused, and what to pass instead.
+
+    Examples:
+        >>> print(nnx_optimizer_message("optimizer_hparams"))  # doctest: +ELLIPSIS
+        optimizer_hparams is an nnx.Optimizer, ... optimizer_hparams=optax.adamw(1e-3) ...
+    """
+    return (f"{where} is an nnx.Optimizer, which holds a model and its optimizer state for a training loop of your "
+            f"own. The trainer keeps the optimizer state itself (trainer.state.opt_state) and takes only the optax "
+            f"transformation inside it: optimizer_hparams=optax.adamw(1e-3) (the one you built the nnx.Optimizer "
+            f"with; nnx.Optimizer(model, tx, wrt=nnx.Param) -> optimizer_hparams=tx), or flaxlight's dict form "
+            f"optimizer_hparams={{'optimizer': 'adamw', 'lr': 1e-3}} (with a schedule fitted to the run and clipping). "
+            f"See docs/models.md, 'Coming from a plain NNX training loop'.")
+
+
 def _optimizer_factory(name: str):
+    if _is_nnx_optimizer(name):
+        raise TypeError(nnx_optimizer_message("optimizer_hparams['optimizer']"))
     if isinstance(name, optax.GradientTransformation) or callable(name):
         raise TypeError(f"optimizer_hparams['optimizer'] must be an optax optimizer's name (e.g. 'adam'), got "
                         f"{_ready_name(name)}: pass a ready transformation as optimizer_hparams itself "
@@ -611,6 +634,8 @@ def as_optimizer_config(optimizer_hparams) -> OptimizerConfig | None:
     if callable(optimizer_hparams):
         _refuse_uncalled_optimizer(optimizer_hparams)
         return None
+    if _is_nnx_optimizer(optimizer_hparams):
+        raise TypeError(nnx_optimizer_message("optimizer_hparams"))
     if isinstance(optimizer_hparams, optax.MultiSteps):  # the optax docs' accumulation recipe: not a transformation
         raise TypeError(
             "optimizer_hparams is an optax.MultiSteps object, which is not a GradientTransformation itself: pass its "

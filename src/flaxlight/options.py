@@ -23,6 +23,7 @@ from flaxlight.optim import accumulated_updates
 from flaxlight.registry import explicit_parameters
 
 __all__ = ["TrainerOptions", "DEFAULT_MONITORS", "LIGHTNING_TRAINER_ARGUMENTS", "FOREIGN_TRAINER_METHODS",
+           "FOREIGN_TRAINER_ARGUMENTS", "check_foreign_arguments", "foreign_argument_message",
            "check_monitors_are_numbers", "check_trainer_arguments", "declared_keywords", "foreign_method_message",
            "foreign_assignment_message", "lightning_argument_message", "rank_key", "written_otherwise"]
 
@@ -82,6 +83,56 @@ LIGHTNING_TRAINER_ARGUMENTS = {
                                          "set_epoch(epoch) before each epoch, where it may rebuild its data",
 }
 
+# Keras' model.compile(optimizer, loss, metrics) and a plain NNX loop's names for what a trainer
+# is given otherwise: what to write instead ({value}: the value given, {name}: a class's name).
+# Kept as an extra hparam, such a keyword would do nothing (the configured optimizer would train).
+FOREIGN_TRAINER_ARGUMENTS = {
+    "optimizer": "the optimizer is given as optimizer_hparams: a ready optax transformation, "
+                 "optimizer_hparams=optax.adam(1e-3) (an nnx.Optimizer's transformation alone: nnx.Optimizer(model, "
+                 "tx, wrt=nnx.Param) -> optimizer_hparams=tx), or flaxlight's dict form, optimizer_hparams="
+                 "{{'optimizer': 'adam', 'lr': 1e-3}} (with a schedule fitted to the run and clipping)",
+    "model": "the trainer builds the model itself, from its class and arguments: model_class={name}, "
+             "model_hparams={{...}} (the arguments of {name}'s __init__ or fields; an NNX module's rngs come from "
+             "seed=). A module trained elsewhere gives its weights afterwards (docs/models.md, 'Coming from a plain "
+             "NNX training loop')",
+    "loss": "the loss is your trainer's method: def loss_fn(self, params, batch, *, train, rng, state) returning "
+            "(loss, metrics), e.g. optax.softmax_cross_entropy_with_integer_labels(logits, y).mean() (docs/models.md)",
+    "metrics": "metrics are the dict loss_fn returns: return loss, {{'acc': (logits.argmax(-1) == y).mean()}} (logged "
+               "as train/acc and val/acc; metric objects such as flaxlight.metric_objects.F1 go in the same dict)",
+}
+
+
+def foreign_argument_message(owner: str, key: str, value: Any) -> str:
+    """Why Keras' / a plain NNX loop's ``optimizer=``, ``model=``, ``loss=`` or ``metrics=`` given to
+    a trainer is refused, and what to write.
+
+    Examples:
+        >>> print(foreign_argument_message("MyTrainer", "optimizer", "adam"))  # doctest: +ELLIPSIS
+        MyTrainer got optimizer='adam', which flaxlight does not take: the optimizer is given as optimizer_hparams...
+    """
+    shown = repr(value) if isinstance(value, (str, int, float, bool, type(None))) else \
+        f"<{value.__name__ if isinstance(value, type) else 'a ' + type(value).__name__}>"
+    name = value.__name__ if isinstance(value, type) else type(value).__name__ if key == "model" else "MyModel"
+    hint = FOREIGN_TRAINER_ARGUMENTS[key].format(value=value, name=name)
+    return (f"{owner} got {key}={shown}, which flaxlight does not take: {hint}. (Kept as an extra hparam, as other "
+            f"unknown keywords are, it would change nothing; so it is refused. A hparam of your own trainer's under "
+            f"this name: declare it in {owner}.__init__, e.g. def __init__(self, *args, {key}=..., **kwargs), and "
+            f"pass it up, super().__init__(*args, {key}={key}, **kwargs), to have it recorded.)")
+
+
+def check_foreign_arguments(trainer_class: type, kwargs: Mapping[str, Any]) -> None:
+    """Refuse :data:`FOREIGN_TRAINER_ARGUMENTS` given to a trainer class whose ``__init__`` is
+    flaxlight's own (before Python's "missing required positional argument": ``model=`` instead of
+    ``model_class=`` is the likelier mistake). A class with an ``__init__`` of its own may take
+    them itself; ``TrainerOptions.split_kwargs`` refuses those it passes up undeclared."""
+    if any("__init__" in vars(klass) and not klass.__module__.startswith(("flaxlight", "builtins"))
+           for klass in trainer_class.__mro__):
+        return
+    for key in FOREIGN_TRAINER_ARGUMENTS:
+        if key in kwargs:
+            raise TypeError(foreign_argument_message(trainer_class.__name__, key, kwargs[key]))
+
+
 # The seed's priority for choosing the best model: (metric, higher is better).
 DEFAULT_MONITORS = (("val/val_metric", False), ("val/acc", True), ("val/loss", False))
 
@@ -124,7 +175,9 @@ class TrainerOptions:
             written: a smoke test of the whole loop. An int N: N batches of each (fewer where
             a loader has fewer), as Lightning's ``fast_dev_run=N``; 0 is off.
         steps_per_execution: train steps fused into one dispatch (``lax.scan`` over a stacked
-            block of batches); same results as single steps. Log points and ``on_step``
+            block of batches); the same results as single steps (bitwise for the MLPs tested,
+            with and without BatchNorm and dropout, on the CPU; XLA may compile a convolution differently
+            inside the fused loop, which changes the last bits). Log points and ``on_step``
             callbacks fire at block ends (intervals that are multiples of it stay exact).
             ``"auto"``: single steps in the first epoch, which also times single steps and
             blocks of 16 on its first batch (on a copy of the state) and picks K from 1, 2, 4,
@@ -243,6 +296,8 @@ class TrainerOptions:
                 raise TypeError(train_model_argument_message(owner, key, value))
             if key == "rngs":  # NNX's habit: it would be kept as an extra hparam and do nothing
                 raise TypeError(rngs_given_message(f"{owner} got", value))
+            if key in FOREIGN_TRAINER_ARGUMENTS:  # Keras' / nnx.Optimizer's spelling: the same
+                raise TypeError(foreign_argument_message(owner, key, value))
             if key in RECORDED_TRAIN_MODEL_ARGUMENTS:
                 warn_at_user(f"{owner} got {key}={value!r}: it is recorded in the run's config, but only "
                              f"train_model's {key} is used (trainer.train_model(..., {key}={value!r})). Declare "
@@ -496,8 +551,13 @@ FOREIGN_TRAINER_METHODS = {
                     "into this trainer from its own run (load_model(step) for another step); load_weights(path, "
                     "skip_mismatch=True) for a new head is a new trainer given the loaded run's matching layers "
                     "(docs/models.md, 'A new head: restore only the backbone')",
-    "eval": "Lightning's model.eval() needs nothing here: validation, test(), predict() and export() run the model in "
-            "eval mode (train=False), and the train step in training mode",
+    "eval": "Lightning's (and NNX's) model.eval() needs nothing here: validation, test(), predict() and export() run "
+            "the model in eval mode (train=False), and the train step in training mode",
+    "train": "NNX's and PyTorch's model.train() needs nothing here: the trainer switches modes itself, the train step "
+             "running the model in training mode (train=True; an NNX module's model.train() is called for it) and "
+             "validation, test(), predict() and export() in eval mode. To train, call "
+             "trainer.train_model(train_loader, val_loader, num_epochs=10) (docs/models.md, 'Coming from a plain NNX "
+             "training loop')",
     "half": "Lightning's model.half(): fp16 is not offered (bf16 has float32's range and needs no loss scaling); "
             "bf16 computing is the optimizer setting optimizer_hparams={..., 'precision': 'bf16'}, and "
             "trainer.export(path, precision='bf16') exports a bf16 forward pass",

@@ -42,8 +42,8 @@ from flaxlight.export import INFO_FILE as EXPORT_INFO_FILE
 from flaxlight.loggers import CSVLogger, Logger, LoggerCollection, TensorBoardLogger, tensorboard_available
 from flaxlight.loggers.base import run_display_name
 from flaxlight.messages import logger as messages, warn_at_user
-from flaxlight.options import (LIGHTNING_TRAINER_ARGUMENTS, TRAIN_MODEL_ARGUMENTS, TRAINER_ARGUMENTS, TrainerOptions,
-                               declared_keywords)
+from flaxlight.options import (FOREIGN_TRAINER_ARGUMENTS, LIGHTNING_TRAINER_ARGUMENTS, TRAIN_MODEL_ARGUMENTS,
+                               TRAINER_ARGUMENTS, TrainerOptions, declared_keywords)
 from flaxlight.registry import RegistryError, explicit_parameters, import_object
 
 __all__ = ["RunInUseError", "LoggerParams", "HPARAMS_FILE", "CHECKPOINT_DIR", "METRICS_DIR", "LOGGER_TYPES", "next_version_dir",
@@ -1143,11 +1143,13 @@ def _say_optimizer_left_out(owner: str, log_dir: str, saved: Any, given: Any) ->
 
 def _without_unread(hparams: dict, declared: set[str]) -> dict:
     """``hparams`` less the keywords a run from before they were refused was given and kept as extra
-    hparams, doing nothing (said): Lightning's Trainer arguments, ``train_model``'s, an ``rngs``;
+    hparams, doing nothing (said): Lightning's Trainer arguments, ``train_model``'s, an ``rngs``,
+    ``optimizer`` / ``model`` / ``loss`` / ``metrics``;
     not the trainer class's own (``declared``, as ``TrainerOptions.split_kwargs`` takes them)."""
     for kinds, unread in (("Lightning's Trainer argument(s)", LIGHTNING_TRAINER_ARGUMENTS),
                           ("train_model keyword(s)", TRAIN_MODEL_ARGUMENTS),  # num_epochs, batch_size: kept, recorded
-                          ("an nnx.Rngs (the model's keys came from seed)", ("rngs",))):
+                          ("an nnx.Rngs (the model's keys came from seed)", ("rngs",)),
+                          ("argument(s) of Keras' model.compile or a plain NNX loop", FOREIGN_TRAINER_ARGUMENTS)):
         ignored = sorted(key for key in hparams if key in unread and key not in declared)
         if ignored:
             messages.info(f"{HPARAMS_FILE} holds {', '.join(ignored)}, {kinds} that this run's trainer was given and "

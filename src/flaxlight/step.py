@@ -63,6 +63,28 @@ def _split_loss(out, where: str):
                     f"loss per example? take its mean).")
 
 
+def _call_loss(loss_fn: LossFn, params, batch, **kwargs):
+    """``loss_fn(params, batch, **kwargs)``; an error from using ``params`` as the model (NNX's
+    ``nnx.value_and_grad(loss_fn)(model)`` habit: ``model(x)``, ``model.layer``) gets a note."""
+    try:
+        return loss_fn(params, batch, **kwargs)
+    except (TypeError, AttributeError) as exc:
+        kind = type(params).__name__
+        if isinstance(params, Mapping) and (f"'{kind}' object is not callable" in str(exc)
+                                            or f"'{kind}' object has no attribute" in str(exc)):
+            exc.add_note(_PARAMS_NOT_MODULE)
+        raise
+
+
+_PARAMS_NOT_MODULE = (
+    "flaxlight: loss_fn's first argument is the model's parameters, a dict (what the trainer differentiates), not "
+    "the model. If this error comes from using it as the model (model(x), as in an nnx.value_and_grad(loss_fn)(model) "
+    "loop), call the model through the state, for Linen and NNX models alike: logits, updates = "
+    "state.apply_model(params, x, train=train, rng=rng) (an NNX module is rebuilt from params inside it, in train or "
+    "eval mode as train says), and return loss, (metrics, updates). See docs/models.md, 'Coming from a plain NNX "
+    "training loop'.")
+
+
 def _checked_updates(updates: dict, state: TrainState, where: str, *, warn: bool = True) -> dict:
     """``updates`` when each key is a field of the state (``batch_stats``), else a clear error."""
     fields = {field.name for field in dataclasses.fields(state)}
@@ -514,8 +536,8 @@ class TrainStep:
 
         def objective(params):
             compute_params = params if dtype is None else cast_floating(params, dtype)
-            loss, aux = _split_loss(self.loss_fn(compute_params, batch, train=train, rng=rng, state=model_state),
-                                    "loss_fn")
+            loss, aux = _split_loss(_call_loss(self.loss_fn, compute_params, batch, train=train, rng=rng,
+                                               state=model_state), "loss_fn")
             if dtype is not None:
                 loss = jnp.asarray(loss, jnp.float32)
             if self.regularizer is None:
@@ -577,7 +599,8 @@ class TrainStep:
         model_state = state
         if self.precision == "bf16":  # as computing_state(state with these params, "bf16")
             model_state, params = _in_bfloat16(state), cast_floating(params, jnp.bfloat16)
-        loss, aux = _split_loss(self.loss_fn(params, batch, train=False, rng=rng, state=model_state), "loss_fn")
+        loss, aux = _split_loss(_call_loss(self.loss_fn, params, batch, train=False, rng=rng, state=model_state),
+                                "loss_fn")
         metrics, _ = _split_aux(aux, "loss_fn")
         if self.precision == "bf16":
             loss = jnp.asarray(loss, jnp.float32)

@@ -35,7 +35,7 @@ from flaxlight.messages import logger as messages, warn_at_user
 from flaxlight.metrics import batch_size as examples_in, deliberate_reads
 from flaxlight.models import MODEL_FIT_ERRORS, shapes_text
 from flaxlight.optim import PRECISIONS, as_optimizer_config, ema_params
-from flaxlight.options import TRAINER_ARGUMENTS, foreign_method_message
+from flaxlight.options import TRAINER_ARGUMENTS, check_foreign_arguments, foreign_method_message
 from flaxlight.registry import explicit_parameters
 from flaxlight.step import computing_state, step_owner
 from flaxlight.view import is_flaxlights_own, refuse_deleted_arrays, writes_own_checkpoints
@@ -305,6 +305,7 @@ class TrainerVerbsMixin:
         override of a trainer hook that cannot take the loop's arguments is refused (:func:`check_trainer_hooks`)."""
         warn_lightning_module_methods(cls)
         check_trainer_hooks(cls)
+        check_foreign_arguments(cls, kwargs)  # model= for model_class=: said before Python's missing arguments
         return super().__new__(cls)
 
     def __getattr__(self, name: str) -> Any:  # only for names not found otherwise: Lightning's / Keras', with a hint
