@@ -716,6 +716,25 @@ def test_a_seeded_rerun_continues_the_search_instead_of_replaying_it(tmp_path, l
     assert len(rates) == 4 and len(set(rates)) == 4
 
 
+def test_workers_given_different_seeds_draw_different_trials_whenever_they_join(tmp_path, loaders):
+    """Seed 1 joining a study of 1 trial was re-seeded 1 + 1 = 2: the same samples as seed 2 at 0 trials."""
+    x0 = classification_data()[0][:1]
+    common = dict(hparams=tiny_hparams(x0), train_loader=loaders[0], val_loader=loaders[1], num_epochs=1,
+                  metric="val/acc", n_trials=1)
+    fresh = tune(ClassifyTrainer, LR_SPACE, **common, base_dir=tmp_path / "a", seed=2)  # the first worker
+
+    def join_with_seed_1(base_dir):  # the other worker, joining once trial 0 is there
+        storage = make_storage(None, default_path=base_dir / "study" / "study.db")
+        study = optuna.create_study(storage=storage, study_name="study", direction="maximize")
+        study.add_trial(optuna.trial.create_trial(state=State.FAIL))
+        return tune(ClassifyTrainer, LR_SPACE, **common, base_dir=base_dir, seed=1).trials[1].params
+
+    lr = "optimizer_hparams.lr"
+    joined = join_with_seed_1(tmp_path / "b")
+    assert joined[lr] != fresh.trials[0].params[lr]
+    assert join_with_seed_1(tmp_path / "c") == joined  # a continued study stays reproducible for its seed
+
+
 def test_a_trial_whose_loss_went_nan_fails_even_when_its_accuracy_is_finite(tmp_path, loaders):
     x0 = classification_data()[0][:1]
     hparams = {**tiny_hparams(x0), "optimizer_hparams": {"optimizer": "sgd", "lr": 1e30, "schedule": "constant",

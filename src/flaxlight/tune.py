@@ -45,6 +45,7 @@ import time
 import warnings
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
+import numpy as np
 import optax
 
 from flaxlight import optim
@@ -1324,7 +1325,7 @@ def _run_study(build: Callable[..., tuple], space: SearchSpace, *, metric: str, 
     study = _open_study(storage_obj, study_name, direction, metric, run_dir, first_sampler, pruner)
     _check_same_setup(study, study_name, setup)
     if seed is not None and study.trials:  # a seeded sampler made again would replay the study's first trials
-        study.sampler = make_sampler(sampler_spec, seed + len(study.trials))
+        study.sampler = make_sampler(sampler_spec, _sampler_seed(seed, len(study.trials)))
     _check_trial_dirs_free(study, run_dir)
     if n_trials == 0:
         return study
@@ -1351,6 +1352,21 @@ def _run_study(build: Callable[..., tuple], space: SearchSpace, *, metric: str, 
                         f"trial's user_attrs['error'], its files under {run_dir}); fix the set-up and run tune "
                         f"again: the study resumes.")
     return study
+
+
+def _sampler_seed(seed: int, trials: int) -> int:
+    """The seed of the sampler of a study that holds ``trials`` trials when this call opens it:
+    ``seed`` itself for a new study, else a hash of both (numpy's ``SeedSequence``), so a rerun
+    does not replay the study's first samples and workers given different seeds never draw alike,
+    whenever each joins (``seed + trials`` made seed 1 joining at 1 trial seed 2 at 0).
+
+    Examples:
+        >>> _sampler_seed(2, 0), _sampler_seed(1, 1) == _sampler_seed(2, 0)
+        (2, False)
+    """
+    if trials == 0:
+        return seed
+    return int(np.random.SeedSequence((seed, trials)).generate_state(1)[0])
 
 
 def _check_study_settings(timeout: Any, seed: Any, base_dir: Any) -> None:
