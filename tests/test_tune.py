@@ -404,6 +404,37 @@ def test_sigterm_while_a_trial_trains_says_tune_does_not_resume_it(tmp_path, loa
     assert "tune does not resume a trial: trial 0 is marked failed" in caplog.text and "To resume" not in caplog.text
 
 
+def test_a_continued_study_checks_its_search_space_against_its_trials_before_any_trial(tmp_path, caplog, recwarn):
+    """Changed choices or a changed type failed every new trial (a wrong message, or a traceback not
+    naming the key), a changed range went unsaid, a fixed value now searched read "0.1 -> '(not set)'"."""
+    def run(space):
+        hparams = {"model_hparams": {"hidden_dims": [8]}, "optimizer_hparams": {"lr": 0.1}}
+        return tune(lambda hparams: StandInTrainer(hparams, [0.5]), space, hparams=hparams, train_loader=[],
+                    val_loader=[], num_epochs=1, metric="val/loss", base_dir=tmp_path, n_trials=1, pruner="none")
+
+    hidden = {"model_hparams.hidden_dims": Categorical([[8], [16]])}
+    run(LR_SPACE)
+    caplog.set_level("INFO", logger="flaxlight")
+    with pytest.warns(UserWarning, match=r"model_hparams\.hidden_dims: \[8\] -> searched\)"):
+        run({"optimizer_hparams.lr": Float(1e-2, 0.5, log=True), **hidden})
+    assert ("search_space['optimizer_hparams.lr'] is float [0.01, 0.5] (log) now, float [0.001, 0.5] (log) in its "
+            "earlier trials") in caplog.text
+    refusals = [
+        ({**LR_SPACE, "model_hparams.hidden_dims": Categorical([[4], [16]])},
+         r"^search_space\['model_hparams.hidden_dims'\]: study 'study' searched it as choices \['\[8\]', '\[16\]'\] in "
+         r"its earlier trials; this call gives choices \['\[4\]', '\[16\]'\]. A study cannot change a parameter's "
+         r"choices .*another study_name, or keep choices \['\[8\]', '\[16\]'\]\.$"),
+        ({"optimizer_hparams.lr": Categorical([0.1, 0.2]), **hidden},
+         r"'optimizer_hparams.lr'\]: study 'study' searched it as float \[0.01, 0.5\] \(log\) .* this call gives "
+         r"choices \[0.1, 0.2\]. A study cannot change a parameter's type"),
+        ({"optimizer_hparams.lr": Float(1e-3, 0.5), **hidden}, r"cannot change a parameter's scale"),
+    ]
+    for space, message in refusals:
+        with pytest.raises(ValueError, match=message):
+            run(space)
+    assert len(load_study(tmp_path / "study").trials) == 2  # no trial started, none failed
+
+
 def test_a_misspelt_metric_can_be_fixed_on_the_same_study(tmp_path):
     """The error said "set metric= to a logged metric"; doing so was refused: "Study optimises 'val/los'"."""
     def run(metric):

@@ -329,19 +329,19 @@ class SearchSpace(Mapping):
         """Sample every parameter from ``trial``: ``{dotted key: value}`` (categorical JSON decoded)."""
         values = {}
         for key, param in self._params.items():
-            if isinstance(param, Float):
-                values[key] = trial.suggest_float(key, param.low, param.high, log=param.log, step=param.step)
-            elif isinstance(param, Int):
-                values[key] = trial.suggest_int(key, param.low, param.high, log=param.log, step=param.step)
-            else:
-                labels = [_choice_label(key, c) for c in param.choices]
-                try:
-                    label = trial.suggest_categorical(key, labels)
-                except ValueError as exc:  # a value given by study.enqueue_trial that is none of the labels
-                    raise ValueError(f"search_space[{key!r}]: {exc} The study stores the choices {labels}; give "
-                                     f"enqueue_trial one of them (a list or dict choice as its JSON text, e.g. "
-                                     f"{labels[-1]!r}).") from None
-                values[key] = param.choices[labels.index(label)]
+            try:
+                if isinstance(param, Float):
+                    values[key] = trial.suggest_float(key, param.low, param.high, log=param.log, step=param.step)
+                elif isinstance(param, Int):
+                    values[key] = trial.suggest_int(key, param.low, param.high, log=param.log, step=param.step)
+                else:
+                    labels = [_choice_label(key, c) for c in param.choices]
+                    values[key] = param.choices[labels.index(trial.suggest_categorical(key, labels))]
+            except ValueError as exc:  # a study trial of another space (a worker's), or an enqueued value
+                raise ValueError(f"search_space[{key!r}] is {_describe(_distribution(key, param))} here: {exc} Another "
+                                 f"call on this study (a worker) gave it another type or choices, or a value given "
+                                 f"by study.enqueue_trial is not in it (a list or dict choice is given as its JSON "
+                                 f"text). Keep one search space per study (or use another study_name).") from None
         return values
 
     def decode(self, params: Mapping[str, Any]) -> dict[str, Any]:
@@ -368,6 +368,55 @@ class SearchSpace(Mapping):
                     spec["step"] = param.step
                 out[key] = spec
         return out
+
+
+def _distribution(key: str, param: Param) -> "optuna.distributions.BaseDistribution":
+    """The optuna distribution a study records for ``param`` (categorical choices as their labels)."""
+    if isinstance(param, Float):
+        return optuna.distributions.FloatDistribution(param.low, param.high, log=param.log, step=param.step)
+    if isinstance(param, Int):
+        return optuna.distributions.IntDistribution(param.low, param.high, log=param.log, step=param.step)
+    return optuna.distributions.CategoricalDistribution([_choice_label(key, c) for c in param.choices])
+
+
+def _describe(dist: "optuna.distributions.BaseDistribution") -> str:
+    """A recorded distribution for people: ``float [0.0001, 0.01] (log)``, ``choices ['[32]', '[64]']``.
+
+    Examples:
+        >>> _describe(optuna.distributions.IntDistribution(1, 8, step=2))
+        'int [1, 8] (step 2)'
+    """
+    if isinstance(dist, optuna.distributions.CategoricalDistribution):
+        return f"choices {list(dist.choices)}"
+    kind = "float" if isinstance(dist, optuna.distributions.FloatDistribution) else "int"
+    extra = " (log)" if dist.log else (f" (step {dist.step:g})" if dist.step not in (None, 1) else "")
+    return f"{kind} [{dist.low:g}, {dist.high:g}]{extra}"
+
+
+def _check_same_space(study: "optuna.Study", study_name: str, space: "SearchSpace") -> None:
+    """Before a continued study's first new trial, compare ``space`` with the distributions its
+    earlier trials recorded: another type, log scale or categorical choices is refused (Optuna
+    would fail every new trial), a changed range is said (the best trial is picked across both)."""
+    recorded: dict[str, list] = {}  # key -> its distinct distributions, the latest trial's last
+    for trial in study.get_trials(deepcopy=False):
+        for key, dist in trial.distributions.items():
+            if key in space:
+                recorded.setdefault(key, [])
+                recorded[key] = [d for d in recorded[key] if d != dist] + [dist]
+    for key, dists in recorded.items():
+        new = _distribution(key, space[key])
+        for old in reversed(dists):  # the latest first: the one to keep
+            what = ("type" if type(old) is not type(new) else
+                    ("choices" if old != new else None) if isinstance(new, optuna.distributions.CategoricalDistribution)
+                    else "scale (log or not)" if old.log != new.log else None)
+            if what:
+                raise ValueError(f"search_space[{key!r}]: study {study_name!r} searched it as {_describe(old)} in "
+                                 f"its earlier trials; this call gives {_describe(new)}. A study cannot change a "
+                                 f"parameter's {what} (its trials are compared in one space): give this search space "
+                                 f"another study_name, or keep {_describe(old)}.")
+        if dists[-1] != new:
+            messages.info("Study %r: search_space[%r] is %s now, %s in its earlier trials; its best trial is picked "
+                          "among the trials of both ranges.", study_name, key, _describe(new), _describe(dists[-1]))
 
 
 # --------------------------------------------------------------------------- dotted overrides
@@ -665,11 +714,12 @@ def _check_direction(direction: str | None, metric: str) -> str:
 def _setup_summary(value: Any, searched: Iterable[str] = ()) -> Any:
     """A JSON summary of a study's fixed settings, to tell whether a later call changed them:
     numbers, strings and containers as they are, classes and functions by their import path,
-    other objects (arrays, callbacks) by their type only; the ``searched`` dotted keys left out.
+    other objects (arrays, callbacks) by their type only; the ``searched`` dotted keys marked
+    ``"(searched)"`` (their fixed value is overridden in every trial).
 
     Examples:
         >>> _setup_summary({"model_hparams": {"hidden": 8, "act": len}, "lr": 0.1}, searched=["lr"])
-        {'model_hparams': {'hidden': 8, 'act': 'builtins.len'}}
+        {'model_hparams': {'hidden': 8, 'act': 'builtins.len'}, 'lr': '(searched)'}
     """
     if isinstance(value, Mapping):
         summary = {str(key): _setup_summary(item) for key, item in value.items()}
@@ -687,19 +737,28 @@ def _setup_summary(value: Any, searched: Iterable[str] = ()) -> Any:
         for part in parts[:-1]:
             node = node.get(part) if isinstance(node, dict) else None
         if isinstance(node, dict):
-            node.pop(parts[-1], None)
+            node[parts[-1]] = _SEARCHED
     return summary
 
 
+_SEARCHED, _NOT_SET = "(searched)", "(not set)"
+
+
 def _setup_changes(before: Any, after: Any, prefix: str = "") -> list[str]:
-    """``"key: old -> new"`` for each dotted key whose value differs between two summaries."""
+    """``"key: old -> new"`` for each dotted key whose value differs between two summaries
+    (``0.1 -> searched`` for a fixed value the search space now sets).
+
+    Examples:
+        >>> _setup_changes({"a": 0.1, "b": 1}, {"a": "(searched)", "b": 2})
+        ['a: 0.1 -> searched', 'b: 1 -> 2']
+    """
     if isinstance(before, dict) and isinstance(after, dict):
         return [change for key in sorted(set(before) | set(after), key=str)
-                for change in _setup_changes(before.get(key, "(not set)"), after.get(key, "(not set)"),
-                                             f"{prefix}{key}.")]
-    if before == after:
+                for change in _setup_changes(before.get(key, _NOT_SET), after.get(key, _NOT_SET), f"{prefix}{key}.")]
+    if before == after or (before, after) in ((_SEARCHED, _NOT_SET), (_NOT_SET, _SEARCHED)):  # an older summary
         return []
-    show = lambda v: (repr(v) if len(repr(v)) <= 40 else repr(v)[:37] + "...")  # noqa: E731
+    show = lambda v: ("searched" if v == _SEARCHED else "not set" if v == _NOT_SET else  # noqa: E731
+                      repr(v) if len(repr(v)) <= 40 else repr(v)[:37] + "...")
     return [f"{prefix.rstrip('.')}: {show(before)} -> {show(after)}"]
 
 
@@ -1323,6 +1382,7 @@ def _run_study(build: Callable[..., tuple], space: SearchSpace, *, metric: str, 
     storage_obj = make_storage(storage, default_path=os.path.join(run_dir, STORAGE_FILE))
     os.makedirs(run_dir, exist_ok=True)
     study = _open_study(storage_obj, study_name, direction, metric, run_dir, first_sampler, pruner)
+    _check_same_space(study, study_name, space)
     _check_same_setup(study, study_name, setup)
     if seed is not None and study.trials:  # a seeded sampler made again would replay the study's first trials
         study.sampler = make_sampler(sampler_spec, _sampler_seed(seed, len(study.trials)))
