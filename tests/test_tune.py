@@ -6,6 +6,7 @@ uses a stand-in trainer that trains nothing.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import subprocess
@@ -766,10 +767,14 @@ def test_workers_given_different_seeds_draw_different_trials_whenever_they_join(
     assert join_with_seed_1(tmp_path / "c") == joined  # a continued study stays reproducible for its seed
 
 
-def test_a_trial_whose_loss_went_nan_fails_even_when_its_accuracy_is_finite(tmp_path, loaders):
+def test_a_trial_whose_loss_went_nan_fails_even_when_its_accuracy_is_finite(tmp_path, loaders, capfd):
     x0 = classification_data()[0][:1]
     hparams = {**tiny_hparams(x0), "optimizer_hparams": {"optimizer": "sgd", "lr": 1e30, "schedule": "constant",
                                                          "gradient_clip": None}}
+    optuna_log = []  # optuna's "Trial 0 failed" records (its handler writes to the stderr of its first use)
+    handler = logging.Handler()
+    handler.emit = optuna_log.append
+    logging.getLogger("optuna.study._optimize").addHandler(handler)
     with pytest.raises(TuneError, match=r"FloatingPointError: PruningCallback: by epoch 1, the loss was NaN/Inf in "
                                         r"\d+ step\(s\), the first between steps 1 and 3 \(epoch 1, batches 1-3\); "
                                         r"the parameters hold NaN/Inf, so the model is damaged"):
@@ -777,6 +782,11 @@ def test_a_trial_whose_loss_went_nan_fails_even_when_its_accuracy_is_finite(tmp_
              num_epochs=3, metric="val/acc", n_trials=1, base_dir=tmp_path)
     (trial,) = load_study(tmp_path / "study").trials
     assert trial.state == State.FAIL and "NaN/Inf" in trial.user_attrs["error"]
+    # said once (the PruningCallback line), without a traceback through flaxlight's code or a checkpoint warning
+    logging.getLogger("optuna.study._optimize").removeHandler(handler)
+    err = capfd.readouterr().err + "".join(f"{r.getMessage()} {r.exc_info}\n" for r in optuna_log)
+    assert err.count("the parameters hold NaN/Inf") == 1 and "Traceback" not in err and "_TrialFailed" not in err, err
+    assert "trial 0 diverged (NaN/Inf): see the PruningCallback line above" in err and " None\n" in err
     # stopped at its first validation, its chance-level accuracy never reported to the pruner (it trained on)
     assert trial.user_attrs["epochs"] == 1 and trial.intermediate_values == {}
 

@@ -846,6 +846,11 @@ class _TrialCouldNotStart(_TrialFailed):
     sampled run, a ``ConfigError``): its one-line message says everything, so optuna logs no traceback."""
 
 
+class _TrialDiverged(_TrialFailed):
+    """A trial whose loss or objective went NaN/Inf (flaxlight's own diagnosis, in its user attrs):
+    optuna logs it in one line, without a traceback through flaxlight's code."""
+
+
 def _refused_before_training(exc: BaseException, trainer: Any) -> bool:
     """Whether ``exc`` is flaxlight's refusal of the trial's settings (a ``ValueError`` raised in
     flaxlight's own code, not the user's) before the trial's first step."""
@@ -1064,11 +1069,24 @@ class _Objective:
                 trial.set_user_attr("log_dir", os.path.abspath(actual_dir))
             self._check_data(trial.number, val_loader)
             stage = "train"
-            metrics = trainer.train_model(train_loader, val_loader, num_epochs=num_epochs)
+            with warnings.catch_warnings():  # the trial's failure says it, once (PruningCallback stops it)
+                for said in (r"Not saving checkpoint \d+: the parameters hold NaN/Inf", r"The loss was NaN/Inf in"):
+                    warnings.filterwarnings("ignore", said, RuntimeWarning)
+                metrics = trainer.train_model(train_loader, val_loader, num_epochs=num_epochs)
             stage = "trained"
             return self._value(trial, trainer, metrics, pruning)
         except optuna.TrialPruned:
             raise
+        except FloatingPointError as exc:
+            trial.set_user_attr("error", _short_error(exc))
+            if not isinstance(exc, self.catch):
+                raise
+            if stage != "trained":  # the user's code raised it, not flaxlight's diagnosis: its traceback helps
+                raise _TrialFailed(_short_error(exc)) from exc
+            said = pruning.nonfinite  # the trainer printed the reason when the callback stopped it
+            raise _TrialDiverged(f"trial {trial.number} diverged (NaN/Inf): see the PruningCallback line above; "
+                                 f"recorded in the trial's user_attrs['error']." if said else
+                                 _short_error(exc)) from None
         except TuneError as exc:  # a setting of the study: every trial would fail alike
             trial.set_user_attr("error", _short_error(exc))
             raise
@@ -1391,7 +1409,7 @@ def _run_study(build: Callable[..., tuple], space: SearchSpace, *, metric: str, 
         return study
     objective = _Objective(build, space, metric, run_dir, catch)
     limit = _FailureLimit(max_failed_in_a_row)
-    quiet = _NoTracebackFor(MetricNotLoggedError, _Interrupted, _TrialCouldNotStart)  # their message says it all
+    quiet = _NoTracebackFor(MetricNotLoggedError, _Interrupted, _TrialCouldNotStart, _TrialDiverged)  # said in full
     optuna_log = logging.getLogger("optuna.study._optimize")
     optuna_log.addFilter(quiet)
     try:
