@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -436,6 +437,35 @@ def test_a_continued_study_checks_its_search_space_against_its_trials_before_any
     assert len(load_study(tmp_path / "study").trials) == 2  # no trial started, none failed
 
 
+def test_a_study_says_its_best_model_metric_once_and_a_pruned_trial_once(tmp_path, loaders, caplog):
+    """Each trial said "The best model is picked by val/acc (max)."; optuna repeated the pruning reason."""
+    records = []  # optuna's own lines (its handler writes to the stderr of its first use)
+    handler = logging.Handler()
+    handler.emit = records.append
+    logging.getLogger("optuna").addHandler(handler)
+    caplog.set_level("INFO", logger="flaxlight")
+    try:
+        tune(ClassifyTrainer, LR_SPACE, hparams=tiny_hparams(classification_data()[0][:1]), train_loader=loaders[0],
+             val_loader=loaders[1], num_epochs=1, metric="val/acc", n_trials=2, base_dir=tmp_path,
+             pruner={"name": "threshold", "lower": 2.0})  # every trial pruned at its first validation
+    finally:
+        logging.getLogger("optuna").removeHandler(handler)
+    assert caplog.text.count("The best model is picked by val/acc (max).") == 1
+    assert caplog.text.count("PruningCallback: trial 1 pruned at epoch 1") == 1
+    pruned = [r.getMessage() for r in records if "pruned" in r.getMessage()]
+    assert len(pruned) == 2 and not [m for m in pruned if "PruningCallback" in m], pruned
+
+
+def test_flaxlight_warnings_on_the_command_line_have_no_stray_source_line():
+    """A warning attributed to the user's line showed the flaxlight script's `sys.exit(main())`."""
+    from flaxlight import cli
+
+    assert cli._command_line_warning("Study 's' is continued", UserWarning, sys.argv[0], 6) == \
+        "UserWarning: Study 's' is continued\n"
+    assert cli._command_line_warning("m", UserWarning, "/home/me/train.py", 3) == "/home/me/train.py:3: UserWarning: m\n"
+    assert warnings.formatwarning is not cli._command_line_warning  # only while a command runs
+
+
 def test_a_misspelt_metric_can_be_fixed_on_the_same_study(tmp_path):
     """The error said "set metric= to a logged metric"; doing so was refused: "Study optimises 'val/los'"."""
     def run(metric):
@@ -829,15 +859,29 @@ def test_shared_loggers_and_a_checkpoint_ranking_by_another_metric_are_refused(t
     assert not (tmp_path / "study").exists()
 
 
-def test_a_new_study_over_an_earlier_ones_trial_folders_is_refused_before_any_trial(tmp_path, loaders):
+def test_a_new_study_over_an_earlier_ones_trial_folders_is_refused_before_any_trial(tmp_path, loaders, capsys):
     x0 = classification_data()[0][:1]
     common = dict(hparams=tiny_hparams(x0), train_loader=loaders[0], val_loader=loaders[1], num_epochs=1,
                   metric="val/acc", n_trials=1, base_dir=tmp_path)
     tune(ClassifyTrainer, LR_SPACE, **common)
     os.remove(tmp_path / "study" / "study.db")  # started over: a new study in the same folder
-    with pytest.raises(TuneError, match=r"holds the trial folders of an earlier study \(trial_0000\).*another "
-                                        r"study_name or base_dir"):
+    with pytest.raises(FileExistsError, match=r"holds the trial folders of an earlier study \(trial_0000\).*another "
+                                              r"study_name or base_dir"):
         tune(ClassifyTrainer, LR_SPACE, **common)
+    assert not (tmp_path / "study" / "study.db").exists()  # it left an empty study there (and exited 1)
+    storage = str(tmp_path / "elsewhere.db")  # another storage: refused before the study is created in it
+    with pytest.raises(FileExistsError, match=r"\(0 trials\)"):
+        tune(ClassifyTrainer, LR_SPACE, **common, storage=storage)
+    assert optuna.get_all_study_summaries(make_storage(storage)) == []
+    from flaxlight import cli
+
+    os.makedirs(tmp_path / "cfg" / "trial_0000")
+    (tmp_path / "cfg" / "trial_0000" / "metrics.csv").write_text("epoch\n1\n")
+    capsys.readouterr()
+    assert cli.main(["tune", "--config", str(write_tune_config(tmp_path))]) == 2  # a set-up error, not a failed run
+    err = capsys.readouterr().err
+    assert err.startswith("flaxlight tune: error: ") and "holds the trial folders" in err and err.count("\n") == 1
+    assert os.listdir(tmp_path / "cfg") == ["trial_0000"]
 
 
 @pytest.mark.parametrize("settings, message", [

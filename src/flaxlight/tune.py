@@ -903,6 +903,24 @@ class _NoTracebackFor(logging.Filter):
         return True
 
 
+class _SayOnce(logging.Filter):
+    """Drops a ``flaxlight`` log line said already in this study that starts with one of ``prefixes``
+    (each trial's trainer says which metric picks its best model: the study's, every time)."""
+
+    def __init__(self, *prefixes: str):
+        super().__init__()
+        self.prefixes, self.said = prefixes, set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        if not text.startswith(self.prefixes):
+            return True
+        if text in self.said:
+            return False
+        self.said.add(text)
+        return True
+
+
 class _FailureLimit:
     """Study callback: stop after ``limit`` trials in a row failed in this process; also counts this
     process's finished and failed trials and keeps the first failure (``all_failed``)."""
@@ -1076,7 +1094,7 @@ class _Objective:
             stage = "trained"
             return self._value(trial, trainer, metrics, pruning)
         except optuna.TrialPruned:
-            raise
+            raise optuna.TrialPruned() from None  # the trainer said why (its stop reason): optuna says "pruned"
         except FloatingPointError as exc:
             trial.set_user_attr("error", _short_error(exc))
             if not isinstance(exc, self.catch):
@@ -1397,14 +1415,16 @@ def _run_study(build: Callable[..., tuple], space: SearchSpace, *, metric: str, 
     sampler_spec, pruner = sampler, make_pruner(pruner)
     first_sampler = make_sampler(sampler_spec, seed)  # a bad spec fails before any file is made
     run_dir = os.path.abspath(os.path.join(os.fspath(base_dir), study_name))
+    if storage is None and not os.path.exists(os.path.join(run_dir, STORAGE_FILE)):
+        _check_trial_dirs_free(study_name, 0, run_dir)  # a new study: refused before its study.db is made
     storage_obj = make_storage(storage, default_path=os.path.join(run_dir, STORAGE_FILE))
+    _check_trial_dirs_free(study_name, _stored_trials(storage_obj, study_name), run_dir)
     os.makedirs(run_dir, exist_ok=True)
     study = _open_study(storage_obj, study_name, direction, metric, run_dir, first_sampler, pruner)
     _check_same_space(study, study_name, space)
     _check_same_setup(study, study_name, setup)
     if seed is not None and study.trials:  # a seeded sampler made again would replay the study's first trials
         study.sampler = make_sampler(sampler_spec, _sampler_seed(seed, len(study.trials)))
-    _check_trial_dirs_free(study, run_dir)
     if n_trials == 0:
         return study
     objective = _Objective(build, space, metric, run_dir, catch)
@@ -1412,6 +1432,8 @@ def _run_study(build: Callable[..., tuple], space: SearchSpace, *, metric: str, 
     quiet = _NoTracebackFor(MetricNotLoggedError, _Interrupted, _TrialCouldNotStart, _TrialDiverged)  # said in full
     optuna_log = logging.getLogger("optuna.study._optimize")
     optuna_log.addFilter(quiet)
+    once = _SayOnce("The best model is picked by")
+    messages.addFilter(once)
     try:
         with _sigterm_ends_the_trial():
             study.optimize(objective, n_trials=n_trials, timeout=timeout, catch=(_TrialFailed,), callbacks=[limit])
@@ -1419,6 +1441,7 @@ def _run_study(build: Callable[..., tuple], space: SearchSpace, *, metric: str, 
         raise interrupt.original from None
     finally:
         optuna_log.removeFilter(quiet)
+        messages.removeFilter(once)
     if limit.hit:
         raise TuneError(f"Stopped study {study_name!r}: {limit.in_a_row} trials in a row failed (last error: "
                         f"{limit.last_error}). Fix the set-up and run tune again: the study resumes "
@@ -1457,18 +1480,30 @@ def _check_study_settings(timeout: Any, seed: Any, base_dir: Any) -> None:
         raise ValueError(f"base_dir must be a folder's path, got {base_dir!r}.")
 
 
-def _check_trial_dirs_free(study: "optuna.Study", run_dir: str) -> None:
-    """Refuse a study whose next trials' folders hold runs of an earlier study (started over in the
-    same place): those trials would fail one by one."""
+def _stored_trials(storage: Any, study_name: str) -> int:
+    """How many trials the study ``study_name`` holds in ``storage`` (0: no such study yet)."""
+    try:
+        study_id = storage.get_study_id_from_name(study_name)
+    except KeyError:
+        return 0
+    return len(storage.get_all_trials(study_id, deepcopy=False))
+
+
+def _check_trial_dirs_free(study_name: str, trials: int, run_dir: str) -> None:
+    """Refuse a study of ``trials`` trials whose next trials' folders hold runs of an earlier study
+    (started over in the same place): those trials would fail one by one. A ``FileExistsError``
+    (``flaxlight tune``: exit status 2), raised before the study is created or changed."""
     from flaxlight.runfiles import run_files_present
 
+    if not os.path.isdir(run_dir):
+        return
     taken = sorted(name for name in os.listdir(run_dir) if name.startswith("trial_") and name[6:].isdigit()
-                   and int(name[6:]) >= len(study.trials) and run_files_present(os.path.join(run_dir, name)))
+                   and int(name[6:]) >= trials and run_files_present(os.path.join(run_dir, name)))
     if taken:
-        raise TuneError(f"{run_dir} holds the trial folders of an earlier study ({', '.join(taken[:3])}"
-                        f"{', ...' if len(taken) > 3 else ''}), which study {study.study_name!r} in this storage "
-                        f"({len(study.trials)} trials) would write into. Move or delete them, or use another "
-                        f"study_name or base_dir.")
+        raise FileExistsError(f"{run_dir} holds the trial folders of an earlier study ({', '.join(taken[:3])}"
+                              f"{', ...' if len(taken) > 3 else ''}), which study {study_name!r} in this storage "
+                              f"({trials} trials) would write into. Move or delete them, or use another "
+                              f"study_name or base_dir.")
 
 
 def _check_study_name(study_name: Any, base_dir: str | os.PathLike) -> None:
