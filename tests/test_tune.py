@@ -365,7 +365,7 @@ def test_sigterm_while_a_trial_is_built_marks_it_failed_and_saves_the_study(tmp_
     assert exited.value.code == 128 + signal.SIGTERM
     trials = load_study(tmp_path / "study").trials
     assert [t.state for t in trials] == [State.COMPLETE, State.FAIL]
-    assert trials[1].user_attrs["error"].startswith("interrupted: SystemExit")
+    assert trials[1].user_attrs["error"] == "interrupted by SIGTERM before it trained"
     said = caplog.text
     assert "Interrupted while trial 1 was being built: tune does not resume a trial: trial 1 is marked failed" in said
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # put back
@@ -464,6 +464,31 @@ def test_flaxlight_warnings_on_the_command_line_have_no_stray_source_line():
         "UserWarning: Study 's' is continued\n"
     assert cli._command_line_warning("m", UserWarning, "/home/me/train.py", 3) == "/home/me/train.py:3: UserWarning: m\n"
     assert warnings.formatwarning is not cli._command_line_warning  # only while a command runs
+
+
+def test_an_interrupted_trial_keeps_its_best_checkpoint_and_value_so_far(tmp_path, loaders):
+    """It was FAIL with 'interrupted: SystemExit: 143' and no link to its checkpoint: its model was lost."""
+    import signal
+
+    class TermInSecondEpoch(flaxlight.Callback):
+        every_n_steps = 4  # 3 steps an epoch: after the first validation
+
+        def on_step(self, trainer, step):
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    train, val = loaders
+    hparams = dict(tiny_hparams(train.data[0][:1]), callbacks=[TermInSecondEpoch()])
+    with pytest.raises(SystemExit):
+        tune(ClassifyTrainer, LR_SPACE, hparams=hparams, train_loader=train, val_loader=val, num_epochs=3,
+             metric="val/acc", base_dir=tmp_path, n_trials=1, pruner="none")
+    (trial,) = load_study(tmp_path / "study").trials
+    attrs = trial.user_attrs
+    assert trial.state == State.FAIL and attrs["value_so_far"] == trial.intermediate_values[1]
+    assert attrs["error"] == (f"interrupted by SIGTERM at epoch 2 (best val/acc {attrs['value_so_far']:.6g} so far, "
+                              f"at {attrs['best_checkpoint']})")
+    assert Path(attrs["best_checkpoint"]).parent == Path(attrs["log_dir"]) / "checkpoints"
+    reloaded = ClassifyTrainer.load_from_checkpoint(attrs["log_dir"], train.data[0][:1], enable_progress_bar=False)
+    assert reloaded.global_step >= 3
 
 
 def test_a_misspelt_metric_can_be_fixed_on_the_same_study(tmp_path):

@@ -1018,6 +1018,31 @@ def _jsonable_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
     return out
 
 
+def _interrupted(exc: BaseException, trial, trainer: Any, pruning: PruningCallback) -> str:
+    """The error of a trial that SIGINT/SIGTERM stopped; a trainer that trained (``trainer``) leaves
+    its best checkpoint and best value so far in the trial's user attrs (``best_checkpoint``,
+    ``value_so_far``, ``epochs``), so that the trial's model can still be loaded."""
+    code = exc.code if isinstance(exc, SystemExit) else 130
+    name = {130: "SIGINT", 143: "SIGTERM"}.get(code, f"{type(exc).__name__}({code})") if isinstance(code, int) \
+        else type(exc).__name__
+    if trainer is None:
+        return f"interrupted by {name} before it trained"
+    try:
+        checkpoint, _ = _best_checkpoint(trainer)
+    except Exception:  # noqa: BLE001 - the interrupt goes on; the folder is kept anyway
+        checkpoint = None
+    values = list(pruning.reported.values())
+    best = (max if trial.study.direction == optuna.study.StudyDirection.MAXIMIZE else min)(values) if values else None
+    epochs = int(getattr(trainer, "current_epoch", 0))
+    trial.set_user_attr("best_checkpoint", checkpoint)
+    trial.set_user_attr("value_so_far", best)
+    trial.set_user_attr("epochs", epochs)
+    said = f"interrupted by {name} at epoch {epochs}"
+    if best is None:
+        return f"{said}, before its first validation" + (f" (checkpoint {checkpoint})" if checkpoint else "")
+    return f"{said} (best {pruning.monitor} {best:.6g} so far" + (f", at {checkpoint})" if checkpoint else ")")
+
+
 class _Objective:
     """Build a trial's trainer in its own log dir, train it, record the trial, return the metric.
 
@@ -1076,8 +1101,10 @@ class _Objective:
         trial.set_user_attr("host", socket.gethostname())
         pruning = PruningCallback(trial, monitor=self.metric)
         trainer, stage = None, "build"
-        advice = RESUME_ADVICE.set(f"tune does not resume a trial: trial {trial.number} is marked failed, and the "
-                                   f"study is saved ({self.run_dir}): run tune again to add trials.")
+        advice = RESUME_ADVICE.set(f"tune does not resume a trial: trial {trial.number} is marked failed (its best "
+                                   f"checkpoint so far is kept in {log_dir}: load_from_checkpoint or flaxlight "
+                                   f"validate --ckpt loads it), and the study is saved ({self.run_dir}): run tune "
+                                   f"again to add trials.")
         try:
             trainer, train_loader, val_loader, num_epochs = self.build(self.space.suggest(trial), log_dir, [pruning])
             if not any(cb is pruning for cb in trainer.callbacks):
@@ -1113,7 +1140,7 @@ class _Objective:
             trial.set_user_attr("error", _short_error(MetricNotLoggedError(message)))
             raise MetricNotLoggedError(f"tune(metric={self.metric!r}): {message}") from None
         except (SystemExit, KeyboardInterrupt) as exc:
-            trial.set_user_attr("error", f"interrupted: {_short_error(exc)}")
+            trial.set_user_attr("error", _interrupted(exc, trial, trainer if stage == "train" else None, pruning))
             if stage != "train":  # the trainer's own message covers an interrupt of its training
                 messages.info("Interrupted while trial %d was %s: %s", trial.number,
                               "being built" if stage == "build" else "ending", RESUME_ADVICE.get())
