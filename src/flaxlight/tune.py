@@ -1022,7 +1022,7 @@ def _interrupted(exc: BaseException, trial, trainer: Any, pruning: PruningCallba
     """The error of a trial that SIGINT/SIGTERM stopped; a trainer that trained (``trainer``) leaves
     its best checkpoint and best value so far in the trial's user attrs (``best_checkpoint``,
     ``value_so_far``, ``epochs``), so that the trial's model can still be loaded."""
-    code = exc.code if isinstance(exc, SystemExit) else 130
+    code = exc.code if isinstance(exc, SystemExit) else 143 if str(exc).startswith("SIGTERM") else 130
     name = {130: "SIGINT", 143: "SIGTERM"}.get(code, f"{type(exc).__name__}({code})") if isinstance(code, int) \
         else type(exc).__name__
     if trainer is None:
