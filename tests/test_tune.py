@@ -6,11 +6,13 @@ uses a stand-in trainer that trains nothing.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import subprocess
 import sys
 import textwrap
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -363,7 +365,7 @@ def test_sigterm_while_a_trial_is_built_marks_it_failed_and_saves_the_study(tmp_
     assert exited.value.code == 128 + signal.SIGTERM
     trials = load_study(tmp_path / "study").trials
     assert [t.state for t in trials] == [State.COMPLETE, State.FAIL]
-    assert trials[1].user_attrs["error"].startswith("interrupted: SystemExit")
+    assert trials[1].user_attrs["error"] == "interrupted by SIGTERM before it trained"
     said = caplog.text
     assert "Interrupted while trial 1 was being built: tune does not resume a trial: trial 1 is marked failed" in said
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # put back
@@ -402,6 +404,91 @@ def test_sigterm_while_a_trial_trains_says_tune_does_not_resume_it(tmp_path, loa
     assert [t.state for t in load_study(tmp_path / "study").trials] == [State.FAIL]
     assert "SIGTERM received: stopped after step 2" in caplog.text
     assert "tune does not resume a trial: trial 0 is marked failed" in caplog.text and "To resume" not in caplog.text
+
+
+def test_a_continued_study_checks_its_search_space_against_its_trials_before_any_trial(tmp_path, caplog, recwarn):
+    """Changed choices or a changed type failed every new trial (a wrong message, or a traceback not
+    naming the key), a changed range went unsaid, a fixed value now searched read "0.1 -> '(not set)'"."""
+    def run(space):
+        hparams = {"model_hparams": {"hidden_dims": [8]}, "optimizer_hparams": {"lr": 0.1}}
+        return tune(lambda hparams: StandInTrainer(hparams, [0.5]), space, hparams=hparams, train_loader=[],
+                    val_loader=[], num_epochs=1, metric="val/loss", base_dir=tmp_path, n_trials=1, pruner="none")
+
+    hidden = {"model_hparams.hidden_dims": Categorical([[8], [16]])}
+    run(LR_SPACE)
+    caplog.set_level("INFO", logger="flaxlight")
+    with pytest.warns(UserWarning, match=r"model_hparams\.hidden_dims: \[8\] -> searched\)"):
+        run({"optimizer_hparams.lr": Float(1e-2, 0.5, log=True), **hidden})
+    assert ("search_space['optimizer_hparams.lr'] is float [0.01, 0.5] (log) now, float [0.001, 0.5] (log) in its "
+            "earlier trials") in caplog.text
+    refusals = [
+        ({**LR_SPACE, "model_hparams.hidden_dims": Categorical([[4], [16]])},
+         r"^search_space\['model_hparams.hidden_dims'\]: study 'study' searched it as choices \['\[8\]', '\[16\]'\] in "
+         r"its earlier trials; this call gives choices \['\[4\]', '\[16\]'\]. A study cannot change a parameter's "
+         r"choices .*another study_name, or keep choices \['\[8\]', '\[16\]'\]\.$"),
+        ({"optimizer_hparams.lr": Categorical([0.1, 0.2]), **hidden},
+         r"'optimizer_hparams.lr'\]: study 'study' searched it as float \[0.01, 0.5\] \(log\) .* this call gives "
+         r"choices \[0.1, 0.2\]. A study cannot change a parameter's type"),
+        ({"optimizer_hparams.lr": Float(1e-3, 0.5), **hidden}, r"cannot change a parameter's scale"),
+    ]
+    for space, message in refusals:
+        with pytest.raises(ValueError, match=message):
+            run(space)
+    assert len(load_study(tmp_path / "study").trials) == 2  # no trial started, none failed
+
+
+def test_a_study_says_its_best_model_metric_once_and_a_pruned_trial_once(tmp_path, loaders, caplog):
+    """Each trial said "The best model is picked by val/acc (max)."; optuna repeated the pruning reason."""
+    records = []  # optuna's own lines (its handler writes to the stderr of its first use)
+    handler = logging.Handler()
+    handler.emit = records.append
+    logging.getLogger("optuna").addHandler(handler)
+    caplog.set_level("INFO", logger="flaxlight")
+    try:
+        tune(ClassifyTrainer, LR_SPACE, hparams=tiny_hparams(classification_data()[0][:1]), train_loader=loaders[0],
+             val_loader=loaders[1], num_epochs=1, metric="val/acc", n_trials=2, base_dir=tmp_path,
+             pruner={"name": "threshold", "lower": 2.0})  # every trial pruned at its first validation
+    finally:
+        logging.getLogger("optuna").removeHandler(handler)
+    assert caplog.text.count("The best model is picked by val/acc (max).") == 1
+    assert caplog.text.count("PruningCallback: trial 1 pruned at epoch 1") == 1
+    pruned = [r.getMessage() for r in records if "pruned" in r.getMessage()]
+    assert len(pruned) == 2 and not [m for m in pruned if "PruningCallback" in m], pruned
+
+
+def test_flaxlight_warnings_on_the_command_line_have_no_stray_source_line():
+    """A warning attributed to the user's line showed the flaxlight script's `sys.exit(main())`."""
+    from flaxlight import cli
+
+    assert cli._command_line_warning("Study 's' is continued", UserWarning, sys.argv[0], 6) == \
+        "UserWarning: Study 's' is continued\n"
+    assert cli._command_line_warning("m", UserWarning, "/home/me/train.py", 3) == "/home/me/train.py:3: UserWarning: m\n"
+    assert warnings.formatwarning is not cli._command_line_warning  # only while a command runs
+
+
+def test_an_interrupted_trial_keeps_its_best_checkpoint_and_value_so_far(tmp_path, loaders):
+    """It was FAIL with 'interrupted: SystemExit: 143' and no link to its checkpoint: its model was lost."""
+    import signal
+
+    class TermInSecondEpoch(flaxlight.Callback):
+        every_n_steps = 4  # 3 steps an epoch: after the first validation
+
+        def on_step(self, trainer, step):
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    train, val = loaders
+    hparams = dict(tiny_hparams(train.data[0][:1]), callbacks=[TermInSecondEpoch()])
+    with pytest.raises(SystemExit):
+        tune(ClassifyTrainer, LR_SPACE, hparams=hparams, train_loader=train, val_loader=val, num_epochs=3,
+             metric="val/acc", base_dir=tmp_path, n_trials=1, pruner="none")
+    (trial,) = load_study(tmp_path / "study").trials
+    attrs = trial.user_attrs
+    assert trial.state == State.FAIL and attrs["value_so_far"] == trial.intermediate_values[1]
+    assert attrs["error"] == (f"interrupted by SIGTERM at epoch 2 (best val/acc {attrs['value_so_far']:.6g} so far, "
+                              f"at {attrs['best_checkpoint']})")
+    assert Path(attrs["best_checkpoint"]).parent == Path(attrs["log_dir"]) / "checkpoints"
+    reloaded = ClassifyTrainer.load_from_checkpoint(attrs["log_dir"], train.data[0][:1], enable_progress_bar=False)
+    assert reloaded.global_step >= 3
 
 
 def test_a_misspelt_metric_can_be_fixed_on_the_same_study(tmp_path):
@@ -716,10 +803,33 @@ def test_a_seeded_rerun_continues_the_search_instead_of_replaying_it(tmp_path, l
     assert len(rates) == 4 and len(set(rates)) == 4
 
 
-def test_a_trial_whose_loss_went_nan_fails_even_when_its_accuracy_is_finite(tmp_path, loaders):
+def test_workers_given_different_seeds_draw_different_trials_whenever_they_join(tmp_path, loaders):
+    """Seed 1 joining a study of 1 trial was re-seeded 1 + 1 = 2: the same samples as seed 2 at 0 trials."""
+    x0 = classification_data()[0][:1]
+    common = dict(hparams=tiny_hparams(x0), train_loader=loaders[0], val_loader=loaders[1], num_epochs=1,
+                  metric="val/acc", n_trials=1)
+    fresh = tune(ClassifyTrainer, LR_SPACE, **common, base_dir=tmp_path / "a", seed=2)  # the first worker
+
+    def join_with_seed_1(base_dir):  # the other worker, joining once trial 0 is there
+        storage = make_storage(None, default_path=base_dir / "study" / "study.db")
+        study = optuna.create_study(storage=storage, study_name="study", direction="maximize")
+        study.add_trial(optuna.trial.create_trial(state=State.FAIL))
+        return tune(ClassifyTrainer, LR_SPACE, **common, base_dir=base_dir, seed=1).trials[1].params
+
+    lr = "optimizer_hparams.lr"
+    joined = join_with_seed_1(tmp_path / "b")
+    assert joined[lr] != fresh.trials[0].params[lr]
+    assert join_with_seed_1(tmp_path / "c") == joined  # a continued study stays reproducible for its seed
+
+
+def test_a_trial_whose_loss_went_nan_fails_even_when_its_accuracy_is_finite(tmp_path, loaders, capfd):
     x0 = classification_data()[0][:1]
     hparams = {**tiny_hparams(x0), "optimizer_hparams": {"optimizer": "sgd", "lr": 1e30, "schedule": "constant",
                                                          "gradient_clip": None}}
+    optuna_log = []  # optuna's "Trial 0 failed" records (its handler writes to the stderr of its first use)
+    handler = logging.Handler()
+    handler.emit = optuna_log.append
+    logging.getLogger("optuna.study._optimize").addHandler(handler)
     with pytest.raises(TuneError, match=r"FloatingPointError: PruningCallback: by epoch 1, the loss was NaN/Inf in "
                                         r"\d+ step\(s\), the first between steps 1 and 3 \(epoch 1, batches 1-3\); "
                                         r"the parameters hold NaN/Inf, so the model is damaged"):
@@ -727,6 +837,11 @@ def test_a_trial_whose_loss_went_nan_fails_even_when_its_accuracy_is_finite(tmp_
              num_epochs=3, metric="val/acc", n_trials=1, base_dir=tmp_path)
     (trial,) = load_study(tmp_path / "study").trials
     assert trial.state == State.FAIL and "NaN/Inf" in trial.user_attrs["error"]
+    # said once (the PruningCallback line), without a traceback through flaxlight's code or a checkpoint warning
+    logging.getLogger("optuna.study._optimize").removeHandler(handler)
+    err = capfd.readouterr().err + "".join(f"{r.getMessage()} {r.exc_info}\n" for r in optuna_log)
+    assert err.count("the parameters hold NaN/Inf") == 1 and "Traceback" not in err and "_TrialFailed" not in err, err
+    assert "trial 0 diverged (NaN/Inf): see the PruningCallback line above" in err and " None\n" in err
     # stopped at its first validation, its chance-level accuracy never reported to the pruner (it trained on)
     assert trial.user_attrs["epochs"] == 1 and trial.intermediate_values == {}
 
@@ -769,15 +884,29 @@ def test_shared_loggers_and_a_checkpoint_ranking_by_another_metric_are_refused(t
     assert not (tmp_path / "study").exists()
 
 
-def test_a_new_study_over_an_earlier_ones_trial_folders_is_refused_before_any_trial(tmp_path, loaders):
+def test_a_new_study_over_an_earlier_ones_trial_folders_is_refused_before_any_trial(tmp_path, loaders, capsys):
     x0 = classification_data()[0][:1]
     common = dict(hparams=tiny_hparams(x0), train_loader=loaders[0], val_loader=loaders[1], num_epochs=1,
                   metric="val/acc", n_trials=1, base_dir=tmp_path)
     tune(ClassifyTrainer, LR_SPACE, **common)
     os.remove(tmp_path / "study" / "study.db")  # started over: a new study in the same folder
-    with pytest.raises(TuneError, match=r"holds the trial folders of an earlier study \(trial_0000\).*another "
-                                        r"study_name or base_dir"):
+    with pytest.raises(FileExistsError, match=r"holds the trial folders of an earlier study \(trial_0000\).*another "
+                                              r"study_name or base_dir"):
         tune(ClassifyTrainer, LR_SPACE, **common)
+    assert not (tmp_path / "study" / "study.db").exists()  # it left an empty study there (and exited 1)
+    storage = str(tmp_path / "elsewhere.db")  # another storage: refused before the study is created in it
+    with pytest.raises(FileExistsError, match=r"\(0 trials\)"):
+        tune(ClassifyTrainer, LR_SPACE, **common, storage=storage)
+    assert optuna.get_all_study_summaries(make_storage(storage)) == []
+    from flaxlight import cli
+
+    os.makedirs(tmp_path / "cfg" / "trial_0000")
+    (tmp_path / "cfg" / "trial_0000" / "metrics.csv").write_text("epoch\n1\n")
+    capsys.readouterr()
+    assert cli.main(["tune", "--config", str(write_tune_config(tmp_path))]) == 2  # a set-up error, not a failed run
+    err = capsys.readouterr().err
+    assert err.startswith("flaxlight tune: error: ") and "holds the trial folders" in err and err.count("\n") == 1
+    assert os.listdir(tmp_path / "cfg") == ["trial_0000"]
 
 
 @pytest.mark.parametrize("settings, message", [

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import warnings
 from typing import Any, Callable, Iterable, Sequence
 
 __all__ = ["main"]
@@ -772,6 +773,21 @@ def _cli_log_lines(record: Any) -> bool:
     return True
 
 
+def _command_line_warning(message: Any, category: type[Warning], filename: str, lineno: int,
+                          line: str | None = None) -> str:
+    """``warnings.formatwarning`` while a command runs: no source line (a warning of flaxlight's
+    attributed to the user's code lands on the ``flaxlight`` script's ``sys.exit(main())``), and no
+    place when that place is the script itself or flaxlight's own code.
+
+    Examples:
+        >>> _command_line_warning("Study 's' is continued ...", UserWarning, sys.argv[0], 6)
+        "UserWarning: Study 's' is continued ...\n"
+    """
+    path = os.path.abspath(filename)
+    inside = path == os.path.abspath(sys.argv[0]) or path.startswith(os.path.dirname(os.path.abspath(__file__)))
+    return f"{'' if inside else f'{filename}:{lineno}: '}{category.__name__}: {_for_cli(str(message))}\n"
+
+
 class _UsageError(Exception):
     """Wrong arguments: the message is printed, the exit status is 2."""
 
@@ -822,6 +838,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     added = _cli_log_lines not in logger.filters  # not by a main() called inside another (which removes it)
     if added:
         logger.addFilter(_cli_log_lines)
+    format_warning, warnings.formatwarning = warnings.formatwarning, _command_line_warning
     try:
         return _COMMANDS[args.command](args)
     except (ConfigError, RegistryError, _UsageError, RunInUseError,  # and paths: --ckpt at no run, -o at a
@@ -835,6 +852,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"flaxlight {args.command}: error: {_for_cli(str(exc))}", file=sys.stderr)
         return 1
     finally:
+        warnings.formatwarning = format_warning
         if added:
             logger.removeFilter(_cli_log_lines)
 

@@ -45,6 +45,7 @@ import time
 import warnings
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
+import numpy as np
 import optax
 
 from flaxlight import optim
@@ -328,19 +329,19 @@ class SearchSpace(Mapping):
         """Sample every parameter from ``trial``: ``{dotted key: value}`` (categorical JSON decoded)."""
         values = {}
         for key, param in self._params.items():
-            if isinstance(param, Float):
-                values[key] = trial.suggest_float(key, param.low, param.high, log=param.log, step=param.step)
-            elif isinstance(param, Int):
-                values[key] = trial.suggest_int(key, param.low, param.high, log=param.log, step=param.step)
-            else:
-                labels = [_choice_label(key, c) for c in param.choices]
-                try:
-                    label = trial.suggest_categorical(key, labels)
-                except ValueError as exc:  # a value given by study.enqueue_trial that is none of the labels
-                    raise ValueError(f"search_space[{key!r}]: {exc} The study stores the choices {labels}; give "
-                                     f"enqueue_trial one of them (a list or dict choice as its JSON text, e.g. "
-                                     f"{labels[-1]!r}).") from None
-                values[key] = param.choices[labels.index(label)]
+            try:
+                if isinstance(param, Float):
+                    values[key] = trial.suggest_float(key, param.low, param.high, log=param.log, step=param.step)
+                elif isinstance(param, Int):
+                    values[key] = trial.suggest_int(key, param.low, param.high, log=param.log, step=param.step)
+                else:
+                    labels = [_choice_label(key, c) for c in param.choices]
+                    values[key] = param.choices[labels.index(trial.suggest_categorical(key, labels))]
+            except ValueError as exc:  # a study trial of another space (a worker's), or an enqueued value
+                raise ValueError(f"search_space[{key!r}] is {_describe(_distribution(key, param))} here: {exc} Another "
+                                 f"call on this study (a worker) gave it another type or choices, or a value given "
+                                 f"by study.enqueue_trial is not in it (a list or dict choice is given as its JSON "
+                                 f"text). Keep one search space per study (or use another study_name).") from None
         return values
 
     def decode(self, params: Mapping[str, Any]) -> dict[str, Any]:
@@ -367,6 +368,55 @@ class SearchSpace(Mapping):
                     spec["step"] = param.step
                 out[key] = spec
         return out
+
+
+def _distribution(key: str, param: Param) -> "optuna.distributions.BaseDistribution":
+    """The optuna distribution a study records for ``param`` (categorical choices as their labels)."""
+    if isinstance(param, Float):
+        return optuna.distributions.FloatDistribution(param.low, param.high, log=param.log, step=param.step)
+    if isinstance(param, Int):
+        return optuna.distributions.IntDistribution(param.low, param.high, log=param.log, step=param.step)
+    return optuna.distributions.CategoricalDistribution([_choice_label(key, c) for c in param.choices])
+
+
+def _describe(dist: "optuna.distributions.BaseDistribution") -> str:
+    """A recorded distribution for people: ``float [0.0001, 0.01] (log)``, ``choices ['[32]', '[64]']``.
+
+    Examples:
+        >>> _describe(optuna.distributions.IntDistribution(1, 8, step=2))
+        'int [1, 8] (step 2)'
+    """
+    if isinstance(dist, optuna.distributions.CategoricalDistribution):
+        return f"choices {list(dist.choices)}"
+    kind = "float" if isinstance(dist, optuna.distributions.FloatDistribution) else "int"
+    extra = " (log)" if dist.log else (f" (step {dist.step:g})" if dist.step not in (None, 1) else "")
+    return f"{kind} [{dist.low:g}, {dist.high:g}]{extra}"
+
+
+def _check_same_space(study: "optuna.Study", study_name: str, space: "SearchSpace") -> None:
+    """Before a continued study's first new trial, compare ``space`` with the distributions its
+    earlier trials recorded: another type, log scale or categorical choices is refused (Optuna
+    would fail every new trial), a changed range is said (the best trial is picked across both)."""
+    recorded: dict[str, list] = {}  # key -> its distinct distributions, the latest trial's last
+    for trial in study.get_trials(deepcopy=False):
+        for key, dist in trial.distributions.items():
+            if key in space:
+                recorded.setdefault(key, [])
+                recorded[key] = [d for d in recorded[key] if d != dist] + [dist]
+    for key, dists in recorded.items():
+        new = _distribution(key, space[key])
+        for old in reversed(dists):  # the latest first: the one to keep
+            what = ("type" if type(old) is not type(new) else
+                    ("choices" if old != new else None) if isinstance(new, optuna.distributions.CategoricalDistribution)
+                    else "scale (log or not)" if old.log != new.log else None)
+            if what:
+                raise ValueError(f"search_space[{key!r}]: study {study_name!r} searched it as {_describe(old)} in "
+                                 f"its earlier trials; this call gives {_describe(new)}. A study cannot change a "
+                                 f"parameter's {what} (its trials are compared in one space): give this search space "
+                                 f"another study_name, or keep {_describe(old)}.")
+        if dists[-1] != new:
+            messages.info("Study %r: search_space[%r] is %s now, %s in its earlier trials; its best trial is picked "
+                          "among the trials of both ranges.", study_name, key, _describe(new), _describe(dists[-1]))
 
 
 # --------------------------------------------------------------------------- dotted overrides
@@ -664,11 +714,12 @@ def _check_direction(direction: str | None, metric: str) -> str:
 def _setup_summary(value: Any, searched: Iterable[str] = ()) -> Any:
     """A JSON summary of a study's fixed settings, to tell whether a later call changed them:
     numbers, strings and containers as they are, classes and functions by their import path,
-    other objects (arrays, callbacks) by their type only; the ``searched`` dotted keys left out.
+    other objects (arrays, callbacks) by their type only; the ``searched`` dotted keys marked
+    ``"(searched)"`` (their fixed value is overridden in every trial).
 
     Examples:
         >>> _setup_summary({"model_hparams": {"hidden": 8, "act": len}, "lr": 0.1}, searched=["lr"])
-        {'model_hparams': {'hidden': 8, 'act': 'builtins.len'}}
+        {'model_hparams': {'hidden': 8, 'act': 'builtins.len'}, 'lr': '(searched)'}
     """
     if isinstance(value, Mapping):
         summary = {str(key): _setup_summary(item) for key, item in value.items()}
@@ -686,19 +737,28 @@ def _setup_summary(value: Any, searched: Iterable[str] = ()) -> Any:
         for part in parts[:-1]:
             node = node.get(part) if isinstance(node, dict) else None
         if isinstance(node, dict):
-            node.pop(parts[-1], None)
+            node[parts[-1]] = _SEARCHED
     return summary
 
 
+_SEARCHED, _NOT_SET = "(searched)", "(not set)"
+
+
 def _setup_changes(before: Any, after: Any, prefix: str = "") -> list[str]:
-    """``"key: old -> new"`` for each dotted key whose value differs between two summaries."""
+    """``"key: old -> new"`` for each dotted key whose value differs between two summaries
+    (``0.1 -> searched`` for a fixed value the search space now sets).
+
+    Examples:
+        >>> _setup_changes({"a": 0.1, "b": 1}, {"a": "(searched)", "b": 2})
+        ['a: 0.1 -> searched', 'b: 1 -> 2']
+    """
     if isinstance(before, dict) and isinstance(after, dict):
         return [change for key in sorted(set(before) | set(after), key=str)
-                for change in _setup_changes(before.get(key, "(not set)"), after.get(key, "(not set)"),
-                                             f"{prefix}{key}.")]
-    if before == after:
+                for change in _setup_changes(before.get(key, _NOT_SET), after.get(key, _NOT_SET), f"{prefix}{key}.")]
+    if before == after or (before, after) in ((_SEARCHED, _NOT_SET), (_NOT_SET, _SEARCHED)):  # an older summary
         return []
-    show = lambda v: (repr(v) if len(repr(v)) <= 40 else repr(v)[:37] + "...")  # noqa: E731
+    show = lambda v: ("searched" if v == _SEARCHED else "not set" if v == _NOT_SET else  # noqa: E731
+                      repr(v) if len(repr(v)) <= 40 else repr(v)[:37] + "...")
     return [f"{prefix.rstrip('.')}: {show(before)} -> {show(after)}"]
 
 
@@ -786,6 +846,11 @@ class _TrialCouldNotStart(_TrialFailed):
     sampled run, a ``ConfigError``): its one-line message says everything, so optuna logs no traceback."""
 
 
+class _TrialDiverged(_TrialFailed):
+    """A trial whose loss or objective went NaN/Inf (flaxlight's own diagnosis, in its user attrs):
+    optuna logs it in one line, without a traceback through flaxlight's code."""
+
+
 def _refused_before_training(exc: BaseException, trainer: Any) -> bool:
     """Whether ``exc`` is flaxlight's refusal of the trial's settings (a ``ValueError`` raised in
     flaxlight's own code, not the user's) before the trial's first step."""
@@ -835,6 +900,24 @@ class _NoTracebackFor(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         if record.exc_info and isinstance(record.exc_info[1], self.types):
             record.exc_info, record.exc_text = None, None
+        return True
+
+
+class _SayOnce(logging.Filter):
+    """Drops a ``flaxlight`` log line said already in this study that starts with one of ``prefixes``
+    (each trial's trainer says which metric picks its best model: the study's, every time)."""
+
+    def __init__(self, *prefixes: str):
+        super().__init__()
+        self.prefixes, self.said = prefixes, set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        if not text.startswith(self.prefixes):
+            return True
+        if text in self.said:
+            return False
+        self.said.add(text)
         return True
 
 
@@ -935,6 +1018,31 @@ def _jsonable_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
     return out
 
 
+def _interrupted(exc: BaseException, trial, trainer: Any, pruning: PruningCallback) -> str:
+    """The error of a trial that SIGINT/SIGTERM stopped; a trainer that trained (``trainer``) leaves
+    its best checkpoint and best value so far in the trial's user attrs (``best_checkpoint``,
+    ``value_so_far``, ``epochs``), so that the trial's model can still be loaded."""
+    code = exc.code if isinstance(exc, SystemExit) else 143 if str(exc).startswith("SIGTERM") else 130
+    name = {130: "SIGINT", 143: "SIGTERM"}.get(code, f"{type(exc).__name__}({code})") if isinstance(code, int) \
+        else type(exc).__name__
+    if trainer is None:
+        return f"interrupted by {name} before it trained"
+    try:
+        checkpoint, _ = _best_checkpoint(trainer)
+    except Exception:  # noqa: BLE001 - the interrupt goes on; the folder is kept anyway
+        checkpoint = None
+    values = list(pruning.reported.values())
+    best = (max if trial.study.direction == optuna.study.StudyDirection.MAXIMIZE else min)(values) if values else None
+    epochs = int(getattr(trainer, "current_epoch", 0))
+    trial.set_user_attr("best_checkpoint", checkpoint)
+    trial.set_user_attr("value_so_far", best)
+    trial.set_user_attr("epochs", epochs)
+    said = f"interrupted by {name} at epoch {epochs}"
+    if best is None:
+        return f"{said}, before its first validation" + (f" (checkpoint {checkpoint})" if checkpoint else "")
+    return f"{said} (best {pruning.monitor} {best:.6g} so far" + (f", at {checkpoint})" if checkpoint else ")")
+
+
 class _Objective:
     """Build a trial's trainer in its own log dir, train it, record the trial, return the metric.
 
@@ -993,8 +1101,10 @@ class _Objective:
         trial.set_user_attr("host", socket.gethostname())
         pruning = PruningCallback(trial, monitor=self.metric)
         trainer, stage = None, "build"
-        advice = RESUME_ADVICE.set(f"tune does not resume a trial: trial {trial.number} is marked failed, and the "
-                                   f"study is saved ({self.run_dir}): run tune again to add trials.")
+        advice = RESUME_ADVICE.set(f"tune does not resume a trial: trial {trial.number} is marked failed (its best "
+                                   f"checkpoint so far is kept in {log_dir}: load_from_checkpoint or flaxlight "
+                                   f"validate --ckpt loads it), and the study is saved ({self.run_dir}): run tune "
+                                   f"again to add trials.")
         try:
             trainer, train_loader, val_loader, num_epochs = self.build(self.space.suggest(trial), log_dir, [pruning])
             if not any(cb is pruning for cb in trainer.callbacks):
@@ -1004,11 +1114,24 @@ class _Objective:
                 trial.set_user_attr("log_dir", os.path.abspath(actual_dir))
             self._check_data(trial.number, val_loader)
             stage = "train"
-            metrics = trainer.train_model(train_loader, val_loader, num_epochs=num_epochs)
+            with warnings.catch_warnings():  # the trial's failure says it, once (PruningCallback stops it)
+                for said in (r"Not saving checkpoint \d+: the parameters hold NaN/Inf", r"The loss was NaN/Inf in"):
+                    warnings.filterwarnings("ignore", said, RuntimeWarning)
+                metrics = trainer.train_model(train_loader, val_loader, num_epochs=num_epochs)
             stage = "trained"
             return self._value(trial, trainer, metrics, pruning)
         except optuna.TrialPruned:
-            raise
+            raise optuna.TrialPruned() from None  # the trainer said why (its stop reason): optuna says "pruned"
+        except FloatingPointError as exc:
+            trial.set_user_attr("error", _short_error(exc))
+            if not isinstance(exc, self.catch):
+                raise
+            if stage != "trained":  # the user's code raised it, not flaxlight's diagnosis: its traceback helps
+                raise _TrialFailed(_short_error(exc)) from exc
+            said = pruning.nonfinite  # the trainer printed the reason when the callback stopped it
+            raise _TrialDiverged(f"trial {trial.number} diverged (NaN/Inf): see the PruningCallback line above; "
+                                 f"recorded in the trial's user_attrs['error']." if said else
+                                 _short_error(exc)) from None
         except TuneError as exc:  # a setting of the study: every trial would fail alike
             trial.set_user_attr("error", _short_error(exc))
             raise
@@ -1017,7 +1140,7 @@ class _Objective:
             trial.set_user_attr("error", _short_error(MetricNotLoggedError(message)))
             raise MetricNotLoggedError(f"tune(metric={self.metric!r}): {message}") from None
         except (SystemExit, KeyboardInterrupt) as exc:
-            trial.set_user_attr("error", f"interrupted: {_short_error(exc)}")
+            trial.set_user_attr("error", _interrupted(exc, trial, trainer if stage == "train" else None, pruning))
             if stage != "train":  # the trainer's own message covers an interrupt of its training
                 messages.info("Interrupted while trial %d was %s: %s", trial.number,
                               "being built" if stage == "build" else "ending", RESUME_ADVICE.get())
@@ -1319,20 +1442,25 @@ def _run_study(build: Callable[..., tuple], space: SearchSpace, *, metric: str, 
     sampler_spec, pruner = sampler, make_pruner(pruner)
     first_sampler = make_sampler(sampler_spec, seed)  # a bad spec fails before any file is made
     run_dir = os.path.abspath(os.path.join(os.fspath(base_dir), study_name))
+    if storage is None and not os.path.exists(os.path.join(run_dir, STORAGE_FILE)):
+        _check_trial_dirs_free(study_name, 0, run_dir)  # a new study: refused before its study.db is made
     storage_obj = make_storage(storage, default_path=os.path.join(run_dir, STORAGE_FILE))
+    _check_trial_dirs_free(study_name, _stored_trials(storage_obj, study_name), run_dir)
     os.makedirs(run_dir, exist_ok=True)
     study = _open_study(storage_obj, study_name, direction, metric, run_dir, first_sampler, pruner)
+    _check_same_space(study, study_name, space)
     _check_same_setup(study, study_name, setup)
     if seed is not None and study.trials:  # a seeded sampler made again would replay the study's first trials
-        study.sampler = make_sampler(sampler_spec, seed + len(study.trials))
-    _check_trial_dirs_free(study, run_dir)
+        study.sampler = make_sampler(sampler_spec, _sampler_seed(seed, len(study.trials)))
     if n_trials == 0:
         return study
     objective = _Objective(build, space, metric, run_dir, catch)
     limit = _FailureLimit(max_failed_in_a_row)
-    quiet = _NoTracebackFor(MetricNotLoggedError, _Interrupted, _TrialCouldNotStart)  # their message says it all
+    quiet = _NoTracebackFor(MetricNotLoggedError, _Interrupted, _TrialCouldNotStart, _TrialDiverged)  # said in full
     optuna_log = logging.getLogger("optuna.study._optimize")
     optuna_log.addFilter(quiet)
+    once = _SayOnce("The best model is picked by")
+    messages.addFilter(once)
     try:
         with _sigterm_ends_the_trial():
             study.optimize(objective, n_trials=n_trials, timeout=timeout, catch=(_TrialFailed,), callbacks=[limit])
@@ -1340,6 +1468,7 @@ def _run_study(build: Callable[..., tuple], space: SearchSpace, *, metric: str, 
         raise interrupt.original from None
     finally:
         optuna_log.removeFilter(quiet)
+        messages.removeFilter(once)
     if limit.hit:
         raise TuneError(f"Stopped study {study_name!r}: {limit.in_a_row} trials in a row failed (last error: "
                         f"{limit.last_error}). Fix the set-up and run tune again: the study resumes "
@@ -1353,6 +1482,21 @@ def _run_study(build: Callable[..., tuple], space: SearchSpace, *, metric: str, 
     return study
 
 
+def _sampler_seed(seed: int, trials: int) -> int:
+    """The seed of the sampler of a study that holds ``trials`` trials when this call opens it:
+    ``seed`` itself for a new study, else a hash of both (numpy's ``SeedSequence``), so a rerun
+    does not replay the study's first samples and workers given different seeds never draw alike,
+    whenever each joins (``seed + trials`` made seed 1 joining at 1 trial seed 2 at 0).
+
+    Examples:
+        >>> _sampler_seed(2, 0), _sampler_seed(1, 1) == _sampler_seed(2, 0)
+        (2, False)
+    """
+    if trials == 0:
+        return seed
+    return int(np.random.SeedSequence((seed, trials)).generate_state(1)[0])
+
+
 def _check_study_settings(timeout: Any, seed: Any, base_dir: Any) -> None:
     """``timeout`` (seconds > 0 or None), ``seed`` (an int >= 0 or None) and ``base_dir`` (a path)."""
     if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0):
@@ -1363,18 +1507,30 @@ def _check_study_settings(timeout: Any, seed: Any, base_dir: Any) -> None:
         raise ValueError(f"base_dir must be a folder's path, got {base_dir!r}.")
 
 
-def _check_trial_dirs_free(study: "optuna.Study", run_dir: str) -> None:
-    """Refuse a study whose next trials' folders hold runs of an earlier study (started over in the
-    same place): those trials would fail one by one."""
+def _stored_trials(storage: Any, study_name: str) -> int:
+    """How many trials the study ``study_name`` holds in ``storage`` (0: no such study yet)."""
+    try:
+        study_id = storage.get_study_id_from_name(study_name)
+    except KeyError:
+        return 0
+    return len(storage.get_all_trials(study_id, deepcopy=False))
+
+
+def _check_trial_dirs_free(study_name: str, trials: int, run_dir: str) -> None:
+    """Refuse a study of ``trials`` trials whose next trials' folders hold runs of an earlier study
+    (started over in the same place): those trials would fail one by one. A ``FileExistsError``
+    (``flaxlight tune``: exit status 2), raised before the study is created or changed."""
     from flaxlight.runfiles import run_files_present
 
+    if not os.path.isdir(run_dir):
+        return
     taken = sorted(name for name in os.listdir(run_dir) if name.startswith("trial_") and name[6:].isdigit()
-                   and int(name[6:]) >= len(study.trials) and run_files_present(os.path.join(run_dir, name)))
+                   and int(name[6:]) >= trials and run_files_present(os.path.join(run_dir, name)))
     if taken:
-        raise TuneError(f"{run_dir} holds the trial folders of an earlier study ({', '.join(taken[:3])}"
-                        f"{', ...' if len(taken) > 3 else ''}), which study {study.study_name!r} in this storage "
-                        f"({len(study.trials)} trials) would write into. Move or delete them, or use another "
-                        f"study_name or base_dir.")
+        raise FileExistsError(f"{run_dir} holds the trial folders of an earlier study ({', '.join(taken[:3])}"
+                              f"{', ...' if len(taken) > 3 else ''}), which study {study_name!r} in this storage "
+                              f"({trials} trials) would write into. Move or delete them, or use another "
+                              f"study_name or base_dir.")
 
 
 def _check_study_name(study_name: Any, base_dir: str | os.PathLike) -> None:

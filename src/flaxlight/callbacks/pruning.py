@@ -32,6 +32,9 @@ class PruningCallback(Callback):
     is a 0/0 (a validation that counted nothing for the metric, e.g. a masked ``Mean`` of a task
     with no labelled example in it): that validation is not reported, and the run goes on.
 
+    :attr:`reported` holds every value reported to the trial (``{step: value}``): ``flaxlight.tune``
+    records the best of them on a trial that SIGINT/SIGTERM stopped (``value_so_far``).
+
     A metric the trainer never logs raises :class:`MetricNotLoggedError` at the first validation,
     listing the metrics that are logged.
 
@@ -57,6 +60,7 @@ class PruningCallback(Callback):
         self.nonfinite = False
         self.reason: str | None = None
         self.last_value: float | None = None
+        self.reported: dict[int, float] = {}  # step -> the value reported to the trial
 
     def _step(self, trainer, epoch: int) -> int:
         return int(trainer.global_step) if trainer.options.val_check_interval else int(epoch)
@@ -79,6 +83,7 @@ class PruningCallback(Callback):
                            f"trial {number} stopped.")
             trainer.stop(self.reason)
             return
+        self.reported[self._step(trainer, epoch)] = value
         self.trial.report(value, self._step(trainer, epoch))
         if self.trial.should_prune():
             self.pruned, self.pruned_epoch = True, epoch
