@@ -775,7 +775,7 @@ def _cli_log_lines(record: Any) -> bool:
 
 def _command_line_warning(message: Any, category: type[Warning], filename: str, lineno: int,
                           line: str | None = None) -> str:
-    """``warnings.formatwarning`` while a command runs: no source line (a warning of flaxlight's
+    r"""``warnings.formatwarning`` while a command runs: no source line (a warning of flaxlight's
     attributed to the user's code lands on the ``flaxlight`` script's ``sys.exit(main())``), and no
     place when that place is the script itself or flaxlight's own code.
 

@@ -383,8 +383,8 @@ def _describe(dist: "optuna.distributions.BaseDistribution") -> str:
     """A recorded distribution for people: ``float [0.0001, 0.01] (log)``, ``choices ['[32]', '[64]']``.
 
     Examples:
-        >>> _describe(optuna.distributions.IntDistribution(1, 8, step=2))
-        'int [1, 8] (step 2)'
+        >>> _describe(optuna.distributions.IntDistribution(1, 9, step=2))
+        'int [1, 9] (step 2)'
     """
     if isinstance(dist, optuna.distributions.CategoricalDistribution):
         return f"choices {list(dist.choices)}"
