@@ -425,6 +425,10 @@ def test_fast_dev_run_n_runs_n_batches_of_each_and_refuses_other_values(tmp_path
         trainer.train_model(train, val, test_loader=test, num_epochs=50)
     assert int(trainer.state.step) == 3 and val.passes[-1] == 3 and os.listdir(tmp_path) == []
     assert test.passes[-1] == 3  # the test loader's first 3 too, as Lightning's (it tested all 5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a loader without len() with fewer batches: used whole, not warned of
+        RegressTrainer(model_class=TinyMLP, model_hparams={}, optimizer_hparams={}, exmp_input=X0,
+                       fast_dev_run=3, **quiet(tmp_path / "short")).train_model(iter(list(train)[:2]), num_epochs=5)
     trainer = RegressTrainer(model_class=TinyMLP, model_hparams={}, optimizer_hparams={}, exmp_input=X0,
                              fast_dev_run=20, **quiet(tmp_path))
     trainer.train_model(train, val, num_epochs=5)

@@ -236,3 +236,12 @@ def test_keras_stop_training_and_trainable_are_refused_with_what_to_write(tmp_pa
     with pytest.raises(AttributeError, match="has no attribute 'stop_training': Keras'"):
         trainer.stop_training
     assert not hasattr(trainer, "trainable")
+
+    class OwnTrainable(RegressTrainer):  # a class's own argument of that name stays its own attribute
+        def __init__(self, *args, trainable=("Dense_0",), **kwargs):
+            super().__init__(*args, **kwargs)
+            self.trainable = trainable
+
+    own = OwnTrainable(model_class=TinyMLP, model_hparams={"hidden_dims": [8]}, exmp_input=x[:1], optimizer_hparams={},
+                       **quiet(tmp_path / "own"))
+    assert own.trainable == ("Dense_0",)

@@ -45,7 +45,7 @@ def _ocp():
     return ocp
 
 
-_LEFT_RUNNING_SECONDS = 30.0  # how long a failed orbax call waits for its other reads before cancelling them
+_LEFT_RUNNING_SECONDS = 5.0  # how long a failed orbax call waits for its other reads before cancelling them
 
 
 def _finish_reads_on_failure() -> None:

@@ -784,7 +784,7 @@ def _command_line_warning(message: Any, category: type[Warning], filename: str, 
         "UserWarning: Study 's' is continued ...\n"
     """
     path = os.path.abspath(filename)
-    inside = path == os.path.abspath(sys.argv[0]) or path.startswith(os.path.dirname(os.path.abspath(__file__)))
+    inside = path == os.path.abspath(sys.argv[0]) or path.startswith(os.path.dirname(os.path.abspath(__file__)) + os.sep)
     return f"{'' if inside else f'{filename}:{lineno}: '}{category.__name__}: {_for_cli(str(message))}\n"
 
 

@@ -125,7 +125,8 @@ def check_foreign_arguments(trainer_class: type, kwargs: Mapping[str, Any]) -> N
     flaxlight's own (before Python's "missing required positional argument": ``model=`` instead of
     ``model_class=`` is the likelier mistake). A class with an ``__init__`` of its own may take
     them itself; ``TrainerOptions.split_kwargs`` refuses those it passes up undeclared."""
-    if any("__init__" in vars(klass) and not klass.__module__.startswith(("flaxlight", "builtins"))
+    if any("__init__" in vars(klass) and not (klass.__module__ in ("flaxlight", "builtins")
+                                              or klass.__module__.startswith("flaxlight."))
            for klass in trainer_class.__mro__):
         return
     for key in FOREIGN_TRAINER_ARGUMENTS:

@@ -807,6 +807,10 @@ def check_shared_log_dir(logger_params: Mapping[str, Any] | None, fast_dev_run: 
 _LOCATION_KEYS = ("log_dir", "base_log_dir", "logger_name")  # logger_params that say where a run is, not how it trains
 
 
+#: Settings whose change only makes a resumed run train longer (or shorter).
+_RUN_LENGTH = ("max_steps", "num_epochs", "max_epochs")
+
+
 def write_hparams(log_dir: str, config: Mapping[str, Any], resumed_from: int | None = None) -> dict:
     """Write ``config`` as ``<log_dir>/hparams.yaml`` (plain YAML) and return what was written (less
     its records, :data:`RECORD_KEYS`: the loggers get the settings). An
@@ -833,9 +837,10 @@ def write_hparams(log_dir: str, config: Mapping[str, Any], resumed_from: int | N
             kept = next(name for name in (f"hparams.{n}.yaml" for n in itertools.count(1))
                         if not os.path.exists(os.path.join(log_dir, name)))
             os.replace(path, os.path.join(log_dir, kept))
-            messages.warning(f"This run's settings differ from the ones {HPARAMS_FILE} recorded "
-                             f"({'; '.join(changes[:5])}{'; ...' if len(changes) > 5 else ''}): they apply from now "
-                             f"on; the earlier file is kept as {kept}.")
+            # Training on for longer is what a resume is for: said as information; other changes as a warning.
+            say = messages.info if all(change.split(":")[0] in _RUN_LENGTH for change in changes) else messages.warning
+            say(f"This run's settings differ from the ones {HPARAMS_FILE} recorded ({'; '.join(changes[:5])}"
+                f"{'; ...' if len(changes) > 5 else ''}): they apply from now on; the earlier file is kept as {kept}.")
     said = (earlier.get(BY_NAME_KEY) if isinstance(earlier, dict) else None) or ()
     new = [record for record in hparams.get(BY_NAME_KEY) or () if record not in said]
     if new:  # said when the file first lists it: the run's first write (a run from before the record: its first here)

@@ -328,7 +328,7 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
             self._take(span)
         if loop.acc is None:
             raise no_batches_error("train_loader", train_loader, self.engine.served_before(train_loader))
-        if not (self._stopping() or self._schedule.interrupt_signal is not None):
+        if not (self._stopping() or self._schedule.interrupt_signal is not None or self.options.fast_dev_run):
             warn_if_loader_ran_short(loop, stop, self.global_step, self.options.max_steps, self.num_epochs, train_loader)
         self._log_running(loop.running_log.flush())
         loop.cut = length is not None and loop.batch_index < length and self._stopping()  # a longer run continues it

@@ -1448,12 +1448,12 @@ def _run_study(build: Callable[..., tuple], space: SearchSpace, *, metric: str, 
     _check_trial_dirs_free(study_name, _stored_trials(storage_obj, study_name), run_dir)
     os.makedirs(run_dir, exist_ok=True)
     study = _open_study(storage_obj, study_name, direction, metric, run_dir, first_sampler, pruner)
-    _check_same_space(study, study_name, space)
     _check_same_setup(study, study_name, setup)
     if seed is not None and study.trials:  # a seeded sampler made again would replay the study's first trials
         study.sampler = make_sampler(sampler_spec, _sampler_seed(seed, len(study.trials)))
-    if n_trials == 0:
+    if n_trials == 0:  # the study opened to look at: its space is not this call's to check
         return study
+    _check_same_space(study, study_name, space)
     objective = _Objective(build, space, metric, run_dir, catch)
     limit = _FailureLimit(max_failed_in_a_row)
     quiet = _NoTracebackFor(MetricNotLoggedError, _Interrupted, _TrialCouldNotStart, _TrialDiverged)  # said in full

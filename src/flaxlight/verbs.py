@@ -508,12 +508,13 @@ class TrainerVerbsMixin:
             self._restore_for_test(which)
             self._live_state("test")  # shared with a trainer that trained since: said before anything is written
             self.global_step = step  # the test's records are the run's, at its step
+            steps_of = test_loader if isinstance(test_loader, StepsOf) else None  # test(steps=N)
             if self.options.fast_dev_run:  # a smoke test: the test loader's first batches too, as Lightning's
                 test_loader = FirstBatches(test_loader, 1 if self.options.fast_dev_run is True else self.options.fast_dev_run)
             test_metrics = self.eval_model(test_loader, log_prefix=f"{stem}/")
-            if isinstance(test_loader, StepsOf):  # test(steps=N): what the metrics cover
-                messages.info(f"test(steps={test_loader.n}) tested {test_loader.taken} batch"
-                              f"{'es' if test_loader.taken != 1 else ''}: the {stem}/... metrics are their means.")
+            if steps_of is not None:  # what the metrics cover
+                messages.info(f"test(steps={steps_of.n}) tested {steps_of.taken} batch"
+                              f"{'es' if steps_of.taken != 1 else ''}: the {stem}/... metrics are their means.")
             try:  # the run folder's lock is held while the records are written, not during the evaluation
                 with self._writing_records("test results"):
                     self._log(test_metrics)

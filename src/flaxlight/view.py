@@ -41,13 +41,38 @@ from flaxlight.loggers.csv import LoggedStep
 from flaxlight.loop import Interrupted, SignalGuard, safe_len
 from flaxlight.messages import logger as messages
 from flaxlight.metrics import to_host
-from flaxlight.options import (MetricNotLoggedError, check_monitors_are_numbers, foreign_assignment_message,
-                               foreign_method_message, written_otherwise)
+from flaxlight.options import (MetricNotLoggedError, check_monitors_are_numbers, declared_keywords,
+                               foreign_assignment_message, foreign_method_message, written_otherwise)
 from flaxlight.progress import progress
 from flaxlight.state import TrainState
 from flaxlight.step import TrainStep
 
 __all__ = ["TrainerViewMixin"]
+
+
+def keras_attribute(name: str, doc: str) -> property:
+    """A trainer property for Keras' model attribute ``name`` (``stop_training``, ``trainable``):
+    reading or assigning it raises, saying what to write, unless the trainer class declares ``name``
+    in its ``__init__`` (then it is the class's own attribute).
+
+    Examples:
+        >>> class Trainer:
+        ...     trainable = keras_attribute("trainable", "Keras' name.")
+        >>> Trainer().trainable = False  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        AttributeError: Trainer.trainable = False would change nothing: Keras' model.trainable = False is ...
+    """
+    def read(self: Any) -> Any:
+        if name in self.__dict__:
+            return self.__dict__[name]
+        raise AttributeError(foreign_method_message(type(self).__name__, name))
+
+    def assign(self: Any, value: Any) -> None:
+        if name not in declared_keywords(type(self)):
+            raise AttributeError(foreign_assignment_message(type(self).__name__, name, value))
+        self.__dict__[name] = value
+
+    return property(read, assign, doc=doc)
 
 
 class TrainerViewMixin:
@@ -76,25 +101,14 @@ class TrainerViewMixin:
         if not self.should_stop:
             self.should_stop, self.stop_reason = True, reason
 
-    @property
-    def stop_training(self) -> bool:
-        """Keras' name, refused with what to write (``should_stop``): as a plain attribute, a Keras
-        callback's ``trainer.stop_training = True`` would be kept and stop nothing."""
-        raise AttributeError(foreign_method_message(type(self).__name__, "stop_training"))
-
-    @stop_training.setter
-    def stop_training(self, value: Any) -> None:
-        raise AttributeError(foreign_assignment_message(type(self).__name__, "stop_training", value))
-
-    @property
-    def trainable(self) -> bool:
-        """Keras' name, refused with what to write (``optimizer_hparams`` ``freeze``): as a plain
-        attribute, ``trainer.trainable = False`` would be kept and freeze nothing."""
-        raise AttributeError(foreign_method_message(type(self).__name__, "trainable"))
-
-    @trainable.setter
-    def trainable(self, value: Any) -> None:
-        raise AttributeError(foreign_assignment_message(type(self).__name__, "trainable", value))
+    stop_training = keras_attribute(
+        "stop_training", "Keras' name, refused with what to write (``should_stop``): as a plain attribute, a Keras "
+                         "callback's ``trainer.stop_training = True`` would be kept and stop nothing. A trainer class "
+                         "that declares ``stop_training`` in its ``__init__`` keeps it as its own attribute.")
+    trainable = keras_attribute(
+        "trainable", "Keras' name, refused with what to write (``optimizer_hparams`` ``freeze``): as a plain "
+                     "attribute, ``trainer.trainable = False`` would be kept and freeze nothing. A trainer class "
+                     "that declares ``trainable`` in its ``__init__`` keeps it as its own attribute.")
 
     @property
     def history(self) -> list[dict[str, Any]]:
