@@ -184,6 +184,8 @@ def test_plain_attributes_changed_in_call_are_warned_of_once_at_the_first_train_
         "Counters.__call__ changes calls, seen, total: plain attribute(s), not nnx.Variable. flaxlight's steps ")
     assert "stays at its construction value" in said[0] and "class Count(nnx.Variable)" in said[0]
     assert "self.calls[...] += 1 in __call__" in said[0]   # not `.value`, which flax 0.12 deprecates
+    where = [w for w in recwarn if "__call__ changes" in str(w.message)][0]
+    assert (where.filename, where.lineno) == (__file__, Counters.__call__.__code__.co_firstlineno)  # not jax's line
     model = trainer.bind_model()
     assert (model.calls, float(model.total), int(model.steps[...])) == (0, 0.0, 4)   # as docs/models.md says
 
