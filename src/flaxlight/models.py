@@ -377,6 +377,20 @@ def _reseed(model, stream_keys: Mapping[str, Any]) -> None:
                          f"takes policy='match_shape', as flax 0.12's does).") from exc
 
 
+class _StackedKeysError(ValueError):
+    """An NNX model drew one key from a stream that holds a key per stacked layer."""
+
+
+def _stacked_keys_text(name: str, exc: Exception) -> str:
+    return (f"{name} drew a single key from an RNG stream that holds a key per stacked layer ({exc}). That is flax "
+            f"0.10's \"scan over layers\", `@nnx.split_rngs(splits=n)` on the `nnx.scan` in __call__: since flax 0.11 "
+            f"the layers built by `nnx.split_rngs(splits=n)` + `nnx.vmap` keep a key each, and splitting them again "
+            f"fails in flax itself (flax {flax.__version__}), with or without flaxlight. Remove the "
+            f"`@nnx.split_rngs(...)` above the `nnx.scan` in {name}.__call__ (keep the one on the function that builds "
+            f"the layers): each layer's Dropout then draws from its own key, which flaxlight reseeds every step "
+            f"(flax's guide \"NNX 0.10 to NNX 0.11\", \"Using Rngs in NNX Transforms\").")
+
+
 def _owner_call(model, key: str):
     """The ``__call__`` of the (sub)module holding the attribute at ``key`` (``"blocks/0/calls"``)."""
     parent = tuple(key.split("/")[:-1])
@@ -600,6 +614,8 @@ class NNXAdapter:
         try:
             _traced_on(lambda *xs: self.apply(variables, *xs, train=False), inputs)
         except Exception as exc:
+            if isinstance(exc, _StackedKeysError):
+                raise  # no shape error: its own message says what to change
             if not isinstance(exc, MODEL_FIT_ERRORS) or not self._called_as_trained(inputs):
                 return variables  # no shape error (call-time rngs it draws from), or called otherwise by the loss
             call = ", ".join(["*exmp_input", *(f"{k}={v}" for k, v in mode_kwargs(self.mode_argument, False).items())])
@@ -645,6 +661,8 @@ class NNXAdapter:
         except ValueError as exc:  # raised while tracing: costs the step nothing
             if self.keyless_dropouts and "no `rngs` argument was provided to Dropout" in str(exc):
                 raise ValueError(self._keyless_dropout_text()) from exc
+            if "but was given a key array" in str(exc):
+                raise _StackedKeysError(_stacked_keys_text(self.model_class.__name__, exc)) from exc
             raise
         if before is not None:
             changed = _changed_attributes(before, model)
