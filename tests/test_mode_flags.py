@@ -284,3 +284,25 @@ def test_an_nnx_flag_defaulting_to_none_follows_model_train_and_is_not_warned_ab
     assert not [r for r in caplog.records if "flaxlight does not set" in r.getMessage()
                 or "left every one of them unchanged" in r.getMessage()]
     assert not np.allclose(jax.tree.leaves(before)[0], np.asarray(jax.tree.leaves(trainer.state.batch_stats)[0]))
+
+
+class SplitAgainInCall(StackedNNX):
+    """flax 0.10's scan over layers: split_rngs on the scan too, which flax >= 0.11 refuses itself."""
+
+    def __call__(self, x):
+        @nnx.split_rngs(splits=3)
+        @nnx.scan(in_axes=(nnx.Carry, 0), out_axes=nnx.Carry)
+        def forward(x, block):
+            return block(x)
+
+        return self.head(forward(self.inp(x), self.blocks))
+
+
+def test_stacked_layers_split_again_in_call_say_to_remove_that_split(tmp_path):
+    """It was flax's bare "fold_in accepts a single key, but was given a key array of shape (3,)",
+    with flaxlight's note that the model does not fit exmp_input ("If it is about a shape ...")."""
+    with pytest.raises(ValueError, match=r"SplitAgainInCall drew a single key from an RNG stream that holds a key "
+                                         r"per stacked layer .*Remove the `@nnx.split_rngs\(...\)` above the "
+                                         r"`nnx.scan` in SplitAgainInCall.__call__") as info:
+        _trainer(SplitAgainInCall, tmp_path)
+    assert not [note for note in getattr(info.value, "__notes__", []) if "If it is about a shape" in note]

@@ -111,3 +111,18 @@ def test_the_model_summary_of_a_tutorial_style_module_and_of_a_broken_one(tmp_pa
                   optimizer_hparams={"optimizer": "adam", "lr": 1e-2}, **quiet(tmp_path / "b", enable_model_summary=True))
     trainer, _ = _fit(tmp_path / "c")  # and the next model in this process trains
     assert np.isfinite(float(trainer.state.step))
+
+
+class RngsRequired(TutorialStyle):
+    def __call__(self, x, rngs: nnx.Rngs):  # no default, as some NNX tutorials write it
+        return super().__call__(x, rngs=rngs)
+
+
+def test_the_model_summary_of_a_module_whose_call_requires_rngs(tmp_path, capsys):
+    """Training, predict and bind_model worked, but the table was "no table (TypeError: ... missing 1
+    required positional argument: 'rngs')": the summary passes rngs=None, as the eval step does."""
+    trainer = Regressor(model_class=RngsRequired, model_hparams={}, exmp_input=linear_data(1)[0],
+                        optimizer_hparams={"optimizer": "adam", "lr": 1e-2},
+                        **quiet(tmp_path, enable_model_summary=True))
+    out = capsys.readouterr().out
+    assert "RngsRequired Summary" in out and "no table" not in out

@@ -19,7 +19,7 @@ from conftest import RegressTrainer, TinyNNX, linear_data, quiet
 from flax import nnx
 
 from flaxlight import optim
-from flaxlight.models import ModelHparamsError
+from flaxlight.models import ModelHparamsError, make_adapter
 from flaxlight.optim import make_freeze_mask, make_weight_decay_mask
 
 X0 = np.zeros((1, 4), np.float32)
@@ -184,6 +184,8 @@ def test_plain_attributes_changed_in_call_are_warned_of_once_at_the_first_train_
         "Counters.__call__ changes calls, seen, total: plain attribute(s), not nnx.Variable. flaxlight's steps ")
     assert "stays at its construction value" in said[0] and "class Count(nnx.Variable)" in said[0]
     assert "self.calls[...] += 1 in __call__" in said[0]   # not `.value`, which flax 0.12 deprecates
+    where = [w for w in recwarn if "__call__ changes" in str(w.message)][0]
+    assert (where.filename, where.lineno) == (__file__, Counters.__call__.__code__.co_firstlineno)  # not jax's line
     model = trainer.bind_model()
     assert (model.calls, float(model.total), int(model.steps[...])) == (0, 0.0, 4)   # as docs/models.md says
 
@@ -212,6 +214,25 @@ def test_a_value_every_call_sets_alike_is_not_warned_of(tmp_path, recwarn):
         _fit(trainer)
     said = [str(w.message) for w in recwarn if "__call__ changes" in str(w.message)]
     assert len(said) == 1 and said[0].startswith("ShapeCache.__call__ changes calls: plain attribute(s)")
+
+
+class HoldsCounters(nnx.Module):
+    def __init__(self, *, rngs: nnx.Rngs):
+        self.inner = Counters(rngs=rngs)
+
+    def __call__(self, x, train: bool = False):
+        return self.inner(x, train=train)
+
+
+def test_the_plain_attribute_warning_points_at_the_call_of_the_submodule_that_holds_it():
+    adapter = make_adapter(HoldsCounters, {}, seed=0)
+    variables = adapter.init(None, [X0])
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        jax.jit(lambda v, x: adapter.apply(v, x, train=True))(variables, X0)   # inside a trace, as a step is
+    [warning] = [w for w in said if "__call__ changes" in str(w.message)]
+    assert str(warning.message).startswith("HoldsCounters.__call__ changes inner/calls, inner/seen, inner/total")
+    assert (warning.filename, warning.lineno) == (__file__, Counters.__call__.__code__.co_firstlineno)
 
 
 # --------------------------------------------------------------------------- an nnx.Rngs handed to the trainer

@@ -22,6 +22,7 @@ import difflib
 import inspect
 import re
 import sys
+import warnings
 from typing import Any, Mapping, Sequence
 
 import flax
@@ -376,6 +377,42 @@ def _reseed(model, stream_keys: Mapping[str, Any]) -> None:
                          f"takes policy='match_shape', as flax 0.12's does).") from exc
 
 
+class _StackedKeysError(ValueError):
+    """An NNX model drew one key from a stream that holds a key per stacked layer."""
+
+
+def _stacked_keys_text(name: str, exc: Exception) -> str:
+    return (f"{name} drew a single key from an RNG stream that holds a key per stacked layer ({exc}). That is flax "
+            f"0.10's \"scan over layers\", `@nnx.split_rngs(splits=n)` on the `nnx.scan` in __call__: since flax 0.11 "
+            f"the layers built by `nnx.split_rngs(splits=n)` + `nnx.vmap` keep a key each, and splitting them again "
+            f"fails in flax itself (flax {flax.__version__}), with or without flaxlight. Remove the "
+            f"`@nnx.split_rngs(...)` above the `nnx.scan` in {name}.__call__ (keep the one on the function that builds "
+            f"the layers): each layer's Dropout then draws from its own key, which flaxlight reseeds every step "
+            f"(flax's guide \"NNX 0.10 to NNX 0.11\", \"Using Rngs in NNX Transforms\").")
+
+
+def _owner_call(model, key: str):
+    """The ``__call__`` of the (sub)module holding the attribute at ``key`` (``"blocks/0/calls"``)."""
+    parent = tuple(key.split("/")[:-1])
+    owner = next((node for path, node in nnx.iter_graph(model) if tuple(map(str, path)) == parent), model)
+    return type(owner).__call__
+
+
+def _warn_at_call(call, message: str, category: type[Warning] = UserWarning) -> None:
+    """``warnings.warn_explicit`` at the ``def`` line of ``call`` (the user's ``__call__``): a check
+    that runs while jax traces a step has no user line on the stack (``warn_at_user`` would name
+    jax's or the loss's line), so the warning names the code that made the change instead."""
+    code = getattr(inspect.unwrap(call), "__code__", None)
+    if code is None:  # pragma: no cover - a __call__ that is no Python function (a C extension)
+        warn_at_user(message, category)
+        return
+    module = sys.modules.get(getattr(call, "__module__", None) or "")
+    module_globals = vars(module) if module is not None else None
+    registry = module_globals.setdefault("__warningregistry__", {}) if module_globals is not None else None
+    warnings.warn_explicit(message, category, code.co_filename, code.co_firstlineno,
+                           module=getattr(module, "__name__", None), registry=registry, module_globals=module_globals)
+
+
 def _keyless_dropouts(module) -> list[str]:
     """Paths (``"blocks/drop"``) of the ``nnx.Dropout`` layers that drop (rate > 0) and were built
     without rngs: they need keys at call time."""
@@ -577,6 +614,8 @@ class NNXAdapter:
         try:
             _traced_on(lambda *xs: self.apply(variables, *xs, train=False), inputs)
         except Exception as exc:
+            if isinstance(exc, _StackedKeysError):
+                raise  # no shape error: its own message says what to change
             if not isinstance(exc, MODEL_FIT_ERRORS) or not self._called_as_trained(inputs):
                 return variables  # no shape error (call-time rngs it draws from), or called otherwise by the loss
             call = ", ".join(["*exmp_input", *(f"{k}={v}" for k, v in mode_kwargs(self.mode_argument, False).items())])
@@ -622,15 +661,17 @@ class NNXAdapter:
         except ValueError as exc:  # raised while tracing: costs the step nothing
             if self.keyless_dropouts and "no `rngs` argument was provided to Dropout" in str(exc):
                 raise ValueError(self._keyless_dropout_text()) from exc
+            if "but was given a key array" in str(exc):
+                raise _StackedKeysError(_stacked_keys_text(self.model_class.__name__, exc)) from exc
             raise
         if before is not None:
             changed = _changed_attributes(before, model)
             if changed:  # a value each call sets the same (a shape read at trace time) is no state that is lost
                 changed = _changed_again(model, inputs, {**mode_kwargs(self.mode_argument, train), **kwargs}, changed)
-            self._warn_changed_attributes(changed, train)
+            self._warn_changed_attributes(changed, train, model)
         return outputs
 
-    def _warn_changed_attributes(self, changed: list[str], train: bool) -> None:
+    def _warn_changed_attributes(self, changed: list[str], train: bool, model) -> None:
         """Warn (once) of plain attributes a call changed: the trainer's steps rebuild the module from
         its split state at every call (``merge``), so the change is lost, unlike under ``nnx.jit``. Watched
         until the first call in training mode (the trace of the train step, or its first un-jitted
@@ -639,7 +680,8 @@ class NNXAdapter:
         if not changed:
             return
         name, shown = self.model_class.__name__, ", ".join(changed[:6]) + (", ..." if len(changed) > 6 else "")
-        warn_at_user(
+        _warn_at_call(
+            _owner_call(model, changed[0]),
             f"{name}.__call__ changes {shown}: plain attribute(s), not nnx.Variable. flaxlight's steps are pure "
             f"functions that rebuild the model from its split state at every call, so such an attribute stays at its "
             f"construction value in training, evaluation, checkpoints and the loaded model (a list appended to "
@@ -716,13 +758,16 @@ class NNXAdapter:
 
     def tabulate(self, inputs: Sequence[Any]) -> str:
         """``nnx.tabulate``'s table, in eval mode (same shapes; a dropout built without rngs
-        needs none). ``nnx.tabulate`` patches the model's classes and leaves them patched when the
+        needs none), called as the eval step calls the model (``rngs=None`` to a ``__call__``
+        that takes ``rngs``, also where it has no default). ``nnx.tabulate`` patches the model's classes and leaves them patched when the
         model fails; they are put back, so a failed table never breaks the training after it."""
         model = self.merge(self._variables())
         model.eval()
         classes = {type(node) for _, node in nnx.iter_graph(model)}
         saved = {cls: dict(vars(cls)) for cls in classes}
         mode = mode_kwargs(self.mode_argument, False)
+        if self.takes_rngs:  # as the eval step calls it: a __call__ that requires rngs gets None
+            mode["rngs"] = None
         try:
             return nnx.tabulate(model, *inputs, **mode,
                                 console_kwargs={"width": 120, "force_terminal": sys.stdout.isatty()})
