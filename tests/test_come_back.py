@@ -314,6 +314,12 @@ def test_resuming_a_versioned_or_moved_run_with_its_settings_writes_no_hparams_c
     said = next(line for line in caplog.text.splitlines() if "settings differ" in line)
     assert "optimizer_hparams.lr: 0.01 -> 0.003" in said and "logger_params" not in said
     assert "lr: 0.01" in (moved / "hparams.1.yaml").read_text() and "lr: 0.003" in (moved / "hparams.yaml").read_text()
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="flaxlight"):  # only a longer run: information, not a warning
+        _trainer(moved, lr=3e-3, max_steps=60).train_model(*_loaders(), num_epochs=8, resume=True)
+        _trainer(moved, lr=3e-3, max_steps=62).train_model(*_loaders(), num_epochs=8, resume=True)
+    said = [record for record in caplog.records if "settings differ" in record.getMessage()]
+    assert said and all(record.levelno == logging.INFO for record in said), [r.getMessage() for r in said]
 
 
 # ----------------------------------------------------------------- 6. overwrite: the replaced run's outputs
