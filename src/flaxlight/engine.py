@@ -17,7 +17,7 @@ The :class:`Engine` takes the user's pure ``train_step(state, batch) -> (state, 
 * the update that ends an epoch's partial group of accumulated gradients (one jitted call).
 
 It knows nothing of callbacks, loggers or the trainer: the trainer hands it an
-:class:`~flaxlight.loop.EventSchedule`-like object (``next_step``) and an ``on_event`` function.
+:class:`~flaxlight.loop.EventSchedule`-like object (``next_step``, ``looks_up``) and an ``on_event`` function.
 
 Examples:
     >>> engine = Engine(train_step, eval_step, steps_per_execution=4)               # doctest: +SKIP
@@ -619,7 +619,8 @@ class Engine:
     def run(self, feed: Feed, span: Span, schedule, on_event: Callable[[Span, int], bool]) -> bool:
         """The hot loop: run ``feed``'s items on ``span``, locals only, one comparison per step.
 
-        When ``span.step`` reaches ``schedule.next_step``, ``span`` is brought up to date and
+        When ``span.step`` reaches ``schedule.next_step`` and ``schedule.looks_up(step, steps,
+        sums)`` says stop (else it noted a log point), ``span`` is brought up to date and
         ``on_event(span, steps)`` runs (``steps``: updates since the previous item); it may
         replace ``span.state`` (and then raise: the replacement is kept) and returns True to end
         the span. ``span`` is current when this returns, also by an exception. Returns True when
@@ -641,7 +642,7 @@ class Engine:
                     state, acc = fused(state, acc, item)
                 step += steps
                 batches += steps
-                if step >= schedule.next_step:
+                if step >= schedule.next_step and schedule.looks_up(step, steps, acc):
                     span.state, span.acc, span.step, span.batches = lean.join(state, kept), acc, step, batches
                     state = None  # span.state is the state now (on_event may replace it, and then raise)
                     end = on_event(span, steps)

@@ -84,10 +84,11 @@ class RunningLog:
         self._pace: float | None = None  # the device's seconds per step, between two points whose reads waited
         self._catch_up: float | None = None  # the pace the device is taken to catch up at (None: it is not behind)
 
-    def mark(self, step: int, acc: dict) -> list[tuple[int, dict[str, float], int]]:
-        """Start copying ``acc``; return the previous log point's values."""
+    def mark(self, step: int, acc: dict, at: float | None = None) -> list[tuple[int, dict[str, float], int]]:
+        """Start copying ``acc``; return the previous log point's values. ``at``: when the loop
+        reached ``step`` (a point noted earlier: :attr:`EventSchedule.notes`), else now."""
         arrived = self.flush()
-        self.pending.append((step, HostSnapshot(acc), self._clock()))
+        self.pending.append((step, HostSnapshot(acc), self._clock() if at is None else at))
         return arrived
 
     def would_wait(self) -> bool:
@@ -401,20 +402,67 @@ def interactive_session() -> bool:
 class EventSchedule:
     """The next step at which the hot loop must look up (one comparison per step), decided here.
 
-    An interrupt sets ``next_step`` to 0, so the loop looks up after the step in flight.
+    The loop looks up at ``next_step``: it stops there for the trainer's events (``next_stop``),
+    or, at a log point that no one needs on time (:meth:`plan`'s ``notes_every``), it only notes
+    the point in :attr:`notes` (``(step, metric sums, time.perf_counter())``) and goes on; the
+    trainer delivers the notes at the next stop, which :meth:`looks_up` makes at the latest
+    :attr:`max_delay` seconds after the last delivery (the loggers stay live). A stop costs a
+    small model's loop more than its work (the host runs the trainer's Python while the device
+    waits); a note costs a list append. An interrupt sets ``next_step`` to 0, so the loop looks
+    up after the step in flight.
+
+    Examples:
+        >>> schedule = EventSchedule()
+        >>> schedule.plan(step=0, intervals=[200], max_steps=None, notes_every=50)
+        50
+        >>> schedule.looks_up(50, 1, "sums"), [step for step, _, _ in schedule.notes], schedule.next_step
+        (False, [50], 100)
     """
 
-    def __init__(self):
-        self.next_step = 0
-        self.interrupt_signal: int | None = None
+    max_delay = 1.0  # seconds between deliveries of noted log points, at most (then the loop stops)
 
-    def plan(self, step: int, intervals: Iterable[int | None], max_steps: int | None) -> int:
-        """Set and return the first multiple of any interval after ``step`` (or ``max_steps``)."""
-        next_step = min((step // n + 1) * n for n in intervals if n)
+    def __init__(self):
+        self.next_step = self.next_stop = 0
+        self.interrupt_signal: int | None = None
+        self.notes: list[tuple[int, Any, float]] = []
+        self.notes_every: int | None = None
+        self.delivered_at = time.perf_counter()
+
+    def plan(self, step: int, intervals: Iterable[int | None], max_steps: int | None,
+             notes_every: int | None = None) -> int:
+        """Set and return the first step after ``step`` at which the loop looks up: a multiple of
+        any interval (a stop) or of ``notes_every`` (a log point noted without a stop), or
+        ``max_steps``."""
+        intervals = [n for n in intervals if n]
+        next_stop = min(((step // n + 1) * n for n in intervals), default=sys.maxsize)
         if max_steps is not None:
-            next_step = min(next_step, max(max_steps, step + 1))
-        self.next_step = 0 if self.interrupt_signal is not None else next_step
+            next_stop = min(next_stop, max(max_steps, step + 1))
+        self.next_stop, self.notes_every = next_stop, notes_every
+        self._plan_next(step)
         return self.next_step
+
+    def _plan_next(self, step: int) -> None:
+        every = self.notes_every
+        next_note = (step // every + 1) * every if every else sys.maxsize
+        self.next_step = 0 if self.interrupt_signal is not None else min(self.next_stop, next_note)
+
+    def looks_up(self, step: int, steps: int, sums: Any) -> bool:
+        """At ``next_step`` (``steps``: updates since the last look-up): True when the loop must
+        stop; else the log point is noted (with the metric sums it reads later) and the next
+        look-up planned. A note :attr:`max_delay` after the last delivery stops the loop."""
+        if step >= self.next_stop or self.interrupt_signal is not None:
+            return True
+        now = time.perf_counter()
+        self.notes.append((step, sums, now))
+        self._plan_next(step)
+        return now - self.delivered_at >= self.max_delay
+
+    def take_notes(self, before: int | None = None) -> list[tuple[int, Any, float]]:
+        """The noted log points, oldest first (those before step ``before``: a note at that step
+        is dropped, the stop there logs it), and the time of this delivery."""
+        notes, self.notes = self.notes, []
+        self.delivered_at = time.perf_counter()
+        return notes if before is None else [note for note in notes if note[0] < before]
 
     @staticmethod
     def due(every: int | None, step: int, steps: int = 1) -> bool:

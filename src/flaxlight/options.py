@@ -155,7 +155,9 @@ class TrainerOptions:
             priority (``val/val_metric`` lower, ``val/acc`` higher, ``val/loss`` lower).
         mode: ``"min"`` or ``"max"`` for ``monitor`` (default ``"min"``, as in Lightning).
         log_every_n_steps: how often running train metrics are logged (values are copied off the
-            device asynchronously and logged one log point later, so the loop never waits).
+            device asynchronously and logged one log point later, so the loop never waits; when
+            no callback acts on them, the loop notes the points without stopping and logs them at
+            its next stop: :attr:`Callback.on_log_may_lag`).
         enable_model_summary: print the model table (``print_tabulate``) at construction.
         enable_checkpointing: add a default :class:`ModelCheckpoint` (``monitor``/``mode`` as
             above, best and last kept) unless one is among the callbacks.

@@ -8,6 +8,7 @@ Override :meth:`TrainerModule.loss_fn` (the trainer builds the steps) or ``creat
 from __future__ import annotations
 
 import os
+import sys
 import time
 import warnings
 from typing import Any, Callable, Iterable, Mapping, Sequence
@@ -326,6 +327,7 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
                               position=loop.take_loader_position(), skip=loop.take_stream_skip())
         finally:
             self._take(span)
+            self._log_notes(failing=sys.exc_info()[0] is not None)
         if loop.acc is None:
             raise no_batches_error("train_loader", train_loader, self.engine.served_before(train_loader))
         if not (self._stopping() or self._schedule.interrupt_signal is not None or self.options.fast_dev_run):
@@ -355,6 +357,7 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
         end). Returns True when the epoch must end now (``max_steps`` or :meth:`stop`)."""
         self._take(span)
         step, loop, schedule = self.global_step, self._loop, self._schedule
+        self._log_notes(before=step)  # the points noted since the last stop, before this step's events
         val_due = schedule.due(self.options.val_check_interval, step, steps) and self._val_loader is not None and (
             step_validation_due(loop.epoch, loop.batch_index, self.steps_per_epoch, self.check_val_every_n_epoch,
                                 self._limits))
@@ -389,11 +392,6 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
                     loop.owed_events.insert(0, "val")
                     loop.validated_step = None
                     raise
-
-    def _plan_events(self) -> None:
-        intervals = [self.options.log_every_n_steps, self.options.val_check_interval]
-        self._schedule.plan(self.global_step, intervals + [cb.every_n_steps for cb in self.callbacks],
-                            self.options.max_steps)
 
     def eval_model(self, data_loader: Iterable = REQUIRED, log_prefix: str = "", *, batch_size: int | None = None, **unknown: Any) -> dict[str, float]:
         """Evaluate on ``data_loader`` (or arrays with ``batch_size``): per-example means keyed ``log_prefix + name``."""

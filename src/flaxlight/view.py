@@ -32,6 +32,7 @@ import jax
 
 from flaxlight import distributed as dist
 from flaxlight import optim, resume, runfiles
+from flaxlight.callbacks.base import Callback
 from flaxlight.callbacks.early_stopping import EarlyStopping
 from flaxlight.callbacks.history import FitResult, History
 from flaxlight.callbacks.model_checkpoint import ModelCheckpoint
@@ -201,7 +202,8 @@ class TrainerViewMixin:
 
     def log_point_time(self, step: int) -> float | None:
         """``time.perf_counter()`` when the train log point at ``step`` was done, for the point
-        being delivered to ``on_log`` now (its metrics arrive one log point late); None for any
+        being delivered to ``on_log`` now (its metrics arrive one log point late, or later: see
+        :attr:`Callback.on_log_may_lag`); None for any
         other step or record. Host time, no added device wait: when the loop reached the point,
         or, where the device ran behind, when its values were read or at the pace of the interval
         before (:class:`~flaxlight.loop.RunningLog`)."""
@@ -680,6 +682,33 @@ class TrainerViewMixin:
                     f"bookkeeping, so flaxlight saves only where Ctrl-C's own handler stops: at a step's end). "
                     f"{newest}.")
         messages.warning(said + kept)
+
+    def _log_notes(self, before: int | None = None, failing: bool = False) -> None:
+        """Log the log points the hot loop noted without stopping (:class:`~flaxlight.loop.EventSchedule`),
+        oldest first, as the stops at them would have: each starts its copy and logs the point
+        before it. ``before``: the current stop's step, whose own log point its event logs.
+        ``failing``: the loop is raising; what can be logged is, and an error here is dropped
+        (the loop's own is the one to see)."""
+        running = self._loop.running_log
+        try:
+            for step, sums, noted_at in self._schedule.take_notes(before):
+                if running.would_wait():  # the host's put-off work first: queued steps overlap it
+                    self.engine.work_before_waiting()
+                self._log_running(running.mark(step, sums, at=noted_at))
+        except Exception:
+            if not failing:
+                raise
+
+    def _plan_events(self) -> None:
+        """Plan the loop's next look-up (:meth:`~flaxlight.loop.EventSchedule.plan`). Log points
+        are noted without a stop when nothing must hear them on time: one process, and every
+        callback's ``on_log`` only records or shows values (:attr:`Callback.on_log_may_lag`)."""
+        log_every = self.options.log_every_n_steps
+        noted = log_every if jax.process_count() == 1 and all(
+            cb.on_log_may_lag or type(cb).on_log is Callback.on_log for cb in self.callbacks) else None
+        intervals = [None if noted else log_every, self.options.val_check_interval]
+        self._schedule.plan(self.global_step, intervals + [cb.every_n_steps for cb in self.callbacks],
+                            self.options.max_steps, notes_every=noted)
 
     def _log_running(self, points: list[tuple[int, dict, int]]) -> None:
         """Log log points' interval means (:class:`~flaxlight.loop.RunningLog`), oldest first."""

@@ -172,6 +172,10 @@ class Callback:
     """
 
     every_n_steps: int | None = None
+    #: True when ``on_log`` only records or shows the values (a display, a file): the loop then
+    #: need not stop at each log point for it; log points reach ``on_log`` at the loop's next
+    #: stop instead (within a second, at the latest at the epoch's end), in step order.
+    on_log_may_lag: bool = False
 
     def on_fit_start(self, trainer: TrainerView) -> None:
         """Before the first epoch (the state is built; after a resume, restored)."""

@@ -183,6 +183,8 @@ class LearningRateMonitor(Callback):
         >>> trainer = MyTrainer(..., callbacks=[LearningRateMonitor()])  # doctest: +SKIP
     """
 
+    on_log_may_lag = True  # it shows / logs the values: the loop need not stop for it
+
     def __init__(self, logging_interval: str | None = None, log_momentum: bool = False,
                  log_weight_decay: bool = False):
         _refuse_lightning_only(logging_interval, log_momentum, log_weight_decay)

@@ -30,13 +30,16 @@ class ProgressBar(Callback):
         >>> trainer = MyTrainer(..., callbacks=[ProgressBar(refresh_every_n_steps=50)])  # doctest: +SKIP
     """
 
+    on_log_may_lag = True  # it shows / logs the values: the loop need not stop for it
+
     def __init__(self, refresh_every_n_steps: int = 10, style: str = "auto"):
         if not isinstance(refresh_every_n_steps, int) or refresh_every_n_steps < 1:
             raise ValueError(f"refresh_every_n_steps must be a positive int, got {refresh_every_n_steps!r}.")
         if style not in ("auto", "bars", "lines"):
             raise ValueError(f"ProgressBar style must be 'auto', 'bars' or 'lines', got {style!r}.")
-        self.every_n_steps, self.style = refresh_every_n_steps, style
+        self.refresh_every_n_steps, self.style = refresh_every_n_steps, style
         self._lines = style == "lines"
+        self.every_n_steps = None if self._lines else refresh_every_n_steps  # lines: nothing to do per step
         self._epoch_bar = self._step_bar = None
         self._shown: dict[str, str] = {}
         self._epoch_metrics: dict[str, float] = {}
@@ -50,6 +53,7 @@ class ProgressBar(Callback):
 
     def on_fit_start(self, trainer) -> None:
         self._lines = self.style == "lines" or (self.style == "auto" and not bars_wanted())
+        self.every_n_steps = None if self._lines else self.refresh_every_n_steps  # no stop in the loop for lines
         if not self._lines:
             self._epoch_bar = self._tqdm(total=trainer.num_epochs, initial=trainer.current_epoch - 1, desc="Epochs")
 

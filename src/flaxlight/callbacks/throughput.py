@@ -65,6 +65,8 @@ class ThroughputMonitor(Callback):
         >>> trainer = MyTrainer(..., callbacks=[ThroughputMonitor()])  # doctest: +SKIP
     """
 
+    on_log_may_lag = True  # it shows / logs the values: the loop need not stop for it
+
     def __init__(self):
         self._clock = TrainClock()
         self._compile_logged = False

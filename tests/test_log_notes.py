@@ -1,0 +1,116 @@
+"""Log points the loop notes without stopping: when callbacks hear them, what the loggers get.
+
+A log point that nothing must hear on time (the loggers, the progress bar, the throughput and
+learning-rate monitors) is noted by the hot loop and delivered at its next stop; a callback whose
+``on_log`` may act on the values (one of yours, ``NaNGuard``) keeps a stop at each log point.
+"""
+
+import csv
+import time
+
+import numpy as np
+import pytest
+from conftest import RegressTrainer, TinyMLP, linear_data, quiet
+
+import flaxlight.loop
+from flaxlight import ArrayLoader
+from flaxlight.callbacks import Callback, NaNGuard
+
+X0 = np.zeros((1, 4), np.float32)
+
+
+class Heard(Callback):
+    """Records, for each train log point, (its step, the trainer's global_step when it was heard)."""
+
+    def __init__(self, may_lag: bool):
+        self.on_log_may_lag = may_lag
+        self.heard: list[tuple[int, int]] = []
+        self.values: list[float] = []
+
+    def on_log(self, trainer, step, metrics):
+        if "train/loss_step" in metrics:
+            self.heard.append((step, trainer.global_step))
+            self.values.append(metrics["train/loss_step"])
+
+
+def _train(tmp_path, callbacks, loader=None, epochs=2, **options):
+    options.setdefault("log_every_n_steps", 4)
+    trainer = RegressTrainer(model_class=TinyMLP, model_hparams={"hidden_dims": [8]}, exmp_input=X0,
+                             optimizer_hparams={"optimizer": "adam", "lr": 1e-2}, seed=3,
+                             **quiet(tmp_path, callbacks=callbacks, enable_checkpointing=False, **options))
+    loader = loader if loader is not None else ArrayLoader(*linear_data(16 * 8, 0), batch_size=8, shuffle=True, seed=0)
+    trainer.train_model(loader, None, num_epochs=epochs)
+    return trainer
+
+
+def _logged_steps(tmp_path):
+    with open(tmp_path / "run" / "metrics.csv") as f:
+        return [int(row["step"]) for row in csv.DictReader(f) if row.get("train/loss_step")]
+
+
+def test_a_display_callback_hears_every_log_point_at_the_loops_next_stop(tmp_path):
+    """No one acts on the values: the loop does not stop at the log points (16 steps per epoch,
+    one every 4); each epoch's points reach on_log at its end, in order, and the CSV has them all."""
+    display = Heard(may_lag=True)
+    _train(tmp_path, [display])
+    assert [step for step, _ in display.heard] == [4, 8, 12, 16, 20, 24, 28, 32]
+    assert [at for _, at in display.heard] == [16, 16, 16, 16, 32, 32, 32, 32]
+    assert _logged_steps(tmp_path) == [4, 8, 12, 16, 20, 24, 28, 32]
+
+
+def test_a_callback_that_may_act_on_log_points_hears_each_one_log_point_late(tmp_path):
+    """An on_log of yours (it may stop the run) keeps the loop's stop at every log point: it hears
+    each point at the next one, in every run alike, and the values are those a display gets."""
+    acting, display = Heard(may_lag=False), Heard(may_lag=True)
+    _train(tmp_path / "acting", [acting])
+    _train(tmp_path / "display", [display])
+    assert acting.heard == [(4, 8), (8, 12), (12, 16), (16, 16), (20, 24), (24, 28), (28, 32), (32, 32)]
+    assert acting.values == display.values  # the same interval means, whichever way they came
+
+
+def test_nan_guard_keeps_a_stop_at_every_log_point(tmp_path):
+    """NaNGuard stops the run from on_log: its log points are not put off to the epoch's end."""
+    display = Heard(may_lag=True)
+    _train(tmp_path, [display, NaNGuard()], epochs=1)
+    assert [at for _, at in display.heard] == [8, 12, 16, 16]
+
+
+def test_noted_log_points_reach_the_loggers_during_a_long_epoch(tmp_path, monkeypatch):
+    """An epoch longer than the delivery delay: its points are delivered while it runs (the loop
+    stops for them once the delay has passed), not all at its end."""
+    monkeypatch.setattr(flaxlight.loop.EventSchedule, "max_delay", 0.05)
+
+    class SlowLoader:
+        def __len__(self):
+            return 40
+
+        def __iter__(self):
+            x, y = linear_data(40 * 4, 0)
+            for i in range(40):
+                time.sleep(0.01)
+                yield x[i * 4:(i + 1) * 4], y[i * 4:(i + 1) * 4]
+
+    display = Heard(may_lag=True)
+    _train(tmp_path, [display], loader=SlowLoader(), epochs=1)
+    assert [step for step, _ in display.heard] == list(range(4, 41, 4))
+    heard_at = [at for _, at in display.heard]
+    assert heard_at == sorted(heard_at) and heard_at[0] < 40, heard_at  # some during the epoch
+
+
+def test_log_points_noted_before_a_failure_are_logged(tmp_path):
+    """A loader failing mid-epoch: the log points noted before it still reach metrics.csv."""
+
+    class Failing:
+        def __len__(self):
+            return 16
+
+        def __iter__(self):
+            x, y = linear_data(16 * 8, 0)
+            for i in range(16):
+                if i == 13:
+                    raise OSError("disk went away")
+                yield x[i * 8:(i + 1) * 8], y[i * 8:(i + 1) * 8]
+
+    with pytest.raises(OSError, match="disk went away"):
+        _train(tmp_path, [], loader=Failing(), epochs=1)
+    assert _logged_steps(tmp_path)[:2] == [4, 8]
