@@ -8,13 +8,15 @@ learning-rate monitors) is noted by the hot loop and delivered at its next stop;
 import csv
 import time
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import RegressTrainer, TinyMLP, linear_data, quiet
 
 import flaxlight.loop
 from flaxlight import ArrayLoader
-from flaxlight.callbacks import Callback, NaNGuard
+from flaxlight.callbacks import Callback, NaNGuard, ThroughputMonitor
 
 X0 = np.zeros((1, 4), np.float32)
 
@@ -114,3 +116,43 @@ def test_log_points_noted_before_a_failure_are_logged(tmp_path):
     with pytest.raises(OSError, match="disk went away"):
         _train(tmp_path, [], loader=Failing(), epochs=1)
     assert _logged_steps(tmp_path)[:2] == [4, 8]
+
+
+class BusyDevice(RegressTrainer):
+    """Each train step keeps the device busy for a while: the host runs ahead of it."""
+
+    def loss_fn(self, params, batch, *, train, rng, state):
+        loss, aux = super().loss_fn(params, batch, train=train, rng=rng, state=state)
+        if not train:
+            return loss, aux
+        start = jnp.full((256, 256), 1e-3, jnp.float32) + 1e-9 * jnp.sum(batch[0])
+        busy = jnp.mean(jax.lax.fori_loop(0, 20, lambda _, a: jnp.tanh(a @ a), start))
+        return loss + 1e-12 * jax.lax.stop_gradient(busy), aux
+
+
+def test_throughput_of_noted_log_points_times_the_steps_they_are_logged_for(tmp_path):
+    """Points noted without a stop keep the time the loop reached them: ThroughputMonitor's rates,
+    delivered at the epoch's end, match the epochs' wall-clock rate."""
+
+    class Rates(Callback):
+        on_log_may_lag = True
+
+        def __init__(self):
+            self.rates = {}
+
+        def on_log(self, trainer, step, metrics):
+            if "perf/samples_per_sec" in metrics:
+                self.rates[step] = metrics["perf/samples_per_sec"]
+
+    seen = Rates()
+    loader = ArrayLoader(*linear_data(256, 0), batch_size=8)  # 32 steps per epoch
+    trainer = BusyDevice(model_class=TinyMLP, model_hparams={"hidden_dims": [8]}, exmp_input=X0,
+                         optimizer_hparams={"optimizer": "adam", "lr": 1e-2},
+                         **quiet(tmp_path, callbacks=[ThroughputMonitor(), seen], log_every_n_steps=4,
+                                 enable_checkpointing=False))
+    trainer.train_model(loader, None, num_epochs=4)
+    wall_rate = 3 * 256 / sum(row["epoch_time"] for row in trainer.history[1:])  # epochs 2-4 (no compile)
+    rates = {step: rate for step, rate in seen.rates.items() if step > 32}
+    assert sorted(rates) == list(range(36, 129, 4)), sorted(rates)
+    off = {step: round(rate / wall_rate, 2) for step, rate in rates.items() if not wall_rate / 3 < rate < 3 * wall_rate}
+    assert len(off) <= 1, (wall_rate, off)  # one stall of a busy machine allowed

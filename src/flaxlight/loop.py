@@ -87,7 +87,7 @@ class RunningLog:
     def mark(self, step: int, acc: dict, at: float | None = None) -> list[tuple[int, dict[str, float], int]]:
         """Start copying ``acc``; return the previous log point's values. ``at``: when the loop
         reached ``step`` (a point noted earlier: :attr:`EventSchedule.notes`), else now."""
-        arrived = self.flush()
+        arrived = self.flush(now=at)
         self.pending.append((step, HostSnapshot(acc), self._clock() if at is None else at))
         return arrived
 
@@ -95,12 +95,15 @@ class RunningLog:
         """Whether :meth:`mark` or :meth:`flush` would wait now for a pending point's step (asks only)."""
         return not all(snapshot.ready() for _, snapshot, _ in self.pending)
 
-    def flush(self) -> list[tuple[int, dict[str, float], int]]:
-        """The pending log point's values, now (waits for its copy)."""
+    def flush(self, now: float | None = None) -> list[tuple[int, dict[str, float], int]]:
+        """The pending log point's values, now (waits for its copy). ``now``: the time of the
+        next point when it was noted earlier (a copy found done was done by then, unless the
+        device was behind the point before: then, as without it, the time it is found done)."""
         arrived, finished = [], {}
         for step, snapshot, marked in self.pending:
             if snapshot.ready():  # done by now: at its mark, unless the device ran behind (see the class)
-                done = self._caught_up(step, marked, self._clock())
+                seen = now if now is not None and (self._last is None or now > self._last[1]) else self._clock()
+                done = self._caught_up(step, marked, seen)
                 arrived.append(self._read(step, snapshot))
             else:  # it finishes as the read returns
                 arrived.append(self._read(step, snapshot))
