@@ -1,8 +1,9 @@
-"""Log points the loop notes without stopping: when callbacks hear them, what the loggers get.
+"""The training loop's stops: log points noted without one, and the step bar's spaced moves.
 
 A log point that nothing must hear on time (the loggers, the progress bar, the throughput and
 learning-rate monitors) is noted by the hot loop and delivered at its next stop; a callback whose
-``on_log`` may act on the values (one of yours, ``NaNGuard``) keeps a stop at each log point.
+``on_log`` may act on the values (one of yours, ``NaNGuard``) keeps a stop at each log point. The
+progress bar's step bar, which stops the loop at each move, moves about ten times a second.
 """
 
 import csv
@@ -16,7 +17,7 @@ from conftest import RegressTrainer, TinyMLP, linear_data, quiet
 
 import flaxlight.loop
 from flaxlight import ArrayLoader
-from flaxlight.callbacks import Callback, NaNGuard, ThroughputMonitor
+from flaxlight.callbacks import Callback, NaNGuard, ProgressBar, ThroughputMonitor
 
 X0 = np.zeros((1, 4), np.float32)
 
@@ -156,3 +157,40 @@ def test_throughput_of_noted_log_points_times_the_steps_they_are_logged_for(tmp_
     assert sorted(rates) == list(range(36, 129, 4)), sorted(rates)
     off = {step: round(rate / wall_rate, 2) for step, rate in rates.items() if not wall_rate / 3 < rate < 3 * wall_rate}
     assert len(off) <= 1, (wall_rate, off)  # one stall of a busy machine allowed
+
+
+class CountingBar(ProgressBar):
+    """The step bar, counting its moves (each is a stop of the training loop)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.moves = []
+
+    def on_step(self, trainer, step):
+        self.moves.append(step)
+        super().on_step(trainer, step)
+
+
+def test_the_step_bar_moves_about_ten_times_a_second_when_steps_come_fast(tmp_path, capsys):
+    """refresh_every_n_steps=1 on a model whose steps take well under a millisecond: the bar does not
+    stop the loop at every step (1024 stops), and still shows each epoch's full count."""
+    bar = CountingBar(refresh_every_n_steps=1, style="bars")
+    _train(tmp_path, [bar], loader=ArrayLoader(*linear_data(512 * 4, 0), batch_size=4), enable_progress_bar=True)
+    assert len(bar.moves) < 100, len(bar.moves)
+    assert "512/512" in capsys.readouterr().err
+
+
+def test_the_step_bar_moves_at_every_step_when_steps_are_slow(tmp_path):
+    class SlowLoader:
+        def __len__(self):
+            return 8
+
+        def __iter__(self):
+            x, y = linear_data(8 * 4, 0)
+            for i in range(8):
+                time.sleep(0.25)
+                yield x[i * 4:(i + 1) * 4], y[i * 4:(i + 1) * 4]
+
+    bar = CountingBar(refresh_every_n_steps=1, style="bars")
+    _train(tmp_path, [bar], loader=SlowLoader(), epochs=1, enable_progress_bar=True)
+    assert bar.moves == list(range(1, 9))

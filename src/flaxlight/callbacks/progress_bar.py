@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import time
 from typing import Mapping
 
 from flaxlight.callbacks.base import Callback
@@ -10,6 +11,8 @@ from flaxlight.callbacks.throughput import TrainClock
 from flaxlight.progress import bars_wanted, format_metrics
 
 __all__ = ["ProgressBar"]
+
+REFRESH_SECONDS = 0.1  # tqdm draws at most this often (its mininterval): closer refreshes are not seen
 
 
 class ProgressBar(Callback):
@@ -19,7 +22,9 @@ class ProgressBar(Callback):
     Everything shown is already on the host (values from the last log point), so the bars never
     wait for the device; samples/s is over the interval between log points, each timed when the
     loop reached it (``trainer.log_point_time``). The step bar moves every
-    ``refresh_every_n_steps`` steps.
+    ``refresh_every_n_steps`` steps, or, while those come faster than tqdm draws (ten times a
+    second), every power-of-two multiple of them that keeps it near that pace: each move stops the
+    training loop, which costs a small model's loop more than its steps.
 
     ``style="auto"`` (default) shows bars when stderr is a terminal or in a notebook, and prints
     one plain line per epoch otherwise (a log file, a pipe, ``CI`` set), as Keras'
@@ -44,6 +49,7 @@ class ProgressBar(Callback):
         self._shown: dict[str, str] = {}
         self._epoch_metrics: dict[str, float] = {}
         self._last_step = 0
+        self._moved_at: float | None = None  # time.perf_counter() of the step bar's last move
         self._clock = TrainClock()
 
     def _tqdm(self, **kwargs):
@@ -60,6 +66,7 @@ class ProgressBar(Callback):
     def on_train_epoch_start(self, trainer, epoch: int) -> None:
         self._epoch_metrics = {}
         self._last_step = trainer.global_step
+        self._moved_at = time.perf_counter()
         self._clock.start_epoch(trainer.global_step)
         if self._lines:
             return
@@ -76,6 +83,18 @@ class ProgressBar(Callback):
         if self._step_bar is not None:
             self._step_bar.update(step - self._last_step)
         self._last_step = step
+        self._space_moves(time.perf_counter())
+
+    def _space_moves(self, now: float) -> None:
+        """Twice the steps between moves while they come in under half of ``REFRESH_SECONDS``,
+        half as many (down to ``refresh_every_n_steps``) when they take over twice as long."""
+        if self._moved_at is not None and self.every_n_steps is not None:
+            elapsed, every = now - self._moved_at, self.every_n_steps
+            if elapsed < REFRESH_SECONDS / 2 and every < 1024 * self.refresh_every_n_steps:
+                self.every_n_steps = 2 * every
+            elif elapsed > 2 * REFRESH_SECONDS and every > self.refresh_every_n_steps:
+                self.every_n_steps = every // 2
+        self._moved_at = now
 
     def on_log(self, trainer, step: int, metrics: Mapping[str, float]) -> None:
         loss = metrics.get("train/loss_step")
