@@ -196,6 +196,16 @@ def test_wrong_type_names_expected_type(override, expected):
     assert expected in error_of(minimal(), [override])
 
 
+def test_a_lightning_fraction_for_val_check_interval_in_a_config_gets_lightnings_answer():
+    """``trainer.val_check_interval: 0.5`` got only 'expected int or null, got float 0.5' where the
+    Python API says what Lightning's fraction means and what to write."""
+    message = error_of(minimal(trainer={"name": "regression", "val_check_interval": 0.5}))
+    assert "expected int or null, got float 0.5" in message
+    assert "trainer.val_check_interval=0.5 is Lightning's fraction of an epoch" in message
+    assert "trainer.val_check_interval=round(0.5 * batches per epoch)" in message
+    assert "Lightning's default, a whole epoch" in error_of(minimal(), ["trainer.val_check_interval=1.0"])
+
+
 def test_one_name_for_freeze_or_weight_decay_exclude_is_taken_as_the_python_api_takes_it():
     """``optimizer.freeze=Dense_0`` was refused ('expected tuple, got str') where
     ``optimizer_hparams={"freeze": "Dense_0"}`` works."""

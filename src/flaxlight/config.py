@@ -50,7 +50,7 @@ from flaxlight.checkpoint import ModelMismatchError
 from flaxlight.messages import logger as messages
 from flaxlight.models import ModelHparamsError
 from flaxlight.optim import OptimizerConfig, suggest_key
-from flaxlight.options import MetricNotLoggedError, TrainerOptions, declared_keywords
+from flaxlight.options import MetricNotLoggedError, TrainerOptions, declared_keywords, fraction_of_an_epoch_message
 from flaxlight.runfiles import HPARAMS_FILE, NOT_RECORDED, LoggerParams, class_path, read_hparams, run_dir, to_yaml_safe
 from flaxlight.trainer import TrainerModule
 
@@ -483,6 +483,8 @@ def _type_error(path: str, tp: Any, value: Any) -> ConfigError:
         kind = "a boolean" if isinstance(value, bool) else "a number" if isinstance(value, float) else "a date"
         hint = (f" YAML reads that value as {kind}: quote it to give it as text ({path.rsplit('.', 1)[-1]}: \"...\" "
                 f"in a file, '{path}=\"...\"' as an override).")
+    elif path.endswith("val_check_interval") and isinstance(value, float):  # Lightning's fraction of an epoch
+        hint = " " + fraction_of_an_epoch_message(value).replace("val_check_interval=", f"{path}=")
     return ConfigError(f"{path}: expected {_type_name(tp)}, got {_got(value)}.{hint}", key=path)
 
 

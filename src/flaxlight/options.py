@@ -245,7 +245,7 @@ class TrainerOptions:
                  "True or False, or an int N (N train and N validation batches, one epoch, nothing written, as "
                  "Lightning's fast_dev_run=N; True is N=1, 0 is off)")
         if isinstance(self.val_check_interval, float):
-            raise ValueError(_fraction_of_an_epoch_message(self.val_check_interval))
+            raise ValueError(fraction_of_an_epoch_message(self.val_check_interval))
         for name in ("max_steps", "val_check_interval"):
             value = getattr(self, name)
             _require(self, name, value is None or _is_int(value, 1), "a positive int (or None)")
@@ -703,11 +703,11 @@ def _is_nan(value: Any) -> bool:
         return False
 
 
-def _fraction_of_an_epoch_message(value: float) -> str:
+def fraction_of_an_epoch_message(value: float) -> str:
     """Why a float ``val_check_interval`` (Lightning's fraction of an epoch) is refused, and what to write.
 
     Examples:
-        >>> print(_fraction_of_an_epoch_message(1.0))  # doctest: +ELLIPSIS
+        >>> print(fraction_of_an_epoch_message(1.0))  # doctest: +ELLIPSIS
         val_check_interval=1.0 is Lightning's default, a whole epoch: ... drop it.
     """
     if value == 1.0:
