@@ -17,7 +17,10 @@ all on the same data, model, initial parameters and optax transformation (see ``
   epochs; the K it chose is printed).
 
 16384 examples at batch 128 make 128 steps per epoch: 8 whole blocks, no ragged tail on either
-side. Epochs are interleaved and the median over rounds of each ratio is reported.
+side. Epochs are interleaved and the median over rounds of each ratio is reported. The fixed K
+fastest in that run is then timed again alone with flaxlight-auto (the two interleaved, as many
+rounds): the largest of six noisy rates is biased upwards where several K are close, and that
+second, two-way ratio is the one checked.
 Targets: flaxlight-16 / hand-step >= 1.4 (tiny MLP 64-32-32-10) and >= 1.3 (digits MLP
 64-256-256-10); flaxlight-16 / hand-scan >= 0.97; flaxlight-auto >= 0.95 of the best fixed K.
 hand-scan / hand-step is what fusing can give.
@@ -67,6 +70,15 @@ def run_workload(name, args, log_root):
     timing = common.time_workload(name, variants, args)
     if args.all_k:
         print(f"  {name}: steps_per_execution='auto' chose {auto.engine.block_length}")
+        # "The best fixed K" picked from this run is the largest of six rates measured with noise; where
+        # several K are within a few percent, that maximum is biased upwards. So the fastest fixed K is
+        # timed again alone against "auto", interleaved, for the ratio the target is checked on.
+        fixed = [v for v in variants if v.name.startswith("flaxlight") and v.name != "flaxlight-auto"]
+        best = max(fixed, key=lambda v: timing.ratio(v.name, "hand-step"))
+        alone = common.interleave([best, variants[-1]], rounds=args.rounds, seconds=args.seconds, warmup=1,
+                                  epochs=args.epochs, stint=args.stint)
+        timing.extra["auto_alone"] = (best.name, alone.ratio("flaxlight-auto", best.name))
+        print(f"  {name}: flaxlight-auto / {best.name}, the two alone: {timing.extra['auto_alone'][1]:.3f}")
     return timing
 
 
@@ -95,8 +107,9 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
             checks.append(Check(f"{name}: {fused} / hand-step", t.ratio(fused, "hand-step"), TARGETS[name]))
         checks.append(Check(f"{name}: {fused} / hand-scan", t.ratio(fused, "hand-scan"), TARGET_SCAN))
         if args.all_k:
-            best = max(fixed, key=lambda k: t.ratio(k, "hand-step"))
-            checks.append(Check(f"{name}: flaxlight-auto / best fixed ({best})", t.ratio("flaxlight-auto", best),
+            best, alone = t.extra["auto_alone"]
+            checks.append(Check(f"{name}: flaxlight-auto / best fixed ({best}), timed alone "
+                                f"(in the {len(variants)}-way run: {t.ratio('flaxlight-auto', best):.3f})", alone,
                                 TARGET_AUTO))
     return common.report(timings, variants, pairs, checks, load)
 

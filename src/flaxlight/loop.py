@@ -84,11 +84,12 @@ class RunningLog:
         self._pace: float | None = None  # the device's seconds per step, between two points whose reads waited
         self._catch_up: float | None = None  # the pace the device is taken to catch up at (None: it is not behind)
 
-    def mark(self, step: int, acc: dict, at: float | None = None) -> list[tuple[int, dict[str, float], int]]:
-        """Start copying ``acc``; return the previous log point's values. ``at``: when the loop
-        reached ``step`` (a point noted earlier: :attr:`EventSchedule.notes`), else now."""
+    def mark(self, step: int, acc: dict | HostSnapshot, at: float | None = None) -> list[tuple[int, dict[str, float], int]]:
+        """Start copying ``acc`` (or take its snapshot); return the previous log point's values. ``at``:
+        when the loop reached ``step`` (a point noted earlier: :attr:`EventSchedule.notes`), else now."""
         arrived = self.flush(now=at)
-        self.pending.append((step, HostSnapshot(acc), self._clock() if at is None else at))
+        snapshot = acc if isinstance(acc, HostSnapshot) else HostSnapshot(acc)
+        self.pending.append((step, snapshot, self._clock() if at is None else at))
         return arrived
 
     def would_wait(self) -> bool:
@@ -407,18 +408,20 @@ class EventSchedule:
 
     The loop looks up at ``next_step``: it stops there for the trainer's events (``next_stop``),
     or, at a log point that no one needs on time (:meth:`plan`'s ``notes_every``), it only notes
-    the point in :attr:`notes` (``(step, metric sums, time.perf_counter())``) and goes on; the
-    trainer delivers the notes at the next stop, which :meth:`looks_up` makes at the latest
-    :attr:`max_delay` seconds after the last delivery (the loggers stay live). A stop costs a
-    small model's loop more than its work (the host runs the trainer's Python while the device
-    waits); a note costs a list append. An interrupt sets ``next_step`` to 0, so the loop looks
-    up after the step in flight.
+    the point in :attr:`notes` (``(step, HostSnapshot of the metric sums, time.perf_counter())``)
+    and goes on; the trainer delivers the notes at the next stop. :meth:`looks_up` makes one at
+    the first note :attr:`max_delay` seconds after the last delivery (the loggers stay live), and
+    at a note whose previous note's step is not done yet (the host is a log interval ahead of the
+    device: the stop's reads wait for it, as a stop at each log point did, which bounds the steps
+    queued). A stop costs a small model's loop more than its work (the host runs the trainer's
+    Python while the device waits); a note costs a list append. An interrupt sets ``next_step``
+    to 0, so the loop looks up after the step in flight.
 
     Examples:
         >>> schedule = EventSchedule()
         >>> schedule.plan(step=0, intervals=[200], max_steps=None, notes_every=50)
         50
-        >>> schedule.looks_up(50, 1, "sums"), [step for step, _, _ in schedule.notes], schedule.next_step
+        >>> schedule.looks_up(50, 1, {"totals": None}), [step for step, _, _ in schedule.notes], schedule.next_step
         (False, [50], 100)
     """
 
@@ -427,9 +430,10 @@ class EventSchedule:
     def __init__(self):
         self.next_step = self.next_stop = 0
         self.interrupt_signal: int | None = None
-        self.notes: list[tuple[int, Any, float]] = []
+        self.notes: list[tuple[int, HostSnapshot, float]] = []
         self.notes_every: int | None = None
         self.delivered_at = time.perf_counter()
+        self._taken_at: tuple[int, float] | None = None  # (step, time) of a note at the step of the stop it made
 
     def plan(self, step: int, intervals: Iterable[int | None], max_steps: int | None,
              notes_every: int | None = None) -> int:
@@ -441,6 +445,8 @@ class EventSchedule:
         if max_steps is not None:
             next_stop = min(next_stop, max(max_steps, step + 1))
         self.next_stop, self.notes_every = next_stop, notes_every
+        if not self.notes:  # the time to the next delivery counts from here (an epoch's start, a stop)
+            self.delivered_at = time.perf_counter()
         self._plan_next(step)
         return self.next_step
 
@@ -448,6 +454,8 @@ class EventSchedule:
         every = self.notes_every
         next_note = (step // every + 1) * every if every else sys.maxsize
         self.next_step = 0 if self.interrupt_signal is not None else min(self.next_stop, next_note)
+        if self.interrupt_signal is not None:  # a signal handled while the line above ran: its 0 stands
+            self.next_step = 0
 
     def looks_up(self, step: int, steps: int, sums: Any) -> bool:
         """At ``next_step`` (``steps``: updates since the last look-up): True when the loop must
@@ -455,17 +463,24 @@ class EventSchedule:
         look-up planned. A note :attr:`max_delay` after the last delivery stops the loop."""
         if step >= self.next_stop or self.interrupt_signal is not None:
             return True
-        now = time.perf_counter()
-        self.notes.append((step, sums, now))
+        now, notes = time.perf_counter(), self.notes
+        notes.append((step, HostSnapshot(sums), now))  # only the sums' scalars kept; a copy started where one is needed
         self._plan_next(step)
-        return now - self.delivered_at >= self.max_delay
+        return now - self.delivered_at >= self.max_delay or (len(notes) > 1 and not notes[-2][1].ready())
 
-    def take_notes(self, before: int | None = None) -> list[tuple[int, Any, float]]:
+    def take_notes(self, before: int | None = None) -> list[tuple[int, HostSnapshot, float]]:
         """The noted log points, oldest first (those before step ``before``: a note at that step
-        is dropped, the stop there logs it), and the time of this delivery."""
+        is left to the stop there, which logs it: :meth:`noted_at` keeps its time)."""
         notes, self.notes = self.notes, []
         self.delivered_at = time.perf_counter()
-        return notes if before is None else [note for note in notes if note[0] < before]
+        if before is None:
+            return notes
+        self._taken_at = next(((step, at) for step, _, at in notes if step == before), None)
+        return [note for note in notes if note[0] < before]
+
+    def noted_at(self, step: int) -> float | None:
+        """When the loop reached log point ``step``, if it noted it before stopping there (else None: now)."""
+        return self._taken_at[1] if self._taken_at is not None and self._taken_at[0] == step else None
 
     @staticmethod
     def due(every: int | None, step: int, steps: int = 1) -> bool:

@@ -8,7 +8,6 @@ Override :meth:`TrainerModule.loss_fn` (the trainer builds the steps) or ``creat
 from __future__ import annotations
 
 import os
-import sys
 import time
 import warnings
 from typing import Any, Callable, Iterable, Mapping, Sequence
@@ -325,9 +324,12 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
                               start_sums=self._start_epoch_sums, epoch_length=length, epoch=loop.model_epoch,
                               more_epochs=lambda: not (loop.epoch == self.num_epochs or self._stopping()),
                               position=loop.take_loader_position(), skip=loop.take_stream_skip())
-        finally:
+        except BaseException:
             self._take(span)
-            self._log_notes(failing=sys.exc_info()[0] is not None)
+            self._log_notes(failing=True)
+            raise
+        self._take(span)
+        self._log_notes()
         if loop.acc is None:
             raise no_batches_error("train_loader", train_loader, self.engine.served_before(train_loader))
         if not (self._stopping() or self._schedule.interrupt_signal is not None or self.options.fast_dev_run):
@@ -380,7 +382,7 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
             if event == "log":
                 if loop.running_log.would_wait():  # the host's put-off work first: queued steps overlap it
                     self.engine.work_before_waiting()
-                self._log_running(loop.running_log.mark(step, loop.acc))
+                self._log_running(loop.running_log.mark(step, loop.acc, at=self._schedule.noted_at(step)))
             elif event == "callbacks":
                 for callback in self.callbacks:
                     if self._schedule.due(callback.every_n_steps, step, loop.owed_steps):

@@ -32,7 +32,7 @@ import jax
 
 from flaxlight import distributed as dist
 from flaxlight import optim, resume, runfiles
-from flaxlight.callbacks.base import Callback
+from flaxlight.callbacks.base import may_hear_log_points_late
 from flaxlight.callbacks.early_stopping import EarlyStopping
 from flaxlight.callbacks.history import FitResult, History
 from flaxlight.callbacks.model_checkpoint import ModelCheckpoint
@@ -687,25 +687,30 @@ class TrainerViewMixin:
         """Log the log points the hot loop noted without stopping (:class:`~flaxlight.loop.EventSchedule`),
         oldest first, as the stops at them would have: each starts its copy and logs the point
         before it. ``before``: the current stop's step, whose own log point its event logs.
-        ``failing``: the loop is raising; what can be logged is, and an error here is dropped
-        (the loop's own is the one to see)."""
-        running = self._loop.running_log
-        try:
-            for step, sums, noted_at in self._schedule.take_notes(before):
+        ``failing``: the loop is raising; each point that can be logged is, and an error logging
+        one is said in a warning (the loop's own error is the one raised)."""
+        running, unlogged = self._loop.running_log, []
+        for step, snapshot, noted_at in self._schedule.take_notes(before):
+            try:
                 if running.would_wait():  # the host's put-off work first: queued steps overlap it
                     self.engine.work_before_waiting()
-                self._log_running(running.mark(step, sums, at=noted_at))
-        except Exception:
-            if not failing:
-                raise
+                self._log_running(running.mark(step, snapshot, at=noted_at))
+            except Exception as exc:
+                if not failing:
+                    raise
+                unlogged.append(f"step {step} ({type(exc).__name__}: {exc})")
+        if unlogged:
+            warnings.warn(f"While the training loop failed, {len(unlogged)} log point(s) noted before it could not "
+                          f"be logged: {'; '.join(unlogged[:3])}{'; ...' if len(unlogged) > 3 else ''}.",
+                          RuntimeWarning, stacklevel=2)
 
     def _plan_events(self) -> None:
         """Plan the loop's next look-up (:meth:`~flaxlight.loop.EventSchedule.plan`). Log points
         are noted without a stop when nothing must hear them on time: one process, and every
-        callback's ``on_log`` only records or shows values (:attr:`Callback.on_log_may_lag`)."""
+        callback's ``on_log`` only records or shows values (:func:`~flaxlight.callbacks.base.may_hear_log_points_late`)."""
         log_every = self.options.log_every_n_steps
-        noted = log_every if jax.process_count() == 1 and all(
-            cb.on_log_may_lag or type(cb).on_log is Callback.on_log for cb in self.callbacks) else None
+        noted = log_every if jax.process_count() == 1 and all(may_hear_log_points_late(cb) for cb in self.callbacks) \
+            else None
         intervals = [None if noted else log_every, self.options.val_check_interval]
         self._schedule.plan(self.global_step, intervals + [cb.every_n_steps for cb in self.callbacks],
                             self.options.max_steps, notes_every=noted)

@@ -9,7 +9,8 @@ from typing import Any, Callable, Mapping, Protocol, Sequence
 
 from flaxlight.messages import warn_at_user
 
-__all__ = ["Callback", "TrainerView", "LIGHTNING_HOOKS", "check_callback_hooks", "refuse_keras_arguments", "check_mode"]
+__all__ = ["Callback", "TrainerView", "LIGHTNING_HOOKS", "check_callback_hooks", "refuse_keras_arguments", "check_mode",
+           "may_hear_log_points_late"]
 
 _BEFORE_NONE = "no hook runs before {what}; "
 _IN_THE_STEP = ("gradients exist only inside the jitted train step: log_grad_norm=True logs their norm, "
@@ -173,8 +174,10 @@ class Callback:
 
     every_n_steps: int | None = None
     #: True when ``on_log`` only records or shows the values (a display, a file): the loop then
-    #: need not stop at each log point for it; log points reach ``on_log`` at the loop's next
-    #: stop instead (within a second, at the latest at the epoch's end), in step order.
+    #: need not stop at each log point for it; train log points reach ``on_log`` at the loop's next
+    #: stop instead (see docs/callbacks.md), in step order, and what the trainer says there
+    #: (``global_step``, ``current_epoch``, ``state``) is as of that stop. Said for the class
+    #: that defines ``on_log``: a subclass with an ``on_log`` of its own says it again.
     on_log_may_lag: bool = False
 
     def on_fit_start(self, trainer: TrainerView) -> None:
@@ -358,3 +361,28 @@ def check_mode(owner: str, mode: Any) -> None:
         keras = " (Keras' 'auto' is not taken: 'max' for a score such as 'val/acc', 'min' for a loss)" \
             if mode == "auto" else ""
         raise ValueError(f"{owner} mode must be 'min' or 'max', got {mode!r}{keras}.")
+
+
+def may_hear_log_points_late(callback: "Callback") -> bool:
+    """Whether ``callback`` lets train log points reach its ``on_log`` at the loop's next stop:
+    it has no ``on_log`` of its own, or ``on_log_may_lag`` is True on the instance or on the class
+    that defines its ``on_log`` (or a subclass of it), so a subclass adding an ``on_log`` that may
+    act does not inherit a display's True.
+
+    Examples:
+        >>> class Shown(Callback):
+        ...     on_log_may_lag = True
+        ...     def on_log(self, trainer, step, metrics): print(metrics)
+        >>> class Acting(Shown):
+        ...     def on_log(self, trainer, step, metrics): trainer.stop("enough")
+        >>> may_hear_log_points_late(Callback()), may_hear_log_points_late(Shown()), may_hear_log_points_late(Acting())
+        (True, True, False)
+    """
+    if "on_log_may_lag" in vars(callback):
+        return bool(callback.on_log_may_lag)
+    mro = type(callback).__mro__
+    owner = next(cls for cls in mro if "on_log" in vars(cls))
+    if owner is Callback:
+        return True
+    declared = next((cls for cls in mro if "on_log_may_lag" in vars(cls)), Callback)
+    return bool(callback.on_log_may_lag) and issubclass(declared, owner)

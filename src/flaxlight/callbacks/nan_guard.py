@@ -37,6 +37,7 @@ class NaNGuard(Callback):
         if action not in ("stop", "skip"):
             raise ValueError(f"NaNGuard action must be 'stop' or 'skip', got {action!r}.")
         self.action = action
+        self.on_log_may_lag = action == "skip"  # "skip" only says at epoch ends; "stop" stops at the next log point
         self._said = 0  # the non-finite steps already said (skip)
 
     @property
