@@ -36,6 +36,25 @@ class Heard(Callback):
             self.values.append(metrics["train/loss_step"])
 
 
+class Batches:
+    """A loader as users write one: ``count`` batches of 4 (regression data), each taking ``seconds``
+    to make; ``fail_at``: the batch whose making raises."""
+
+    def __init__(self, count, seconds=0.0, fail_at=None, batch=4):
+        self.count, self.seconds, self.fail_at, self.batch = count, seconds, fail_at, batch
+
+    def __len__(self):
+        return self.count
+
+    def __iter__(self):
+        x, y = linear_data(self.count * self.batch, 0)
+        for i in range(self.count):
+            if i == self.fail_at:
+                raise OSError("disk went away")
+            time.sleep(self.seconds)
+            yield x[i * self.batch:(i + 1) * self.batch], y[i * self.batch:(i + 1) * self.batch]
+
+
 def _train(tmp_path, callbacks, loader=None, epochs=2, **options):
     options.setdefault("log_every_n_steps", 4)
     trainer = RegressTrainer(model_class=TinyMLP, model_hparams={"hidden_dims": [8]}, exmp_input=X0,
@@ -121,18 +140,8 @@ def test_noted_log_points_reach_the_loggers_during_a_long_epoch(tmp_path, monkey
     stops for them once the delay has passed), not all at its end."""
     monkeypatch.setattr(flaxlight.loop.EventSchedule, "max_delay", 0.05)
 
-    class SlowLoader:
-        def __len__(self):
-            return 40
-
-        def __iter__(self):
-            x, y = linear_data(40 * 4, 0)
-            for i in range(40):
-                time.sleep(0.01)
-                yield x[i * 4:(i + 1) * 4], y[i * 4:(i + 1) * 4]
-
     display = Heard(may_lag=True)
-    _train(tmp_path, [display], loader=SlowLoader(), epochs=1)
+    _train(tmp_path, [display], loader=Batches(40, seconds=0.01), epochs=1)
     assert [step for step, _ in display.heard] == list(range(4, 41, 4))
     heard_at = [at for _, at in display.heard]
     assert heard_at == sorted(heard_at) and heard_at[0] < 40, heard_at  # some during the epoch
@@ -141,19 +150,8 @@ def test_noted_log_points_reach_the_loggers_during_a_long_epoch(tmp_path, monkey
 def test_log_points_noted_before_a_failure_are_logged(tmp_path):
     """A loader failing mid-epoch: the log points noted before it still reach metrics.csv."""
 
-    class Failing:
-        def __len__(self):
-            return 16
-
-        def __iter__(self):
-            x, y = linear_data(16 * 8, 0)
-            for i in range(16):
-                if i == 13:
-                    raise OSError("disk went away")
-                yield x[i * 8:(i + 1) * 8], y[i * 8:(i + 1) * 8]
-
     with pytest.raises(OSError, match="disk went away"):
-        _train(tmp_path, [], loader=Failing(), epochs=1)
+        _train(tmp_path, [], loader=Batches(16, fail_at=13, batch=8), epochs=1)
     assert _logged_steps(tmp_path)[:2] == [4, 8]
 
 
@@ -219,16 +217,6 @@ def test_the_step_bar_moves_about_ten_times_a_second_when_steps_come_fast(tmp_pa
 
 
 def test_the_step_bar_moves_at_every_step_when_steps_are_slow(tmp_path):
-    class SlowLoader:
-        def __len__(self):
-            return 8
-
-        def __iter__(self):
-            x, y = linear_data(8 * 4, 0)
-            for i in range(8):
-                time.sleep(0.25)
-                yield x[i * 4:(i + 1) * 4], y[i * 4:(i + 1) * 4]
-
     bar = CountingBar(refresh_every_n_steps=1, style="bars")
-    _train(tmp_path, [bar], loader=SlowLoader(), epochs=1, enable_progress_bar=True)
+    _train(tmp_path, [bar], loader=Batches(8, seconds=0.25), epochs=1, enable_progress_bar=True)
     assert bar.moves == list(range(1, 9))
