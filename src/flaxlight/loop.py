@@ -453,8 +453,8 @@ class EventSchedule:
     def _plan_next(self, step: int) -> None:
         every = self.notes_every
         next_note = (step // every + 1) * every if every else sys.maxsize
-        self.next_step = 0 if self.interrupt_signal is not None else min(self.next_stop, next_note)
-        if self.interrupt_signal is not None:  # a signal handled while the line above ran: its 0 stands
+        self.next_step = min(self.next_stop, next_note)
+        if self.interrupt_signal is not None:  # checked after: a signal handled while the line above ran keeps its 0
             self.next_step = 0
 
     def looks_up(self, step: int, steps: int, sums: Any) -> bool:

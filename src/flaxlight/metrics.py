@@ -496,7 +496,6 @@ def name_direction(metric: str) -> str | None:
 
 
 @functools.cache
-@functools.cache
 def _arrays_in_host_memory() -> bool:
     """Whether the default device is the CPU, whose arrays numpy reads in place."""
     return jax.devices()[0].platform == "cpu"
