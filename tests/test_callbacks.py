@@ -543,8 +543,8 @@ def test_the_advice_for_a_checkpoint_ranking_unlike_the_trainer_works_when_follo
 
 def test_nan_guard_stops_at_a_validation_within_the_epoch_naming_the_steps_counted_by_then(tmp_path):
     """A validation within an epoch counts the non-finite steps up to its step (they were counted only
-    at delivered log points: NaNGuard stopped at step 15, "5 step(s) up to step 10"); a log point
-    of before, delivered after it, does not take the step they are counted to back to its own."""
+    at delivered log points: NaNGuard stopped at step 15, "5 step(s) up to step 10"). The log point
+    of before is delivered before the validation (as an interrupt there writes it), with its own count."""
 
     class Counts(Callback):
         def __init__(self):
@@ -563,4 +563,4 @@ def test_nan_guard_stops_at_a_validation_within_the_epoch_naming_the_steps_count
     assert trainer.global_step == 8  # at the validation's record
     assert trainer.stop_reason.startswith("NaNGuard: the loss was NaN/Inf (or the update made the params NaN/Inf) "
                                           "in 3 step(s) up to step 8;")
-    assert counts.seen[:2] == [(8, 3, 8), (5, 3, 8)]  # then the point of step 5, delivered late
+    assert counts.seen[:2] == [(5, 0, 5), (8, 3, 8)]  # the point of step 5 first, then the validation's record

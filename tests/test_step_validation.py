@@ -101,3 +101,42 @@ def test_settings_with_no_validation_say_how_to_get_one(tmp_path):
             TRAIN, VAL, num_epochs=2, batch_size=8)
     with pytest.raises(ValueError, match="positive int, or None"):
         _trainer(tmp_path / "d", check_val_every_n_epoch=0)
+
+
+def test_a_run_interrupted_as_a_step_validation_comes_resumes_to_the_same_records(tmp_path):
+    """SIGTERM while step 6 (a step validation's) runs: the interrupt writes the pending train log
+    point (step 4) before the checkpoint and the resumed run then validates; the uninterrupted run
+    wrote that point after its validation, so metrics.csv differed in order. It is written first now."""
+    import os
+    import signal
+
+    class Loader:  # 16 batches of 8; SIGTERM as the 6th is handed out (once)
+        def __init__(self, at=None):
+            self.x, self.y = linear_data(16 * 8, 0)
+            self.at = at
+
+        def __len__(self):
+            return 16
+
+        def set_epoch(self, epoch):  # the order is the same in every epoch
+            pass
+
+        def __iter__(self):
+            for i in range(16):
+                if i == self.at:
+                    self.at = None
+                    os.kill(os.getpid(), signal.SIGTERM)
+                yield self.x[i * 8:(i + 1) * 8], self.y[i * 8:(i + 1) * 8]
+
+    def rows(folder):
+        with open(folder / "run" / "metrics.csv", newline="") as f:
+            return [{key: value for key, value in row.items() if key != "epoch_time" and value}
+                    for row in csv.DictReader(f)]
+
+    options = {"val_check_interval": 6, "log_every_n_steps": 4, "seed": 3}
+    _trainer(tmp_path / "ref", **options).train_model(Loader(), [VAL], num_epochs=2)
+    with pytest.raises(SystemExit):
+        _trainer(tmp_path / "cut", **options).train_model(Loader(at=5), [VAL], num_epochs=2)
+    _trainer(tmp_path / "cut", **options).train_model(Loader(), [VAL], num_epochs=2, resume=True)
+    assert rows(tmp_path / "cut") == rows(tmp_path / "ref")
+    assert [row["step"] for row in rows(tmp_path / "ref")][:3] == ["4", "6", "8"]  # train, val, train

@@ -288,6 +288,7 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
             loop.validated = loop.validated or loop.phase == "val"
             return
         loop.validated_step = self.global_step
+        self._log_running(loop.running_log.flush())  # the train points before it first, as an interrupt here writes them
         if self._limits.val is not None:
             val_loader = FirstBatches(val_loader, self._limits.val_batches(safe_len(val_loader)))
         eval_metrics = self.eval_model(val_loader, log_prefix="val/")
