@@ -176,6 +176,12 @@ def _loop_functions(train_step: Callable, eval_step: Callable, *, block_length: 
     def block(state, acc, batches):
         return jax.lax.scan(lambda carry, batch: (train(*carry, batch), None), (state, acc), batches)[0]
 
+    def block_at(state, acc, item):  # each step takes its batch from the epoch's arrays: no block copy
+        batches, index = item
+        steps = jnp.arange(block_length, dtype=jnp.asarray(index).dtype)
+        return jax.lax.scan(lambda carry, i: (train(*carry, take_batches(batches, index + i)), None),
+                            (state, acc), steps)[0]
+
     def evaluate(state, acc, batch):
         if _no_rows(batch):
             _say_empty_batch("evaluation", batch)
@@ -185,7 +191,7 @@ def _loop_functions(train_step: Callable, eval_step: Callable, *, block_length: 
     return _LoopFunctions(
         train=train, block=block, evaluate=evaluate,
         train_at=lambda state, acc, item: train(state, acc, take_batches(*item)),
-        block_at=lambda state, acc, item: block(state, acc, take_batches(*item, count=block_length)))
+        block_at=block_at)
 
 
 def _train_step_metrics(result: Any, state: Any) -> Any:
