@@ -45,13 +45,14 @@ from flaxlight.messages import logger as messages, warn_at_user
 from flaxlight.options import (FOREIGN_TRAINER_ARGUMENTS, LIGHTNING_TRAINER_ARGUMENTS, TRAIN_MODEL_ARGUMENTS,
                                TRAINER_ARGUMENTS, TrainerOptions, declared_keywords)
 from flaxlight.registry import RegistryError, explicit_parameters, import_object
+from flaxlight.writer import BackgroundWriter
 
 __all__ = ["RunInUseError", "LoggerParams", "HPARAMS_FILE", "CHECKPOINT_DIR", "METRICS_DIR", "LOGGER_TYPES", "next_version_dir",
            "open_run", "no_run_files", "finish_run", "claim_run", "RunLock", "run_files_present", "failed_start",
            "set_aside_failed_start", "FAILED_START_DIR", "make_loggers",
            "write_hparams", "read_hparams", "hparams_record", "with_arrays", "ARRAYS_KEY", "DTYPES_KEY", "BY_NAME_KEY",
            "RECORD_KEYS", "ARRAY_SIZE_LIMIT", "ByNameHparamError",
-           "trainer_kwargs", "load_overrides", "write_metrics", "to_yaml_safe", "class_path", "enable_compilation_cache"]
+           "trainer_kwargs", "load_overrides", "write_metrics", "MetricFiles", "to_yaml_safe", "class_path", "enable_compilation_cache"]
 
 HPARAMS_FILE = "hparams.yaml"
 #: The key of ``hparams.yaml`` that lists which values were arrays (path, dtype, shape): they load back as arrays.
@@ -1298,6 +1299,35 @@ def write_metrics(log_dir: str, name: str, metrics: Mapping[str, float]) -> None
         if os.path.exists(temporary):
             os.remove(temporary)
         raise
+
+
+class MetricFiles:
+    """A run's ``metrics/<name>.json`` files, each written whole by :func:`write_metrics` on one
+    background thread, in the order asked: a validation's file costs the training thread a queue
+    append instead of a file write (~0.3 ms). :meth:`flush` waits until they are on disk. A write's
+    error (a full disk) is raised on the caller's thread at the next :meth:`write_soon` or
+    :meth:`flush`; the files queued behind it are not written.
+
+    Examples:
+        >>> folder = tempfile.mkdtemp()
+        >>> files = MetricFiles()
+        >>> files.write_soon(folder, "eval_epoch_001", {"val/loss": 0.5})
+        >>> files.flush()
+        >>> os.listdir(os.path.join(folder, METRICS_DIR))
+        ['eval_epoch_001.json']
+    """
+
+    def __init__(self):
+        self._writer = BackgroundWriter("metric-files")
+
+    def write_soon(self, log_dir: str, name: str, metrics: Mapping[str, Any]) -> None:
+        """Queue ``<log_dir>/metrics/<name>.json`` (a copy of ``metrics`` is written)."""
+        self._writer.raise_failure_as()
+        self._writer.submit(write_metrics, log_dir, name, dict(metrics))
+
+    def flush(self) -> None:
+        """Wait until every file asked for is written; raise a failed write's error."""
+        self._writer.flush()
 
 
 def enable_compilation_cache(setting: bool | str) -> str | None:

@@ -438,11 +438,6 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
             self.logger.log_hyperparams(runfiles.write_hparams(self.log_dir, self.config, self._loop.resumed_from))
             self._hparams_written = True
 
-    def save_metrics(self, filename: str, metrics: Mapping[str, float]) -> None:
-        """Write ``metrics`` to ``<log_dir>/metrics/<filename>.json`` (nothing in ``fast_dev_run``)."""
-        if self.log_dir is not None and dist.is_main_process():
-            runfiles.write_metrics(self.log_dir, filename, metrics)
-
     # ------------------------------------------------------------------ checkpoints and resume
     def save_model(self, step: int | None = None) -> None:
         """Checkpoint everything needed to continue (state, loop position, callbacks, log history) as step ``step``
@@ -457,7 +452,7 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
             return
         self._write_hparams()
         self._log_running(self._loop.running_log.flush())  # the log history up to `step` is on disk first
-        self.logger.flush()
+        self._flush_records()
         chosen = self._checkpoint_callback  # its best step, and the score this step is saved for
         meta = resume.CheckpointMeta.capture(step, self._loop, callbacks=self.callbacks,
                                              best_step=chosen.best_step if chosen else None,
@@ -494,5 +489,5 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
 
     def _finish_files(self, status: str, best: dict | None = None) -> None:
         self._in_run = False  # every end of train_model comes here
-        runfiles.finish_run(status, self.checkpointer, self.logger, self._run_lock, before=self.engine.close,
+        runfiles.finish_run(status, self.checkpointer, self.logger, self._run_lock, before=self._end_background_work,
                             best=(best, self.global_step) if best else None)

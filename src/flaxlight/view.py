@@ -547,7 +547,44 @@ class TrainerViewMixin:
         metrics = {**self.validation_metrics, **(self._chosen_on or {})}
         self._best_eval_metrics = {**metrics, **self._loop.train_metrics}
         if write:
-            self.save_metrics("best_eval", metrics)
+            self._record_metrics("best_eval", metrics)
+
+    def save_metrics(self, filename: str, metrics: Mapping[str, float]) -> None:
+        """Write ``metrics`` to ``<log_dir>/metrics/<filename>.json`` (nothing in ``fast_dev_run``).
+
+        Examples:
+            >>> trainer.save_metrics("my_eval", {"val/acc": 0.91})  # doctest: +SKIP
+        """
+        if self.log_dir is not None and dist.is_main_process():
+            runfiles.write_metrics(self.log_dir, filename, metrics)
+
+    def _record_metrics(self, filename: str, metrics: Mapping[str, float]) -> None:
+        """A validation's ``metrics/<filename>.json`` (and ``best_eval.json``), written off the
+        training thread in order (:class:`~flaxlight.runfiles.MetricFiles`): on disk before any
+        checkpoint saved after it (:meth:`_flush_records`) and when ``train_model`` returns. An
+        override of :meth:`save_metrics` is called instead, as it was."""
+        if type(self).save_metrics is not TrainerViewMixin.save_metrics:
+            self.save_metrics(filename, metrics)
+        elif self.log_dir is not None and dist.is_main_process():
+            self._metric_files.write_soon(self.log_dir, filename, metrics)
+
+    @functools.cached_property
+    def _metric_files(self) -> runfiles.MetricFiles:
+        return runfiles.MetricFiles()
+
+    def _flush_records(self) -> None:
+        """What was logged and recorded so far, on disk: logger records and metrics files."""
+        self.logger.flush()
+        if "_metric_files" in self.__dict__:
+            self._metric_files.flush()
+
+    def _end_background_work(self) -> None:
+        """At the end of ``train_model``: the metrics files written, the engine's threads joined."""
+        try:
+            if "_metric_files" in self.__dict__:
+                self._metric_files.flush()
+        finally:
+            self.engine.close()
 
     def _end_validation(self, epoch: int, eval_metrics: Mapping[str, float], file: str) -> None:
         """The callbacks' ``on_validation_end``, the best model chosen before :class:`ModelCheckpoint`
@@ -565,7 +602,7 @@ class TrainerViewMixin:
                 if self._is_best:  # with what the callbacks logged (chosen before them when it could)
                     self._keep_best()
                 self._add_to_history(epoch, self.validation_metrics)
-                self.save_metrics(file, self.validation_metrics)
+                self._record_metrics(file, self.validation_metrics)
 
         try:
             self._call_callbacks("on_validation_end", epoch, eval_metrics, before_checkpoint=record)
@@ -573,7 +610,7 @@ class TrainerViewMixin:
         except BaseException:
             if not recorded:  # a callback failed: the validation's files are still written (its row: not in a history)
                 with contextlib.suppress(Exception):
-                    self.save_metrics(file, self.validation_metrics)
+                    self._record_metrics(file, self.validation_metrics)
                     if self._is_best:
                         self._keep_best()
             raise

@@ -1,0 +1,107 @@
+"""A run's metrics/*.json files: written off the training thread, on disk when train_model returns
+and before each checkpoint; an override of save_metrics still hears every validation; a failed
+write stops the run with the file's error."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import threading
+
+import numpy as np
+import pytest
+
+from conftest import RegressTrainer, TinyMLP, quiet
+from flaxlight import Callback, ModelCheckpoint, runfiles
+
+X0 = np.zeros((1, 4), np.float32)
+
+
+def _trainer(tmp_path, trainer_class=RegressTrainer, **kwargs):
+    return trainer_class(model_class=TinyMLP, model_hparams={"hidden_dims": [8]}, exmp_input=X0,
+                         optimizer_hparams={"optimizer": "adam", "lr": 1e-2}, **quiet(tmp_path, **kwargs))
+
+
+def _read(path):
+    with open(path) as f:
+        return json.load(f)
+
+
+def test_every_validations_file_and_the_best_are_on_disk_when_train_model_returns(tmp_path, regression_loaders):
+    train, val, _ = regression_loaders
+    trainer = _trainer(tmp_path)
+    best = trainer.train_model(train, val, num_epochs=4)
+    folder = tmp_path / "run" / "metrics"
+    for row in best.history:
+        assert _read(folder / f"eval_epoch_{row['epoch']:03d}.json")["val/loss"] == row["val/loss"]
+    assert len(best.history) == 4
+    assert _read(folder / "best_eval.json")["val/loss"] == best["val/loss"]
+
+
+def test_the_files_are_written_off_the_training_thread(tmp_path, regression_loaders, monkeypatch):
+    train, val, _ = regression_loaders
+    writers, write = [], runfiles.write_metrics
+
+    def noting(*args):
+        writers.append(threading.current_thread())
+        return write(*args)
+
+    monkeypatch.setattr(runfiles, "write_metrics", noting)
+    _trainer(tmp_path).train_model(train, val, num_epochs=2)
+    assert len(writers) >= 3  # two validations and a best
+    assert threading.current_thread() not in writers
+
+
+class FilesAtEachSave(RegressTrainer):
+    """Notes what ``metrics/`` holds as each checkpoint is handed to its writer."""
+
+    seen: dict
+
+    def save_model(self, step=None):
+        super().save_model(step)
+        self.seen[self.global_step] = sorted(os.listdir(os.path.join(self.log_dir, "metrics")))
+
+
+def test_a_checkpoint_is_written_after_the_files_of_the_validations_before_it(tmp_path, regression_loaders):
+    train, val, _ = regression_loaders
+    trainer = _trainer(tmp_path, trainer_class=FilesAtEachSave, callbacks=[ModelCheckpoint(every_n_epochs=1)])
+    trainer.seen = {}
+    trainer.train_model(train, val, num_epochs=3)
+    assert len(trainer.seen) == 3, trainer.seen
+    for step, names in trainer.seen.items():
+        epoch = step // len(train)
+        assert {f"eval_epoch_{e:03d}.json" for e in range(1, epoch + 1)} <= set(names), (step, names)
+        assert "best_eval.json" in names
+
+
+def test_an_override_of_save_metrics_hears_each_validation_as_before(tmp_path, regression_loaders):
+    train, val, _ = regression_loaders
+    heard = []
+
+    class Noting(RegressTrainer):
+        def save_metrics(self, filename, metrics):
+            heard.append(filename)
+            super().save_metrics(filename, metrics)
+
+    _trainer(tmp_path, trainer_class=Noting).train_model(train, val, num_epochs=2)
+    assert [name for name in heard if name.startswith("eval_epoch")] == ["eval_epoch_001", "eval_epoch_002"]
+    assert "best_eval" in heard
+
+
+class FolderTurnsIntoAFile(Callback):
+    """After the first epoch, ``metrics/`` is replaced by a file: the next file cannot be written."""
+
+    def on_train_epoch_start(self, trainer, epoch):
+        if epoch == 2:
+            folder = os.path.join(trainer.log_dir, "metrics")
+            shutil.rmtree(folder)
+            with open(folder, "w") as f:
+                f.write("not a folder")
+
+
+def test_a_metrics_file_that_cannot_be_written_stops_the_run_naming_it(tmp_path, regression_loaders):
+    train, val, _ = regression_loaders
+    trainer = _trainer(tmp_path, callbacks=[FolderTurnsIntoAFile()])
+    with pytest.raises(OSError, match="metrics"):
+        trainer.train_model(train, val, num_epochs=3)
