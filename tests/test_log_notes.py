@@ -7,6 +7,7 @@ progress bar's step bar, which stops the loop at each move, moves about ten time
 """
 
 import csv
+import re
 import time
 
 import jax
@@ -18,6 +19,7 @@ from conftest import RegressTrainer, TinyMLP, linear_data, quiet
 import flaxlight.loop
 from flaxlight import ArrayLoader
 from flaxlight.callbacks import Callback, NaNGuard, ProgressBar, ThroughputMonitor
+from flaxlight.callbacks.progress_bar import REFRESH_SECONDS
 
 X0 = np.zeros((1, 4), np.float32)
 
@@ -220,3 +222,16 @@ def test_the_step_bar_moves_at_every_step_when_steps_are_slow(tmp_path):
     bar = CountingBar(refresh_every_n_steps=1, style="bars")
     _train(tmp_path, [bar], loader=Batches(8, seconds=0.25), epochs=1, enable_progress_bar=True)
     assert bar.moves == list(range(1, 9))
+
+
+def test_short_epochs_redraw_the_step_bar_about_ten_times_a_second_not_twice_an_epoch(tmp_path, capsys):
+    """Epochs of a few milliseconds: the step bar is not drawn at each epoch's start and end (two
+    draws an epoch cost such an epoch a few percent); the last epoch's full count is shown."""
+    start = time.perf_counter()
+    _train(tmp_path, [ProgressBar(style="bars")], epochs=60, enable_progress_bar=True)
+    seconds = time.perf_counter() - start
+    err = capsys.readouterr().err
+    draws = len(re.findall(r"Epoch \d+:", err))
+    assert draws <= 2 * seconds / REFRESH_SECONDS + 10, (draws, seconds)  # drawing each start and end: >= 120
+    assert draws < 120, (draws, seconds)
+    assert "Epoch 60: 100%" in err and "16/16" in err
