@@ -24,8 +24,9 @@ class ProgressBar(Callback):
     loop reached it (``trainer.log_point_time``). The step bar moves every
     ``refresh_every_n_steps`` steps, or, while those come faster than tqdm draws (ten times a
     second), every power-of-two multiple of them that keeps it near that pace: each move stops the
-    training loop, which costs a small model's loop more than its steps. For the same reason, epochs
-    shorter than that are not drawn at their starts and ends (the last epoch's end is).
+    training loop, which costs a small model's loop more than its steps. For the same reason, an
+    epoch's start is not drawn when the bar was drawn less than a tenth of a second before (its end
+    is: a validation may follow).
 
     ``style="auto"`` (default) shows bars when stderr is a terminal or in a notebook, and prints
     one plain line per epoch otherwise (a log file, a pipe, ``CI`` set), as Keras'
@@ -87,7 +88,7 @@ class ProgressBar(Callback):
     def _reset_step_bar(self, total: int | None) -> None:
         """Back to 0 of ``total`` for a new epoch; drawn now unless it was drawn lately (then
         tqdm's next move draws it). Epochs of a small model take milliseconds: a draw at each
-        epoch's start and end would cost them more than the bar shows (~0.15 ms each)."""
+        epoch's start would cost them more than the bar shows (~0.15 ms in a training run)."""
         bar = self._step_bar
         if self._drawn_lately() and total == bar.total:
             bar.n = bar.last_print_n = 0
@@ -135,8 +136,7 @@ class ProgressBar(Callback):
         if self._step_bar is not None:  # the epoch's last steps shown while it validates
             self._step_bar.update(trainer.global_step - self._last_step)
             self._last_step = trainer.global_step
-            if epoch == trainer.num_epochs or not self._drawn_lately():
-                self._step_bar.refresh()
+            self._step_bar.refresh()
 
     def on_validation_end(self, trainer, epoch: int, metrics: Mapping[str, float]) -> None:
         self._epoch_metrics.update(metrics)
