@@ -105,3 +105,28 @@ def test_a_metrics_file_that_cannot_be_written_stops_the_run_naming_it(tmp_path,
     trainer = _trainer(tmp_path, callbacks=[FolderTurnsIntoAFile()])
     with pytest.raises(OSError, match="metrics"):
         trainer.train_model(train, val, num_epochs=3)
+
+
+def test_a_file_asked_for_again_before_it_was_written_is_written_once_with_the_newest_values(tmp_path, monkeypatch):
+    """best_eval.json at each new best: while the writer is busy, the newer values replace the queued ones."""
+    started, release, written, write = threading.Event(), threading.Event(), [], runfiles.write_metrics
+
+    def slow_first(log_dir, name, metrics):
+        written.append(name)
+        if name == "eval_epoch_001":
+            started.set()
+            release.wait(10)
+        return write(log_dir, name, metrics)
+
+    monkeypatch.setattr(runfiles, "write_metrics", slow_first)
+    files = runfiles.MetricFiles()
+    files.write_soon(str(tmp_path), "eval_epoch_001", {"val/loss": 3.0})
+    assert started.wait(10)
+    for epoch, loss in [(2, 2.0), (3, 1.0)]:
+        files.write_soon(str(tmp_path), "best_eval", {"val/loss": loss})
+        files.write_soon(str(tmp_path), f"eval_epoch_{epoch:03d}", {"val/loss": loss})
+    release.set()
+    files.flush()
+    assert sorted(written) == ["best_eval", "eval_epoch_001", "eval_epoch_002", "eval_epoch_003"]
+    assert _read(tmp_path / "metrics" / "best_eval.json") == {"val/loss": 1.0}
+    assert _read(tmp_path / "metrics" / "eval_epoch_002.json") == {"val/loss": 2.0}

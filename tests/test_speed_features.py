@@ -263,6 +263,64 @@ def test_device_epoch_serves_exactly_the_loaders_batches(host_gather, device_row
         position += n
 
 
+@pytest.fixture
+def device_gathers(monkeypatch):
+    """The device gathers of whole epochs, in the order dispatched (``"gather"`` entries in a list
+    the test may add its own entries to)."""
+    events, gather = [], flaxlight.data._gather_epoch
+
+    def noting(data, rows):
+        events.append("gather")
+        return gather(data, rows)
+
+    monkeypatch.setattr(flaxlight.data, "_gather_epoch", noting)
+    return events
+
+
+def test_an_epoch_made_ahead_gathers_on_the_device_only_once_started(device_gathers):
+    loader = ArrayLoader(*linear_data(100, 0), batch_size=32, shuffle=True, seed=3)  # 3 batches and a last of 4
+    expected = list(iter(loader))
+    ahead = DeviceEpoch(loader, stop=len(loader))
+    assert device_gathers == []  # made: the permutation sent, nothing gathered yet
+    ahead.start_gather()
+    ahead.start_gather()  # once
+    assert device_gathers == ["gather", "gather"]  # the full batches and the smaller last one
+    for epoch in (ahead, DeviceEpoch(loader, stop=len(loader))):  # started, or by serving
+        served = [jax.tree.map(np.asarray, take_batches(source, i)) for _, (source, i) in
+                  epoch.items(start=0, steps=1, global_step=0)]
+        for got, want in zip(served, expected, strict=True):
+            jax.tree.map(np.testing.assert_array_equal, got, want)
+    assert len(device_gathers) == 4
+
+
+class EpochEnds(flaxlight.Callback):
+    def __init__(self, events):
+        self.events = events
+
+    def on_train_epoch_end(self, trainer, epoch, metrics):
+        self.events.append(f"train {epoch}")
+
+    def on_validation_end(self, trainer, epoch, metrics):
+        self.events.append(f"val {epoch}")
+
+
+@pytest.mark.parametrize("validates", [True, False])
+def test_the_next_epochs_data_are_gathered_while_the_epoch_ends(tmp_path, device_gathers, validates):
+    """Queued behind the epoch's last steps, the next epoch's gather made the validation wait; it
+    is dispatched once the validation's steps are (before its read: on_validation_end comes
+    after), or after the epoch's read when no validation follows."""
+    train = ArrayLoader(*linear_data(128, 0), batch_size=16, shuffle=True, seed=0)
+    val = ArrayLoader(*linear_data(32, 1), batch_size=16) if validates else None
+    trainer = RegressTrainer(model_class=TinyMLP, model_hparams={"hidden_dims": [8]}, optimizer_hparams={},
+                             exmp_input=X0, **quiet(tmp_path, callbacks=[EpochEnds(device_gathers)]))
+    trainer.train_model(train, val, num_epochs=3)
+    if validates:
+        expected = ["gather", "train 1", "gather", "val 1", "train 2", "gather", "val 2", "train 3", "val 3"]
+    else:
+        expected = ["gather", "gather", "train 1", "gather", "train 2", "train 3"]
+    assert device_gathers == expected
+
+
 @pytest.mark.parametrize("steps_per_execution, dim", [(1, 4), (4, 4), (1, 300)])  # 300 floats: each step gathers
 def test_device_epochs_train_exactly_like_host_batches(tmp_path, steps_per_execution, dim):
     x, y = linear_data(300, 0, dim=dim)

@@ -293,6 +293,12 @@ class DeviceEpoch:
     64-float MLPs); ``device_rows`` forces either. With ``host_gather=True`` numpy gathers the epoch and puts it on the device in
     one transfer. The smaller last batch, when reached, is a second such source of one batch.
 
+    Made ahead of its epoch (the trainer makes the next epoch's while this one's last steps run),
+    an epoch does its host work at once (the permutation, its transfer, a host gather) and starts
+    its device gather at :meth:`start_gather`, or at the first :meth:`items`: the trainer starts it
+    where the device would otherwise sit idle, while the host reads the epoch's results (queued
+    behind the last steps, the tiny MLP's 4 MB gather made its validation wait: 1.9 against 1.1 ms).
+
     :meth:`items` yields ``(steps, (batches, index))``: ``steps`` batches starting at batch
     ``index`` (a device scalar); the jitted step slices them out (:func:`take_batches`), so a
     step transfers nothing. The batches and their order are exactly those ``iter(loader)``
@@ -317,14 +323,36 @@ class DeviceEpoch:
         order = loader.order(epoch).astype(np.int32)
         if device_rows is None:
             device_rows = loader.nbytes >= ROWS_MIN_EXAMPLE_BYTES * max(loader.num_examples, 1)
-        gather = _host_gather(loader) if host_gather else _device_rows(loader) if device_rows else _device_gather(loader)
+        rows = (order[: full * size].reshape(full, size) if full else None,  # the full batches
+                order[full * size :][None] if stop > full else None)  # the smaller last batch
         self.num_full = full
-        self.full = gather(order[: full * size].reshape(full, size)) if full else None
         self.index = _device_indices(full + 1)
-        self.last = None
-        if stop > full:  # the smaller last batch
-            self.last = gather(order[full * size :][None])
         self._first = (loader, order[: min(size, len(order))])
+        if host_gather or device_rows:  # host work, or no device work: done now
+            gather = _host_gather(loader) if host_gather else _device_rows(loader)
+            self._batches, self._gather = tuple(None if part is None else gather(part) for part in rows), None
+        else:  # the row numbers cross now; the device gathers at start_gather()
+            self._batches = tuple(None if part is None else jax.device_put(part) for part in rows)
+            self._gather = _device_gather(loader)
+
+    def start_gather(self) -> None:
+        """Start gathering the epoch's batches on the device (one dispatch; nothing waits for
+        it). Done by the first :meth:`items` when not called; a second call does nothing."""
+        gather, self._gather = self._gather, None
+        if gather is not None:
+            self._batches = tuple(None if part is None else gather(part) for part in self._batches)
+
+    @property
+    def full(self) -> Any:
+        """The epoch's full batches, stacked (None when it has none)."""
+        self.start_gather()
+        return self._batches[0]
+
+    @property
+    def last(self) -> Any:
+        """The smaller last batch, stacked as a block of one (None when it is not served)."""
+        self.start_gather()
+        return self._batches[1]
 
     @property
     def first_batch(self):

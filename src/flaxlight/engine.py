@@ -535,6 +535,16 @@ class Engine:
         if work is not None:
             work()
 
+    def start_epoch_ahead(self) -> None:
+        """Start the device gather of the next epoch's data, made ahead by :meth:`train`
+        (:meth:`~flaxlight.data.DeviceEpoch.start_gather`), where the device would otherwise sit
+        idle: once a validation's steps are queued (:meth:`evaluate`: the gather runs while the
+        host reads them and ends the epoch), else by the trainer after the epoch's read. Queued
+        behind the epoch's last steps, the tiny MLP's gather made its validation wait (1.9 against
+        1.1 ms). Nothing when there is none, or it started already."""
+        if self._epoch_ahead is not None:
+            self._epoch_ahead.start_gather()
+
     def choose_block_length(self, state, batch, budget: float = 0.3) -> int:
         """``steps_per_execution="auto"``: time single steps and blocks of 16 on ``batch`` (on
         a copy of ``state``: training is not changed), pick the block length with
@@ -709,6 +719,7 @@ class Engine:
             after_batch()
         if acc is not None:
             self.note_served(batches)
+        self.start_epoch_ahead()  # while the caller reads the sums
         return acc
 
     def close(self) -> None:

@@ -1303,9 +1303,13 @@ def write_metrics(log_dir: str, name: str, metrics: Mapping[str, float]) -> None
 
 class MetricFiles:
     """A run's ``metrics/<name>.json`` files, each written whole by :func:`write_metrics` on one
-    background thread, in the order asked: a validation's file costs the training thread a queue
-    append instead of a file write (~0.3 ms). :meth:`flush` waits until they are on disk. A write's
-    error (a full disk) is raised on the caller's thread at the next :meth:`write_soon` or
+    background thread: a validation's file costs the training thread a queue append instead of a
+    file write (~0.3 ms). The files are written in batches, without waking the thread for each
+    (within ``BackgroundWriter.idle_seconds``, with the next job that wakes it, or at :meth:`flush`,
+    which waits until they are on disk), and a file asked for again before it was written
+    (``best_eval.json`` at each new best) is written once, with the newest values: on the tiny
+    MLP's 12 ms epochs, 0.42 ms of CPU per epoch that the steps had to share two cores with. A
+    write's error (a full disk) is raised on the caller's thread at the next :meth:`write_soon` or
     :meth:`flush`; the files queued behind it are not written.
 
     Examples:
@@ -1321,9 +1325,12 @@ class MetricFiles:
         self._writer = BackgroundWriter("metric-files")
 
     def write_soon(self, log_dir: str, name: str, metrics: Mapping[str, Any]) -> None:
-        """Queue ``<log_dir>/metrics/<name>.json`` (a copy of ``metrics`` is written)."""
+        """Queue ``<log_dir>/metrics/<name>.json`` (a copy of ``metrics`` is written); the same
+        file's earlier values, if still queued, are not written."""
         self._writer.raise_failure_as()
-        self._writer.submit(write_metrics, log_dir, name, dict(metrics))
+        file = (log_dir, name)
+        self._writer.withdraw([job for job in self._writer.pending() if job.tag == file])
+        self._writer.submit(write_metrics, log_dir, name, dict(metrics), tag=file, lazy=True)
 
     def flush(self) -> None:
         """Wait until every file asked for is written; raise a failed write's error."""

@@ -273,13 +273,19 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
                 return
             loop.train_metrics = self.train_epoch(train_loader)
             self.state = self.state.replace(epoch=self.engine.device_scalar(loop.model_epoch))
+            if not self._validation_due(val_loader, epoch_idx):  # else the validation starts it, its steps queued
+                self.engine.start_epoch_ahead()  # the next epoch's device data, while this one ends
             self._end_train_epoch(epoch_idx, loop.train_metrics)  # what its hooks log joins the history row
-        if val_loader is not None and not loop.validated and epoch_validation_due(epoch_idx, self.check_val_every_n_epoch,
-                                                                                  self._limits):
+        if self._validation_due(val_loader, epoch_idx):
             self._validate(val_loader)
         loop.phase = "epoch_end"
         self._end_epoch(epoch_idx)
         getattr(self.logger, "flush_soon", self.logger.flush)()  # written behind the epoch's records
+
+    def _validation_due(self, val_loader, epoch_idx: int) -> bool:
+        """Whether the epoch's validation is still to run (given, due this epoch, not run yet)."""
+        return val_loader is not None and not self._loop.validated and epoch_validation_due(
+            epoch_idx, self.check_val_every_n_epoch, self._limits)
 
     def _validate(self, val_loader) -> None:
         """Evaluate, ask ``is_new_model_better`` once, tell hooks and callbacks (once per step)."""
