@@ -336,8 +336,8 @@ class DeviceEpoch:
             self._gather = _device_gather(loader)
 
     def start_gather(self) -> None:
-        """Start gathering the epoch's batches on the device (one dispatch; nothing waits for
-        it). Done by the first :meth:`items` when not called; a second call does nothing."""
+        """Start gathering the epoch's batches on the device (dispatched: nothing waits for it).
+        Done by the first :meth:`items` when not called; a second call does nothing."""
         gather, self._gather = self._gather, None
         if gather is not None:
             self._batches = tuple(None if part is None else gather(part) for part in self._batches)
