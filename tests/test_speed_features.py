@@ -293,6 +293,24 @@ def test_an_epoch_made_ahead_gathers_on_the_device_only_once_started(device_gath
     assert len(device_gathers) == 4
 
 
+def test_an_epoch_whose_gather_was_interrupted_gathers_again_when_served(monkeypatch):
+    loader = ArrayLoader(*linear_data(64, 0), batch_size=32, shuffle=True, seed=3)
+    expected, gather = list(iter(loader)), flaxlight.data._gather_epoch
+    ahead = DeviceEpoch(loader, stop=len(loader))
+
+    def interrupted(data, rows):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(flaxlight.data, "_gather_epoch", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        ahead.start_gather()
+    monkeypatch.setattr(flaxlight.data, "_gather_epoch", gather)
+    served = [jax.tree.map(np.asarray, take_batches(source, i)) for _, (source, i) in
+              ahead.items(start=0, steps=1, global_step=0)]
+    for got, want in zip(served, expected, strict=True):  # the batches, not the row numbers
+        jax.tree.map(np.testing.assert_array_equal, got, want)
+
+
 class EpochEnds(flaxlight.Callback):
     def __init__(self, events):
         self.events = events

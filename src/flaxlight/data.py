@@ -338,9 +338,9 @@ class DeviceEpoch:
     def start_gather(self) -> None:
         """Start gathering the epoch's batches on the device (dispatched: nothing waits for it).
         Done by the first :meth:`items` when not called; a second call does nothing."""
-        gather, self._gather = self._gather, None
-        if gather is not None:
-            self._batches = tuple(None if part is None else gather(part) for part in self._batches)
+        if self._gather is not None:  # cleared once gathered: a gather that raised (Ctrl-C) is tried again
+            self._batches = tuple(None if part is None else self._gather(part) for part in self._batches)
+            self._gather = None
 
     @property
     def full(self) -> Any:

@@ -560,7 +560,7 @@ class TrainerViewMixin:
 
     def _record_metrics(self, filename: str, metrics: Mapping[str, float]) -> None:
         """A validation's ``metrics/<filename>.json`` (and ``best_eval.json``), written off the
-        training thread in order (:class:`~flaxlight.runfiles.MetricFiles`): on disk before any
+        training thread in batches (:class:`~flaxlight.runfiles.MetricFiles`): on disk before any
         checkpoint saved after it (:meth:`_flush_records`) and when ``train_model`` returns. An
         override of :meth:`save_metrics` is called instead, as it was."""
         if type(self).save_metrics is not TrainerViewMixin.save_metrics:
