@@ -110,7 +110,9 @@ class CheckpointMeta:
     cut_validated: bool = False
 
     def to_json(self) -> dict[str, Any]:
-        return _jsonable(dataclasses.asdict(self))  # a metric object's array result as nested lists
+        # One pass that copies as it converts (a metric object's array result as nested lists): a
+        # save at each new best paid dataclasses.asdict's deep copy first, as much again.
+        return {field.name: _jsonable(getattr(self, field.name)) for field in dataclasses.fields(self)}
 
     @classmethod
     def capture(cls, step: int, loop: LoopState, *, callbacks: Sequence[Any], **run: Any) -> "CheckpointMeta":
@@ -1018,11 +1020,19 @@ def _hashable(value: Any) -> Any:
     return value.item() if isinstance(value, np.ndarray) and value.ndim == 0 else value
 
 
+_JSON_SCALARS = (str, int, float, bool, type(None))
+
+
 def _jsonable(value: Any) -> Any:
-    if isinstance(value, Mapping):
+    """``value`` as JSON data, copied (dicts and lists anew, arrays as nested lists)."""
+    if type(value) in _JSON_SCALARS:  # most leaves: no isinstance checks against the ABCs
+        return value
+    if isinstance(value, (dict, Mapping)):
         return {key: _jsonable(item) for key, item in value.items()}
     if isinstance(value, (list, tuple)):
         return [_jsonable(item) for item in value]
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return _jsonable({field.name: getattr(value, field.name) for field in dataclasses.fields(value)})
     return value.tolist() if isinstance(value, (np.ndarray, np.generic)) else value
 
 
