@@ -14,6 +14,8 @@ import pytest
 
 from conftest import RegressTrainer, TinyMLP, quiet
 from flaxlight import Callback, ModelCheckpoint, runfiles
+from flaxlight.checkpoint import Checkpointer
+from flaxlight.loggers import Logger
 
 X0 = np.zeros((1, 4), np.float32)
 
@@ -53,26 +55,53 @@ def test_the_files_are_written_off_the_training_thread(tmp_path, regression_load
     assert threading.current_thread() not in writers
 
 
-class FilesAtEachSave(RegressTrainer):
-    """Notes what ``metrics/`` holds as each checkpoint is handed to its writer."""
+class Recorder(Logger):
+    """Notes the records, and on which threads the flushes ran while a run's epochs went on."""
 
-    seen: dict
+    def __init__(self):
+        self.records, self.flushed_on, self.training = [], set(), False
 
-    def save_model(self, step=None):
-        super().save_model(step)
-        self.seen[self.global_step] = sorted(os.listdir(os.path.join(self.log_dir, "metrics")))
+    def log_metrics(self, metrics, step):
+        self.records.append((step, dict(metrics)))
+
+    def flush(self):
+        if self.training:
+            self.flushed_on.add(threading.current_thread().name)
 
 
-def test_a_checkpoint_is_written_after_the_files_of_the_validations_before_it(tmp_path, regression_loaders):
+class Training(Callback):
+    def __init__(self, recorder):
+        self.recorder = recorder
+
+    def on_train_epoch_start(self, trainer, epoch):
+        self.recorder.training = True
+
+    def on_fit_end(self, trainer):
+        self.recorder.training = False
+
+
+def test_a_checkpoint_is_written_after_the_records_of_the_steps_before_it(tmp_path, regression_loaders, monkeypatch):
+    """The files and logger records of the validations before a checkpoint reach the disk before it
+    is written; the checkpoint's writer waits for them, the training thread does not (the loggers'
+    flushes run on their writer)."""
     train, val, _ = regression_loaders
-    trainer = _trainer(tmp_path, trainer_class=FilesAtEachSave, callbacks=[ModelCheckpoint(every_n_epochs=1)])
-    trainer.seen = {}
+    seen, write, recorder = {}, Checkpointer._write, Recorder()
+
+    def noting(self, step, *args):
+        validated = {s for s, metrics in recorder.records if "val/loss" in metrics}
+        seen[step] = (sorted(os.listdir(tmp_path / "run" / "metrics")), validated)
+        return write(self, step, *args)
+
+    monkeypatch.setattr(Checkpointer, "_write", noting)
+    trainer = _trainer(tmp_path, loggers=[recorder], callbacks=[ModelCheckpoint(every_n_epochs=1), Training(recorder)])
     trainer.train_model(train, val, num_epochs=3)
-    assert len(trainer.seen) == 3, trainer.seen
-    for step, names in trainer.seen.items():
+    assert sorted(seen) == [8, 16, 24], seen
+    for step, (names, validated) in seen.items():
         epoch = step // len(train)
         assert {f"eval_epoch_{e:03d}.json" for e in range(1, epoch + 1)} <= set(names), (step, names)
         assert "best_eval.json" in names
+        assert {e * len(train) for e in range(1, epoch + 1)} <= validated, (step, validated)
+    assert recorder.flushed_on == {"flaxlight-logs"}
 
 
 def test_an_override_of_save_metrics_hears_each_validation_as_before(tmp_path, regression_loaders):
@@ -94,6 +123,7 @@ class FolderTurnsIntoAFile(Callback):
 
     def on_train_epoch_start(self, trainer, epoch):
         if epoch == 2:
+            trainer.checkpointer.wait()  # epoch 1's checkpoint, written after epoch 1's files
             folder = os.path.join(trainer.log_dir, "metrics")
             shutil.rmtree(folder)
             with open(folder, "w") as f:

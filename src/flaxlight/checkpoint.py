@@ -341,11 +341,12 @@ class Checkpointer:
         return max(self.all_steps(), default=None)
 
     def save(self, step: int, state, meta: dict[str, Any] | None = None,
-             metrics: dict[str, float] | None = None) -> None:
+             metrics: dict[str, float] | None = None, before_write: Callable[[], None] | None = None) -> None:
         """Write ``state`` as checkpoint ``step`` (replacing a checkpoint of that step); returns
         once the arrays are copied on the device (or, with several processes, off it).
         ``metrics`` (``{"val/acc": 0.97}``) are stored as the checkpoint's orbax metrics, which
-        orbax's ``best_step()`` ranks with a ``best_fn``."""
+        orbax's ``best_step()`` ranks with a ``best_fn``. ``before_write()`` runs right before the
+        write, on the thread that writes (the trainer's: its records reach the disk first)."""
         self._writer.raise_failure_as(self._failure_message)
         step = int(step)
         arrays = {"params": state.params, "model_state": _model_state(state)}
@@ -353,6 +354,8 @@ class Checkpointer:
             arrays["opt_state"] = state.opt_state
         arrays = _key_data(arrays)
         if not self._background:
+            if before_write is not None:
+                before_write()
             if step in self.all_steps():
                 self.delete(step, background=False)
             self._write(step, arrays, meta, metrics)
@@ -363,7 +366,8 @@ class Checkpointer:
             for leaf in jax.tree.leaves(snapshot):
                 leaf.copy_to_host_async()
         self._writer.wait_until(lambda: sum(job.tag[0] == "save" for job in self._writer.pending()) < 2)
-        self._writer.submit(self._replace, step, snapshot, meta, metrics, tag=("save", step), throttled=True)
+        self._writer.submit(self._replace, step, snapshot, meta, metrics, before_write, tag=("save", step),
+                            throttled=True)
         for job in self._held:  # deletions of replaced saves go behind this one
             self._writer.submit(job.fn, *job.args, tag=job.tag)
         self._held = []
@@ -373,13 +377,16 @@ class Checkpointer:
         items = {"state": ocp.args.PyTreeSave(arrays), "meta": ocp.args.JsonSave(dict(meta or {}))}
         self._manager.save(step, args=ocp.args.Composite(**items), metrics=metrics or None, force=True)
 
-    def _replace(self, step: int, arrays, meta, metrics) -> float:  # on the writer thread
-        """Write checkpoint ``step``; one of that step already on disk (a periodic save, then the
-        step's validation made it the best) is set aside until the new one is written, so a kill
-        in between leaves it to be put back (:meth:`_sweep_leftovers`), never no checkpoint.
-        Returns the seconds of orbax's one-time set-up it began with (importing orbax, opening the
-        manager: ~0.4-0.8 s on 2 cores): no write's cost, so the write budget's pause leaves it out."""
+    def _replace(self, step: int, arrays, meta, metrics, before_write=None) -> float:  # on the writer thread
+        """Write checkpoint ``step`` (after ``before_write()``); one of that step already on disk (a
+        periodic save, then the step's validation made it the best) is set aside until the new one
+        is written, so a kill in between leaves it to be put back (:meth:`_sweep_leftovers`), never
+        no checkpoint. Returns the seconds of orbax's one-time set-up and of ``before_write`` it
+        began with (importing orbax, opening the manager: ~0.4-0.8 s on 2 cores; the records'
+        writers): no write's cost, so the write budget's pause leaves them out."""
         opened = time.monotonic()
+        if before_write is not None:
+            before_write()
         self._manager  # noqa: B018 - opened (orbax imported) before the write is timed
         start = time.monotonic()
         aside = self._set_aside(step) if step in self._manager.all_steps() else None

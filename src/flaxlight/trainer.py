@@ -458,8 +458,7 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
             return
         self._write_hparams()
         self._log_running(self._loop.running_log.flush())  # the log history up to `step` is on disk first
-        self._flush_records()
-        chosen = self._checkpoint_callback  # its best step, and the score this step is saved for
+        records, chosen = self._start_records_flush(), self._checkpoint_callback  # the writer waits for the records
         meta = resume.CheckpointMeta.capture(step, self._loop, callbacks=self.callbacks,
                                              best_step=chosen.best_step if chosen else None,
                                              loader_position=self.engine.loader_position(),
@@ -468,7 +467,8 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
                                              start_step=self._start_step, earlier_epochs=self._earlier_epochs,
                                              block_length=self.engine.chosen_block_length(),
                                              nonfinite=self._nonfinite.state_dict())
-        self.checkpointer.save(step, self.state, meta=meta.to_json(), metrics=chosen.score_of(step) if chosen else None)
+        self.checkpointer.save(step, self.state, meta=meta.to_json(), metrics=chosen.score_of(step) if chosen else None,
+                               before_write=records)
 
     def load_model(self, step: int | None = None) -> None:
         """Restore a checkpoint into ``self.state``: ``step``, else the best, else the newest; outside

@@ -561,8 +561,8 @@ class TrainerViewMixin:
     def _record_metrics(self, filename: str, metrics: Mapping[str, float]) -> None:
         """A validation's ``metrics/<filename>.json`` (and ``best_eval.json``), written off the
         training thread in batches (:class:`~flaxlight.runfiles.MetricFiles`): on disk before any
-        checkpoint saved after it (:meth:`_flush_records`) and when ``train_model`` returns. An
-        override of :meth:`save_metrics` is called instead, as it was."""
+        checkpoint saved after it is written (:meth:`_start_records_flush`) and when ``train_model``
+        returns. An override of :meth:`save_metrics` is called instead, as it was."""
         if type(self).save_metrics is not TrainerViewMixin.save_metrics:
             self.save_metrics(filename, metrics)
         elif self.log_dir is not None and dist.is_main_process():
@@ -572,11 +572,24 @@ class TrainerViewMixin:
     def _metric_files(self) -> runfiles.MetricFiles:
         return runfiles.MetricFiles()
 
-    def _flush_records(self) -> None:
-        """What was logged and recorded so far, on disk: logger records and metrics files."""
-        self.logger.flush()
+    def _start_records_flush(self) -> Callable[[], None]:
+        """What was logged and recorded so far (logger records, metrics files) sent to the disk;
+        returns a wait for it, which a checkpoint's writer runs before the write: no checkpoint
+        goes further than the run's records, and the training thread does not wait (a flush of
+        both, ~1.5 ms, at each new best model's save). A logger of its own without
+        ``start_flush`` is flushed now."""
+        start = getattr(self.logger, "start_flush", None)
+        if start is None:
+            self.logger.flush()
+        waits = [start()] if start is not None else []
         if "_metric_files" in self.__dict__:
-            self._metric_files.flush()
+            waits.append(self._metric_files.start_flush())
+
+        def written() -> None:
+            for wait in waits:
+                wait()
+
+        return written
 
     def _end_background_work(self) -> None:
         """At the end of ``train_model``: the metrics files written, the engine's threads joined."""

@@ -125,6 +125,11 @@ class BackgroundWriter:
             finally:
                 self._flushing -= 1
 
+    def wait_for(self, job: Job) -> None:
+        """Block until ``job`` has run, or left the queue unrun (withdrawn, or dropped behind a
+        failed job); from any thread. Throttling is lifted meanwhile, as by :meth:`wait_until`."""
+        self.wait_until(lambda: self._running is not job and all(queued is not job for queued in self._queue))
+
     def flush_as(self, error: Callable[[BaseException], BaseException] | None = None) -> None:
         """Run every queued job now (throttling lifted); raise a job's failure as ``error(failure)``."""
         self.wait_until(lambda: False)

@@ -7,7 +7,7 @@ import numbers
 import os
 import re
 import time
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import jax.numpy as jnp
 import numpy as np
@@ -184,6 +184,27 @@ class LoggerCollection(Logger):
 
     def flush(self) -> None:
         self._now("flush")
+
+    def start_flush(self) -> Callable[[], None]:
+        """Queue a flush behind the records logged so far, waking the writer, and return a function
+        that waits until it is done, from any thread (a checkpoint's writer waits for it before the
+        write: the training thread does not). A writer's failure is raised at the next call, as for
+        any record. Without a background writer, the flush is made now.
+
+        Examples:
+            >>> wait = logger.start_flush()   # doctest: +SKIP
+            >>> wait()                        # doctest: +SKIP
+        """
+        if self._writer is None:
+            self._each("flush")
+            return lambda: None
+        if self._deferred is not None:  # this flush is behind the records the deferred one waited for
+            self._writer.withdraw([self._deferred])
+            self._deferred = None
+        self._writer.raise_failure_as(self._failure)
+        self._flushed_at = time.monotonic()
+        job, writer = self._writer.submit(self._each, "flush"), self._writer
+        return lambda: writer.wait_for(job)
 
     def flush_soon(self) -> None:
         """Queue a flush behind the records logged so far; returns at once. Within
