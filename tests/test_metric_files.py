@@ -82,8 +82,8 @@ class Training(Callback):
 
 def test_a_checkpoint_is_written_after_the_records_of_the_steps_before_it(tmp_path, regression_loaders, monkeypatch):
     """The files and logger records of the validations before a checkpoint reach the disk before it
-    is written; the checkpoint's writer waits for them, the training thread does not (the loggers'
-    flushes run on their writer)."""
+    is written; the checkpoint's writer waits for the loggers' flush, the training thread does not
+    (the loggers' flushes run on their writer)."""
     train, val, _ = regression_loaders
     seen, write, recorder = {}, Checkpointer._write, Recorder()
 

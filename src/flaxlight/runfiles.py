@@ -1301,10 +1301,6 @@ def write_metrics(log_dir: str, name: str, metrics: Mapping[str, float]) -> None
         raise
 
 
-def _written() -> None:
-    """A job that marks the files queued before it (see :meth:`MetricFiles.start_flush`)."""
-
-
 class MetricFiles:
     """A run's ``metrics/<name>.json`` files, each written whole by :func:`write_metrics` on one
     background thread: a validation's file costs the training thread a queue append instead of a
@@ -1335,13 +1331,6 @@ class MetricFiles:
         file = (log_dir, name)
         self._writer.withdraw([job for job in self._writer.pending() if job.tag == file])
         self._writer.submit(write_metrics, log_dir, name, dict(metrics), tag=file, lazy=True)
-
-    def start_flush(self) -> Callable[[], None]:
-        """Wake the writer for the files asked for so far and return a function that waits until
-        they are written, from any thread (a checkpoint's writer waits for it before the write)."""
-        self._writer.raise_failure_as()
-        job, writer = self._writer.submit(_written), self._writer
-        return lambda: writer.wait_for(job)
 
     def flush(self) -> None:
         """Wait until every file asked for is written; raise a failed write's error."""

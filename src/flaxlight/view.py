@@ -573,23 +573,19 @@ class TrainerViewMixin:
         return runfiles.MetricFiles()
 
     def _start_records_flush(self) -> Callable[[], None]:
-        """What was logged and recorded so far (logger records, metrics files) sent to the disk;
-        returns a wait for it, which a checkpoint's writer runs before the write: no checkpoint
-        goes further than the run's records, and the training thread does not wait (a flush of
-        both, ~1.5 ms, at each new best model's save). A logger of its own without
-        ``start_flush`` is flushed now."""
-        start = getattr(self.logger, "start_flush", None)
-        if start is None:
-            self.logger.flush()
-        waits = [start()] if start is not None else []
+        """What was logged and recorded so far sent to the disk before a checkpoint: the metrics
+        files now (a ``kill -9`` right after a new best's save still finds its validation's file),
+        the loggers' records queued, with a wait for them returned, which the checkpoint's writer
+        runs before the write: no checkpoint goes further than the run's records, and the training
+        thread does not wait for the loggers' flush (~1 ms at each new best model's save). A
+        logger of its own without ``start_flush`` is flushed now."""
         if "_metric_files" in self.__dict__:
-            waits.append(self._metric_files.start_flush())
-
-        def written() -> None:
-            for wait in waits:
-                wait()
-
-        return written
+            self._metric_files.flush()
+        start = getattr(self.logger, "start_flush", None)
+        if start is not None:
+            return start()
+        self.logger.flush()
+        return lambda: None
 
     def _end_background_work(self) -> None:
         """At the end of ``train_model``: the metrics files written, the engine's threads joined."""
