@@ -85,6 +85,19 @@ def test_a_callback_state_a_checkpoint_cannot_keep_fails_at_the_save_naming_it(t
     assert trainer.global_step == 8  # the first save, at the first epoch's end: not after the whole run
 
 
+def test_a_value_a_checkpoint_cannot_keep_is_named_by_its_place_in_the_state():
+    from flaxlight.resume import decode_state, encode_state
+
+    when = datetime.datetime(2026, 1, 1)
+    with pytest.raises(TypeError, match=r"^Keeps.state_dict\(\)\['log'\]\[1\]\['when'\] holds a datetime.datetime"):
+        encode_state({"log": [1.0, {"when": when}]}, "Keeps.state_dict()")
+    with pytest.raises(TypeError, match=r"^Keeps.state_dict\(\)\[3\]\[0\] key holds a datetime.datetime"):
+        encode_state({3: ({when: 1},)}, "Keeps.state_dict()")
+    rows = {"rows": [{"epoch": 1, "val/loss": 0.5, "note": None}, {"epoch": 2, "val/loss": np.float64(0.25)}]}
+    encoded = encode_state(rows)
+    assert decode_state(encoded) == rows and encoded["rows"][0] is not rows["rows"][0]  # a copy, not the rows
+
+
 class StopsBeforeEpoch(flaxlight.Callback):
     def __init__(self, epoch):
         self.epoch = epoch

@@ -77,6 +77,32 @@ def test_flush_waits_for_everything_queued():
     collection.finalize("success")
 
 
+def test_run_here_runs_the_queue_on_the_caller_after_the_job_the_writer_is_running():
+    """The job the writer's thread has started ends first, so an older write never lands after a
+    newer one; the queued jobs then run in order on the calling thread; a failure stops the rest."""
+    writer, started, release, ran = BackgroundWriter("test-run-here"), threading.Event(), threading.Event(), []
+
+    def slow(name):
+        started.set()
+        release.wait(5)
+        ran.append((name, threading.current_thread().name))
+
+    writer.submit(slow, "old")
+    assert started.wait(5)
+    for name in ("new", "newer"):
+        writer.submit(lambda name: ran.append((name, threading.current_thread().name)), name, lazy=True)
+    threading.Timer(0.1, release.set).start()
+    writer.run_here()
+    here = threading.current_thread().name
+    assert ran == [("old", "flaxlight-test-run-here"), ("new", here), ("newer", here)]
+
+    writer.submit(lambda: 1 / 0, lazy=True)
+    writer.submit(ran.append, "behind the failure", lazy=True)
+    with pytest.raises(ZeroDivisionError):
+        writer.run_here()
+    assert ran[-1] == ("newer", here) and writer.pending() == []
+
+
 def _wait_for(condition, seconds):
     deadline = time.monotonic() + seconds
     while not condition() and time.monotonic() < deadline:

@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -16,6 +17,7 @@ from conftest import RegressTrainer, TinyMLP, quiet
 from flaxlight import Callback, ModelCheckpoint, runfiles
 from flaxlight.checkpoint import Checkpointer
 from flaxlight.loggers import Logger
+from flaxlight.writer import BackgroundWriter
 
 X0 = np.zeros((1, 4), np.float32)
 
@@ -41,18 +43,30 @@ def test_every_validations_file_and_the_best_are_on_disk_when_train_model_return
     assert _read(folder / "best_eval.json")["val/loss"] == best["val/loss"]
 
 
-def test_the_files_are_written_off_the_training_thread(tmp_path, regression_loaders, monkeypatch):
-    train, val, _ = regression_loaders
-    writers, write = [], runfiles.write_metrics
+class Pauses(Callback):
+    """Gives the writer's thread time between epochs (a longer epoch's work)."""
 
-    def noting(*args):
-        writers.append(threading.current_thread())
-        return write(*args)
+    def on_epoch_end(self, trainer, epoch):
+        time.sleep(0.2)
+
+
+def test_the_files_are_written_off_the_training_thread_while_it_trains(tmp_path, regression_loaders, monkeypatch):
+    """During the epochs the writer's thread writes the files (within its idle time, here 20 ms);
+    what is still queued when the run ends (or at a checkpoint) the training thread, which waits
+    for it there, writes itself."""
+    train, val, _ = regression_loaders
+    writers, write = {}, runfiles.write_metrics
+
+    def noting(log_dir, name, metrics):
+        writers[name] = threading.current_thread()
+        return write(log_dir, name, metrics)
 
     monkeypatch.setattr(runfiles, "write_metrics", noting)
-    _trainer(tmp_path).train_model(train, val, num_epochs=2)
-    assert len(writers) >= 3  # two validations and a best
-    assert threading.current_thread() not in writers
+    monkeypatch.setattr(BackgroundWriter, "idle_seconds", 0.02)
+    _trainer(tmp_path, callbacks=[Pauses()], enable_checkpointing=False).train_model(train, val, num_epochs=3)
+    assert {f"eval_epoch_{epoch:03d}" for epoch in (1, 2, 3)} <= set(writers)
+    assert writers["eval_epoch_001"].name == writers["eval_epoch_002"].name == "flaxlight-metric-files"
+    assert writers["eval_epoch_001"] is not threading.main_thread()
 
 
 class Recorder(Logger):

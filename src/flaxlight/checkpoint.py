@@ -28,10 +28,10 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
-from flaxlight.metrics import deliberate_reads, device_copy, is_typed_key
+from flaxlight.metrics import checked_copy, deliberate_reads, finite_now, is_typed_key
 from flaxlight.writer import BackgroundWriter, Job
 
-__all__ = ["Checkpointer", "DamagedCheckpointError", "ModelMismatchError"]
+__all__ = ["Checkpointer", "Snapshot", "DamagedCheckpointError", "ModelMismatchError"]
 
 _OWN_ITEMS = ("params", "opt_state")  # the checkpoint's other items; every other array field is "model_state"
 
@@ -204,6 +204,23 @@ def _model_state(state) -> dict:
             and getattr(state, field.name) is not None}
 
 
+@dataclasses.dataclass(frozen=True)
+class Snapshot:
+    """A train state's arrays as a checkpoint holds them, taken by :meth:`Checkpointer.snapshot`
+    (a copy on the device where saves are written in the background: the next training step
+    reuses the state's buffers), and whether its params, optimizer state and batch statistics
+    are finite (a damaged model is not saved).
+
+    Examples:
+        >>> snapshot = trainer.checkpointer.snapshot(trainer.state)   # doctest: +SKIP
+        >>> snapshot.finite                                           # doctest: +SKIP
+        True
+    """
+
+    arrays: dict
+    finite: bool
+
+
 class DamagedCheckpointError(ValueError):
     """A checkpoint whose files cannot be read (a partial write, damaged files), where no other
     checkpoint will do: the one asked for, or the run's best model, whose weights no other holds."""
@@ -342,17 +359,14 @@ class Checkpointer:
 
     def save(self, step: int, state, meta: dict[str, Any] | None = None,
              metrics: dict[str, float] | None = None, before_write: Callable[[], None] | None = None) -> None:
-        """Write ``state`` as checkpoint ``step`` (replacing a checkpoint of that step); returns
-        once the arrays are copied on the device (or, with several processes, off it).
+        """Write ``state`` (a train state, or its :meth:`snapshot`) as checkpoint ``step`` (replacing a
+        checkpoint of that step); returns once the arrays are copied on the device (or, with several
+        processes, off it).
         ``metrics`` (``{"val/acc": 0.97}``) are stored as the checkpoint's orbax metrics, which
         orbax's ``best_step()`` ranks with a ``best_fn``. ``before_write()`` runs right before the
         write, on the thread that writes (the trainer's: its records reach the disk first)."""
         self._writer.raise_failure_as(self._failure_message)
-        step = int(step)
-        arrays = {"params": state.params, "model_state": _model_state(state)}
-        if state.opt_state is not None:
-            arrays["opt_state"] = state.opt_state
-        arrays = _key_data(arrays)
+        step, arrays = int(step), (state if isinstance(state, Snapshot) else self.snapshot(state)).arrays
         if not self._background:
             if before_write is not None:
                 before_write()
@@ -361,16 +375,31 @@ class Checkpointer:
             self._write(step, arrays, meta, metrics)
             return
         self._track_steps().add(step)
-        snapshot = device_copy(arrays)  # the training step donates (reuses) the state's buffers
-        with deliberate_reads():
-            for leaf in jax.tree.leaves(snapshot):
-                leaf.copy_to_host_async()
         self._writer.wait_until(lambda: sum(job.tag[0] == "save" for job in self._writer.pending()) < 2)
-        self._writer.submit(self._replace, step, snapshot, meta, metrics, before_write, tag=("save", step),
+        self._writer.submit(self._replace, step, arrays, meta, metrics, before_write, tag=("save", step),
                             throttled=True)
         for job in self._held:  # deletions of replaced saves go behind this one
             self._writer.submit(job.fn, *job.args, tag=job.tag)
         self._held = []
+
+    def snapshot(self, state) -> Snapshot:
+        """``state``'s arrays for :meth:`save`, taken now, and whether its params, optimizer state
+        and batch statistics hold no NaN/Inf: one dispatch and one small read. Where saves are
+        written in the background the arrays are a device copy (the next training step reuses the
+        state's buffers), whose move to the host starts at once."""
+        arrays = {"params": state.params, "model_state": _model_state(state)}
+        if state.opt_state is not None:
+            arrays["opt_state"] = state.opt_state
+        arrays = _key_data(arrays)
+        checked = (state.params, state.opt_state, getattr(state, "batch_stats", None))
+        if not self._background:  # written before save() returns: no copy
+            return Snapshot(arrays, bool(finite_now(checked)))
+        arrays, finite = checked_copy(arrays, checked)
+        if jax.devices()[0].platform != "cpu":  # the CPU's arrays are in host memory already
+            with deliberate_reads():
+                for leaf in jax.tree.leaves(arrays):
+                    leaf.copy_to_host_async()
+        return Snapshot(arrays, bool(finite))
 
     def _write(self, step: int, arrays, meta: dict[str, Any] | None, metrics: dict[str, float] | None) -> None:
         ocp = _ocp()

@@ -285,13 +285,15 @@ class NonfiniteTally:
             where += f" (epoch {epoch})"
         return where
 
-    def damage(self, loop: "LoopState", state: Any, guard: str | None = None, step: int | None = None) -> str | None:
+    def damage(self, loop: "LoopState", state: Any, guard: str | None = None, step: int | None = None,
+               finite: bool | None = None) -> str | None:
         """Why ``state`` must not be checkpointed now, or None: its parameters, optimizer state or batch
-        statistics hold NaN/Inf (one small device read, at save time only). A non-finite loss with a
-        finite state does not stop the save: without a ``NaNGuard`` (``guard``, its action, which says
-        its own) a warning says it once per run, with the count, where the first was seen (up to
-        ``step``) and the likely cause (a bad batch)."""
-        parts = nonfinite_parts(state)
+        statistics hold NaN/Inf (one small device read, at save time only; ``finite``: that read, made
+        already with the checkpoint's copy). A non-finite loss with a finite state does not stop the
+        save: without a ``NaNGuard`` (``guard``, its action, which says its own) a warning says it once
+        per run, with the count, where the first was seen (up to ``step``) and the likely cause (a bad
+        batch)."""
+        parts = [] if finite else nonfinite_parts(state)
         if parts:
             nonfinite = self._seen(loop, step)
             loss = f"; the loss was NaN/Inf in {nonfinite} step(s), the first {self.where_first()}" if nonfinite else ""

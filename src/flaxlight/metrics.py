@@ -269,6 +269,13 @@ def device_copy(tree):
 
 
 @jax.jit
+def checked_copy(tree, checked):
+    """``(device_copy(tree), tree_finite(checked))`` in one dispatch: a checkpoint's arrays and
+    whether the parts it must not hold NaN/Inf in (``checked``: params, optimizer state) are finite."""
+    return jax.tree.map(_copied, tree), tree_finite(checked)
+
+
+@jax.jit
 def fresh_zeros(tree):
     """Zeros shaped like ``tree`` in one dispatch."""
     return jax.tree.map(jnp.zeros_like, tree)

@@ -964,6 +964,7 @@ def _names(names: Sequence[str]) -> str:
     return ", ".join(map(repr, names))
 
 
+_JSON_SCALARS, _STR = frozenset((str, int, float, bool, type(None))), frozenset((str,))
 _TAGS = ("__tuple__", "__set__", "__frozenset__", "__items__", "__array__")  # a callback state's non-JSON parts
 
 
@@ -971,30 +972,53 @@ def encode_state(value: Any, where: str = "state") -> Any:
     """A callback's ``state_dict()`` as JSON that :func:`decode_state` turns back into the same
     values: tuples, sets, frozensets, dicts with keys that are not strings and numeric numpy
     arrays and scalars are tagged (a JAX array comes back as a numpy one); anything else that
-    JSON cannot hold is an error naming its place.
+    JSON cannot hold is an error naming its place (``where``: the state's name).
 
     Examples:
         >>> decode_state(encode_state({1: (2, 3), "best": np.float32(0.5)}))
         {1: (2, 3), 'best': np.float32(0.5)}
     """
-    if isinstance(value, (str, bool, int, float)) or value is None:
+    return _encode(value, where)
+
+
+def _encode(value: Any, where: Any) -> Any:
+    """:func:`encode_state`'s walk. ``where`` is the place: a name, or ``(parent, key, how)``, put
+    into words (:func:`_state_place`) only for an error: a save at each new best encodes a ``History``
+    of every epoch so far, and naming each value's place as it went cost 5 us a row."""
+    kind = type(value)
+    if kind in _JSON_SCALARS:  # most values: no isinstance checks against the ABCs
         return value
-    if isinstance(value, Mapping):
-        if all(isinstance(key, str) for key in value) and not set(value) & set(_TAGS):
-            return {key: encode_state(item, f"{where}[{key!r}]") for key, item in value.items()}
-        return {"__items__": [[encode_state(key, f"{where} key"), encode_state(item, f"{where}[{key!r}]")]
+    if isinstance(value, (str, bool, int, float)):  # their subclasses (np.float64, an IntEnum)
+        return value
+    if kind is dict or isinstance(value, Mapping):
+        if (_STR.issuperset(map(type, value)) or all(isinstance(key, str) for key in value)) \
+                and value.keys().isdisjoint(_TAGS):
+            if _JSON_SCALARS.issuperset(map(type, value.values())):  # a row of numbers: copied whole
+                return dict(value)
+            return {key: _encode(item, (where, key, "item")) for key, item in value.items()}
+        return {"__items__": [[_encode(key, (where, key, "key")), _encode(item, (where, key, "item"))]
                               for key, item in value.items()]}
-    if isinstance(value, (tuple, list, set, frozenset)):
-        items = [encode_state(item, f"{where}[{i}]") for i, item in enumerate(value)]
+    if kind is list or isinstance(value, (tuple, list, set, frozenset)):
+        items = [_encode(item, (where, i, "index")) for i, item in enumerate(value)]
         tag = "__frozenset__" if isinstance(value, frozenset) else "__set__" if isinstance(value, set) else "__tuple__"
         return items if isinstance(value, list) else {tag: items}
     if isinstance(value, (np.ndarray, np.generic, jax.Array)) and (
             np.asarray(value).dtype.kind in "biuf" or np.asarray(value).dtype.name == "bfloat16"):
         array = np.asarray(value)
         return {"__array__": array.tolist(), "dtype": str(array.dtype), "scalar": isinstance(value, np.generic)}
-    raise TypeError(f"{where} holds a {type(value).__module__}.{type(value).__qualname__} ({value!r:.60}), which a "
-                    f"checkpoint cannot keep: a callback's state may hold numbers, strings, None, lists, tuples, sets, "
-                    f"dicts and numeric numpy/JAX arrays. Convert it in state_dict() (and back in load_state_dict()).")
+    raise TypeError(f"{_state_place(where)} holds a {type(value).__module__}.{type(value).__qualname__} ({value!r:.60}), "
+                    f"which a checkpoint cannot keep: a callback's state may hold numbers, strings, None, lists, tuples, "
+                    f"sets, dicts and numeric numpy/JAX arrays. Convert it in state_dict() (and back in "
+                    f"load_state_dict()).")
+
+
+def _state_place(where: Any) -> str:
+    """``(("KeepsADate.state_dict()", "log", "item"), 2, "index")`` -> ``"KeepsADate.state_dict()['log'][2]"``."""
+    parts = []
+    while isinstance(where, tuple):
+        where, key, how = where
+        parts.append(f"[{key!r}]" if how == "item" else f"[{key}]" if how == "index" else " key")
+    return where + "".join(reversed(parts))
 
 
 def decode_state(value: Any) -> Any:
@@ -1020,14 +1044,13 @@ def _hashable(value: Any) -> Any:
     return value.item() if isinstance(value, np.ndarray) and value.ndim == 0 else value
 
 
-_JSON_SCALARS = (str, int, float, bool, type(None))
-
-
 def _jsonable(value: Any) -> Any:
     """``value`` as JSON data, copied (dicts and lists anew, arrays as nested lists)."""
     if type(value) in _JSON_SCALARS:  # most leaves: no isinstance checks against the ABCs
         return value
     if isinstance(value, (dict, Mapping)):
+        if _JSON_SCALARS.issuperset(map(type, value.values())):  # a row of numbers (a History's)
+            return dict(value)
         return {key: _jsonable(item) for key, item in value.items()}
     if isinstance(value, (list, tuple)):
         return [_jsonable(item) for item in value]

@@ -1333,8 +1333,9 @@ class MetricFiles:
         self._writer.submit(write_metrics, log_dir, name, dict(metrics), tag=file, lazy=True)
 
     def flush(self) -> None:
-        """Wait until every file asked for is written; raise a failed write's error."""
-        self._writer.flush()
+        """Write every file asked for and not written yet, on this thread (the writer's thread
+        finishes the one it is writing first); raise a failed write's error."""
+        self._writer.run_here()
 
 
 def enable_compilation_cache(setting: bool | str) -> str | None:

@@ -451,7 +451,8 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
         returns and written in the background; a non-finite state is not saved (a warning says why). An override
         not calling it saves its own way, at new best models only, as the UvA guide's (:attr:`own_checkpoints`)."""
         step, self._saved_by_flaxlight = (self.global_step if step is None else int(step)), True
-        self._unsaved = self._nonfinite.damage(self._loop, self.state, self._nonfinite_guard(), step)
+        snapshot = self.checkpointer.snapshot(self.state)  # one dispatch: the arrays to write, and a NaN/Inf check
+        self._unsaved = self._nonfinite.damage(self._loop, self.state, self._nonfinite_guard(), step, snapshot.finite)
         if self._unsaved:  # an interrupt's message says it again
             warnings.warn(f"Not saving checkpoint {step}: {self._unsaved}; the earlier checkpoints are kept.",
                           RuntimeWarning, stacklevel=2)
@@ -467,7 +468,7 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
                                              start_step=self._start_step, earlier_epochs=self._earlier_epochs,
                                              block_length=self.engine.chosen_block_length(),
                                              nonfinite=self._nonfinite.state_dict())
-        self.checkpointer.save(step, self.state, meta=meta.to_json(), metrics=chosen.score_of(step) if chosen else None,
+        self.checkpointer.save(step, snapshot, meta=meta.to_json(), metrics=chosen.score_of(step) if chosen else None,
                                before_write=records)
 
     def load_model(self, step: int | None = None) -> None:

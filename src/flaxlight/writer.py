@@ -139,6 +139,29 @@ class BackgroundWriter:
         """Run every queued job now (throttling lifted); raise if a job failed."""
         self.flush_as()
 
+    def run_here(self) -> None:
+        """What :meth:`flush` does, on the calling thread: the queued jobs run there, in order,
+        once the one running (if any) has ended, without waking the writer's thread and waiting
+        for it (two thread hand-offs: ~0.2 ms of each new best's save on the tiny MLP). Raises a
+        failure, the writer's earlier one or a job's here (the jobs behind it are not run). For a
+        writer without ``max_overhead``: the jobs' durations are not counted.
+
+        Examples:
+            >>> writer = BackgroundWriter("notes")
+            >>> done = []
+            >>> _ = writer.submit(done.append, "a", lazy=True)
+            >>> writer.run_here()
+            >>> done
+            ['a']
+        """
+        with self._changed:
+            jobs, self._queue = list(self._queue), collections.deque()  # taken before the writer starts one
+            while self._running is not None:
+                self._changed.wait()
+        self.raise_failure_as()
+        for job in jobs:
+            job.fn(*job.args)
+
     def raise_failure_as(self, error: Callable[[BaseException], BaseException] | None = None) -> None:
         """Raise the failure of a job (once), if one failed, as ``error(failure)`` (default: the
         failure itself); the jobs queued behind it are dropped."""
