@@ -118,6 +118,39 @@ def test_a_checkpoint_is_written_after_the_records_of_the_steps_before_it(tmp_pa
     assert recorder.flushed_on == {"flaxlight-logs"}
 
 
+class FallingError(Callback):
+    """Logs ``val/error`` = 1 / epoch: every validation finds a new best model."""
+
+    def on_validation_end(self, trainer, epoch, metrics):
+        trainer.log_metrics({"val/error": 1.0 / epoch})
+
+
+class CountsFlushes(Recorder):
+    def __init__(self):
+        super().__init__()
+        self.flushes = 0
+
+    def flush(self):
+        self.flushes += self.training
+
+
+def test_saves_at_each_new_best_that_are_replaced_unwritten_do_not_each_flush_the_loggers(
+        tmp_path, regression_loaders):
+    """With the default write budget the new bests' saves wait and are replaced unwritten; the
+    loggers' flush each one queued waits with the records and is replaced too (at most one a
+    second, as at epoch ends), instead of a flush per new best."""
+    train, val, _ = regression_loaders
+    recorder = CountsFlushes()
+    trainer = _trainer(tmp_path, loggers=[recorder], callbacks=[FallingError(), Training(recorder)],
+                       monitor="val/error", mode="min")
+    start = time.monotonic()
+    trainer.train_model(train, val, num_epochs=12)
+    seconds = time.monotonic() - start
+    assert [row["val/error"] for row in trainer.history] == [1.0 / epoch for epoch in range(1, 13)]
+    assert recorder.flushes <= seconds + 2, (recorder.flushes, seconds)
+    assert trainer.checkpointer.latest_step() == 12 * len(train)
+
+
 def test_an_override_of_save_metrics_hears_each_validation_as_before(tmp_path, regression_loaders):
     train, val, _ = regression_loaders
     heard = []
