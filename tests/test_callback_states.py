@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections.abc
 import datetime
 import os
 import warnings
@@ -96,6 +97,25 @@ def test_a_value_a_checkpoint_cannot_keep_is_named_by_its_place_in_the_state():
     rows = {"rows": [{"epoch": 1, "val/loss": 0.5, "note": None}, {"epoch": 2, "val/loss": np.float64(0.25)}]}
     encoded = encode_state(rows)
     assert decode_state(encoded) == rows and encoded["rows"][0] is not rows["rows"][0]  # a copy, not the rows
+
+    class Doubled(dict):  # a dict of one's own is read through its items(), as any Mapping
+        def items(self):
+            return [(key, 2 * value) for key, value in super().items()]
+
+    class Listed(collections.abc.Mapping):  # keys() as a list, and a lookup that never fails
+        def __getitem__(self, key):
+            return 1
+
+        def __iter__(self):
+            return iter(["a"])
+
+        def __len__(self):
+            return 1
+
+        def keys(self):
+            return ["a"]
+
+    assert encode_state({"d": Doubled(a=1), "m": Listed()}) == {"d": {"a": 2}, "m": {"a": 1}}
 
 
 class StopsBeforeEpoch(flaxlight.Callback):

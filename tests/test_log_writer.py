@@ -2,6 +2,8 @@
 a logger's failure comes out on the training thread; the files are complete when training ends."""
 
 import csv
+import os
+import signal
 import sys
 import threading
 import time
@@ -101,6 +103,78 @@ def test_run_here_runs_the_queue_on_the_caller_after_the_job_the_writer_is_runni
     with pytest.raises(ZeroDivisionError):
         writer.run_here()
     assert ran[-1] == ("newer", here) and writer.pending() == []
+
+
+class SlowToFlush(Logger):
+    def __init__(self, events, record_seconds=0.0):
+        self.events, self.record_seconds = events, record_seconds
+
+    def log_metrics(self, metrics, step):
+        time.sleep(self.record_seconds)
+        self.events.append(("written", step))
+
+    def flush(self):
+        self.events.append("flush starts")
+        time.sleep(0.2)
+        self.events.append("flush ends")
+
+
+def test_a_saves_wait_ends_after_a_flush_of_the_records_before_it_whoever_flushes_first():
+    """A checkpoint's writer waits (start_flush's waiter) for a flush that began once the records
+    logged before the save were written, also when the training thread flushes the loggers itself
+    meanwhile (trainer.logger.flush(), a log_image after the run)."""
+    events = []
+    collection = LoggerCollection([SlowToFlush(events, record_seconds=0.1)])
+    collection.log_metrics({"loss": 1.0}, 1)
+    wait = collection.start_flush()
+    flushing = threading.Thread(target=collection.flush)
+    flushing.start()
+    time.sleep(0.05)
+    wait()
+    events.append("checkpoint written")
+    flushing.join()
+    at = events.index("checkpoint written")
+    assert events.index(("written", 1)) < events.index("flush starts") < events.index("flush ends") < at, events
+    collection.finalize("success")
+
+
+def test_a_saves_wait_does_not_wait_for_the_records_logged_after_it():
+    """Records keep coming while the checkpoint's writer waits: it waits for the save's flush only."""
+    events = []
+    collection = LoggerCollection([SlowToFlush(events, record_seconds=0.002)])
+    collection.log_metrics({"loss": 1.0}, 0)
+    wait, waited = collection.start_flush(), []
+    waiting = threading.Thread(target=lambda: (wait(), waited.append(time.monotonic())))
+    start = time.monotonic()
+    waiting.start()
+    step = 1
+    while waiting.is_alive() and time.monotonic() - start < 10:
+        collection.log_metrics({"loss": 1.0}, step)  # faster than the logger writes them
+        step += 1
+        time.sleep(0.001)
+    waiting.join()
+    assert waited[0] - start < 2.0, (waited[0] - start, step)
+    collection.finalize("success")
+
+
+def test_run_here_interrupted_leaves_its_jobs_to_the_writer():
+    """A Ctrl-C while run_here waits for the writer's running job (or runs a job) loses no job:
+    the writer's thread runs them after the interrupt."""
+    writer, started, ran = BackgroundWriter("test-interrupted"), threading.Event(), []
+
+    def busy():
+        started.set()
+        time.sleep(0.3)
+
+    writer.submit(busy)
+    assert started.wait(5)
+    writer.submit(ran.append, "eval_epoch_007.json", lazy=True)
+    writer.submit(ran.append, "best_eval.json", lazy=True)
+    threading.Timer(0.05, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+    with pytest.raises(KeyboardInterrupt):
+        writer.run_here()
+    writer.flush()
+    assert ran == ["eval_epoch_007.json", "best_eval.json"]
 
 
 def _wait_for(condition, seconds):

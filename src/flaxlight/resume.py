@@ -990,11 +990,12 @@ def _encode(value: Any, where: Any) -> Any:
         return value
     if isinstance(value, (str, bool, int, float)):  # their subclasses (np.float64, an IntEnum)
         return value
-    if kind is dict or isinstance(value, Mapping):
-        if (_STR.issuperset(map(type, value)) or all(isinstance(key, str) for key in value)) \
-                and value.keys().isdisjoint(_TAGS):
-            if _JSON_SCALARS.issuperset(map(type, value.values())):  # a row of numbers: copied whole
-                return dict(value)
+    if kind is dict and _STR.issuperset(map(type, value)) and value.keys().isdisjoint(_TAGS):
+        if _JSON_SCALARS.issuperset(map(type, value.values())):  # a row of numbers: copied whole
+            return dict(value)
+        return {key: _encode(item, (where, key, "item")) for key, item in value.items()}
+    if isinstance(value, Mapping):  # any Mapping, read through its items() as it defines them
+        if all(isinstance(key, str) for key in value) and not set(value) & set(_TAGS):
             return {key: _encode(item, (where, key, "item")) for key, item in value.items()}
         return {"__items__": [[_encode(key, (where, key, "key")), _encode(item, (where, key, "item"))]
                               for key, item in value.items()]}
@@ -1049,7 +1050,7 @@ def _jsonable(value: Any) -> Any:
     if type(value) in _JSON_SCALARS:  # most leaves: no isinstance checks against the ABCs
         return value
     if isinstance(value, (dict, Mapping)):
-        if _JSON_SCALARS.issuperset(map(type, value.values())):  # a row of numbers (a History's)
+        if type(value) is dict and _JSON_SCALARS.issuperset(map(type, value.values())):  # a row of numbers
             return dict(value)
         return {key: _jsonable(item) for key, item in value.items()}
     if isinstance(value, (list, tuple)):

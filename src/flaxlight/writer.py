@@ -59,6 +59,7 @@ class BackgroundWriter:
         self._thread: threading.Thread | None = None
         self._changed = threading.Condition()
         self._flushing = 0
+        self._held_by_caller = 0  # while run_here runs the queue on its caller's thread, this one starts no job
         self._failure: BaseException | None = None
         self._quiet_until = 0.0  # throttled jobs wait until then (monotonic seconds)
         self.last_duration: float | None = None  # seconds the latest throttled job took (its set-up left out)
@@ -140,11 +141,12 @@ class BackgroundWriter:
         self.flush_as()
 
     def run_here(self) -> None:
-        """What :meth:`flush` does, on the calling thread: the queued jobs run there, in order,
-        once the one running (if any) has ended, without waking the writer's thread and waiting
-        for it (two thread hand-offs: ~0.2 ms of each new best's save on the tiny MLP). Raises a
-        failure, the writer's earlier one or a job's here (the jobs behind it are not run). For a
-        writer without ``max_overhead``: the jobs' durations are not counted.
+        """What :meth:`flush` does, on the calling thread: once the job running (if any) has ended,
+        the queued jobs run there, in order, the writer's thread starting none meanwhile, without
+        waking it and waiting for it (two thread hand-offs: ~0.2 ms of each new best's save on the
+        tiny MLP). Raises a failure, the writer's earlier one or a job's here (the jobs behind it
+        are not run); interrupted (Ctrl-C), it leaves the job it was in and the rest to the writer's
+        thread. For a writer without ``max_overhead``: the jobs' durations are not counted.
 
         Examples:
             >>> writer = BackgroundWriter("notes")
@@ -154,13 +156,32 @@ class BackgroundWriter:
             >>> done
             ['a']
         """
-        with self._changed:
-            jobs, self._queue = list(self._queue), collections.deque()  # taken before the writer starts one
-            while self._running is not None:
-                self._changed.wait()
         self.raise_failure_as()
-        for job in jobs:
-            job.fn(*job.args)
+        with self._changed:
+            self._held_by_caller += 1
+        try:
+            with self._changed:
+                while self._running is not None:
+                    self._changed.wait()
+            while True:
+                with self._changed:
+                    if not self._queue:
+                        return
+                    job = self._queue.popleft()
+                try:
+                    job.fn(*job.args)
+                except Exception:
+                    with self._changed:
+                        self._queue.clear()  # as after the writer's own failure: nothing behind it runs
+                    raise
+                except BaseException:  # an interrupt: the writer's thread runs the job again, then the rest
+                    with self._changed:
+                        self._queue.appendleft(job)
+                    raise
+        finally:
+            with self._changed:
+                self._held_by_caller -= 1
+                self._changed.notify_all()
 
     def raise_failure_as(self, error: Callable[[BaseException], BaseException] | None = None) -> None:
         """Raise the failure of a job (once), if one failed, as ``error(failure)`` (default: the
@@ -188,6 +209,9 @@ class BackgroundWriter:
                     self._thread = None  # idle: the thread ends; the next submit starts one
                     self._changed.notify_all()
                     return None
+                if self._held_by_caller:
+                    self._changed.wait()
+                    continue
                 job = self._queue[0]
                 wait = self._quiet_until - time.monotonic()
                 if job.throttled and self.max_overhead is not None and wait > 0 and not self._flushing:

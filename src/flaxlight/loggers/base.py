@@ -103,6 +103,8 @@ class LoggerCollection(Logger):
         self._final_status: str | None = None
         self._flushed_at = -float("inf")  # time.monotonic() of the latest flush (flush_soon's or a deferred one)
         self._deferred: Any = None  # the queued job of a flush that flush_soon skipped
+        self._save_flush: Any = None  # the queued job of the newest save's flush (start_flush)
+        self._save_flushes_queued = self._save_flushes_done = 0  # start_flush's flushes, numbered
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_") or "loggers" not in self.__dict__:
@@ -187,13 +189,13 @@ class LoggerCollection(Logger):
 
     def start_flush(self) -> Callable[[], None]:
         """Queue a flush behind the records logged so far, without waking the writer, and return a
-        function that waits, from any thread, until the writer has written and flushed everything
-        queued (a checkpoint's writer waits for it right before the write: the training thread does
+        function that waits, from any thread, until that flush (or a later one of this method's) has
+        run (a checkpoint's writer waits for it right before the write: the training thread does
         not). A save at each new best model is mostly replaced before its write: its flush then
-        runs with the records, within the writer's idle time (a second), and a later one takes its
-        place, as :meth:`flush_soon`'s (a flush per new best cost a small model's epochs ~0.4 ms of
-        CPU). A writer's failure is raised at the next call, as for any record. Without a
-        background writer, the flush is made now.
+        runs with the records, within the writer's idle time (a second), unless the next save's
+        flush, queued behind newer records, takes its place first (a flush per new best cost a
+        small model's epochs ~0.4 ms of CPU). A writer's failure is raised at the next call, as for
+        any record. Without a background writer, the flush is made now.
 
         Examples:
             >>> wait = logger.start_flush()   # doctest: +SKIP
@@ -202,11 +204,18 @@ class LoggerCollection(Logger):
         if self._writer is None:
             self._each("flush")
             return lambda: None
-        if self._deferred is not None:  # one queued flush, behind the newest records
-            self._writer.withdraw([self._deferred])
         self._writer.raise_failure_as(self._failure)
-        self._deferred, writer = self._writer.submit(self._deferred_flush, lazy=True), self._writer
-        return lambda: writer.wait_until(lambda: False)  # the queue written: the records and a flush behind them
+        self._writer.withdraw([job for job in (self._deferred, self._save_flush) if job is not None])
+        self._deferred, self._save_flushes_queued = None, self._save_flushes_queued + 1
+        number, writer = self._save_flushes_queued, self._writer
+        self._save_flush = writer.submit(self._flush_for_save, number, lazy=True)
+        return lambda: writer.wait_until(lambda: self._save_flushes_done >= number)
+
+    def _flush_for_save(self, number: int) -> None:
+        """:meth:`start_flush`'s flush (on the writer thread): the saves numbered up to ``number`` may be written."""
+        self._flushed_at = time.monotonic()
+        self._each("flush")
+        self._save_flushes_done = number
 
     def flush_soon(self) -> None:
         """Queue a flush behind the records logged so far; returns at once. Within
