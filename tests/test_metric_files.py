@@ -69,6 +69,28 @@ def test_the_files_are_written_off_the_training_thread_while_it_trains(tmp_path,
     assert writers["eval_epoch_001"] is not threading.main_thread()
 
 
+def test_queued_files_wake_their_writer_once_a_batch_is_waiting(tmp_path, monkeypatch):
+    """Files are written in batches: within the writer's idle time, or as soon as a batch is queued,
+    so that a flush at a checkpoint finds at most a batch left (not a second's worth of tiny epochs)."""
+    monkeypatch.setattr(BackgroundWriter, "idle_seconds", 30.0)
+    files, folder = runfiles.MetricFiles(), tmp_path / "metrics"
+    written = lambda: len([name for name in os.listdir(folder) if name.endswith(".json")]) if folder.exists() else 0
+    files.write_soon(str(tmp_path), "eval_epoch_001", {"val/loss": 1.0})  # starts the writer's thread
+    deadline = time.monotonic() + 5
+    while written() < 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.1)  # the thread waits for more
+    for epoch in range(2, 2 + runfiles.MetricFiles.batch - 1):
+        files.write_soon(str(tmp_path), f"eval_epoch_{epoch:03d}", {"val/loss": 1.0 / epoch})
+    time.sleep(0.3)
+    assert written() == 1  # a batch less one: they wait (for the idle time, 30 s here)
+    files.write_soon(str(tmp_path), "best_eval", {"val/loss": 0.1})  # the batch is full: the writer wakes
+    while written() < 1 + runfiles.MetricFiles.batch and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert written() == 1 + runfiles.MetricFiles.batch
+    files.flush()
+
+
 class Recorder(Logger):
     """Notes the records, and on which threads the flushes ran while a run's epochs went on."""
 
@@ -144,11 +166,13 @@ def test_saves_at_each_new_best_that_are_replaced_unwritten_do_not_each_flush_th
     trainer = _trainer(tmp_path, loggers=[recorder], callbacks=[FallingError(), Training(recorder)],
                        monitor="val/error", mode="min")
     start = time.monotonic()
-    trainer.train_model(train, val, num_epochs=12)
+    trainer.train_model(train, val, num_epochs=30)
     seconds = time.monotonic() - start
-    assert [row["val/error"] for row in trainer.history] == [1.0 / epoch for epoch in range(1, 13)]
-    assert recorder.flushes <= seconds + 2, (recorder.flushes, seconds)
-    assert trainer.checkpointer.latest_step() == 12 * len(train)
+    assert [row["val/error"] for row in trainer.history] == [1.0 / epoch for epoch in range(1, 31)]
+    # a flush per new best was 30 (and more); now those the writer runs while it is awake anyway (at the
+    # run's start, at flush_soon's at most one a second)
+    assert recorder.flushes <= 2 * seconds + 8, (recorder.flushes, seconds)
+    assert trainer.checkpointer.latest_step() == 30 * len(train)
 
 
 def test_an_override_of_save_metrics_hears_each_validation_as_before(tmp_path, regression_loaders):

@@ -1321,6 +1321,8 @@ class MetricFiles:
         ['eval_epoch_001.json']
     """
 
+    batch = 16  # files queued that wake the writer (else it takes them within its idle time): what a flush may find left
+
     def __init__(self):
         self._writer = BackgroundWriter("metric-files")
 
@@ -1328,9 +1330,9 @@ class MetricFiles:
         """Queue ``<log_dir>/metrics/<name>.json`` (a copy of ``metrics`` is written); the same
         file's earlier values, if still queued, are not written."""
         self._writer.raise_failure_as()
-        file = (log_dir, name)
-        self._writer.withdraw([job for job in self._writer.pending() if job.tag == file])
-        self._writer.submit(write_metrics, log_dir, name, dict(metrics), tag=file, lazy=True)
+        file, queued = (log_dir, name), self._writer.pending()
+        self._writer.withdraw([job for job in queued if job.tag == file])
+        self._writer.submit(write_metrics, log_dir, name, dict(metrics), tag=file, lazy=len(queued) + 1 < self.batch)
 
     def flush(self) -> None:
         """Write every file asked for and not written yet, on this thread (the writer's thread
