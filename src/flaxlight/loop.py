@@ -423,7 +423,9 @@ class EventSchedule:
         >>> schedule = EventSchedule()
         >>> schedule.plan(step=0, intervals=[200], max_steps=None, notes_every=50)
         50
-        >>> schedule.looks_up(50, 1, {"totals": None}), [step for step, _, _ in schedule.notes], schedule.next_step
+        >>> from flaxlight.metrics import Totals
+        >>> sums = {"totals": Totals.zeros(["loss"])}  # the step's metric sums
+        >>> schedule.looks_up(50, 1, sums), [step for step, _, _ in schedule.notes], schedule.next_step
         (False, [50], 100)
     """
 
