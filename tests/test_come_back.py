@@ -150,6 +150,21 @@ def test_a_resume_with_nothing_left_to_train_writes_nothing_and_says_so(tmp_path
     assert again.global_step == 24 and result["val/loss"] == best["val/loss"]
 
 
+def test_a_trainer_whose_resume_had_nothing_to_train_tests_the_runs_best_model_into_the_run(tmp_path):
+    """The message of a resume with nothing left to train says trainer.test(...) tests the run's
+    best model again: it does, and the test's record joins the run's own, as after a resume that
+    trains (it was refused as a new trainer's first record in another run's folder)."""
+    run = tmp_path / "run"
+    best = _trainer(run).train_model(*_loaders(), num_epochs=3)
+    again = _trainer(run)
+    again.train_model(*_loaders(), num_epochs=3, resume=True)
+    tested = again.test(_loaders()[1])
+    assert tested["test/loss"] == pytest.approx(best["val/loss"], rel=1e-6)  # the best model, on its validation data
+    with open(run / "metrics.csv") as f:
+        rows = [row for row in csv.DictReader(f) if row.get("test/loss")]
+    assert [(int(row["step"]), float(row["test/loss"])) for row in rows] == [(24, pytest.approx(tested["test/loss"]))]
+
+
 # ----------------------------------------------------------------- 3b and 4. a run killed with kill -9
 KILLED_RUN = textwrap.dedent("""
     import os, signal, sys

@@ -480,6 +480,7 @@ class TrainerViewMixin:
         self._settle_global_step(meta.step)  # the batches it trained (state.step counts the updates)
         self._best_eval_metrics, self._loop = meta.best_eval_metrics, meta.loop_state(self.steps_per_epoch)
         meta.restore_callbacks(self.callbacks)
+        self._trained_here = True  # it continued the run in place (for no epoch): its test() adds to the run's records
         tested = (" The test_loader was not run: trainer.test(test_loader) tests the run's best model again."
                   if test_loader is not None else "")
         messages.warning(f"Nothing to train: the run in {os.path.dirname(source.directory)} has reached {reached}; "
