@@ -307,17 +307,20 @@ def test_a_wrong_exmp_input_at_load_is_named_beside_the_different_model_message(
 
 def test_one_checkpoint_of_a_run_loads_by_its_step_folder_or_load_model(tmp_path, regression_loaders):
     """load_from_checkpoint(".../checkpoints/<step>") failed with "No hparams.yaml"; load_model(step)
-    restored the step but left global_step at the loaded one's, so test() logged at the wrong step."""
+    restored the step but left global_step at the loaded one's, so test() logged at the wrong step;
+    current_epoch said 1 after any load (it is the loaded checkpoint's epoch, as Lightning's)."""
     train, val, test = regression_loaders
     RegressTrainer(model_class=TinyMLP, model_hparams={"hidden_dims": [8]}, optimizer_hparams={"lr": 1e-2},
                    exmp_input=X0, callbacks=[flaxlight.ModelCheckpoint(save_top_k=-1, every_n_epochs=1)],
                    **quiet(tmp_path)).train_model(train, val, num_epochs=3)
     run = tmp_path / "run"
     first = RegressTrainer.load_from_checkpoint(run / "checkpoints" / "8", exmp_input=X0)
-    assert int(first.state.step) == first.global_step == 8 and first.log_dir == str(run)
+    assert int(first.state.step) == first.global_step == 8 and first.log_dir == str(run) and first.current_epoch == 1
     by_step = first.test(test, name="first")
     loaded = RegressTrainer.load_from_checkpoint(run, exmp_input=X0, which="last")
-    assert loaded.global_step == 24
+    assert loaded.global_step == 24 and loaded.current_epoch == 3
+    loaded.load_model(16)
+    assert int(loaded.state.step) == loaded.global_step == 16 and loaded.current_epoch == 2
     loaded.load_model(8)
     assert int(loaded.state.step) == loaded.global_step == 8
     assert loaded.test(test, name="again")["test_again/loss"] == pytest.approx(by_step["test_first/loss"], rel=1e-6)

@@ -803,6 +803,15 @@ def run_length(checkpointer: Checkpointer) -> tuple[int, int]:
     return meta.num_epochs or 1, meta.steps_per_epoch or 1
 
 
+def checkpoint_epoch(checkpointer: Checkpointer, step: int) -> int | None:
+    """The run's epoch (1-based) that checkpoint ``step`` was saved in (after it, or during it for a
+    checkpoint taken mid-epoch); None when its meta does not read."""
+    try:
+        return CheckpointMeta.from_json(checkpointer.read_meta(step)).epoch
+    except Exception:  # noqa: BLE001 - a checkpoint without a readable meta: the caller falls back
+        return None
+
+
 def epoch_length(checkpointer: Checkpointer) -> int | None:
     """The run's batches per epoch, from the newest checkpoint whose meta reads (where an
     accumulating optimizer applied a partial group: its schedule's updates depend on it); None

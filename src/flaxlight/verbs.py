@@ -360,6 +360,7 @@ class TrainerVerbsMixin:
             if not _same_settings(wanted, saved):  # another optimizer: train_model builds it, for its own run
                 trainer.optimizer_plan = None
         trainer._settle_global_step(step)  # the batches the checkpoint trained, not state.step (its updates)
+        trainer._settle_loaded_epoch(source, step)
         trainer.logger.continue_run()  # test() and log_metrics add to the run's records
         return trainer
 
@@ -386,6 +387,7 @@ class TrainerVerbsMixin:
         trainer._hparams_written = trainer._loaded = True
         trainer._load_for_resume(None, purpose="load_from_checkpoint")
         trainer._settle_global_step()  # no meta: the state's step (its load_model replaced the state)
+        trainer._settle_loaded_epoch()
         trainer.logger.continue_run()
         return trainer
 

@@ -146,7 +146,8 @@ class TrainerViewMixin:
     @property
     def current_epoch(self) -> int:
         """The epoch being trained (1-based, where Lightning's starts at 0; the next one between
-        epochs). Read while the step is traced (in ``loss_fn``), it warns: jit would compile it in
+        epochs); after ``train_model``, its last; after ``load_from_checkpoint`` or ``load_model``,
+        the loaded checkpoint's. Read while the step is traced (in ``loss_fn``), it warns: jit would compile it in
         as a constant; the step reads ``state.epoch`` instead (:func:`watch_traced_reads`)."""
         _warn_if_traced(self, "current_epoch", self._loop.epoch)
         return self._loop.epoch
@@ -425,6 +426,14 @@ class TrainerViewMixin:
             checkpoint_step = counted if state_step == at else state_step
         self.global_step = int(checkpoint_step)
         self._step_count = (self.global_step, state_step)
+
+    def _settle_loaded_epoch(self, checkpointer: Any = None, step: int | None = None) -> None:
+        """After a load outside a run: ``current_epoch`` is the loaded model's epoch, the one its
+        checkpoint ``step`` was saved in (from its meta), else the epochs ``state.epoch`` counts."""
+        epoch = resume.checkpoint_epoch(checkpointer, step) if checkpointer is not None and step is not None else None
+        if epoch is None:
+            epoch = int(to_host(getattr(self.state, "epoch", 0) or 0))
+        self._loop = dataclasses.replace(self._loop, epoch=max(1, int(epoch)))
 
     def _end_epoch_count(self, nonfinite: int, state_step: int) -> None:
         """At a training epoch's end, its one read of the sums (which brings ``state.step`` along):
@@ -1127,6 +1136,7 @@ class TrainerViewMixin:
             raise
         if not self._in_run:
             self._settle_global_step(step)
+            self._settle_loaded_epoch(self.checkpointer, step)
 
     def _load_for_resume(self, step: int | None = None, purpose: str = "a resume") -> Any:
         """Checkpoint ``step`` (None: the best) restored through ``load_model`` for ``purpose``; returns
