@@ -232,6 +232,26 @@ def test_eval_is_compiled_ahead_in_the_background(tmp_path):
     assert trainer.validation_compiles == [0, 0]  # neither shape compiled in the training thread
 
 
+def test_a_resumed_runs_validation_is_compiled_ahead_too(tmp_path):
+    """A resume restores arrays committed to the device, where a fresh model's are not: the eval
+    step compiled ahead for the fresh placement was compiled again in the training thread at the
+    first validation, twice (its zeroed sums placed otherwise than the sums it returns), as was the
+    train step once more; both are now compiled for the restored state's placement."""
+    train = ArrayLoader(*linear_data(256, 0), batch_size=32)
+    val = ArrayLoader(*linear_data(50, 1), batch_size=16)
+
+    def trainer():
+        made = CompileWatcher(model_class=TinyMLP, model_hparams={"hidden_dims": [24]}, optimizer_hparams={},
+                              exmp_input=X0, **quiet(tmp_path))
+        made.validation_compiles = []
+        return made
+
+    trainer().train_model(train, val, num_epochs=2)
+    resumed = trainer()
+    resumed.train_model(train, val, num_epochs=4, resume=True)
+    assert resumed.global_step == 32 and resumed.validation_compiles == [0, 0]
+
+
 @pytest.mark.parametrize("drop_last, stop, start, steps, global_step", [
     (False, 10, 0, 1, 0),   # every batch, the smaller last one included
     (True, 9, 0, 4, 3),     # blocks of 4 aligned to global-step multiples, singles around them

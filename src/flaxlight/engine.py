@@ -52,8 +52,8 @@ from flaxlight.data import (ArrayLoader, DeviceEpoch, FirstBatches, Prefetcher, 
                             noting_loader_errors,
                             positioned_iterator, same_shapes, take_batches)
 from flaxlight.lean import LeanLoop, strip_idle_fields
-from flaxlight.metrics import (accumulate, batch_size, deliberate_reads, fresh_zeros, init_accumulator, result_shapes,
-                               step_finite, tree_finite, with_saved_objects, device_copy as device_copy_of)
+from flaxlight.metrics import (accumulate, batch_size, deliberate_reads, fresh_zeros, init_accumulator, placed_like,
+                               result_shapes, step_finite, tree_finite, with_saved_objects, device_copy as device_copy_of)
 from flaxlight.optim import apply_accumulated, updates_at_epoch_end
 from flaxlight.resume import epoch_setter
 
@@ -245,6 +245,7 @@ class Engine:
         self._templates: dict = {}
         self._eval_compiler: threading.Thread | None = None
         self._eval_lowered: list = []  # eval steps traced before the run, compiled once it trains
+        self._eval_ahead: tuple = ((), None)  # the batches they were traced for, and the state's device if committed
         self.eval_metric_names: tuple[str, ...] | None = None  # what they return, known once traced
         self.eval_result_shapes: dict[str, tuple[int, ...]] = {}  # metric objects' results, known then too
         self._epoch_ahead: DeviceEpoch | None = None
@@ -335,7 +336,7 @@ class Engine:
                 raise TypeError(f"The {kind} step must return metrics as a dict; got {type(metrics).__name__}.")
             self._templates[key] = init_accumulator(metrics)
         # The train loop does not donate its sums: the zeros are shared. Evaluation donates them.
-        return self._templates[key] if kind == "train" else fresh_zeros(self._templates[key])
+        return placed_like(self._templates[key] if kind == "train" else fresh_zeros(self._templates[key]), state)
 
     # ------------------------------------------------------------------ feeding
     def serves_device_epochs(self, loader) -> bool:
@@ -460,7 +461,7 @@ class Engine:
         interrupt) leaves the gradients of its partial group in the optimizer state, where a resumed
         run goes on with them: it then equals the uninterrupted run.
         """
-        self._start_eval_compile()
+        self._start_eval_compile(span.state)
         self._updated_at = None
         feed = self.feed(loader, span.batches, stop, span.step, position, skip, epoch)
         try:
@@ -753,22 +754,34 @@ class Engine:
         if self.debug or not examples:
             return
         try:
-            lowered = [self._evaluate_jit(args[2]).lower(*args) for args in
-                       (self._eval_specs(state, batch) for batch in examples)]
+            lowered = self._lower_eval(state, examples)
         except Exception:  # noqa: BLE001 - the real step on the same batches raises the real error, if any
             self.evaluate(state, examples, on_first_batch=lambda batch: None, after_batch=lambda: None)
             return
 
         self._eval_lowered = lowered  # compiled while the first epoch trains (the run's folder is claimed then)
+        self._eval_ahead = (examples, _committed_device(state))  # a resume's restored state is placed otherwise
         sums = lowered[0].out_info
         self.eval_metric_names = (*sums["totals"].names, *sums.get("objects", {}))
         self.eval_result_shapes = result_shapes(sums.get("objects", {}))
 
-    def _start_eval_compile(self) -> None:
-        """Start compiling the eval steps :meth:`compile_eval_ahead` traced, in a background thread."""
+    def _lower_eval(self, state, examples) -> list:
+        """The eval step lowered for ``state`` and each of ``examples`` (batches)."""
+        return [self._evaluate_jit(args[2]).lower(*args) for args in (self._eval_specs(state, b) for b in examples)]
+
+    def _start_eval_compile(self, state) -> None:
+        """Start compiling the eval steps :meth:`compile_eval_ahead` traced, in a background thread;
+        traced again first when ``state`` is placed otherwise than the state they were traced for (a
+        resume restores arrays committed to a device: jit compiles a step for each placement)."""
         lowered, self._eval_lowered = self._eval_lowered, []
         if not lowered:
             return
+        examples, placed = self._eval_ahead
+        if _committed_device(state) != placed:
+            try:
+                lowered = self._lower_eval(state, examples)
+            except Exception:  # noqa: BLE001 - it traced for the same shapes before; evaluate reports any error
+                return
 
         def compile_all():
             for step in lowered:
@@ -785,10 +798,19 @@ class Engine:
         if self.mesh is not None:
             batch = dist.to_global_batch(batch, self.mesh)
         acc = self.zero_sums("eval", state, batch)
-        state, acc = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype), (state, acc))
+        device = _committed_device(state) if self.mesh is None else None  # a restored state's, and its sums'
+        state, acc = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype, sharding=device), (state, acc))
         placed = self.mesh is not None  # the batch's placement, leaf by leaf (see dist.step_batch_sharding)
         return state, acc, jax.tree.map(lambda x: jax.ShapeDtypeStruct(
             np.shape(x), x.dtype, sharding=x.sharding if placed else None), batch)
+
+
+def _committed_device(state) -> Any:
+    """The single-device sharding ``state``'s arrays are committed to (a restored checkpoint's
+    are), else None (a fresh model's arrays, which jit places as it likes)."""
+    ref = next((x for x in jax.tree.leaves(state) if isinstance(x, jax.Array)), None)
+    committed = ref is not None and getattr(ref, "committed", False)
+    return ref.sharding if committed and isinstance(ref.sharding, jax.sharding.SingleDeviceSharding) else None
 
 
 class LearningRateTable:

@@ -281,6 +281,22 @@ def fresh_zeros(tree):
     return jax.tree.map(jnp.zeros_like, tree)
 
 
+def placed_like(tree, state):
+    """``tree`` committed to the one device ``state``'s arrays are committed to (a restored
+    checkpoint's are; a fresh model's are not), else as it is: a jitted step then sees all its
+    arguments placed alike from its first call on, and compiles once (jit keys its cache on that).
+
+    Examples:
+        >>> restored = jax.device_put(jnp.ones(2), jax.devices()[0])
+        >>> placed_like(jnp.zeros(3), {"w": restored}).committed, placed_like(jnp.zeros(3), {"w": jnp.ones(2)}).committed
+        (True, False)
+    """
+    ref = next((x for x in jax.tree.leaves(state) if isinstance(x, jax.Array)), None)
+    if ref is None or not getattr(ref, "committed", False) or not isinstance(ref.sharding, jax.sharding.SingleDeviceSharding):
+        return tree
+    return jax.device_put(tree, ref.sharding)
+
+
 def to_host(tree):
     """``jax.device_get`` that also reads replicated arrays spread over several processes (on
     the CPU in one process, numpy reads the arrays in place: a few microseconds per leaf)."""

@@ -34,7 +34,7 @@ from flaxlight.checkpoint import Checkpointer, DamagedCheckpointError
 from flaxlight.data import is_stream
 from flaxlight.loop import LoopState, RunSoFar, safe_len
 from flaxlight.messages import logger as messages, warn_at_user
-from flaxlight.metrics import Totals, to_host
+from flaxlight.metrics import Totals, placed_like, to_host
 from flaxlight.runfiles import ABANDONED_DIR, CHECKPOINT_DIR, HPARAMS_FILE, METRICS_DIR, run_files_present, write_metrics
 
 __all__ = ["CheckpointMeta", "choose_step", "pick_checkpoint", "restore_run", "run_length", "epoch_length", "earlier_epochs",
@@ -131,12 +131,13 @@ class CheckpointMeta:
                    callbacks={name: encode_state(cb.state_dict(), f"{type(cb).__name__}.state_dict()")
                               for name, cb in named_callbacks(callbacks)}, **run)
 
-    def loop_state(self, steps_per_epoch: int | None = None) -> LoopState:
+    def loop_state(self, steps_per_epoch: int | None = None, like: Any = None) -> LoopState:
         """Where the loop continues: the saved position, or the next epoch after an epoch's end.
         ``steps_per_epoch``: the resumed run's epoch length; a checkpoint taken after the last batch
-        of an epoch of another length (before the epoch's end routine) continues with none left."""
+        of an epoch of another length (before the epoch's end routine) continues with none left.
+        ``like``: the restored state, whose placement the epoch's metric sums take."""
         loop = LoopState(epoch=self.epoch, phase=self.phase, batch_index=self.batch_index, validated=self.validated,
-                         acc=sums_from_json(self.train_sums), train_metrics=dict(self.train_metrics),
+                         acc=placed_like(sums_from_json(self.train_sums), like), train_metrics=dict(self.train_metrics),
                          loader_position=self.loader_position if self.phase == "train" else None,
                          owed_events=list(self.owed_events), owed_steps=self.owed_steps,
                          epochs_before=self.epochs_before, resumed_epoch_length=self.steps_per_epoch,

@@ -487,7 +487,7 @@ class TrainerModule(TrainerViewMixin, TrainerVerbsMixin):
             return self._go_on_from_the_loaded_model(target)
         self.state, meta, step = restored
         target.begin(meta, self.checkpointer, self.log_dir)  # a rewind sets the later branch aside
-        self._loop, self._best_eval_metrics = meta.loop_state(self.steps_per_epoch), meta.best_eval_metrics
+        self._loop, self._best_eval_metrics = meta.loop_state(self.steps_per_epoch, like=self.state), meta.best_eval_metrics
         meta.restore_callbacks(self.callbacks)
         self.engine.adopt_block_length(meta.block_length)
         self._nonfinite.load_state_dict(meta.nonfinite, step)
