@@ -441,8 +441,11 @@ def test_fast_dev_run_n_runs_n_batches_of_each_and_refuses_other_values(tmp_path
 
 
 def test_bad_callback_settings_are_explained(tmp_path, regression_loaders):
-    with pytest.raises(TypeError, match="Callback instances; got str"):
+    with pytest.raises(TypeError, match=r"Callback instances; got the string 'early_stopping'\. Build it: e\.g\. "
+                                        r"flaxlight\.callbacks\.EarlyStopping\(monitor='val/loss', patience=3\)"):
         _trainer(tmp_path, callbacks=["early_stopping"])
+    with pytest.raises(TypeError, match=r"got the class EarlyStopping itself: write EarlyStopping\(\.\.\.\)\."):
+        _trainer(tmp_path, callbacks=[EarlyStopping])
     # two of them deleted each other's checkpoints, the best included, and test() got another model
     with pytest.raises(ValueError, match="2 ModelCheckpoint callbacks; give one: they share the run's checkpoints"):
         _trainer(tmp_path, callbacks=[ModelCheckpoint(monitor="val/loss", save_top_k=2),

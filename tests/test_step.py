@@ -105,6 +105,10 @@ def test_common_loss_fn_return_mistakes_are_named():
         TrainStep(per_example).step(state, (x, y))
     with pytest.raises(TypeError, match=r"returned a loss of shape \(8, 1\).*take its mean"):  # it was jax's own error
         TrainStep(lambda params, batch, **kw: (per_example(params, batch, **kw), {})).step(state, (x, y))
+    lightning = TrainStep(lambda params, batch, **kw: {"loss": _mse(params, batch, **kw)[0], "mae": 0.0})
+    with pytest.raises(TypeError, match=r"returned a dict with 'loss' \(Lightning's training_step habit\).*"
+                                        r"`return loss, \(metrics, updates\)`, with the dict's other entries \('mae'\)"):
+        lightning.step(state, (x, y))
     bare = TrainStep(lambda params, batch, **kw: _mse(params, batch, **kw)[0])  # a bare loss, as Lightning takes
     _, metrics = bare.step(state, (x, y))
     assert set(metrics) == {"loss"} and set(bare.eval_step(state, (x, y))) == {"loss"}

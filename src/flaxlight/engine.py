@@ -584,8 +584,9 @@ class Engine:
                 self.block_length = longest if longer_block_pays(fused, longer, accelerator) else fused_length
             messages.info(f"steps_per_execution='auto': {self.block_length} step(s) per dispatch (measured "
                           f"{single * 1e6:.0f} us per single step, {fused * 1e6:.0f} us per step in blocks of "
-                          f"{fused_length}); log points not at a multiple of it fall on block ends: pass "
-                          f"steps_per_execution={self.block_length} for runs whose metrics.csv must match this one.")
+                          f"{fused_length})" + (f"; log points not at a multiple of it fall on block ends: pass "
+                          f"steps_per_execution={self.block_length} for runs whose metrics.csv must match this one."
+                                                if self.block_length > 1 else ": blocks would not pay here."))
         else:
             messages.info(f"steps_per_execution='auto': 1 step per dispatch (a single step takes "
                           f"{single * 1e3:.1f} ms: dispatch costs little next to it).")

@@ -58,6 +58,12 @@ def _split_loss(out, where: str):
                         f"`return loss, metrics, updates`.")
     if getattr(out, "ndim", None) == 0 or isinstance(out, (int, float)):
         return out, None
+    if isinstance(out, Mapping) and "loss" in out:  # Lightning's training_step habit: {"loss": loss, ...}
+        rest = ", ".join(repr(key) for key in out if key != "loss")
+        raise TypeError(f"{where} returned a dict with 'loss' (Lightning's training_step habit); flaxlight's loss_fn "
+                        f"returns a tuple: `return loss, (metrics, updates)`"
+                        + (f", with the dict's other entries ({rest}) as metrics." if rest else
+                           " (metrics a dict of scalars, updates the model's batch-statistics updates, e.g. {})."))
     raise TypeError(f"{where} must return (loss, metrics) or (loss, (metrics, updates)) with a scalar loss; got "
                     f"{type(out).__name__}{f' of shape {tuple(out.shape)}' if hasattr(out, 'shape') else ''} (a "
                     f"loss per example? take its mean).")

@@ -30,7 +30,7 @@ def with_default_callbacks(callbacks: list[Callback], options: Any, enable_progr
     """
     for callback in callbacks:
         if not isinstance(callback, Callback):
-            raise TypeError(f"callbacks must be flaxlight.Callback instances; got {type(callback).__name__}.")
+            raise TypeError(_not_a_callback(callback))
         check_callback_hooks(callback)  # Lightning's hook names and signatures: said before any training
     def given(kind: type) -> bool:  # a subclass counts: it replaces the default
         return any(isinstance(cb, kind) for cb in callbacks)
@@ -130,3 +130,20 @@ def start_fresh(callbacks: list[Callback], validates: bool = True) -> None:
             callback.start_call()
         elif isinstance(callback, (EarlyStopping, Timer)):
             callback.load_state_dict({})
+
+
+def _not_a_callback(given: Any) -> str:
+    """What to say of an entry of ``callbacks`` that is no :class:`Callback` instance.
+
+    Examples:
+        >>> _not_a_callback(ModelCheckpoint)
+        'callbacks must be flaxlight.Callback instances; got the class ModelCheckpoint itself: write ModelCheckpoint(...).'
+    """
+    if isinstance(given, type) and issubclass(given, Callback):
+        return (f"callbacks must be flaxlight.Callback instances; got the class {given.__name__} itself: write "
+                f"{given.__name__}(...).")
+    if isinstance(given, str):
+        return (f"callbacks must be flaxlight.Callback instances; got the string {given!r}. Build it: e.g. "
+                f"flaxlight.callbacks.EarlyStopping(monitor='val/loss', patience=3) (names such as {given!r} are "
+                f"for the YAML config's callbacks: list).")
+    return f"callbacks must be flaxlight.Callback instances; got {type(given).__name__}."
