@@ -682,10 +682,13 @@ def test_a_runs_saved_config_says_how_to_run_it_again(sine_run, tmp_path, capsys
 
 
 def test_ckpt_of_one_checkpoint_folder_names_the_run_and_ckpt_path_is_accepted(sine_run, capsys):
-    """The error said "pass --config PATH", which only led to a second error."""
+    """The error said "pass --config PATH", which only led to a second error (also for the run's
+    checkpoints/ folder itself)."""
     step = sorted(p.name for p in (sine_run / "checkpoints").iterdir() if p.name.isdigit())[-1]
     code, _, err = run(capsys, "test", "--ckpt", sine_run / "checkpoints" / step)
     assert code == 2 and f"one checkpoint of the run in {sine_run}" in err and f"--ckpt {sine_run} --which" in err
+    code, _, err = run(capsys, "test", "--ckpt", sine_run / "checkpoints")  # Lightning's dirpath
+    assert code == 2 and f"the checkpoints folder of the run in {sine_run}" in err and f"--ckpt {sine_run} --which" in err
     code, out, _ = run(capsys, "test", "--ckpt_path", sine_run)  # LightningCLI's spelling
     assert code == 0 and "test/loss:" in out
 

@@ -333,6 +333,11 @@ def _load(args: argparse.Namespace, default_config: str | None = None):
         run = os.path.dirname(os.path.dirname(os.path.normpath(ckpt)))
         raise ConfigError(f"--ckpt {ckpt} is one checkpoint of the run in {run}; --ckpt takes the run's folder and "
                           f"--which picks its best or last checkpoint: --ckpt {run} --which best|last.")
+    if ckpt and os.path.basename(os.path.normpath(ckpt)) == "checkpoints" and \
+            os.path.isfile(os.path.join(os.path.dirname(os.path.normpath(ckpt)), "config.yaml")):
+        run = os.path.dirname(os.path.normpath(ckpt)) or "."
+        raise ConfigError(f"--ckpt {ckpt} is the checkpoints folder of the run in {run}; --ckpt takes the run's "
+                          f"folder and --which picks its best or last checkpoint: --ckpt {run} --which best|last.")
     run_dir = os.path.dirname(path) if args.config is None else None  # the default: RUN_DIR/config.yaml
     if run_dir is not None and not os.path.isdir(run_dir):
         flag = "--resume" if args.command == "fit" else "--ckpt"
