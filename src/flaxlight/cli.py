@@ -17,7 +17,7 @@ import argparse
 import os
 import sys
 import warnings
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 __all__ = ["main"]
 
@@ -300,6 +300,25 @@ def _build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argumen
 
 
 # ---------------------------------------------------------------------------------------- helpers
+def _metrics_heading(metrics: Mapping[str, Any]) -> str:
+    """Which metrics ``fit`` prints: those of the best validation (found in the run's history by
+    its values, for its epoch), with the train metrics of the epoch it ended, or the last epoch's.
+
+    Examples:
+        >>> from flaxlight.callbacks.history import FitResult
+        >>> _metrics_heading(FitResult({"val/loss": 0.2, "train/loss": 0.3}, history=[
+        ...     {"epoch": 1, "val/loss": 0.2, "train/loss": 0.3}, {"epoch": 2, "val/loss": 0.4, "train/loss": 0.1}]))
+        "metrics of the best validation (epoch 1; train/... of the epoch it ended; metrics.csv holds every epoch's):"
+    """
+    validation = {key: value for key, value in metrics.items() if key.startswith("val/")}
+    if not validation:
+        return "metrics (the last epoch's):"
+    epoch = next((row.get("epoch") for row in reversed(getattr(metrics, "history", None) or [])
+                  if all(row.get(key) == value for key, value in validation.items())), None)
+    at = f"epoch {epoch}; " if epoch is not None else ""
+    return f"metrics of the best validation ({at}train/... of the epoch it ended; metrics.csv holds every epoch's):"
+
+
 def _format_metrics(metrics: dict[str, Any]) -> str:
     lines = []
     for key in sorted(metrics):
@@ -386,7 +405,7 @@ def _fit(args: argparse.Namespace) -> int:
         if "already holds a run" not in str(exc):
             raise
         raise _UsageError(_run_in_the_way(cfg.trainer.logger_params.log_dir, bool(args.log_dir))) from None
-    print("metrics:\n" + _format_metrics(result.metrics))
+    print(_metrics_heading(result.metrics) + "\n" + _format_metrics(result.metrics))
     if result.log_dir:
         print(f"config: {os.path.join(result.log_dir, CONFIG_FILE)}")
         print(f"log dir: {result.log_dir}")
