@@ -478,6 +478,30 @@ def test_tensorboard_has_one_epoch_point_per_epoch(tmp_path, regression_loaders)
     assert [point.step for point in events.Scalars("val/loss")] == [8, 16, 24]
 
 
+def test_a_run_stopped_between_an_epochs_training_and_its_validation_resumes_to_one_epoch_point_per_epoch(
+        tmp_path, regression_loaders):
+    """SIGTERM after epoch 2's training: its checkpoint (step 16) comes before the validation,
+    which the resume runs; the new event file wrote `epoch` at step 16 again, beside the one the
+    interrupted run wrote with the epoch's train record (the purge hides steps after 16 only)."""
+    import signal
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    class TermAfterTraining(flaxlight.Callback):
+        def on_train_epoch_end(self, trainer, epoch, metrics):
+            if epoch == 2:
+                os.kill(os.getpid(), signal.SIGTERM)
+
+    train, val, _ = regression_loaders  # 8 steps per epoch
+    with pytest.raises(SystemExit):
+        _trainer(tmp_path, callbacks=[TermAfterTraining()]).train_model(train, val, num_epochs=3)
+    _trainer(tmp_path).train_model(train, val, num_epochs=3, resume=True)
+    events = EventAccumulator(str(tmp_path / "run"), size_guidance={"scalars": 0})
+    events.Reload()
+    assert [(point.step, point.value) for point in events.Scalars("epoch")] == [(8, 1.0), (16, 2.0), (24, 3.0)]
+    assert [point.step for point in events.Scalars("val/loss")] == [8, 16, 24]
+
+
 def test_continuing_a_metrics_csv_whose_last_line_was_cut_rewrites_it_whole(tmp_path):
     import csv
 

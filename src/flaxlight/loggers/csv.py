@@ -8,7 +8,7 @@ from typing import Mapping
 
 from flaxlight.loggers.base import Logger
 
-__all__ = ["CSVLogger", "LoggedStep", "POSITION_COLUMN", "rows_logged_ahead"]
+__all__ = ["CSVLogger", "LoggedStep", "POSITION_COLUMN", "epoch_logged_at", "rows_logged_ahead"]
 
 #: The column of the rows logged with a step of their own: the trainer's ``global_step`` then.
 POSITION_COLUMN = "trainer/global_step"
@@ -212,6 +212,22 @@ def rows_logged_ahead(path: str | os.PathLike, step: int) -> list[tuple[int, dic
                        if key not in ("step", POSITION_COLUMN) and isinstance(value, (int, float))}
             ahead.append((_step_of(row), numbers))
     return ahead
+
+
+def epoch_logged_at(path: str | os.PathLike, step: int) -> float | None:
+    """The ``epoch`` a row of the ``metrics.csv`` at ``path`` logged at ``step`` (an epoch's train
+    record, whose validation a resume from that step logs with it again); None without one.
+
+    Examples:
+        >>> epoch_logged_at("runs/no_such_run/metrics.csv", 16) is None
+        True
+    """
+    if not os.path.isfile(path):
+        return None
+    for row in reversed(_read(os.fspath(path), up_to=step)[1]):
+        if _step_of(row) == step and isinstance(row.get("epoch"), (int, float)) and not isinstance(row["epoch"], bool):
+            return float(row["epoch"])
+    return None
 
 
 def _step_of(row: Mapping, column: str = "step") -> int | None:

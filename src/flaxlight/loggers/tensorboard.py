@@ -9,7 +9,7 @@ import time
 from typing import Any, Mapping
 
 from flaxlight.loggers.base import Logger, as_image, flatten_params
-from flaxlight.loggers.csv import rows_logged_ahead
+from flaxlight.loggers.csv import epoch_logged_at, rows_logged_ahead
 
 __all__ = ["TensorBoardLogger", "tensorboard_available"]
 
@@ -112,6 +112,8 @@ class TensorBoardLogger(Logger):
         self.finalize("resumed")
         self._purge_step = int(step) + 1
         self._logged_ahead = rows_logged_ahead(os.path.join(self.log_dir, "metrics.csv"), int(step))
+        epoch = epoch_logged_at(os.path.join(self.log_dir, "metrics.csv"), int(step))  # kept by the purge
+        self._epoch_written = None if epoch is None else (int(step), epoch)
 
     def log_hyperparams(self, params: Mapping) -> None:
         import yaml
