@@ -148,6 +148,33 @@ def test_linen_dropout_without_a_train_switch_is_explained(tmp_path):
                             exmp_input=np.zeros((1, 6), np.float32), **quiet(tmp_path, enable_model_summary=summary))
 
 
+def test_a_linen_dropout_that_drops_in_eval_mode_is_said_once_and_a_mode_following_one_is_not(tmp_path, caplog):
+    """nn.Dropout(rate, deterministic=False) drops units at validation too (flaxlight's eval step
+    gives the model a fixed key): the validation scores were of a thinned model, unsaid."""
+    import logging
+
+    class AlwaysDrops(nn.Module):
+        follow_mode: bool = False
+
+        @nn.compact
+        def __call__(self, x, train: bool = False):
+            drop = nn.Dropout(0.5, deterministic=not train if self.follow_mode else False)
+            return nn.Dense(2)(drop(nn.relu(nn.Dense(16)(x))))
+
+    train, val, x = _data()
+    for follow_mode in (False, True):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="flaxlight"):
+            ClassifyTrainer(model_class=AlwaysDrops, model_hparams={"follow_mode": follow_mode}, optimizer_hparams={},
+                            exmp_input=x[:1], **quiet(tmp_path / str(follow_mode))).train_model(train, val, num_epochs=2)
+        said = [r.getMessage() for r in caplog.records if "drops units with train=False" in r.getMessage()]
+        if follow_mode:
+            assert said == []
+        else:
+            assert len(said) == 1 and "Dropout_0 (rate 0.5)" in said[0], said
+            assert "nn.Dropout(rate, deterministic=not train)" in said[0]
+
+
 class _DropoutFlagNNX(nnx.Module):
     """Hands `deterministic` to its Dropout only and leaves BatchNorm to the module's mode (as
     plain NNX code does): evaluation must still use the running statistics."""

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import re
 from typing import Any, Mapping
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import optax
 from flax import nnx
 from flax.training import train_state
+
+from flaxlight.messages import logger as messages
 
 __all__ = ["TrainState", "pure_params"]
 
@@ -150,22 +154,53 @@ class TrainState(train_state.TrainState):
         elif extra is not None:  # an nnx.Rngs for the module's own rngs argument
             kwargs["model_rngs"] = extra
         try:
-            if mutable is not None and mutable is not False and _wants_intermediates(mutable):
-                collections = (["batch_stats"] if train and self.batch_stats is not None else []) + ["intermediates"]
-                outputs, updates = self.apply_fn(
-                    self.variables(params), *inputs, train=train, rngs=rngs, mutable=collections, **kwargs)
-                return outputs, {**updates, "intermediates": updates.get("intermediates", {})}
-            if train and self.batch_stats is not None:
-                return self.apply_fn(
-                    self.variables(params), *inputs, train=True, rngs=rngs, mutable=["batch_stats"], **kwargs
-                )
-            outputs = self.apply_fn(self.variables(params), *inputs, train=train, rngs=rngs, **kwargs)
+            # In eval mode a Linen Dropout that still drops (deterministic=False whatever the mode) is
+            # said, once: it is seen while the step traces, so the watch costs the step nothing.
+            with nn.intercept_methods(_note_dropout_in_eval) if not train and rngs else contextlib.nullcontext():
+                return self._apply(params, inputs, train, rngs, mutable, kwargs)
         except Exception as exc:  # raised while tracing: costs the step nothing
             note = _missing_stream_note(exc, rngs, kwargs.get("model_rngs"), train=train)
             if note is not None:
                 exc.add_note(note)
             raise
-        return outputs, {}
+
+    def _apply(self, params, inputs: tuple, train: bool, rngs, mutable, kwargs: dict):
+        """:meth:`apply_model`'s call of the model, its streams resolved."""
+        if mutable is not None and mutable is not False and _wants_intermediates(mutable):
+            collections = (["batch_stats"] if train and self.batch_stats is not None else []) + ["intermediates"]
+            outputs, updates = self.apply_fn(
+                self.variables(params), *inputs, train=train, rngs=rngs, mutable=collections, **kwargs)
+            return outputs, {**updates, "intermediates": updates.get("intermediates", {})}
+        if train and self.batch_stats is not None:
+            return self.apply_fn(
+                self.variables(params), *inputs, train=True, rngs=rngs, mutable=["batch_stats"], **kwargs
+            )
+        return self.apply_fn(self.variables(params), *inputs, train=train, rngs=rngs, **kwargs), {}
+
+
+_DROPOUT_SAID: set[str] = set()  # the Dropout layers said to drop in eval mode (once each per process)
+
+
+def _note_dropout_in_eval(next_fun, args, kwargs, context):
+    """``nn.intercept_methods`` interceptor for :meth:`TrainState.apply_model` in eval mode: a Linen
+    ``nn.Dropout`` whose call drops units (its ``deterministic`` False, from the layer or the call)
+    is said once: validation and test then score a thinned model, and ``predict`` (which gives no
+    random stream) fails on it."""
+    module = context.module
+    if isinstance(module, nn.Dropout) and context.method_name == "__call__":
+        given = kwargs.get("deterministic", args[1] if len(args) > 1 else None)
+        deterministic = module.deterministic if given is None else given
+        where = "/".join(str(part) for part in getattr(module, "path", ())) or module.name or "Dropout"
+        drops = not (isinstance(module.rate, (int, float)) and module.rate == 0)
+        if deterministic is False and drops and where not in _DROPOUT_SAID:
+            _DROPOUT_SAID.add(where)
+            messages.warning(
+                f"The model's dropout layer {where} (rate {module.rate}) drops units with train=False: its "
+                f"deterministic is False whatever the mode, so validation and test score a randomly thinned model "
+                f"(with a fixed key), the best checkpoint is chosen on those scores, and predict() fails on it. Tie "
+                f"it to the mode: nn.Dropout(rate, deterministic=not train) (Monte Carlo dropout, on purpose? Then "
+                f"this is as meant; predict() gives the model no random stream).")
+    return next_fun(*args, **kwargs)
 
 
 #: Flax's errors for a random stream the model draws from and was not given: Linen's
