@@ -150,6 +150,21 @@ def test_a_resume_with_nothing_left_to_train_writes_nothing_and_says_so(tmp_path
     assert again.global_step == 24 and result["val/loss"] == best["val/loss"]
 
 
+def test_a_resume_none_of_whose_epochs_is_validated_says_the_best_model_stays(tmp_path, caplog):
+    """check_val_every_n_epoch=2: a run of 2 epochs resumed to 3 trains epoch 3 unvalidated, and
+    its test tests epoch 2's model again: said; resumed to 4, epoch 4 is validated: nothing said."""
+    run = tmp_path / "run"
+    _trainer(run, check_val_every_n_epoch=2).train_model(*_loaders(), num_epochs=2)
+    with caplog.at_level(logging.INFO, logger="flaxlight"):
+        _trainer(run, check_val_every_n_epoch=2).train_model(*_loaders(), num_epochs=3, resume=True)
+    assert "This resume trains epoch 3, and none is validated (check_val_every_n_epoch=2)" in caplog.text
+    assert "resume to num_epochs=4" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="flaxlight"):
+        _trainer(run, check_val_every_n_epoch=2).train_model(*_loaders(), num_epochs=4, resume=True)
+    assert "none is validated" not in caplog.text
+
+
 def test_a_trainer_whose_resume_had_nothing_to_train_tests_the_runs_best_model_into_the_run(tmp_path):
     """The message of a resume with nothing left to train says trainer.test(...) tests the run's
     best model again: it does, and the test's record joins the run's own, as after a resume that

@@ -24,6 +24,7 @@ import warnings
 from typing import Any, Callable, Iterable, Mapping
 
 from flaxlight.data import is_iterator
+from flaxlight.messages import logger as messages
 from flaxlight.metrics import HostSnapshot, finite_now, to_host
 
 __all__ = ["LoopState", "RunningLog", "EventSchedule", "SignalGuard", "Interrupted", "BatchLimits", "RunPlan",
@@ -698,6 +699,8 @@ class RunPlan:
             raise ValueError(f"val_check_interval={val_check_interval} steps is longer than the run ({total} steps), "
                              f"and check_val_every_n_epoch={check_val_every_n_epoch}: no validation would run. Lower "
                              f"val_check_interval, train longer, or set check_val_every_n_epoch.")
+        if so_far is not None and val_loader is not None and not val_check_interval:
+            _say_resumed_epochs_unvalidated(so_far.epochs, num_epochs, check_val_every_n_epoch, limits)
         if limits.max_epochs is not None and isinstance(requested_epochs, int) and requested_epochs >= 1:
             return cls(num_epochs, steps_per_epoch, requested_epochs, full_steps_per_epoch)
         run_steps, earlier = so_far.run_length(num_epochs, steps_per_epoch) if so_far else (num_epochs * steps_per_epoch, ())
@@ -706,6 +709,20 @@ class RunPlan:
         if run_steps != num_epochs * steps_per_epoch:
             return cls(num_epochs, steps_per_epoch, 1, run_steps, earlier)
         return cls(num_epochs, steps_per_epoch, num_epochs, steps_per_epoch, earlier)
+
+
+def _say_resumed_epochs_unvalidated(done: int, num_epochs: int, every: int | None, limits: "BatchLimits") -> None:
+    """A resume none of whose epochs left (``done`` + 1 to ``num_epochs``) ends with a validation
+    (every ``every`` epochs) is told so: its best model stays the one validated before (a fresh run
+    of ``num_epochs`` validates as that one does)."""
+    if every is None or limits.validate_every_epoch or done >= num_epochs:
+        return
+    if any(epoch % every == 0 for epoch in range(done + 1, num_epochs + 1)):
+        return
+    span = f"epoch {num_epochs}" if done + 1 == num_epochs else f"epochs {done + 1}-{num_epochs}"
+    messages.info(f"This resume trains {span}, and none is validated (check_val_every_n_epoch={every}): the run's "
+                  f"best model stays the one validated before, which its test tests. To validate the last epoch, "
+                  f"resume to num_epochs={(num_epochs // every + 1) * every}, or lower check_val_every_n_epoch.")
 
 
 def epoch_stop(stop: int | None, batch_index: int, step: int, max_steps: int | None) -> int | None:
