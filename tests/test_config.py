@@ -64,7 +64,7 @@ def test_example_configs_match_the_scripts_hyperparameters():
     sine = load_config(CONFIGS / "sine_regression.yaml")
     assert sine.model.hparams == {"hidden_dims": [128, 128], "output_dim": 1}
     assert dict(sine.optimizer) == dict(flaxlight.OptimizerConfig.from_dict(
-        {"optimizer": "adamw", "lr": 4e-3, "b2": 0.99}))
+        {"optimizer": "adamw", "lr": 4e-3, "b2": 0.99, "weight_decay": 1e-4}))
     assert (sine.trainer.max_epochs, sine.trainer.check_val_every_n_epoch) == (50, 5)
 
 
