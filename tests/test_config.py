@@ -266,7 +266,9 @@ def test_import_path_errors_say_which_part_failed(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))
     message = error_of(minimal(), ["model.name=broken_models_mod.Net"], **TRUST)
     assert "Importing module 'broken_models_mod'" in message and "not_installed_dependency_xyz" in message
-    assert "imports[0]: importing 'nosuchpkg_xyz'" in error_of(minimal(imports=["nosuchpkg_xyz"]), **TRUST)
+    missing = error_of(minimal(imports=["nosuchpkg_xyz"]), **TRUST)
+    assert "imports[0]: importing 'nosuchpkg_xyz'" in missing
+    assert "no nosuchpkg_xyz.py or nosuchpkg_xyz/ in the current directory" in missing and "PYTHONPATH" in missing
 
 
 def test_names_must_point_at_the_right_kind():

@@ -1681,6 +1681,9 @@ def _import_failed(key: str, module: str, exc: Exception) -> ConfigError:
                                                for end in (".py", os.sep + "__init__.py")):
         text += (f" (./{missing} is in the current directory, which --allow-import searches only for the modules "
                  f"it allows: add --allow-import {missing} if you trust it)")
+    elif missing and missing == module.split(".")[0]:
+        text += (f" (no {missing}.py or {missing}/ in the current directory, {os.getcwd()}: run flaxlight from the "
+                 f"folder that holds it, or put that folder on PYTHONPATH; or install the package)")
     return ConfigError(text)
 
 
