@@ -283,6 +283,12 @@ def test_errors_and_log_lines_give_the_command_lines_spelling(tmp_path, capsys):
     assert code == 2 and "ModelCheckpoint(" not in err and "trainer.enable_checkpointing=true" in err
     code, _, err = run(capsys, "fit", "-c", SINE, *SHORT, "trainer.monitor=val_loss", "--log-dir", tmp_path / "other")
     assert code == 2 and "monitor='val/<name>'" not in err and "Set trainer.monitor=val/<name>" in err, err
+    code, _, err = run(capsys, "fit", "-c", SINE, *SHORT, "optimizer.lr=-1", "--log-dir", tmp_path / "lr")
+    assert code == 2 and "optimizer.lr must be > 0" in err and "optimizer_hparams" not in err, err
+    code, _, err = run(capsys, "fit", "-c", SINE, *SHORT, "trainer.check_val_every_n_epoch=5", "--log-dir",
+                       tmp_path / "short")
+    assert code == 2 and "Lower trainer.check_val_every_n_epoch" in err, err
+    assert "set trainer.val_check_interval=N (steps) with trainer.check_val_every_n_epoch=null" in err, err
 
 
 def test_a_refused_resume_points_at_the_python_recipe_for_a_new_run_from_its_weights(run_copy, capsys):

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import warnings
 from typing import Any, Callable, Iterable, Mapping, Sequence
@@ -776,6 +777,10 @@ _CLI_SPELLINGS = (
     ("holds an earlier test's metrics: this one's", "holds an earlier test's metrics (of the same test split): "
      "this one's"),
     (" Name test sets with test(..., name='shifted'): test_shifted/... metrics.", " The earlier file is kept."),
+    ("set val_check_interval=N (steps) with check_val_every_n_epoch=None",
+     "set trainer.val_check_interval=N (steps) with trainer.check_val_every_n_epoch=null"),
+    ("Lower check_val_every_n_epoch, train longer", "Lower trainer.check_val_every_n_epoch, train longer"),
+    ("or lower check_val_every_n_epoch.", "or lower trainer.check_val_every_n_epoch."),
 )
 
 
@@ -785,10 +790,13 @@ def _for_cli(text: str) -> str:
     Examples:
         >>> _for_cli("Pass monitor='val/<name>' (and mode='min'/'max') to the trainer.")
         'Set trainer.monitor=val/<name> (and trainer.mode=min or max).'
+        >>> _for_cli("optimizer_hparams['lr'] must be > 0")
+        'optimizer.lr must be > 0'
     """
     for python, command_line in _CLI_SPELLINGS:
         text = text.replace(python, command_line)
-    return text
+    text = re.sub(r"\bresume to num_epochs=(\d+)", r"resume with trainer.max_epochs=\1", text)
+    return re.sub(r"optimizer_hparams\['(\w+)'\]", r"optimizer.\1", text)  # a setting of the optimizer section
 
 
 def _cli_log_lines(record: Any) -> bool:
