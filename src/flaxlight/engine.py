@@ -726,7 +726,7 @@ class Engine:
 
     def close(self) -> None:
         """Wait for background work (the eval step compiling ahead) before the run ends."""
-        self._eval_lowered = []
+        self._eval_lowered, self._eval_ahead = [], ((), None)
         if self._eval_compiler is not None:
             self._eval_compiler.join()
             self._eval_compiler = None
