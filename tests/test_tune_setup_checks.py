@@ -224,7 +224,7 @@ def test_flaxlight_tune_refuses_a_warmup_longer_than_every_trial_before_the_firs
     code = cli.main(["tune", "-c", str(path)])
     out, err = capsys.readouterr()
     assert code == 2 and out == "" and len(err.strip().splitlines()) == 1, err
-    assert err.startswith(f"flaxlight tune: error: {path}: no trial can start: optimizer_hparams['warmup_steps']=5 "
+    assert err.startswith(f"flaxlight tune: error: {path}: no trial can start: optimizer.warmup_steps=5 "
                           f"is longer than the run: 2 optimizer updates")
     assert "Nothing in the search space (optimizer.lr) changes the run's length or warmup" in err
     assert not (tmp_path / "cfg").exists()  # no study, no trial folder
