@@ -52,8 +52,9 @@ from flaxlight.data import (ArrayLoader, DeviceEpoch, FirstBatches, Prefetcher, 
                             noting_loader_errors,
                             positioned_iterator, same_shapes, take_batches)
 from flaxlight.lean import LeanLoop, strip_idle_fields
-from flaxlight.metrics import (accumulate, batch_size, deliberate_reads, fresh_zeros, init_accumulator, placed_like,
-                               result_shapes, step_finite, tree_finite, with_saved_objects, device_copy as device_copy_of)
+from flaxlight.metrics import (accumulate, batch_size, committed_device, deliberate_reads, fresh_zeros,
+                               init_accumulator, placed_like, result_shapes, step_finite, tree_finite,
+                               with_saved_objects, device_copy as device_copy_of)
 from flaxlight.optim import apply_accumulated, updates_at_epoch_end
 from flaxlight.resume import epoch_setter
 
@@ -761,7 +762,7 @@ class Engine:
             return
 
         self._eval_lowered = lowered  # compiled while the first epoch trains (the run's folder is claimed then)
-        self._eval_ahead = (examples, _committed_device(state))  # a resume's restored state is placed otherwise
+        self._eval_ahead = (examples, committed_device(state))  # a resume's restored state is placed otherwise
         sums = lowered[0].out_info
         self.eval_metric_names = (*sums["totals"].names, *sums.get("objects", {}))
         self.eval_result_shapes = result_shapes(sums.get("objects", {}))
@@ -778,7 +779,7 @@ class Engine:
         if not lowered:
             return
         examples, placed = self._eval_ahead
-        if _committed_device(state) != placed:
+        if committed_device(state) != placed:
             try:
                 lowered = self._lower_eval(state, examples)
             except Exception:  # noqa: BLE001 - it traced for the same shapes before; evaluate reports any error
@@ -799,19 +800,11 @@ class Engine:
         if self.mesh is not None:
             batch = dist.to_global_batch(batch, self.mesh)
         acc = self.zero_sums("eval", state, batch)
-        device = _committed_device(state) if self.mesh is None else None  # a restored state's, and its sums'
+        device = committed_device(state) if self.mesh is None else None  # a restored state's, and its sums'
         state, acc = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype, sharding=device), (state, acc))
         placed = self.mesh is not None  # the batch's placement, leaf by leaf (see dist.step_batch_sharding)
         return state, acc, jax.tree.map(lambda x: jax.ShapeDtypeStruct(
             np.shape(x), x.dtype, sharding=x.sharding if placed else None), batch)
-
-
-def _committed_device(state) -> Any:
-    """The single-device sharding ``state``'s arrays are committed to (a restored checkpoint's
-    are), else None (a fresh model's arrays, which jit places as it likes)."""
-    ref = next((x for x in jax.tree.leaves(state) if isinstance(x, jax.Array)), None)
-    committed = ref is not None and getattr(ref, "committed", False)
-    return ref.sharding if committed and isinstance(ref.sharding, jax.sharding.SingleDeviceSharding) else None
 
 
 class LearningRateTable:

@@ -291,10 +291,16 @@ def placed_like(tree, state):
         >>> placed_like(jnp.zeros(3), {"w": restored}).committed, placed_like(jnp.zeros(3), {"w": jnp.ones(2)}).committed
         (True, False)
     """
-    ref = next((x for x in jax.tree.leaves(state) if isinstance(x, jax.Array)), None)
-    if ref is None or not getattr(ref, "committed", False) or not isinstance(ref.sharding, jax.sharding.SingleDeviceSharding):
-        return tree
-    return jax.device_put(tree, ref.sharding)
+    device = committed_device(state)
+    return tree if device is None else jax.device_put(tree, device)
+
+
+def committed_device(tree) -> Any:
+    """The single-device sharding ``tree``'s arrays are committed to (a restored checkpoint's
+    are), else None (a fresh model's arrays, which jit places as it likes; a mesh's)."""
+    ref = next((x for x in jax.tree.leaves(tree) if isinstance(x, jax.Array)), None)
+    committed = ref is not None and getattr(ref, "committed", False)
+    return ref.sharding if committed and isinstance(ref.sharding, jax.sharding.SingleDeviceSharding) else None
 
 
 def to_host(tree):
